@@ -1,0 +1,379 @@
+//! The cell: the unit the fabric switches (SPEC §3).
+//!
+//! A cell is a 16-byte header, 0..=256 bytes of payload and a 16-byte footer. All integers
+//! are big-endian.
+//!
+//! Header (16 B):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..10 | destination GVAS (PDID 16 / node 22 / rank 3 / VA 39) |
+//! | 10 | cell type ([`CellType`]) |
+//! | 11 | reserved, must be 0 |
+//! | 12..14 | payload length, 0..=256 |
+//! | 14..16 | header CRC: CRC-16/IBM-3740 (CCITT-FALSE) over bytes 0..14 |
+//!
+//! Footer (16 B):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | transaction id |
+//! | 4..7 | source node id (22 bits; the top 2 bits must be 0) |
+//! | 7 | bits 0-2 source rank, bit 3 first, bit 4 last, bit 5 notify; bits 6-7 must be 0 |
+//! | 8..10 | sequence number |
+//! | 10 | aux: cell index in its RDMA block, or the NACK reason of a NACK |
+//! | 11 | footer CRC: CRC-8/SMBUS over footer bytes 0..11 and 12..16 |
+//! | 12..16 | payload CRC: CRC-32 (IEEE) over the payload |
+//!
+//! The header CRC guards routing (a corrupt destination must not be delivered anywhere),
+//! the payload CRC the data, the footer CRC the end-to-end protocol fields. Decoding checks
+//! all three and every reserved bit.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use crc::{Crc, CRC_16_IBM_3740, CRC_8_SMBUS};
+use thiserror::Error;
+
+use crate::gvas::{Gvas, GVAS_LEN};
+use crate::shape::NodeId;
+
+pub const HEADER_LEN: usize = 16;
+pub const FOOTER_LEN: usize = 16;
+pub const MAX_PAYLOAD: usize = 256;
+/// Header and footer together: a cell with no payload.
+pub const OVERHEAD: usize = HEADER_LEN + FOOTER_LEN;
+pub const MAX_CELL: usize = OVERHEAD + MAX_PAYLOAD;
+
+const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_IBM_3740);
+const CRC8: Crc<u8> = Crc::<u8>::new(&CRC_8_SMBUS);
+
+/// What a cell is. Values 1..=6 are the NI cell types of the thesis (§3); 0x40.. are the
+/// emulator's own diagnostic cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CellType {
+    /// Remote write data (RDMA and packetizer payloads).
+    Write = 1,
+    /// Remote read request.
+    ReadRequest = 2,
+    /// RDMA completion-notification control cell.
+    NotifyControl = 3,
+    /// Completion notification written at the receiver.
+    Notify = 4,
+    Ack = 5,
+    Nack = 6,
+    /// Diagnostic: a probe that records its path, answered by the destination's switch.
+    Probe = 0x40,
+    /// Diagnostic: the answer to a probe, recording the way back.
+    ProbeReply = 0x41,
+    /// Diagnostic: synthetic load, counted and discarded by the destination.
+    Load = 0x42,
+}
+
+impl CellType {
+    pub fn from_u8(v: u8) -> Option<CellType> {
+        Some(match v {
+            1 => CellType::Write,
+            2 => CellType::ReadRequest,
+            3 => CellType::NotifyControl,
+            4 => CellType::Notify,
+            5 => CellType::Ack,
+            6 => CellType::Nack,
+            0x40 => CellType::Probe,
+            0x41 => CellType::ProbeReply,
+            0x42 => CellType::Load,
+            _ => return None,
+        })
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CellType::Write => "write",
+            CellType::ReadRequest => "read_request",
+            CellType::NotifyControl => "notify_control",
+            CellType::Notify => "notify",
+            CellType::Ack => "ack",
+            CellType::Nack => "nack",
+            CellType::Probe => "probe",
+            CellType::ProbeReply => "probe_reply",
+            CellType::Load => "load",
+        }
+    }
+}
+
+/// Footer flag bits (byte 7).
+pub const FLAG_FIRST: u8 = 1 << 3;
+pub const FLAG_LAST: u8 = 1 << 4;
+pub const FLAG_NOTIFY: u8 = 1 << 5;
+const FLAGS_MASK: u8 = FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY;
+
+/// A decoded, valid cell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub dst: Gvas,
+    pub kind: CellType,
+    pub txn: u32,
+    pub src: NodeId,
+    pub src_rank: u8,
+    /// FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY.
+    pub flags: u8,
+    pub seq: u16,
+    pub aux: u8,
+    pub payload: Bytes,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CellError {
+    #[error("cell truncated: {got} bytes, need {need}")]
+    Truncated { got: usize, need: usize },
+    #[error("cell header CRC mismatch (carried {carried:#06x}, computed {computed:#06x})")]
+    HeaderCrc { carried: u16, computed: u16 },
+    #[error("cell payload length {0} exceeds {MAX_PAYLOAD}")]
+    PayloadTooLong(usize),
+    #[error("unknown cell type {0:#04x}")]
+    UnknownType(u8),
+    #[error("reserved header byte is {0:#04x}, must be 0")]
+    ReservedHeader(u8),
+    #[error("cell footer CRC mismatch (carried {carried:#04x}, computed {computed:#04x})")]
+    FooterCrc { carried: u8, computed: u8 },
+    #[error("cell footer has reserved bits set (source {src:#08x}, flags {flags:#04x})")]
+    ReservedFooter { src: u32, flags: u8 },
+    #[error("cell payload CRC mismatch (carried {carried:#010x}, computed {computed:#010x})")]
+    PayloadCrc { carried: u32, computed: u32 },
+    #[error("source rank {0} is outside 0..=7")]
+    BadRank(u8),
+    #[error("source node {0} does not fit 22 bits")]
+    BadSource(u32),
+}
+
+impl CellError {
+    /// A short stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CellError::Truncated { .. } => "truncated",
+            CellError::HeaderCrc { .. } => "header_crc",
+            CellError::PayloadTooLong(_) => "payload_too_long",
+            CellError::UnknownType(_) => "unknown_type",
+            CellError::ReservedHeader(_) => "reserved_header",
+            CellError::FooterCrc { .. } => "footer_crc",
+            CellError::ReservedFooter { .. } => "reserved_footer",
+            CellError::PayloadCrc { .. } => "payload_crc",
+            CellError::BadRank(_) => "bad_rank",
+            CellError::BadSource(_) => "bad_source",
+        }
+    }
+}
+
+impl Cell {
+    /// A cell with the given destination, type, source and payload; other fields zero.
+    pub fn new(dst: Gvas, kind: CellType, src: NodeId, payload: Bytes) -> Result<Cell, CellError> {
+        if payload.len() > MAX_PAYLOAD {
+            return Err(CellError::PayloadTooLong(payload.len()));
+        }
+        if src.0 >= 1 << 22 {
+            return Err(CellError::BadSource(src.0));
+        }
+        Ok(Cell {
+            dst,
+            kind,
+            txn: 0,
+            src,
+            src_rank: 0,
+            flags: 0,
+            seq: 0,
+            aux: 0,
+            payload,
+        })
+    }
+
+    /// Bytes on the wire, which is also what the cell costs in flow-control credit.
+    pub fn wire_len(&self) -> usize {
+        OVERHEAD + self.payload.len()
+    }
+
+    /// Appends the encoded cell to `out`. Fails only on fields out of range, which
+    /// [`Cell::new`] and [`Cell::decode`] never produce.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), CellError> {
+        let len = self.payload.len();
+        if len > MAX_PAYLOAD {
+            return Err(CellError::PayloadTooLong(len));
+        }
+        if self.src_rank > 7 {
+            return Err(CellError::BadRank(self.src_rank));
+        }
+        if self.src.0 >= 1 << 22 || self.flags & !FLAGS_MASK != 0 {
+            return Err(CellError::ReservedFooter {
+                src: self.src.0,
+                flags: self.flags,
+            });
+        }
+        out.reserve(OVERHEAD + len);
+        let mut h = [0u8; HEADER_LEN];
+        h[..GVAS_LEN].copy_from_slice(&self.dst.to_bytes());
+        h[10] = self.kind as u8;
+        h[12..14].copy_from_slice(&(len as u16).to_be_bytes());
+        let hcrc = CRC16.checksum(&h[..14]);
+        h[14..16].copy_from_slice(&hcrc.to_be_bytes());
+        out.put_slice(&h);
+        out.put_slice(&self.payload);
+        let mut f = [0u8; FOOTER_LEN];
+        f[0..4].copy_from_slice(&self.txn.to_be_bytes());
+        f[4..7].copy_from_slice(&self.src.0.to_be_bytes()[1..4]);
+        f[7] = self.src_rank | self.flags;
+        f[8..10].copy_from_slice(&self.seq.to_be_bytes());
+        f[10] = self.aux;
+        f[12..16].copy_from_slice(&crc32fast::hash(&self.payload).to_be_bytes());
+        f[11] = footer_crc(&f);
+        out.put_slice(&f);
+        Ok(())
+    }
+
+    pub fn to_bytes(&self) -> Result<Bytes, CellError> {
+        let mut b = BytesMut::with_capacity(self.wire_len());
+        self.encode(&mut b)?;
+        Ok(b.freeze())
+    }
+
+    /// The length of the cell that starts `buf`, read from its header after checking the
+    /// header CRC; `Ok(None)` when fewer than 16 bytes are there yet.
+    pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, CellError> {
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let carried = u16::from_be_bytes([buf[14], buf[15]]);
+        let computed = CRC16.checksum(&buf[..14]);
+        if carried != computed {
+            return Err(CellError::HeaderCrc { carried, computed });
+        }
+        let len = u16::from_be_bytes([buf[12], buf[13]]) as usize;
+        if len > MAX_PAYLOAD {
+            return Err(CellError::PayloadTooLong(len));
+        }
+        Ok(Some(OVERHEAD + len))
+    }
+
+    /// Decodes exactly one cell from `buf` (which must hold exactly the cell). The payload
+    /// shares `buf`'s memory.
+    pub fn decode(buf: &Bytes) -> Result<Cell, CellError> {
+        let need = match Cell::peek_len(buf)? {
+            Some(n) => n,
+            None => {
+                return Err(CellError::Truncated {
+                    got: buf.len(),
+                    need: OVERHEAD,
+                })
+            }
+        };
+        if buf.len() != need {
+            return Err(CellError::Truncated {
+                got: buf.len(),
+                need,
+            });
+        }
+        let kind = CellType::from_u8(buf[10]).ok_or(CellError::UnknownType(buf[10]))?;
+        if buf[11] != 0 {
+            return Err(CellError::ReservedHeader(buf[11]));
+        }
+        let mut g = [0u8; GVAS_LEN];
+        g.copy_from_slice(&buf[..GVAS_LEN]);
+        let f: [u8; FOOTER_LEN] = buf[need - FOOTER_LEN..]
+            .try_into()
+            .expect("footer slice is 16 bytes");
+        let carried = f[11];
+        let computed = footer_crc(&f);
+        if carried != computed {
+            return Err(CellError::FooterCrc { carried, computed });
+        }
+        let src = u32::from_be_bytes([0, f[4], f[5], f[6]]);
+        if src >= 1 << 22 || f[7] & 0xC0 != 0 {
+            return Err(CellError::ReservedFooter { src, flags: f[7] });
+        }
+        let payload = buf.slice(HEADER_LEN..need - FOOTER_LEN);
+        let carried = u32::from_be_bytes([f[12], f[13], f[14], f[15]]);
+        let computed = crc32fast::hash(&payload);
+        if carried != computed {
+            return Err(CellError::PayloadCrc { carried, computed });
+        }
+        Ok(Cell {
+            dst: Gvas::from_bytes(g),
+            kind,
+            txn: u32::from_be_bytes([f[0], f[1], f[2], f[3]]),
+            src: NodeId(src),
+            src_rank: f[7] & 0x07,
+            flags: f[7] & FLAGS_MASK,
+            seq: u16::from_be_bytes([f[8], f[9]]),
+            aux: f[10],
+            payload,
+        })
+    }
+}
+
+fn footer_crc(f: &[u8; FOOTER_LEN]) -> u8 {
+    let mut d = CRC8.digest();
+    d.update(&f[..11]);
+    d.update(&f[12..]);
+    d.finalize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gvas::Pdid;
+
+    fn sample() -> Cell {
+        let mut c = Cell::new(
+            Gvas::new(Pdid(9), NodeId(77), 3, 0x1234).unwrap(),
+            CellType::Write,
+            NodeId(5),
+            Bytes::from_static(b"hello exanet"),
+        )
+        .unwrap();
+        c.txn = 0xDEADBEEF;
+        c.src_rank = 6;
+        c.flags = FLAG_FIRST | FLAG_NOTIFY;
+        c.seq = 513;
+        c.aux = 63;
+        c
+    }
+
+    #[test]
+    fn layout_is_as_documented() {
+        let c = sample();
+        let b = c.to_bytes().unwrap();
+        assert_eq!(b.len(), OVERHEAD + 12);
+        assert_eq!(&b[..10], &c.dst.to_bytes());
+        assert_eq!(b[10], 1);
+        assert_eq!(&b[12..14], &[0, 12]);
+        assert_eq!(&b[16..28], b"hello exanet");
+        let f = &b[28..];
+        assert_eq!(&f[0..4], &[0xDE, 0xAD, 0xBE, 0xEF]);
+        assert_eq!(&f[4..7], &[0, 0, 5]);
+        assert_eq!(f[7], 6 | FLAG_FIRST | FLAG_NOTIFY);
+        assert_eq!(&f[8..10], &[2, 1]);
+        assert_eq!(f[10], 63);
+        assert_eq!(Cell::decode(&b).unwrap(), c);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_caught() {
+        let b = sample().to_bytes().unwrap();
+        for i in 0..b.len() * 8 {
+            let mut v = b.to_vec();
+            v[i / 8] ^= 1 << (i % 8);
+            assert!(
+                Cell::decode(&Bytes::from(v)).is_err(),
+                "flip of bit {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_payload_is_refused() {
+        let r = Cell::new(
+            Gvas::new(Pdid(0), NodeId(0), 0, 0).unwrap(),
+            CellType::Load,
+            NodeId(0),
+            Bytes::from(vec![0u8; 257]),
+        );
+        assert_eq!(r, Err(CellError::PayloadTooLong(257)));
+    }
+}

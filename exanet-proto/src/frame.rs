@@ -1,0 +1,294 @@
+//! Link framing: what two neighbouring switches exchange over one emulated link (in the
+//! daemon, one QUIC stream per link). Sans-IO: [`FrameDecoder`] takes bytes as they come
+//! and yields frames.
+//!
+//! | frame | bytes |
+//! |---|---|
+//! | Hello  | `0x48`, version u8, node u32, port u8, shape X u16, Y u16, Z u16, rack u64, grant VC0 u32, grant VC1 u32 (29 B) |
+//! | Cell   | `0x10 + vc`, length u16, the cell ([`crate::cell`]) |
+//! | Credit | `0x20 + vc`, bytes u32 |
+//!
+//! A cell frame carries its own length so that a corrupt cell (bad CRC, garbage) is
+//! dropped without losing the framing; only a bad tag or an impossible length is fatal to
+//! the link's byte stream, and the link is then reset.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use thiserror::Error;
+
+use crate::cell::{Cell, CellError, MAX_CELL, OVERHEAD};
+use crate::routing::{Vc, NVCS};
+use crate::shape::{NodeId, Shape};
+use crate::topology::Port;
+
+pub const VERSION: u8 = 1;
+const TAG_HELLO: u8 = 0x48;
+const TAG_CELL: u8 = 0x10;
+const TAG_CREDIT: u8 = 0x20;
+pub const HELLO_LEN: usize = 29;
+
+/// The first frame each end sends on a new link session: who it is, which port of it this
+/// link is, which rack it belongs to, and how much buffer (per VC) the peer may fill.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u8,
+    pub node: NodeId,
+    pub port: Port,
+    pub shape: (u16, u16, u16),
+    /// A digest of the rack's identity, so that daemons of different racks never link.
+    pub rack: u64,
+    pub grant: [u32; NVCS],
+}
+
+impl Hello {
+    pub fn new(node: NodeId, port: Port, shape: &Shape, rack: u64, grant: [u32; NVCS]) -> Hello {
+        Hello {
+            version: VERSION,
+            node,
+            port,
+            shape: (shape.x() as u16, shape.y() as u16, shape.z() as u16),
+            rack,
+            grant,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    Hello(Hello),
+    Cell(Vc, Cell),
+    Credit(Vc, u32),
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The cell frame was well formed but the cell inside is not; the stream goes on.
+    #[error("bad cell on {vc:?}: {err}")]
+    Cell { vc: Vc, err: CellError },
+    #[error("unknown frame tag {0:#04x}; link byte stream is out of sync")]
+    BadTag(u8),
+    #[error("cell frame length {0} outside {OVERHEAD}..={MAX_CELL}")]
+    BadLength(usize),
+    #[error("hello names port index {0}, which does not exist")]
+    BadPort(u8),
+}
+
+impl FrameError {
+    /// True when the byte stream can no longer be trusted and the link must be reset.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, FrameError::Cell { .. })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FrameError::Cell { err, .. } => err.kind(),
+            FrameError::BadTag(_) => "frame_tag",
+            FrameError::BadLength(_) => "frame_length",
+            FrameError::BadPort(_) => "hello_port",
+        }
+    }
+}
+
+pub fn encode_hello(h: &Hello, out: &mut BytesMut) {
+    out.reserve(HELLO_LEN);
+    out.put_u8(TAG_HELLO);
+    out.put_u8(h.version);
+    out.put_u32(h.node.0);
+    out.put_u8(h.port.index() as u8);
+    out.put_u16(h.shape.0);
+    out.put_u16(h.shape.1);
+    out.put_u16(h.shape.2);
+    out.put_u64(h.rack);
+    out.put_u32(h.grant[0]);
+    out.put_u32(h.grant[1]);
+}
+
+/// Appends a cell frame. `wire` is the encoded cell (see [`Cell::to_bytes`]).
+pub fn encode_cell(vc: Vc, cell: &Cell, out: &mut BytesMut) -> Result<(), CellError> {
+    out.reserve(3 + cell.wire_len());
+    out.put_u8(TAG_CELL + vc.0);
+    out.put_u16(cell.wire_len() as u16);
+    cell.encode(out)
+}
+
+/// Appends a cell frame around already-encoded cell bytes (which may be deliberately
+/// corrupt, e.g. from fault injection).
+pub fn encode_raw_cell(vc: Vc, wire: &[u8], out: &mut BytesMut) {
+    out.reserve(3 + wire.len());
+    out.put_u8(TAG_CELL + vc.0);
+    out.put_u16(wire.len() as u16);
+    out.put_slice(wire);
+}
+
+pub fn encode_credit(vc: Vc, bytes: u32, out: &mut BytesMut) {
+    out.put_u8(TAG_CREDIT + vc.0);
+    out.put_u32(bytes);
+}
+
+/// Incremental decoder for one direction of a link.
+#[derive(Default)]
+pub struct FrameDecoder {
+    buf: BytesMut,
+    /// Set after a fatal error: the rest of the stream is garbage.
+    broken: bool,
+}
+
+impl FrameDecoder {
+    pub fn new() -> FrameDecoder {
+        FrameDecoder::default()
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        if !self.broken {
+            self.buf.extend_from_slice(data);
+        }
+    }
+
+    /// Bytes received but not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete frame, `None` when more bytes are needed.
+    pub fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
+        if self.broken || self.buf.is_empty() {
+            return None;
+        }
+        let tag = self.buf[0];
+        let r = match tag {
+            TAG_HELLO => {
+                if self.buf.len() < HELLO_LEN {
+                    return None;
+                }
+                let mut b = self.buf.split_to(HELLO_LEN).freeze();
+                b.advance(1);
+                let version = b.get_u8();
+                let node = NodeId(b.get_u32());
+                let port_idx = b.get_u8();
+                let shape = (b.get_u16(), b.get_u16(), b.get_u16());
+                let rack = b.get_u64();
+                let grant = [b.get_u32(), b.get_u32()];
+                match Port::from_index(port_idx as usize) {
+                    Some(port) => Ok(Frame::Hello(Hello {
+                        version,
+                        node,
+                        port,
+                        shape,
+                        rack,
+                        grant,
+                    })),
+                    None => Err(FrameError::BadPort(port_idx)),
+                }
+            }
+            t if (TAG_CELL..TAG_CELL + NVCS as u8).contains(&t) => {
+                if self.buf.len() < 3 {
+                    return None;
+                }
+                let len = u16::from_be_bytes([self.buf[1], self.buf[2]]) as usize;
+                if !(OVERHEAD..=MAX_CELL).contains(&len) {
+                    Err(FrameError::BadLength(len))
+                } else if self.buf.len() < 3 + len {
+                    return None;
+                } else {
+                    self.buf.advance(3);
+                    let wire: Bytes = self.buf.split_to(len).freeze();
+                    let vc = Vc(t - TAG_CELL);
+                    Cell::decode(&wire)
+                        .map(|c| Frame::Cell(vc, c))
+                        .map_err(|err| FrameError::Cell { vc, err })
+                }
+            }
+            t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => {
+                if self.buf.len() < 5 {
+                    return None;
+                }
+                let n = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+                self.buf.advance(5);
+                Ok(Frame::Credit(Vc(t - TAG_CREDIT), n))
+            }
+            t => Err(FrameError::BadTag(t)),
+        };
+        if let Err(e) = &r {
+            if e.is_fatal() {
+                self.broken = true;
+                self.buf.clear();
+            }
+        }
+        Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cell::CellType;
+    use crate::gvas::{Gvas, Pdid};
+
+    #[test]
+    fn frames_survive_any_split() {
+        let shape = Shape::PROTOTYPE;
+        let cell = Cell::new(
+            Gvas::new(Pdid(1), NodeId(3), 0, 64).unwrap(),
+            CellType::Load,
+            NodeId(0),
+            Bytes::from(vec![7u8; 100]),
+        )
+        .unwrap();
+        let hello = Hello::new(NodeId(2), Port::Qfdb(4), &shape, 99, [1000, 2000]);
+        let mut out = BytesMut::new();
+        encode_hello(&hello, &mut out);
+        encode_cell(Vc::ONE, &cell, &mut out).unwrap();
+        encode_credit(Vc::ZERO, 4096, &mut out);
+        assert_eq!(out.len(), HELLO_LEN + 3 + 132 + 5);
+        for split in 0..out.len() {
+            let mut d = FrameDecoder::new();
+            d.push(&out[..split]);
+            let mut got = Vec::new();
+            while let Some(f) = d.next_frame() {
+                got.push(f.unwrap());
+            }
+            d.push(&out[split..]);
+            while let Some(f) = d.next_frame() {
+                got.push(f.unwrap());
+            }
+            assert_eq!(
+                got,
+                vec![
+                    Frame::Hello(hello.clone()),
+                    Frame::Cell(Vc::ONE, cell.clone()),
+                    Frame::Credit(Vc::ZERO, 4096)
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn corrupt_cell_is_dropped_and_stream_continues() {
+        let cell = Cell::new(
+            Gvas::new(Pdid(1), NodeId(3), 0, 64).unwrap(),
+            CellType::Load,
+            NodeId(0),
+            Bytes::from(vec![7u8; 10]),
+        )
+        .unwrap();
+        let mut wire = cell.to_bytes().unwrap().to_vec();
+        wire[20] ^= 0x10;
+        let mut out = BytesMut::new();
+        encode_raw_cell(Vc::ZERO, &wire, &mut out);
+        encode_credit(Vc::ONE, 5, &mut out);
+        let mut d = FrameDecoder::new();
+        d.push(&out);
+        let e = d.next_frame().unwrap().unwrap_err();
+        assert!(!e.is_fatal());
+        assert_eq!(e.kind(), "payload_crc");
+        assert_eq!(d.next_frame().unwrap().unwrap(), Frame::Credit(Vc::ONE, 5));
+    }
+
+    #[test]
+    fn garbage_breaks_the_stream_once() {
+        let mut d = FrameDecoder::new();
+        d.push(&[0x99, 1, 2, 3]);
+        assert_eq!(d.next_frame(), Some(Err(FrameError::BadTag(0x99))));
+        d.push(&[0x20, 0, 0, 0, 1]);
+        assert_eq!(d.next_frame(), None);
+    }
+}

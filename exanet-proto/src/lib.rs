@@ -1,0 +1,37 @@
+//! The sans-IO core of exanet, the ExaNeSt rack emulator.
+//!
+//! Everything here is a deterministic state machine driven by explicit inputs and explicit
+//! time ([`time::Instant`]): no sockets, no threads, no clock reads. The daemon (`exanetd`)
+//! feeds it bytes and timestamps and carries out what it returns; the simulator
+//! ([`sim`]) runs a whole rack of these cores in one process.
+//!
+//! One concept per module:
+//! - [`shape`]: rack shape, node names, ids and coordinates;
+//! - [`gvas`]: the 80-bit global virtual address and PDIDs;
+//! - [`topology`]: switch ports and the links of a rack;
+//! - [`routing`]: dimension-order routing with dateline virtual channels;
+//! - [`cell`]: the cell wire format; [`frame`]: link framing between switches;
+//! - [`switch`]: input queues, arbitration and credit flow control;
+//! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
+//! - [`sim`]: a whole rack in simulated time.
+
+pub mod cell;
+pub mod frame;
+pub mod gvas;
+pub mod node;
+pub mod probe;
+pub mod routing;
+pub mod shape;
+pub mod sim;
+pub mod switch;
+pub mod time;
+pub mod topology;
+
+pub use cell::{Cell, CellError, CellType};
+pub use gvas::{Gvas, GvasError, Pdid};
+pub use node::{Node, NodeError, NodeEvent};
+pub use routing::{Hop, Vc};
+pub use shape::{Coord, NameError, NodeId, NodeName, Shape, ShapeError};
+pub use switch::{Switch, SwitchConfig, SwitchError, Transmit};
+pub use time::Instant;
+pub use topology::{Link, LinkKind, Port};

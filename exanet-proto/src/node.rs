@@ -1,0 +1,371 @@
+//! One emulated node: its switch plus the node-local services that sit behind the
+//! switch's local port. For now those are the fabric diagnostics (probe responder, a
+//! synthetic load generator and sink); the NI protocols (packetizer, mailbox, RDMA) attach
+//! here too.
+//!
+//! Driving it: feed link events in (`receive`, `credit`, `link_up`, `peer_grant`,
+//! `link_down`), then drain `poll_transmit`, `poll_credit` and `poll_event` until each
+//! returns `None`. Nothing here reads a clock or does I/O.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::cell::{Cell, CellType, MAX_PAYLOAD};
+use crate::gvas::{Gvas, Pdid};
+use crate::probe::ProbeBody;
+use crate::routing::{Vc, NVCS};
+use crate::shape::{NameError, NodeId, Shape};
+use crate::switch::{Switch, SwitchConfig, SwitchError, Transmit};
+use crate::time::Instant;
+use crate::topology::Port;
+
+/// Most node-originated cells (probes, probe replies) waiting for injection room; beyond
+/// this new probes are refused rather than queued without bound.
+pub const OUTBOX_LIMIT: usize = 4096;
+/// Load payloads start with the sender's sequence number, so they are at least this long.
+pub const LOAD_MIN_PAYLOAD: usize = 8;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum NodeError {
+    #[error(transparent)]
+    Switch(#[from] SwitchError),
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error("a load needs at least one destination")]
+    NoDestination,
+    #[error("{OUTBOX_LIMIT} probes are already waiting to be sent")]
+    OutboxFull,
+    #[error("load payload of {0} B is outside {LOAD_MIN_PAYLOAD}..={MAX_PAYLOAD}")]
+    LoadPayload(usize),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// A probe this node sent came back.
+    ProbeReply {
+        id: u32,
+        /// Nodes from this node to the destination, both included.
+        forward: Vec<NodeId>,
+        /// Nodes from the destination back to this node, both included.
+        back: Vec<NodeId>,
+        truncated: bool,
+    },
+    /// A load cell arrived (only with [`Node::set_trace_load`]).
+    LoadDelivered { src: NodeId, seq: u64 },
+    /// The load generator has injected its last cell.
+    LoadSent,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    pub injected_cells: u64,
+    pub delivered_cells: u64,
+    pub delivered_bytes: u64,
+    pub load_rx_cells: u64,
+    pub load_rx_bytes: u64,
+    pub load_tx_cells: u64,
+    pub probes_answered: u64,
+    /// Cells delivered here that no local service claims yet (NI cell types).
+    pub unclaimed_cells: u64,
+    /// Errors by kind (see the `kind()` of each error type).
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+struct LoadGen {
+    /// Destinations, served round-robin: cell `seq` goes to `dsts[seq % len]`.
+    dsts: Vec<Gvas>,
+    remaining: u64,
+    payload_len: usize,
+    seq: u64,
+}
+
+pub struct Node {
+    switch: Switch,
+    outbox: VecDeque<Cell>,
+    load: Option<LoadGen>,
+    sink_paused: bool,
+    sink_backlog: VecDeque<Cell>,
+    trace_load: bool,
+    events: VecDeque<NodeEvent>,
+    stats: NodeStats,
+}
+
+impl Node {
+    pub fn new(shape: Shape, id: NodeId, cfg: SwitchConfig) -> Result<Node, NodeError> {
+        Ok(Node {
+            switch: Switch::new(shape, id, cfg)?,
+            outbox: VecDeque::new(),
+            load: None,
+            sink_paused: false,
+            sink_backlog: VecDeque::new(),
+            trace_load: false,
+            events: VecDeque::new(),
+            stats: NodeStats::default(),
+        })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.switch.node()
+    }
+
+    pub fn switch(&self) -> &Switch {
+        &self.switch
+    }
+
+    pub fn stats(&self) -> &NodeStats {
+        &self.stats
+    }
+
+    /// Counts an error of the given kind (also used by the I/O shell for errors it sees
+    /// before a cell reaches the core, e.g. undecodable frames).
+    pub fn count_error(&mut self, kind: &'static str) {
+        *self.stats.errors.entry(kind).or_default() += 1;
+    }
+
+    fn counted<T>(&mut self, r: Result<T, SwitchError>) -> Result<T, SwitchError> {
+        if let Err(e) = &r {
+            self.count_error(e.kind());
+        }
+        r
+    }
+
+    pub fn link_up(&mut self, port: Port) -> Result<[u32; NVCS], SwitchError> {
+        let r = self.switch.link_up(port);
+        self.counted(r)
+    }
+
+    pub fn peer_grant(
+        &mut self,
+        port: Port,
+        grant: [u32; NVCS],
+        now: Instant,
+    ) -> Result<(), SwitchError> {
+        let r = self.switch.peer_grant(port, grant, now);
+        self.counted(r)
+    }
+
+    pub fn link_down(&mut self, port: Port, now: Instant) -> Result<(), SwitchError> {
+        let r = self.switch.link_down(port, now);
+        self.counted(r)
+    }
+
+    /// A cell from the neighbour on `port`. Errors are counted; the cell is dropped.
+    pub fn receive(
+        &mut self,
+        port: Port,
+        vc: Vc,
+        cell: Cell,
+        now: Instant,
+    ) -> Result<(), SwitchError> {
+        let r = self.switch.receive(port, vc, cell, now);
+        self.counted(r)
+    }
+
+    pub fn credit(
+        &mut self,
+        port: Port,
+        vc: Vc,
+        bytes: u32,
+        now: Instant,
+    ) -> Result<(), SwitchError> {
+        let r = self.switch.credit(port, vc, bytes, now);
+        self.counted(r)
+    }
+
+    /// Sends a probe to `dst`; the answer comes back as [`NodeEvent::ProbeReply`].
+    pub fn send_probe(&mut self, dst: NodeId, id: u32) -> Result<(), NodeError> {
+        self.switch.shape().coord(dst)?;
+        if self.outbox.len() >= OUTBOX_LIMIT {
+            return Err(NodeError::OutboxFull);
+        }
+        let cell = self.diag_cell(dst, CellType::Probe, ProbeBody::new(id).encode())?;
+        self.outbox.push_back(cell);
+        Ok(())
+    }
+
+    fn diag_cell(&self, dst: NodeId, kind: CellType, payload: Bytes) -> Result<Cell, NodeError> {
+        let g = Gvas::new(Pdid(0), dst, 0, 0).map_err(|_| NameError::BadId {
+            id: dst.0,
+            shape: *self.switch.shape(),
+            nodes: self.switch.shape().nodes(),
+        })?;
+        Cell::new(g, kind, self.id(), payload).map_err(|_| NodeError::LoadPayload(0))
+    }
+
+    /// Starts (or replaces) a synthetic load of `cells` cells of `payload_len` bytes,
+    /// spread round-robin over `dsts`, injected as fast as the fabric takes them.
+    pub fn start_load(
+        &mut self,
+        dsts: &[NodeId],
+        cells: u64,
+        payload_len: usize,
+    ) -> Result<(), NodeError> {
+        if !(LOAD_MIN_PAYLOAD..=MAX_PAYLOAD).contains(&payload_len) {
+            return Err(NodeError::LoadPayload(payload_len));
+        }
+        let mut gs = Vec::with_capacity(dsts.len());
+        for d in dsts {
+            self.switch.shape().coord(*d)?;
+            gs.push(Gvas::new(Pdid(0), *d, 0, 0).expect("node checked against the shape"));
+        }
+        if gs.is_empty() {
+            return Err(NodeError::NoDestination);
+        }
+        self.load = Some(LoadGen {
+            dsts: gs,
+            remaining: cells,
+            payload_len,
+            seq: 0,
+        });
+        Ok(())
+    }
+
+    /// Cells the load generator has yet to inject.
+    pub fn load_remaining(&self) -> u64 {
+        self.load.as_ref().map_or(0, |l| l.remaining)
+    }
+
+    /// A paused sink stops consuming delivered cells, so the fabric backs up behind it.
+    pub fn set_sink_paused(&mut self, paused: bool) {
+        self.sink_paused = paused;
+        if !paused {
+            while let Some(c) = self.sink_backlog.pop_front() {
+                self.consume(c);
+            }
+        }
+    }
+
+    pub fn set_trace_load(&mut self, on: bool) {
+        self.trace_load = on;
+    }
+
+    /// Feeds the switch's injection queue from the outbox and the load generator.
+    fn fill(&mut self, now: Instant) {
+        while let Some(c) = self.outbox.front() {
+            if !self.switch.can_inject(c.wire_len()) {
+                return;
+            }
+            let c = self.outbox.pop_front().expect("front exists");
+            match self.switch.inject(c, now) {
+                Ok(()) => self.stats.injected_cells += 1,
+                Err(e) => self.count_error(e.kind()),
+            }
+        }
+        let Some(load) = self.load.as_mut() else {
+            return;
+        };
+        let wire = crate::cell::OVERHEAD + load.payload_len;
+        while load.remaining > 0 && self.switch.can_inject(wire) {
+            let mut p = vec![0u8; load.payload_len];
+            p[..8].copy_from_slice(&load.seq.to_be_bytes());
+            let dst = load.dsts[(load.seq % load.dsts.len() as u64) as usize];
+            let cell = Cell::new(dst, CellType::Load, self.switch.node(), Bytes::from(p))
+                .expect("load payload length checked in start_load");
+            if let Err(e) = self.switch.inject(cell, now) {
+                *self.stats.errors.entry(e.kind()).or_default() += 1;
+                self.load = None;
+                return;
+            }
+            load.seq += 1;
+            load.remaining -= 1;
+            self.stats.injected_cells += 1;
+            self.stats.load_tx_cells += 1;
+        }
+        if load.remaining == 0 {
+            self.load = None;
+            self.events.push_back(NodeEvent::LoadSent);
+        }
+    }
+
+    /// The next cell for a link. Deliveries to this node are handled on the way.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        loop {
+            self.fill(now);
+            let t = self.switch.poll_transmit(now)?;
+            if t.port != Port::Local {
+                return Some(t);
+            }
+            self.stats.delivered_cells += 1;
+            self.stats.delivered_bytes += t.cell.wire_len() as u64;
+            if self.sink_paused {
+                self.sink_backlog.push_back(t.cell);
+            } else {
+                self.consume(t.cell);
+            }
+        }
+    }
+
+    fn consume(&mut self, cell: Cell) {
+        let len = cell.wire_len() as u32;
+        match cell.kind {
+            CellType::Probe => self.answer_probe(cell),
+            CellType::ProbeReply => match ProbeBody::decode(&cell.payload) {
+                Some(b) => {
+                    let f = (b.forward_hops as usize).min(b.path.len());
+                    let forward = b.path[..f].to_vec();
+                    let mut back = b.path[f.saturating_sub(1)..].to_vec();
+                    back.push(self.id());
+                    self.events.push_back(NodeEvent::ProbeReply {
+                        id: b.id,
+                        forward,
+                        back,
+                        truncated: b.truncated,
+                    });
+                }
+                None => self.count_error("bad_probe"),
+            },
+            CellType::Load => {
+                self.stats.load_rx_cells += 1;
+                self.stats.load_rx_bytes += cell.payload.len() as u64;
+                if self.trace_load && cell.payload.len() >= 8 {
+                    let mut s = [0u8; 8];
+                    s.copy_from_slice(&cell.payload[..8]);
+                    self.events.push_back(NodeEvent::LoadDelivered {
+                        src: cell.src,
+                        seq: u64::from_be_bytes(s),
+                    });
+                }
+            }
+            _ => self.stats.unclaimed_cells += 1,
+        }
+        self.switch.local_credit(len);
+    }
+
+    fn answer_probe(&mut self, cell: Cell) {
+        let Some(mut b) = ProbeBody::decode(&cell.payload) else {
+            self.count_error("bad_probe");
+            return;
+        };
+        if self.outbox.len() >= OUTBOX_LIMIT {
+            self.count_error("probe_overflow");
+            return;
+        }
+        if b.path.last() != Some(&self.id()) {
+            b.path.push(self.id());
+        }
+        b.forward_hops = b.path.len().min(u8::MAX as usize) as u8;
+        match self.diag_cell(cell.src, CellType::ProbeReply, b.encode()) {
+            Ok(reply) => {
+                self.outbox.push_back(reply);
+                self.stats.probes_answered += 1;
+            }
+            // The probe named a source outside the rack: nobody to answer.
+            Err(_) => self.count_error("bad_probe"),
+        }
+    }
+
+    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32)> {
+        self.switch.poll_credit()
+    }
+
+    pub fn poll_event(&mut self) -> Option<NodeEvent> {
+        self.events.pop_front()
+    }
+
+    /// True when nothing is queued or waiting to be injected.
+    pub fn is_idle(&self) -> bool {
+        self.switch.is_idle() && self.outbox.is_empty() && self.load.is_none()
+    }
+}

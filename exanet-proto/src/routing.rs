@@ -1,0 +1,195 @@
+//! Single-path, dimension-order routing with a dateline on every torus ring (SPEC §3).
+//!
+//! Inside a QFDB a cell takes the direct link to the target FPGA. Between QFDBs it goes
+//! source F -> source F1 -> torus (X, then Y, then Z, the shorter way round each ring, ties
+//! to `+`) -> destination F1 -> destination F.
+//!
+//! # Why this cannot deadlock
+//! A deadlock needs a cycle of buffers each waiting for the next. Give every (link direction,
+//! virtual channel) a rank:
+//!
+//! | rank | channel |
+//! |---|---|
+//! | 0 | F2..F4 -> F1 of the same QFDB |
+//! | 1 + 2d + v | torus dimension d (X=0, Y=1, Z=2), VC v |
+//! | 7 | F1 -> F2..F4 of the same QFDB |
+//! | 8 | F2..F4 -> F2..F4 of the same QFDB |
+//!
+//! Every route uses channels of strictly increasing rank: it climbs to F1 (0), crosses the
+//! dimensions in order X, Y, Z (1..6), descends from F1 (7); a direct hop between two
+//! non-F1 FPGAs (8) ends at its destination. Within one ring a cell starts on VC0 and moves
+//! to VC1 when it crosses the ring's dateline (the wrap-around link between positions k-1
+//! and 0). The shorter way round a ring is at most k/2 hops, so a cell crosses the dateline
+//! at most once and never uses VC0 after VC1; the VC0 channels of a ring then form a line
+//! (the dateline link carries no VC0 traffic), as do the VC1 channels. With the ranks
+//! ordered by dimension and VC within dimension, a cell only waits on a channel of a higher
+//! rank than the one it holds, so no cycle of waits exists. Ejection into the destination
+//! NI is the last step and depends on nothing in the fabric, so a receiver that stops
+//! draining causes backpressure, not deadlock. `tests/rack_sim.rs` checks this by
+//! saturating whole racks.
+
+use thiserror::Error;
+
+use crate::shape::{Coord, NodeId, Shape};
+use crate::topology::{Dir, Port};
+
+/// A virtual channel on a link. Only torus links use VC1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vc(pub u8);
+
+pub const NVCS: usize = 2;
+
+impl Vc {
+    pub const ZERO: Vc = Vc(0);
+    pub const ONE: Vc = Vc(1);
+}
+
+/// Where a cell goes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Hop {
+    pub port: Port,
+    pub vc: Vc,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    #[error("destination node {dst} is not in the {shape} rack")]
+    NoSuchNode { dst: NodeId, shape: Shape },
+    #[error("node {here} is not in the {shape} rack")]
+    NotHere { here: NodeId, shape: Shape },
+}
+
+/// The next hop for a cell at `here` bound for `dst`, which arrived on `(in_port, in_vc)`
+/// (`Port::Local` for a cell the node injects itself).
+pub fn route(
+    shape: &Shape,
+    here: NodeId,
+    dst: NodeId,
+    in_port: Port,
+    in_vc: Vc,
+) -> Result<Hop, RouteError> {
+    let h = shape.coord(here).map_err(|_| RouteError::NotHere {
+        here,
+        shape: *shape,
+    })?;
+    let d = shape.coord(dst).map_err(|_| RouteError::NoSuchNode { dst, shape: *shape })?;
+    if here == dst {
+        return Ok(Hop {
+            port: Port::Local,
+            vc: Vc::ZERO,
+        });
+    }
+    if h.same_qfdb(&d) {
+        return Ok(Hop {
+            port: Port::Qfdb(d.fpga as u8),
+            vc: Vc::ZERO,
+        });
+    }
+    if h.fpga != 1 {
+        return Ok(Hop {
+            port: Port::Qfdb(1),
+            vc: Vc::ZERO,
+        });
+    }
+    Ok(torus_hop(shape, &h, &d, in_port, in_vc))
+}
+
+/// The hop along the first dimension in which `h` and `d` (on different QFDBs) differ.
+fn torus_hop(shape: &Shape, h: &Coord, d: &Coord, in_port: Port, in_vc: Vc) -> Hop {
+    let dim = (0..3)
+        .find(|&i| h.dim(i) != d.dim(i))
+        .expect("different QFDBs differ in some dimension");
+    let k = shape.ring(dim);
+    let (from, to) = (h.dim(dim), d.dim(dim));
+    let ahead = (to + k - from) % k;
+    let dir = if ahead <= k - ahead {
+        Dir::Plus
+    } else {
+        Dir::Minus
+    };
+    // A ring of two is one link, reached through the + port from both ends.
+    let dir = if k == 2 { Dir::Plus } else { dir };
+    let crosses_dateline = match dir {
+        Dir::Plus => from == k - 1,
+        Dir::Minus => from == 0,
+    };
+    let continuing = matches!(in_port, Port::Torus(pd, _) if pd as usize == dim);
+    let vc = if crosses_dateline || (continuing && in_vc == Vc::ONE) {
+        Vc::ONE
+    } else {
+        Vc::ZERO
+    };
+    Hop {
+        port: Port::Torus(dim as u8, dir),
+        vc,
+    }
+}
+
+/// The whole path from `src` to `dst` as the nodes visited (both ends included) and the
+/// hop taken out of each node but the last.
+pub fn path(shape: &Shape, src: NodeId, dst: NodeId) -> Result<Vec<(NodeId, Hop)>, RouteError> {
+    let mut out = Vec::new();
+    let (mut here, mut in_port, mut in_vc) = (src, Port::Local, Vc::ZERO);
+    // Longest dimension-order path: 2 intra hops plus half of each ring.
+    let limit = 4 + (shape.x() + shape.y() + shape.z()) as usize;
+    loop {
+        let hop = route(shape, here, dst, in_port, in_vc)?;
+        out.push((here, hop));
+        if hop.port == Port::Local {
+            return Ok(out);
+        }
+        let (next, arrive) = crate::topology::neighbour(shape, here, hop.port)
+            .expect("routing only uses ports that have links");
+        here = next;
+        in_port = arrive;
+        in_vc = hop.vc;
+        assert!(out.len() <= limit, "routing loop from {src} to {dst}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_of_four_goes_the_short_way_and_ties_plus() {
+        let s = Shape::PROTOTYPE;
+        let a = s.parse_node("M1QAF1").unwrap();
+        let c = s.parse_node("M1QCF1").unwrap();
+        let d = s.parse_node("M1QDF1").unwrap();
+        // A -> D is one hop the minus way, across the dateline (0 -> 3).
+        let p = path(&s, a, d).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].1.port, Port::Torus(0, Dir::Minus));
+        assert_eq!(p[0].1.vc, Vc::ONE);
+        // A -> C is a tie of two hops: plus.
+        let p = path(&s, a, c).unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].1.port, Port::Torus(0, Dir::Plus));
+        assert_eq!(p[0].1.vc, Vc::ZERO);
+    }
+
+    #[test]
+    fn dateline_switches_to_vc1_and_stays() {
+        let s: Shape = "5x1x1".parse().unwrap();
+        // x=3 -> x=0 goes + (ahead 2 < 3): 3->4 on VC0, 4->0 crosses on VC1.
+        let src = s.id(Coord { x: 3, y: 0, z: 0, fpga: 1 }).unwrap();
+        let dst = s.id(Coord { x: 0, y: 0, z: 0, fpga: 1 }).unwrap();
+        let vcs: Vec<u8> = path(&s, src, dst).unwrap().iter().map(|(_, h)| h.vc.0).collect();
+        assert_eq!(vcs, vec![0, 1, 0]);
+        // x=4 -> x=1: crosses first, then continues on VC1.
+        let src = s.id(Coord { x: 4, y: 0, z: 0, fpga: 1 }).unwrap();
+        let dst = s.id(Coord { x: 1, y: 0, z: 0, fpga: 1 }).unwrap();
+        let vcs: Vec<u8> = path(&s, src, dst).unwrap().iter().map(|(_, h)| h.vc.0).collect();
+        assert_eq!(vcs, vec![1, 1, 0]);
+    }
+
+    #[test]
+    fn unknown_destination_is_an_error() {
+        let s: Shape = "1x1x1".parse().unwrap();
+        assert!(matches!(
+            route(&s, NodeId(0), NodeId(4), Port::Local, Vc::ZERO),
+            Err(RouteError::NoSuchNode { .. })
+        ));
+    }
+}

@@ -1,0 +1,304 @@
+//! A whole rack in one process: every node's core wired to its neighbours through
+//! simulated links, driven by a discrete-event loop in simulated time. Deterministic for a
+//! given seed. This is what the rack tests and the switch benchmark run on; the
+//! modeled-time mode and fault injection grow from it.
+//!
+//! Links serialise cells at their kind's rate (16 or 10 Gb/s) and deliver them after a
+//! fixed latency plus seeded jitter; credit frames take the latency but no bandwidth.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::cell::Cell;
+use crate::node::{Node, NodeError, NodeEvent};
+use crate::routing::Vc;
+use crate::shape::{NodeId, Shape};
+use crate::switch::{SwitchConfig, SwitchError};
+use crate::time::Instant;
+use crate::topology::{links, neighbour, LinkKind, Port, NPORTS};
+
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub switch: SwitchConfig,
+    /// Propagation latency of every link.
+    pub latency_ns: u64,
+    /// Up to this much extra latency per cell, drawn from the seeded generator. Links stay
+    /// FIFO: a cell never overtakes the one before it.
+    pub jitter_ns: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 1,
+            switch: SwitchConfig::default(),
+            latency_ns: 120,
+            jitter_ns: 0,
+        }
+    }
+}
+
+enum Ev {
+    Cell {
+        node: NodeId,
+        port: Port,
+        vc: Vc,
+        cell: Cell,
+    },
+    Credit {
+        node: NodeId,
+        port: Port,
+        vc: Vc,
+        bytes: u32,
+    },
+}
+
+/// SplitMix64: tiny, seedable and good enough for jitter and fault draws.
+#[derive(Clone, Debug)]
+pub struct SimRng(u64);
+
+impl SimRng {
+    pub fn new(seed: u64) -> SimRng {
+        SimRng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}
+
+pub struct Sim {
+    shape: Shape,
+    cfg: SimConfig,
+    nodes: Vec<Node>,
+    now: Instant,
+    heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    slab: Vec<Option<Ev>>,
+    free: Vec<usize>,
+    seq: u64,
+    /// When each link direction (node, out port) finishes serialising its last cell.
+    busy_until: Vec<[Instant; NPORTS]>,
+    /// Arrival time of the last cell on each link direction, to keep links FIFO.
+    last_arrival: Vec<[Instant; NPORTS]>,
+    rng: SimRng,
+    events: Vec<(NodeId, Instant, NodeEvent)>,
+    errors: Vec<(NodeId, SwitchError)>,
+    processed: u64,
+}
+
+impl Sim {
+    /// A rack with every link up.
+    pub fn new(shape: Shape, cfg: SimConfig) -> Result<Sim, NodeError> {
+        let nodes = shape
+            .node_ids()
+            .map(|id| Node::new(shape, id, cfg.switch))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = nodes.len();
+        let mut sim = Sim {
+            shape,
+            cfg,
+            nodes,
+            now: Instant::ZERO,
+            heap: BinaryHeap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            seq: 0,
+            busy_until: vec![[Instant::ZERO; NPORTS]; n],
+            last_arrival: vec![[Instant::ZERO; NPORTS]; n],
+            rng: SimRng::new(cfg.seed),
+            events: Vec::new(),
+            errors: Vec::new(),
+            processed: 0,
+        };
+        for l in links(&shape) {
+            let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
+            let gb = sim.nodes[l.b.0 as usize].link_up(l.b_port)?;
+            sim.nodes[l.a.0 as usize].peer_grant(l.a_port, gb, Instant::ZERO)?;
+            sim.nodes[l.b.0 as usize].peer_grant(l.b_port, ga, Instant::ZERO)?;
+        }
+        Ok(sim)
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    /// Mutable access to a node; call [`Sim::kick`] after giving it work.
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id.0 as usize]
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Events the nodes reported, with the node and the time.
+    pub fn take_events(&mut self) -> Vec<(NodeId, Instant, NodeEvent)> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Errors the nodes' switches returned (credit overruns, bad routes, ...).
+    pub fn errors(&self) -> &[(NodeId, SwitchError)] {
+        &self.errors
+    }
+
+    /// Events processed so far.
+    pub fn processed(&self) -> u64 {
+        self.processed
+    }
+
+    /// Lets every node act on work given to it from outside the event loop.
+    pub fn kick_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.pump(NodeId(i as u32));
+        }
+    }
+
+    pub fn kick(&mut self, id: NodeId) {
+        self.pump(id);
+    }
+
+    fn schedule(&mut self, at: Instant, ev: Ev) {
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slab[i] = Some(ev);
+                i
+            }
+            None => {
+                self.slab.push(Some(ev));
+                self.slab.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, idx)));
+    }
+
+    fn pump(&mut self, id: NodeId) {
+        let now = self.now;
+        let i = id.0 as usize;
+        while let Some(t) = self.nodes[i].poll_transmit(now) {
+            let Some((peer, peer_port)) = neighbour(&self.shape, id, t.port) else {
+                continue;
+            };
+            let gbps = match t.port {
+                Port::Torus(..) => LinkKind::TorusX.gbps(),
+                _ => LinkKind::IntraQfdb.gbps(),
+            };
+            let ser = (t.cell.wire_len() as u64 * 8).div_ceil(u64::from(gbps));
+            let p = t.port.index();
+            let start = self.busy_until[i][p].max(now);
+            self.busy_until[i][p] = start + ser;
+            let jitter = self.rng.below(self.cfg.jitter_ns + 1);
+            let at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
+            self.last_arrival[i][p] = at;
+            self.schedule(
+                at,
+                Ev::Cell {
+                    node: peer,
+                    port: peer_port,
+                    vc: t.vc,
+                    cell: t.cell,
+                },
+            );
+        }
+        while let Some((port, vc, bytes)) = self.nodes[i].poll_credit() {
+            if let Some((peer, peer_port)) = neighbour(&self.shape, id, port) {
+                let at = now + self.cfg.latency_ns;
+                self.schedule(
+                    at,
+                    Ev::Credit {
+                        node: peer,
+                        port: peer_port,
+                        vc,
+                        bytes,
+                    },
+                );
+            }
+        }
+        while let Some(e) = self.nodes[i].poll_event() {
+            self.events.push((id, now, e));
+        }
+    }
+
+    /// Processes one event; false when none is left.
+    pub fn step(&mut self) -> bool {
+        let Some(Reverse((at, _, idx))) = self.heap.pop() else {
+            return false;
+        };
+        self.now = self.now.max(at);
+        let ev = self.slab[idx].take().expect("scheduled event exists");
+        self.free.push(idx);
+        self.processed += 1;
+        let now = self.now;
+        let node = match ev {
+            Ev::Cell {
+                node,
+                port,
+                vc,
+                cell,
+            } => {
+                if let Err(e) = self.nodes[node.0 as usize].receive(port, vc, cell, now) {
+                    self.errors.push((node, e));
+                }
+                node
+            }
+            Ev::Credit {
+                node,
+                port,
+                vc,
+                bytes,
+            } => {
+                if let Err(e) = self.nodes[node.0 as usize].credit(port, vc, bytes, now) {
+                    self.errors.push((node, e));
+                }
+                node
+            }
+        };
+        self.pump(node);
+        true
+    }
+
+    /// Runs until no event is left or simulated time passes `until`. Returns true when the
+    /// rack went quiet (no events pending).
+    pub fn run_until(&mut self, until: Instant) -> bool {
+        loop {
+            match self.heap.peek() {
+                None => return true,
+                Some(Reverse((at, _, _))) if *at > until => {
+                    self.now = until;
+                    return false;
+                }
+                Some(_) => {
+                    self.step();
+                }
+            }
+        }
+    }
+
+    /// True when every node is idle and nothing is in flight.
+    pub fn is_quiet(&self) -> bool {
+        self.heap.is_empty() && self.nodes.iter().all(|n| n.is_idle())
+    }
+}

@@ -1,0 +1,498 @@
+//! A node's switch: input queues per (port, VC), routing at the input, round-robin
+//! arbitration between inputs, and credit-based, lossless link-level flow control.
+//!
+//! # Flow control
+//! Each input queue of a link port has a capacity (the rack's per-link window, per VC).
+//! The upstream switch may only send a cell when it holds credit for the cell's wire
+//! length; credit comes from the `Hello` of a new link session (the free space at that
+//! moment) and from `Credit` frames returned as cells leave the queue. A cell is therefore
+//! never dropped for lack of buffer: a full queue stops the upstream output, whose own
+//! input queues then fill, and so on back to the injecting NI ("hop-by-hop backpressure").
+//!
+//! Two buffer sizes are kept apart on purpose. The hardware's input buffer is 4 KB per
+//! link ([`HW_INPUT_BUFFER`]); the modeled-time mode accounts occupancy against that. The
+//! emulator's own window must cover the bandwidth-delay product of a QUIC link between
+//! two daemons (~5 Gb/s x ~110 us = ~70 KB) or no link gets near its throughput target,
+//! so it is a per-rack setting ([`SwitchConfig::window`]).
+//!
+//! # Link sessions
+//! When a link comes up, the grant sent in our `Hello` is `capacity - occupancy` of each
+//! input queue, and credit we owed the previous session is forgotten: cells of the old
+//! session still queued here return their credit to the new session as they leave, which
+//! is exactly the space they free. Cells the old session had in flight on the wire are lost
+//! with the connection; cells still queued at the upstream switch wait there for the link.
+
+use std::collections::VecDeque;
+
+use thiserror::Error;
+
+use crate::cell::{Cell, CellType};
+use crate::probe;
+use crate::routing::{route, Hop, RouteError, Vc, NVCS};
+use crate::shape::{NodeId, Shape};
+use crate::time::Instant;
+use crate::topology::{neighbour, Port, NPORTS};
+
+/// The hardware's input buffer per link (report §4.2).
+pub const HW_INPUT_BUFFER: u32 = 4096;
+/// Default emulator window per link and VC: several times a loopback QUIC link's
+/// bandwidth-delay product, so that credit return latency never limits throughput.
+pub const DEFAULT_WINDOW: u32 = 256 * 1024;
+/// Default space for cells the node's own NI injects and receives.
+pub const DEFAULT_LOCAL_WINDOW: u32 = 64 * 1024;
+/// The smallest window that can hold a full cell.
+pub const MIN_WINDOW: u32 = crate::cell::MAX_CELL as u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchConfig {
+    /// Bytes of input buffer per link port and VC, granted to the upstream neighbour.
+    pub window: u32,
+    /// Bytes of input buffer for the NI's injections, and of delivery buffer towards it.
+    pub local_window: u32,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig {
+            window: DEFAULT_WINDOW,
+            local_window: DEFAULT_LOCAL_WINDOW,
+        }
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SwitchError {
+    #[error("window of {0} bytes cannot hold one {MIN_WINDOW}-byte cell")]
+    WindowTooSmall(u32),
+    #[error("node {0} has no port {1}")]
+    NoSuchPort(NodeId, Port),
+    #[error("virtual channel {0} does not exist")]
+    NoSuchVc(u8),
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    #[error("cell of {len} B overruns the input queue of port {port} {vc:?} ({queued} of {cap} B used): the peer sent without credit")]
+    CreditOverrun {
+        port: Port,
+        vc: Vc,
+        len: u32,
+        queued: u32,
+        cap: u32,
+    },
+    #[error("local injection queue is full")]
+    Full,
+    #[error("cell arrived on port {0} with VC1, which that port does not use")]
+    WrongVc(Port),
+}
+
+impl SwitchError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SwitchError::WindowTooSmall(_) => "config",
+            SwitchError::NoSuchPort(..) => "no_such_port",
+            SwitchError::NoSuchVc(_) => "no_such_vc",
+            SwitchError::Route(RouteError::NoSuchNode { .. }) => "bad_destination",
+            SwitchError::Route(RouteError::NotHere { .. }) => "config",
+            SwitchError::CreditOverrun { .. } => "credit_overrun",
+            SwitchError::Full => "full",
+            SwitchError::WrongVc(_) => "wrong_vc",
+        }
+    }
+}
+
+/// A cell leaving the switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    pub port: Port,
+    pub vc: Vc,
+    /// The port the cell came in on (`Port::Local` for the node's own cells).
+    pub from: Port,
+    pub cell: Cell,
+}
+
+/// Counters of one port, both directions. `tx` is out of this node, `rx` into it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    pub tx_cells: u64,
+    pub tx_bytes: u64,
+    pub rx_cells: u64,
+    pub rx_bytes: u64,
+    /// Time the output had a cell to send but no credit for it.
+    pub stall_ns: u64,
+    /// Highest occupancy the input queues of this port reached (bytes, sum over VCs).
+    pub peak_queue_bytes: u32,
+}
+
+struct Queued {
+    hop: Hop,
+    cell: Cell,
+    /// Credit the cell holds in this queue: its wire length on arrival.
+    charged: u32,
+}
+
+struct Input {
+    q: VecDeque<Queued>,
+    bytes: u32,
+    cap: u32,
+    /// Credit freed here and not yet returned upstream.
+    owed: u32,
+}
+
+struct Output {
+    credits: u32,
+    up: bool,
+    stalled_since: Option<Instant>,
+}
+
+pub struct Switch {
+    shape: Shape,
+    node: NodeId,
+    cfg: SwitchConfig,
+    present: [bool; NPORTS],
+    /// Indexed by `port.index() * NVCS + vc`.
+    inputs: Vec<Input>,
+    outputs: Vec<Output>,
+    stats: [PortStats; NPORTS],
+    next_input: usize,
+    forwarded: u64,
+}
+
+fn slot(port: Port, vc: Vc) -> usize {
+    port.index() * NVCS + vc.0 as usize
+}
+
+impl Switch {
+    pub fn new(shape: Shape, node: NodeId, cfg: SwitchConfig) -> Result<Switch, SwitchError> {
+        if cfg.window < MIN_WINDOW {
+            return Err(SwitchError::WindowTooSmall(cfg.window));
+        }
+        if cfg.local_window < MIN_WINDOW {
+            return Err(SwitchError::WindowTooSmall(cfg.local_window));
+        }
+        shape
+            .coord(node)
+            .map_err(|_| RouteError::NotHere { here: node, shape })?;
+        let mut present = [false; NPORTS];
+        for p in Port::all() {
+            present[p.index()] = p == Port::Local || neighbour(&shape, node, p).is_some();
+        }
+        let mut inputs = Vec::with_capacity(NPORTS * NVCS);
+        let mut outputs = Vec::with_capacity(NPORTS * NVCS);
+        for i in 0..NPORTS * NVCS {
+            let local = i / NVCS == Port::Local.index();
+            inputs.push(Input {
+                q: VecDeque::new(),
+                bytes: 0,
+                cap: if local { cfg.local_window } else { cfg.window },
+                owed: 0,
+            });
+            outputs.push(Output {
+                credits: if local { cfg.local_window } else { 0 },
+                up: local,
+                stalled_since: None,
+            });
+        }
+        Ok(Switch {
+            shape,
+            node,
+            cfg,
+            present,
+            inputs,
+            outputs,
+            stats: [PortStats::default(); NPORTS],
+            next_input: 0,
+            forwarded: 0,
+        })
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    pub fn config(&self) -> SwitchConfig {
+        self.cfg
+    }
+
+    /// The link ports this node has.
+    pub fn link_ports(&self) -> impl Iterator<Item = Port> + '_ {
+        Port::all().filter(|p| *p != Port::Local && self.present[p.index()])
+    }
+
+    fn check_link_port(&self, port: Port) -> Result<(), SwitchError> {
+        if port == Port::Local || !self.present[port.index()] {
+            return Err(SwitchError::NoSuchPort(self.node, port));
+        }
+        Ok(())
+    }
+
+    /// A new session on `port` starts: returns the credit to grant the peer per VC.
+    pub fn link_up(&mut self, port: Port) -> Result<[u32; NVCS], SwitchError> {
+        self.check_link_port(port)?;
+        let mut grant = [0; NVCS];
+        for (v, g) in grant.iter_mut().enumerate() {
+            let i = &mut self.inputs[slot(port, Vc(v as u8))];
+            i.owed = 0;
+            *g = i.cap - i.bytes;
+        }
+        Ok(grant)
+    }
+
+    /// The peer's `Hello` arrived: it lets us fill `grant` bytes per VC.
+    pub fn peer_grant(
+        &mut self,
+        port: Port,
+        grant: [u32; NVCS],
+        now: Instant,
+    ) -> Result<(), SwitchError> {
+        self.check_link_port(port)?;
+        for (v, g) in grant.iter().enumerate() {
+            let o = &mut self.outputs[slot(port, Vc(v as u8))];
+            o.credits = *g;
+            o.up = true;
+            Self::end_stall(&mut self.stats[port.index()], o, now);
+        }
+        Ok(())
+    }
+
+    /// The link session on `port` ended. Queued cells wait for the next session.
+    pub fn link_down(&mut self, port: Port, now: Instant) -> Result<(), SwitchError> {
+        self.check_link_port(port)?;
+        for v in 0..NVCS {
+            let o = &mut self.outputs[slot(port, Vc(v as u8))];
+            o.credits = 0;
+            o.up = false;
+            Self::end_stall(&mut self.stats[port.index()], o, now);
+        }
+        Ok(())
+    }
+
+    pub fn is_up(&self, port: Port) -> bool {
+        self.outputs[slot(port, Vc::ZERO)].up
+    }
+
+    fn end_stall(stats: &mut PortStats, o: &mut Output, now: Instant) {
+        if let Some(t) = o.stalled_since.take() {
+            stats.stall_ns += now.since(t);
+        }
+    }
+
+    /// A cell arrived from the neighbour on `port`.
+    pub fn receive(
+        &mut self,
+        port: Port,
+        vc: Vc,
+        cell: Cell,
+        _now: Instant,
+    ) -> Result<(), SwitchError> {
+        self.check_link_port(port)?;
+        if vc.0 as usize >= NVCS {
+            return Err(SwitchError::NoSuchVc(vc.0));
+        }
+        if vc == Vc::ONE && !matches!(port, Port::Torus(..)) {
+            return Err(SwitchError::WrongVc(port));
+        }
+        let len = cell.wire_len() as u32;
+        let s = slot(port, vc);
+        let input = &self.inputs[s];
+        if input.bytes + len > input.cap {
+            return Err(SwitchError::CreditOverrun {
+                port,
+                vc,
+                len,
+                queued: input.bytes,
+                cap: input.cap,
+            });
+        }
+        let hop = route(&self.shape, self.node, cell.dst.node(), port, vc)?;
+        let st = &mut self.stats[port.index()];
+        st.rx_cells += 1;
+        st.rx_bytes += u64::from(len);
+        self.enqueue(s, hop, cell, len);
+        Ok(())
+    }
+
+    fn enqueue(&mut self, s: usize, hop: Hop, cell: Cell, len: u32) {
+        let input = &mut self.inputs[s];
+        input.bytes += len;
+        input.q.push_back(Queued {
+            hop,
+            cell,
+            charged: len,
+        });
+        let port = s / NVCS;
+        let total: u32 = (0..NVCS).map(|v| self.inputs[port * NVCS + v].bytes).sum();
+        let st = &mut self.stats[port];
+        st.peak_queue_bytes = st.peak_queue_bytes.max(total);
+    }
+
+    /// Room for a cell of `wire_len` bytes in the NI's injection queue?
+    pub fn can_inject(&self, wire_len: usize) -> bool {
+        let i = &self.inputs[slot(Port::Local, Vc::ZERO)];
+        i.bytes as usize + wire_len <= i.cap as usize
+    }
+
+    /// The node's NI injects a cell.
+    pub fn inject(&mut self, cell: Cell, _now: Instant) -> Result<(), SwitchError> {
+        let len = cell.wire_len() as u32;
+        if !self.can_inject(len as usize) {
+            return Err(SwitchError::Full);
+        }
+        let hop = route(&self.shape, self.node, cell.dst.node(), Port::Local, Vc::ZERO)?;
+        self.enqueue(slot(Port::Local, Vc::ZERO), hop, cell, len);
+        Ok(())
+    }
+
+    /// Credit returned by the neighbour on `port`.
+    pub fn credit(
+        &mut self,
+        port: Port,
+        vc: Vc,
+        bytes: u32,
+        now: Instant,
+    ) -> Result<(), SwitchError> {
+        self.check_link_port(port)?;
+        if vc.0 as usize >= NVCS {
+            return Err(SwitchError::NoSuchVc(vc.0));
+        }
+        let o = &mut self.outputs[slot(port, vc)];
+        // A hostile peer can lie about credit; saturating keeps the arithmetic sound and
+        // the damage confined to that peer's own queue.
+        o.credits = o.credits.saturating_add(bytes);
+        Self::end_stall(&mut self.stats[port.index()], o, now);
+        Ok(())
+    }
+
+    /// The NI consumed `bytes` of cells delivered to it.
+    pub fn local_credit(&mut self, bytes: u32) {
+        let o = &mut self.outputs[slot(Port::Local, Vc::ZERO)];
+        o.credits = (o.credits + bytes).min(self.cfg.local_window);
+    }
+
+    /// The next cell to send, choosing round-robin among inputs whose head cell's output
+    /// has credit. Cells for `Port::Local` are deliveries to the node's NI.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let n = self.inputs.len();
+        for k in 0..n {
+            let i = (self.next_input + k) % n;
+            let Some(head) = self.inputs[i].q.front() else {
+                continue;
+            };
+            let hop = head.hop;
+            let records = hop.port != Port::Local
+                && matches!(head.cell.kind, CellType::Probe | CellType::ProbeReply);
+            let need = head.cell.wire_len() as u32
+                + if records { probe::growth(&head.cell.payload, self.node) } else { 0 };
+            let os = slot(hop.port, hop.vc);
+            let o = &mut self.outputs[os];
+            if !o.up || o.credits < need {
+                if o.up && o.stalled_since.is_none() {
+                    o.stalled_since = Some(now);
+                }
+                continue;
+            }
+            o.credits -= need;
+            let q = self.inputs[i].q.pop_front().expect("head exists");
+            let input = &mut self.inputs[i];
+            input.bytes -= q.charged;
+            input.owed += q.charged;
+            self.next_input = (i + 1) % n;
+            let from = Port::from_index(i / NVCS).expect("valid input index");
+            let mut cell = q.cell;
+            if records {
+                probe::record_hop(&mut cell, self.node);
+            }
+            let st = &mut self.stats[hop.port.index()];
+            st.tx_cells += 1;
+            st.tx_bytes += u64::from(need);
+            if from != Port::Local && hop.port != Port::Local {
+                self.forwarded += 1;
+            }
+            return Some(Transmit {
+                port: hop.port,
+                vc: hop.vc,
+                from,
+                cell,
+            });
+        }
+        None
+    }
+
+    /// Credit to return to an upstream neighbour, all that is owed on one (port, VC).
+    /// Call after a batch of work so that returns coalesce.
+    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32)> {
+        for (i, input) in self.inputs.iter_mut().enumerate() {
+            if input.owed == 0 || i / NVCS == Port::Local.index() {
+                input.owed = 0;
+                continue;
+            }
+            let n = std::mem::take(&mut input.owed);
+            let port = Port::from_index(i / NVCS).expect("valid input index");
+            return Some((port, Vc((i % NVCS) as u8), n));
+        }
+        None
+    }
+
+    pub fn port_stats(&self, port: Port) -> PortStats {
+        self.stats[port.index()]
+    }
+
+    /// Cells forwarded from one link to another.
+    pub fn forwarded(&self) -> u64 {
+        self.forwarded
+    }
+
+    /// Bytes queued at the inputs of `port`, over all VCs.
+    pub fn queue_bytes(&self, port: Port) -> u32 {
+        (0..NVCS)
+            .map(|v| self.inputs[slot(port, Vc(v as u8))].bytes)
+            .sum()
+    }
+
+    /// Cells queued at the inputs of `port`, over all VCs.
+    pub fn queue_cells(&self, port: Port) -> usize {
+        (0..NVCS)
+            .map(|v| self.inputs[slot(port, Vc(v as u8))].q.len())
+            .sum()
+    }
+
+    /// Bytes sent on `port` that the neighbour has not yet returned credit for.
+    pub fn in_flight(&self, port: Port) -> u32 {
+        if port == Port::Local {
+            return self.cfg.local_window - self.outputs[slot(port, Vc::ZERO)].credits;
+        }
+        (0..NVCS)
+            .map(|v| {
+                let o = &self.outputs[slot(port, Vc(v as u8))];
+                if o.up {
+                    self.cfg.window.saturating_sub(o.credits)
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Time stalled on `port` so far, including a stall still going on at `now`.
+    pub fn stall_ns(&self, port: Port, now: Instant) -> u64 {
+        let mut t = self.stats[port.index()].stall_ns;
+        for v in 0..NVCS {
+            if let Some(s) = self.outputs[slot(port, Vc(v as u8))].stalled_since {
+                t += now.since(s);
+            }
+        }
+        t
+    }
+
+    /// True when no cell is queued anywhere in this switch.
+    pub fn is_idle(&self) -> bool {
+        self.inputs.iter().all(|i| i.q.is_empty())
+    }
+
+    /// The capacity of each input queue of `port` (per VC).
+    pub fn input_capacity(&self, port: Port) -> u32 {
+        self.inputs[slot(port, Vc::ZERO)].cap
+    }
+}
