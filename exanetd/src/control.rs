@@ -1,0 +1,172 @@
+//! The control interface of a daemon: JSON lines over a Unix socket in the rack directory
+//! (`run/<NODE>.sock`). One request per line, one response line per request.
+//!
+//! ```text
+//! {"op":"status"}
+//! {"op":"ping","dst":"M1QBF2","count":3,"timeout_ms":1000}
+//! {"op":"load","dsts":["M1QAF2"],"cells":100000,"payload":256}
+//! {"op":"shutdown"}
+//! ```
+//!
+//! The socket is created mode 0600: only the rack's owner can operate it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Longest request line a daemon reads; anything longer is refused.
+pub const MAX_LINE: usize = 64 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    /// Probe `dst` from this node's switch `count` times, one after the other.
+    Ping {
+        dst: String,
+        count: u32,
+        timeout_ms: u64,
+    },
+    /// Inject synthetic load cells round-robin to `dsts` (benchmarks, saturation).
+    Load {
+        dsts: Vec<String>,
+        cells: u64,
+        payload: usize,
+    },
+    Shutdown,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Status(NodeStatus),
+    Ping(PingReport),
+    Ok,
+    Error { message: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkState {
+    Up,
+    Down,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    /// This node's port (`f2`, `x+`, ...).
+    pub port: String,
+    pub peer: String,
+    /// `qfdb`, `torus_x`, `torus_y`, `torus_z`.
+    pub kind: String,
+    pub gbps: u32,
+    pub state: LinkState,
+    /// Link sessions established so far (1 + reconnects).
+    pub sessions: u64,
+    pub tx_cells: u64,
+    pub tx_bytes: u64,
+    pub rx_cells: u64,
+    pub rx_bytes: u64,
+    pub stall_seconds: f64,
+    pub queue_cells: u64,
+    pub queue_bytes: u64,
+    pub in_flight_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node: String,
+    pub id: u32,
+    pub shape: String,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub links: Vec<LinkStatus>,
+    pub forwarded_cells: u64,
+    pub injected_cells: u64,
+    pub delivered_cells: u64,
+    pub load_tx_cells: u64,
+    pub load_rx_cells: u64,
+    pub load_rx_bytes: u64,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl NodeStatus {
+    pub fn links_up(&self) -> usize {
+        self.links
+            .iter()
+            .filter(|l| l.state == LinkState::Up)
+            .count()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PingReport {
+    pub src: String,
+    pub dst: String,
+    /// Node names from `src` to `dst`, as recorded by the fabric.
+    pub path: Vec<String>,
+    /// Node names from `dst` back to `src`.
+    pub back: Vec<String>,
+    /// Links crossed from `src` to `dst`.
+    pub hops: usize,
+    /// Median round trip of the probes that came back, microseconds.
+    pub rtt_us: f64,
+    pub rtts_us: Vec<f64>,
+    pub sent: u32,
+    pub received: u32,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("cannot reach the daemon at {path}: {source} (is the rack up?)")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("control connection to {path} failed: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("daemon at {path} sent a bad response: {message}")]
+    Protocol { path: PathBuf, message: String },
+}
+
+/// Sends one request to the daemon listening on `sock` and waits up to `timeout`.
+pub fn request(sock: &Path, req: &Request, timeout: Duration) -> Result<Response, ControlError> {
+    let io = |source| ControlError::Io {
+        path: sock.to_path_buf(),
+        source,
+    };
+    let mut s = UnixStream::connect(sock).map_err(|source| ControlError::Connect {
+        path: sock.to_path_buf(),
+        source,
+    })?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.set_write_timeout(Some(timeout)).map_err(io)?;
+    let mut line = serde_json::to_vec(req).map_err(|e| ControlError::Protocol {
+        path: sock.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    line.push(b'\n');
+    s.write_all(&line).map_err(io)?;
+    let mut reader = BufReader::new(s);
+    let mut resp = String::new();
+    reader.read_line(&mut resp).map_err(io)?;
+    if resp.is_empty() {
+        return Err(ControlError::Protocol {
+            path: sock.to_path_buf(),
+            message: "connection closed without a response".into(),
+        });
+    }
+    serde_json::from_str(&resp).map_err(|e| ControlError::Protocol {
+        path: sock.to_path_buf(),
+        message: e.to_string(),
+    })
+}

@@ -1,0 +1,175 @@
+//! Wiring of one daemon: load the rack, bind the QUIC endpoint, the metrics endpoint and
+//! the control socket, start the link tasks, run until SIGTERM/SIGINT or a control
+//! `shutdown`, then close every link cleanly.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::Notify;
+use tracing::info;
+
+use crate::metrics::Metrics;
+use crate::node::NodeHandle;
+use crate::rack::{Rack, RackError};
+use crate::tls::{NodeTls, TlsError};
+use crate::{control_server, http, link};
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Rack(#[from] RackError),
+    #[error("{0}")]
+    Node(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot {what} {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl DaemonError {
+    /// Configuration mistakes exit 2, failures at run time 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Rack(_) | DaemonError::Node(_) | DaemonError::Tls(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+pub struct Options<'a> {
+    pub rack_dir: &'a Path,
+    pub node: &'a str,
+    /// Worker threads; 1 runs everything on the current thread.
+    pub threads: usize,
+}
+
+pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
+    let rack = Rack::load(opts.rack_dir)?;
+    let shape = rack.shape();
+    let id = shape
+        .parse_node(opts.node)
+        .map_err(|e| DaemonError::Node(e.to_string()))?;
+    let name = shape.display(id);
+    let tls = NodeTls::load(&rack.layout(), &name)?;
+    let (server_cfg, client_cfg) = tls.quic_configs()?;
+    let rt = if opts.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.threads)
+            .enable_all()
+            .build()
+    }
+    .map_err(DaemonError::Runtime)?;
+    rt.block_on(serve(rack, id, server_cfg, client_cfg))
+}
+
+async fn resolve(what: &'static str, addr: &str) -> Result<std::net::SocketAddr, DaemonError> {
+    let bind_err = |source| DaemonError::Bind {
+        what,
+        addr: addr.to_string(),
+        source,
+    };
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(bind_err)?
+        .next()
+        .ok_or_else(|| bind_err(std::io::Error::other("address resolves to nothing")))
+}
+
+async fn serve(
+    rack: Rack,
+    id: exanet_proto::NodeId,
+    server_cfg: quinn::ServerConfig,
+    client_cfg: quinn::ClientConfig,
+) -> Result<(), DaemonError> {
+    let entry = rack.entry(id).clone();
+    let layout = rack.layout();
+    let node = NodeHandle::new(rack, id).map_err(|e| DaemonError::Node(e.to_string()))?;
+    let name = node.name.clone();
+
+    let link_addr = resolve("bind link endpoint", entry.link_bind()).await?;
+    let endpoint =
+        quinn::Endpoint::server(server_cfg, link_addr).map_err(|source| DaemonError::Bind {
+            what: "bind link endpoint",
+            addr: entry.link_bind().to_string(),
+            source,
+        })?;
+    let metrics_addr = resolve("bind metrics endpoint", entry.metrics_bind()).await?;
+    let http_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            what: "bind metrics endpoint",
+            addr: entry.metrics_bind().to_string(),
+            source,
+        })?;
+    let sock = layout.control_socket(&name);
+    let control = control_server::bind(&sock).map_err(|source| DaemonError::Bind {
+        what: "bind control socket",
+        addr: sock.display().to_string(),
+        source,
+    })?;
+
+    let shutdown = Arc::new(Notify::new());
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(link::accept_loop(node.clone(), endpoint.clone())));
+    for (port, peer, peer_port, _) in node.links() {
+        if id < peer {
+            tasks.push(tokio::spawn(link::dial_loop(
+                node.clone(),
+                endpoint.clone(),
+                client_cfg.clone(),
+                port,
+                peer,
+                peer_port,
+            )));
+        }
+    }
+    tasks.push(tokio::spawn(http::serve(
+        http_listener,
+        node.clone(),
+        Arc::new(Metrics::new()),
+    )));
+    tasks.push(tokio::spawn(control_server::serve(
+        control,
+        node.clone(),
+        shutdown.clone(),
+    )));
+    info!(node = %name, link = %link_addr, metrics = %metrics_addr, links = node.links().len(), "exanetd serving");
+
+    wait_for_stop(&shutdown).await;
+    info!(node = %name, "shutting down");
+    for t in &tasks {
+        t.abort();
+    }
+    endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
+    let _ = tokio::time::timeout(Duration::from_millis(500), endpoint.wait_idle()).await;
+    let _ = std::fs::remove_file(&sock);
+    Ok(())
+}
+
+async fn wait_for_stop(shutdown: &Notify) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        shutdown.notified().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = shutdown.notified() => {}
+    }
+}

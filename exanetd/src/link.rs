@@ -1,0 +1,273 @@
+//! Links over QUIC. One QUIC connection per emulated link, one bidirectional stream per
+//! connection carrying the link framing of `exanet_proto::frame`. The node with the
+//! lower id dials, the other accepts; the dialer retries with backoff until the neighbour
+//! is up and again whenever the link drops. Both ends authenticate with the rack CA
+//! (mutual TLS), and the acceptor checks that the certificate was issued for the node the
+//! peer's hello names.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use exanet_proto::frame::{Frame, FrameDecoder, Hello};
+use exanet_proto::{NodeId, Port};
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use rand::Rng;
+use rustls::pki_types::CertificateDer;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use crate::node::NodeHandle;
+use crate::rack::dns_name;
+
+const CLOSE_SHUTDOWN: u32 = 0;
+const CLOSE_PROTOCOL: u32 = 1;
+const CLOSE_REPLACED: u32 = 2;
+/// How much a reader takes from QUIC at once before feeding the core.
+const READ_CHUNK: usize = 256 * 1024;
+/// Longest a hello may take to arrive on a fresh connection.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Dials the neighbour on `port` for as long as the daemon runs.
+pub async fn dial_loop(
+    node: Arc<NodeHandle>,
+    endpoint: Endpoint,
+    client: quinn::ClientConfig,
+    port: Port,
+    peer: NodeId,
+    peer_port: Port,
+) {
+    let shape = node.rack.shape();
+    let peer_name = shape.display(peer);
+    let addr_text = node.rack.entry(peer).link.clone();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match dial_once(&endpoint, &client, &addr_text, &peer_name).await {
+            Ok((conn, send, recv)) => {
+                backoff = Duration::from_millis(50);
+                info!(peer = %peer_name, %port, "link up (dialed)");
+                run_session(&node, port, peer, peer_port, conn, send, recv, None).await;
+                info!(peer = %peer_name, %port, "link down");
+            }
+            Err(e) => {
+                debug!(peer = %peer_name, %port, error = %e, "dial failed");
+            }
+        }
+        let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to nothing"))
+}
+
+async fn dial_once(
+    endpoint: &Endpoint,
+    client: &quinn::ClientConfig,
+    addr: &str,
+    peer_name: &str,
+) -> Result<(Connection, SendStream, RecvStream), String> {
+    let sa = resolve(addr).await?;
+    let conn = endpoint
+        .connect_with(client.clone(), sa, &dns_name(&peer_name))
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    Ok((conn, send, recv))
+}
+
+/// Accepts neighbours' connections for as long as the endpoint is open.
+pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint) {
+    while let Some(incoming) = endpoint.accept().await {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Certificates not from the rack CA end up here.
+                    warn!(%remote, error = %e, "refused incoming link");
+                    node.count_error("tls_refused");
+                    return;
+                }
+            };
+            if let Err(e) = accept_session(&node, conn.clone()).await {
+                warn!(%remote, error = %e, "incoming link refused");
+                conn.close(VarInt::from_u32(CLOSE_PROTOCOL), e.as_bytes());
+            }
+        });
+    }
+}
+
+async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), String> {
+    let (send, mut recv) = tokio::time::timeout(HELLO_TIMEOUT, conn.accept_bi())
+        .await
+        .map_err(|_| "no stream opened in time".to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut dec = FrameDecoder::new();
+    let hello = read_hello(&mut recv, &mut dec).await?;
+    let shape = node.rack.shape();
+    // Which of our ports does this peer sit on?
+    let Some((port, peer_port)) = node
+        .links()
+        .into_iter()
+        .find(|(_, p, pp, _)| *p == hello.node && *pp == hello.port)
+        .map(|(port, _, pp, _)| (port, pp))
+    else {
+        node.count_error("hello_neighbour");
+        return Err(format!(
+            "peer claims to be node {} port {}, not a neighbour of ours",
+            hello.node, hello.port
+        ));
+    };
+    let claimed = shape.display(hello.node);
+    let certs = conn
+        .peer_identity()
+        .and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok());
+    if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, &claimed)) {
+        node.count_error("cert_mismatch");
+        return Err(format!("certificate is not issued for {claimed}"));
+    }
+    info!(peer = %claimed, %port, "link up (accepted)");
+    run_session(node, port, hello.node, peer_port, conn, send, recv, Some((hello, dec))).await;
+    info!(peer = %claimed, %port, "link down");
+    Ok(())
+}
+
+async fn read_hello(recv: &mut RecvStream, dec: &mut FrameDecoder) -> Result<Hello, String> {
+    let fut = async {
+        loop {
+            if let Some(f) = dec.next_frame() {
+                return match f {
+                    Ok(Frame::Hello(h)) => Ok(h),
+                    Ok(_) => Err("first frame is not a hello".to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+            }
+            match recv.read_chunk(READ_CHUNK, true).await {
+                Ok(Some(c)) => dec.push(&c.bytes),
+                Ok(None) => return Err("stream closed before hello".to_string()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    };
+    tokio::time::timeout(HELLO_TIMEOUT, fut)
+        .await
+        .map_err(|_| "no hello in time".to_string())?
+}
+
+/// Runs one link session until the connection fails or a newer session replaces it.
+/// `accepted` carries the hello (and the decoder holding any bytes after it) when the
+/// peer's hello was already read to identify it.
+#[allow(clippy::too_many_arguments)]
+async fn run_session(
+    node: &Arc<NodeHandle>,
+    port: Port,
+    peer: NodeId,
+    peer_port: Port,
+    conn: Connection,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    accepted: Option<(Hello, FrameDecoder)>,
+) {
+    let sid = node.next_session_id();
+    let wake = Arc::new(Notify::new());
+    let digest = node.rack.digest();
+    {
+        let now = node.now();
+        let mut core = node.lock();
+        if let Err(e) = core.begin_session(port, sid, wake.clone(), digest, now) {
+            warn!(%port, error = %e, "cannot start link session");
+            return;
+        }
+    }
+    let writer = async {
+        loop {
+            wake.notified().await;
+            let Some(buf) = node.lock().take_output(port, sid) else {
+                return "replaced";
+            };
+            if !buf.is_empty() && send.write_chunk(buf).await.is_err() {
+                return "write failed";
+            }
+        }
+    };
+    let reader = async {
+        let (hello, mut dec) = match accepted {
+            Some(x) => x,
+            None => {
+                let mut dec = FrameDecoder::new();
+                match read_hello(&mut recv, &mut dec).await {
+                    Ok(h) => (h, dec),
+                    Err(e) => {
+                        warn!(%port, error = %e, "no hello from dialed peer");
+                        return "no hello";
+                    }
+                }
+            }
+        };
+        {
+            let mut core = node.lock();
+            if let Err(e) = core.check_hello(port, &hello, digest) {
+                warn!(%port, error = %e, "peer hello refused");
+                core.node.count_error(e.kind());
+                return "bad hello";
+            }
+            if hello.node != peer || hello.port != peer_port {
+                core.node.count_error("hello_neighbour");
+                return "bad hello";
+            }
+            let now = node.now();
+            core.accept_hello(port, sid, &hello, now);
+        }
+        let mut frames = Vec::new();
+        loop {
+            // Frames that arrived together with the hello are decoded first.
+            let mut fatal = false;
+            while let Some(f) = dec.next_frame() {
+                match f {
+                    Ok(f) => frames.push(f),
+                    Err(e) => {
+                        warn!(%port, error = %e, "bad frame from peer");
+                        node.count_error(e.kind());
+                        fatal |= e.is_fatal();
+                    }
+                }
+            }
+            if !frames.is_empty() {
+                let now = node.now();
+                if !node.lock().apply(port, sid, std::mem::take(&mut frames), now) {
+                    return "replaced";
+                }
+            }
+            if fatal {
+                return "stream out of sync";
+            }
+            match recv.read_chunk(READ_CHUNK, true).await {
+                Ok(Some(c)) => dec.push(&c.bytes),
+                Ok(None) => return "peer closed",
+                Err(_) => return "read failed",
+            }
+        }
+    };
+    let why = tokio::select! {
+        w = writer => w,
+        r = reader => r,
+    };
+    debug!(%port, why, "link session over");
+    let now = node.now();
+    node.lock().end_session(port, sid, now);
+    let code = match why {
+        "replaced" => CLOSE_REPLACED,
+        "bad hello" | "stream out of sync" | "no hello" => CLOSE_PROTOCOL,
+        _ => CLOSE_SHUTDOWN,
+    };
+    conn.close(VarInt::from_u32(code), why.as_bytes());
+}

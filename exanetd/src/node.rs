@@ -1,0 +1,447 @@
+//! The node core behind a lock, shared by the link tasks, the control server and the
+//! metrics endpoint. Every task that hears something feeds it in here, calls
+//! [`Core::pump`], and the pump encodes what the core wants sent into the per-link output
+//! buffers and wakes those links' writers. Critical sections never await.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use exanet_proto::frame::{self, Frame, Hello};
+use exanet_proto::node::NodeStats;
+use exanet_proto::topology::{neighbour, node_links, NPORTS};
+use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape};
+use tokio::sync::{oneshot, Notify};
+use tracing::{debug, warn};
+
+use crate::control::{LinkState, LinkStatus, NodeStatus, PingReport};
+use crate::rack::Rack;
+
+/// One port's link: who is at the other end and the state of the current session.
+pub struct LinkSlot {
+    pub peer: NodeId,
+    pub peer_port: Port,
+    pub kind: LinkKind,
+    session: Option<u64>,
+    /// Wakes the current session's writer.
+    wake: Option<Arc<Notify>>,
+    /// Encoded frames waiting for the writer.
+    out: BytesMut,
+    pub sessions: u64,
+}
+
+pub struct Core {
+    pub node: Node,
+    slots: Vec<Option<LinkSlot>>,
+    pings: HashMap<u32, oneshot::Sender<NodeEvent>>,
+    next_probe: u32,
+}
+
+/// Why a peer's hello was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HelloError {
+    #[error("peer speaks link version {0}, this daemon {ver}", ver = frame::VERSION)]
+    Version(u8),
+    #[error("peer belongs to another rack (digest {0:#x})")]
+    OtherRack(u64),
+    #[error("peer runs a {x}x{y}x{z} rack, this one is {mine}", x = .0 .0, y = .0 .1, z = .0 .2, mine = .1)]
+    Shape((u16, u16, u16), Shape),
+    #[error("peer claims to be node {claimed} on port {port}, which is not our neighbour there")]
+    NotNeighbour { claimed: NodeId, port: Port },
+}
+
+impl HelloError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HelloError::Version(_) => "hello_version",
+            HelloError::OtherRack(_) => "hello_rack",
+            HelloError::Shape(..) => "hello_shape",
+            HelloError::NotNeighbour { .. } => "hello_neighbour",
+        }
+    }
+}
+
+impl Core {
+    /// Encodes everything the core wants to send and wakes the writers concerned.
+    pub fn pump(&mut self, now: Instant) {
+        let mut woken = [false; NPORTS];
+        while let Some(t) = self.node.poll_transmit(now) {
+            let i = t.port.index();
+            match self.slots[i].as_mut() {
+                Some(slot) if slot.session.is_some() => {
+                    if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut slot.out) {
+                        // Cells in the core were validated on the way in; this is a bug.
+                        warn!(error = %e, "dropping unencodable cell");
+                        self.node.count_error("encode");
+                    }
+                    woken[i] = true;
+                }
+                _ => {
+                    // The core only transmits on ports whose session granted credit.
+                    warn!(port = %t.port, "cell for a link without a session dropped");
+                    self.node.count_error("no_session");
+                }
+            }
+        }
+        while let Some((port, vc, bytes)) = self.node.poll_credit() {
+            let i = port.index();
+            if let Some(slot) = self.slots[i].as_mut() {
+                if slot.session.is_some() {
+                    frame::encode_credit(vc, bytes, &mut slot.out);
+                    woken[i] = true;
+                }
+            }
+        }
+        while let Some(ev) = self.node.poll_event() {
+            match ev {
+                NodeEvent::ProbeReply { id, .. } => {
+                    if let Some(tx) = self.pings.remove(&id) {
+                        let _ = tx.send(ev);
+                    }
+                }
+                NodeEvent::LoadSent => debug!("load generator done"),
+                NodeEvent::LoadDelivered { .. } => {}
+            }
+        }
+        for (i, w) in woken.iter().enumerate() {
+            if *w {
+                if let Some(n) = self.slots[i].as_ref().and_then(|s| s.wake.as_ref()) {
+                    n.notify_one();
+                }
+            }
+        }
+    }
+
+    fn slot(&mut self, port: Port) -> Option<&mut LinkSlot> {
+        self.slots.get_mut(port.index()).and_then(|s| s.as_mut())
+    }
+
+    /// Starts session `sid` on `port`, replacing any older one, and queues our hello.
+    pub fn begin_session(
+        &mut self,
+        port: Port,
+        sid: u64,
+        wake: Arc<Notify>,
+        rack_digest: u64,
+        now: Instant,
+    ) -> Result<(), exanet_proto::SwitchError> {
+        let me = self.node.id();
+        let shape = *self.node.switch().shape();
+        if self.slot(port).is_some_and(|s| s.session.is_some()) {
+            // A peer that restarted reconnects before we noticed the old session die.
+            self.node.link_down(port, now)?;
+        }
+        let grant = self.node.link_up(port)?;
+        let slot = self.slot(port).expect("link_up succeeded, so the port has a link");
+        if let Some(old) = slot.wake.replace(wake.clone()) {
+            old.notify_one();
+        }
+        slot.session = Some(sid);
+        slot.sessions += 1;
+        slot.out.clear();
+        frame::encode_hello(
+            &Hello::new(me, port, &shape, rack_digest, grant),
+            &mut slot.out,
+        );
+        wake.notify_one();
+        Ok(())
+    }
+
+    /// Checks a peer's hello against what this port's neighbour must say.
+    pub fn check_hello(
+        &self,
+        port: Port,
+        h: &Hello,
+        rack_digest: u64,
+    ) -> Result<(), HelloError> {
+        let shape = *self.node.switch().shape();
+        if h.version != frame::VERSION {
+            return Err(HelloError::Version(h.version));
+        }
+        if h.rack != rack_digest {
+            return Err(HelloError::OtherRack(h.rack));
+        }
+        if h.shape != (shape.x() as u16, shape.y() as u16, shape.z() as u16) {
+            return Err(HelloError::Shape(h.shape, shape));
+        }
+        match neighbour(&shape, self.node.id(), port) {
+            Some((n, p)) if n == h.node && p == h.port => Ok(()),
+            _ => Err(HelloError::NotNeighbour {
+                claimed: h.node,
+                port,
+            }),
+        }
+    }
+
+    /// Applies the peer's hello of session `sid`: the link may now carry cells.
+    pub fn accept_hello(&mut self, port: Port, sid: u64, h: &Hello, now: Instant) {
+        if self.slot(port).and_then(|s| s.session) != Some(sid) {
+            return;
+        }
+        if self.node.peer_grant(port, h.grant, now).is_ok() {
+            self.pump(now);
+        }
+    }
+
+    /// Applies frames received on session `sid` of `port`. Returns false when the session
+    /// is no longer current (the caller should stop).
+    pub fn apply(&mut self, port: Port, sid: u64, frames: Vec<Frame>, now: Instant) -> bool {
+        if self.slot(port).and_then(|s| s.session) != Some(sid) {
+            return false;
+        }
+        for f in frames {
+            match f {
+                Frame::Cell(vc, cell) => {
+                    if let Err(e) = self.node.receive(port, vc, cell, now) {
+                        debug!(%port, error = %e, "cell refused");
+                    }
+                }
+                Frame::Credit(vc, n) => {
+                    let _ = self.node.credit(port, vc, n, now);
+                }
+                Frame::Hello(_) => self.node.count_error("hello_repeated"),
+            }
+        }
+        self.pump(now);
+        true
+    }
+
+    /// Ends session `sid` on `port` if it is still the current one.
+    pub fn end_session(&mut self, port: Port, sid: u64, now: Instant) {
+        let Some(slot) = self.slot(port) else { return };
+        if slot.session != Some(sid) {
+            return;
+        }
+        slot.session = None;
+        slot.out.clear();
+        if let Some(w) = slot.wake.take() {
+            w.notify_one();
+        }
+        let _ = self.node.link_down(port, now);
+    }
+
+    /// The bytes the writer of session `sid` should send next; `None` when the session is
+    /// over and the writer should stop.
+    pub fn take_output(&mut self, port: Port, sid: u64) -> Option<Bytes> {
+        let slot = self.slot(port)?;
+        if slot.session != Some(sid) {
+            return None;
+        }
+        Some(slot.out.split().freeze())
+    }
+}
+
+/// Everything a daemon's tasks share.
+pub struct NodeHandle {
+    core: Mutex<Core>,
+    origin: std::time::Instant,
+    pub rack: Rack,
+    pub id: NodeId,
+    pub name: String,
+    sessions: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PingError {
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error("count must be 1..=1000, not {0}")]
+    Count(u32),
+}
+
+impl NodeHandle {
+    pub fn new(rack: Rack, id: NodeId) -> Result<Arc<NodeHandle>, NodeError> {
+        let shape = rack.shape();
+        let node = Node::new(shape, id, rack.switch_config())?;
+        let mut slots: Vec<Option<LinkSlot>> = (0..NPORTS).map(|_| None).collect();
+        for l in node_links(&shape, id) {
+            let port = l.port_of(id).expect("link of this node");
+            let (peer, peer_port) = l.other(id).expect("link of this node");
+            slots[port.index()] = Some(LinkSlot {
+                peer,
+                peer_port,
+                kind: l.kind,
+                session: None,
+                wake: None,
+                out: BytesMut::new(),
+                sessions: 0,
+            });
+        }
+        Ok(Arc::new(NodeHandle {
+            core: Mutex::new(Core {
+                node,
+                slots,
+                pings: HashMap::new(),
+                next_probe: 1,
+            }),
+            origin: std::time::Instant::now(),
+            name: shape.display(id),
+            rack,
+            id,
+            sessions: AtomicU64::new(1),
+        }))
+    }
+
+    /// The core. A panic while holding the lock would be a bug; the data is still
+    /// consistent enough to report, so poisoning is ignored.
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn now(&self) -> Instant {
+        Instant(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    pub fn next_session_id(&self) -> u64 {
+        self.sessions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// This node's links: (port, peer, peer port, kind).
+    pub fn links(&self) -> Vec<(Port, NodeId, Port, LinkKind)> {
+        let core = self.lock();
+        Port::all()
+            .filter_map(|p| {
+                core.slots[p.index()]
+                    .as_ref()
+                    .map(|s| (p, s.peer, s.peer_port, s.kind))
+            })
+            .collect()
+    }
+
+    pub fn count_error(&self, kind: &'static str) {
+        self.lock().node.count_error(kind);
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let now = self.now();
+        let core = self.lock();
+        let sw = core.node.switch();
+        let shape = self.rack.shape();
+        let links = Port::all()
+            .filter_map(|p| {
+                let s = core.slots[p.index()].as_ref()?;
+                let st = sw.port_stats(p);
+                Some(LinkStatus {
+                    port: p.to_string(),
+                    peer: shape.display(s.peer),
+                    kind: s.kind.label().to_string(),
+                    gbps: s.kind.gbps(),
+                    state: if sw.is_up(p) {
+                        LinkState::Up
+                    } else {
+                        LinkState::Down
+                    },
+                    sessions: s.sessions,
+                    tx_cells: st.tx_cells,
+                    tx_bytes: st.tx_bytes,
+                    rx_cells: st.rx_cells,
+                    rx_bytes: st.rx_bytes,
+                    stall_seconds: sw.stall_ns(p, now) as f64 / 1e9,
+                    queue_cells: sw.queue_cells(p) as u64,
+                    queue_bytes: u64::from(sw.queue_bytes(p)),
+                    in_flight_bytes: u64::from(sw.in_flight(p)),
+                })
+            })
+            .collect();
+        let ns: &NodeStats = core.node.stats();
+        NodeStatus {
+            node: self.name.clone(),
+            id: self.id.0,
+            shape: shape.to_string(),
+            pid: std::process::id(),
+            uptime_seconds: self.origin.elapsed().as_secs_f64(),
+            links,
+            forwarded_cells: sw.forwarded(),
+            injected_cells: ns.injected_cells,
+            delivered_cells: ns.delivered_cells,
+            load_tx_cells: ns.load_tx_cells,
+            load_rx_cells: ns.load_rx_cells,
+            load_rx_bytes: ns.load_rx_bytes,
+            errors: ns
+                .errors
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+        }
+    }
+
+    /// Probes `dst` `count` times in sequence and reports the path and round trips.
+    pub async fn ping(
+        &self,
+        dst: NodeId,
+        count: u32,
+        timeout: Duration,
+    ) -> Result<PingReport, PingError> {
+        if !(1..=1000).contains(&count) {
+            return Err(PingError::Count(count));
+        }
+        let shape = self.rack.shape();
+        let names = |v: &[NodeId]| v.iter().map(|n| shape.display(*n)).collect::<Vec<_>>();
+        let mut rtts = Vec::new();
+        let mut last = None;
+        for _ in 0..count {
+            let (tx, rx) = oneshot::channel();
+            let id = {
+                let mut core = self.lock();
+                let id = core.next_probe;
+                core.next_probe = core.next_probe.wrapping_add(1).max(1);
+                core.node.send_probe(dst, id)?;
+                core.pings.insert(id, tx);
+                let now = self.now();
+                core.pump(now);
+                id
+            };
+            let t0 = std::time::Instant::now();
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(ev)) => {
+                    rtts.push(t0.elapsed().as_secs_f64() * 1e6);
+                    last = Some(ev);
+                }
+                _ => {
+                    self.lock().pings.remove(&id);
+                }
+            }
+        }
+        let (path, back, truncated) = match last {
+            Some(NodeEvent::ProbeReply {
+                forward,
+                back,
+                truncated,
+                ..
+            }) => (names(&forward), names(&back), truncated),
+            _ => (Vec::new(), Vec::new(), false),
+        };
+        let received = rtts.len() as u32;
+        let mut sorted = rtts.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rtt_us = if sorted.is_empty() {
+            0.0
+        } else if sorted.len() % 2 == 1 {
+            sorted[sorted.len() / 2]
+        } else {
+            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+        };
+        Ok(PingReport {
+            src: self.name.clone(),
+            dst: shape.display(dst),
+            hops: path.len().saturating_sub(1),
+            path,
+            back,
+            rtt_us,
+            rtts_us: rtts,
+            sent: count,
+            received,
+            truncated,
+        })
+    }
+
+    pub fn start_load(&self, dsts: &[NodeId], cells: u64, payload: usize) -> Result<(), NodeError> {
+        let now = self.now();
+        let mut core = self.lock();
+        core.node.start_load(dsts, cells, payload)?;
+        core.pump(now);
+        Ok(())
+    }
+}

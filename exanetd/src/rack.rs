@@ -1,0 +1,357 @@
+//! The rack file (`rack.toml`) and the rack directory layout.
+//!
+//! A rack directory holds everything about one virtual rack:
+//!
+//! ```text
+//! rack.toml          the rack file (below)
+//! tls/ca.pem         the rack CA certificate (tls/ca.key: its key, kept by exactl)
+//! tls/<NODE>.pem     each node's certificate, signed by the CA, valid for DNS name <node>
+//! tls/<NODE>.key     its private key
+//! run/<NODE>.sock    each daemon's control socket
+//! run/<NODE>.pid     pid of each local daemon
+//! logs/<NODE>.log    each local daemon's log
+//! ```
+//!
+//! The rack file:
+//!
+//! ```toml
+//! name = "exanet-rack"      # rack identity: daemons of different racks never link
+//! shape = "2x2x1"           # QFDBs along X, Y, Z
+//! window = 262144           # emulator in-flight window per link and VC, bytes
+//! local_window = 65536      # NI injection / delivery buffer, bytes
+//!
+//! [nodes.M1QAF1]
+//! link = "127.0.0.1:21000"      # QUIC address neighbours dial (host names allowed)
+//! metrics = "127.0.0.1:22000"   # HTTP: /metrics, /health, /ready
+//! # listen = "0.0.0.0:21000"    # optional: bind address when it differs from `link`
+//! # metrics_listen = "0.0.0.0:22000"
+//! ```
+//!
+//! Every node of the shape has a `[nodes.NAME]` table, and only those.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
+use exanet_proto::{NodeId, Shape, SwitchConfig};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub const RACK_FILE: &str = "rack.toml";
+pub const DEFAULT_RACK_DIR: &str = "exanet-rack";
+
+#[derive(Debug, Error)]
+pub enum RackError {
+    #[error("cannot read rack file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad rack file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bad rack file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How to reach one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// `host:port` neighbours dial (UDP, QUIC).
+    pub link: String,
+    /// `host:port` of the HTTP metrics and health endpoint.
+    pub metrics: String,
+    /// Bind address for the QUIC endpoint, when it differs from `link` (containers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Bind address for the HTTP endpoint, when it differs from `metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+}
+
+impl NodeEntry {
+    pub fn link_bind(&self) -> &str {
+        self.listen.as_deref().unwrap_or(&self.link)
+    }
+    pub fn metrics_bind(&self) -> &str {
+        self.metrics_listen.as_deref().unwrap_or(&self.metrics)
+    }
+}
+
+fn default_window() -> u32 {
+    DEFAULT_WINDOW
+}
+fn default_local_window() -> u32 {
+    DEFAULT_LOCAL_WINDOW
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RackFile {
+    pub name: String,
+    pub shape: Shape,
+    #[serde(default = "default_window")]
+    pub window: u32,
+    #[serde(default = "default_local_window")]
+    pub local_window: u32,
+    pub nodes: BTreeMap<String, NodeEntry>,
+}
+
+/// A validated rack file with its node table keyed by node id.
+#[derive(Clone, Debug)]
+pub struct Rack {
+    pub dir: PathBuf,
+    pub file: RackFile,
+    nodes: Vec<NodeEntry>,
+}
+
+impl Rack {
+    pub fn load(dir: &Path) -> Result<Rack, RackError> {
+        let path = dir.join(RACK_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| RackError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file: RackFile = toml::from_str(&text).map_err(|e| RackError::Parse {
+            path: path.clone(),
+            message: e.message().to_string(),
+        })?;
+        Rack::new(dir, file).map_err(|message| RackError::Invalid { path, message })
+    }
+
+    /// Validates a rack file: every node of the shape present exactly once, windows sane.
+    pub fn new(dir: &Path, file: RackFile) -> Result<Rack, String> {
+        if file.name.is_empty() {
+            return Err("name is empty".into());
+        }
+        for (what, w) in [("window", file.window), ("local_window", file.local_window)] {
+            if w < MIN_WINDOW {
+                return Err(format!(
+                    "{what} = {w} cannot hold one {MIN_WINDOW}-byte cell"
+                ));
+            }
+            if w > 1 << 30 {
+                return Err(format!("{what} = {w} is over 1 GiB"));
+            }
+        }
+        let shape = file.shape;
+        let mut nodes: Vec<Option<NodeEntry>> = vec![None; shape.nodes() as usize];
+        for (name, entry) in &file.nodes {
+            let id = shape.parse_node(name).map_err(|e| e.to_string())?;
+            let canon = shape.display(id);
+            if nodes[id.0 as usize].is_some() {
+                return Err(format!("node {canon} is listed twice"));
+            }
+            for (what, addr) in [("link", &entry.link), ("metrics", &entry.metrics)] {
+                check_addr(addr).map_err(|e| format!("node {canon}: {what} {e}"))?;
+            }
+            nodes[id.0 as usize] = Some(entry.clone());
+        }
+        let missing: Vec<String> = shape
+            .node_ids()
+            .filter(|id| nodes[id.0 as usize].is_none())
+            .map(|id| shape.display(id))
+            .collect();
+        if !missing.is_empty() {
+            let more = if missing.len() > 5 { ", ..." } else { "" };
+            return Err(format!(
+                "{} node(s) of the {shape} rack have no [nodes.NAME] entry: {}{more}",
+                missing.len(),
+                missing[..missing.len().min(5)].join(", ")
+            ));
+        }
+        Ok(Rack {
+            dir: dir.to_path_buf(),
+            file,
+            nodes: nodes.into_iter().map(|n| n.expect("checked")).collect(),
+        })
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.file.shape
+    }
+
+    pub fn entry(&self, id: NodeId) -> &NodeEntry {
+        &self.nodes[id.0 as usize]
+    }
+
+    pub fn switch_config(&self) -> SwitchConfig {
+        SwitchConfig {
+            window: self.file.window,
+            local_window: self.file.local_window,
+        }
+    }
+
+    /// A 64-bit digest of the rack's identity (name and shape), carried in link hellos.
+    pub fn digest(&self) -> u64 {
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in format!("{}/{}", self.file.name, self.file.shape).bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+
+    pub fn save(&self) -> Result<(), RackError> {
+        write_rack_file(&self.dir, &self.file)
+    }
+
+    pub fn layout(&self) -> Layout {
+        Layout::new(&self.dir)
+    }
+}
+
+pub fn write_rack_file(dir: &Path, file: &RackFile) -> Result<(), RackError> {
+    let path = dir.join(RACK_FILE);
+    let text = toml::to_string(file).map_err(|e| RackError::Invalid {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(&path, text).map_err(|source| RackError::Write { path, source })
+}
+
+fn check_addr(addr: &str) -> Result<(), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{addr:?} is not host:port"))?;
+    if host.is_empty() {
+        return Err(format!("{addr:?} has no host"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("{addr:?} has a bad port"))?;
+    Ok(())
+}
+
+/// Paths inside a rack directory.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub dir: PathBuf,
+}
+
+impl Layout {
+    pub fn new(dir: &Path) -> Layout {
+        Layout {
+            dir: dir.to_path_buf(),
+        }
+    }
+    pub fn rack_file(&self) -> PathBuf {
+        self.dir.join(RACK_FILE)
+    }
+    pub fn tls_dir(&self) -> PathBuf {
+        self.dir.join("tls")
+    }
+    pub fn ca_cert(&self) -> PathBuf {
+        self.tls_dir().join("ca.pem")
+    }
+    pub fn ca_key(&self) -> PathBuf {
+        self.tls_dir().join("ca.key")
+    }
+    pub fn node_cert(&self, name: &impl fmt::Display) -> PathBuf {
+        self.tls_dir().join(format!("{name}.pem"))
+    }
+    pub fn node_key(&self, name: &impl fmt::Display) -> PathBuf {
+        self.tls_dir().join(format!("{name}.key"))
+    }
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+    pub fn control_socket(&self, name: &impl fmt::Display) -> PathBuf {
+        self.run_dir().join(format!("{name}.sock"))
+    }
+    pub fn pid_file(&self, name: &impl fmt::Display) -> PathBuf {
+        self.run_dir().join(format!("{name}.pid"))
+    }
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+    pub fn log_file(&self, name: &impl fmt::Display) -> PathBuf {
+        self.log_dir().join(format!("{name}.log"))
+    }
+}
+
+/// The rack directory from `--rack`, else `EXANET_RACK`, else `./exanet-rack`.
+pub fn rack_dir(flag: Option<&Path>) -> PathBuf {
+    if let Some(p) = flag {
+        return p.to_path_buf();
+    }
+    match std::env::var_os("EXANET_RACK") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(DEFAULT_RACK_DIR),
+    }
+}
+
+/// The DNS name a node's certificate is issued for.
+pub fn dns_name(node: &impl fmt::Display) -> String {
+    node.to_string().to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(shape: &str) -> RackFile {
+        let shape: Shape = shape.parse().unwrap();
+        let nodes = shape
+            .node_ids()
+            .map(|id| {
+                (
+                    shape.display(id),
+                    NodeEntry {
+                        link: format!("127.0.0.1:{}", 20000 + id.0),
+                        metrics: format!("127.0.0.1:{}", 30000 + id.0),
+                        listen: None,
+                        metrics_listen: None,
+                    },
+                )
+            })
+            .collect();
+        RackFile {
+            name: "t".into(),
+            shape,
+            window: DEFAULT_WINDOW,
+            local_window: DEFAULT_LOCAL_WINDOW,
+            nodes,
+        }
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let f = file("1x1x1");
+        let text = toml::to_string(&f).unwrap();
+        let back: RackFile = toml::from_str(&text).unwrap();
+        assert_eq!(back, f);
+        assert!(Rack::new(Path::new("."), back).is_ok());
+    }
+
+    #[test]
+    fn missing_and_extra_nodes_are_named() {
+        let mut f = file("1x1x1");
+        f.nodes.remove("M1QAF3");
+        let e = Rack::new(Path::new("."), f.clone()).unwrap_err();
+        assert!(e.contains("M1QAF3"), "{e}");
+        f.nodes.insert("M2QAF1".into(), f.nodes["M1QAF1"].clone());
+        let e = Rack::new(Path::new("."), f).unwrap_err();
+        assert!(e.contains("M2QAF1"), "{e}");
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_refused() {
+        let mut f = file("1x1x1");
+        f.window = 100;
+        assert!(Rack::new(Path::new("."), f).unwrap_err().contains("window"));
+        let mut f = file("1x1x1");
+        f.nodes.get_mut("M1QAF1").unwrap().link = "nohost".into();
+        assert!(Rack::new(Path::new("."), f).unwrap_err().contains("M1QAF1"));
+        let bad = "name = \"x\"\nshape = \"1x1x1\"\nwindwo = 5\n[nodes]\n";
+        assert!(toml::from_str::<RackFile>(bad).is_err());
+        let bad = "name = \"x\"\nshape = \"1x0x1\"\n[nodes]\n";
+        assert!(toml::from_str::<RackFile>(bad).is_err());
+    }
+}

@@ -1,0 +1,254 @@
+//! Rack TLS: a rack CA signs one certificate per node, valid for the node's DNS name
+//! (lower-case node name, e.g. `m1qaf2`) for both server and client use. Links use mutual
+//! TLS: each end proves it is the node it claims to be, and a peer without a certificate
+//! from this rack's CA is refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::RootCertStore;
+use thiserror::Error;
+
+use crate::rack::{dns_name, Layout};
+
+/// ALPN of exanet links, so that nothing else speaking QUIC is mistaken for a peer.
+pub const ALPN: &[u8] = b"exanet-link/1";
+
+#[derive(Debug, Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} holds no {what}")]
+    Empty { path: PathBuf, what: &'static str },
+    #[error("bad TLS material in {path}: {message}")]
+    Bad { path: PathBuf, message: String },
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write(path: &Path, data: &str, private: bool) -> Result<(), TlsError> {
+    let werr = |source| TlsError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::write(path, data).map_err(werr)?;
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(werr)?;
+    }
+    Ok(())
+}
+
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let data = read(path)?;
+    let certs = rustls_pemfile::certs(&mut &data[..])
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Bad {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            path: path.to_path_buf(),
+            what: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let data = read(path)?;
+    rustls_pemfile::private_key(&mut &data[..])
+        .map_err(|e| TlsError::Bad {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?
+        .ok_or_else(|| TlsError::Empty {
+            path: path.to_path_buf(),
+            what: "private key",
+        })
+}
+
+fn ca_params() -> Result<CertificateParams, TlsError> {
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "exanet rack CA");
+    p.distinguished_name = dn;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(p)
+}
+
+/// Creates the rack CA unless it exists; then issues a certificate for every node in
+/// `nodes` that has none. Returns how many node certificates were issued.
+pub fn ensure_rack_pki(layout: &Layout, nodes: &[String]) -> Result<usize, TlsError> {
+    let dir = layout.tls_dir();
+    std::fs::create_dir_all(&dir).map_err(|source| TlsError::Write {
+        path: dir.clone(),
+        source,
+    })?;
+    let (ca_cert_path, ca_key_path) = (layout.ca_cert(), layout.ca_key());
+    let ca_key = if ca_key_path.exists() {
+        let pem = String::from_utf8_lossy(&read(&ca_key_path)?).into_owned();
+        KeyPair::from_pem(&pem).map_err(|e| TlsError::Bad {
+            path: ca_key_path.clone(),
+            message: e.to_string(),
+        })?
+    } else {
+        let k = KeyPair::generate()?;
+        write(&ca_key_path, &k.serialize_pem(), true)?;
+        k
+    };
+    // Re-deriving the CA certificate from its fixed parameters and key gives an issuer
+    // with the same name and key, so node certificates chain to the stored ca.pem.
+    let ca = ca_params()?.self_signed(&ca_key)?;
+    if !ca_cert_path.exists() {
+        write(&ca_cert_path, &ca.pem(), false)?;
+    }
+    let mut issued = 0;
+    for name in nodes {
+        let (cert_path, key_path) = (layout.node_cert(name), layout.node_key(name));
+        if cert_path.exists() && key_path.exists() {
+            continue;
+        }
+        let mut p = CertificateParams::new(vec![dns_name(name)])?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name.as_str());
+        p.distinguished_name = dn;
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate()?;
+        let cert = p.signed_by(&key, &ca, &ca_key)?;
+        write(&key_path, &key.serialize_pem(), true)?;
+        write(&cert_path, &cert.pem(), false)?;
+        issued += 1;
+    }
+    Ok(issued)
+}
+
+/// TLS material of one node.
+pub struct NodeTls {
+    pub ca: Vec<CertificateDer<'static>>,
+    pub certs: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl NodeTls {
+    pub fn load(layout: &Layout, node: &str) -> Result<NodeTls, TlsError> {
+        Ok(NodeTls {
+            ca: load_certs(&layout.ca_cert())?,
+            certs: load_certs(&layout.node_cert(&node))?,
+            key: load_key(&layout.node_key(&node))?,
+        })
+    }
+
+    fn roots(&self) -> Result<Arc<RootCertStore>, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for c in &self.ca {
+            roots
+                .add(c.clone())
+                .map_err(|e| TlsError::Config(format!("rack CA: {e}")))?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    /// QUIC server and client configurations for this node's endpoint.
+    pub fn quic_configs(&self) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TlsError> {
+        let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots = self.roots()?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(cfg)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(cfg)?;
+        server.alpn_protocols = vec![ALPN.to_vec()];
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(cfg)?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(cfg)?;
+        client.alpn_protocols = vec![ALPN.to_vec()];
+        let transport = Arc::new(transport_config());
+        let qs = quinn::crypto::rustls::QuicServerConfig::try_from(server)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut sc = quinn::ServerConfig::with_crypto(Arc::new(qs));
+        sc.transport_config(transport.clone());
+        let qc = quinn::crypto::rustls::QuicClientConfig::try_from(client)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut cc = quinn::ClientConfig::new(Arc::new(qc));
+        cc.transport_config(transport);
+        Ok((sc, cc))
+    }
+}
+
+/// QUIC transport settings of a link: generous flow-control windows so that QUIC never
+/// limits a link below its credit window, keep-alives so that a dead peer is noticed
+/// within seconds, and MTU discovery so loopback links use large datagrams.
+fn transport_config() -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.stream_receive_window((8u32 << 20).into());
+    t.receive_window((16u32 << 20).into());
+    t.send_window(16 << 20);
+    t.max_concurrent_uni_streams(0u8.into());
+    t.max_concurrent_bidi_streams(4u8.into());
+    t.keep_alive_interval(Some(Duration::from_millis(500)));
+    t.max_idle_timeout(Some(
+        Duration::from_secs(3)
+            .try_into()
+            .expect("3 s is a valid idle timeout"),
+    ));
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(8192);
+    t.mtu_discovery_config(Some(mtu));
+    t
+}
+
+/// Checks that a verified peer certificate chain was issued for node `name`.
+pub fn cert_is_for(certs: &[CertificateDer<'_>], name: &str) -> bool {
+    let Some(leaf) = certs.first() else {
+        return false;
+    };
+    let Ok(ee) = webpki::EndEntityCert::try_from(leaf) else {
+        return false;
+    };
+    let Ok(sn) = ServerName::try_from(dns_name(&name)) else {
+        return false;
+    };
+    ee.verify_is_valid_for_subject_name(&sn).is_ok()
+}
