@@ -62,8 +62,8 @@ pub enum Frame {
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum FrameError {
     /// The cell frame was well formed but the cell inside is not; the stream goes on.
-    #[error("bad cell on {vc:?}: {err}")]
-    Cell { vc: Vc, err: CellError },
+    #[error("bad cell of {len} B on {vc:?}: {err}")]
+    Cell { vc: Vc, len: u32, err: CellError },
     #[error("unknown frame tag {0:#04x}; link byte stream is out of sync")]
     BadTag(u8),
     #[error("cell frame length {0} outside {OVERHEAD}..={MAX_CELL}")]
@@ -194,7 +194,11 @@ impl FrameDecoder {
                     let vc = Vc(t - TAG_CELL);
                     Cell::decode(&wire)
                         .map(|c| Frame::Cell(vc, c))
-                        .map_err(|err| FrameError::Cell { vc, err })
+                        .map_err(|err| FrameError::Cell {
+                            vc,
+                            len: len as u32,
+                            err,
+                        })
                 }
             }
             t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => {

@@ -155,8 +155,14 @@ impl FromStr for Gvas {
             text: s.to_string(),
             why: "PDID does not fit 16 bits",
         })?;
-        let node = u32::try_from(node).map_err(|_| GvasError::Node(u32::MAX))?;
-        let rank = u8::try_from(rank).map_err(|_| GvasError::Rank(u8::MAX))?;
+        let node = u32::try_from(node).map_err(|_| GvasError::Syntax {
+            text: s.to_string(),
+            why: "node does not fit 22 bits",
+        })?;
+        let rank = u8::try_from(rank).map_err(|_| GvasError::Syntax {
+            text: s.to_string(),
+            why: "rank is outside 0..=7",
+        })?;
         Gvas::new(Pdid(pdid), NodeId(node), rank, va)
     }
 }
@@ -168,7 +174,10 @@ mod tests {
     #[test]
     fn fields_land_where_spec_puts_them() {
         let g = Gvas::new(Pdid(0xABCD), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap();
-        assert_eq!(g.to_bytes(), [0xAB, 0xCD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(
+            g.to_bytes(),
+            [0xAB, 0xCD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]
+        );
         let g = Gvas::new(Pdid(1), NodeId(1), 1, 1).unwrap();
         // PDID in the top 16 bits, node next (22), rank (3), VA (39).
         assert_eq!(g.0, (1u128 << 64) | (1u128 << 42) | (1u128 << 39) | 1);

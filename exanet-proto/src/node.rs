@@ -163,6 +163,12 @@ impl Node {
         self.counted(r)
     }
 
+    /// Returns credit for bytes that arrived on `(port, vc)` but could not be decoded.
+    pub fn refund(&mut self, port: Port, vc: Vc, bytes: u32) -> Result<(), SwitchError> {
+        let r = self.switch.refund(port, vc, bytes);
+        self.counted(r)
+    }
+
     pub fn credit(
         &mut self,
         port: Port,
@@ -306,7 +312,9 @@ impl Node {
                     let f = (b.forward_hops as usize).min(b.path.len());
                     let forward = b.path[..f].to_vec();
                     let mut back = b.path[f.saturating_sub(1)..].to_vec();
-                    back.push(self.id());
+                    if back.last() != Some(&self.id()) {
+                        back.push(self.id());
+                    }
                     self.events.push_back(NodeEvent::ProbeReply {
                         id: b.id,
                         forward,

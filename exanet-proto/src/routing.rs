@@ -72,7 +72,9 @@ pub fn route(
         here,
         shape: *shape,
     })?;
-    let d = shape.coord(dst).map_err(|_| RouteError::NoSuchNode { dst, shape: *shape })?;
+    let d = shape
+        .coord(dst)
+        .map_err(|_| RouteError::NoSuchNode { dst, shape: *shape })?;
     if here == dst {
         return Ok(Hop {
             port: Port::Local,
@@ -173,14 +175,50 @@ mod tests {
     fn dateline_switches_to_vc1_and_stays() {
         let s: Shape = "5x1x1".parse().unwrap();
         // x=3 -> x=0 goes + (ahead 2 < 3): 3->4 on VC0, 4->0 crosses on VC1.
-        let src = s.id(Coord { x: 3, y: 0, z: 0, fpga: 1 }).unwrap();
-        let dst = s.id(Coord { x: 0, y: 0, z: 0, fpga: 1 }).unwrap();
-        let vcs: Vec<u8> = path(&s, src, dst).unwrap().iter().map(|(_, h)| h.vc.0).collect();
+        let src = s
+            .id(Coord {
+                x: 3,
+                y: 0,
+                z: 0,
+                fpga: 1,
+            })
+            .unwrap();
+        let dst = s
+            .id(Coord {
+                x: 0,
+                y: 0,
+                z: 0,
+                fpga: 1,
+            })
+            .unwrap();
+        let vcs: Vec<u8> = path(&s, src, dst)
+            .unwrap()
+            .iter()
+            .map(|(_, h)| h.vc.0)
+            .collect();
         assert_eq!(vcs, vec![0, 1, 0]);
         // x=4 -> x=1: crosses first, then continues on VC1.
-        let src = s.id(Coord { x: 4, y: 0, z: 0, fpga: 1 }).unwrap();
-        let dst = s.id(Coord { x: 1, y: 0, z: 0, fpga: 1 }).unwrap();
-        let vcs: Vec<u8> = path(&s, src, dst).unwrap().iter().map(|(_, h)| h.vc.0).collect();
+        let src = s
+            .id(Coord {
+                x: 4,
+                y: 0,
+                z: 0,
+                fpga: 1,
+            })
+            .unwrap();
+        let dst = s
+            .id(Coord {
+                x: 1,
+                y: 0,
+                z: 0,
+                fpga: 1,
+            })
+            .unwrap();
+        let vcs: Vec<u8> = path(&s, src, dst)
+            .unwrap()
+            .iter()
+            .map(|(_, h)| h.vc.0)
+            .collect();
         assert_eq!(vcs, vec![1, 1, 0]);
     }
 

@@ -65,7 +65,9 @@ pub enum ShapeError {
 pub enum NameError {
     #[error("bad node name {0:?}: expected M<blade>Q<slot>F<fpga>, e.g. M1QAF1")]
     Syntax(String),
-    #[error("node {name} is not in a {shape} rack (blades 1..={blades}, slots A..{last_slot}, F1..F4)")]
+    #[error(
+        "node {name} is not in a {shape} rack (blades 1..={blades}, slots A..{last_slot}, F1..F4)"
+    )]
     OutOfRack {
         name: String,
         shape: Shape,
@@ -292,7 +294,7 @@ impl FromStr for NodeName {
             return Err(bad());
         }
         let blade: u32 = blade_txt.parse().map_err(|_| bad())?;
-        let rest = rest[q + 1..].as_bytes();
+        let rest = &rest.as_bytes()[q + 1..];
         if rest.len() != 3 || !rest[0].is_ascii_uppercase() || rest[1] != b'F' {
             return Err(bad());
         }
@@ -345,7 +347,10 @@ mod tests {
             Err(NameError::OutOfRack { .. })
         ));
         assert!(matches!(s.parse_node("M1QAF5"), Err(NameError::Syntax(_))));
-        assert!(matches!(s.parse_node("M0QAF1"), Err(NameError::OutOfRack { .. })));
+        assert!(matches!(
+            s.parse_node("M0QAF1"),
+            Err(NameError::OutOfRack { .. })
+        ));
         assert!(matches!(s.parse_node("MQAF1"), Err(NameError::Syntax(_))));
         assert!(s.coord(NodeId(16)).is_err());
     }
@@ -353,13 +358,22 @@ mod tests {
     #[test]
     fn bad_shapes_say_why() {
         assert!(matches!("4x4".parse::<Shape>(), Err(ShapeError::Syntax(_))));
-        assert!(matches!("4x0x2".parse::<Shape>(), Err(ShapeError::ZeroDimension { .. })));
-        assert!(matches!("27x1x1".parse::<Shape>(), Err(ShapeError::TooWide { .. })));
+        assert!(matches!(
+            "4x0x2".parse::<Shape>(),
+            Err(ShapeError::ZeroDimension { .. })
+        ));
+        assert!(matches!(
+            "27x1x1".parse::<Shape>(),
+            Err(ShapeError::TooWide { .. })
+        ));
         assert!(matches!(
             "26x10000x10000".parse::<Shape>(),
             Err(ShapeError::TooManyNodes { .. })
         ));
-        assert!(matches!("+4x4x2".parse::<Shape>(), Err(ShapeError::Syntax(_))));
+        assert!(matches!(
+            "+4x4x2".parse::<Shape>(),
+            Err(ShapeError::Syntax(_))
+        ));
         assert_eq!("4X4x2".parse::<Shape>().unwrap(), Shape::PROTOTYPE);
     }
 }

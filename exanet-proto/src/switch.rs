@@ -139,6 +139,8 @@ struct Input {
 
 struct Output {
     credits: u32,
+    /// Bytes sent in this session whose credit has not come back.
+    outstanding: u32,
     up: bool,
     stalled_since: Option<Instant>,
 }
@@ -187,6 +189,7 @@ impl Switch {
             });
             outputs.push(Output {
                 credits: if local { cfg.local_window } else { 0 },
+                outstanding: 0,
                 up: local,
                 stalled_since: None,
             });
@@ -251,6 +254,7 @@ impl Switch {
         for (v, g) in grant.iter().enumerate() {
             let o = &mut self.outputs[slot(port, Vc(v as u8))];
             o.credits = *g;
+            o.outstanding = 0;
             o.up = true;
             Self::end_stall(&mut self.stats[port.index()], o, now);
         }
@@ -263,6 +267,7 @@ impl Switch {
         for v in 0..NVCS {
             let o = &mut self.outputs[slot(port, Vc(v as u8))];
             o.credits = 0;
+            o.outstanding = 0;
             o.up = false;
             Self::end_stall(&mut self.stats[port.index()], o, now);
         }
@@ -279,7 +284,9 @@ impl Switch {
         }
     }
 
-    /// A cell arrived from the neighbour on `port`.
+    /// A cell arrived from the neighbour on `port`. A refused cell is dropped; unless it
+    /// overran the queue (sent without credit), the credit it used goes back upstream,
+    /// so a peer's bad cells never shrink its window for good.
     pub fn receive(
         &mut self,
         port: Port,
@@ -291,10 +298,11 @@ impl Switch {
         if vc.0 as usize >= NVCS {
             return Err(SwitchError::NoSuchVc(vc.0));
         }
+        let len = cell.wire_len() as u32;
         if vc == Vc::ONE && !matches!(port, Port::Torus(..)) {
+            self.refund(port, vc, len)?;
             return Err(SwitchError::WrongVc(port));
         }
-        let len = cell.wire_len() as u32;
         let s = slot(port, vc);
         let input = &self.inputs[s];
         if input.bytes + len > input.cap {
@@ -306,11 +314,29 @@ impl Switch {
                 cap: input.cap,
             });
         }
-        let hop = route(&self.shape, self.node, cell.dst.node(), port, vc)?;
+        let hop = match route(&self.shape, self.node, cell.dst.node(), port, vc) {
+            Ok(h) => h,
+            Err(e) => {
+                self.refund(port, vc, len)?;
+                return Err(e.into());
+            }
+        };
         let st = &mut self.stats[port.index()];
         st.rx_cells += 1;
         st.rx_bytes += u64::from(len);
         self.enqueue(s, hop, cell, len);
+        Ok(())
+    }
+
+    /// Returns the credit of `bytes` that arrived on `(port, vc)` but were dropped before
+    /// queueing (refused or undecodable cells whose frame length was sound).
+    pub fn refund(&mut self, port: Port, vc: Vc, bytes: u32) -> Result<(), SwitchError> {
+        self.check_link_port(port)?;
+        if vc.0 as usize >= NVCS {
+            return Err(SwitchError::NoSuchVc(vc.0));
+        }
+        let i = &mut self.inputs[slot(port, vc)];
+        i.owed = i.owed.saturating_add(bytes);
         Ok(())
     }
 
@@ -340,7 +366,13 @@ impl Switch {
         if !self.can_inject(len as usize) {
             return Err(SwitchError::Full);
         }
-        let hop = route(&self.shape, self.node, cell.dst.node(), Port::Local, Vc::ZERO)?;
+        let hop = route(
+            &self.shape,
+            self.node,
+            cell.dst.node(),
+            Port::Local,
+            Vc::ZERO,
+        )?;
         self.enqueue(slot(Port::Local, Vc::ZERO), hop, cell, len);
         Ok(())
     }
@@ -361,6 +393,7 @@ impl Switch {
         // A hostile peer can lie about credit; saturating keeps the arithmetic sound and
         // the damage confined to that peer's own queue.
         o.credits = o.credits.saturating_add(bytes);
+        o.outstanding = o.outstanding.saturating_sub(bytes);
         Self::end_stall(&mut self.stats[port.index()], o, now);
         Ok(())
     }
@@ -384,7 +417,11 @@ impl Switch {
             let records = hop.port != Port::Local
                 && matches!(head.cell.kind, CellType::Probe | CellType::ProbeReply);
             let need = head.cell.wire_len() as u32
-                + if records { probe::growth(&head.cell.payload, self.node) } else { 0 };
+                + if records {
+                    probe::growth(&head.cell.payload, self.node)
+                } else {
+                    0
+                };
             let os = slot(hop.port, hop.vc);
             let o = &mut self.outputs[os];
             if !o.up || o.credits < need {
@@ -394,6 +431,7 @@ impl Switch {
                 continue;
             }
             o.credits -= need;
+            o.outstanding += need;
             let q = self.inputs[i].q.pop_front().expect("head exists");
             let input = &mut self.inputs[i];
             input.bytes -= q.charged;
@@ -458,20 +496,14 @@ impl Switch {
             .sum()
     }
 
-    /// Bytes sent on `port` that the neighbour has not yet returned credit for.
+    /// Bytes sent on `port` in this session that the neighbour has not yet returned
+    /// credit for (for the local port: delivered cells the NI has not consumed).
     pub fn in_flight(&self, port: Port) -> u32 {
         if port == Port::Local {
             return self.cfg.local_window - self.outputs[slot(port, Vc::ZERO)].credits;
         }
         (0..NVCS)
-            .map(|v| {
-                let o = &self.outputs[slot(port, Vc(v as u8))];
-                if o.up {
-                    self.cfg.window.saturating_sub(o.credits)
-                } else {
-                    0
-                }
-            })
+            .map(|v| self.outputs[slot(port, Vc(v as u8))].outstanding)
             .sum()
     }
 

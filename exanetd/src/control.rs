@@ -76,6 +76,19 @@ pub struct LinkStatus {
     pub queue_cells: u64,
     pub queue_bytes: u64,
     pub in_flight_bytes: u64,
+    /// Transport statistics of the QUIC connection carrying the link, while it is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<QuicStats>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuicStats {
+    pub rtt_us: f64,
+    pub cwnd: u64,
+    pub mtu: u16,
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+    pub congestion_events: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -99,12 +99,11 @@ async fn serve(
     let name = node.name.clone();
 
     let link_addr = resolve("bind link endpoint", entry.link_bind()).await?;
-    let endpoint =
-        quinn::Endpoint::server(server_cfg, link_addr).map_err(|source| DaemonError::Bind {
-            what: "bind link endpoint",
-            addr: entry.link_bind().to_string(),
-            source,
-        })?;
+    let endpoint = link_endpoint(server_cfg, link_addr).map_err(|source| DaemonError::Bind {
+        what: "bind link endpoint",
+        addr: entry.link_bind().to_string(),
+        source,
+    })?;
     let metrics_addr = resolve("bind metrics endpoint", entry.metrics_bind()).await?;
     let http_listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
@@ -122,7 +121,10 @@ async fn serve(
 
     let shutdown = Arc::new(Notify::new());
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(link::accept_loop(node.clone(), endpoint.clone())));
+    tasks.push(tokio::spawn(link::accept_loop(
+        node.clone(),
+        endpoint.clone(),
+    )));
     for (port, peer, peer_port, _) in node.links() {
         if id < peer {
             tasks.push(tokio::spawn(link::dial_loop(
@@ -156,6 +158,33 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_millis(500), endpoint.wait_idle()).await;
     let _ = std::fs::remove_file(&sock);
     Ok(())
+}
+
+/// Socket buffer size asked of the kernel (it caps it at net.core.rmem_max/wmem_max).
+const UDP_BUFFER: usize = 4 << 20;
+
+/// The QUIC endpoint on a UDP socket with large buffers: with the default ~200 KB, a
+/// daemon that is busy for a moment overflows its receive buffer, and QUIC reads the
+/// drops as congestion and throttles the link far below its credit window.
+fn link_endpoint(
+    server_cfg: quinn::ServerConfig,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<quinn::Endpoint> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if let Err(e) = s.set_recv_buffer_size(UDP_BUFFER) {
+        tracing::warn!(error = %e, "cannot enlarge UDP receive buffer");
+    }
+    if let Err(e) = s.set_send_buffer_size(UDP_BUFFER) {
+        tracing::warn!(error = %e, "cannot enlarge UDP send buffer");
+    }
+    s.bind(&addr.into())?;
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server_cfg),
+        s.into(),
+        Arc::new(quinn::TokioRuntime),
+    )
 }
 
 async fn wait_for_stop(shutdown: &Notify) {

@@ -71,8 +71,15 @@ async fn handle(mut s: TcpStream, node: &NodeHandle, metrics: &Metrics) -> std::
         "/ready" => {
             let st = node.status();
             let (up, all) = (st.links_up(), st.links.len());
-            let body = format!("{{\"node\":\"{}\",\"links_up\":{up},\"links\":{all}}}\n", st.node);
-            let code = if up == all { "200 OK" } else { "503 Service Unavailable" };
+            let body = format!(
+                "{{\"node\":\"{}\",\"links_up\":{up},\"links\":{all}}}\n",
+                st.node
+            );
+            let code = if up == all {
+                "200 OK"
+            } else {
+                "503 Service Unavailable"
+            };
             respond(&mut s, code, "application/json", &body).await
         }
         _ => respond(&mut s, "404 Not Found", "text/plain", "not found\n").await,

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use exanet_proto::frame::{Frame, FrameDecoder, Hello};
+use exanet_proto::frame::{Frame, FrameDecoder, FrameError, Hello};
 use exanet_proto::{NodeId, Port};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use rand::Rng;
@@ -136,7 +136,17 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
         return Err(format!("certificate is not issued for {claimed}"));
     }
     info!(peer = %claimed, %port, "link up (accepted)");
-    run_session(node, port, hello.node, peer_port, conn, send, recv, Some((hello, dec))).await;
+    run_session(
+        node,
+        port,
+        hello.node,
+        peer_port,
+        conn,
+        send,
+        recv,
+        Some((hello, dec)),
+    )
+    .await;
     info!(peer = %claimed, %port, "link down");
     Ok(())
 }
@@ -183,7 +193,7 @@ async fn run_session(
     {
         let now = node.now();
         let mut core = node.lock();
-        if let Err(e) = core.begin_session(port, sid, wake.clone(), digest, now) {
+        if let Err(e) = core.begin_session(port, sid, wake.clone(), conn.clone(), digest, now) {
             warn!(%port, error = %e, "cannot start link session");
             return;
         }
@@ -236,14 +246,24 @@ async fn run_session(
                     Ok(f) => frames.push(f),
                     Err(e) => {
                         warn!(%port, error = %e, "bad frame from peer");
-                        node.count_error(e.kind());
+                        let mut core = node.lock();
+                        core.node.count_error(e.kind());
+                        if let FrameError::Cell { vc, len, .. } = e {
+                            // The frame length was sound, so the sender spent credit on it.
+                            let _ = core.node.refund(port, vc, len);
+                            let now = node.now();
+                            core.pump(now);
+                        }
                         fatal |= e.is_fatal();
                     }
                 }
             }
             if !frames.is_empty() {
                 let now = node.now();
-                if !node.lock().apply(port, sid, std::mem::take(&mut frames), now) {
+                if !node
+                    .lock()
+                    .apply(port, sid, std::mem::take(&mut frames), now)
+                {
                     return "replaced";
                 }
             }

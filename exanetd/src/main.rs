@@ -16,14 +16,16 @@ struct Cli {
     #[arg(long, env = "EXANET_NODE")]
     node: String,
     /// Runtime worker threads (1 = single-threaded, the lightest for many daemons per host).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, env = "EXANETD_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     threads: u16,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let dir = exanetd::rack::rack_dir(cli.rack.as_deref());

@@ -72,7 +72,11 @@ impl Metrics {
             )
         };
         Metrics {
-            link_cells: icv("exanet_link_cells_total", "Cells carried by the link", LINK_DIR),
+            link_cells: icv(
+                "exanet_link_cells_total",
+                "Cells carried by the link",
+                LINK_DIR,
+            ),
             link_bytes: icv(
                 "exanet_link_bytes_total",
                 "Bytes (cell headers, payloads and footers) carried by the link",
@@ -133,7 +137,10 @@ impl Metrics {
             uptime: reg(
                 &r,
                 GaugeVec::new(
-                    Opts::new("exanet_node_uptime_seconds", "Seconds since the daemon started"),
+                    Opts::new(
+                        "exanet_node_uptime_seconds",
+                        "Seconds since the daemon started",
+                    ),
                     &["node"],
                 )
                 .expect("valid metric"),

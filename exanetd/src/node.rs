@@ -16,7 +16,7 @@ use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, 
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
-use crate::control::{LinkState, LinkStatus, NodeStatus, PingReport};
+use crate::control::{LinkState, LinkStatus, NodeStatus, PingReport, QuicStats};
 use crate::rack::Rack;
 
 /// One port's link: who is at the other end and the state of the current session.
@@ -30,6 +30,8 @@ pub struct LinkSlot {
     /// Encoded frames waiting for the writer.
     out: BytesMut,
     pub sessions: u64,
+    /// The QUIC connection of the current session, for its transport statistics.
+    conn: Option<quinn::Connection>,
 }
 
 pub struct Core {
@@ -124,6 +126,7 @@ impl Core {
         port: Port,
         sid: u64,
         wake: Arc<Notify>,
+        conn: quinn::Connection,
         rack_digest: u64,
         now: Instant,
     ) -> Result<(), exanet_proto::SwitchError> {
@@ -134,11 +137,14 @@ impl Core {
             self.node.link_down(port, now)?;
         }
         let grant = self.node.link_up(port)?;
-        let slot = self.slot(port).expect("link_up succeeded, so the port has a link");
+        let slot = self
+            .slot(port)
+            .expect("link_up succeeded, so the port has a link");
         if let Some(old) = slot.wake.replace(wake.clone()) {
             old.notify_one();
         }
         slot.session = Some(sid);
+        slot.conn = Some(conn);
         slot.sessions += 1;
         slot.out.clear();
         frame::encode_hello(
@@ -150,12 +156,7 @@ impl Core {
     }
 
     /// Checks a peer's hello against what this port's neighbour must say.
-    pub fn check_hello(
-        &self,
-        port: Port,
-        h: &Hello,
-        rack_digest: u64,
-    ) -> Result<(), HelloError> {
+    pub fn check_hello(&self, port: Port, h: &Hello, rack_digest: u64) -> Result<(), HelloError> {
         let shape = *self.node.switch().shape();
         if h.version != frame::VERSION {
             return Err(HelloError::Version(h.version));
@@ -215,6 +216,7 @@ impl Core {
             return;
         }
         slot.session = None;
+        slot.conn = None;
         slot.out.clear();
         if let Some(w) = slot.wake.take() {
             w.notify_one();
@@ -247,7 +249,7 @@ pub struct NodeHandle {
 pub enum PingError {
     #[error(transparent)]
     Node(#[from] NodeError),
-    #[error("count must be 1..=1000, not {0}")]
+    #[error("count must be 1..=100000, not {0}")]
     Count(u32),
 }
 
@@ -267,6 +269,7 @@ impl NodeHandle {
                 wake: None,
                 out: BytesMut::new(),
                 sessions: 0,
+                conn: None,
             });
         }
         Ok(Arc::new(NodeHandle {
@@ -342,6 +345,17 @@ impl NodeHandle {
                     queue_cells: sw.queue_cells(p) as u64,
                     queue_bytes: u64::from(sw.queue_bytes(p)),
                     in_flight_bytes: u64::from(sw.in_flight(p)),
+                    quic: s.conn.as_ref().map(|c| {
+                        let st = c.stats();
+                        QuicStats {
+                            rtt_us: st.path.rtt.as_secs_f64() * 1e6,
+                            cwnd: st.path.cwnd,
+                            mtu: st.path.current_mtu,
+                            sent_packets: st.path.sent_packets,
+                            lost_packets: st.path.lost_packets,
+                            congestion_events: st.path.congestion_events,
+                        }
+                    }),
                 })
             })
             .collect();
@@ -359,11 +373,7 @@ impl NodeHandle {
             load_tx_cells: ns.load_tx_cells,
             load_rx_cells: ns.load_rx_cells,
             load_rx_bytes: ns.load_rx_bytes,
-            errors: ns
-                .errors
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         }
     }
 
@@ -374,7 +384,7 @@ impl NodeHandle {
         count: u32,
         timeout: Duration,
     ) -> Result<PingReport, PingError> {
-        if !(1..=1000).contains(&count) {
+        if !(1..=100_000).contains(&count) {
             return Err(PingError::Count(count));
         }
         let shape = self.rack.shape();

@@ -186,10 +186,12 @@ impl NodeTls {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let roots = self.roots()?;
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-                .build()
-                .map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(cfg)?
@@ -233,6 +235,9 @@ fn transport_config() -> quinn::TransportConfig {
             .try_into()
             .expect("3 s is a valid idle timeout"),
     ));
+    if std::env::var("EXANET_CC").as_deref() == Ok("bbr") {
+        t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+    }
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(8192);
     t.mtu_discovery_config(Some(mtu));

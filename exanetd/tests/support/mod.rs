@@ -1,0 +1,173 @@
+//! A rack of real exanetd processes on loopback for tests and benchmarks. The daemon
+//! binary is passed in, so that integration tests and benches of this package share it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use exanet_proto::Shape;
+use exanetd::control::{request, LinkState, NodeStatus, Request, Response};
+use exanetd::rack::{write_rack_file, Layout, NodeEntry, Rack, RackFile};
+
+pub struct TestRack {
+    pub dir: PathBuf,
+    pub shape: Shape,
+    pub daemon: PathBuf,
+    pub log_level: String,
+    children: BTreeMap<String, Child>,
+}
+
+pub fn free_port() -> u16 {
+    // A port free for both UDP and TCP at the moment of asking.
+    loop {
+        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let p = u.local_addr().unwrap().port();
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+}
+
+impl TestRack {
+    pub fn new(tag: &str, shape: &str, daemon: &str) -> TestRack {
+        let dir = std::env::temp_dir().join(format!("exanetd-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let shape: Shape = shape.parse().unwrap();
+        let nodes: BTreeMap<String, NodeEntry> = shape
+            .node_ids()
+            .map(|id| {
+                (
+                    shape.display(id),
+                    NodeEntry {
+                        link: format!("127.0.0.1:{}", free_port()),
+                        metrics: format!("127.0.0.1:{}", free_port()),
+                        listen: None,
+                        metrics_listen: None,
+                    },
+                )
+            })
+            .collect();
+        let names: Vec<String> = nodes.keys().cloned().collect();
+        let file = RackFile {
+            name: format!("test-{tag}"),
+            shape,
+            window: 256 * 1024,
+            local_window: 64 * 1024,
+            nodes,
+        };
+        write_rack_file(&dir, &file).unwrap();
+        exanetd::tls::ensure_rack_pki(&Layout::new(&dir), &names).unwrap();
+        TestRack {
+            dir,
+            shape,
+            daemon: PathBuf::from(daemon),
+            log_level: "debug".into(),
+            children: BTreeMap::new(),
+        }
+    }
+
+    pub fn rack(&self) -> Rack {
+        Rack::load(&self.dir).unwrap()
+    }
+
+    pub fn start(&mut self, name: &str) {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(&self.daemon)
+            .args(["--rack", self.dir.to_str().unwrap(), "--node", name])
+            .env("RUST_LOG", &self.log_level)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.insert(name.to_string(), child);
+    }
+
+    pub fn start_all(&mut self) {
+        for id in self.shape.node_ids() {
+            let n = self.shape.display(id);
+            self.start(&n);
+        }
+    }
+
+    pub fn sock(&self, name: &str) -> PathBuf {
+        Layout::new(&self.dir).control_socket(&name)
+    }
+
+    pub fn status(&self, name: &str) -> Option<NodeStatus> {
+        match request(&self.sock(name), &Request::Status, Duration::from_secs(2)) {
+            Ok(Response::Status(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn wait_links_up(&self, names: &[&str], timeout: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let all = names.iter().all(|n| {
+                self.status(n)
+                    .is_some_and(|s| s.links.iter().all(|l| l.state == LinkState::Up))
+            });
+            if all {
+                return;
+            }
+            assert!(
+                t0.elapsed() < timeout,
+                "links not up after {timeout:?}; logs in {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn metrics(&self, name: &str) -> String {
+        let rack = self.rack();
+        let id = self.shape.parse_node(name).unwrap();
+        let mut s = TcpStream::connect(&rack.entry(id).metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    pub fn stop(&mut self, name: &str) -> std::process::ExitStatus {
+        let mut c = self.children.remove(name).unwrap();
+        signal(c.id(), libc::SIGTERM);
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                let _ = c.kill();
+                panic!("{name} did not exit within 5 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+impl Drop for TestRack {
+    fn drop(&mut self) {
+        for (_, c) in self.children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
