@@ -1,1 +1,248 @@
-fn main(){}
+//! exactl: operate an exanet virtual rack.
+//!
+//! ```text
+//! exactl [--rack DIR] rack up [--shape 4x4x2] [--name NAME] [--window BYTES] [--base-port N] [--timeout SECS]
+//! exactl [--rack DIR] rack down [--timeout SECS]
+//! exactl [--rack DIR] status [--json]
+//! exactl [--rack DIR] ping SRC DST [--count N] [--timeout-ms MS] [--json]
+//! ```
+//!
+//! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
+//! Exit codes: 0 success, 1 runtime failure, 2 bad input.
+
+mod error;
+mod fabric;
+mod ping;
+mod process;
+mod rack_cmd;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use exanet_proto::{NodeName, Shape};
+
+use crate::error::{CliError, EXIT_USAGE};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "exactl",
+    version,
+    arg_required_else_help = false,
+    about = "Operate an exanet virtual rack (an emulated ExaNeSt rack of exanetd daemons)",
+    after_help = "The rack directory is --rack DIR, else $EXANET_RACK, else ./exanet-rack.\n\
+                  Exit status: 0 success, 1 runtime failure, 2 bad input."
+)]
+struct Cli {
+    /// Rack directory [default: $EXANET_RACK, else ./exanet-rack]
+    #[arg(long, global = true, value_name = "DIR")]
+    rack: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start or stop the local rack
+    #[command(subcommand, arg_required_else_help = false)]
+    Rack(RackCommand),
+    /// Show every node and link of the rack with state and counters
+    Status(StatusArgs),
+    /// Probe DST from SRC: the path hop by hop and the round-trip times
+    Ping(PingArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum RackCommand {
+    /// Create the rack (if needed) and start one exanetd per node on this machine; returns
+    /// once every link is up
+    Up(UpArgs),
+    /// Stop every daemon of the rack
+    Down(DownArgs),
+}
+
+#[derive(Debug, Args)]
+struct UpArgs {
+    /// Rack shape in QFDBs along X, Y, Z (a new rack only) [default: 4x4x2]
+    #[arg(long, value_name = "XxYxZ", value_parser = parse_shape, allow_hyphen_values = true)]
+    shape: Option<Shape>,
+    /// Rack name: daemons of differently named racks never link (a new rack only)
+    /// [default: the rack directory's name]
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// In-flight window per link and virtual channel, bytes (a new rack only)
+    /// [default: 262144]
+    #[arg(long, value_name = "BYTES")]
+    window: Option<u32>,
+    /// Number ports from N: link (UDP) N+id, metrics (TCP) N+nodes+id (a new rack only)
+    /// [default: free ports picked at random]
+    #[arg(long, value_name = "N")]
+    base_port: Option<u16>,
+    /// Give up when the links are not all up after this many seconds
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    timeout: u64,
+}
+
+#[derive(Debug, Args)]
+struct DownArgs {
+    /// Seconds to wait after SIGTERM before killing the daemons that are still running
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    timeout: u64,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Print one JSON object instead of tables
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct PingArgs {
+    /// Node that sends the probes, e.g. M1QAF1
+    #[arg(value_name = "SRC", value_parser = parse_node_name)]
+    src: NodeName,
+    /// Node that answers them, e.g. M1QBF2
+    #[arg(value_name = "DST", value_parser = parse_node_name)]
+    dst: NodeName,
+    /// Number of probes, sent one after the other
+    #[arg(long, short = 'c', value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    count: u32,
+    /// How long to wait for each probe, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    timeout_ms: u64,
+    /// Print the daemon's report as one JSON object
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_shape(s: &str) -> Result<Shape, String> {
+    s.parse::<Shape>().map_err(|e| e.to_string())
+}
+
+fn parse_node_name(s: &str) -> Result<NodeName, String> {
+    s.parse::<NodeName>().map_err(|e| e.to_string())
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    let dir = exanetd::rack::rack_dir(cli.rack.as_deref());
+    match cli.command {
+        Command::Rack(RackCommand::Up(a)) => rack_cmd::up(
+            &dir,
+            &rack_cmd::UpOptions {
+                shape: a.shape,
+                name: a.name,
+                window: a.window,
+                base_port: a.base_port,
+                timeout: Duration::from_secs(a.timeout),
+            },
+        ),
+        Command::Rack(RackCommand::Down(a)) => rack_cmd::down(&dir, Duration::from_secs(a.timeout)),
+        Command::Status(a) => status::run(&dir, a.json),
+        Command::Ping(a) => ping::run(
+            &dir,
+            &ping::PingOptions {
+                src: a.src,
+                dst: a.dst,
+                count: a.count,
+                timeout_ms: a.timeout_ms,
+                json: a.json,
+            },
+        ),
+    }
+}
+
+/// A clap usage error folded onto one line: the problem, then the usage it violated.
+fn one_line_usage_error(rendered: &str) -> String {
+    let mut message: Vec<&str> = Vec::new();
+    let mut usage = None;
+    for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage:") {
+            usage = Some(u.trim());
+        } else if line.starts_with("For more information") {
+            continue;
+        } else {
+            message.push(line);
+        }
+    }
+    let mut text = message.join(" ");
+    if let Some(rest) = text.strip_prefix("error:") {
+        text = rest.trim().to_string();
+    }
+    match usage {
+        Some(u) => format!("{text} (usage: {u})"),
+        None => format!("{text} (see --help)"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            return match e.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                        ExitCode::from(EXIT_USAGE)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                _ => {
+                    eprintln!("exactl: {}", one_line_usage_error(&e.render().to_string()));
+                    ExitCode::from(EXIT_USAGE)
+                }
+            };
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("exactl: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn usage_errors_fold_to_one_line() {
+        let e = Cli::try_parse_from(["exactl", "ping", "M1QAF1"]).unwrap_err();
+        let line = one_line_usage_error(&e.render().to_string());
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.contains("<DST>") && line.contains("usage: exactl ping"),
+            "{line}"
+        );
+        let e = Cli::try_parse_from(["exactl", "rack", "up", "--shape", "4x0x2"]).unwrap_err();
+        let line = one_line_usage_error(&e.render().to_string());
+        assert!(
+            line.contains("every dimension must be at least 1"),
+            "{line}"
+        );
+        assert!(!line.starts_with("error:"), "{line}");
+    }
+
+    #[test]
+    fn global_rack_option_goes_anywhere() {
+        let c = Cli::try_parse_from(["exactl", "status", "--rack", "/r", "--json"]).unwrap();
+        assert_eq!(c.rack.as_deref(), Some(std::path::Path::new("/r")));
+        let c = Cli::try_parse_from(["exactl", "--rack", "/r", "rack", "down"]).unwrap();
+        assert!(matches!(c.command, Command::Rack(RackCommand::Down(_))));
+    }
+}

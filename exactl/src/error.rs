@@ -1,0 +1,147 @@
+//! exactl's errors. Each says what went wrong and where; [`CliError::exit_code`] sorts
+//! them into bad input (exit 2, like clap's own usage errors) and runtime failures (exit 1).
+
+use std::path::PathBuf;
+
+use exanet_proto::NameError;
+use exanetd::control::ControlError;
+use exanetd::rack::RackError;
+use exanetd::tls::TlsError;
+use thiserror::Error;
+
+/// Exit code for bad input: bad arguments, names, shapes, rack files.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code for runtime failures: a daemon that does not answer, a rack that does not come up.
+pub const EXIT_FAILURE: u8 = 1;
+
+#[derive(Debug, Error)]
+pub enum CliError {
+    // ---- bad input (exit 2) ----
+    #[error("no rack at {dir}: {file} does not exist (create and start one with `exactl rack up`)", file = .dir.join(exanetd::rack::RACK_FILE).display(), dir = .dir.display())]
+    NoRack { dir: PathBuf },
+
+    #[error(transparent)]
+    RackFile(RackError),
+
+    #[error("{0}")]
+    Node(#[from] NameError),
+
+    #[error("{what} {value}: {message}")]
+    BadValue {
+        what: &'static str,
+        value: String,
+        message: String,
+    },
+
+    #[error(
+        "the rack at {dir} was created with {setting} {existing}, not {requested}; \
+         to change it run `exactl rack down` and remove {file} (or use another --rack DIR)",
+        dir = .dir.display(),
+        file = .dir.join(exanetd::rack::RACK_FILE).display()
+    )]
+    SettingMismatch {
+        dir: PathBuf,
+        setting: &'static str,
+        existing: String,
+        requested: String,
+    },
+
+    // ---- runtime failures (exit 1) ----
+    #[error(
+        "the rack at {dir} is already running ({running} of {total} daemons); \
+         `exactl status` shows it, `exactl rack down` stops it",
+        dir = .dir.display()
+    )]
+    AlreadyRunning {
+        dir: PathBuf,
+        running: usize,
+        total: usize,
+    },
+
+    #[error("cannot find the exanetd binary: {0}")]
+    DaemonNotFound(String),
+
+    #[error("cannot start exanetd for {node} ({binary}): {source}", binary = .binary.display())]
+    Spawn {
+        node: String,
+        binary: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("cannot {action} {path}: {source}", path = .path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("cannot write the rack file: {0}")]
+    WriteRack(RackError),
+
+    #[error("cannot create the rack's TLS material: {0}")]
+    Tls(#[from] TlsError),
+
+    #[error("cannot pick free ports on 127.0.0.1: {0}")]
+    Ports(std::io::Error),
+
+    #[error("{node}: {source}")]
+    Control { node: String, source: ControlError },
+
+    #[error("{node}: the daemon refused the request: {message}")]
+    Refused { node: String, message: String },
+
+    #[error("{node}: unexpected answer to {request}: {answer}")]
+    Unexpected {
+        node: String,
+        request: &'static str,
+        answer: String,
+    },
+
+    /// A failure whose details were already printed on stderr.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::NoRack { .. }
+            | CliError::RackFile(_)
+            | CliError::Node(_)
+            | CliError::BadValue { .. }
+            | CliError::SettingMismatch { .. } => EXIT_USAGE,
+            _ => EXIT_FAILURE,
+        }
+    }
+
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CliError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<RackError> for CliError {
+    /// Reading a rack file fails on bad input: a missing file says there is no rack there,
+    /// anything else names the file and the problem. Writing one is a runtime failure.
+    fn from(e: RackError) -> Self {
+        match e {
+            RackError::Read {
+                ref path,
+                ref source,
+            } if source.kind() == std::io::ErrorKind::NotFound => {
+                let dir = path
+                    .parent()
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from("."));
+                CliError::NoRack { dir }
+            }
+            RackError::Write { .. } => CliError::WriteRack(e),
+            other => CliError::RackFile(other),
+        }
+    }
+}
+
+pub type Result<T, E = CliError> = std::result::Result<T, E>;

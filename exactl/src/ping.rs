@@ -1,0 +1,295 @@
+//! `exactl ping SRC DST`: probes DST from SRC's switch and shows the path hop by hop (like
+//! ibtracert) and the round trips (like ibping).
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use exanet_proto::{routing, NodeId, NodeName, Shape};
+use exanetd::control::{self, PingReport, Request, Response};
+use exanetd::rack::Rack;
+
+use crate::error::{CliError, Result};
+use crate::fabric;
+
+#[derive(Clone, Debug)]
+pub struct PingOptions {
+    pub src: NodeName,
+    pub dst: NodeName,
+    pub count: u32,
+    pub timeout_ms: u64,
+    pub json: bool,
+}
+
+/// `exactl ping`. Fails (exit 1) when no probe came back.
+pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let src = shape.id_of(opts.src)?;
+    let dst = shape.id_of(opts.dst)?;
+    let (src_name, dst_name) = (shape.display(src), shape.display(dst));
+    let req = Request::Ping {
+        dst: dst_name.clone(),
+        count: opts.count,
+        timeout_ms: opts.timeout_ms,
+    };
+    // The daemon sends the probes one after the other, each waiting up to timeout_ms.
+    let wait = Duration::from_millis(opts.timeout_ms.saturating_mul(u64::from(opts.count)))
+        .saturating_add(Duration::from_secs(5));
+    let sock = rack.layout().control_socket(&src_name);
+    let report = match control::request(&sock, &req, wait) {
+        Ok(Response::Ping(r)) => r,
+        Ok(Response::Error { message }) => {
+            return Err(CliError::Refused {
+                node: src_name,
+                message,
+            })
+        }
+        Ok(other) => {
+            return Err(CliError::Unexpected {
+                node: src_name,
+                request: "ping",
+                answer: format!("{other:?}"),
+            })
+        }
+        Err(source) => {
+            return Err(CliError::Control {
+                node: src_name,
+                source,
+            })
+        }
+    };
+    if opts.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Failed(format!("cannot encode the report as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render(&shape, src, dst, &report, opts.timeout_ms));
+    }
+    if report.received == 0 {
+        return Err(CliError::Failed(format!(
+            "no probe came back from {dst_name} ({} sent from {src_name}, {} ms each)",
+            report.sent, opts.timeout_ms
+        )));
+    }
+    Ok(())
+}
+
+/// The human report: the path, hop by hop, then one line per probe and the statistics.
+pub fn render(shape: &Shape, src: NodeId, dst: NodeId, r: &PingReport, timeout_ms: u64) -> String {
+    let mut out = String::new();
+    let (src_name, dst_name) = (shape.display(src), shape.display(dst));
+    let recorded = !r.path.is_empty();
+    let path: Vec<String> = if recorded {
+        r.path.clone()
+    } else {
+        // No probe came back to record it: show where the fabric routes, marked as such.
+        routing::path(shape, src, dst)
+            .map(|p| p.into_iter().map(|(n, _)| shape.display(n)).collect())
+            .unwrap_or_default()
+    };
+    let hops = if recorded {
+        r.hops
+    } else {
+        path.len().saturating_sub(1)
+    };
+    let _ = writeln!(
+        out,
+        "From {src_name} to {dst_name}: {hops} hop{}{}",
+        if hops == 1 { "" } else { "s" },
+        if recorded {
+            ""
+        } else {
+            " (expected route; no probe came back to record it)"
+        }
+    );
+    out.push_str(&hop_lines(shape, &path));
+    if r.truncated {
+        out.push_str("  ... (the path record was truncated)\n");
+    }
+    let back = squeeze(&r.back);
+    if !back.is_empty() {
+        let mut reversed = squeeze(&r.path);
+        reversed.reverse();
+        if back == reversed {
+            out.push_str("Return path: the same links, reversed\n");
+        } else {
+            let _ = writeln!(out, "Return path: {}", back.join(" -> "));
+            out.push_str(&hop_lines(shape, &back));
+        }
+    }
+    out.push('\n');
+    for (i, rtt) in r.rtts_us.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "Pong from {dst_name}: probe {} time {rtt:.1} us",
+            i + 1
+        );
+    }
+    let lost = r.sent.saturating_sub(r.received);
+    let loss = if r.sent == 0 {
+        0.0
+    } else {
+        100.0 * f64::from(lost) / f64::from(r.sent)
+    };
+    let _ = writeln!(out, "--- {src_name} -> {dst_name} ping statistics ---");
+    let _ = writeln!(
+        out,
+        "{} probes sent, {} received, {loss:.0}% loss (timeout {timeout_ms} ms)",
+        r.sent, r.received
+    );
+    if let (Some(min), Some(max)) = (
+        r.rtts_us.iter().copied().reduce(f64::min),
+        r.rtts_us.iter().copied().reduce(f64::max),
+    ) {
+        let _ = writeln!(
+            out,
+            "rtt min/median/max = {min:.1}/{:.1}/{max:.1} us",
+            r.rtt_us
+        );
+    }
+    out
+}
+
+/// The path without a node recorded twice in a row (which is no hop).
+fn squeeze(path: &[String]) -> Vec<String> {
+    let mut v = path.to_vec();
+    v.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+    v
+}
+
+/// `  [f1] -> M1QAF1 [f2]  qfdb 16 Gb/s`, one line per hop of `path`.
+fn hop_lines(shape: &Shape, path: &[String]) -> String {
+    let path = squeeze(path);
+    let mut out = String::new();
+    let Some(first) = path.first() else {
+        return out;
+    };
+    let _ = writeln!(out, "  {first}");
+    let width = path.iter().map(String::len).max().unwrap_or(0);
+    for pair in path.windows(2) {
+        let ids = (shape.parse_node(&pair[0]), shape.parse_node(&pair[1]));
+        let link = match ids {
+            (Ok(a), Ok(b)) => fabric::link_between(shape, a, b).map(|l| (a, b, l)),
+            _ => None,
+        };
+        let line = match link {
+            Some((a, b, l)) => format!(
+                "  [{}] -> {:<width$} [{}]  {} {} Gb/s",
+                port(l.port_of(a)),
+                pair[1],
+                port(l.port_of(b)),
+                l.kind.label(),
+                l.kind.gbps()
+            ),
+            None => format!("  [?] -> {:<width$} [?]  (no direct link)", pair[1]),
+        };
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+fn port(p: Option<exanet_proto::Port>) -> String {
+    p.map_or_else(|| "?".into(), |p| p.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(shape: &Shape, src: &str, dst: &str, rtts: &[f64]) -> PingReport {
+        let (s, d) = (
+            shape.parse_node(src).unwrap(),
+            shape.parse_node(dst).unwrap(),
+        );
+        let path: Vec<String> = routing::path(shape, s, d)
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| shape.display(n))
+            .collect();
+        let back: Vec<String> = path.iter().rev().cloned().collect();
+        PingReport {
+            src: src.into(),
+            dst: dst.into(),
+            hops: path.len() - 1,
+            path: if rtts.is_empty() { vec![] } else { path },
+            back: if rtts.is_empty() { vec![] } else { back },
+            rtt_us: rtts.get(rtts.len() / 2).copied().unwrap_or(0.0),
+            rtts_us: rtts.to_vec(),
+            sent: 3,
+            received: rtts.len() as u32,
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn shows_each_hop_with_ports_and_kind() {
+        let shape = Shape::PROTOTYPE;
+        let r = report(&shape, "M1QAF2", "M1QBF3", &[100.0, 110.0, 130.0]);
+        let (s, d) = (
+            shape.parse_node("M1QAF2").unwrap(),
+            shape.parse_node("M1QBF3").unwrap(),
+        );
+        let text = render(&shape, s, d, &r, 1000);
+        assert!(
+            text.starts_with("From M1QAF2 to M1QBF3: 3 hops\n"),
+            "{text}"
+        );
+        assert!(text.contains("[f1] -> M1QAF1 [f2]  qfdb 16 Gb/s"), "{text}");
+        assert!(
+            text.contains("[x+] -> M1QBF1 [x-]  torus_x 10 Gb/s"),
+            "{text}"
+        );
+        assert!(text.contains("[f3] -> M1QBF3 [f1]  qfdb 16 Gb/s"), "{text}");
+        assert!(text.contains("the same links, reversed"), "{text}");
+        assert!(
+            text.contains("3 probes sent, 3 received, 0% loss"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rtt min/median/max = 100.0/110.0/130.0 us"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn lost_probes_show_the_expected_route() {
+        let shape: Shape = "2x2x1".parse().unwrap();
+        let r = report(&shape, "M1QAF1", "M2QBF1", &[]);
+        let (s, d) = (
+            shape.parse_node("M1QAF1").unwrap(),
+            shape.parse_node("M2QBF1").unwrap(),
+        );
+        let text = render(&shape, s, d, &r, 200);
+        assert!(text.contains("2 hops (expected route"), "{text}");
+        assert!(text.contains("torus_y"), "{text}");
+        assert!(text.contains("100% loss"), "{text}");
+        assert!(!text.contains("rtt min"), "{text}");
+    }
+
+    #[test]
+    fn a_node_recorded_twice_is_not_a_hop() {
+        let shape: Shape = "1x1x1".parse().unwrap();
+        let mut r = report(&shape, "M1QAF2", "M1QAF2", &[0.5]);
+        r.back = vec!["M1QAF2".into(), "M1QAF2".into()];
+        let text = render(&shape, NodeId(1), NodeId(1), &r, 100);
+        assert!(
+            text.starts_with("From M1QAF2 to M1QAF2: 0 hops\n"),
+            "{text}"
+        );
+        assert!(text.contains("the same links, reversed"), "{text}");
+        assert!(!text.contains("[?]"), "{text}");
+    }
+
+    #[test]
+    fn nonadjacent_or_garbled_path_entries_do_not_panic() {
+        let shape: Shape = "1x1x1".parse().unwrap();
+        let mut r = report(&shape, "M1QAF1", "M1QAF2", &[50.0]);
+        r.path = vec!["M1QAF1".into(), "bogus".into(), "M9QZF9".into()];
+        r.back = vec!["x".into()];
+        r.truncated = true;
+        let text = render(&shape, NodeId(0), NodeId(1), &r, 100);
+        assert!(text.contains("[?] -> bogus"), "{text}");
+        assert!(text.contains("truncated"), "{text}");
+    }
+}

@@ -1,0 +1,871 @@
+//! `exactl rack up` and `exactl rack down`: the embedded local rack, one detached
+//! `exanetd` process per node on 127.0.0.1.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::{IsTerminal, Write};
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
+use exanet_proto::{NodeId, Shape};
+use exanetd::control::{self, Request, Response};
+use exanetd::rack::{self, Layout, NodeEntry, Rack, RackError, RackFile, RACK_FILE};
+
+use crate::error::{CliError, Result};
+use crate::fabric::{self, Health};
+use crate::process::{self, PidFile};
+
+/// Most daemons `rack up` starts on one machine: far beyond the 128-node prototype, far
+/// below what would starve the machine (or run out of ports: each node takes two).
+const MAX_LOCAL_NODES: u32 = 1024;
+/// Largest window the rack file accepts (see `Rack::new`).
+const MAX_WINDOW: u32 = 1 << 30;
+/// How long one status query may take while waiting for the rack to come up.
+const UP_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between two rounds of status queries while waiting.
+const UP_POLL: Duration = Duration::from_millis(200);
+/// Links and daemons listed by name in a failure report; the rest are counted.
+const REPORT_LIMIT: usize = 20;
+/// Log lines shown for a daemon that exited.
+const LOG_TAIL_LINES: usize = 12;
+
+/// The options of `rack up` that define a new rack.
+#[derive(Clone, Debug, Default)]
+pub struct UpOptions {
+    pub shape: Option<Shape>,
+    pub name: Option<String>,
+    pub window: Option<u32>,
+    pub base_port: Option<u16>,
+    pub timeout: Duration,
+}
+
+/// `exactl rack up`.
+pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
+    let start = Instant::now();
+    let (rack, new_file) = prepare_rack(dir, opts)?;
+    let layout = rack.layout();
+    let shape = rack.shape();
+    let running = running_daemons(&layout, Some(&rack));
+    if !running.is_empty() {
+        return Err(CliError::AlreadyRunning {
+            dir: dir.to_path_buf(),
+            running: running.len(),
+            total: shape.nodes() as usize,
+        });
+    }
+    let binary = process::daemon_binary()?;
+
+    // Everything checked: from here on the rack directory is written.
+    for (what, d) in [
+        ("create the rack directory", layout.dir.clone()),
+        ("create the run directory", layout.run_dir()),
+        ("create the log directory", layout.log_dir()),
+    ] {
+        std::fs::create_dir_all(&d).map_err(|e| CliError::io(what, d, e))?;
+    }
+    if let Some(file) = &new_file {
+        rack::write_rack_file(dir, file).map_err(CliError::WriteRack)?;
+        eprintln!(
+            "exactl: created {} (rack {:?}, shape {shape}, {} nodes)",
+            layout.rack_file().display(),
+            rack.file.name,
+            shape.nodes()
+        );
+    }
+    let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
+    let issued = exanetd::tls::ensure_rack_pki(&layout, &names)?;
+    if issued > 0 {
+        eprintln!("exactl: issued TLS certificates for {issued} nodes");
+    }
+    let abs_dir = dir
+        .canonicalize()
+        .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
+    for n in &names {
+        for p in [layout.pid_file(n), layout.control_socket(n)] {
+            process::remove_if_present(&p).map_err(|e| CliError::io("remove stale", p, e))?;
+        }
+    }
+
+    eprintln!(
+        "exactl: starting {} daemons of rack {:?} ({shape}) from {}",
+        names.len(),
+        rack.file.name,
+        binary.display()
+    );
+    let mut children: Vec<(String, Child)> = Vec::with_capacity(names.len());
+    for n in &names {
+        match process::spawn_daemon(&binary, &layout, &abs_dir, n) {
+            Ok(c) => children.push((n.clone(), c)),
+            Err(e) if children.is_empty() => return Err(e),
+            Err(e) => {
+                let started = children.len();
+                return Err(CliError::Failed(format!(
+                    "{e}\n{started} daemons were started and are still running; \
+                     `exactl rack down` stops them"
+                )));
+            }
+        }
+    }
+
+    let links = exanet_proto::topology::links(&shape).len();
+    wait_up(&rack, &mut children, start, opts.timeout)?;
+    println!(
+        "rack {:?} is up: shape {shape}, {} nodes, {links} links up, {:.1} s ({})",
+        rack.file.name,
+        shape.nodes(),
+        start.elapsed().as_secs_f64(),
+        abs_dir.display()
+    );
+    Ok(())
+}
+
+/// Loads the rack file, checking that the options agree with it, or builds a new one from
+/// the options (returned, to be written once everything else is checked).
+fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)> {
+    if let Some(w) = opts.window {
+        if !(MIN_WINDOW..=MAX_WINDOW).contains(&w) {
+            return Err(CliError::BadValue {
+                what: "--window",
+                value: w.to_string(),
+                message: format!(
+                    "a link window is between {MIN_WINDOW} (one full cell) and {MAX_WINDOW} bytes"
+                ),
+            });
+        }
+    }
+    if let Some(name) = &opts.name {
+        check_rack_name(name)?;
+    }
+    if dir.exists() && !dir.is_dir() {
+        return Err(CliError::BadValue {
+            what: "rack directory",
+            value: dir.display().to_string(),
+            message: "exists and is not a directory".into(),
+        });
+    }
+    let path = dir.join(RACK_FILE);
+    if path.exists() {
+        let rack = Rack::load(dir)?;
+        check_agrees(dir, &rack, opts)?;
+        return Ok((rack, None));
+    }
+    let shape = opts.shape.unwrap_or(Shape::PROTOTYPE);
+    let n = shape.nodes();
+    if n > MAX_LOCAL_NODES {
+        return Err(CliError::BadValue {
+            what: "--shape",
+            value: shape.to_string(),
+            message: format!(
+                "a local rack runs one process per node on this machine and is limited to \
+                 {MAX_LOCAL_NODES} nodes; this shape has {n}"
+            ),
+        });
+    }
+    let ports: Vec<(u16, u16)> = match opts.base_port {
+        Some(base) => {
+            let last = u32::from(base) + 2 * n - 1;
+            if base == 0 || last > u32::from(u16::MAX) {
+                return Err(CliError::BadValue {
+                    what: "--base-port",
+                    value: base.to_string(),
+                    message: format!(
+                        "a {shape} rack needs {} consecutive ports from it (link ports, then metrics ports), so it must be between 1 and {}",
+                        2 * n,
+                        (u32::from(u16::MAX) + 1).saturating_sub(2 * n)
+                    ),
+                });
+            }
+            (0..n)
+                .map(|i| {
+                    (
+                        (u32::from(base) + i) as u16,
+                        (u32::from(base) + n + i) as u16,
+                    )
+                })
+                .collect()
+        }
+        None => {
+            let avail = ephemeral_ports();
+            // Leave the system most of its ephemeral range.
+            if 2 * n > avail / 2 {
+                return Err(CliError::BadValue {
+                    what: "--shape",
+                    value: shape.to_string(),
+                    message: format!(
+                        "a local rack of {n} nodes needs {} ports, too many to pick from the \
+                         {avail} ephemeral ports; give --base-port",
+                        2 * n
+                    ),
+                });
+            }
+            pick_free_ports(n as usize).map_err(CliError::Ports)?
+        }
+    };
+    let nodes: BTreeMap<String, NodeEntry> = shape
+        .node_ids()
+        .zip(ports)
+        .map(|(id, (link, metrics))| {
+            (
+                shape.display(id),
+                NodeEntry {
+                    link: format!("127.0.0.1:{link}"),
+                    metrics: format!("127.0.0.1:{metrics}"),
+                    listen: None,
+                    metrics_listen: None,
+                },
+            )
+        })
+        .collect();
+    let file = RackFile {
+        name: opts.name.clone().unwrap_or_else(|| default_rack_name(dir)),
+        shape,
+        window: opts.window.unwrap_or(DEFAULT_WINDOW),
+        local_window: DEFAULT_LOCAL_WINDOW,
+        nodes,
+    };
+    let rack = Rack::new(dir, file.clone())
+        .map_err(|message| CliError::RackFile(RackError::Invalid { path, message }))?;
+    Ok((rack, Some(file)))
+}
+
+fn check_rack_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CliError::BadValue {
+            what: "--name",
+            value: format!("{name:?}"),
+            message: "a rack name is 1 to 64 letters, digits, '-', '_' or '.'".into(),
+        })
+    }
+}
+
+/// The rack's name when `--name` is not given: the rack directory's name.
+fn default_rack_name(dir: &Path) -> String {
+    std::path::absolute(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .filter(|n| check_rack_name(n).is_ok())
+        .unwrap_or_else(|| rack::DEFAULT_RACK_DIR.to_string())
+}
+
+/// Refuses options that contradict an existing rack file.
+fn check_agrees(dir: &Path, rack: &Rack, opts: &UpOptions) -> Result<()> {
+    let mismatch = |setting, existing: String, requested: String| CliError::SettingMismatch {
+        dir: dir.to_path_buf(),
+        setting,
+        existing,
+        requested,
+    };
+    let f = &rack.file;
+    if let Some(s) = opts.shape {
+        if s != f.shape {
+            return Err(mismatch("shape", f.shape.to_string(), s.to_string()));
+        }
+    }
+    if let Some(n) = &opts.name {
+        if *n != f.name {
+            return Err(mismatch("name", format!("{:?}", f.name), format!("{n:?}")));
+        }
+    }
+    if let Some(w) = opts.window {
+        if w != f.window {
+            return Err(mismatch("window", f.window.to_string(), w.to_string()));
+        }
+    }
+    if let Some(base) = opts.base_port {
+        let shape = rack.shape();
+        let n = shape.nodes();
+        let fits = shape.node_ids().all(|id| {
+            let e = rack.entry(id);
+            port_of(&e.link) == Some(u32::from(base) + id.0)
+                && port_of(&e.metrics) == Some(u32::from(base) + n + id.0)
+        });
+        if !fits {
+            let first = rack.entry(NodeId(0));
+            return Err(mismatch(
+                "ports",
+                format!("link {} / metrics {} for node 0", first.link, first.metrics),
+                format!("--base-port {base}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn port_of(addr: &str) -> Option<u32> {
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
+/// How many ephemeral ports the kernel hands out (`ip_local_port_range`).
+fn ephemeral_ports() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut it = t.split_whitespace().map(|v| v.parse::<u32>().ok());
+            let (lo, hi) = (it.next()??, it.next()??);
+            hi.checked_sub(lo).map(|d| d + 1)
+        })
+        .unwrap_or(28232)
+}
+
+/// Picks `n` (UDP link, TCP metrics) port pairs on 127.0.0.1 that are free right now: the
+/// kernel chooses each by a bind to port 0, which is then released. All ports differ.
+fn pick_free_ports(n: usize) -> std::io::Result<Vec<(u16, u16)>> {
+    let mut seen = HashSet::with_capacity(2 * n);
+    let mut out = Vec::with_capacity(n);
+    let mut pick = |tcp: bool| -> std::io::Result<u16> {
+        for _ in 0..64 {
+            let port = if tcp {
+                TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+                    .local_addr()?
+                    .port()
+            } else {
+                UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?
+                    .local_addr()?
+                    .port()
+            };
+            if seen.insert(port) {
+                return Ok(port);
+            }
+        }
+        Err(std::io::Error::other(
+            "the kernel keeps handing out ports already picked",
+        ))
+    };
+    for _ in 0..n {
+        let link = pick(false)?;
+        let metrics = pick(true)?;
+        out.push((link, metrics));
+    }
+    Ok(out)
+}
+
+/// The daemons of the rack that are running: confirmed through their pid files, or (for
+/// daemons started some other way) answering on their control socket. Stale pid files are
+/// removed on the way.
+fn running_daemons(layout: &Layout, rack: Option<&Rack>) -> BTreeSet<String> {
+    let mut running = BTreeSet::new();
+    for node in process::pid_file_nodes(layout) {
+        let path = layout.pid_file(&node);
+        match process::read_pid_file(&path, &node, &layout.dir) {
+            PidFile::Running(d) => {
+                running.insert(d.node);
+            }
+            PidFile::Stale | PidFile::Garbage => {
+                let _ = process::remove_if_present(&path);
+            }
+        }
+    }
+    if let Some(rack) = rack {
+        let shape = rack.shape();
+        let answers = fabric::query_all(layout, &shape, Duration::from_millis(500));
+        for (id, a) in shape.node_ids().zip(&answers) {
+            if a.is_ok() {
+                running.insert(shape.display(id));
+            }
+        }
+    }
+    running
+}
+
+/// Waits until every link of the rack is up at both ends, a daemon exits, or `timeout`
+/// (counted from `start`) passes.
+fn wait_up(
+    rack: &Rack,
+    children: &mut [(String, Child)],
+    start: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let layout = rack.layout();
+    let shape = rack.shape();
+    let nodes = shape.nodes() as usize;
+    let mut progress = Progress::new();
+    loop {
+        let mut exited = reap(children);
+        if !exited.is_empty() {
+            // Give the others a moment: one failure often takes its neighbours along, and
+            // the report should name them all.
+            std::thread::sleep(Duration::from_millis(500));
+            exited = reap(children);
+        }
+        // Never let a round of queries run far past the deadline.
+        let left = timeout.saturating_sub(start.elapsed());
+        let per_query = UP_QUERY_TIMEOUT.min(left.max(Duration::from_millis(200)));
+        let answers = fabric::query_all(&layout, &shape, per_query);
+        let views = fabric::link_views(&shape, &answers);
+        let up = views.iter().filter(|v| v.health() == Health::Up).count();
+        let answering = answers.iter().filter(|a| a.is_ok()).count();
+        progress.show(&format!(
+            "exactl: daemons answering {answering}/{nodes}, links up {up}/{} ({:.1} s)",
+            views.len(),
+            start.elapsed().as_secs_f64()
+        ));
+        if exited.is_empty() && up == views.len() && answering == nodes {
+            progress.done();
+            return Ok(());
+        }
+        let timed_out = start.elapsed() >= timeout;
+        if timed_out || !exited.is_empty() {
+            progress.done();
+            let headline = if exited.is_empty() {
+                format!(
+                    "the rack did not come up within {} s: {up} of {} links up",
+                    timeout.as_secs_f64(),
+                    views.len()
+                )
+            } else {
+                format!(
+                    "the rack did not come up: {} daemon(s) exited; {up} of {} links up",
+                    exited.len(),
+                    views.len()
+                )
+            };
+            let report = failure_report(rack, &answers, &views, &exited);
+            let logs = layout.log_dir();
+            let advice = if exited.len() == children.len() {
+                format!("no daemon is running (logs in {})", logs.display())
+            } else {
+                format!(
+                    "the {} daemons still running were left for inspection (logs in {}); \
+                     `exactl rack down` stops them",
+                    children.len() - exited.len(),
+                    logs.display()
+                )
+            };
+            return Err(CliError::Failed(format!("{headline}\n{report}{advice}")));
+        }
+        std::thread::sleep(UP_POLL.min(timeout.saturating_sub(start.elapsed())));
+    }
+}
+
+/// The children that have exited so far (reaping them), in start order.
+fn reap(children: &mut [(String, Child)]) -> Vec<(String, ExitStatus)> {
+    children
+        .iter_mut()
+        .filter_map(|(name, child)| match child.try_wait() {
+            Ok(Some(st)) => Some((name.clone(), st)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failure_report(
+    rack: &Rack,
+    answers: &[fabric::Answer],
+    views: &[fabric::LinkView<'_>],
+    exited: &[(String, ExitStatus)],
+) -> String {
+    use std::fmt::Write as _;
+    let shape = rack.shape();
+    let layout = rack.layout();
+    let mut s = String::new();
+    let down: Vec<_> = views.iter().filter(|v| v.health() != Health::Up).collect();
+    if !down.is_empty() {
+        let _ = writeln!(s, "  links not up ({}):", down.len());
+        for v in down.iter().take(REPORT_LIMIT) {
+            let end = |e: Option<&exanetd::control::LinkStatus>, node: NodeId| match e {
+                Some(l) => format!("{} says {:?}", shape.display(node), l.state).to_lowercase(),
+                None => format!("{} does not answer", shape.display(node)),
+            };
+            let _ = writeln!(
+                s,
+                "    {}: {} ({}, {})",
+                v.describe(&shape),
+                v.health().label(),
+                end(v.a_end, v.link.a),
+                end(v.b_end, v.link.b)
+            );
+        }
+        if down.len() > REPORT_LIMIT {
+            let _ = writeln!(s, "    ... and {} more", down.len() - REPORT_LIMIT);
+        }
+    }
+    let exited_names: HashSet<&str> = exited.iter().map(|(n, _)| n.as_str()).collect();
+    let silent: Vec<String> = shape
+        .node_ids()
+        .zip(answers)
+        .filter_map(|(id, a)| a.as_ref().err().map(|e| (shape.display(id), e)))
+        .filter(|(n, _)| !exited_names.contains(n.as_str()))
+        .map(|(n, e)| format!("{n} ({e})"))
+        .collect();
+    if !silent.is_empty() {
+        let _ = writeln!(s, "  daemons not answering ({}):", silent.len());
+        for line in silent.iter().take(REPORT_LIMIT) {
+            let _ = writeln!(s, "    {line}");
+        }
+        if silent.len() > REPORT_LIMIT {
+            let _ = writeln!(s, "    ... and {} more", silent.len() - REPORT_LIMIT);
+        }
+    }
+    if !exited.is_empty() {
+        let _ = writeln!(s, "  daemons that exited ({}):", exited.len());
+        for (name, st) in exited.iter().take(5) {
+            let _ = writeln!(
+                s,
+                "    {name}: {st}; end of {}:",
+                layout.log_file(name).display()
+            );
+            for line in process::log_tail(&layout, name, LOG_TAIL_LINES).lines() {
+                let _ = writeln!(s, "      | {line}");
+            }
+        }
+        if exited.len() > 5 {
+            let _ = writeln!(
+                s,
+                "    ... and {} more: {}",
+                exited.len() - 5,
+                exited[5..]
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    s
+}
+
+/// Progress on stderr: rewritten in place on a terminal, otherwise a line when it changed
+/// and a second has passed.
+struct Progress {
+    tty: bool,
+    last: String,
+    printed: Option<Instant>,
+    pending: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            last: String::new(),
+            printed: None,
+            pending: false,
+        }
+    }
+
+    fn show(&mut self, line: &str) {
+        // Compare without the clock so that only real changes count.
+        let key = line.rsplit_once(" (").map_or(line, |(k, _)| k);
+        let changed = key
+            != self
+                .last
+                .rsplit_once(" (")
+                .map_or(self.last.as_str(), |(k, _)| k);
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[K{line}");
+            let _ = err.flush();
+            self.printed = Some(Instant::now());
+        } else if changed || self.pending {
+            let due = match self.printed {
+                None => true,
+                Some(t) => t.elapsed() >= Duration::from_secs(1),
+            };
+            if due {
+                let _ = writeln!(err, "{line}");
+                self.printed = Some(Instant::now());
+                self.pending = false;
+            } else {
+                self.pending = true;
+            }
+        }
+        self.last = line.to_string();
+    }
+
+    /// Ends the progress display, making sure the last state was shown.
+    fn done(&mut self) {
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            if self.printed.is_some() {
+                let _ = writeln!(err);
+            }
+        } else if self.pending {
+            let _ = writeln!(err, "{}", self.last);
+        }
+        self.pending = false;
+    }
+}
+
+/// `exactl rack down`.
+pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
+    let layout = Layout::new(dir);
+    let (rack, rack_problem) = match Rack::load(dir) {
+        Ok(r) => (Some(r), None),
+        Err(RackError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            (None, None)
+        }
+        Err(e) => (None, Some(CliError::from(e))),
+    };
+
+    // The daemons to stop: those with a pid file, and any other of the rack's nodes that
+    // answers on its control socket.
+    let mut targets: Vec<process::Daemon> = Vec::new();
+    let mut known: BTreeSet<String> = process::pid_file_nodes(&layout).into_iter().collect();
+    for node in &known {
+        if let PidFile::Running(d) = process::read_pid_file(&layout.pid_file(node), node, dir) {
+            targets.push(d);
+        }
+    }
+    let mut asked = 0usize;
+    if let Some(rack) = &rack {
+        let shape = rack.shape();
+        for id in shape.node_ids() {
+            let node = shape.display(id);
+            let covered = targets.iter().any(|d| d.node == node);
+            known.insert(node.clone());
+            let sock = layout.control_socket(&node);
+            if covered || !sock.exists() {
+                continue;
+            }
+            match fabric::query_one(&layout, &node, Duration::from_secs(1)) {
+                Ok(st) if process::is_our_daemon(st.pid as i32, &node, dir) => {
+                    targets.push(process::Daemon {
+                        node,
+                        pid: st.pid as i32,
+                    });
+                }
+                Ok(_) => {
+                    // A daemon we cannot see as a process (another pid namespace): ask it.
+                    let req = Request::Shutdown;
+                    if let Ok(Response::Ok) = control::request(&sock, &req, Duration::from_secs(2))
+                    {
+                        asked += 1;
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    if targets.is_empty() && asked == 0 {
+        if let Some(e) = rack_problem {
+            return Err(e);
+        }
+    } else if let Some(e) = &rack_problem {
+        eprintln!(
+            "exactl: warning: {e}; stopping the daemons recorded in {}",
+            layout.run_dir().display()
+        );
+    }
+
+    for d in &targets {
+        if let Err(e) = process::signal(d.pid, libc::SIGTERM) {
+            eprintln!("exactl: cannot signal {} (pid {}): {e}", d.node, d.pid);
+        }
+    }
+    let t0 = Instant::now();
+    let alive = |ts: &[process::Daemon]| -> Vec<process::Daemon> {
+        ts.iter()
+            .filter(|d| process::is_alive(d.pid))
+            .cloned()
+            .collect()
+    };
+    let mut left = alive(&targets);
+    if !left.is_empty() {
+        eprintln!("exactl: stopping {} daemons...", targets.len());
+    }
+    while !left.is_empty() && t0.elapsed() < timeout {
+        std::thread::sleep(Duration::from_millis(50));
+        left = alive(&left);
+    }
+    let mut killed = 0;
+    if !left.is_empty() {
+        for d in &left {
+            // Re-check: the pid may have been recycled after the daemon exited.
+            if process::is_our_daemon(d.pid, &d.node, dir) {
+                let _ = process::signal(d.pid, libc::SIGKILL);
+                killed += 1;
+            }
+        }
+        let t1 = Instant::now();
+        while !left.is_empty() && t1.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(50));
+            left = alive(&left);
+        }
+    }
+    let survivors: HashSet<&str> = left.iter().map(|d| d.node.as_str()).collect();
+    for node in &known {
+        if survivors.contains(node.as_str()) {
+            continue;
+        }
+        for p in [layout.pid_file(node), layout.control_socket(node)] {
+            if let Err(e) = process::remove_if_present(&p) {
+                eprintln!("exactl: cannot remove {}: {e}", p.display());
+            }
+        }
+    }
+    let place = rack
+        .as_ref()
+        .map(|r| format!("rack {:?} ({})", r.file.name, dir.display()))
+        .unwrap_or_else(|| format!("rack {}", dir.display()));
+    if !left.is_empty() {
+        return Err(CliError::Failed(format!(
+            "{} daemon(s) of {place} did not stop even after SIGKILL: {}",
+            left.len(),
+            left.iter()
+                .map(|d| format!("{} (pid {})", d.node, d.pid))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let stopped = targets.len() + asked;
+    if stopped == 0 {
+        println!("nothing was running in {place}");
+    } else {
+        let forced = if killed > 0 {
+            format!(
+                " ({killed} did not stop within {} s and were killed)",
+                timeout.as_secs_f64()
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "stopped {stopped} daemon(s) of {place} in {:.1} s{forced}",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("exactl-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = pick_free_ports(40).unwrap();
+        let mut all: Vec<u16> = ports.iter().flat_map(|&(a, b)| [a, b]).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 80);
+        assert!(all.iter().all(|&p| p != 0));
+    }
+
+    #[test]
+    fn new_rack_with_base_port_numbers_links_then_metrics() {
+        let d = tmp("base");
+        let opts = UpOptions {
+            shape: Some("1x1x1".parse().unwrap()),
+            base_port: Some(30000),
+            ..UpOptions::default()
+        };
+        let (rack, file) = prepare_rack(&d, &opts).unwrap();
+        assert!(file.is_some());
+        let e = rack.entry(NodeId(3));
+        assert_eq!(e.link, "127.0.0.1:30003");
+        assert_eq!(e.metrics, "127.0.0.1:30007");
+        assert!(!d.exists(), "prepare_rack writes nothing");
+    }
+
+    #[test]
+    fn bad_options_are_usage_errors() {
+        let d = tmp("bad");
+        let shape = Some("4x4x2".parse().unwrap());
+        for opts in [
+            UpOptions {
+                shape,
+                base_port: Some(65500),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                window: Some(10),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                name: Some("a b".into()),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                name: Some(String::new()),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                shape: Some("26x26x6".parse().unwrap()),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                shape: Some("26x26x6".parse().unwrap()),
+                base_port: Some(1000),
+                ..UpOptions::default()
+            },
+        ] {
+            let e = prepare_rack(&d, &opts).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        assert!(!d.exists());
+    }
+
+    #[test]
+    fn existing_rack_refuses_contradicting_options() {
+        let d = tmp("exist");
+        std::fs::create_dir_all(&d).unwrap();
+        let opts = UpOptions {
+            shape: Some("1x1x1".parse().unwrap()),
+            base_port: Some(31000),
+            ..UpOptions::default()
+        };
+        let (_, file) = prepare_rack(&d, &opts).unwrap();
+        rack::write_rack_file(&d, &file.unwrap()).unwrap();
+        // Same options, or none: accepted.
+        assert!(prepare_rack(&d, &opts).unwrap().1.is_none());
+        assert!(prepare_rack(&d, &UpOptions::default()).unwrap().1.is_none());
+        for (opts, what) in [
+            (
+                UpOptions {
+                    shape: Some("2x2x1".parse().unwrap()),
+                    ..UpOptions::default()
+                },
+                "shape 1x1x1, not 2x2x1",
+            ),
+            (
+                UpOptions {
+                    base_port: Some(32000),
+                    ..UpOptions::default()
+                },
+                "--base-port 32000",
+            ),
+            (
+                UpOptions {
+                    window: Some(100_000),
+                    ..UpOptions::default()
+                },
+                "window",
+            ),
+            (
+                UpOptions {
+                    name: Some("other".into()),
+                    ..UpOptions::default()
+                },
+                "name",
+            ),
+        ] {
+            let e = prepare_rack(&d, &opts).unwrap_err().to_string();
+            assert!(e.contains(what) && e.contains("rack down"), "{e}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn default_name_is_the_directory_name() {
+        assert_eq!(default_rack_name(Path::new("/x/my-rack")), "my-rack");
+        assert_eq!(default_rack_name(Path::new("/")), "exanet-rack");
+        assert_eq!(default_rack_name(Path::new("/x/has space")), "exanet-rack");
+    }
+}

@@ -1,0 +1,439 @@
+//! `exactl status`: every node and link of the rack with state and counters.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use exanet_proto::topology;
+use exanet_proto::{NodeId, Shape};
+use exanetd::control::{LinkState, LinkStatus};
+use exanetd::rack::Rack;
+use serde_json::{json, Value};
+
+use crate::error::{CliError, Result};
+use crate::fabric::{self, Answer, Health, LinkView};
+
+/// How long one node may take to answer `status`.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `exactl status`. Fails (exit 1) after printing when some node does not answer.
+pub fn run(dir: &Path, as_json: bool) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let answers = fabric::query_all(&rack.layout(), &shape, QUERY_TIMEOUT);
+    let views = fabric::link_views(&shape, &answers);
+    let out = if as_json {
+        let mut s = serde_json::to_string_pretty(&to_json(&rack, &answers, &views))
+            .map_err(|e| CliError::Failed(format!("cannot encode the status as JSON: {e}")))?;
+        s.push('\n');
+        s
+    } else {
+        render(&rack, &answers, &views)
+    };
+    print!("{out}");
+    let silent = answers.iter().filter(|a| a.is_err()).count();
+    match silent {
+        0 => Ok(()),
+        n if n == answers.len() => Err(CliError::Failed(format!(
+            "no daemon of the rack at {} answers (is it up? `exactl rack up` starts it)",
+            dir.display()
+        ))),
+        n => Err(CliError::Failed(format!(
+            "{n} of {} nodes did not answer",
+            answers.len()
+        ))),
+    }
+}
+
+fn state_label(s: LinkState) -> &'static str {
+    match s {
+        LinkState::Up => "up",
+        LinkState::Down => "down",
+    }
+}
+
+/// The JSON form: `{"rack", "dir", "shape", "summary", "nodes": [...], "links": [...]}`.
+/// A node that answered is its `NodeStatus` plus `"reachable": true`; one that did not is
+/// `{"node", "id", "reachable": false, "error"}`. A link carries what each end reported.
+pub fn to_json(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> Value {
+    let shape = rack.shape();
+    let nodes: Vec<Value> = shape
+        .node_ids()
+        .zip(answers)
+        .map(|(id, a)| match a {
+            Ok(st) => {
+                let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
+                if let Value::Object(m) = &mut v {
+                    m.insert("reachable".into(), Value::Bool(true));
+                }
+                v
+            }
+            Err(e) => json!({
+                "node": shape.display(id),
+                "id": id.0,
+                "reachable": false,
+                "error": e,
+            }),
+        })
+        .collect();
+    let links: Vec<Value> = views
+        .iter()
+        .map(|v| {
+            let end_state = |e: Option<&LinkStatus>| e.map_or("unknown", |l| state_label(l.state));
+            json!({
+                "a": shape.display(v.link.a),
+                "a_port": v.link.a_port.to_string(),
+                "b": shape.display(v.link.b),
+                "b_port": v.link.b_port.to_string(),
+                "kind": v.link.kind.label(),
+                "gbps": v.link.kind.gbps(),
+                "state": v.health().label(),
+                "a_state": end_state(v.a_end),
+                "b_state": end_state(v.b_end),
+                "a_end": v.a_end,
+                "b_end": v.b_end,
+            })
+        })
+        .collect();
+    let up = views.iter().filter(|v| v.health() == Health::Up).count();
+    json!({
+        "rack": rack.file.name,
+        "dir": rack.dir.display().to_string(),
+        "shape": shape.to_string(),
+        "summary": {
+            "nodes": answers.len(),
+            "nodes_reachable": answers.iter().filter(|a| a.is_ok()).count(),
+            "links": views.len(),
+            "links_up": up,
+            "links_half": views.iter().filter(|v| v.health() == Health::Half).count(),
+        },
+        "nodes": nodes,
+        "links": links,
+    })
+}
+
+/// The human form: a summary line, a table of nodes and a table of links.
+pub fn render(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> String {
+    let shape = rack.shape();
+    let reachable = answers.iter().filter(|a| a.is_ok()).count();
+    let up = views.iter().filter(|v| v.health() == Health::Up).count();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "rack {:?} ({shape}) at {}: {reachable}/{} nodes answering, {up}/{} links up",
+        rack.file.name,
+        rack.dir.display(),
+        answers.len(),
+        views.len()
+    );
+    out.push('\n');
+    out.push_str(&node_table(&shape, answers));
+    let errors = error_lines(answers);
+    if !errors.is_empty() {
+        out.push_str("\nerrors:\n");
+        out.push_str(&errors);
+    }
+    out.push('\n');
+    out.push_str(&link_table(&shape, views));
+    out
+}
+
+fn node_table(shape: &Shape, answers: &[Answer]) -> String {
+    let headers = [
+        "NODE",
+        "STATE",
+        "LINKS",
+        "FORWARDED",
+        "INJECTED",
+        "DELIVERED",
+        "ERRORS",
+        "UPTIME",
+    ];
+    let rows = shape
+        .node_ids()
+        .zip(answers)
+        .map(|(id, a)| {
+            let name = shape.display(id);
+            match a {
+                Ok(st) => vec![
+                    name,
+                    "up".into(),
+                    format!("{}/{}", st.links_up(), expected_links(shape, id)),
+                    st.forwarded_cells.to_string(),
+                    st.injected_cells.to_string(),
+                    st.delivered_cells.to_string(),
+                    st.errors.values().sum::<u64>().to_string(),
+                    duration(st.uptime_seconds),
+                ],
+                Err(e) => {
+                    let mut r = vec![name, "down".into()];
+                    r.extend(vec!["-".to_string(); 5]);
+                    r.push(e.clone());
+                    r
+                }
+            }
+        })
+        .collect();
+    table(
+        &headers,
+        &[false, false, true, true, true, true, true, false],
+        rows,
+    )
+}
+
+fn expected_links(shape: &Shape, id: NodeId) -> usize {
+    topology::Port::all()
+        .filter(|&p| topology::neighbour(shape, id, p).is_some())
+        .count()
+}
+
+/// `  M1QAF1: crc=3 no_route=1` for every node with nonzero error counters.
+fn error_lines(answers: &[Answer]) -> String {
+    let mut out = String::new();
+    for st in answers.iter().filter_map(|a| a.as_ref().ok()) {
+        let nonzero: Vec<String> = st
+            .errors
+            .iter()
+            .filter(|(_, &n)| n > 0)
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        if !nonzero.is_empty() {
+            let _ = writeln!(out, "  {}: {}", st.node, nonzero.join(" "));
+        }
+    }
+    out
+}
+
+fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
+    let headers = [
+        "LINK",
+        "KIND",
+        "STATE",
+        "A>B CELLS tx/rx",
+        "A>B BYTES tx/rx",
+        "B>A CELLS tx/rx",
+        "B>A BYTES tx/rx",
+        "STALL s A/B",
+        "QUEUE A/B",
+    ];
+    let rows = views
+        .iter()
+        .map(|v| {
+            let (a, b) = (v.a_end, v.b_end);
+            let num = |e: Option<&LinkStatus>, f: fn(&LinkStatus) -> u64| {
+                e.map_or_else(|| "-".to_string(), |l| f(l).to_string())
+            };
+            let size = |e: Option<&LinkStatus>, f: fn(&LinkStatus) -> u64| {
+                e.map_or_else(|| "-".to_string(), |l| bytes(f(l)))
+            };
+            vec![
+                format!(
+                    "{} <-> {}",
+                    shape.display(v.link.a),
+                    shape.display(v.link.b)
+                ),
+                v.link.kind.label().to_string(),
+                v.health().label().to_string(),
+                format!("{}/{}", num(a, |l| l.tx_cells), num(b, |l| l.rx_cells)),
+                format!("{}/{}", size(a, |l| l.tx_bytes), size(b, |l| l.rx_bytes)),
+                format!("{}/{}", num(b, |l| l.tx_cells), num(a, |l| l.rx_cells)),
+                format!("{}/{}", size(b, |l| l.tx_bytes), size(a, |l| l.rx_bytes)),
+                format!(
+                    "{}/{}",
+                    a.map_or_else(|| "-".into(), |l| format!("{:.2}", l.stall_seconds)),
+                    b.map_or_else(|| "-".into(), |l| format!("{:.2}", l.stall_seconds))
+                ),
+                format!(
+                    "{}/{}",
+                    num(a, |l| l.queue_cells),
+                    num(b, |l| l.queue_cells)
+                ),
+            ]
+        })
+        .collect();
+    table(
+        &headers,
+        &[false, false, false, true, true, true, true, true, true],
+        rows,
+    )
+}
+
+/// Columns padded to their widest cell; `right[i]` right-aligns column i.
+fn table(headers: &[&str], right: &[bool], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, c) in cells.enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            if i > 0 {
+                s.push_str("  ");
+            }
+            if right.get(i).copied().unwrap_or(false) {
+                let _ = write!(s, "{c:>w$}");
+            } else {
+                let _ = write!(s, "{c:<w$}");
+            }
+        }
+        s.truncate(s.trim_end().len());
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut headers.iter().copied());
+    for r in &rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
+/// `0`, `512B`, `2.5K`, `1.2M`, `3.4G` (binary units).
+pub fn bytes(n: u64) -> String {
+    if n == 0 {
+        return "0".into();
+    }
+    const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v < 10.0 {
+        format!("{v:.1}{}", UNITS[u])
+    } else {
+        format!("{v:.0}{}", UNITS[u])
+    }
+}
+
+/// `42s`, `3m05s`, `2h01m`, `3d04h`.
+fn duration(secs: f64) -> String {
+    let s = if secs.is_finite() && secs > 0.0 {
+        secs as u64
+    } else {
+        0
+    };
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::tests::healthy_rack;
+    use exanetd::rack::{NodeEntry, RackFile};
+
+    fn rack(shape: &str) -> Rack {
+        let shape: Shape = shape.parse().unwrap();
+        let nodes = shape
+            .node_ids()
+            .map(|id| {
+                (
+                    shape.display(id),
+                    NodeEntry {
+                        link: format!("127.0.0.1:{}", 20000 + id.0),
+                        metrics: format!("127.0.0.1:{}", 30000 + id.0),
+                        listen: None,
+                        metrics_listen: None,
+                    },
+                )
+            })
+            .collect();
+        let file = RackFile {
+            name: "t".into(),
+            shape,
+            window: 65536,
+            local_window: 65536,
+            nodes,
+        };
+        Rack::new(Path::new("/r"), file).unwrap()
+    }
+
+    #[test]
+    fn json_lists_every_node_and_link() {
+        let r = rack("1x1x1");
+        let mut answers = healthy_rack(&r.shape());
+        answers[2] = Err("no control socket".into());
+        let views = fabric::link_views(&r.shape(), &answers);
+        let v = to_json(&r, &answers, &views);
+        assert_eq!(v["shape"], "1x1x1");
+        let nodes = v["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 4);
+        assert_eq!(nodes[0]["reachable"], true);
+        assert_eq!(nodes[0]["node"], "M1QAF1");
+        assert_eq!(nodes[2]["reachable"], false);
+        assert_eq!(nodes[2]["node"], "M1QAF3");
+        let links = v["links"].as_array().unwrap();
+        assert_eq!(links.len(), 6);
+        let half = links.iter().filter(|l| l["state"] == "half").count();
+        assert_eq!(half, 3);
+        assert_eq!(v["summary"]["links_up"], 3);
+        let l = &links[0];
+        assert_eq!(
+            (l["a"].as_str(), l["b"].as_str()),
+            (Some("M1QAF1"), Some("M1QAF2"))
+        );
+        assert_eq!(l["kind"], "qfdb");
+        assert_eq!(l["a_end"]["tx_cells"], 10);
+    }
+
+    #[test]
+    fn human_tables_show_states_and_counters() {
+        let r = rack("2x1x1");
+        let mut answers = healthy_rack(&r.shape());
+        answers[5] = Err("no control socket".into());
+        if let Ok(st) = &mut answers[0] {
+            st.errors.insert("crc".into(), 3);
+        }
+        let views = fabric::link_views(&r.shape(), &answers);
+        let text = render(&r, &answers, &views);
+        assert!(text.contains("7/8 nodes answering"), "{text}");
+        assert!(text.contains("M1QAF1: crc=3"), "{text}");
+        let f1 = text.lines().find(|l| l.starts_with("M1QAF1 ")).unwrap();
+        assert!(f1.contains(" up ") && f1.contains("4/4"), "{f1}");
+        let down = text.lines().find(|l| l.starts_with("M1QBF2 ")).unwrap();
+        assert!(
+            down.contains("down") && down.contains("no control socket"),
+            "{down}"
+        );
+        let torus = text
+            .lines()
+            .find(|l| l.starts_with("M1QAF1 <-> M1QBF1"))
+            .unwrap();
+        assert!(
+            torus.contains("torus_x") && torus.contains(" up "),
+            "{torus}"
+        );
+        assert!(
+            torus.contains("10/10") && torus.contains("2.5K/2.5K"),
+            "{torus}"
+        );
+        let half = text
+            .lines()
+            .find(|l| l.starts_with("M1QBF1 <-> M1QBF2"))
+            .unwrap();
+        assert!(half.contains("half") && half.contains("10/-"), "{half}");
+    }
+
+    #[test]
+    fn sizes_and_durations_are_short() {
+        assert_eq!(bytes(0), "0");
+        assert_eq!(bytes(1000), "1000B");
+        assert_eq!(bytes(2560), "2.5K");
+        assert_eq!(bytes(300 << 20), "300M");
+        assert_eq!(duration(5.7), "5s");
+        assert_eq!(duration(185.0), "3m05s");
+        assert_eq!(duration(f64::NAN), "0s");
+        assert_eq!(duration(90000.0), "1d01h");
+    }
+}

@@ -1,0 +1,446 @@
+//! exactl's command line: bad input of every kind is refused with exit code 2 and one line
+//! on stderr naming the problem, and nothing is written. One smoke test starts a 4-node
+//! rack of real daemons.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const EXACTL: &str = env!("CARGO_BIN_EXE_exactl");
+
+/// A scratch rack directory, removed on drop (after a `rack down` when daemons may run).
+struct Scratch {
+    dir: PathBuf,
+    daemons: bool,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!(
+            "exactl-cli-{tag}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Scratch {
+            dir,
+            daemons: false,
+        }
+    }
+
+    /// Writes a rack file for a rack that is not running.
+    fn with_rack_file(self, text: &str) -> Scratch {
+        std::fs::create_dir_all(&self.dir).unwrap();
+        std::fs::write(self.dir.join("rack.toml"), text).unwrap();
+        self
+    }
+
+    fn exactl(&self, args: &[&str]) -> Output {
+        exactl_in(&self.dir, args)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.daemons {
+            let out = self.exactl(&["rack", "down"]);
+            if !out.status.success() {
+                eprintln!("cleanup: rack down failed: {}", text(&out.stderr));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn exactl_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(EXACTL)
+        .arg("--rack")
+        .arg(dir)
+        .args(args)
+        .env_remove("EXANET_RACK")
+        .output()
+        .expect("run exactl")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A rack file of `shape` with every node on 127.0.0.1 (ports never bound: nothing runs).
+fn rack_toml(shape: &str) -> String {
+    let dims: Vec<u32> = shape.split('x').map(|d| d.parse().unwrap()).collect();
+    let (x, y, z) = (dims[0], dims[1], dims[2]);
+    let mut s = format!("name = \"t\"\nshape = \"{shape}\"\n");
+    let mut id = 0;
+    for zz in 0..z {
+        for yy in 0..y {
+            for xx in 0..x {
+                for f in 1..=4 {
+                    let blade = zz * y + yy + 1;
+                    let slot = char::from(b'A' + xx as u8);
+                    s.push_str(&format!(
+                        "[nodes.M{blade}Q{slot}F{f}]\nlink = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\n",
+                        40000 + id,
+                        41000 + id
+                    ));
+                    id += 1;
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Exit code 2, nothing on stdout, and exactly one line on stderr that contains every
+/// one of `needles`.
+#[track_caller]
+fn assert_usage_error(out: &Output, needles: &[&str]) {
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "exit code; stderr: {err}; stdout: {}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line on stderr: {err:?}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "stderr should mention {n:?}: {err}");
+    }
+    assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
+}
+
+#[test]
+fn bad_shapes_are_refused_and_nothing_is_written() {
+    for (shape, why) in [
+        ("4x0x2", "at least 1"),
+        ("abc", "expected XxYxZ"),
+        ("4x4", "expected XxYxZ"),
+        ("27x1x1", "at most 26"),
+        ("-1x2x2", "expected XxYxZ"),
+    ] {
+        let s = Scratch::new("shape");
+        let out = s.exactl(&["rack", "up", "--shape", shape]);
+        assert_usage_error(&out, &[shape, why]);
+        assert!(!s.dir.exists(), "{shape}: {} was created", s.dir.display());
+    }
+}
+
+#[test]
+fn bad_rack_up_options_are_refused_and_nothing_is_written() {
+    for (args, needle) in [
+        (vec!["--window", "100"], "--window 100"),
+        (vec!["--window", "lots"], "--window"),
+        (vec!["--base-port", "65500"], "--base-port 65500"),
+        (vec!["--base-port", "70000"], "--base-port"),
+        (vec!["--name", "has space"], "--name"),
+        (vec!["--timeout", "0"], "--timeout"),
+        (vec!["--frobnicate"], "--frobnicate"),
+        (vec!["--shape", "26x26x6"], "limited to 1024 nodes"),
+    ] {
+        let s = Scratch::new("upopt");
+        let mut a = vec!["rack", "up"];
+        a.extend(&args);
+        assert_usage_error(&s.exactl(&a), &[needle]);
+        assert!(!s.dir.exists(), "{args:?}: {} was created", s.dir.display());
+    }
+}
+
+#[test]
+fn a_different_shape_for_an_existing_rack_says_how_to_start_over() {
+    let s = Scratch::new("mismatch").with_rack_file(&rack_toml("2x2x1"));
+    let before = std::fs::read_to_string(s.dir.join("rack.toml")).unwrap();
+    let out = s.exactl(&["rack", "up", "--shape", "4x4x2"]);
+    assert_usage_error(&out, &["2x2x1", "4x4x2", "rack down", "rack.toml"]);
+    let after = std::fs::read_to_string(s.dir.join("rack.toml")).unwrap();
+    assert_eq!(before, after, "the rack file was changed");
+    assert!(!s.dir.join("tls").exists() && !s.dir.join("run").exists());
+}
+
+#[test]
+fn unknown_nodes_are_named() {
+    let s = Scratch::new("node").with_rack_file(&rack_toml("2x2x1"));
+    // Well-formed names outside the 2x2x1 rack.
+    for (src, dst, bad) in [
+        ("M9QAF1", "M1QAF1", "M9QAF1"),
+        ("M1QAF1", "M1QCF1", "M1QCF1"),
+        ("M1QAF1", "M3QAF2", "M3QAF2"),
+    ] {
+        let out = s.exactl(&["ping", src, dst]);
+        assert_usage_error(&out, &[bad, "2x2x1"]);
+    }
+    // Malformed names need no rack file.
+    for bad in ["X1", "M1QAF5", "M1QA", "M0", "MxQAF1"] {
+        let out = s.exactl(&["ping", "M1QAF1", bad]);
+        assert_usage_error(&out, &[bad, "M<blade>Q<slot>F<fpga>"]);
+    }
+}
+
+#[test]
+fn missing_and_unknown_arguments_exit_2() {
+    let s = Scratch::new("args");
+    for (args, needle) in [
+        (vec!["ping"], "<SRC>"),
+        (vec!["ping", "M1QAF1"], "<DST>"),
+        (vec!["ping", "M1QAF1", "M1QAF2", "--count", "0"], "--count"),
+        (
+            vec!["ping", "M1QAF1", "M1QAF2", "--count", "many"],
+            "--count",
+        ),
+        (
+            vec!["ping", "M1QAF1", "M1QAF2", "--timeout-ms", "0"],
+            "--timeout-ms",
+        ),
+        (vec!["ping", "M1QAF1", "M1QAF2", "extra"], "extra"),
+        (vec!["status", "--bogus"], "--bogus"),
+        (vec!["rack"], "subcommand"),
+        (vec!["rack", "sideways"], "sideways"),
+        (vec!["rack", "down", "--timeout", "soon"], "--timeout"),
+        (vec!["launch"], "launch"),
+        (vec![], "subcommand"),
+    ] {
+        let out = s.exactl(&args);
+        assert_usage_error(&out, &[needle]);
+    }
+    assert!(!s.dir.exists());
+}
+
+#[test]
+fn invalid_rack_files_are_named() {
+    let cases: Vec<(String, &str)> = vec![
+        ("this is not toml".into(), "rack.toml"),
+        ("name = \"t\"\nshape = \"2x0x1\"\n[nodes]\n".into(), "2x0x1"),
+        (
+            rack_toml("1x1x1").replace("[nodes.M1QAF3]", "[nodes.M1QAF9]"),
+            "M1QAF9",
+        ),
+        (
+            rack_toml("1x1x1").replace("127.0.0.1:40002", "nohost"),
+            "M1QAF3",
+        ),
+        (
+            format!("colour = \"red\"\n{}", rack_toml("1x1x1")),
+            "colour",
+        ),
+        (rack_toml("1x1x1").replace("name = \"t\"\n", ""), "name"),
+    ];
+    for (contents, needle) in &cases {
+        let s = Scratch::new("badfile").with_rack_file(contents);
+        for args in [
+            vec!["status"],
+            vec!["status", "--json"],
+            vec!["ping", "M1QAF1", "M1QAF2"],
+            vec!["rack", "up"],
+            vec!["rack", "down"],
+        ] {
+            let out = s.exactl(&args);
+            assert_usage_error(&out, &["bad rack file", needle]);
+        }
+        assert!(!s.dir.join("tls").exists() && !s.dir.join("run").exists());
+    }
+}
+
+#[test]
+fn an_unreadable_rack_file_is_a_usage_error() {
+    // A directory where the file should be cannot be read, whoever runs the test.
+    let s = Scratch::new("unreadable");
+    std::fs::create_dir_all(s.dir.join("rack.toml")).unwrap();
+    assert_usage_error(
+        &s.exactl(&["status"]),
+        &["cannot read rack file", "rack.toml"],
+    );
+}
+
+#[test]
+fn commands_on_a_missing_rack() {
+    let s = Scratch::new("missing");
+    assert_usage_error(&s.exactl(&["status"]), &["no rack at", "rack up"]);
+    assert_usage_error(&s.exactl(&["ping", "M1QAF1", "M1QAF2"]), &["no rack at"]);
+    // Stopping a rack that is not there succeeds: there is nothing to stop.
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("nothing was running"));
+    assert!(!s.dir.exists());
+}
+
+#[test]
+fn a_rack_that_is_not_running_is_a_runtime_failure() {
+    let s = Scratch::new("stopped").with_rack_file(&rack_toml("1x1x1"));
+    let out = s.exactl(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    assert_eq!(v["shape"], "1x1x1");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 4);
+    assert!(v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|n| n["reachable"] == false));
+    assert!(v["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["state"] == "down"));
+    let out = s.exactl(&["ping", "M1QAF1", "M1QAF2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("M1QAF1"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn rack_down_never_signals_a_process_that_is_not_its_daemon() {
+    let s = Scratch::new("recycled").with_rack_file(&rack_toml("1x1x1"));
+    // A live process whose pid sits in a pid file, as if a daemon's pid had been recycled.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::create_dir_all(s.dir.join("run")).unwrap();
+    std::fs::write(s.dir.join("run/M1QAF1.pid"), format!("{}\n", sleeper.id())).unwrap();
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("nothing was running"));
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the sleeper was killed"
+    );
+    assert!(
+        !s.dir.join("run/M1QAF1.pid").exists(),
+        "stale pid file left"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+/// The daemon binary the smoke test runs: `$EXANET_DAEMON`, else `exanetd` next to exactl.
+fn daemon_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("EXANET_DAEMON") {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(EXACTL).parent()?.join("exanetd");
+    p.exists().then_some(p)
+}
+
+/// Processes (not zombies) whose command line mentions `dir`.
+fn processes_of(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if cmd.contains(&needle) && !zombie {
+            out.push(format!("{name}: {cmd}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn smoke_one_qfdb_up_status_ping_down() {
+    let Some(daemon) = daemon_binary() else {
+        eprintln!("skipped: no exanetd next to {EXACTL}; build it (cargo build -p exanetd) or set EXANET_DAEMON");
+        return;
+    };
+    let mut s = Scratch::new("smoke");
+    s.daemons = true;
+    let t0 = Instant::now();
+    let out = Command::new(EXACTL)
+        .arg("--rack")
+        .arg(&s.dir)
+        .args(["rack", "up", "--shape", "1x1x1", "--timeout", "30"])
+        .env("EXANET_DAEMON", &daemon)
+        .env_remove("EXANET_RACK")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rack up failed after {:?}: {}",
+        t0.elapsed(),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("4 nodes, 6 links up"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let again = s.exactl(&["rack", "up"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stderr).contains("already running"),
+        "{}",
+        text(&again.stderr)
+    );
+
+    let out = s.exactl(&["status", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let links = v["links"].as_array().unwrap();
+    assert_eq!(links.len(), 6);
+    assert!(links.iter().all(|l| l["state"] == "up"), "{v:#}");
+    assert!(v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|n| n["reachable"] == true));
+
+    let out = s.exactl(&["status"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("4/4 nodes answering, 6/6 links up"));
+
+    let out = s.exactl(&["ping", "M1QAF2", "M1QAF3", "--count", "2", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ping --json");
+    assert_eq!(r["hops"], 1);
+    assert_eq!(r["path"], serde_json::json!(["M1QAF2", "M1QAF3"]));
+    assert!(r["rtt_us"].as_f64().unwrap() > 0.0);
+
+    let out = s.exactl(&["ping", "m1qaf2", "M1QAF3"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let human = text(&out.stdout);
+    assert!(human.contains("From M1QAF2 to M1QAF3: 1 hop"), "{human}");
+    assert!(human.contains("qfdb"), "{human}");
+
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("stopped 4 daemon"),
+        "{}",
+        text(&out.stdout)
+    );
+    s.daemons = false;
+    // The daemons are gone (reparented zombies aside), and so are their pid files and sockets.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut left = processes_of(&s.dir);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        left = processes_of(&s.dir);
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let run: Vec<_> = std::fs::read_dir(s.dir.join("run"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(run.is_empty(), "run/ still holds {run:?}");
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("nothing was running"));
+}
