@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
 use crate::cell::{Cell, CellType, MAX_PAYLOAD};
@@ -79,7 +79,11 @@ struct LoadGen {
     remaining: u64,
     payload_len: usize,
     seq: u64,
+    arena: BytesMut,
 }
+
+/// Bytes of load payload allocated at once.
+const LOAD_ARENA: usize = 64 * 1024;
 
 pub struct Node {
     switch: Switch,
@@ -224,6 +228,7 @@ impl Node {
             remaining: cells,
             payload_len,
             seq: 0,
+            arena: BytesMut::new(),
         });
         Ok(())
     }
@@ -264,10 +269,16 @@ impl Node {
         };
         let wire = crate::cell::OVERHEAD + load.payload_len;
         while load.remaining > 0 && self.switch.can_inject(wire) {
-            let mut p = vec![0u8; load.payload_len];
-            p[..8].copy_from_slice(&load.seq.to_be_bytes());
+            // Payloads are carved from a shared arena: one allocation per many cells.
+            if load.arena.capacity() < load.payload_len {
+                load.arena = BytesMut::zeroed(LOAD_ARENA);
+                load.arena.clear();
+            }
+            load.arena.extend_from_slice(&load.seq.to_be_bytes());
+            load.arena.resize(load.payload_len, 0);
+            let p = load.arena.split().freeze();
             let dst = load.dsts[(load.seq % load.dsts.len() as u64) as usize];
-            let cell = Cell::new(dst, CellType::Load, self.switch.node(), Bytes::from(p))
+            let cell = Cell::new(dst, CellType::Load, self.switch.node(), p)
                 .expect("load payload length checked in start_load");
             if let Err(e) = self.switch.inject(cell, now) {
                 *self.stats.errors.entry(e.kind()).or_default() += 1;

@@ -155,6 +155,8 @@ pub struct Switch {
     outputs: Vec<Output>,
     stats: [PortStats; NPORTS],
     next_input: usize,
+    /// Bit `i` set when input queue `i` holds cells: arbitration visits only those.
+    occupied: u32,
     forwarded: u64,
 }
 
@@ -203,6 +205,7 @@ impl Switch {
             outputs,
             stats: [PortStats::default(); NPORTS],
             next_input: 0,
+            occupied: 0,
             forwarded: 0,
         })
     }
@@ -343,6 +346,7 @@ impl Switch {
     fn enqueue(&mut self, s: usize, hop: Hop, cell: Cell, len: u32) {
         let input = &mut self.inputs[s];
         input.bytes += len;
+        self.occupied |= 1 << s;
         input.q.push_back(Queued {
             hop,
             cell,
@@ -408,54 +412,68 @@ impl Switch {
     /// has credit. Cells for `Port::Local` are deliveries to the node's NI.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let n = self.inputs.len();
-        for k in 0..n {
-            let i = (self.next_input + k) % n;
-            let Some(head) = self.inputs[i].q.front() else {
-                continue;
-            };
-            let hop = head.hop;
-            let records = hop.port != Port::Local
-                && matches!(head.cell.kind, CellType::Probe | CellType::ProbeReply);
-            let need = head.cell.wire_len() as u32
-                + if records {
-                    probe::growth(&head.cell.payload, self.node)
-                } else {
-                    0
-                };
-            let os = slot(hop.port, hop.vc);
-            let o = &mut self.outputs[os];
-            if !o.up || o.credits < need {
-                if o.up && o.stalled_since.is_none() {
-                    o.stalled_since = Some(now);
+        let below = (1u32 << self.next_input) - 1;
+        // Occupied inputs from next_input upwards, then those below it: round-robin.
+        let order = [self.occupied & !below, self.occupied & below];
+        for mut bits in order {
+            while bits != 0 {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(t) = self.try_input(i, n, now) {
+                    return Some(t);
                 }
-                continue;
             }
-            o.credits -= need;
-            o.outstanding += need;
-            let q = self.inputs[i].q.pop_front().expect("head exists");
-            let input = &mut self.inputs[i];
-            input.bytes -= q.charged;
-            input.owed += q.charged;
-            self.next_input = (i + 1) % n;
-            let from = Port::from_index(i / NVCS).expect("valid input index");
-            let mut cell = q.cell;
-            if records {
-                probe::record_hop(&mut cell, self.node);
-            }
-            let st = &mut self.stats[hop.port.index()];
-            st.tx_cells += 1;
-            st.tx_bytes += u64::from(need);
-            if from != Port::Local && hop.port != Port::Local {
-                self.forwarded += 1;
-            }
-            return Some(Transmit {
-                port: hop.port,
-                vc: hop.vc,
-                from,
-                cell,
-            });
         }
         None
+    }
+
+    /// Sends the head cell of input `i` if its output has credit.
+    fn try_input(&mut self, i: usize, n: usize, now: Instant) -> Option<Transmit> {
+        let head = self.inputs[i].q.front()?;
+        let hop = head.hop;
+        let records = hop.port != Port::Local
+            && matches!(head.cell.kind, CellType::Probe | CellType::ProbeReply);
+        let need = head.cell.wire_len() as u32
+            + if records {
+                probe::growth(&head.cell.payload, self.node)
+            } else {
+                0
+            };
+        let os = slot(hop.port, hop.vc);
+        let o = &mut self.outputs[os];
+        if !o.up || o.credits < need {
+            if o.up && o.stalled_since.is_none() {
+                o.stalled_since = Some(now);
+            }
+            return None;
+        }
+        o.credits -= need;
+        o.outstanding += need;
+        let q = self.inputs[i].q.pop_front().expect("head exists");
+        let input = &mut self.inputs[i];
+        input.bytes -= q.charged;
+        input.owed += q.charged;
+        if input.q.is_empty() {
+            self.occupied &= !(1 << i);
+        }
+        self.next_input = (i + 1) % n;
+        let from = Port::from_index(i / NVCS).expect("valid input index");
+        let mut cell = q.cell;
+        if records {
+            probe::record_hop(&mut cell, self.node);
+        }
+        let st = &mut self.stats[hop.port.index()];
+        st.tx_cells += 1;
+        st.tx_bytes += u64::from(need);
+        if from != Port::Local && hop.port != Port::Local {
+            self.forwarded += 1;
+        }
+        Some(Transmit {
+            port: hop.port,
+            vc: hop.vc,
+            from,
+            cell,
+        })
     }
 
     /// Credit to return to an upstream neighbour, all that is owed on one (port, VC).

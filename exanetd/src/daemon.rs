@@ -180,7 +180,7 @@ fn link_endpoint(
     }
     s.bind(&addr.into())?;
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        crate::tls::endpoint_config(),
         Some(server_cfg),
         s.into(),
         Arc::new(quinn::TokioRuntime),
