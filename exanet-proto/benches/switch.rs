@@ -196,6 +196,38 @@ fn run_sim(cfg: SimConfig, per_dst: u64) -> SimRun {
     }
 }
 
+/// Encode and decode speed of full 256 B cells (the per-cell cost at every link end).
+fn cell_codec(budget: Duration) {
+    use bytes::BytesMut;
+    let cell = Cell::new(
+        exanet_proto::Gvas::new(exanet_proto::Pdid(1), NodeId(5), 0, 0).unwrap(),
+        exanet_proto::CellType::Load,
+        NodeId(1),
+        bytes::Bytes::from(vec![0x5A; 256]),
+    )
+    .unwrap();
+    let mut buf = BytesMut::with_capacity(1 << 20);
+    let (mut n, t0) = (0u64, std::time::Instant::now());
+    while t0.elapsed() < budget {
+        for _ in 0..1000 {
+            buf.clear();
+            cell.encode(&mut buf).unwrap();
+        }
+        n += 1000;
+    }
+    let enc = t0.elapsed().as_secs_f64() / n as f64 * 1e9;
+    let wire = cell.to_bytes().unwrap();
+    let (mut n, t0) = (0u64, std::time::Instant::now());
+    while t0.elapsed() < budget {
+        for _ in 0..1000 {
+            std::hint::black_box(Cell::decode(&wire).unwrap());
+        }
+        n += 1000;
+    }
+    let dec = t0.elapsed().as_secs_f64() / n as f64 * 1e9;
+    println!("cell: encode {enc:.0} ns, decode {dec:.0} ns per 256 B cell (all three CRCs)");
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter, if given, picks the parts to run.
     let filter: Vec<String> = std::env::args()
@@ -204,6 +236,10 @@ fn main() {
         .collect();
     let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     let budget = Duration::from_millis(1500);
+
+    if wants("cell") {
+        cell_codec(budget);
+    }
 
     if wants("switch") {
         // Warm up caches and the allocator once.

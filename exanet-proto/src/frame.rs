@@ -124,12 +124,77 @@ pub fn encode_credit(vc: Vc, bytes: u32, out: &mut BytesMut) {
     out.put_u32(bytes);
 }
 
-/// Incremental decoder for one direction of a link.
+/// Incremental decoder for one direction of a link. Frames that lie whole inside a pushed
+/// chunk are sliced out of it without copying; only a frame split across chunks is copied.
 #[derive(Default)]
 pub struct FrameDecoder {
-    buf: BytesMut,
+    /// The start of a frame split across chunks.
+    partial: BytesMut,
+    /// What is left of the latest chunk.
+    chunk: Bytes,
     /// Set after a fatal error: the rest of the stream is garbage.
     broken: bool,
+}
+
+/// The length of the frame that starts `b`, or `None` if `b` is too short to tell.
+fn frame_len(b: &[u8]) -> Result<Option<usize>, FrameError> {
+    let Some(&tag) = b.first() else {
+        return Ok(None);
+    };
+    match tag {
+        TAG_HELLO => Ok(Some(HELLO_LEN)),
+        t if (TAG_CELL..TAG_CELL + NVCS as u8).contains(&t) => {
+            if b.len() < 3 {
+                return Ok(None);
+            }
+            let len = u16::from_be_bytes([b[1], b[2]]) as usize;
+            if (OVERHEAD..=MAX_CELL).contains(&len) {
+                Ok(Some(3 + len))
+            } else {
+                Err(FrameError::BadLength(len))
+            }
+        }
+        t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => Ok(Some(5)),
+        t => Err(FrameError::BadTag(t)),
+    }
+}
+
+/// Decodes one whole frame (`frame_len` has vouched for its tag and length).
+fn parse(mut b: Bytes) -> Result<Frame, FrameError> {
+    let tag = b.get_u8();
+    match tag {
+        TAG_HELLO => {
+            let version = b.get_u8();
+            let node = NodeId(b.get_u32());
+            let port_idx = b.get_u8();
+            let shape = (b.get_u16(), b.get_u16(), b.get_u16());
+            let rack = b.get_u64();
+            let grant = [b.get_u32(), b.get_u32()];
+            match Port::from_index(port_idx as usize) {
+                Some(port) => Ok(Frame::Hello(Hello {
+                    version,
+                    node,
+                    port,
+                    shape,
+                    rack,
+                    grant,
+                })),
+                None => Err(FrameError::BadPort(port_idx)),
+            }
+        }
+        t if t >= TAG_CREDIT => Ok(Frame::Credit(Vc(t - TAG_CREDIT), b.get_u32())),
+        t => {
+            b.advance(2);
+            let vc = Vc(t - TAG_CELL);
+            Cell::decode(&b)
+                .map(|c| Frame::Cell(vc, c))
+                .map_err(|err| FrameError::Cell {
+                    vc,
+                    len: b.len() as u32,
+                    err,
+                })
+        }
+    }
 }
 
 impl FrameDecoder {
@@ -138,83 +203,67 @@ impl FrameDecoder {
     }
 
     pub fn push(&mut self, data: &[u8]) {
-        if !self.broken {
-            self.buf.extend_from_slice(data);
+        self.push_bytes(Bytes::copy_from_slice(data));
+    }
+
+    /// Takes a received chunk; the frames in it share its memory.
+    pub fn push_bytes(&mut self, data: Bytes) {
+        if self.broken {
+            return;
         }
+        if !self.chunk.is_empty() {
+            // The caller pushed before draining: keep the stream in order.
+            self.partial.extend_from_slice(&self.chunk);
+        }
+        self.chunk = data;
     }
 
     /// Bytes received but not yet decoded.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.partial.len() + self.chunk.len()
     }
 
     /// The next complete frame, `None` when more bytes are needed.
     pub fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
-        if self.broken || self.buf.is_empty() {
+        if self.broken {
             return None;
         }
-        let tag = self.buf[0];
-        let r = match tag {
-            TAG_HELLO => {
-                if self.buf.len() < HELLO_LEN {
-                    return None;
-                }
-                let mut b = self.buf.split_to(HELLO_LEN).freeze();
-                b.advance(1);
-                let version = b.get_u8();
-                let node = NodeId(b.get_u32());
-                let port_idx = b.get_u8();
-                let shape = (b.get_u16(), b.get_u16(), b.get_u16());
-                let rack = b.get_u64();
-                let grant = [b.get_u32(), b.get_u32()];
-                match Port::from_index(port_idx as usize) {
-                    Some(port) => Ok(Frame::Hello(Hello {
-                        version,
-                        node,
-                        port,
-                        shape,
-                        rack,
-                        grant,
-                    })),
-                    None => Err(FrameError::BadPort(port_idx)),
+        let r = loop {
+            if self.partial.is_empty() {
+                match frame_len(&self.chunk) {
+                    Err(e) => break Err(e),
+                    Ok(Some(n)) if self.chunk.len() >= n => break parse(self.chunk.split_to(n)),
+                    Ok(_) => {
+                        self.partial.extend_from_slice(&self.chunk);
+                        self.chunk.clear();
+                        return None;
+                    }
                 }
             }
-            t if (TAG_CELL..TAG_CELL + NVCS as u8).contains(&t) => {
-                if self.buf.len() < 3 {
-                    return None;
+            match frame_len(&self.partial) {
+                Err(e) => break Err(e),
+                Ok(Some(n)) if self.partial.len() >= n => {
+                    break parse(self.partial.split_to(n).freeze())
                 }
-                let len = u16::from_be_bytes([self.buf[1], self.buf[2]]) as usize;
-                if !(OVERHEAD..=MAX_CELL).contains(&len) {
-                    Err(FrameError::BadLength(len))
-                } else if self.buf.len() < 3 + len {
-                    return None;
-                } else {
-                    self.buf.advance(3);
-                    let wire: Bytes = self.buf.split_to(len).freeze();
-                    let vc = Vc(t - TAG_CELL);
-                    Cell::decode(&wire)
-                        .map(|c| Frame::Cell(vc, c))
-                        .map_err(|err| FrameError::Cell {
-                            vc,
-                            len: len as u32,
-                            err,
-                        })
+                need => {
+                    if self.chunk.is_empty() {
+                        return None;
+                    }
+                    // Enough to complete the frame, or to learn its length.
+                    let want = match need {
+                        Ok(Some(n)) => n - self.partial.len(),
+                        _ => 3usize.saturating_sub(self.partial.len()).max(1),
+                    };
+                    let take = self.chunk.split_to(want.min(self.chunk.len()));
+                    self.partial.extend_from_slice(&take);
                 }
             }
-            t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => {
-                if self.buf.len() < 5 {
-                    return None;
-                }
-                let n = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
-                self.buf.advance(5);
-                Ok(Frame::Credit(Vc(t - TAG_CREDIT), n))
-            }
-            t => Err(FrameError::BadTag(t)),
         };
         if let Err(e) = &r {
             if e.is_fatal() {
                 self.broken = true;
-                self.buf.clear();
+                self.partial.clear();
+                self.chunk.clear();
             }
         }
         Some(r)

@@ -162,7 +162,7 @@ async fn read_hello(recv: &mut RecvStream, dec: &mut FrameDecoder) -> Result<Hel
                 };
             }
             match recv.read_chunk(READ_CHUNK, true).await {
-                Ok(Some(c)) => dec.push(&c.bytes),
+                Ok(Some(c)) => dec.push_bytes(c.bytes),
                 Ok(None) => return Err("stream closed before hello".to_string()),
                 Err(e) => return Err(e.to_string()),
             }
@@ -271,7 +271,7 @@ async fn run_session(
                 return "stream out of sync";
             }
             match recv.read_chunk(READ_CHUNK, true).await {
-                Ok(Some(c)) => dec.push(&c.bytes),
+                Ok(Some(c)) => dec.push_bytes(c.bytes),
                 Ok(None) => return "peer closed",
                 Err(_) => return "read failed",
             }
