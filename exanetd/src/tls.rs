@@ -231,6 +231,9 @@ fn transport_config() -> quinn::TransportConfig {
     t.max_concurrent_uni_streams(0u8.into());
     t.max_concurrent_bidi_streams(4u8.into());
     t.keep_alive_interval(Some(KEEP_ALIVE));
+    // Handshake retransmissions are paced by the initial RTT estimate; quinn's default
+    // (333 ms) made a dial to a neighbour that starts a moment later wait about a second.
+    t.initial_rtt(Duration::from_millis(10));
     t.max_idle_timeout(Some(
         IDLE_TIMEOUT
             .try_into()

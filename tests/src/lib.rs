@@ -1,1 +1,590 @@
-//! Cross-crate and end-to-end tests live in tests/.
+//! Cross-crate and end-to-end tests live in tests/; this library holds what the end-to-end
+//! tests share: finding the `exactl` and `exanetd` binaries, running `exactl` against a
+//! scratch rack directory with a time limit, a guard that always takes the rack down, a
+//! plain HTTP GET, and a scan of /proc for processes that belong to a rack.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Environment variable naming the directory that holds `exactl` and `exanetd`.
+pub const BIN_DIR_ENV: &str = "EXANET_BIN_DIR";
+
+/// The binaries an end-to-end test drives.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    pub exactl: PathBuf,
+    pub exanetd: PathBuf,
+}
+
+/// The directory the binaries are taken from: `$EXANET_BIN_DIR`, else the cargo target
+/// directory of the current profile (`target/<profile>/`: the test binary itself runs from
+/// `target/<profile>/deps/`).
+pub fn bin_dir() -> Result<PathBuf, String> {
+    if let Some(v) = std::env::var_os(BIN_DIR_ENV).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(v));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the test executable to locate the binaries: {e}"))?;
+    let deps = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    // target/<profile>/deps/<test> -> target/<profile>; a test run from elsewhere (copied
+    // out of the target directory) looks next to itself.
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap_or(deps)
+    } else {
+        deps
+    };
+    Ok(dir.to_path_buf())
+}
+
+/// Finds `exactl` and `exanetd`, or says how to build them.
+pub fn find_bins() -> Result<Bins, String> {
+    let dir = bin_dir()?;
+    let find = |name: &str| -> Result<PathBuf, String> {
+        let p = dir.join(name);
+        if is_executable(&p) {
+            return Ok(p);
+        }
+        let from = if std::env::var_os(BIN_DIR_ENV).is_some_and(|v| !v.is_empty()) {
+            format!("{BIN_DIR_ENV}={}", dir.display())
+        } else {
+            format!("the cargo target directory of this test, {}", dir.display())
+        };
+        Err(format!(
+            "{name} not found at {} ({from}): run `cargo build --workspace` (or `cargo build \
+             -p exactl -p exanetd`) with the same profile first, or set {BIN_DIR_ENV} to the \
+             directory holding exactl and exanetd",
+            p.display()
+        ))
+    };
+    Ok(Bins {
+        exactl: find("exactl")?,
+        exanetd: find("exanetd")?,
+    })
+}
+
+/// [`find_bins`], panicking with its message.
+#[track_caller]
+pub fn bins() -> Bins {
+    find_bins().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What a finished command left behind.
+#[derive(Debug)]
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// The command, its exit status, and both of its outputs, for assertion messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} after {:.1} s\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.status,
+            self.elapsed.as_secs_f64(),
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+
+    /// stdout parsed as one JSON value.
+    #[track_caller]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.describe()))
+    }
+}
+
+/// How long after the process exits its pipes may stay open (nothing should hold them:
+/// a daemon that inherited one would keep a test harness waiting forever).
+const PIPE_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `cmd` with stdin from /dev/null and stdout/stderr captured, killing it after
+/// `timeout`. Errors: it could not start, it ran out of time (it is killed; what it printed
+/// is in the message), or its output pipes stayed open after it exited.
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Run, String> {
+    let shown = format!("{cmd:?}");
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    let (tx, rx) = mpsc::channel::<()>();
+    let collect = |pipe: Option<Box<dyn Read + Send>>| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut pipe) = pipe {
+            let (buf, tx) = (buf.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                loop {
+                    match pipe.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.lock().unwrap().extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = tx.send(());
+            });
+        } else {
+            let _ = tx.send(());
+        }
+        buf
+    };
+    let out = collect(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = collect(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    drop(tx);
+    let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().unwrap()).into_owned();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if start.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{shown} did not finish within {:.0} s and was killed\n--- stdout:\n{}\n--- stderr:\n{}",
+                    timeout.as_secs_f64(),
+                    text(&out).trim_end(),
+                    text(&err).trim_end()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("cannot wait for {shown}: {e}")),
+        }
+    };
+    let elapsed = start.elapsed();
+    let pipes_closed = Instant::now() + PIPE_GRACE;
+    for _ in 0..2 {
+        let left = pipes_closed.saturating_duration_since(Instant::now());
+        if rx.recv_timeout(left).is_err() {
+            return Err(format!(
+                "{shown} exited ({status}) but its stdout/stderr stayed open for {} s: \
+                 a process it started inherited them\n--- stdout:\n{}\n--- stderr:\n{}",
+                PIPE_GRACE.as_secs(),
+                text(&out).trim_end(),
+                text(&err).trim_end()
+            ));
+        }
+    }
+    Ok(Run {
+        status,
+        stdout: text(&out),
+        stderr: text(&err),
+        elapsed,
+    })
+}
+
+/// A scratch rack directory under the system temp directory, unique to this process and
+/// call. Dropping it runs `exactl rack down` (whatever state the rack is in) and removes
+/// the directory; when the test is failing, the tail of every daemon log is printed first
+/// (set `EXANET_E2E_KEEP=1` to keep the directory as well).
+pub struct TestRack {
+    pub dir: PathBuf,
+    pub bins: Bins,
+}
+
+/// Time any one `exactl` command other than `rack up`/`rack down` may take.
+pub const EXACTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl TestRack {
+    /// A fresh, not yet existing directory `exanet-e2e-<tag>-<pid>-<n>` (short enough for
+    /// the Unix socket paths under it).
+    pub fn new(tag: &str) -> TestRack {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("exanet-e2e-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TestRack { dir, bins: bins() }
+    }
+
+    /// The `exactl --rack DIR ARGS...` command, with the daemon binary pinned to the
+    /// `exanetd` beside it and no `EXANET_RACK` from the environment.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bins.exactl);
+        c.arg("--rack")
+            .arg(&self.dir)
+            .args(args)
+            .env("EXANET_DAEMON", &self.bins.exanetd)
+            .env_remove("EXANET_RACK");
+        c
+    }
+
+    /// Runs `exactl --rack DIR ARGS...` with a time limit, panicking if it cannot run or
+    /// does not finish (its exit status is the caller's to check).
+    #[track_caller]
+    pub fn exactl_timeout(&self, args: &[&str], timeout: Duration) -> Run {
+        run_with_timeout(self.command(args), timeout).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`TestRack::exactl_timeout`] with [`EXACTL_TIMEOUT`].
+    #[track_caller]
+    pub fn exactl(&self, args: &[&str]) -> Run {
+        self.exactl_timeout(args, EXACTL_TIMEOUT)
+    }
+
+    /// `exactl rack up --shape SHAPE --timeout SECS`, asserting exit 0.
+    #[track_caller]
+    pub fn up(&self, shape: &str, timeout_secs: u64) -> Run {
+        let secs = timeout_secs.to_string();
+        let r = self.exactl_timeout(
+            &["rack", "up", "--shape", shape, "--timeout", &secs],
+            Duration::from_secs(timeout_secs + 30),
+        );
+        assert!(
+            r.success(),
+            "exactl rack up --shape {shape} failed: {}",
+            r.describe()
+        );
+        r
+    }
+
+    /// `exactl rack down`, with a time limit.
+    pub fn down(&self) -> Result<Run, String> {
+        run_with_timeout(
+            self.command(&["rack", "down", "--timeout", "10"]),
+            Duration::from_secs(40),
+        )
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// The `metrics = "host:port"` of `[nodes.NODE]` in the rack file.
+    #[track_caller]
+    pub fn metrics_addr(&self, node: &str) -> String {
+        let path = self.dir.join("rack.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let v: toml::Value = text
+            .parse()
+            .unwrap_or_else(|e| panic!("{} is not TOML: {e}", path.display()));
+        v.get("nodes")
+            .and_then(|n| n.get(node))
+            .and_then(|n| n.get("metrics"))
+            .and_then(toml::Value::as_str)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} has no [nodes.{node}] metrics = \"host:port\":\n{text}",
+                    path.display()
+                )
+            })
+            .to_string()
+    }
+
+    /// Processes of this rack still running: see [`processes_mentioning`].
+    pub fn processes(&self) -> Vec<Proc> {
+        let mut needles = vec![self.dir.to_string_lossy().into_owned()];
+        if let Ok(c) = self.dir.canonicalize() {
+            needles.push(c.to_string_lossy().into_owned());
+        }
+        processes_mentioning(&needles)
+    }
+
+    /// The last lines of every daemon log, for a failing test's output.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) else {
+            return format!("(no logs in {})\n", self.dir.join("logs").display());
+        };
+        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {}:\n", p.display()));
+            for l in &all[all.len().saturating_sub(lines)..] {
+                out.push_str(&format!("    {l}\n"));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for TestRack {
+    fn drop(&mut self) {
+        let failing = std::thread::panicking();
+        if failing && self.dir.exists() {
+            eprintln!(
+                "rack {} at failure:\n{}",
+                self.dir.display(),
+                self.log_tails(15)
+            );
+        }
+        if self.dir.exists() {
+            match self.down() {
+                Ok(r) if r.success() => {}
+                Ok(r) => eprintln!("cleanup: exactl rack down failed: {}", r.describe()),
+                Err(e) => eprintln!("cleanup: exactl rack down: {e}"),
+            }
+            // Last resort, so that a broken `rack down` leaks no daemons: kill what still
+            // runs exanetd for this (unique) rack directory.
+            for p in self.processes() {
+                if p.cmdline.contains("exanetd") && p.pid > 1 {
+                    eprintln!("cleanup: killing leftover pid {}: {}", p.pid, p.cmdline);
+                    // SAFETY: kill has no memory-safety preconditions; pid > 1 names one
+                    // process, found by its command line naming this test's rack.
+                    unsafe {
+                        libc::kill(p.pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+        if failing && std::env::var_os("EXANET_E2E_KEEP").is_some() {
+            eprintln!("kept {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A process found in /proc.
+#[derive(Clone, Debug)]
+pub struct Proc {
+    pub pid: i32,
+    /// The command line, arguments separated by spaces.
+    pub cmdline: String,
+}
+
+/// Live processes (zombies excluded: a daemon's parent may not be there to reap it) other
+/// than this one whose command line contains one of `needles`.
+pub fn processes_mentioning(needles: &[String]) -> Vec<Proc> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw)
+            .trim_end_matches('\0')
+            .replace('\0', " ");
+        if !needles.iter().any(|n| mentions(&cmdline, n)) {
+            continue;
+        }
+        let state = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+            });
+        match state.as_deref() {
+            // Gone, or a zombie: not running.
+            None | Some("Z") | Some("X") | Some("x") => continue,
+            _ => out.push(Proc { pid, cmdline }),
+        }
+    }
+    out
+}
+
+/// True when `path` occurs in `cmdline` as a whole path or a directory of one: followed by
+/// the end, a space (argument separator) or `/`, so that `/tmp/r-1` does not match `/tmp/r-10`.
+fn mentions(cmdline: &str, path: &str) -> bool {
+    !path.is_empty()
+        && cmdline.match_indices(path).any(|(i, _)| {
+            matches!(
+                cmdline[i + path.len()..].chars().next(),
+                None | Some(' ' | '/')
+            )
+        })
+}
+
+/// An HTTP response: status code and body.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+/// A plain HTTP/1.1 `GET path` to `addr` (`host:port`), reading until the server closes.
+pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<HttpResponse, String> {
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("bad address {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to nothing"))?;
+    let mut s = TcpStream::connect_timeout(&sa, timeout)
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("cannot send GET {path} to {addr}: {e}"))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .map_err(|e| format!("GET {path} from {addr}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("GET {path} from {addr}: no end of headers in {text:?}"))?;
+    let status_line = head.lines().next().unwrap_or("");
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| format!("GET {path} from {addr}: bad status line {status_line:?}"))?;
+    Ok(HttpResponse {
+        status,
+        body: body.to_string(),
+    })
+}
+
+/// One sample of the Prometheus text format: `name{k="v",...} value`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, k: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The samples of the Prometheus text exposition format (comments and lines that do not
+/// parse are skipped; label values with escaped quotes are not needed here).
+pub fn parse_prometheus(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, labels, rest) = match line.find('{') {
+            Some(open) => {
+                let Some(close) = line[open..].find('}').map(|c| open + c) else {
+                    continue;
+                };
+                let labels = line[open + 1..close]
+                    .split(',')
+                    .filter(|kv| !kv.is_empty())
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        Some((k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+                    })
+                    .collect();
+                (&line[..open], labels, &line[close + 1..])
+            }
+            None => match line.split_once(' ') {
+                Some((n, r)) => (n, Vec::new(), r),
+                None => continue,
+            },
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        out.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_samples_parse() {
+        let text = "# HELP x y\n# TYPE exanet_link_cells_total counter\n\
+                    exanet_link_cells_total{direction=\"tx\",kind=\"qfdb\",node=\"M1QAF1\",peer=\"M1QAF2\",port=\"f2\"} 12\n\
+                    exanet_node_uptime_seconds{node=\"M1QAF1\"} 3.5\n\
+                    plain 7\n";
+        let s = parse_prometheus(text);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].name, "exanet_link_cells_total");
+        assert_eq!(s[0].label("peer"), Some("M1QAF2"));
+        assert_eq!(s[0].label("direction"), Some("tx"));
+        assert_eq!(s[0].value, 12.0);
+        assert_eq!(s[1].value, 3.5);
+        assert_eq!((s[2].name.as_str(), s[2].value), ("plain", 7.0));
+    }
+
+    #[test]
+    fn commands_that_outlive_their_time_are_killed() {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let e = run_with_timeout(c, Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("was killed"), "{e}");
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let r = run_with_timeout(c, Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            (r.code(), r.stdout.as_str(), r.stderr.as_str()),
+            (Some(3), "out\n", "err\n")
+        );
+    }
+
+    #[test]
+    fn a_path_is_mentioned_only_whole() {
+        let c = "/t/exanetd --rack /tmp/r-1 --node M1QAF1";
+        assert!(mentions(c, "/tmp/r-1"));
+        assert!(mentions("/bin/x /tmp/r-1/rack.toml", "/tmp/r-1"));
+        assert!(!mentions(
+            "/t/exanetd --rack /tmp/r-10 --node M1QAF1",
+            "/tmp/r-1"
+        ));
+        assert!(!mentions(c, ""));
+    }
+
+    #[test]
+    fn this_process_is_never_listed() {
+        let me = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
+        let first = String::from_utf8_lossy(me.split(|&b| b == 0).next().unwrap()).into_owned();
+        assert!(processes_mentioning(&[first])
+            .iter()
+            .all(|p| p.pid != std::process::id() as i32));
+    }
+}
