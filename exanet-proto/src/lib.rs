@@ -18,6 +18,7 @@
 pub mod cell;
 pub mod frame;
 pub mod gvas;
+pub mod ni;
 pub mod node;
 pub mod probe;
 pub mod routing;

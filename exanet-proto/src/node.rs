@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::cell::{Cell, CellType, MAX_PAYLOAD};
 use crate::gvas::{Gvas, Pdid};
+use crate::ni::{Memory, Ni, NiConfig, NiEvent, VecMemory};
 use crate::probe::ProbeBody;
 use crate::routing::{Vc, NVCS};
 use crate::shape::{NameError, NodeId, Shape};
@@ -56,6 +57,8 @@ pub enum NodeEvent {
     LoadDelivered { src: NodeId, seq: u64 },
     /// The load generator has injected its last cell.
     LoadSent,
+    /// Something the network interface reports (completions, mailbox arrivals, ...).
+    Ni(NiEvent),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,8 +70,6 @@ pub struct NodeStats {
     pub load_rx_bytes: u64,
     pub load_tx_cells: u64,
     pub probes_answered: u64,
-    /// Cells delivered here that no local service claims yet (NI cell types).
-    pub unclaimed_cells: u64,
     /// Errors by kind (see the `kind()` of each error type).
     pub errors: BTreeMap<&'static str, u64>,
 }
@@ -87,6 +88,10 @@ const LOAD_ARENA: usize = 64 * 1024;
 
 pub struct Node {
     switch: Switch,
+    ni: Ni,
+    mem: Box<dyn Memory + Send>,
+    /// The time of the latest call that passed one, for work done on the way.
+    now: Instant,
     outbox: VecDeque<Cell>,
     load: Option<LoadGen>,
     sink_paused: bool,
@@ -100,6 +105,9 @@ impl Node {
     pub fn new(shape: Shape, id: NodeId, cfg: SwitchConfig) -> Result<Node, NodeError> {
         Ok(Node {
             switch: Switch::new(shape, id, cfg)?,
+            ni: Ni::new(id, shape.nodes(), NiConfig::default()),
+            mem: Box::new(VecMemory::new()),
+            now: Instant::ZERO,
             outbox: VecDeque::new(),
             load: None,
             sink_paused: false,
@@ -116,6 +124,39 @@ impl Node {
 
     pub fn switch(&self) -> &Switch {
         &self.switch
+    }
+
+    pub fn ni(&self) -> &Ni {
+        &self.ni
+    }
+
+    /// The NI and the node's memory, to post operations on behalf of a rank.
+    pub fn ni_mut(&mut self) -> (&mut Ni, &mut (dyn Memory + Send)) {
+        (&mut self.ni, self.mem.as_mut())
+    }
+
+    /// Replaces the NI's configuration (timers, windows).
+    pub fn set_ni_config(&mut self, cfg: NiConfig) {
+        self.ni = Ni::new(self.id(), self.switch.shape().nodes(), cfg);
+    }
+
+    /// Replaces the memory the NI reads and writes.
+    pub fn set_memory(&mut self, mem: Box<dyn Memory + Send>) {
+        self.mem = mem;
+    }
+
+    pub fn memory(&self) -> &(dyn Memory + Send) {
+        self.mem.as_ref()
+    }
+
+    /// When the NI next needs [`Node::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.ni.poll_timeout()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        self.ni.handle_timeout(now, self.mem.as_ref());
     }
 
     pub fn stats(&self) -> &NodeStats {
@@ -182,6 +223,13 @@ impl Node {
     ) -> Result<(), SwitchError> {
         let r = self.switch.credit(port, vc, bytes, now);
         self.counted(r)
+    }
+
+    /// Hands a cell straight to the NI, bypassing the switch (the simulator's duplicate
+    /// fault: a copy that no link carried).
+    pub fn deliver_to_ni(&mut self, cell: Cell, now: Instant) {
+        self.now = now;
+        self.ni.on_cell(cell, now, self.mem.as_mut());
     }
 
     /// Sends a probe to `dst`; the answer comes back as [`NodeEvent::ProbeReply`].
@@ -254,6 +302,17 @@ impl Node {
 
     /// Feeds the switch's injection queue from the outbox and the load generator.
     fn fill(&mut self, now: Instant) {
+        self.ni.refill(now, self.mem.as_ref());
+        while let Some(c) = self.ni.poll_cell() {
+            if !self.switch.can_inject(c.wire_len()) {
+                self.ni.unpoll_cell(c);
+                break;
+            }
+            match self.switch.inject(c, now) {
+                Ok(()) => self.stats.injected_cells += 1,
+                Err(e) => self.count_error(e.kind()),
+            }
+        }
         while let Some(c) = self.outbox.front() {
             if !self.switch.can_inject(c.wire_len()) {
                 return;
@@ -298,9 +357,19 @@ impl Node {
 
     /// The next cell for a link. Deliveries to this node are handled on the way.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        self.now = now;
         loop {
             self.fill(now);
-            let t = self.switch.poll_transmit(now)?;
+            let Some(t) = self.switch.poll_transmit(now) else {
+                // Deliveries may have produced cells (answers): inject those before
+                // reporting that nothing is left to send.
+                let before = self.stats.injected_cells;
+                self.fill(now);
+                if self.stats.injected_cells == before {
+                    return None;
+                }
+                continue;
+            };
             if t.port != Port::Local {
                 return Some(t);
             }
@@ -347,7 +416,10 @@ impl Node {
                     });
                 }
             }
-            _ => self.stats.unclaimed_cells += 1,
+            _ => {
+                let now = self.now;
+                self.ni.on_cell(cell, now, self.mem.as_mut());
+            }
         }
         self.switch.local_credit(len);
     }
@@ -380,11 +452,16 @@ impl Node {
     }
 
     pub fn poll_event(&mut self) -> Option<NodeEvent> {
-        self.events.pop_front()
+        self.events
+            .pop_front()
+            .or_else(|| self.ni.poll_event().map(NodeEvent::Ni))
     }
 
     /// True when nothing is queued or waiting to be injected.
     pub fn is_idle(&self) -> bool {
-        self.switch.is_idle() && self.outbox.is_empty() && self.load.is_none()
+        self.switch.is_idle()
+            && self.outbox.is_empty()
+            && self.load.is_none()
+            && !self.ni.has_output()
     }
 }

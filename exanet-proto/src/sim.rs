@@ -52,6 +52,8 @@ enum Ev {
         vc: Vc,
         bytes: u32,
     },
+    /// The node's NI timer.
+    Timer { node: NodeId },
 }
 
 /// SplitMix64: tiny, seedable and good enough for jitter and fault draws.
@@ -98,6 +100,26 @@ pub struct Sim {
     events: Vec<(NodeId, Instant, NodeEvent)>,
     errors: Vec<(NodeId, SwitchError)>,
     processed: u64,
+    /// The NI timer each node has scheduled.
+    timer_at: Vec<Option<Instant>>,
+    faults: Faults,
+}
+
+/// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
+/// A dropped or corrupted cell returns its credit (the link itself stays lossless in
+/// bookkeeping); corrupt cells are dropped as the daemon's link layer does with a CRC
+/// error. Reordering delays a cell past later ones.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Probability (0..=1) that a cell is lost.
+    pub loss: f64,
+    /// Probability that a cell arrives corrupt (and is dropped by its CRC check).
+    pub corrupt: f64,
+    /// Probability that an NI cell is delivered twice to its destination NI.
+    pub duplicate: f64,
+    /// Probability that a cell is held back by up to `reorder_ns`.
+    pub reorder: f64,
+    pub reorder_ns: u64,
 }
 
 impl Sim {
@@ -123,6 +145,8 @@ impl Sim {
             events: Vec::new(),
             errors: Vec::new(),
             processed: 0,
+            timer_at: vec![None; n],
+            faults: Faults::default(),
         };
         for l in links(&shape) {
             let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
@@ -131,6 +155,15 @@ impl Sim {
             sim.nodes[l.b.0 as usize].peer_grant(l.b_port, ga, Instant::ZERO)?;
         }
         Ok(sim)
+    }
+
+    /// Applies `f` to every cell arriving over a link from now on.
+    pub fn set_faults(&mut self, f: Faults) {
+        self.faults = f;
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 
     pub fn shape(&self) -> &Shape {
@@ -211,8 +244,11 @@ impl Sim {
             let start = self.busy_until[i][p].max(now);
             self.busy_until[i][p] = start + ser;
             let jitter = self.rng.below(self.cfg.jitter_ns + 1);
-            let at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
+            let mut at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
             self.last_arrival[i][p] = at;
+            if self.chance(self.faults.reorder) {
+                at = at + 1 + self.rng.below(self.faults.reorder_ns);
+            }
             self.schedule(
                 at,
                 Ev::Cell {
@@ -240,6 +276,12 @@ impl Sim {
         while let Some(e) = self.nodes[i].poll_event() {
             self.events.push((id, now, e));
         }
+        if let Some(t) = self.nodes[i].poll_timeout() {
+            if self.timer_at[i].is_none_or(|s| t < s) {
+                self.timer_at[i] = Some(t);
+                self.schedule(t.max(now), Ev::Timer { node: id });
+            }
+        }
     }
 
     /// Processes one event; false when none is left.
@@ -259,8 +301,27 @@ impl Sim {
                 vc,
                 cell,
             } => {
-                if let Err(e) = self.nodes[node.0 as usize].receive(port, vc, cell, now) {
-                    self.errors.push((node, e));
+                let f = self.faults;
+                let n = node.0 as usize;
+                if self.chance(f.loss) || self.chance(f.corrupt) {
+                    let _ = self.nodes[n].refund(port, vc, cell.wire_len() as u32);
+                } else {
+                    let dup = cell.dst.node() == node
+                        && !matches!(
+                            cell.kind,
+                            crate::CellType::Probe
+                                | crate::CellType::ProbeReply
+                                | crate::CellType::Load
+                        )
+                        && self.chance(f.duplicate);
+                    let copy = dup.then(|| cell.clone());
+                    if let Err(e) = self.nodes[n].receive(port, vc, cell, now) {
+                        self.errors.push((node, e));
+                    }
+                    if let Some(c) = copy {
+                        // A duplicate bypasses the link (it would need credit nobody paid).
+                        self.nodes[n].deliver_to_ni(c, now);
+                    }
                 }
                 node
             }
@@ -275,9 +336,22 @@ impl Sim {
                 }
                 node
             }
+            Ev::Timer { node } => {
+                self.fire_timer(node);
+                node
+            }
         };
         self.pump(node);
         true
+    }
+
+    fn fire_timer(&mut self, node: NodeId) {
+        let i = node.0 as usize;
+        self.timer_at[i] = None;
+        let now = self.now;
+        if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
+            self.nodes[i].handle_timeout(now);
+        }
     }
 
     /// Runs until no event is left or simulated time passes `until`. Returns true when the

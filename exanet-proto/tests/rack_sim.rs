@@ -454,6 +454,7 @@ fn saturate_to(
         }
         NodeEvent::LoadSent => load_sent += 1,
         NodeEvent::ProbeReply { .. } => panic!("no probes were sent"),
+        NodeEvent::Ni(e) => panic!("no NI traffic was posted, yet the NI reported {e:?}"),
     });
     assert!(quiet, "{what}: not finished after 1 s of simulated time");
     assert_quiet(&sim, &what);

@@ -1,0 +1,581 @@
+//! The network interface of a node (SPEC §4): packetizer, mailbox and RDMA engine, as
+//! deterministic state machines. The NI sits behind the switch's local port: cells for
+//! this node come in through [`Ni::on_cell`], cells it wants to send leave through
+//! [`Ni::poll_cell`], timers are explicit ([`Ni::poll_timeout`], [`Ni::handle_timeout`]).
+//! Memory is whatever the node's ranks registered ([`Memory`]).
+//!
+//! # Wire conventions (on top of [`crate::cell`])
+//! - Transaction ids: bit 31 clear = a packetizer channel (`vi` 6 bits and channel 2 bits
+//!   in bits 23..31, a counter below); bit 31 set = an RDMA transfer (see [`rdma`]).
+//! - Packetizer messages are `Write` cells of <= 64 B. One whose destination VA lies in
+//!   the mailbox window ([`mailbox_gvas`]) is queued in that mailbox; any other is written
+//!   to memory. Each is answered with an `Ack` or `Nack` (reason in `aux`).
+//! - `Ack`/`Nack` cells go to the sender's node and rank with the original `txn` and
+//!   `seq`; RDMA block answers carry the block's destination base VA as 8 payload bytes.
+
+pub mod mailbox;
+pub mod memory;
+pub mod packetizer;
+pub mod rdma;
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::cell::{Cell, CellType};
+use crate::gvas::{Gvas, Pdid};
+use crate::shape::NodeId;
+use crate::time::Instant;
+
+pub use mailbox::{Mailboxes, Message, MAILBOX_VIS};
+pub use memory::{MemFault, Memory, VecMemory};
+pub use packetizer::{ChannelState, Packetizer, CHANNELS, MAX_MESSAGE, PACKETIZER_VIS};
+pub use rdma::{RdmaEngine, TransferId, BLOCK_SIZE, RDMA_PAGES};
+
+/// Ranks (local ports) per node.
+pub const RANKS: usize = 8;
+/// The mailbox window: VAs with the top three of 39 bits set (the thesis's peripheral
+/// window), mailbox VI in the low bits.
+pub const MAILBOX_WINDOW: u64 = 0b111 << 36;
+
+/// The GVAS of mailbox `vi` of `rank` on `node`.
+pub fn mailbox_gvas(pdid: Pdid, node: NodeId, rank: u8, vi: u8) -> Option<Gvas> {
+    Gvas::new(pdid, node, rank, MAILBOX_WINDOW | u64::from(vi)).ok()
+}
+
+/// Why a destination refused a cell (carried in a NACK's `aux`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum NackReason {
+    /// The destination memory is not registered (an SMMU page fault); worth retrying.
+    PageFault = 1,
+    /// No receive context free (or no process on that rank); worth retrying.
+    NoContext = 2,
+    /// The cell arrived corrupt.
+    Crc = 3,
+    /// The address makes no sense (outside the mailbox range, a cell index out of range).
+    BadAddress = 4,
+    /// The cell's PDID is not the destination's.
+    PdidMismatch = 5,
+    /// The mailbox is full.
+    QueueFull = 6,
+}
+
+impl NackReason {
+    pub fn from_u8(v: u8) -> Option<NackReason> {
+        Some(match v {
+            1 => NackReason::PageFault,
+            2 => NackReason::NoContext,
+            3 => NackReason::Crc,
+            4 => NackReason::BadAddress,
+            5 => NackReason::PdidMismatch,
+            6 => NackReason::QueueFull,
+            _ => return None,
+        })
+    }
+
+    /// Whether the sender should try again (the condition may clear).
+    pub fn transient(self) -> bool {
+        matches!(
+            self,
+            NackReason::PageFault | NackReason::NoContext | NackReason::Crc
+        )
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            NackReason::PageFault => "page_fault",
+            NackReason::NoContext => "no_context",
+            NackReason::Crc => "crc",
+            NackReason::BadAddress => "bad_address",
+            NackReason::PdidMismatch => "pdid_mismatch",
+            NackReason::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// How a posted operation ended, when it did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// The destination refused it for good, or kept refusing it until the retries ran out.
+    Nacked(NackReason),
+    /// No answer after the allowed attempts.
+    TimedOut,
+    /// The local source memory could not be read.
+    LocalFault,
+    /// The rank detached while the operation was going on.
+    Detached,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum NiError {
+    #[error("rank {0} is outside 0..=7")]
+    BadRank(u8),
+    #[error("rank {0} is not attached")]
+    NotAttached(u8),
+    #[error("{what} {index} does not exist")]
+    NoSuch { what: &'static str, index: usize },
+    #[error("{what} {index} belongs to another rank")]
+    NotOwner { what: &'static str, index: usize },
+    #[error("{what} {index} is busy")]
+    Busy { what: &'static str, index: usize },
+    #[error("no free {0}")]
+    Exhausted(&'static str),
+    #[error("message of {0} B exceeds {MAX_MESSAGE} B")]
+    TooLong(usize),
+    #[error("transfer of {0} B: length must be 1..={max}", max = rdma::MAX_TRANSFER)]
+    BadLength(u64),
+    #[error("address range {va:#x}+{len} does not fit the 39-bit VA space")]
+    BadRange { va: u64, len: u64 },
+    #[error("destination {0} is not a node of this rack")]
+    BadDestination(NodeId),
+}
+
+/// What the NI reports to the node's owner (the daemon relays it to workloads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NiEvent {
+    /// A packetizer channel reached a final state.
+    Packetizer {
+        rank: u8,
+        vi: u8,
+        ch: u8,
+        state: ChannelState,
+    },
+    /// A message was queued in a mailbox.
+    Mailbox { rank: u8, vi: u8 },
+    /// An RDMA write or read ended.
+    Rdma {
+        rank: u8,
+        id: TransferId,
+        result: Result<(), Failure>,
+    },
+    /// A completion notification was written into this node's memory.
+    Notified {
+        rank: u8,
+        va: u64,
+        src: NodeId,
+        len: u64,
+    },
+}
+
+/// Counters of the NI, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NiStats {
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub acks_sent: u64,
+    pub nacks_sent: [u64; 7],
+    pub acks_received: u64,
+    pub nacks_received: [u64; 7],
+    pub retransmissions: u64,
+    pub timeouts: u64,
+    pub pdid_violations: u64,
+    pub rdma_blocks_sent: u64,
+    pub rdma_blocks_received: u64,
+    pub rdma_transfers_done: u64,
+    pub rdma_transfers_failed: u64,
+    pub stale_cells: u64,
+    pub duplicates: u64,
+}
+
+/// Timing and sizing of the NI protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NiConfig {
+    /// How long a sender waits for an ACK before retransmitting.
+    pub retransmit_ns: u64,
+    /// How long a sender waits after a transient NACK before retrying.
+    pub nack_retry_ns: u64,
+    /// Attempts per message or block before the operation fails.
+    pub max_attempts: u8,
+    /// RDMA blocks of one transfer in flight at once; must cover the path's round trip
+    /// (a 16 KB block is ~40 us at 3 Gb/s, so 32 blocks cover ~1.3 ms).
+    pub window_blocks: usize,
+    /// Receive contexts (blocks being reassembled) per node.
+    pub rx_contexts: usize,
+    /// How long a finished block or message is remembered, to recognise late duplicates.
+    pub remember_ns: u64,
+}
+
+impl Default for NiConfig {
+    fn default() -> Self {
+        NiConfig {
+            retransmit_ns: 5_000_000,
+            nack_retry_ns: 1_000_000,
+            max_attempts: 8,
+            window_blocks: 32,
+            rx_contexts: 1024,
+            remember_ns: 2_000_000_000,
+        }
+    }
+}
+
+/// The retransmission timeout of the `attempt`-th send (1-based): doubling from the base
+/// and capped at 64 times it, so a congested path is not flooded with copies of blocks
+/// that are merely queued (the timer starts when a block is cut, not when it leaves).
+pub(crate) fn backoff(base_ns: u64, attempt: u8) -> u64 {
+    base_ns.saturating_mul(1 << attempt.saturating_sub(1).min(6))
+}
+
+/// The cells and events produced while handling one input.
+#[derive(Default)]
+pub struct Out {
+    pub cells: VecDeque<Cell>,
+    pub events: VecDeque<NiEvent>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RankCtx {
+    pdid: Pdid,
+}
+
+pub struct Ni {
+    node: NodeId,
+    nodes: u32,
+    cfg: NiConfig,
+    ranks: [Option<RankCtx>; RANKS],
+    pub packetizer: Packetizer,
+    pub mailboxes: Mailboxes,
+    pub rdma: RdmaEngine,
+    out: Out,
+    pub stats: NiStats,
+}
+
+/// Builds an ACK or NACK for `cell` back to its sender.
+pub(crate) fn answer(
+    me: NodeId,
+    cell: &Cell,
+    nack: Option<NackReason>,
+    payload: Bytes,
+    stats: &mut NiStats,
+) -> Option<Cell> {
+    let dst = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0).ok()?;
+    let kind = if nack.is_some() {
+        CellType::Nack
+    } else {
+        CellType::Ack
+    };
+    let mut c = Cell::new(dst, kind, me, payload).ok()?;
+    c.src_rank = cell.dst.rank();
+    c.txn = cell.txn;
+    c.seq = cell.seq;
+    match nack {
+        Some(r) => {
+            c.aux = r as u8;
+            stats.nacks_sent[r as usize] += 1;
+            if r == NackReason::PdidMismatch {
+                stats.pdid_violations += 1;
+            }
+        }
+        None => stats.acks_sent += 1,
+    }
+    Some(c)
+}
+
+impl Ni {
+    pub fn new(node: NodeId, nodes: u32, cfg: NiConfig) -> Ni {
+        Ni {
+            node,
+            nodes,
+            cfg,
+            ranks: [None; RANKS],
+            packetizer: Packetizer::new(),
+            mailboxes: Mailboxes::new(),
+            rdma: RdmaEngine::new(),
+            out: Out::default(),
+            stats: NiStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &NiConfig {
+        &self.cfg
+    }
+
+    /// A process takes rank `rank` with protection domain `pdid` (the daemon decides it).
+    pub fn attach(&mut self, rank: u8, pdid: Pdid) -> Result<(), NiError> {
+        let slot = self
+            .ranks
+            .get_mut(rank as usize)
+            .ok_or(NiError::BadRank(rank))?;
+        if slot.is_some() {
+            return Err(NiError::Busy {
+                what: "rank",
+                index: rank as usize,
+            });
+        }
+        *slot = Some(RankCtx { pdid });
+        Ok(())
+    }
+
+    /// The process on `rank` is gone: its interfaces are freed and everything it had
+    /// posted ends with [`Failure::Detached`].
+    pub fn detach(&mut self, rank: u8) -> Result<(), NiError> {
+        self.rank(rank)?;
+        self.ranks[rank as usize] = None;
+        self.packetizer.detach(rank);
+        self.mailboxes.detach(rank);
+        self.rdma.detach(rank, &mut self.out);
+        Ok(())
+    }
+
+    pub fn pdid(&self, rank: u8) -> Option<Pdid> {
+        self.ranks
+            .get(rank as usize)
+            .copied()
+            .flatten()
+            .map(|r| r.pdid)
+    }
+
+    fn rank(&self, rank: u8) -> Result<Pdid, NiError> {
+        match self.ranks.get(rank as usize) {
+            None => Err(NiError::BadRank(rank)),
+            Some(None) => Err(NiError::NotAttached(rank)),
+            Some(Some(r)) => Ok(r.pdid),
+        }
+    }
+
+    fn check_dst(&self, dst: &Gvas) -> Result<(), NiError> {
+        if dst.node().0 >= self.nodes {
+            return Err(NiError::BadDestination(dst.node()));
+        }
+        Ok(())
+    }
+
+    /// Sends up to 64 B from packetizer channel (`vi`, `ch`) to `dst`. The PDID the cell
+    /// carries is the rank's, whatever `dst` says.
+    pub fn send_message(
+        &mut self,
+        rank: u8,
+        vi: u8,
+        ch: u8,
+        dst: Gvas,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<(), NiError> {
+        let pdid = self.rank(rank)?;
+        self.check_dst(&dst)?;
+        let dst = Gvas::new(pdid, dst.node(), dst.rank(), dst.va()).expect("fields from a Gvas");
+        self.packetizer.send(
+            self.node,
+            rank,
+            vi,
+            ch,
+            dst,
+            payload,
+            now + self.cfg.retransmit_ns,
+            &mut self.out,
+        )?;
+        self.stats.messages_sent += 1;
+        Ok(())
+    }
+
+    /// Posts an RDMA write of `len` bytes from the rank's `src_va` to `dst`, with an
+    /// optional completion notification written at `notify` (a VA of the destination rank).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rdma_write(
+        &mut self,
+        rank: u8,
+        page: u8,
+        ch: u8,
+        src_va: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+        now: Instant,
+        mem: &dyn Memory,
+    ) -> Result<TransferId, NiError> {
+        let pdid = self.rank(rank)?;
+        self.check_dst(&dst)?;
+        let dst = Gvas::new(pdid, dst.node(), dst.rank(), dst.va()).expect("fields from a Gvas");
+        self.rdma.post_write(
+            self.node,
+            &self.cfg,
+            rank,
+            page,
+            ch,
+            src_va,
+            dst,
+            len,
+            notify,
+            now,
+            mem,
+            &mut self.out,
+            &mut self.stats,
+        )
+    }
+
+    /// Posts an RDMA read of `len` bytes from `src` (remote) into the rank's `dst_va`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rdma_read(
+        &mut self,
+        rank: u8,
+        page: u8,
+        ch: u8,
+        src: Gvas,
+        dst_va: u64,
+        len: u64,
+        now: Instant,
+    ) -> Result<TransferId, NiError> {
+        let pdid = self.rank(rank)?;
+        self.check_dst(&src)?;
+        let src = Gvas::new(pdid, src.node(), src.rank(), src.va()).expect("fields from a Gvas");
+        self.rdma.post_read(
+            self.node,
+            &self.cfg,
+            rank,
+            page,
+            ch,
+            src,
+            dst_va,
+            len,
+            now,
+            &mut self.out,
+        )
+    }
+
+    /// A cell addressed to this node arrived.
+    pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
+        let me = self.node;
+        match cell.kind {
+            CellType::Ack | CellType::Nack => {
+                let nack = if cell.kind == CellType::Nack {
+                    let r = NackReason::from_u8(cell.aux).unwrap_or(NackReason::BadAddress);
+                    self.stats.nacks_received[r as usize] += 1;
+                    Some(r)
+                } else {
+                    self.stats.acks_received += 1;
+                    None
+                };
+                if cell.txn & rdma::TXN_RDMA != 0 {
+                    self.rdma.on_answer(
+                        &cell,
+                        nack,
+                        now,
+                        &self.cfg,
+                        mem,
+                        &mut self.out,
+                        &mut self.stats,
+                    );
+                } else {
+                    self.packetizer
+                        .on_answer(&cell, nack, now, &self.cfg, &mut self.out);
+                }
+            }
+            _ => {
+                let rank = cell.dst.rank();
+                let Some(pdid) = self.pdid(rank) else {
+                    let payload = rdma::answer_payload(&cell);
+                    if let Some(a) = answer(
+                        me,
+                        &cell,
+                        Some(NackReason::NoContext),
+                        payload,
+                        &mut self.stats,
+                    ) {
+                        self.out.cells.push_back(a);
+                    }
+                    return;
+                };
+                if cell.dst.pdid() != pdid {
+                    let payload = rdma::answer_payload(&cell);
+                    if let Some(a) = answer(
+                        me,
+                        &cell,
+                        Some(NackReason::PdidMismatch),
+                        payload,
+                        &mut self.stats,
+                    ) {
+                        self.out.cells.push_back(a);
+                    }
+                    return;
+                }
+                match cell.kind {
+                    CellType::Write if cell.txn & rdma::TXN_RDMA == 0 => {
+                        self.stats.messages_received += 1;
+                        let r = if cell.dst.va() & MAILBOX_WINDOW == MAILBOX_WINDOW {
+                            self.mailboxes.deliver(&cell, now, &self.cfg, &mut self.out)
+                        } else {
+                            mem.write(rank, cell.dst.va(), &cell.payload)
+                                .map_err(|_| NackReason::PageFault)
+                        };
+                        if let Some(a) = answer(me, &cell, r.err(), Bytes::new(), &mut self.stats) {
+                            self.out.cells.push_back(a);
+                        }
+                    }
+                    CellType::Write => self.rdma.on_data(
+                        me,
+                        &cell,
+                        now,
+                        &self.cfg,
+                        mem,
+                        &mut self.out,
+                        &mut self.stats,
+                    ),
+                    CellType::ReadRequest => self.rdma.on_read_request(
+                        me,
+                        &cell,
+                        now,
+                        &self.cfg,
+                        mem,
+                        &mut self.out,
+                        &mut self.stats,
+                    ),
+                    CellType::Notify => self.rdma.on_notify(
+                        me,
+                        &cell,
+                        now,
+                        &self.cfg,
+                        mem,
+                        &mut self.out,
+                        &mut self.stats,
+                    ),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// The earliest time at which [`Ni::handle_timeout`] has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [self.packetizer.next_deadline(), self.rdma.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Retransmits, retries and expiries due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
+        self.packetizer
+            .on_timeout(now, &self.cfg, &mut self.out, &mut self.stats);
+        self.rdma
+            .on_timeout(now, &self.cfg, mem, &mut self.out, &mut self.stats);
+        self.mailboxes.expire(now, &self.cfg);
+    }
+
+    /// Lets the RDMA engine put more blocks on the wire (call when the fabric has room).
+    pub fn refill(&mut self, now: Instant, mem: &dyn Memory) {
+        self.rdma
+            .refill(now, &self.cfg, mem, &mut self.out, &mut self.stats);
+    }
+
+    /// The next cell to inject. The NI stamps its node as the source of every cell.
+    pub fn poll_cell(&mut self) -> Option<Cell> {
+        let mut c = self.out.cells.pop_front()?;
+        c.src = self.node;
+        Some(c)
+    }
+
+    /// Puts back a cell that could not be injected yet, keeping its place.
+    pub fn unpoll_cell(&mut self, c: Cell) {
+        self.out.cells.push_front(c);
+    }
+
+    /// True when cells wait to be injected.
+    pub fn has_output(&self) -> bool {
+        !self.out.cells.is_empty()
+    }
+
+    pub fn poll_event(&mut self) -> Option<NiEvent> {
+        self.out.events.pop_front()
+    }
+}

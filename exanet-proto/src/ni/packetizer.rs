@@ -1,0 +1,229 @@
+//! The packetizer: 64 virtual interfaces x 4 channels per node. A channel sends one
+//! message of up to 64 B at a time and keeps it until the destination answers; without an
+//! answer it retransmits after a timeout, a bounded number of times. Its state is what
+//! the caller polls: ongoing, ACKed, NACKed (with the reason) or timed out.
+
+use bytes::Bytes;
+
+use super::{NackReason, NiError, NiEvent, NiStats, Out};
+use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
+use crate::gvas::Gvas;
+use crate::shape::NodeId;
+use crate::time::Instant;
+
+pub const PACKETIZER_VIS: usize = 64;
+pub const CHANNELS: usize = 4;
+pub const MAX_MESSAGE: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChannelState {
+    Idle,
+    Ongoing,
+    Acked,
+    Nacked(NackReason),
+    TimedOut,
+}
+
+struct Channel {
+    state: ChannelState,
+    /// The message in flight, kept for retransmission.
+    cell: Option<Cell>,
+    deadline: Option<Instant>,
+    attempts: u8,
+    counter: u32,
+}
+
+pub struct Packetizer {
+    owner: [Option<u8>; PACKETIZER_VIS],
+    channels: Vec<Channel>,
+}
+
+fn idx(vi: u8, ch: u8) -> usize {
+    vi as usize * CHANNELS + ch as usize
+}
+
+impl Default for Packetizer {
+    fn default() -> Self {
+        Packetizer::new()
+    }
+}
+
+impl Packetizer {
+    pub fn new() -> Packetizer {
+        Packetizer {
+            owner: [None; PACKETIZER_VIS],
+            channels: (0..PACKETIZER_VIS * CHANNELS)
+                .map(|_| Channel {
+                    state: ChannelState::Idle,
+                    cell: None,
+                    deadline: None,
+                    attempts: 0,
+                    counter: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Gives a free virtual interface to `rank`.
+    pub fn alloc(&mut self, rank: u8) -> Result<u8, NiError> {
+        let vi = self
+            .owner
+            .iter()
+            .position(Option::is_none)
+            .ok_or(NiError::Exhausted("packetizer interface"))?;
+        self.owner[vi] = Some(rank);
+        Ok(vi as u8)
+    }
+
+    pub fn free(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
+        self.check(rank, vi, 0)?;
+        self.owner[vi as usize] = None;
+        for ch in 0..CHANNELS as u8 {
+            let c = &mut self.channels[idx(vi, ch)];
+            c.state = ChannelState::Idle;
+            c.cell = None;
+            c.deadline = None;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn detach(&mut self, rank: u8) {
+        for vi in 0..PACKETIZER_VIS as u8 {
+            if self.owner[vi as usize] == Some(rank) {
+                let _ = self.free(rank, vi);
+            }
+        }
+    }
+
+    fn check(&self, rank: u8, vi: u8, ch: u8) -> Result<(), NiError> {
+        match self.owner.get(vi as usize) {
+            None => Err(NiError::NoSuch {
+                what: "packetizer interface",
+                index: vi as usize,
+            }),
+            Some(o) if *o != Some(rank) => Err(NiError::NotOwner {
+                what: "packetizer interface",
+                index: vi as usize,
+            }),
+            _ if ch as usize >= CHANNELS => Err(NiError::NoSuch {
+                what: "packetizer channel",
+                index: ch as usize,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn state(&self, rank: u8, vi: u8, ch: u8) -> Result<ChannelState, NiError> {
+        self.check(rank, vi, ch)?;
+        Ok(self.channels[idx(vi, ch)].state)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send(
+        &mut self,
+        me: NodeId,
+        rank: u8,
+        vi: u8,
+        ch: u8,
+        dst: Gvas,
+        payload: &[u8],
+        deadline: Instant,
+        out: &mut Out,
+    ) -> Result<(), NiError> {
+        self.check(rank, vi, ch)?;
+        if payload.len() > MAX_MESSAGE {
+            return Err(NiError::TooLong(payload.len()));
+        }
+        let c = &mut self.channels[idx(vi, ch)];
+        if c.state == ChannelState::Ongoing {
+            return Err(NiError::Busy {
+                what: "packetizer channel",
+                index: ch as usize,
+            });
+        }
+        c.counter = (c.counter + 1) & 0x7F_FFFF;
+        let mut cell = Cell::new(dst, CellType::Write, me, Bytes::copy_from_slice(payload))
+            .expect("a message fits a cell");
+        cell.txn = (u32::from(vi) << 25) | (u32::from(ch) << 23) | c.counter;
+        cell.src_rank = rank;
+        cell.flags = FLAG_FIRST | FLAG_LAST;
+        c.state = ChannelState::Ongoing;
+        c.attempts = 1;
+        c.deadline = Some(deadline);
+        out.cells.push_back(cell.clone());
+        c.cell = Some(cell);
+        Ok(())
+    }
+
+    fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out) {
+        let c = &mut self.channels[i];
+        c.state = state;
+        c.deadline = None;
+        let rank = c.cell.take().map(|m| m.src_rank).unwrap_or(0);
+        out.events.push_back(NiEvent::Packetizer {
+            rank,
+            vi: (i / CHANNELS) as u8,
+            ch: (i % CHANNELS) as u8,
+            state,
+        });
+    }
+
+    pub(crate) fn on_answer(
+        &mut self,
+        ans: &Cell,
+        nack: Option<NackReason>,
+        _now: Instant,
+        _cfg: &super::NiConfig,
+        out: &mut Out,
+    ) {
+        let vi = (ans.txn >> 25) & 0x3F;
+        let ch = (ans.txn >> 23) & 0x3;
+        let i = idx(vi as u8, ch as u8);
+        // Only the answer to the message in flight counts: a late answer to an earlier
+        // message (or a forged one) finds a different txn and is ignored.
+        let matches = self.channels[i]
+            .cell
+            .as_ref()
+            .is_some_and(|c| c.txn == ans.txn && c.dst.node() == ans.src);
+        if !matches || self.channels[i].state != ChannelState::Ongoing {
+            return;
+        }
+        let state = match nack {
+            None => ChannelState::Acked,
+            Some(r) => ChannelState::Nacked(r),
+        };
+        self.finish(i, state, out);
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.channels.iter().filter_map(|c| c.deadline).min()
+    }
+
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Instant,
+        cfg: &super::NiConfig,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        for i in 0..self.channels.len() {
+            let c = &mut self.channels[i];
+            if c.deadline.is_none_or(|d| d > now) {
+                continue;
+            }
+            if c.attempts >= cfg.max_attempts {
+                stats.timeouts += 1;
+                self.finish(i, ChannelState::TimedOut, out);
+                continue;
+            }
+            c.attempts += 1;
+            c.deadline = Some(now + super::backoff(cfg.retransmit_ns, c.attempts));
+            if let Some(cell) = &mut c.cell {
+                // Same txn: the receiver recognises a duplicate of a delivered message.
+                cell.seq = cell.seq.wrapping_add(1);
+                out.cells.push_back(cell.clone());
+                stats.retransmissions += 1;
+            }
+        }
+    }
+}

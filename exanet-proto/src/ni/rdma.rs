@@ -1,0 +1,1118 @@
+//! The RDMA engine (SPEC §4, the thesis): 16 pages, each with 32 write and 32 read
+//! channels. A write is cut into 16 KB blocks that never cross a 16 KB boundary of the
+//! destination, and each block into cells that break at every 256 B boundary of the
+//! destination (so no cell crosses 4 KB, and after a short first cell the rest are
+//! 256 B aligned). The receiver tracks each block in a 64-bit bitmap and answers once per
+//! block; the sender keeps a window of blocks in flight and retransmits only blocks that
+//! were NACKed or timed out, each time with a higher sequence number. The receiver ignores
+//! cells of an older sequence and restarts a block on a newer one, and remembers finished
+//! blocks for a while so that a late copy never writes over newer data.
+//!
+//! A read is a request to the remote node's engine (acknowledged like a packetizer
+//! message), which serves it as a write back into the reader's memory followed by a
+//! "read done" notification; the reader's channel completes on that notification.
+//!
+//! Transaction ids (bit 31 set marks RDMA): a local transfer is
+//! `1 | served 0 | read r | page 4 | channel 5 | generation 20`; a write that serves a
+//! remote read is `1 | 1 | counter 30`.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{
+    answer, backoff, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, NiStats, Out,
+};
+use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
+use crate::gvas::Gvas;
+use crate::shape::NodeId;
+use crate::time::Instant;
+
+pub const RDMA_PAGES: usize = 16;
+pub const WRITE_CHANNELS: usize = 32;
+pub const READ_CHANNELS: usize = 32;
+pub const BLOCK_SIZE: u64 = 16 * 1024;
+pub const CELL_SIZE: u64 = 256;
+/// Longest single transfer.
+pub const MAX_TRANSFER: u64 = 1 << 32;
+/// Writes serving remote reads at once; further requests are NACKed (no context).
+pub const MAX_SERVED: usize = 512;
+/// Cells the engine keeps queued for injection; more blocks are cut only below this.
+const OUTBOX_CELLS: usize = 512;
+
+pub(crate) const TXN_RDMA: u32 = 1 << 31;
+const TXN_SERVED: u32 = 1 << 30;
+const TXN_READ: u32 = 1 << 29;
+const GEN_MASK: u32 = (1 << 20) - 1;
+/// The block "number" that answers to a notification cell carry.
+const NOTIFY_BLOCK: u64 = u64::MAX;
+const VA_LIMIT: u64 = 1 << crate::gvas::VA_BITS;
+
+const NOTE_WRITE: u8 = 1;
+const NOTE_READ_DONE: u8 = 2;
+
+/// Names a posted transfer; what completions report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransferId {
+    pub page: u8,
+    pub ch: u8,
+    pub read: bool,
+    pub gen: u32,
+}
+
+impl TransferId {
+    fn txn(&self) -> u32 {
+        TXN_RDMA
+            | if self.read { TXN_READ } else { 0 }
+            | (u32::from(self.page) << 25)
+            | (u32::from(self.ch) << 20)
+            | (self.gen & GEN_MASK)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Pending,
+    InFlight { deadline: Instant },
+    Retry { at: Instant },
+    Done,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    off: u64,
+    len: u64,
+    seq: u16,
+    attempts: u8,
+    step: Step,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Origin {
+    Local(TransferId),
+    /// Serving a remote read; the notice tells the reader how it went.
+    Served,
+}
+
+/// The notification a transfer sends after its last block.
+#[derive(Clone, Copy, Debug)]
+struct Notice {
+    dst: Gvas,
+    kind: u8,
+    /// The txn the notice names (the reader's read txn for "read done").
+    txn: u32,
+    seq: u16,
+    attempts: u8,
+    step: Step,
+    status: u8,
+}
+
+struct Transfer {
+    rank: u8,
+    src_va: u64,
+    dst: Gvas,
+    len: u64,
+    blocks: Vec<Block>,
+    next: usize,
+    in_flight: usize,
+    done: usize,
+    notice: Option<Notice>,
+    origin: Origin,
+}
+
+impl Transfer {
+    fn new(
+        rank: u8,
+        src_va: u64,
+        dst: Gvas,
+        len: u64,
+        origin: Origin,
+        notice: Option<Notice>,
+    ) -> Transfer {
+        let mut blocks = Vec::new();
+        let mut off = 0;
+        while off < len {
+            let va = dst.va() + off;
+            let end = ((va / BLOCK_SIZE + 1) * BLOCK_SIZE).min(dst.va() + len);
+            blocks.push(Block {
+                off,
+                len: end - va,
+                seq: 0,
+                attempts: 0,
+                step: Step::Pending,
+            });
+            off += end - va;
+        }
+        Transfer {
+            rank,
+            src_va,
+            dst,
+            len,
+            blocks,
+            next: 0,
+            in_flight: 0,
+            done: 0,
+            notice,
+            origin,
+        }
+    }
+
+    fn block_of(&self, block_no: u64) -> Option<usize> {
+        let i = block_no.checked_sub(self.dst.va() / BLOCK_SIZE)? as usize;
+        (i < self.blocks.len()).then_some(i)
+    }
+}
+
+/// A read this node asked for.
+struct PendingRead {
+    rank: u8,
+    id: TransferId,
+    request: Cell,
+    attempts: u8,
+    /// Until the request is ACKed: retransmit deadline; after: the whole read's deadline.
+    deadline: Instant,
+    acked: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RxBlock {
+    seq: u16,
+    bitmap: u64,
+    last: Option<u8>,
+    failed: bool,
+    touched: Instant,
+}
+
+type RxKey = (NodeId, u32, u64);
+
+pub struct RdmaEngine {
+    pages: [Option<u8>; RDMA_PAGES],
+    write_busy: [[bool; WRITE_CHANNELS]; RDMA_PAGES],
+    read_busy: [[bool; READ_CHANNELS]; RDMA_PAGES],
+    gens: [[u32; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
+    transfers: HashMap<u32, Transfer>,
+    /// Transfers with blocks not yet cut, oldest first.
+    sending: VecDeque<u32>,
+    reads: HashMap<u32, PendingRead>,
+    served_next: u32,
+    /// Read requests being served or served recently: (reader, read txn) -> when.
+    served_seen: HashMap<(NodeId, u32), Instant>,
+    rx: HashMap<RxKey, RxBlock>,
+    /// Finished blocks: key -> (sequence, when), to drop late copies.
+    finished: HashMap<RxKey, (u16, Instant)>,
+    finished_order: VecDeque<(Instant, RxKey)>,
+}
+
+impl Default for RdmaEngine {
+    fn default() -> Self {
+        RdmaEngine::new()
+    }
+}
+
+/// The payload of an answer to `cell`: the block it concerns, for RDMA cells.
+pub(crate) fn answer_payload(cell: &Cell) -> Bytes {
+    if cell.txn & TXN_RDMA == 0 {
+        return Bytes::new();
+    }
+    let block = match cell.kind {
+        CellType::Write => cell.dst.va() / BLOCK_SIZE,
+        CellType::Notify => NOTIFY_BLOCK,
+        _ => return Bytes::new(),
+    };
+    Bytes::copy_from_slice(&block.to_be_bytes())
+}
+
+fn answered_block(ans: &Cell) -> Option<u64> {
+    let b: [u8; 8] = ans.payload.get(..8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(b))
+}
+
+fn check_range(va: u64, len: u64) -> Result<(), NiError> {
+    if len == 0 || len > MAX_TRANSFER {
+        return Err(NiError::BadLength(len));
+    }
+    if va.checked_add(len).is_none_or(|e| e > VA_LIMIT) {
+        return Err(NiError::BadRange { va, len });
+    }
+    Ok(())
+}
+
+impl RdmaEngine {
+    pub fn new() -> RdmaEngine {
+        RdmaEngine {
+            pages: [None; RDMA_PAGES],
+            write_busy: [[false; WRITE_CHANNELS]; RDMA_PAGES],
+            read_busy: [[false; READ_CHANNELS]; RDMA_PAGES],
+            gens: [[0; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
+            transfers: HashMap::new(),
+            sending: VecDeque::new(),
+            reads: HashMap::new(),
+            served_next: 0,
+            served_seen: HashMap::new(),
+            rx: HashMap::new(),
+            finished: HashMap::new(),
+            finished_order: VecDeque::new(),
+        }
+    }
+
+    /// Gives a free engine page to `rank`.
+    pub fn alloc_page(&mut self, rank: u8) -> Result<u8, NiError> {
+        let p = self
+            .pages
+            .iter()
+            .position(Option::is_none)
+            .ok_or(NiError::Exhausted("RDMA page"))?;
+        self.pages[p] = Some(rank);
+        Ok(p as u8)
+    }
+
+    fn check_page(&self, rank: u8, page: u8) -> Result<(), NiError> {
+        match self.pages.get(page as usize) {
+            None | Some(None) => Err(NiError::NoSuch {
+                what: "RDMA page",
+                index: page as usize,
+            }),
+            Some(Some(r)) if *r != rank => Err(NiError::NotOwner {
+                what: "RDMA page",
+                index: page as usize,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Transfers in progress (local and served).
+    pub fn active(&self) -> usize {
+        self.transfers.len() + self.reads.len()
+    }
+
+    fn next_id(&mut self, page: u8, ch: u8, read: bool) -> TransferId {
+        let g = &mut self.gens[page as usize][ch as usize + if read { WRITE_CHANNELS } else { 0 }];
+        *g = (*g + 1) & GEN_MASK;
+        TransferId {
+            page,
+            ch,
+            read,
+            gen: *g,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_write(
+        &mut self,
+        _me: NodeId,
+        cfg: &NiConfig,
+        rank: u8,
+        page: u8,
+        ch: u8,
+        src_va: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+        now: Instant,
+        mem: &dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) -> Result<TransferId, NiError> {
+        self.check_page(rank, page)?;
+        if ch as usize >= WRITE_CHANNELS {
+            return Err(NiError::NoSuch {
+                what: "RDMA write channel",
+                index: ch as usize,
+            });
+        }
+        if self.write_busy[page as usize][ch as usize] {
+            return Err(NiError::Busy {
+                what: "RDMA write channel",
+                index: ch as usize,
+            });
+        }
+        check_range(src_va, len)?;
+        check_range(dst.va(), len)?;
+        let id = self.next_id(page, ch, false);
+        let notice = match notify {
+            Some(va) => Some(Notice {
+                dst: dst
+                    .with_va(va)
+                    .map_err(|_| NiError::BadRange { va, len: 16 })?,
+                kind: NOTE_WRITE,
+                txn: id.txn(),
+                seq: 0,
+                attempts: 0,
+                step: Step::Pending,
+                status: 0,
+            }),
+            None => None,
+        };
+        self.write_busy[page as usize][ch as usize] = true;
+        let txn = id.txn();
+        self.transfers.insert(
+            txn,
+            Transfer::new(rank, src_va, dst, len, Origin::Local(id), notice),
+        );
+        self.sending.push_back(txn);
+        self.refill(now, cfg, mem, out, stats);
+        Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_read(
+        &mut self,
+        me: NodeId,
+        cfg: &NiConfig,
+        rank: u8,
+        page: u8,
+        ch: u8,
+        src: Gvas,
+        dst_va: u64,
+        len: u64,
+        now: Instant,
+        out: &mut Out,
+    ) -> Result<TransferId, NiError> {
+        self.check_page(rank, page)?;
+        if ch as usize >= READ_CHANNELS {
+            return Err(NiError::NoSuch {
+                what: "RDMA read channel",
+                index: ch as usize,
+            });
+        }
+        if self.read_busy[page as usize][ch as usize] {
+            return Err(NiError::Busy {
+                what: "RDMA read channel",
+                index: ch as usize,
+            });
+        }
+        check_range(src.va(), len)?;
+        check_range(dst_va, len)?;
+        let id = self.next_id(page, ch, true);
+        let mut p = BytesMut::with_capacity(16);
+        p.put_u64(dst_va);
+        p.put_u64(len);
+        let mut request =
+            Cell::new(src, CellType::ReadRequest, me, p.freeze()).expect("16 B payload");
+        request.txn = id.txn();
+        request.src_rank = rank;
+        request.flags = FLAG_FIRST | FLAG_LAST;
+        out.cells.push_back(request.clone());
+        self.read_busy[page as usize][ch as usize] = true;
+        self.reads.insert(
+            id.txn(),
+            PendingRead {
+                rank,
+                id,
+                request,
+                attempts: 1,
+                deadline: now + cfg.retransmit_ns,
+                acked: false,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Cuts more blocks of the transfers in progress, within each transfer's window and
+    /// while the outbox is short.
+    pub(crate) fn refill(
+        &mut self,
+        now: Instant,
+        cfg: &NiConfig,
+        mem: &dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let mut rounds = self.sending.len();
+        while rounds > 0 && out.cells.len() < OUTBOX_CELLS {
+            rounds -= 1;
+            let Some(txn) = self.sending.pop_front() else {
+                break;
+            };
+            let Some(t) = self.transfers.get_mut(&txn) else {
+                continue;
+            };
+            let mut failed = false;
+            while t.next < t.blocks.len()
+                && t.in_flight < cfg.window_blocks
+                && out.cells.len() < OUTBOX_CELLS
+            {
+                let i = t.next;
+                t.next += 1;
+                t.in_flight += 1;
+                if send_block(t, i, txn, now, cfg, mem, out, stats).is_err() {
+                    failed = true;
+                    break;
+                }
+            }
+            if failed {
+                self.fail(txn, Failure::LocalFault, now, cfg, out, stats);
+            } else if t.next < t.blocks.len() {
+                self.sending.push_back(txn);
+            }
+        }
+    }
+
+    fn fail(
+        &mut self,
+        txn: u32,
+        f: Failure,
+        now: Instant,
+        cfg: &NiConfig,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let Some(t) = self.transfers.get_mut(&txn) else {
+            return;
+        };
+        stats.rdma_transfers_failed += 1;
+        match t.origin {
+            Origin::Local(_) => {
+                let t = self.transfers.remove(&txn).expect("present");
+                self.finish_local(&t, Err(f), out);
+            }
+            Origin::Served => match t.notice.as_mut() {
+                // Tell the reader its read failed, then forget the transfer when that
+                // notice is answered.
+                Some(n) if n.step == Step::Pending => {
+                    n.status = failure_code(f);
+                    for b in t.blocks.iter_mut() {
+                        b.step = Step::Done;
+                    }
+                    t.done = t.blocks.len();
+                    t.in_flight = 0;
+                    send_notice(t, txn, now, cfg, out);
+                }
+                // The notice itself failed: the reader's own deadline ends its read.
+                _ => {
+                    self.transfers.remove(&txn);
+                }
+            },
+        }
+    }
+
+    fn finish_local(&mut self, t: &Transfer, result: Result<(), Failure>, out: &mut Out) {
+        if let Origin::Local(id) = t.origin {
+            self.write_busy[id.page as usize][id.ch as usize] = false;
+            out.events.push_back(NiEvent::Rdma {
+                rank: t.rank,
+                id,
+                result,
+            });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_answer(
+        &mut self,
+        ans: &Cell,
+        nack: Option<NackReason>,
+        now: Instant,
+        cfg: &NiConfig,
+        mem: &dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let txn = ans.txn;
+        if txn & TXN_READ != 0 && txn & TXN_SERVED == 0 {
+            // The answer to a read request.
+            let Some(r) = self.reads.get_mut(&txn) else {
+                return;
+            };
+            if r.acked || ans.src != r.request.dst.node() {
+                return;
+            }
+            match nack {
+                None => {
+                    r.acked = true;
+                    // From here the server's write carries the read; give it the retry
+                    // budget of its blocks, generously.
+                    r.deadline = now + cfg.retransmit_ns * u64::from(cfg.max_attempts) * 4;
+                }
+                Some(reason) if reason.transient() && r.attempts < cfg.max_attempts => {
+                    r.deadline = now + cfg.nack_retry_ns;
+                }
+                Some(reason) => {
+                    let r = self.reads.remove(&txn).expect("present");
+                    self.finish_read(&r, Err(Failure::Nacked(reason)), out, stats);
+                }
+            }
+            return;
+        }
+        let Some(block_no) = answered_block(ans) else {
+            return;
+        };
+        let Some(t) = self.transfers.get_mut(&txn) else {
+            return;
+        };
+        if ans.src != t.dst.node() && block_no != NOTIFY_BLOCK {
+            return;
+        }
+        if block_no == NOTIFY_BLOCK {
+            let Some(n) = t.notice.as_mut() else { return };
+            if n.seq != ans.seq || !matches!(n.step, Step::InFlight { .. }) {
+                return;
+            }
+            match nack {
+                None => n.step = Step::Done,
+                Some(r) if r.transient() && n.attempts < cfg.max_attempts => {
+                    n.step = Step::Retry {
+                        at: now + cfg.nack_retry_ns,
+                    }
+                }
+                Some(r) => {
+                    self.fail(txn, Failure::Nacked(r), now, cfg, out, stats);
+                    return;
+                }
+            }
+            self.maybe_complete(txn, now, cfg, out, stats);
+            return;
+        }
+        let Some(i) = t.block_of(block_no) else {
+            return;
+        };
+        let b = &mut t.blocks[i];
+        if b.seq != ans.seq || !matches!(b.step, Step::InFlight { .. }) {
+            stats.stale_cells += 1;
+            return;
+        }
+        match nack {
+            None => {
+                b.step = Step::Done;
+                t.in_flight -= 1;
+                t.done += 1;
+                self.maybe_complete(txn, now, cfg, out, stats);
+                self.refill(now, cfg, mem, out, stats);
+            }
+            Some(r) if r.transient() && b.attempts < cfg.max_attempts => {
+                b.step = Step::Retry {
+                    at: now + cfg.nack_retry_ns,
+                };
+            }
+            Some(r) => self.fail(txn, Failure::Nacked(r), now, cfg, out, stats),
+        }
+    }
+
+    fn maybe_complete(
+        &mut self,
+        txn: u32,
+        now: Instant,
+        cfg: &NiConfig,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let Some(t) = self.transfers.get_mut(&txn) else {
+            return;
+        };
+        if t.done < t.blocks.len() {
+            return;
+        }
+        if let Some(n) = t.notice {
+            match n.step {
+                Step::Pending => {
+                    send_notice(t, txn, now, cfg, out);
+                    return;
+                }
+                Step::Done => {}
+                _ => return,
+            }
+        }
+        let t = self.transfers.remove(&txn).expect("present");
+        match t.origin {
+            Origin::Local(_) => {
+                stats.rdma_transfers_done += 1;
+                self.finish_local(&t, Ok(()), out);
+            }
+            Origin::Served => stats.rdma_transfers_done += 1,
+        }
+    }
+
+    fn finish_read(
+        &mut self,
+        r: &PendingRead,
+        result: Result<(), Failure>,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        self.read_busy[r.id.page as usize][r.id.ch as usize] = false;
+        if result.is_ok() {
+            stats.rdma_transfers_done += 1;
+        } else {
+            stats.rdma_transfers_failed += 1;
+        }
+        out.events.push_back(NiEvent::Rdma {
+            rank: r.rank,
+            id: r.id,
+            result,
+        });
+    }
+
+    /// A data cell of some block arrived.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_data(
+        &mut self,
+        me: NodeId,
+        cell: &Cell,
+        now: Instant,
+        _cfg: &NiConfig,
+        mem: &mut dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let block_no = cell.dst.va() / BLOCK_SIZE;
+        let key = (cell.src, cell.txn, block_no);
+        let reply = |nack: Option<NackReason>, out: &mut Out, stats: &mut NiStats| {
+            if let Some(a) = answer(me, cell, nack, answer_payload(cell), stats) {
+                out.cells.push_back(a);
+            }
+        };
+        if cell.aux >= 64 || cell.payload.is_empty() {
+            reply(Some(NackReason::BadAddress), out, stats);
+            return;
+        }
+        if let Some(&(seq, _)) = self.finished.get(&key) {
+            if seq_le(cell.seq, seq) {
+                stats.duplicates += 1;
+                if cell.seq == seq && cell.flags & FLAG_LAST != 0 {
+                    reply(None, out, stats);
+                }
+                return;
+            }
+        }
+        let ctx = match self.rx.get_mut(&key) {
+            Some(c) => c,
+            None => {
+                if self.rx.len() >= _cfg.rx_contexts {
+                    reply(Some(NackReason::NoContext), out, stats);
+                    return;
+                }
+                self.rx.entry(key).or_insert(RxBlock {
+                    seq: cell.seq,
+                    bitmap: 0,
+                    last: None,
+                    failed: false,
+                    touched: now,
+                })
+            }
+        };
+        if ctx.seq != cell.seq {
+            if seq_le(cell.seq, ctx.seq) {
+                stats.stale_cells += 1;
+                return;
+            }
+            *ctx = RxBlock {
+                seq: cell.seq,
+                bitmap: 0,
+                last: None,
+                failed: false,
+                touched: now,
+            };
+        }
+        ctx.touched = now;
+        if ctx.failed {
+            return;
+        }
+        if mem
+            .write(cell.dst.rank(), cell.dst.va(), &cell.payload)
+            .is_err()
+        {
+            ctx.failed = true;
+            reply(Some(NackReason::PageFault), out, stats);
+            return;
+        }
+        ctx.bitmap |= 1 << cell.aux;
+        if cell.flags & FLAG_LAST != 0 {
+            ctx.last = Some(cell.aux);
+        }
+        let Some(last) = ctx.last else { return };
+        let full = if last == 63 {
+            u64::MAX
+        } else {
+            (1u64 << (last + 1)) - 1
+        };
+        if ctx.bitmap != full {
+            return;
+        }
+        let seq = ctx.seq;
+        self.rx.remove(&key);
+        self.finished.insert(key, (seq, now));
+        self.finished_order.push_back((now, key));
+        stats.rdma_blocks_received += 1;
+        reply(None, out, stats);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_read_request(
+        &mut self,
+        me: NodeId,
+        cell: &Cell,
+        now: Instant,
+        cfg: &NiConfig,
+        mem: &mut dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let mut reply = |nack, out: &mut Out| {
+            if let Some(a) = answer(me, cell, nack, Bytes::new(), stats) {
+                out.cells.push_back(a);
+            }
+        };
+        let key = (cell.src, cell.txn);
+        if self.served_seen.contains_key(&key) {
+            reply(None, out);
+            return;
+        }
+        let p = &cell.payload;
+        if p.len() != 16 {
+            reply(Some(NackReason::BadAddress), out);
+            return;
+        }
+        let dst_va = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
+        let len = u64::from_be_bytes(p[8..16].try_into().expect("8 bytes"));
+        let pdid = cell.dst.pdid();
+        let (Ok(dst), Ok(done_to)) = (
+            Gvas::new(pdid, cell.src, cell.src_rank, dst_va),
+            Gvas::new(pdid, cell.src, cell.src_rank, 0),
+        ) else {
+            reply(Some(NackReason::BadAddress), out);
+            return;
+        };
+        if check_range(cell.dst.va(), len).is_err() || check_range(dst_va, len).is_err() {
+            reply(Some(NackReason::BadAddress), out);
+            return;
+        }
+        let served = self
+            .transfers
+            .values()
+            .filter(|t| matches!(t.origin, Origin::Served))
+            .count();
+        if served >= MAX_SERVED {
+            reply(Some(NackReason::NoContext), out);
+            return;
+        }
+        reply(None, out);
+        self.served_seen.insert(key, now);
+        self.served_next = (self.served_next + 1) & (TXN_SERVED - 1);
+        let txn = TXN_RDMA | TXN_SERVED | self.served_next;
+        let notice = Notice {
+            dst: done_to,
+            kind: NOTE_READ_DONE,
+            txn: cell.txn,
+            seq: 0,
+            attempts: 0,
+            step: Step::Pending,
+            status: 0,
+        };
+        let origin = Origin::Served;
+        self.transfers.insert(
+            txn,
+            Transfer::new(
+                cell.dst.rank(),
+                cell.dst.va(),
+                dst,
+                len,
+                origin,
+                Some(notice),
+            ),
+        );
+        self.sending.push_back(txn);
+        self.refill(now, cfg, mem, out, stats);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_notify(
+        &mut self,
+        me: NodeId,
+        cell: &Cell,
+        now: Instant,
+        _cfg: &NiConfig,
+        mem: &mut dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let key = (cell.src, cell.txn, NOTIFY_BLOCK);
+        let reply = |nack, out: &mut Out, stats: &mut NiStats| {
+            if let Some(a) = answer(me, cell, nack, answer_payload(cell), stats) {
+                out.cells.push_back(a);
+            }
+        };
+        if self.finished.contains_key(&key) {
+            reply(None, out, stats);
+            return;
+        }
+        let p = &cell.payload;
+        if p.len() != 16 {
+            reply(Some(NackReason::BadAddress), out, stats);
+            return;
+        }
+        let kind = p[0];
+        let status = p[1];
+        let txn = u32::from_be_bytes(p[4..8].try_into().expect("4 bytes"));
+        let len = u64::from_be_bytes(p[8..16].try_into().expect("8 bytes"));
+        match kind {
+            NOTE_WRITE => {
+                if mem.write(cell.dst.rank(), cell.dst.va(), p).is_err() {
+                    reply(Some(NackReason::PageFault), out, stats);
+                    return;
+                }
+                out.events.push_back(NiEvent::Notified {
+                    rank: cell.dst.rank(),
+                    va: cell.dst.va(),
+                    src: cell.src,
+                    len,
+                });
+            }
+            NOTE_READ_DONE => {
+                if let Some(r) = self.reads.get(&txn) {
+                    if r.request.dst.node() == cell.src && r.rank == cell.dst.rank() {
+                        let r = self.reads.remove(&txn).expect("present");
+                        let result = if status == 0 {
+                            Ok(())
+                        } else {
+                            Err(failure_from_code(status))
+                        };
+                        self.finish_read(&r, result, out, stats);
+                    }
+                }
+            }
+            _ => {
+                reply(Some(NackReason::BadAddress), out, stats);
+                return;
+            }
+        }
+        self.finished.insert(key, (cell.seq, now));
+        self.finished_order.push_back((now, key));
+        reply(None, out, stats);
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let step_deadline = |s: &Step| match s {
+            Step::InFlight { deadline } => Some(*deadline),
+            Step::Retry { at } => Some(*at),
+            _ => None,
+        };
+        let t = self
+            .transfers
+            .values()
+            .flat_map(|t| {
+                t.blocks
+                    .iter()
+                    .filter_map(|b| step_deadline(&b.step))
+                    .chain(t.notice.iter().filter_map(|n| step_deadline(&n.step)))
+            })
+            .min();
+        let r = self.reads.values().map(|r| r.deadline).min();
+        [t, r].into_iter().flatten().min()
+    }
+
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Instant,
+        cfg: &NiConfig,
+        mem: &dyn Memory,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        let txns: Vec<u32> = self.transfers.keys().copied().collect();
+        for txn in txns {
+            let mut fail = None;
+            let Some(t) = self.transfers.get_mut(&txn) else {
+                continue;
+            };
+            for i in 0..t.blocks.len() {
+                let b = t.blocks[i];
+                let due = match b.step {
+                    Step::InFlight { deadline } if deadline <= now => Some(true),
+                    Step::Retry { at } if at <= now => Some(false),
+                    _ => None,
+                };
+                let Some(timed_out) = due else { continue };
+                if timed_out {
+                    stats.timeouts += 1;
+                }
+                if b.attempts >= cfg.max_attempts {
+                    fail = Some(Failure::TimedOut);
+                    break;
+                }
+                stats.retransmissions += 1;
+                if send_block(t, i, txn, now, cfg, mem, out, stats).is_err() {
+                    fail = Some(Failure::LocalFault);
+                    break;
+                }
+            }
+            if let Some(n) = t.notice {
+                let due = match n.step {
+                    Step::InFlight { deadline } => deadline <= now,
+                    Step::Retry { at } => at <= now,
+                    _ => false,
+                };
+                if due && fail.is_none() {
+                    if n.attempts >= cfg.max_attempts {
+                        fail = Some(Failure::TimedOut);
+                    } else {
+                        stats.retransmissions += 1;
+                        send_notice(t, txn, now, cfg, out);
+                    }
+                }
+            }
+            if let Some(f) = fail {
+                self.fail(txn, f, now, cfg, out, stats);
+            }
+        }
+        let reads: Vec<u32> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.deadline <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for txn in reads {
+            let r = self.reads.get_mut(&txn).expect("listed");
+            if r.acked || r.attempts >= cfg.max_attempts {
+                stats.timeouts += 1;
+                let r = self.reads.remove(&txn).expect("listed");
+                self.finish_read(&r, Err(Failure::TimedOut), out, stats);
+            } else {
+                r.attempts += 1;
+                r.request.seq = r.request.seq.wrapping_add(1);
+                r.deadline = now + backoff(cfg.retransmit_ns, r.attempts);
+                stats.retransmissions += 1;
+                out.cells.push_back(r.request.clone());
+            }
+        }
+        // Forget old receive state.
+        self.rx
+            .retain(|_, c| now.since(c.touched) < cfg.remember_ns);
+        while let Some(&(t, key)) = self.finished_order.front() {
+            if now.since(t) < cfg.remember_ns {
+                break;
+            }
+            self.finished_order.pop_front();
+            if self.finished.get(&key).is_some_and(|(_, w)| *w == t) {
+                self.finished.remove(&key);
+            }
+        }
+        self.served_seen
+            .retain(|_, t| now.since(*t) < cfg.remember_ns);
+    }
+
+    pub(crate) fn detach(&mut self, rank: u8, out: &mut Out) {
+        let local: Vec<u32> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| t.rank == rank && matches!(t.origin, Origin::Local(_)))
+            .map(|(k, _)| *k)
+            .collect();
+        for txn in local {
+            let t = self.transfers.remove(&txn).expect("listed");
+            self.finish_local(&t, Err(Failure::Detached), out);
+        }
+        let reads: Vec<u32> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.rank == rank)
+            .map(|(k, _)| *k)
+            .collect();
+        for txn in reads {
+            let r = self.reads.remove(&txn).expect("listed");
+            self.read_busy[r.id.page as usize][r.id.ch as usize] = false;
+            out.events.push_back(NiEvent::Rdma {
+                rank,
+                id: r.id,
+                result: Err(Failure::Detached),
+            });
+        }
+        for p in self.pages.iter_mut() {
+            if *p == Some(rank) {
+                *p = None;
+            }
+        }
+    }
+}
+
+/// `a` is not newer than `b` in wrapping 16-bit sequence space.
+fn seq_le(a: u16, b: u16) -> bool {
+    b.wrapping_sub(a) < 0x8000
+}
+
+fn failure_code(f: Failure) -> u8 {
+    match f {
+        Failure::Nacked(r) => r as u8,
+        Failure::TimedOut => 0x80,
+        Failure::LocalFault => 0x81,
+        Failure::Detached => 0x82,
+    }
+}
+
+fn failure_from_code(c: u8) -> Failure {
+    match c {
+        0x80 => Failure::TimedOut,
+        0x81 => Failure::Nacked(NackReason::PageFault),
+        0x82 => Failure::Detached,
+        c => Failure::Nacked(NackReason::from_u8(c).unwrap_or(NackReason::BadAddress)),
+    }
+}
+
+/// (Re)sends block `i` of `t` with a new sequence number.
+#[allow(clippy::too_many_arguments)]
+fn send_block(
+    t: &mut Transfer,
+    i: usize,
+    txn: u32,
+    now: Instant,
+    cfg: &NiConfig,
+    mem: &dyn Memory,
+    out: &mut Out,
+    stats: &mut NiStats,
+) -> Result<(), ()> {
+    let b = &mut t.blocks[i];
+    if b.attempts > 0 {
+        b.seq = b.seq.wrapping_add(1);
+    }
+    b.attempts += 1;
+    b.step = Step::InFlight {
+        deadline: now + backoff(cfg.retransmit_ns, b.attempts),
+    };
+    let (mut off, end) = (b.off, b.off + b.len);
+    let mut index = 0u8;
+    while off < end {
+        let va = t.dst.va() + off;
+        let n = ((va / CELL_SIZE + 1) * CELL_SIZE).min(t.dst.va() + end) - va;
+        let mut data = vec![0u8; n as usize];
+        mem.read(t.rank, t.src_va + off, &mut data)
+            .map_err(|_| ())?;
+        let dst = t.dst.with_va(va).map_err(|_| ())?;
+        // The NI stamps the source node on every cell it emits.
+        let mut c =
+            Cell::new(dst, CellType::Write, NodeId(0), Bytes::from(data)).map_err(|_| ())?;
+        c.txn = txn;
+        c.src_rank = t.rank;
+        c.seq = b.seq;
+        c.aux = index;
+        c.flags =
+            if index == 0 { FLAG_FIRST } else { 0 } | if off + n == end { FLAG_LAST } else { 0 };
+        out.cells.push_back(c);
+        off += n;
+        index += 1;
+    }
+    stats.rdma_blocks_sent += 1;
+    Ok(())
+}
+
+fn send_notice(t: &mut Transfer, txn: u32, now: Instant, cfg: &NiConfig, out: &mut Out) {
+    let Some(n) = t.notice.as_mut() else { return };
+    if n.attempts > 0 {
+        n.seq = n.seq.wrapping_add(1);
+    }
+    n.attempts += 1;
+    n.step = Step::InFlight {
+        deadline: now + backoff(cfg.retransmit_ns, n.attempts),
+    };
+    let mut p = BytesMut::with_capacity(16);
+    p.put_u8(n.kind);
+    p.put_u8(n.status);
+    p.put_u16(0);
+    p.put_u32(n.txn);
+    p.put_u64(t.len);
+    if let Ok(mut c) = Cell::new(n.dst, CellType::Notify, NodeId(0), p.freeze()) {
+        c.txn = txn;
+        c.src_rank = t.rank;
+        c.seq = n.seq;
+        c.flags = FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY;
+        out.cells.push_back(c);
+    }
+}

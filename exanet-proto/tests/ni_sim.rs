@@ -1,0 +1,449 @@
+//! The NI protocols on a simulated rack with seeded faults on every link: loss,
+//! corruption (dropped by the CRC check), duplication and reordering. Every posted
+//! operation must end in exactly one completion: success with the right bytes at the
+//! right address, or an error with a reason.
+
+use std::collections::HashMap;
+
+use exanet_proto::ni::{
+    mailbox_gvas, ChannelState, Failure, NackReason, NiConfig, NiEvent, TransferId, VecMemory,
+};
+use exanet_proto::node::NodeEvent;
+use exanet_proto::sim::{Faults, Sim, SimConfig, SimRng};
+use exanet_proto::{Gvas, Instant, NodeId, Pdid, Shape};
+
+const PDID: Pdid = Pdid(7);
+/// Source buffers of rank 0 on every node.
+const SRC_VA: u64 = 0x10_0000;
+/// Destination windows of rank 0: one window per (source node, channel).
+const DST_VA: u64 = 0x1000_0000;
+const WINDOW: u64 = 32 * 1024;
+const CHANNELS: u8 = 8;
+
+fn cfg() -> NiConfig {
+    NiConfig {
+        retransmit_ns: 200_000,
+        nack_retry_ns: 50_000,
+        max_attempts: 40,
+        window_blocks: 8,
+        rx_contexts: 1024,
+        remember_ns: 1_000_000_000,
+    }
+}
+
+/// A rack whose nodes have rank 0 attached with PDID 7, one RDMA page and memory for
+/// sources and destination windows.
+fn rack(shape: &str, seed: u64, faults: Faults) -> Sim {
+    let shape: Shape = shape.parse().unwrap();
+    let mut sim = Sim::new(
+        shape,
+        SimConfig {
+            seed,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let nodes = shape.nodes() as u64;
+    for id in shape.node_ids() {
+        let n = sim.node_mut(id);
+        n.set_ni_config(cfg());
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC_VA, (u64::from(CHANNELS) * WINDOW) as usize);
+        mem.register(0, DST_VA, (nodes * u64::from(CHANNELS) * WINDOW) as usize);
+        n.set_memory(Box::new(mem));
+        let (ni, _) = n.ni_mut();
+        ni.attach(0, PDID).unwrap();
+        assert_eq!(ni.rdma.alloc_page(0).unwrap(), 0);
+    }
+    sim.set_faults(faults);
+    sim
+}
+
+/// Per link hop. A 64-cell block crossing three hops loses some cell in ~1 of 3
+/// attempts at these rates, so every transfer needs retransmissions to finish; at 1% per
+/// hop a block would fail ~86% of attempts and some would run out of attempts.
+fn faults() -> Faults {
+    Faults {
+        loss: 0.002,
+        corrupt: 0.001,
+        duplicate: 0.01,
+        reorder: 0.02,
+        reorder_ns: 5_000,
+    }
+}
+
+fn mem_bytes(sim: &Sim, node: NodeId, va: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    sim.node(node).memory().read(0, va, &mut v).unwrap();
+    v
+}
+
+fn write_mem(sim: &mut Sim, node: NodeId, va: u64, data: &[u8]) {
+    let (_, mem) = sim.node_mut(node).ni_mut();
+    mem.write(0, va, data).unwrap();
+}
+
+fn run_quiet(sim: &mut Sim) {
+    sim.kick_all();
+    let limit = sim.now() + 20_000_000_000;
+    assert!(sim.run_until(limit), "rack did not go quiet");
+}
+
+fn rdma_results(
+    events: &[(NodeId, Instant, NodeEvent)],
+) -> Vec<(NodeId, TransferId, Result<(), Failure>)> {
+    events
+        .iter()
+        .filter_map(|(n, _, e)| match e {
+            NodeEvent::Ni(NiEvent::Rdma { id, result, .. }) => Some((*n, *id, *result)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
+    let mut sim = rack("2x1x1", 42, faults());
+    let nodes: Vec<NodeId> = sim.shape().node_ids().collect();
+    let mut rng = SimRng::new(7);
+    let mut total = 0;
+    for wave in 0..25 {
+        // Every node writes on every channel to a random other node: its own window there.
+        let mut expect: HashMap<(NodeId, TransferId), (NodeId, u64, Vec<u8>)> = HashMap::new();
+        let now = sim.now();
+        for &src in &nodes {
+            for ch in 0..CHANNELS {
+                let dst = loop {
+                    let d = nodes[rng.below(nodes.len() as u64) as usize];
+                    if d != src {
+                        break d;
+                    }
+                };
+                // Odd lengths and offsets exercise short first cells and block edges.
+                let len = 1 + rng.below(WINDOW - 600);
+                let off = rng.below(WINDOW - len);
+                let src_va = SRC_VA + u64::from(ch) * WINDOW;
+                let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+                write_mem(&mut sim, src, src_va, &data);
+                let dst_va = DST_VA
+                    + (u64::from(src.0) * u64::from(CHANNELS) + u64::from(ch)) * WINDOW
+                    + off;
+                let g = Gvas::new(PDID, dst, 0, dst_va).unwrap();
+                let (ni, mem) = sim.node_mut(src).ni_mut();
+                let id = ni
+                    .rdma_write(0, 0, ch, src_va, g, len, None, now, mem)
+                    .unwrap();
+                expect.insert((src, id), (dst, dst_va, data));
+            }
+        }
+        run_quiet(&mut sim);
+        let results = rdma_results(&sim.take_events());
+        assert_eq!(
+            results.len(),
+            expect.len(),
+            "wave {wave}: one completion per transfer"
+        );
+        for (node, id, r) in results {
+            let (dst, va, data) = expect
+                .remove(&(node, id))
+                .expect("a completion for a posted transfer, once");
+            assert_eq!(r, Ok(()), "wave {wave}: transfer {id:?} from {node} failed");
+            assert!(
+                mem_bytes(&sim, dst, va, data.len()) == data,
+                "wave {wave}: wrong bytes at {dst}"
+            );
+            total += 1;
+        }
+        assert!(expect.is_empty());
+    }
+    assert_eq!(total, 25 * 8 * CHANNELS as usize);
+    let retrans: u64 = sim
+        .nodes()
+        .iter()
+        .map(|n| n.ni().stats.retransmissions)
+        .sum();
+    let dups: u64 = sim.nodes().iter().map(|n| n.ni().stats.duplicates).sum();
+    assert!(
+        retrans > 0 && dups > 0,
+        "faults must have been exercised: {retrans} retransmissions, {dups} duplicates"
+    );
+    assert!(sim.errors().is_empty(), "{:?}", &sim.errors()[..1]);
+}
+
+#[test]
+fn a_late_copy_never_overwrites_newer_data() {
+    // A few cells are held back for up to 200 ms, far longer than a write takes, while the
+    // channel rewrites the same window with a new pattern as soon as the previous write
+    // completes: old cells keep arriving during later writes and after the last one.
+    let f = Faults {
+        loss: 0.01,
+        corrupt: 0.0,
+        duplicate: 0.05,
+        reorder: 0.005,
+        reorder_ns: 200_000_000,
+    };
+    let mut sim = rack("1x1x1", 3, f);
+    let (src, dst) = (NodeId(1), NodeId(3));
+    let len = 3 * 16 * 1024 + 100;
+    let dst_va = DST_VA + 5;
+    let mut last = Vec::new();
+    for round in 0..40u8 {
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ round)
+            .collect();
+        write_mem(&mut sim, src, SRC_VA, &data);
+        let now = sim.now();
+        let (ni, mem) = sim.node_mut(src).ni_mut();
+        ni.rdma_write(
+            0,
+            0,
+            0,
+            SRC_VA,
+            Gvas::new(PDID, dst, 0, dst_va).unwrap(),
+            len,
+            None,
+            now,
+            mem,
+        )
+        .unwrap();
+        sim.kick(src);
+        // Run only until this write completes, leaving its stragglers in flight.
+        loop {
+            assert!(sim.step(), "went quiet before the write completed");
+            let ev = sim.take_events();
+            let done = rdma_results(&ev);
+            if let Some((_, _, r)) = done.first() {
+                assert_eq!(*r, Ok(()));
+                break;
+            }
+        }
+        last = data;
+    }
+    run_quiet(&mut sim);
+    assert!(
+        mem_bytes(&sim, dst, dst_va, len as usize) == last,
+        "stale data overwrote the last write"
+    );
+    assert!(
+        sim.nodes()
+            .iter()
+            .map(|n| n.ni().stats.stale_cells + n.ni().stats.duplicates)
+            .sum::<u64>()
+            > 0
+    );
+}
+
+#[test]
+fn pdid_mismatch_never_delivers_and_is_counted() {
+    let mut sim = rack("1x1x1", 5, Faults::default());
+    let dst = NodeId(2);
+    // Rank 1 of the destination belongs to another protection domain.
+    {
+        let n = sim.node_mut(dst);
+        let (ni, _) = n.ni_mut();
+        ni.attach(1, Pdid(9)).unwrap();
+    }
+    let mut mem = VecMemory::new();
+    mem.register(0, SRC_VA, 4096);
+    mem.register(0, DST_VA, 1 << 20);
+    mem.register(1, DST_VA, 4096);
+    sim.node_mut(dst).set_memory(Box::new(mem));
+    write_mem(&mut sim, NodeId(0), SRC_VA, &[0xAB; 1000]);
+    let now = sim.now();
+    let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.rdma_write(
+        0,
+        0,
+        0,
+        SRC_VA,
+        Gvas::new(Pdid(9), dst, 1, DST_VA).unwrap(),
+        1000,
+        None,
+        now,
+        m,
+    )
+    .unwrap();
+    run_quiet(&mut sim);
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PdidMismatch)));
+    let mut seen = vec![0; 1000];
+    sim.node(dst).memory().read(1, DST_VA, &mut seen).unwrap();
+    assert!(
+        seen.iter().all(|b| *b == 0),
+        "a PDID violation delivered data"
+    );
+    assert!(sim.node(dst).ni().stats.pdid_violations > 0);
+}
+
+#[test]
+fn page_faults_are_retried_then_reported() {
+    let mut sim = rack("1x1x1", 9, Faults::default());
+    let dst = NodeId(1);
+    // Nothing registered at this VA on the destination.
+    let g = Gvas::new(PDID, dst, 0, 0x7000_0000).unwrap();
+    let now = sim.now();
+    let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.rdma_write(0, 0, 0, SRC_VA, g, 5000, None, now, m)
+        .unwrap();
+    run_quiet(&mut sim);
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PageFault)));
+    assert!(
+        sim.node(dst).ni().stats.nacks_sent[NackReason::PageFault as usize]
+            >= cfg().max_attempts as u64
+    );
+}
+
+#[test]
+fn rdma_read_with_faults_returns_the_remote_bytes() {
+    let mut sim = rack("2x1x1", 11, faults());
+    let mut rng = SimRng::new(99);
+    for round in 0..30u64 {
+        let (reader, server) = (
+            NodeId((round % 8) as u32),
+            NodeId(((round * 3 + 1) % 8) as u32),
+        );
+        if reader == server {
+            continue;
+        }
+        let len = 1 + rng.below(WINDOW - 1);
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        write_mem(&mut sim, server, SRC_VA, &data);
+        let into = DST_VA + 17;
+        let now = sim.now();
+        let (ni, _) = sim.node_mut(reader).ni_mut();
+        let id = ni
+            .rdma_read(
+                0,
+                0,
+                (round % 8) as u8,
+                Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
+                into,
+                len,
+                now,
+            )
+            .unwrap();
+        run_quiet(&mut sim);
+        let r = rdma_results(&sim.take_events());
+        assert_eq!(r.len(), 1, "round {round}");
+        assert_eq!(r[0], (reader, id, Ok(())), "round {round}");
+        assert!(
+            mem_bytes(&sim, reader, into, len as usize) == data,
+            "round {round}: wrong bytes"
+        );
+    }
+}
+
+#[test]
+fn packetizer_messages_reach_mailboxes_exactly_once() {
+    let mut sim = rack("2x1x1", 13, faults());
+    let nodes: Vec<NodeId> = sim.shape().node_ids().collect();
+    let mut vis = HashMap::new();
+    for &n in &nodes {
+        let (ni, _) = sim.node_mut(n).ni_mut();
+        let mb = ni.mailboxes.alloc(0, 10_000).unwrap();
+        let pk = ni.packetizer.alloc(0).unwrap();
+        vis.insert(n, (mb, pk));
+    }
+    let mut sent = 0u32;
+    for round in 0..50u32 {
+        let now = sim.now();
+        for &src in &nodes {
+            for ch in 0..4u8 {
+                let dst = nodes[((src.0 + 1 + round + u32::from(ch)) % 8) as usize];
+                let (mb, _) = vis[&dst];
+                let (_, pk) = vis[&src];
+                let msg = format!("{}:{}:{}", src.0, round, ch);
+                let (ni, _) = sim.node_mut(src).ni_mut();
+                ni.send_message(
+                    0,
+                    pk,
+                    ch,
+                    mailbox_gvas(PDID, dst, 0, mb).unwrap(),
+                    msg.as_bytes(),
+                    now,
+                )
+                .unwrap();
+                sent += 1;
+            }
+        }
+        run_quiet(&mut sim);
+        for (_, _, e) in sim.take_events() {
+            if let NodeEvent::Ni(NiEvent::Packetizer { state, .. }) = e {
+                assert_eq!(state, ChannelState::Acked);
+            }
+        }
+    }
+    let mut got = HashMap::new();
+    for &n in &nodes {
+        let (mb, _) = vis[&n];
+        let (ni, _) = sim.node_mut(n).ni_mut();
+        while let Some(m) = ni.mailboxes.pop(0, mb).unwrap() {
+            *got.entry(m.payload.to_vec()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(got.len() as u32, sent, "every message delivered");
+    assert!(
+        got.values().all(|c| *c == 1),
+        "a message was delivered twice"
+    );
+}
+
+#[test]
+fn full_mailbox_nacks_and_wrong_pdid_nacks() {
+    let mut sim = rack("1x1x1", 17, Faults::default());
+    let (src, dst) = (NodeId(0), NodeId(3));
+    let mb = sim.node_mut(dst).ni_mut().0.mailboxes.alloc(0, 1).unwrap();
+    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let g = mailbox_gvas(PDID, dst, 0, mb).unwrap();
+    let now = sim.now();
+    sim.node_mut(src)
+        .ni_mut()
+        .0
+        .send_message(0, pk, 0, g, b"one", now)
+        .unwrap();
+    sim.node_mut(src)
+        .ni_mut()
+        .0
+        .send_message(0, pk, 1, g, b"two", now)
+        .unwrap();
+    run_quiet(&mut sim);
+    let states: Vec<ChannelState> = (0..2)
+        .map(|ch| {
+            sim.node_mut(src)
+                .ni_mut()
+                .0
+                .packetizer
+                .state(0, pk, ch)
+                .unwrap()
+        })
+        .collect();
+    assert!(states.contains(&ChannelState::Acked));
+    assert!(states.contains(&ChannelState::Nacked(NackReason::QueueFull)));
+    // A sender cannot choose its PDID: the NI stamps the rank's own.
+    let now = sim.now();
+    let other = sim.node_mut(NodeId(1)).ni_mut().0;
+    other.attach(1, Pdid(3)).unwrap();
+    let pk1 = other.packetizer.alloc(1).unwrap();
+    other
+        .send_message(
+            1,
+            pk1,
+            0,
+            mailbox_gvas(PDID, dst, 0, mb).unwrap(),
+            b"x",
+            now,
+        )
+        .unwrap();
+    run_quiet(&mut sim);
+    let st = sim
+        .node_mut(NodeId(1))
+        .ni_mut()
+        .0
+        .packetizer
+        .state(1, pk1, 0)
+        .unwrap();
+    assert_eq!(st, ChannelState::Nacked(NackReason::PdidMismatch));
+}
