@@ -15,6 +15,7 @@
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
 //! - [`sim`]: a whole rack in simulated time.
 
+pub mod attach;
 pub mod cell;
 pub mod frame;
 pub mod gvas;

@@ -106,6 +106,32 @@ pub struct NodeStatus {
     pub load_rx_cells: u64,
     pub load_rx_bytes: u64,
     pub errors: BTreeMap<String, u64>,
+    /// The network interface: attached workloads and protocol counters.
+    #[serde(default)]
+    pub ni: NiStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NiStatus {
+    pub attached: u32,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub acks_sent: u64,
+    pub acks_received: u64,
+    /// NACKs by reason (`page_fault`, `no_context`, `crc`, `bad_address`,
+    /// `pdid_mismatch`, `queue_full`).
+    pub nacks_sent: BTreeMap<String, u64>,
+    pub nacks_received: BTreeMap<String, u64>,
+    pub retransmissions: u64,
+    pub timeouts: u64,
+    pub pdid_violations: u64,
+    pub rdma_blocks_sent: u64,
+    pub rdma_blocks_received: u64,
+    pub rdma_transfers_done: u64,
+    pub rdma_transfers_failed: u64,
+    pub duplicates: u64,
+    pub stale_cells: u64,
 }
 
 impl NodeStatus {

@@ -95,7 +95,8 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let entry = rack.entry(id).clone();
     let layout = rack.layout();
-    let node = NodeHandle::new(rack, id).map_err(|e| DaemonError::Node(e.to_string()))?;
+    let node =
+        NodeHandle::new(rack, id, spin_budget()).map_err(|e| DaemonError::Node(e.to_string()))?;
     let name = node.name.clone();
 
     let link_addr = resolve("bind link endpoint", entry.link_bind()).await?;
@@ -117,6 +118,15 @@ async fn serve(
         what: "bind control socket",
         addr: sock.display().to_string(),
         source,
+    })?;
+
+    let attach = layout.attach_socket(&name);
+    crate::ni_service::start(node.clone(), node.memory.clone(), &attach).map_err(|source| {
+        DaemonError::Bind {
+            what: "bind attach socket",
+            addr: attach.display().to_string(),
+            source,
+        }
     })?;
 
     let shutdown = Arc::new(Notify::new());
@@ -157,7 +167,18 @@ async fn serve(
     endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
     let _ = tokio::time::timeout(Duration::from_millis(500), endpoint.wait_idle()).await;
     let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(&attach);
     Ok(())
+}
+
+/// How long workload rings are polled after activity before the daemon sleeps on their
+/// doorbell: `EXANET_SPIN_US` microseconds, default 20.
+fn spin_budget() -> Duration {
+    std::env::var("EXANET_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_micros)
+        .unwrap_or(exanet_shm::doorbell::DEFAULT_SPIN)
 }
 
 /// Socket buffer size asked of the kernel (it caps it at net.core.rmem_max/wmem_max).

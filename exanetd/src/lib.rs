@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod http;
 pub mod link;
 pub mod metrics;
+pub mod ni_service;
 pub mod node;
 pub mod rack;
 pub mod tls;

@@ -17,6 +17,15 @@
 //! | `exanet_node_cells_delivered_total` | counter: to the node's NI | node |
 //! | `exanet_node_errors_total` | counter | node, kind |
 //! | `exanet_node_uptime_seconds` | gauge | node |
+//! | `exanet_ni_attached_workloads` | gauge | node |
+//! | `exanet_ni_messages_total` | counter: packetizer messages | node, direction (tx/rx) |
+//! | `exanet_ni_acks_total` | counter | node, direction |
+//! | `exanet_ni_nacks_total` | counter | node, direction, reason |
+//! | `exanet_ni_retransmissions_total` | counter: messages and RDMA blocks sent again | node |
+//! | `exanet_ni_timeouts_total` | counter: waits for an answer that expired | node |
+//! | `exanet_ni_pdid_violations_total` | counter: cells refused for their PDID | node |
+//! | `exanet_ni_rdma_blocks_total` | counter | node, direction |
+//! | `exanet_ni_rdma_transfers_total` | counter: RDMA transfers ended | node, result (ok/failed) |
 
 use prometheus::{CounterVec, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
@@ -37,6 +46,15 @@ pub struct Metrics {
     delivered: IntCounterVec,
     errors: IntCounterVec,
     uptime: GaugeVec,
+    ni_attached: IntGaugeVec,
+    ni_messages: IntCounterVec,
+    ni_acks: IntCounterVec,
+    ni_nacks: IntCounterVec,
+    ni_retrans: IntCounterVec,
+    ni_timeouts: IntCounterVec,
+    ni_pdid: IntCounterVec,
+    ni_blocks: IntCounterVec,
+    ni_transfers: IntCounterVec,
 }
 
 const LINK: &[&str] = &["node", "peer", "port", "kind"];
@@ -145,6 +163,51 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            ni_attached: igv(
+                "exanet_ni_attached_workloads",
+                "Workloads attached to the node's NI",
+                &["node"],
+            ),
+            ni_messages: icv(
+                "exanet_ni_messages_total",
+                "Packetizer messages sent (tx) and received (rx)",
+                &["node", "direction"],
+            ),
+            ni_acks: icv(
+                "exanet_ni_acks_total",
+                "ACKs sent (tx) and received (rx)",
+                &["node", "direction"],
+            ),
+            ni_nacks: icv(
+                "exanet_ni_nacks_total",
+                "NACKs sent (tx) and received (rx) by reason",
+                &["node", "direction", "reason"],
+            ),
+            ni_retrans: icv(
+                "exanet_ni_retransmissions_total",
+                "Messages and RDMA blocks sent again",
+                &["node"],
+            ),
+            ni_timeouts: icv(
+                "exanet_ni_timeouts_total",
+                "Waits for an answer that expired",
+                &["node"],
+            ),
+            ni_pdid: icv(
+                "exanet_ni_pdid_violations_total",
+                "Cells refused because their PDID is not the destination's",
+                &["node"],
+            ),
+            ni_blocks: icv(
+                "exanet_ni_rdma_blocks_total",
+                "RDMA blocks sent (tx) and received complete (rx)",
+                &["node", "direction"],
+            ),
+            ni_transfers: icv(
+                "exanet_ni_rdma_transfers_total",
+                "RDMA transfers ended, by result",
+                &["node", "result"],
+            ),
             registry: r,
         }
     }
@@ -187,6 +250,47 @@ impl Metrics {
             raise(&self.errors.with_label_values(&[n, kind.as_str()]), *v);
         }
         self.uptime.with_label_values(&[n]).set(s.uptime_seconds);
+        let ni = &s.ni;
+        self.ni_attached
+            .with_label_values(&[n])
+            .set(i64::from(ni.attached));
+        for (dir, msgs, acks, nacks, blocks) in [
+            (
+                "tx",
+                ni.messages_sent,
+                ni.acks_sent,
+                &ni.nacks_sent,
+                ni.rdma_blocks_sent,
+            ),
+            (
+                "rx",
+                ni.messages_received,
+                ni.acks_received,
+                &ni.nacks_received,
+                ni.rdma_blocks_received,
+            ),
+        ] {
+            raise(&self.ni_messages.with_label_values(&[n, dir]), msgs);
+            raise(&self.ni_acks.with_label_values(&[n, dir]), acks);
+            raise(&self.ni_blocks.with_label_values(&[n, dir]), blocks);
+            for (reason, v) in nacks {
+                raise(
+                    &self.ni_nacks.with_label_values(&[n, dir, reason.as_str()]),
+                    *v,
+                );
+            }
+        }
+        raise(&self.ni_retrans.with_label_values(&[n]), ni.retransmissions);
+        raise(&self.ni_timeouts.with_label_values(&[n]), ni.timeouts);
+        raise(&self.ni_pdid.with_label_values(&[n]), ni.pdid_violations);
+        raise(
+            &self.ni_transfers.with_label_values(&[n, "ok"]),
+            ni.rdma_transfers_done,
+        );
+        raise(
+            &self.ni_transfers.with_label_values(&[n, "failed"]),
+            ni.rdma_transfers_failed,
+        );
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -16,8 +16,9 @@ use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, 
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
-use crate::control::{LinkState, LinkStatus, NodeStatus, PingReport, QuicStats};
+use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
 use crate::rack::Rack;
+use exanet_proto::ni::NackReason;
 
 /// One port's link: who is at the other end and the state of the current session.
 pub struct LinkSlot {
@@ -36,6 +37,11 @@ pub struct LinkSlot {
 
 pub struct Core {
     pub node: Node,
+    /// Workloads attached to the NI, by rank.
+    pub sessions: Vec<Option<crate::ni_service::Session>>,
+    /// The NI deadline the timer task sleeps towards.
+    pub timer_armed: Option<Instant>,
+    timer_wake: Arc<Notify>,
     slots: Vec<Option<LinkSlot>>,
     pings: HashMap<u32, oneshot::Sender<NodeEvent>>,
     next_probe: u32,
@@ -105,6 +111,14 @@ impl Core {
                 }
                 NodeEvent::LoadSent => debug!("load generator done"),
                 NodeEvent::LoadDelivered { .. } => {}
+                NodeEvent::Ni(ev) => crate::ni_service::deliver(self, ev),
+            }
+        }
+        // A sooner NI deadline than the timer task sleeps towards: wake it to re-arm.
+        if let Some(t) = self.node.poll_timeout() {
+            if self.timer_armed.is_none_or(|a| t < a) {
+                self.timer_armed = Some(t);
+                self.timer_wake.notify_one();
             }
         }
         for (i, w) in woken.iter().enumerate() {
@@ -235,6 +249,37 @@ impl Core {
     }
 }
 
+fn ni_status(core: &Core) -> NiStatus {
+    let st = &core.node.ni().stats;
+    let by_reason = |v: &[u64; 7]| {
+        (1..7u8)
+            .filter_map(|r| {
+                let reason = NackReason::from_u8(r)?;
+                let n = v[r as usize];
+                (n > 0).then(|| (reason.label().to_string(), n))
+            })
+            .collect()
+    };
+    NiStatus {
+        attached: core.sessions.iter().filter(|s| s.is_some()).count() as u32,
+        messages_sent: st.messages_sent,
+        messages_received: st.messages_received,
+        acks_sent: st.acks_sent,
+        acks_received: st.acks_received,
+        nacks_sent: by_reason(&st.nacks_sent),
+        nacks_received: by_reason(&st.nacks_received),
+        retransmissions: st.retransmissions,
+        timeouts: st.timeouts,
+        pdid_violations: st.pdid_violations,
+        rdma_blocks_sent: st.rdma_blocks_sent,
+        rdma_blocks_received: st.rdma_blocks_received,
+        rdma_transfers_done: st.rdma_transfers_done,
+        rdma_transfers_failed: st.rdma_transfers_failed,
+        duplicates: st.duplicates,
+        stale_cells: st.stale_cells,
+    }
+}
+
 /// Everything a daemon's tasks share.
 pub struct NodeHandle {
     core: Mutex<Core>,
@@ -243,6 +288,12 @@ pub struct NodeHandle {
     pub id: NodeId,
     pub name: String,
     sessions: AtomicU64,
+    /// Wakes the NI timer task when a sooner deadline appears.
+    pub timer_wake: Arc<Notify>,
+    /// How long workload command rings are polled after activity before sleeping.
+    pub spin: Duration,
+    /// The ranks' registered memory, shared with the NI.
+    pub memory: crate::ni_service::ShmMemory,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -254,9 +305,12 @@ pub enum PingError {
 }
 
 impl NodeHandle {
-    pub fn new(rack: Rack, id: NodeId) -> Result<Arc<NodeHandle>, NodeError> {
+    pub fn new(rack: Rack, id: NodeId, spin: Duration) -> Result<Arc<NodeHandle>, NodeError> {
         let shape = rack.shape();
-        let node = Node::new(shape, id, rack.switch_config())?;
+        let mut node = Node::new(shape, id, rack.switch_config())?;
+        let memory = crate::ni_service::ShmMemory::new();
+        node.set_memory(Box::new(memory.clone()));
+        let timer_wake = Arc::new(Notify::new());
         let mut slots: Vec<Option<LinkSlot>> = (0..NPORTS).map(|_| None).collect();
         for l in node_links(&shape, id) {
             let port = l.port_of(id).expect("link of this node");
@@ -275,6 +329,9 @@ impl NodeHandle {
         Ok(Arc::new(NodeHandle {
             core: Mutex::new(Core {
                 node,
+                sessions: (0..exanet_proto::ni::RANKS).map(|_| None).collect(),
+                timer_armed: None,
+                timer_wake: timer_wake.clone(),
                 slots,
                 pings: HashMap::new(),
                 next_probe: 1,
@@ -284,6 +341,9 @@ impl NodeHandle {
             rack,
             id,
             sessions: AtomicU64::new(1),
+            timer_wake,
+            spin,
+            memory,
         }))
     }
 
@@ -374,6 +434,7 @@ impl NodeHandle {
             load_rx_cells: ns.load_rx_cells,
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ni: ni_status(&core),
         }
     }
 

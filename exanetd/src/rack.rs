@@ -25,6 +25,12 @@
 //! metrics = "127.0.0.1:22000"   # HTTP: /metrics, /health, /ready
 //! # listen = "0.0.0.0:21000"    # optional: bind address when it differs from `link`
 //! # metrics_listen = "0.0.0.0:22000"
+//!
+//! [jobs.default]                # the job of workloads that attach without a key
+//! pdid = 1                      # (this is also what applies when no default is given)
+//! [jobs.alice]
+//! key = "a-long-random-secret"  # workloads presenting this key join PDID 42
+//! pdid = 42
 //! ```
 //!
 //! Every node of the shape has a `[nodes.NAME]` table, and only those.
@@ -101,7 +107,22 @@ pub struct RackFile {
     #[serde(default = "default_local_window")]
     pub local_window: u32,
     pub nodes: BTreeMap<String, NodeEntry>,
+    /// Protection domains workloads may join, by job name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub jobs: BTreeMap<String, Job>,
 }
+
+/// A job: the protection domain its workloads get, and the key that admits them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub pdid: u16,
+}
+
+/// PDID of the default job when the rack file names none.
+pub const DEFAULT_PDID: u16 = 1;
 
 /// A validated rack file with its node table keyed by node id.
 #[derive(Clone, Debug)]
@@ -138,6 +159,18 @@ impl Rack {
             }
             if w > 1 << 30 {
                 return Err(format!("{what} = {w} is over 1 GiB"));
+            }
+        }
+        for (name, job) in &file.jobs {
+            if job.pdid == 0 {
+                return Err(format!(
+                    "job {name}: PDID 0 is reserved for the fabric's own cells"
+                ));
+            }
+            if name != "default" && job.key.as_deref().is_none_or(str::is_empty) {
+                return Err(format!(
+                    "job {name}: a job other than `default` needs a key"
+                ));
             }
         }
         let shape = file.shape;
@@ -197,6 +230,25 @@ impl Rack {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         h
+    }
+
+    /// The PDID a workload presenting `key` joins: the job with that key, or the default
+    /// job without a key. `None` for a key no job has.
+    pub fn pdid_for(&self, key: Option<&str>) -> Option<u16> {
+        match key {
+            None | Some("") => Some(
+                self.file
+                    .jobs
+                    .get("default")
+                    .map_or(DEFAULT_PDID, |j| j.pdid),
+            ),
+            Some(k) => self
+                .file
+                .jobs
+                .values()
+                .find(|j| j.key.as_deref() == Some(k))
+                .map(|j| j.pdid),
+        }
     }
 
     pub fn save(&self) -> Result<(), RackError> {
@@ -265,6 +317,10 @@ impl Layout {
     pub fn control_socket(&self, name: &impl fmt::Display) -> PathBuf {
         self.run_dir().join(format!("{name}.sock"))
     }
+    /// Where workloads attach to the node's NI.
+    pub fn attach_socket(&self, name: &impl fmt::Display) -> PathBuf {
+        self.run_dir().join(format!("{name}.ni"))
+    }
     pub fn pid_file(&self, name: &impl fmt::Display) -> PathBuf {
         self.run_dir().join(format!("{name}.pid"))
     }
@@ -318,6 +374,7 @@ mod tests {
             window: DEFAULT_WINDOW,
             local_window: DEFAULT_LOCAL_WINDOW,
             nodes,
+            jobs: BTreeMap::new(),
         }
     }
 

@@ -266,6 +266,24 @@ impl RdmaEngine {
         Ok(p as u8)
     }
 
+    /// Returns a page; refused while any of its channels is busy.
+    pub fn free_page(&mut self, rank: u8, page: u8) -> Result<(), NiError> {
+        self.check_page(rank, page)?;
+        let p = page as usize;
+        if self.write_busy[p]
+            .iter()
+            .chain(self.read_busy[p].iter())
+            .any(|b| *b)
+        {
+            return Err(NiError::Busy {
+                what: "RDMA page",
+                index: p,
+            });
+        }
+        self.pages[p] = None;
+        Ok(())
+    }
+
     fn check_page(&self, rank: u8, page: u8) -> Result<(), NiError> {
         match self.pages.get(page as usize) {
             None | Some(None) => Err(NiError::NoSuch {

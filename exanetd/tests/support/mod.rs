@@ -59,6 +59,7 @@ impl TestRack {
             window: 256 * 1024,
             local_window: 64 * 1024,
             nodes,
+            jobs: Default::default(),
         };
         write_rack_file(&dir, &file).unwrap();
         exanetd::tls::ensure_rack_pki(&Layout::new(&dir), &names).unwrap();

@@ -1,0 +1,550 @@
+//! The workload interface: how a process on a node's host drives that node's NI.
+//!
+//! # Control plane: the attach socket
+//! A workload connects to the daemon's Unix socket `run/<NODE>.ni` and exchanges JSON
+//! lines ([`Request`], [`Reply`]); file descriptors travel with a reply or request as
+//! SCM_RIGHTS. The connection stays open for the life of the attachment: when it closes
+//! (the process exited or died) the daemon detaches the rank, frees its interfaces and
+//! fails what it had posted.
+//!
+//! 1. `attach {job_key}` -> `attached {rank, pdid, node, ...}` + fds: the shared region
+//!    holding the two rings, and two eventfds (daemon -> workload doorbell, workload ->
+//!    daemon doorbell). The PDID comes from the job the key names (or the rack's default
+//!    job), never from the workload.
+//! 2. `register {len}` + one memfd -> `registered {region, va}`: the memfd becomes
+//!    memory the NI may read and write at GVAS VA `va..va+len` of this rank.
+//! 3. `alloc {kind}` -> `allocated {index}` for a packetizer interface, a mailbox
+//!    (with its capacity) or an RDMA page; `free {kind, index}`.
+//!
+//! # Data plane: two rings in shared memory
+//! The command ring (workload -> daemon) carries [`Command`]s, the completion ring
+//! (daemon -> workload) carries [`Completion`]s; both use 128-byte slots, encoded here
+//! byte by byte (all integers big-endian). Nothing read from a ring is trusted: every
+//! field is checked and a bad command earns an error completion.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::gvas::{Gvas, GVAS_LEN};
+
+/// Ring slot size for commands and completions.
+pub const SLOT: usize = 128;
+/// Bytes of message payload a slot carries.
+pub const INLINE: usize = 64;
+pub const PROTOCOL_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Attach {
+        version: u32,
+        #[serde(default)]
+        job_key: Option<String>,
+    },
+    /// Sent with one memfd.
+    Register {
+        len: u64,
+    },
+    Unregister {
+        region: u32,
+    },
+    Alloc {
+        kind: Resource,
+        #[serde(default)]
+        capacity: Option<u32>,
+    },
+    Free {
+        kind: Resource,
+        index: u8,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resource {
+    Packetizer,
+    Mailbox,
+    RdmaPage,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Reply {
+    /// Sent with three fds: the ring region, the daemon's doorbell to the workload, the
+    /// workload's doorbell to the daemon.
+    Attached {
+        node: String,
+        node_id: u32,
+        rank: u8,
+        pdid: u16,
+        /// Slots of the command ring, then of the completion ring.
+        command_slots: u32,
+        completion_slots: u32,
+        /// Offsets of the two rings in the region.
+        command_offset: u64,
+        completion_offset: u64,
+        region_len: u64,
+        nodes: u32,
+    },
+    Registered {
+        region: u32,
+        va: u64,
+    },
+    Allocated {
+        index: u8,
+    },
+    Ok,
+    Error {
+        message: String,
+    },
+}
+
+/// What a workload asks of its NI (one command ring slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Send `payload` (<= 64 B) from packetizer interface `vi`, channel `ch`, to `dst`.
+    Send {
+        tag: u32,
+        vi: u8,
+        ch: u8,
+        dst: Gvas,
+        payload: Vec<u8>,
+    },
+    /// RDMA write `len` bytes at this rank's `src_va` to `dst`, notifying at `notify`.
+    Write {
+        tag: u32,
+        page: u8,
+        ch: u8,
+        src_va: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+    },
+    /// RDMA read `len` bytes at `src` into this rank's `dst_va`.
+    Read {
+        tag: u32,
+        page: u8,
+        ch: u8,
+        src: Gvas,
+        dst_va: u64,
+        len: u64,
+    },
+}
+
+/// Status codes of completions.
+pub mod status {
+    pub const OK: u8 = 0;
+    /// NACKed by the destination; `reason` says why (see `ni::NackReason`).
+    pub const NACKED: u8 = 1;
+    pub const TIMED_OUT: u8 = 2;
+    /// The local source memory could not be read.
+    pub const LOCAL_FAULT: u8 = 3;
+    /// The command itself was refused (bad index, busy channel, bad length...).
+    pub const REFUSED: u8 = 4;
+    /// The command slot could not be decoded.
+    pub const MALFORMED: u8 = 5;
+}
+
+/// What the NI tells a workload (one completion ring slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// A `Send` ended: ACKed (`status::OK`), NACKed or timed out.
+    Sent {
+        tag: u32,
+        vi: u8,
+        ch: u8,
+        status: u8,
+        reason: u8,
+    },
+    /// An RDMA write or read ended.
+    Rdma {
+        tag: u32,
+        page: u8,
+        ch: u8,
+        read: bool,
+        status: u8,
+        reason: u8,
+    },
+    /// A command was refused before anything was sent.
+    Refused { tag: u32, status: u8, code: u8 },
+    /// A message arrived in mailbox `vi`.
+    Message {
+        vi: u8,
+        src_node: u32,
+        src_rank: u8,
+        payload: Vec<u8>,
+    },
+    /// A completion notification was written at `va` of this rank.
+    Notified { va: u64, src_node: u32, len: u64 },
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SlotError {
+    #[error("slot of {0} B, expected {SLOT}")]
+    Size(usize),
+    #[error("unknown opcode {0:#04x}")]
+    Opcode(u8),
+    #[error("inline payload of {0} B exceeds {INLINE}")]
+    Inline(usize),
+}
+
+const OP_SEND: u8 = 1;
+const OP_WRITE: u8 = 2;
+const OP_READ: u8 = 3;
+const EV_SENT: u8 = 0x81;
+const EV_RDMA: u8 = 0x82;
+const EV_REFUSED: u8 = 0x83;
+const EV_MESSAGE: u8 = 0x84;
+const EV_NOTIFIED: u8 = 0x85;
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn get_gvas(b: &[u8], at: usize) -> Gvas {
+    Gvas::from_bytes(b[at..at + GVAS_LEN].try_into().expect("10 bytes"))
+}
+
+/// Command slot layout:
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0 | opcode: 1 send, 2 write, 3 read |
+/// | 1 | vi (send) or page (write, read) |
+/// | 2 | channel |
+/// | 3 | flags: bit 0 = notify present (write) |
+/// | 4..8 | tag, echoed in the completion |
+/// | 8..18 | GVAS: destination (send, write) or source (read); its PDID is ignored |
+/// | 18..20 | inline payload length (send) |
+/// | 24..32 | source VA (write) or destination VA (read) |
+/// | 32..40 | length (write, read) |
+/// | 40..48 | notify VA (write) |
+/// | 64..128 | inline payload (send) |
+impl Command {
+    pub fn encode(&self) -> [u8; SLOT] {
+        let mut b = [0u8; SLOT];
+        match self {
+            Command::Send {
+                tag,
+                vi,
+                ch,
+                dst,
+                payload,
+            } => {
+                let n = payload.len().min(INLINE);
+                b[0] = OP_SEND;
+                b[1] = *vi;
+                b[2] = *ch;
+                put_u32(&mut b, 4, *tag);
+                b[8..18].copy_from_slice(&dst.to_bytes());
+                b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
+                b[64..64 + n].copy_from_slice(&payload[..n]);
+            }
+            Command::Write {
+                tag,
+                page,
+                ch,
+                src_va,
+                dst,
+                len,
+                notify,
+            } => {
+                b[0] = OP_WRITE;
+                b[1] = *page;
+                b[2] = *ch;
+                b[3] = u8::from(notify.is_some());
+                put_u32(&mut b, 4, *tag);
+                b[8..18].copy_from_slice(&dst.to_bytes());
+                put_u64(&mut b, 24, *src_va);
+                put_u64(&mut b, 32, *len);
+                put_u64(&mut b, 40, notify.unwrap_or(0));
+            }
+            Command::Read {
+                tag,
+                page,
+                ch,
+                src,
+                dst_va,
+                len,
+            } => {
+                b[0] = OP_READ;
+                b[1] = *page;
+                b[2] = *ch;
+                put_u32(&mut b, 4, *tag);
+                b[8..18].copy_from_slice(&src.to_bytes());
+                put_u64(&mut b, 24, *dst_va);
+                put_u64(&mut b, 32, *len);
+            }
+        }
+        b
+    }
+
+    /// Decodes a slot; the tag is returned with the error when it could be read.
+    pub fn decode(b: &[u8]) -> Result<Command, (u32, SlotError)> {
+        if b.len() != SLOT {
+            return Err((0, SlotError::Size(b.len())));
+        }
+        let tag = get_u32(b, 4);
+        match b[0] {
+            OP_SEND => {
+                let n = u16::from_be_bytes([b[18], b[19]]) as usize;
+                if n > INLINE {
+                    return Err((tag, SlotError::Inline(n)));
+                }
+                Ok(Command::Send {
+                    tag,
+                    vi: b[1],
+                    ch: b[2],
+                    dst: get_gvas(b, 8),
+                    payload: b[64..64 + n].to_vec(),
+                })
+            }
+            OP_WRITE => Ok(Command::Write {
+                tag,
+                page: b[1],
+                ch: b[2],
+                src_va: get_u64(b, 24),
+                dst: get_gvas(b, 8),
+                len: get_u64(b, 32),
+                notify: (b[3] & 1 != 0).then(|| get_u64(b, 40)),
+            }),
+            OP_READ => Ok(Command::Read {
+                tag,
+                page: b[1],
+                ch: b[2],
+                src: get_gvas(b, 8),
+                dst_va: get_u64(b, 24),
+                len: get_u64(b, 32),
+            }),
+            op => Err((tag, SlotError::Opcode(op))),
+        }
+    }
+}
+
+/// Completion slot layout:
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0 | kind: 0x81 sent, 0x82 rdma, 0x83 refused, 0x84 message, 0x85 notified |
+/// | 1 | vi / page |
+/// | 2 | channel |
+/// | 3 | status ([`status`]) |
+/// | 4..8 | tag (sent, rdma, refused) |
+/// | 8 | NACK reason (sent, rdma) or refusal code (refused) |
+/// | 9 | bit 0: read (rdma) |
+/// | 12..16 | source node (message, notified) |
+/// | 16 | source rank (message) |
+/// | 18..20 | payload length (message) |
+/// | 24..32 | VA (notified) |
+/// | 32..40 | length (notified) |
+/// | 64..128 | payload (message) |
+impl Completion {
+    pub fn encode(&self) -> [u8; SLOT] {
+        let mut b = [0u8; SLOT];
+        match self {
+            Completion::Sent {
+                tag,
+                vi,
+                ch,
+                status,
+                reason,
+            } => {
+                b[0] = EV_SENT;
+                b[1] = *vi;
+                b[2] = *ch;
+                b[3] = *status;
+                put_u32(&mut b, 4, *tag);
+                b[8] = *reason;
+            }
+            Completion::Rdma {
+                tag,
+                page,
+                ch,
+                read,
+                status,
+                reason,
+            } => {
+                b[0] = EV_RDMA;
+                b[1] = *page;
+                b[2] = *ch;
+                b[3] = *status;
+                put_u32(&mut b, 4, *tag);
+                b[8] = *reason;
+                b[9] = u8::from(*read);
+            }
+            Completion::Refused { tag, status, code } => {
+                b[0] = EV_REFUSED;
+                b[3] = *status;
+                put_u32(&mut b, 4, *tag);
+                b[8] = *code;
+            }
+            Completion::Message {
+                vi,
+                src_node,
+                src_rank,
+                payload,
+            } => {
+                let n = payload.len().min(INLINE);
+                b[0] = EV_MESSAGE;
+                b[1] = *vi;
+                put_u32(&mut b, 12, *src_node);
+                b[16] = *src_rank;
+                b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
+                b[64..64 + n].copy_from_slice(&payload[..n]);
+            }
+            Completion::Notified { va, src_node, len } => {
+                b[0] = EV_NOTIFIED;
+                put_u32(&mut b, 12, *src_node);
+                put_u64(&mut b, 24, *va);
+                put_u64(&mut b, 32, *len);
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Completion, SlotError> {
+        if b.len() != SLOT {
+            return Err(SlotError::Size(b.len()));
+        }
+        Ok(match b[0] {
+            EV_SENT => Completion::Sent {
+                tag: get_u32(b, 4),
+                vi: b[1],
+                ch: b[2],
+                status: b[3],
+                reason: b[8],
+            },
+            EV_RDMA => Completion::Rdma {
+                tag: get_u32(b, 4),
+                page: b[1],
+                ch: b[2],
+                read: b[9] & 1 != 0,
+                status: b[3],
+                reason: b[8],
+            },
+            EV_REFUSED => Completion::Refused {
+                tag: get_u32(b, 4),
+                status: b[3],
+                code: b[8],
+            },
+            EV_MESSAGE => {
+                let n = u16::from_be_bytes([b[18], b[19]]) as usize;
+                if n > INLINE {
+                    return Err(SlotError::Inline(n));
+                }
+                Completion::Message {
+                    vi: b[1],
+                    src_node: get_u32(b, 12),
+                    src_rank: b[16],
+                    payload: b[64..64 + n].to_vec(),
+                }
+            }
+            EV_NOTIFIED => Completion::Notified {
+                src_node: get_u32(b, 12),
+                va: get_u64(b, 24),
+                len: get_u64(b, 32),
+            },
+            k => return Err(SlotError::Opcode(k)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gvas::Pdid;
+    use crate::shape::NodeId;
+
+    #[test]
+    fn commands_and_completions_round_trip() {
+        let g = Gvas::new(Pdid(3), NodeId(9), 2, 0x1234).unwrap();
+        let cmds = [
+            Command::Send {
+                tag: 7,
+                vi: 1,
+                ch: 3,
+                dst: g,
+                payload: b"hello".to_vec(),
+            },
+            Command::Write {
+                tag: 8,
+                page: 2,
+                ch: 31,
+                src_va: 0x1000,
+                dst: g,
+                len: 1 << 22,
+                notify: Some(0x40),
+            },
+            Command::Read {
+                tag: 9,
+                page: 15,
+                ch: 0,
+                src: g,
+                dst_va: 0x2000,
+                len: 5,
+            },
+        ];
+        for c in cmds {
+            assert_eq!(Command::decode(&c.encode()), Ok(c));
+        }
+        let evs = [
+            Completion::Sent {
+                tag: 1,
+                vi: 2,
+                ch: 3,
+                status: status::NACKED,
+                reason: 6,
+            },
+            Completion::Rdma {
+                tag: 2,
+                page: 1,
+                ch: 4,
+                read: true,
+                status: status::OK,
+                reason: 0,
+            },
+            Completion::Refused {
+                tag: 3,
+                status: status::REFUSED,
+                code: 2,
+            },
+            Completion::Message {
+                vi: 5,
+                src_node: 77,
+                src_rank: 1,
+                payload: vec![1; 64],
+            },
+            Completion::Notified {
+                va: 0x99,
+                src_node: 3,
+                len: 4096,
+            },
+        ];
+        for e in evs {
+            assert_eq!(Completion::decode(&e.encode()), Ok(e));
+        }
+    }
+
+    #[test]
+    fn garbage_slots_are_refused_not_trusted() {
+        let mut b = [0u8; SLOT];
+        b[0] = 0x77;
+        b[4..8].copy_from_slice(&5u32.to_be_bytes());
+        assert_eq!(Command::decode(&b), Err((5, SlotError::Opcode(0x77))));
+        b[0] = OP_SEND;
+        b[18] = 0xFF;
+        assert!(matches!(
+            Command::decode(&b),
+            Err((5, SlotError::Inline(_)))
+        ));
+        assert!(Command::decode(&b[..10]).is_err());
+    }
+}

@@ -1,0 +1,477 @@
+//! The daemon's workload interface spoken by hand (no client library): attach, memory
+//! registration, messages and RDMA between nodes, and hostile or dying workloads.
+
+mod support;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use exanet_proto::attach::{status, Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::ni::mailbox_gvas;
+use exanet_proto::{Gvas, NodeId, Pdid};
+use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring};
+use exanetd::rack::{write_rack_file, Job, Layout};
+use support::TestRack;
+
+struct Workload {
+    conn: UnixStream,
+    rank: u8,
+    pdid: u16,
+    region: Arc<Region>,
+    commands: Producer,
+    completions: Consumer,
+    to_daemon: Doorbell,
+    got: Vec<Completion>,
+}
+
+fn request(conn: &UnixStream, req: &Request, fds: &[i32]) -> (Reply, Vec<OwnedFd>) {
+    let mut line = serde_json::to_vec(req).unwrap();
+    line.push(b'\n');
+    exanet_shm::send_fds(conn, &line, fds).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut all = Vec::new();
+    let mut fds = Vec::new();
+    while !all.ends_with(b"\n") {
+        let (n, mut f) = exanet_shm::recv_fds(conn, &mut buf, 4).unwrap();
+        assert!(n > 0, "daemon closed the attach socket");
+        fds.append(&mut f);
+        all.extend_from_slice(&buf[..n]);
+    }
+    (serde_json::from_slice(&all).unwrap(), fds)
+}
+
+fn attach(r: &TestRack, node: &str, key: Option<&str>) -> Result<Workload, String> {
+    let path = Layout::new(&r.dir).attach_socket(&node);
+    let conn = UnixStream::connect(path).map_err(|e| e.to_string())?;
+    let (reply, mut fds) = request(
+        &conn,
+        &Request::Attach {
+            version: 1,
+            job_key: key.map(String::from),
+        },
+        &[],
+    );
+    let Reply::Attached {
+        rank,
+        pdid,
+        command_slots,
+        completion_slots,
+        command_offset,
+        completion_offset,
+        ..
+    } = reply
+    else {
+        return Err(format!("{reply:?}"));
+    };
+    assert_eq!(fds.len(), 3);
+    let to_daemon = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
+    let _to_workload = fds.pop().unwrap();
+    let region = Arc::new(Region::from_fd(fds.pop().unwrap()).unwrap());
+    let commands = Ring::new(command_offset as usize, command_slots, 256)
+        .unwrap()
+        .producer(region.clone())
+        .unwrap();
+    let completions = Ring::new(completion_offset as usize, completion_slots, 256)
+        .unwrap()
+        .consumer(region.clone())
+        .unwrap();
+    Ok(Workload {
+        conn,
+        rank,
+        pdid,
+        region,
+        commands,
+        completions,
+        to_daemon,
+        got: Vec::new(),
+    })
+}
+
+impl Workload {
+    fn alloc(&self, kind: Resource) -> u8 {
+        match request(
+            &self.conn,
+            &Request::Alloc {
+                kind,
+                capacity: Some(16),
+            },
+            &[],
+        )
+        .0
+        {
+            Reply::Allocated { index } => index,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn register(&self, len: usize) -> (Region, u64) {
+        let mem = Region::create("test-mem", len).unwrap();
+        let fd = mem.try_clone_fd().unwrap();
+        match request(
+            &self.conn,
+            &Request::Register { len: len as u64 },
+            &[fd.as_raw_fd()],
+        )
+        .0
+        {
+            Reply::Registered { va, .. } => (mem, va),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn post(&mut self, c: &Command) {
+        self.commands.push(&c.encode()).unwrap();
+        self.commands.wake_consumer(&self.to_daemon).unwrap();
+    }
+
+    /// Waits (polling) for a completion matching `f`.
+    fn wait(&mut self, what: &str, f: impl Fn(&Completion) -> bool) -> Completion {
+        let t0 = Instant::now();
+        let mut buf = [0u8; 256];
+        loop {
+            if let Some(i) = self.got.iter().position(&f) {
+                return self.got.remove(i);
+            }
+            match self.completions.pop(&mut buf).unwrap() {
+                Some(n) => {
+                    assert_eq!(n, SLOT);
+                    self.got.push(Completion::decode(&buf[..n]).unwrap());
+                }
+                None => {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(15),
+                        "no {what}; got {:?}",
+                        self.got
+                    );
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+}
+
+fn rack(tag: &str) -> TestRack {
+    let mut r = TestRack::new(tag, "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
+    let mut f = r.rack().file.clone();
+    f.jobs.insert(
+        "alice".into(),
+        Job {
+            key: Some("alice-key".into()),
+            pdid: 42,
+        },
+    );
+    write_rack_file(&r.dir, &f).unwrap();
+    r.start_all();
+    r.wait_links_up(
+        &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
+        Duration::from_secs(20),
+    );
+    r
+}
+
+#[test]
+fn messages_and_rdma_between_attached_workloads() {
+    let r = rack("ni-basic");
+    let mut a = attach(&r, "M1QAF1", None).unwrap();
+    let mut b = attach(&r, "M1QAF3", None).unwrap();
+    assert_eq!(
+        (a.pdid, b.pdid),
+        (1, 1),
+        "keyless workloads join the default job"
+    );
+    let mb = b.alloc(Resource::Mailbox);
+    let pk = a.alloc(Resource::Packetizer);
+    let dst = mailbox_gvas(Pdid(0), NodeId(2), b.rank, mb).unwrap();
+    a.post(&Command::Send {
+        tag: 11,
+        vi: pk,
+        ch: 0,
+        dst,
+        payload: b"hello F3".to_vec(),
+    });
+    let c = a.wait("sent", |c| matches!(c, Completion::Sent { tag: 11, .. }));
+    assert!(
+        matches!(
+            c,
+            Completion::Sent {
+                status: status::OK,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let m = b.wait("message", |c| matches!(c, Completion::Message { .. }));
+    assert_eq!(
+        m,
+        Completion::Message {
+            vi: mb,
+            src_node: 0,
+            src_rank: a.rank,
+            payload: b"hello F3".to_vec()
+        }
+    );
+
+    // RDMA write of 300 KB + 5 B with a notification, then read it back.
+    let len = 300 * 1024 + 5;
+    let (src, src_va) = a.register(1 << 20);
+    let (dst_mem, dst_va) = b.register(1 << 20);
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    src.write(0, &data).unwrap();
+    let page = a.alloc(Resource::RdmaPage);
+    a.post(&Command::Write {
+        tag: 21,
+        page,
+        ch: 3,
+        src_va,
+        dst: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
+        len: len as u64,
+        notify: Some(dst_va + (900 << 10)),
+    });
+    let c = a.wait("rdma", |c| matches!(c, Completion::Rdma { tag: 21, .. }));
+    assert!(
+        matches!(
+            c,
+            Completion::Rdma {
+                status: status::OK,
+                read: false,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let n = b.wait("notified", |c| matches!(c, Completion::Notified { .. }));
+    assert_eq!(
+        n,
+        Completion::Notified {
+            va: dst_va + (900 << 10),
+            src_node: 0,
+            len: len as u64
+        }
+    );
+    let mut got = vec![0u8; len];
+    dst_mem.read(1, &mut got).unwrap();
+    assert!(got == data, "RDMA write delivered wrong bytes");
+
+    a.post(&Command::Read {
+        tag: 31,
+        page,
+        ch: 0,
+        src: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
+        dst_va: src_va + (512 << 10),
+        len: len as u64,
+    });
+    let c = a.wait("read", |c| matches!(c, Completion::Rdma { tag: 31, .. }));
+    assert!(
+        matches!(
+            c,
+            Completion::Rdma {
+                status: status::OK,
+                read: true,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let mut back = vec![0u8; len];
+    src.read(512 << 10, &mut back).unwrap();
+    assert!(back == data, "RDMA read returned wrong bytes");
+}
+
+#[test]
+fn pdid_is_the_jobs_not_the_workloads() {
+    let r = rack("ni-pdid");
+    assert!(
+        attach(&r, "M1QAF2", Some("no-such-key")).is_err(),
+        "unknown key refused"
+    );
+    let mut alice = attach(&r, "M1QAF2", Some("alice-key")).unwrap();
+    assert_eq!(alice.pdid, 42);
+    let mut other = attach(&r, "M1QAF4", None).unwrap();
+    let mb = other.alloc(Resource::Mailbox);
+    let pk = alice.alloc(Resource::Packetizer);
+    // Alice writes the default job's PDID into the GVAS: the NI stamps hers anyway.
+    alice.post(&Command::Send {
+        tag: 1,
+        vi: pk,
+        ch: 1,
+        dst: mailbox_gvas(Pdid(1), NodeId(3), other.rank, mb).unwrap(),
+        payload: b"intrusion".to_vec(),
+    });
+    let c = alice.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
+    assert!(
+        matches!(
+            c,
+            Completion::Sent {
+                status: status::NACKED,
+                reason: 5,
+                ..
+            }
+        ),
+        "expected a PDID-mismatch NACK, got {c:?}"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let mut buf = [0u8; 256];
+    while let Some(n) = other.completions.pop(&mut buf).unwrap() {
+        let c = Completion::decode(&buf[..n]).unwrap();
+        assert!(
+            !matches!(c, Completion::Message { .. }),
+            "a PDID violation was delivered: {c:?}"
+        );
+    }
+    let s = r.status("M1QAF4").unwrap();
+    assert!(s.ni.pdid_violations >= 1, "{s:?}");
+}
+
+#[test]
+fn hostile_and_dying_workloads_do_not_disturb_others() {
+    let r = rack("ni-hostile");
+    let mut good = attach(&r, "M1QAF1", None).unwrap();
+    let peer = attach(&r, "M1QAF2", None).unwrap();
+    let mb = peer.alloc(Resource::Mailbox);
+    let pk = good.alloc(Resource::Packetizer);
+    let dst = mailbox_gvas(Pdid(0), NodeId(1), peer.rank, mb).unwrap();
+
+    // Garbage commands get error completions.
+    let mut evil = attach(&r, "M1QAF1", None).unwrap();
+    let mut junk = [0xEEu8; SLOT];
+    junk[4..8].copy_from_slice(&77u32.to_be_bytes());
+    evil.commands.push(&junk).unwrap();
+    evil.commands.wake_consumer(&evil.to_daemon).unwrap();
+    let c = evil.wait("refusal", |c| {
+        matches!(c, Completion::Refused { tag: 77, .. })
+    });
+    assert!(matches!(
+        c,
+        Completion::Refused {
+            status: status::MALFORMED,
+            ..
+        }
+    ));
+    // Out-of-range indices and lengths are refused, not obeyed.
+    for (tag, cmd) in [
+        (
+            78,
+            Command::Send {
+                tag: 78,
+                vi: 63,
+                ch: 9,
+                dst,
+                payload: vec![],
+            },
+        ),
+        (
+            79,
+            Command::Write {
+                tag: 79,
+                page: 200,
+                ch: 0,
+                src_va: 0,
+                dst,
+                len: 1,
+                notify: None,
+            },
+        ),
+        (
+            80,
+            Command::Read {
+                tag: 80,
+                page: 0,
+                ch: 0,
+                src: dst,
+                dst_va: u64::MAX,
+                len: u64::MAX,
+            },
+        ),
+    ] {
+        evil.post(&cmd);
+        let c = evil.wait(
+            "refusal",
+            |c| matches!(c, Completion::Refused { tag: t, .. } if *t == tag),
+        );
+        assert!(
+            matches!(
+                c,
+                Completion::Refused {
+                    status: status::REFUSED,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+    }
+    // Then it scribbles over its ring header: the daemon stops reading that ring.
+    evil.region.write(0, &[0xFF; 64]).unwrap();
+    evil.to_daemon.ring().unwrap();
+    // A workload that dies mid-transfer: register, post a big write, vanish.
+    {
+        let mut dying = attach(&r, "M1QAF1", None).unwrap();
+        let (_m, va) = dying.register(4 << 20);
+        let page = dying.alloc(Resource::RdmaPage);
+        dying.post(&Command::Write {
+            tag: 5,
+            page,
+            ch: 0,
+            src_va: va,
+            dst: Gvas::new(Pdid(0), NodeId(1), peer.rank, 0x7777_0000).unwrap(),
+            len: 4 << 20,
+            notify: None,
+        });
+    }
+    // Everyone else carries on.
+    for i in 0..20u32 {
+        good.post(&Command::Send {
+            tag: 100 + i,
+            vi: pk,
+            ch: (i % 4) as u8,
+            dst,
+            payload: i.to_be_bytes().to_vec(),
+        });
+        let c = good.wait(
+            "sent",
+            |c| matches!(c, Completion::Sent { tag, .. } if *tag == 100 + i),
+        );
+        assert!(
+            matches!(
+                c,
+                Completion::Sent {
+                    status: status::OK,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+    }
+    let s = r.status("M1QAF1").unwrap();
+    assert!(
+        s.errors.get("workload_malformed").copied().unwrap_or(0) >= 1,
+        "{:?}",
+        s.errors
+    );
+    assert!(
+        s.errors.get("workload_ring").copied().unwrap_or(0) >= 1,
+        "{:?}",
+        s.errors
+    );
+    // The dead workload's rank is free again: 8 ranks minus good and evil can attach.
+    drop(evil);
+    let t0 = Instant::now();
+    let mut extra = Vec::new();
+    while extra.len() < 7 {
+        match attach(&r, "M1QAF1", None) {
+            Ok(w) => extra.push(w),
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "ranks not freed: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert!(
+        attach(&r, "M1QAF1", None).is_err(),
+        "a ninth rank must be refused"
+    );
+}
