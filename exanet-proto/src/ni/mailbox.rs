@@ -140,6 +140,11 @@ impl Mailboxes {
         Ok(())
     }
 
+    /// When the oldest remembered delivery is to be forgotten.
+    pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
+        self.seen_order.front().map(|(t, _)| *t + cfg.remember_ns)
+    }
+
     /// Forgets deliveries older than the configured memory.
     pub(crate) fn expire(&mut self, now: Instant, cfg: &NiConfig) {
         while let Some(&(t, key)) = self.seen_order.front() {

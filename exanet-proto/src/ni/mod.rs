@@ -537,10 +537,14 @@ impl Ni {
 
     /// The earliest time at which [`Ni::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.packetizer.next_deadline(), self.rdma.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.packetizer.next_deadline(),
+            self.rdma.next_deadline(&self.cfg),
+            self.mailboxes.next_deadline(&self.cfg),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Retransmits, retries and expiries due at `now`.

@@ -36,6 +36,8 @@ struct Channel {
 pub struct Packetizer {
     owner: [Option<u8>; PACKETIZER_VIS],
     channels: Vec<Channel>,
+    /// Channels with a deadline, so that an idle packetizer costs nothing per poll.
+    timed: usize,
 }
 
 fn idx(vi: u8, ch: u8) -> usize {
@@ -61,6 +63,7 @@ impl Packetizer {
                     counter: 0,
                 })
                 .collect(),
+            timed: 0,
         }
     }
 
@@ -82,7 +85,9 @@ impl Packetizer {
             let c = &mut self.channels[idx(vi, ch)];
             c.state = ChannelState::Idle;
             c.cell = None;
-            c.deadline = None;
+            if c.deadline.take().is_some() {
+                self.timed -= 1;
+            }
         }
         Ok(())
     }
@@ -149,7 +154,9 @@ impl Packetizer {
         cell.flags = FLAG_FIRST | FLAG_LAST;
         c.state = ChannelState::Ongoing;
         c.attempts = 1;
-        c.deadline = Some(deadline);
+        if c.deadline.replace(deadline).is_none() {
+            self.timed += 1;
+        }
         out.cells.push_back(cell.clone());
         c.cell = Some(cell);
         Ok(())
@@ -158,7 +165,9 @@ impl Packetizer {
     fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out) {
         let c = &mut self.channels[i];
         c.state = state;
-        c.deadline = None;
+        if c.deadline.take().is_some() {
+            self.timed -= 1;
+        }
         let rank = c.cell.take().map(|m| m.src_rank).unwrap_or(0);
         out.events.push_back(NiEvent::Packetizer {
             rank,
@@ -196,6 +205,9 @@ impl Packetizer {
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        if self.timed == 0 {
+            return None;
+        }
         self.channels.iter().filter_map(|c| c.deadline).min()
     }
 
@@ -206,6 +218,9 @@ impl Packetizer {
         out: &mut Out,
         stats: &mut NiStats,
     ) {
+        if self.timed == 0 {
+            return;
+        }
         for i in 0..self.channels.len() {
             let c = &mut self.channels[i];
             if c.deadline.is_none_or(|d| d > now) {

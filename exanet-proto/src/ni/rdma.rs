@@ -898,7 +898,19 @@ impl RdmaEngine {
         reply(None, out, stats);
     }
 
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
+        // Receive state is forgotten after a while even on a node that sends nothing.
+        let forget = self
+            .finished_order
+            .front()
+            .map(|(t, _)| *t + cfg.remember_ns)
+            .into_iter()
+            .chain(self.rx.values().map(|c| c.touched + cfg.remember_ns))
+            .chain(self.served_seen.values().map(|t| *t + cfg.remember_ns))
+            .min();
+        if self.transfers.is_empty() && self.reads.is_empty() {
+            return forget;
+        }
         let step_deadline = |s: &Step| match s {
             Step::InFlight { deadline } => Some(*deadline),
             Step::Retry { at } => Some(*at),
@@ -915,7 +927,7 @@ impl RdmaEngine {
             })
             .min();
         let r = self.reads.values().map(|r| r.deadline).min();
-        [t, r].into_iter().flatten().min()
+        [t, r, forget].into_iter().flatten().min()
     }
 
     pub(crate) fn on_timeout(
