@@ -224,6 +224,7 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
         window: opts.window.unwrap_or(DEFAULT_WINDOW),
         local_window: DEFAULT_LOCAL_WINDOW,
         nodes,
+        ni: None,
         jobs: Default::default(),
     };
     let rack = Rack::new(dir, file.clone())

@@ -355,6 +355,7 @@ mod tests {
             window: 65536,
             local_window: 65536,
             nodes,
+            ni: None,
             jobs: Default::default(),
         };
         Rack::new(Path::new("/r"), file).unwrap()

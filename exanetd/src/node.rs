@@ -308,6 +308,7 @@ impl NodeHandle {
     pub fn new(rack: Rack, id: NodeId, spin: Duration) -> Result<Arc<NodeHandle>, NodeError> {
         let shape = rack.shape();
         let mut node = Node::new(shape, id, rack.switch_config())?;
+        node.set_ni_config(rack.ni_config());
         let memory = crate::ni_service::ShmMemory::new();
         node.set_memory(Box::new(memory.clone()));
         let timer_wake = Arc::new(Notify::new());

@@ -26,6 +26,11 @@
 //! # listen = "0.0.0.0:21000"    # optional: bind address when it differs from `link`
 //! # metrics_listen = "0.0.0.0:22000"
 //!
+//! [ni]                          # NI protocol settings (all optional)
+//! window_blocks = 32            # RDMA blocks of a transfer in flight (16 KB each)
+//! retransmit_us = 5000          # wait for an ACK before sending again (doubles per try)
+//! max_attempts = 8              # tries per message or block before failing
+//!
 //! [jobs.default]                # the job of workloads that attach without a key
 //! pdid = 1                      # (this is also what applies when no default is given)
 //! [jobs.alice]
@@ -107,6 +112,9 @@ pub struct RackFile {
     #[serde(default = "default_local_window")]
     pub local_window: u32,
     pub nodes: BTreeMap<String, NodeEntry>,
+    /// NI protocol settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ni: Option<NiSettings>,
     /// Protection domains workloads may join, by job name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub jobs: BTreeMap<String, Job>,
@@ -119,6 +127,18 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     pub pdid: u16,
+}
+
+/// The rack's NI protocol settings; absent fields keep their defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NiSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_blocks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retransmit_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u8>,
 }
 
 /// PDID of the default job when the rack file names none.
@@ -159,6 +179,20 @@ impl Rack {
             }
             if w > 1 << 30 {
                 return Err(format!("{what} = {w} is over 1 GiB"));
+            }
+        }
+        if let Some(ni) = &file.ni {
+            if ni.window_blocks.is_some_and(|w| !(1..=4096).contains(&w)) {
+                return Err("ni.window_blocks must be 1..=4096".into());
+            }
+            if ni
+                .retransmit_us
+                .is_some_and(|t| !(10..=60_000_000).contains(&t))
+            {
+                return Err("ni.retransmit_us must be 10..=60000000".into());
+            }
+            if ni.max_attempts.is_some_and(|a| !(1..=100).contains(&a)) {
+                return Err("ni.max_attempts must be 1..=100".into());
             }
         }
         for (name, job) in &file.jobs {
@@ -230,6 +264,24 @@ impl Rack {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         h
+    }
+
+    /// The NI configuration the rack file asks for.
+    pub fn ni_config(&self) -> exanet_proto::ni::NiConfig {
+        let mut c = exanet_proto::ni::NiConfig::default();
+        if let Some(ni) = &self.file.ni {
+            if let Some(w) = ni.window_blocks {
+                c.window_blocks = w as usize;
+            }
+            if let Some(t) = ni.retransmit_us {
+                c.retransmit_ns = t * 1000;
+                c.nack_retry_ns = (t * 1000 / 5).max(1000);
+            }
+            if let Some(a) = ni.max_attempts {
+                c.max_attempts = a;
+            }
+        }
+        c
     }
 
     /// The PDID a workload presenting `key` joins: the job with that key, or the default
@@ -374,6 +426,7 @@ mod tests {
             window: DEFAULT_WINDOW,
             local_window: DEFAULT_LOCAL_WINDOW,
             nodes,
+            ni: None,
             jobs: BTreeMap::new(),
         }
     }

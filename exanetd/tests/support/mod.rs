@@ -59,6 +59,7 @@ impl TestRack {
             window: 256 * 1024,
             local_window: 64 * 1024,
             nodes,
+            ni: None,
             jobs: Default::default(),
         };
         write_rack_file(&dir, &file).unwrap();
