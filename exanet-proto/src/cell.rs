@@ -26,8 +26,11 @@
 //! | 12..16 | payload CRC: CRC-32 (IEEE) over the payload |
 //!
 //! The header CRC guards routing (a corrupt destination must not be delivered anywhere),
-//! the payload CRC the data, the footer CRC the end-to-end protocol fields. Decoding checks
-//! all three and every reserved bit.
+//! the footer CRC the end-to-end protocol fields; a cell failing either is refused. The
+//! payload CRC is end to end, as in the hardware: a cell whose header and footer are sound
+//! but whose payload CRC fails still decodes, marked corrupt ([`Cell::corrupt_crc`]), and
+//! travels on to its destination, whose NI refuses it with a CRC NACK so the sender
+//! retransmits. Encoding a corrupt cell writes the bad CRC back, so it stays corrupt.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use crc::{Crc, CRC_16_IBM_3740, CRC_8_SMBUS};
@@ -85,6 +88,11 @@ impl CellType {
         })
     }
 
+    /// Cells of the NI protocols (as opposed to the fabric's diagnostics).
+    pub fn is_ni(self) -> bool {
+        (self as u8) < 0x40
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             CellType::Write => "write",
@@ -119,6 +127,9 @@ pub struct Cell {
     pub seq: u16,
     pub aux: u8,
     pub payload: Bytes,
+    /// The payload CRC the cell carried when it did not match its payload: the cell is
+    /// corrupt and must not be delivered as data.
+    pub corrupt_crc: Option<u32>,
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -182,7 +193,12 @@ impl Cell {
             seq: 0,
             aux: 0,
             payload,
+            corrupt_crc: None,
         })
+    }
+
+    pub fn is_corrupt(&self) -> bool {
+        self.corrupt_crc.is_some()
     }
 
     /// Bytes on the wire, which is also what the cell costs in flow-control credit.
@@ -221,7 +237,10 @@ impl Cell {
         f[7] = self.src_rank | self.flags;
         f[8..10].copy_from_slice(&self.seq.to_be_bytes());
         f[10] = self.aux;
-        f[12..16].copy_from_slice(&crc32fast::hash(&self.payload).to_be_bytes());
+        let crc = self
+            .corrupt_crc
+            .unwrap_or_else(|| crc32fast::hash(&self.payload));
+        f[12..16].copy_from_slice(&crc.to_be_bytes());
         f[11] = footer_crc(&f);
         out.put_slice(&f);
         Ok(())
@@ -290,9 +309,6 @@ impl Cell {
         let payload = buf.slice(HEADER_LEN..need - FOOTER_LEN);
         let carried = u32::from_be_bytes([f[12], f[13], f[14], f[15]]);
         let computed = crc32fast::hash(&payload);
-        if carried != computed {
-            return Err(CellError::PayloadCrc { carried, computed });
-        }
         Ok(Cell {
             dst: Gvas::from_bytes(g),
             kind,
@@ -303,7 +319,21 @@ impl Cell {
             seq: u16::from_be_bytes([f[8], f[9]]),
             aux: f[10],
             payload,
+            corrupt_crc: (carried != computed).then_some(carried),
         })
+    }
+
+    /// Like [`Cell::decode`], but a corrupt payload is an error (for callers that have no
+    /// destination to report it to).
+    pub fn decode_strict(buf: &Bytes) -> Result<Cell, CellError> {
+        let c = Cell::decode(buf)?;
+        match c.corrupt_crc {
+            Some(carried) => Err(CellError::PayloadCrc {
+                carried,
+                computed: crc32fast::hash(&c.payload),
+            }),
+            None => Ok(c),
+        }
     }
 }
 
@@ -359,10 +389,16 @@ mod tests {
         for i in 0..b.len() * 8 {
             let mut v = b.to_vec();
             v[i / 8] ^= 1 << (i % 8);
+            let v = Bytes::from(v);
             assert!(
-                Cell::decode(&Bytes::from(v)).is_err(),
+                Cell::decode_strict(&v).is_err(),
                 "flip of bit {i} went unnoticed"
             );
+            // A payload flip still decodes, marked corrupt, and stays corrupt on re-encoding.
+            if let Ok(c) = Cell::decode(&v) {
+                assert!(c.is_corrupt(), "flip of bit {i} decoded as sound");
+                assert_eq!(c.to_bytes().unwrap(), v);
+            }
         }
     }
 

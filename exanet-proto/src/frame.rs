@@ -323,16 +323,26 @@ mod tests {
             Bytes::from(vec![7u8; 10]),
         )
         .unwrap();
-        let mut wire = cell.to_bytes().unwrap().to_vec();
-        wire[20] ^= 0x10;
+        let good = cell.to_bytes().unwrap().to_vec();
+        // A footer flip: refused, the stream goes on.
+        let mut bad_footer = good.clone();
+        bad_footer[good.len() - 10] ^= 0x10;
+        // A payload flip: decoded, marked corrupt for its destination to NACK.
+        let mut bad_payload = good.clone();
+        bad_payload[20] ^= 0x10;
         let mut out = BytesMut::new();
-        encode_raw_cell(Vc::ZERO, &wire, &mut out);
+        encode_raw_cell(Vc::ZERO, &bad_footer, &mut out);
+        encode_raw_cell(Vc::ZERO, &bad_payload, &mut out);
         encode_credit(Vc::ONE, 5, &mut out);
         let mut d = FrameDecoder::new();
         d.push(&out);
         let e = d.next_frame().unwrap().unwrap_err();
         assert!(!e.is_fatal());
-        assert_eq!(e.kind(), "payload_crc");
+        assert_eq!(e.kind(), "footer_crc");
+        match d.next_frame().unwrap().unwrap() {
+            Frame::Cell(_, c) => assert!(c.is_corrupt()),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(d.next_frame().unwrap().unwrap(), Frame::Credit(Vc::ONE, 5));
     }
 

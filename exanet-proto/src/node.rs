@@ -204,6 +204,10 @@ impl Node {
         cell: Cell,
         now: Instant,
     ) -> Result<(), SwitchError> {
+        if cell.is_corrupt() {
+            // Counted where it is first seen; it travels on to be refused end to end.
+            self.count_error("payload_crc");
+        }
         let r = self.switch.receive(port, vc, cell, now);
         self.counted(r)
     }
@@ -385,6 +389,11 @@ impl Node {
 
     fn consume(&mut self, cell: Cell) {
         let len = cell.wire_len() as u32;
+        if cell.is_corrupt() && !cell.kind.is_ni() {
+            // Diagnostic cells have nobody to NACK to: drop (counted on arrival).
+            self.switch.local_credit(len);
+            return;
+        }
         match cell.kind {
             CellType::Probe => self.answer_probe(cell),
             CellType::ProbeReply => match ProbeBody::decode(&cell.payload) {

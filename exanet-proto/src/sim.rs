@@ -106,14 +106,15 @@ pub struct Sim {
 }
 
 /// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
-/// A dropped or corrupted cell returns its credit (the link itself stays lossless in
-/// bookkeeping); corrupt cells are dropped as the daemon's link layer does with a CRC
-/// error. Reordering delays a cell past later ones.
+/// A dropped cell returns its credit (the link itself stays lossless in bookkeeping). A
+/// corrupted cell gets a flipped payload bit and travels on marked corrupt, as decoding it
+/// would mark it, to be NACKed by its destination. Reordering delays a cell past later
+/// ones.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Faults {
     /// Probability (0..=1) that a cell is lost.
     pub loss: f64,
-    /// Probability that a cell arrives corrupt (and is dropped by its CRC check).
+    /// Probability that a cell arrives with a flipped payload bit.
     pub corrupt: f64,
     /// Probability that an NI cell is delivered twice to its destination NI.
     pub duplicate: f64,
@@ -303,7 +304,17 @@ impl Sim {
             } => {
                 let f = self.faults;
                 let n = node.0 as usize;
-                if self.chance(f.loss) || self.chance(f.corrupt) {
+                let mut cell = cell;
+                if self.chance(f.corrupt) && !cell.payload.is_empty() {
+                    // What decoding a cell with a flipped payload bit yields.
+                    let crc = crc32fast::hash(&cell.payload);
+                    let mut p = cell.payload.to_vec();
+                    let i = self.rng.below(p.len() as u64) as usize;
+                    p[i] ^= 1 << self.rng.below(8);
+                    cell.payload = bytes::Bytes::from(p);
+                    cell.corrupt_crc = Some(crc);
+                }
+                if self.chance(f.loss) {
                     let _ = self.nodes[n].refund(port, vc, cell.wire_len() as u32);
                 } else {
                     let dup = cell.dst.node() == node

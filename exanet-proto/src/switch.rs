@@ -82,6 +82,8 @@ pub enum SwitchError {
     Full,
     #[error("cell arrived on port {0} with VC1, which that port does not use")]
     WrongVc(Port),
+    #[error("probe cell arrived with a corrupt payload")]
+    CorruptProbe,
 }
 
 impl SwitchError {
@@ -95,6 +97,7 @@ impl SwitchError {
             SwitchError::CreditOverrun { .. } => "credit_overrun",
             SwitchError::Full => "full",
             SwitchError::WrongVc(_) => "wrong_vc",
+            SwitchError::CorruptProbe => "payload_crc",
         }
     }
 }
@@ -302,6 +305,11 @@ impl Switch {
             return Err(SwitchError::NoSuchVc(vc.0));
         }
         let len = cell.wire_len() as u32;
+        if cell.is_corrupt() && matches!(cell.kind, CellType::Probe | CellType::ProbeReply) {
+            // Probes are rewritten on the way (path recording); a corrupt one is dropped.
+            self.refund(port, vc, len)?;
+            return Err(SwitchError::CorruptProbe);
+        }
         if vc == Vc::ONE && !matches!(port, Port::Torus(..)) {
             self.refund(port, vc, len)?;
             return Err(SwitchError::WrongVc(port));

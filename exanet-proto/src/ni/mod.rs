@@ -436,6 +436,18 @@ impl Ni {
     /// A cell addressed to this node arrived.
     pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
         let me = self.node;
+        if cell.is_corrupt() {
+            // The payload failed its end-to-end CRC: refuse it so the sender sends again.
+            // A corrupt answer is dropped; its sender's timer covers it.
+            if !matches!(cell.kind, CellType::Ack | CellType::Nack) {
+                let payload = rdma::answer_payload(&cell);
+                if let Some(a) = answer(me, &cell, Some(NackReason::Crc), payload, &mut self.stats)
+                {
+                    self.out.cells.push_back(a);
+                }
+            }
+            return;
+        }
         match cell.kind {
             CellType::Ack | CellType::Nack => {
                 let nack = if cell.kind == CellType::Nack {

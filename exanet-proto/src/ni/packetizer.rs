@@ -181,8 +181,8 @@ impl Packetizer {
         &mut self,
         ans: &Cell,
         nack: Option<NackReason>,
-        _now: Instant,
-        _cfg: &super::NiConfig,
+        now: Instant,
+        cfg: &super::NiConfig,
         out: &mut Out,
     ) {
         let vi = (ans.txn >> 25) & 0x3F;
@@ -195,6 +195,17 @@ impl Packetizer {
             .as_ref()
             .is_some_and(|c| c.txn == ans.txn && c.dst.node() == ans.src);
         if !matches || self.channels[i].state != ChannelState::Ongoing {
+            return;
+        }
+        let c = &mut self.channels[i];
+        if nack == Some(NackReason::Crc) && c.attempts < cfg.max_attempts {
+            // Damaged on the way: the message itself is fine, send it again.
+            c.attempts += 1;
+            c.deadline = Some(now + super::backoff(cfg.retransmit_ns, c.attempts));
+            if let Some(cell) = &mut c.cell {
+                cell.seq = cell.seq.wrapping_add(1);
+                out.cells.push_back(cell.clone());
+            }
             return;
         }
         let state = match nack {
