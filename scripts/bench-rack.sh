@@ -10,7 +10,7 @@ shape=${1:-4x4x2}
 idle=${2:-10}
 cd "$(dirname "$0")/.."
 cargo build --release -q -p exanetd -p exactl
-bin=target/release
+bin=${CARGO_TARGET_DIR:-target}/release
 dir=$(mktemp -d /tmp/exanet-bench-rack.XXXXXX)
 trap '"$bin/exactl" --rack "$dir" rack down >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 
