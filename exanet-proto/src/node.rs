@@ -312,6 +312,7 @@ impl Node {
                 self.ni.unpoll_cell(c);
                 break;
             }
+            self.ni.injected(&c, now);
             match self.switch.inject(c, now) {
                 Ok(()) => self.stats.injected_cells += 1,
                 Err(e) => self.count_error(e.kind()),

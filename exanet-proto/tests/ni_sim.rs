@@ -447,3 +447,36 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
         .unwrap();
     assert_eq!(st, ChannelState::Nacked(NackReason::PdidMismatch));
 }
+
+#[test]
+fn large_unaligned_read_across_qfdbs() {
+    let mut sim = rack("2x1x1", 21, Faults::default());
+    let (reader, server) = (NodeId(1), NodeId(6));
+    let len: u64 = (1 << 20) + 3;
+    {
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC_VA, 4 << 20);
+        mem.register(0, DST_VA, 4 << 20);
+        sim.node_mut(server).set_memory(Box::new(mem.clone()));
+        sim.node_mut(reader).set_memory(Box::new(mem));
+    }
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + 7) as u8).collect();
+    write_mem(&mut sim, server, SRC_VA + 16383, &data);
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(reader).ni_mut();
+    let id = ni
+        .rdma_read(
+            0,
+            0,
+            2,
+            Gvas::new(PDID, server, 0, SRC_VA + 16383).unwrap(),
+            DST_VA + 5,
+            len,
+            now,
+        )
+        .unwrap();
+    run_quiet(&mut sim);
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r, vec![(reader, id, Ok(()))]);
+    assert!(mem_bytes(&sim, reader, DST_VA + 5, len as usize) == data);
+}

@@ -135,6 +135,8 @@ async fn serve(
         node.clone(),
         endpoint.clone(),
     )));
+    // The NI's retransmission, retry and expiry timers.
+    tasks.push(tokio::spawn(crate::ni_service::timer_loop(node.clone())));
     for (port, peer, peer_port, _) in node.links() {
         if id < peer {
             tasks.push(tokio::spawn(link::dial_loop(

@@ -200,8 +200,11 @@ pub struct NiConfig {
 impl Default for NiConfig {
     fn default() -> Self {
         NiConfig {
-            retransmit_ns: 5_000_000,
-            nack_retry_ns: 1_000_000,
+            // Links are lossless; only injected faults and link failures lose cells, so
+            // the floor favours not retransmitting what is merely queued. The RDMA engine
+            // raises it from measured round trips.
+            retransmit_ns: 20_000_000,
+            nack_retry_ns: 2_000_000,
             max_attempts: 8,
             window_blocks: 32,
             rx_contexts: 1024,
@@ -579,6 +582,11 @@ impl Ni {
         let mut c = self.out.cells.pop_front()?;
         c.src = self.node;
         Some(c)
+    }
+
+    /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now`.
+    pub fn injected(&mut self, c: &Cell, now: Instant) {
+        self.rdma.on_injected(c, now, &self.cfg);
     }
 
     /// Puts back a cell that could not be injected yet, keeping its place.

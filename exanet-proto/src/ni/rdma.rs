@@ -85,6 +85,40 @@ struct Block {
     seq: u16,
     attempts: u8,
     step: Step,
+    sent_at: Instant,
+}
+
+/// Round-trip estimate of blocks to one destination (RFC 6298's smoothing). The time a
+/// block waits for its answer includes the whole window queued ahead of it, so a fixed
+/// timeout either fires spuriously on a busy path or waits needlessly on an idle one.
+#[derive(Clone, Copy, Debug, Default)]
+struct Rtt {
+    srtt: u64,
+    rttvar: u64,
+    valid: bool,
+}
+
+impl Rtt {
+    fn sample(&mut self, ns: u64) {
+        if self.valid {
+            let d = self.srtt.abs_diff(ns);
+            self.rttvar = (3 * self.rttvar + d) / 4;
+            self.srtt = (7 * self.srtt + ns) / 8;
+        } else {
+            self.srtt = ns;
+            self.rttvar = ns / 2;
+            self.valid = true;
+        }
+    }
+
+    /// The retransmission timeout: never below the configured one.
+    fn rto(&self, cfg: &NiConfig) -> u64 {
+        if self.valid {
+            cfg.retransmit_ns.max(self.srtt + 4 * self.rttvar)
+        } else {
+            cfg.retransmit_ns
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -140,6 +174,7 @@ impl Transfer {
                 seq: 0,
                 attempts: 0,
                 step: Step::Pending,
+                sent_at: Instant::ZERO,
             });
             off += end - va;
         }
@@ -168,6 +203,9 @@ struct PendingRead {
     rank: u8,
     id: TransferId,
     request: Cell,
+    /// Where the data lands: arrivals there keep the read alive.
+    dst_va: u64,
+    len: u64,
     attempts: u8,
     /// Until the request is ACKed: retransmit deadline; after: the whole read's deadline.
     deadline: Instant,
@@ -201,6 +239,7 @@ pub struct RdmaEngine {
     /// Finished blocks: key -> (sequence, when), to drop late copies.
     finished: HashMap<RxKey, (u16, Instant)>,
     finished_order: VecDeque<(Instant, RxKey)>,
+    rtt: HashMap<NodeId, Rtt>,
 }
 
 impl Default for RdmaEngine {
@@ -252,7 +291,40 @@ impl RdmaEngine {
             rx: HashMap::new(),
             finished: HashMap::new(),
             finished_order: VecDeque::new(),
+            rtt: HashMap::new(),
         }
+    }
+
+    /// The last cell of a block (or a notice) left for the fabric: its answer can only be
+    /// expected from now on, so its timer starts now rather than when it was cut.
+    pub(crate) fn on_injected(&mut self, cell: &Cell, now: Instant, cfg: &NiConfig) {
+        if cell.flags & FLAG_LAST == 0 || cell.txn & TXN_RDMA == 0 {
+            return;
+        }
+        let rto = self.rto(cfg, cell.dst.node());
+        let Some(t) = self.transfers.get_mut(&cell.txn) else {
+            return;
+        };
+        let step = if cell.kind == CellType::Notify {
+            t.notice.as_mut().map(|n| (n.attempts, &mut n.step))
+        } else {
+            let i = t.block_of(cell.dst.va() / BLOCK_SIZE);
+            i.map(|i| &mut t.blocks[i])
+                .filter(|b| b.seq == cell.seq)
+                .map(|b| {
+                    b.sent_at = now;
+                    (b.attempts, &mut b.step)
+                })
+        };
+        if let Some((attempts, step @ Step::InFlight { .. })) = step {
+            *step = Step::InFlight {
+                deadline: now + backoff(rto, attempts),
+            };
+        }
+    }
+
+    fn rto(&self, cfg: &NiConfig, dst: NodeId) -> u64 {
+        self.rtt.get(&dst).map_or(cfg.retransmit_ns, |r| r.rto(cfg))
     }
 
     /// Gives a free engine page to `rank`.
@@ -418,6 +490,8 @@ impl RdmaEngine {
                 rank,
                 id,
                 request,
+                dst_va,
+                len,
                 attempts: 1,
                 deadline: now + cfg.retransmit_ns,
                 acked: false,
@@ -442,6 +516,10 @@ impl RdmaEngine {
             let Some(txn) = self.sending.pop_front() else {
                 break;
             };
+            let Some(dst) = self.transfers.get(&txn).map(|t| t.dst.node()) else {
+                continue;
+            };
+            let rto = self.rto(cfg, dst);
             let Some(t) = self.transfers.get_mut(&txn) else {
                 continue;
             };
@@ -453,7 +531,7 @@ impl RdmaEngine {
                 let i = t.next;
                 t.next += 1;
                 t.in_flight += 1;
-                if send_block(t, i, txn, now, cfg, mem, out, stats).is_err() {
+                if send_block(t, i, txn, now, rto, mem, out, stats).is_err() {
                     failed = true;
                     break;
                 }
@@ -538,9 +616,9 @@ impl RdmaEngine {
             match nack {
                 None => {
                     r.acked = true;
-                    // From here the server's write carries the read; give it the retry
-                    // budget of its blocks, generously.
-                    r.deadline = now + cfg.retransmit_ns * u64::from(cfg.max_attempts) * 4;
+                    // From here the server's write carries the read; its data arriving
+                    // keeps the read alive (see on_data), silence ends it.
+                    r.deadline = now + read_idle(cfg, self.rtt.get(&ans.src));
                 }
                 Some(reason) if reason.transient() && r.attempts < cfg.max_attempts => {
                     r.deadline = now + cfg.nack_retry_ns;
@@ -594,6 +672,11 @@ impl RdmaEngine {
                 b.step = Step::Done;
                 t.in_flight -= 1;
                 t.done += 1;
+                if b.attempts == 1 {
+                    // Karn: only a block sent once gives an unambiguous round trip.
+                    let sample = now.since(b.sent_at);
+                    self.rtt.entry(ans.src).or_default().sample(sample);
+                }
                 self.maybe_complete(txn, now, cfg, out, stats);
                 self.refill(now, cfg, mem, out, stats);
             }
@@ -734,6 +817,19 @@ impl RdmaEngine {
             return;
         }
         ctx.bitmap |= 1 << cell.aux;
+        // Data of a read this node asked for: the read is alive.
+        if !self.reads.is_empty() {
+            let idle = read_idle(_cfg, self.rtt.get(&cell.src));
+            let va = cell.dst.va();
+            for r in self.reads.values_mut() {
+                if r.acked
+                    && r.request.dst.node() == cell.src
+                    && (r.dst_va..r.dst_va + r.len).contains(&va)
+                {
+                    r.deadline = now + idle;
+                }
+            }
+        }
         if cell.flags & FLAG_LAST != 0 {
             ctx.last = Some(cell.aux);
         }
@@ -941,6 +1037,10 @@ impl RdmaEngine {
         let txns: Vec<u32> = self.transfers.keys().copied().collect();
         for txn in txns {
             let mut fail = None;
+            let Some(dst) = self.transfers.get(&txn).map(|t| t.dst.node()) else {
+                continue;
+            };
+            let rto = self.rto(cfg, dst);
             let Some(t) = self.transfers.get_mut(&txn) else {
                 continue;
             };
@@ -960,7 +1060,7 @@ impl RdmaEngine {
                     break;
                 }
                 stats.retransmissions += 1;
-                if send_block(t, i, txn, now, cfg, mem, out, stats).is_err() {
+                if send_block(t, i, txn, now, rto, mem, out, stats).is_err() {
                     fail = Some(Failure::LocalFault);
                     break;
                 }
@@ -1054,6 +1154,13 @@ impl RdmaEngine {
     }
 }
 
+/// How long a read may go without data before it is declared lost: the serving engine's
+/// whole retry budget for one block.
+fn read_idle(cfg: &NiConfig, rtt: Option<&Rtt>) -> u64 {
+    let rto = rtt.map_or(cfg.retransmit_ns, |r| r.rto(cfg));
+    (1..=cfg.max_attempts).map(|a| backoff(rto, a)).sum::<u64>() * 2
+}
+
 /// `a` is not newer than `b` in wrapping 16-bit sequence space.
 fn seq_le(a: u16, b: u16) -> bool {
     b.wrapping_sub(a) < 0x8000
@@ -1084,7 +1191,7 @@ fn send_block(
     i: usize,
     txn: u32,
     now: Instant,
-    cfg: &NiConfig,
+    rto: u64,
     mem: &dyn Memory,
     out: &mut Out,
     stats: &mut NiStats,
@@ -1094,8 +1201,9 @@ fn send_block(
         b.seq = b.seq.wrapping_add(1);
     }
     b.attempts += 1;
+    b.sent_at = now;
     b.step = Step::InFlight {
-        deadline: now + backoff(cfg.retransmit_ns, b.attempts),
+        deadline: now + backoff(rto, b.attempts),
     };
     let (mut off, end) = (b.off, b.off + b.len);
     let mut index = 0u8;

@@ -1,0 +1,478 @@
+//! `exanet-perf <bench> run`: the measuring side (crate docs).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, NodeId, Packetizer, RdmaPage, Tag};
+use serde_json::json;
+
+use crate::stats::{summarize, Row};
+use crate::wire::{self, Msg};
+
+pub struct Options {
+    pub peer: (String, u8),
+    pub peer_mailbox: u8,
+    pub iterations: Option<u64>,
+    pub warmup: Option<u64>,
+    pub json: bool,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Op {
+    Write,
+    Read,
+}
+
+pub struct RdmaOptions {
+    pub common: Options,
+    pub sizes: Vec<u64>,
+    pub op: Op,
+    pub verify: bool,
+    pub notify: bool,
+    /// `Some`: bandwidth mode with that many transfers in flight.
+    pub window: Option<u8>,
+}
+
+/// An open session with a server.
+struct Conn<'a> {
+    ep: &'a Endpoint,
+    mbox: Mailbox,
+    tx: Packetizer,
+    server: (NodeId, u8),
+    server_name: String,
+    ctrl: Gvas,
+    data: Gvas,
+    buf_va: u64,
+    buf_len: u64,
+    notify_va: u64,
+    timeout: Duration,
+}
+
+impl<'a> Conn<'a> {
+    fn open(ep: &'a Endpoint, o: &Options, bench: u8, buffer: u64) -> Result<Conn<'a>, String> {
+        let (name, rank) = &o.peer;
+        let node = ep.node_by_name(name).map_err(|e| e.to_string())?;
+        let ctrl = ep
+            .mailbox_addr(node, *rank, o.peer_mailbox)
+            .map_err(|e| e.to_string())?;
+        let mbox = ep.mailbox(64).map_err(|e| format!("mailbox: {e}"))?;
+        let tx = ep.packetizer().map_err(|e| format!("packetizer: {e}"))?;
+        let server_name = format!("{name}:{rank} mailbox {}", o.peer_mailbox);
+        let hello = Msg::Hello {
+            bench,
+            client_vi: mbox.vi(),
+            buffer,
+        }
+        .encode();
+        // Say hello until the server's mailbox takes it.
+        let deadline = Instant::now() + o.connect_timeout;
+        loop {
+            let tag = tx.send(0, ctrl, &hello).map_err(|e| e.to_string())?;
+            match ep.wait(tag, Some(o.timeout)) {
+                Ok(()) => break,
+                Err(Error::Op { error, .. }) if error.transient() => {
+                    if Instant::now() >= deadline {
+                        return Err(format!(
+                            "no server at {server_name} (last answer: {error}); is \
+                             `exanet-perf ... serve` running there?"
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(format!("hello to {server_name}: {e}")),
+            }
+        }
+        let mut c = Conn {
+            ep,
+            mbox,
+            tx,
+            server: (node, *rank),
+            server_name,
+            ctrl,
+            data: ctrl,
+            buf_va: 0,
+            buf_len: 0,
+            notify_va: 0,
+            timeout: o.timeout,
+        };
+        match c.reply()? {
+            Msg::Welcome {
+                status: wire::ST_OK,
+                data_vi,
+                buf_va,
+                buf_len,
+                notify_va,
+            } => {
+                c.data = ep
+                    .mailbox_addr(node, *rank, data_vi)
+                    .map_err(|e| e.to_string())?;
+                c.buf_va = buf_va;
+                c.buf_len = buf_len;
+                c.notify_va = notify_va;
+                if buf_len < buffer {
+                    return Err(format!(
+                        "the server gave {buf_len} B of buffer, {buffer} B were asked for"
+                    ));
+                }
+                Ok(c)
+            }
+            Msg::Welcome {
+                status: wire::ST_TOO_BIG,
+                buf_len,
+                ..
+            } => Err(format!(
+                "the server allows buffers of {buf_len} B at most, {buffer} B needed \
+                 (smaller --sizes or --window, or serve --max-buffer)"
+            )),
+            other => Err(format!("the server refused the session: {other:?}")),
+        }
+    }
+
+    /// The next protocol message from the server (anything else is skipped).
+    fn reply(&self) -> Result<Msg, String> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = self.mbox.recv(Some(left)).map_err(|e| match e {
+                Error::Timeout => format!(
+                    "no answer from {} within {} ms",
+                    self.server_name,
+                    self.timeout.as_millis()
+                ),
+                e => e.to_string(),
+            })?;
+            if (m.src_node, m.src_rank) != self.server {
+                continue;
+            }
+            if let Some(msg) = Msg::decode(&m.payload) {
+                return Ok(msg);
+            }
+        }
+    }
+
+    fn send_ctrl(&self, m: Msg) -> Result<(), String> {
+        let tag = self
+            .tx
+            .send_any(self.ctrl, &m.encode())
+            .map_err(|e| e.to_string())?;
+        self.ep
+            .wait(tag, Some(self.timeout))
+            .map_err(|e| format!("{m:?} to {}: {e}", self.server_name))
+    }
+
+    /// Asks the server to fill or check its buffer; `Err` on a mismatch.
+    fn verify_remote(&self, m: Msg) -> Result<(), String> {
+        self.send_ctrl(m)?;
+        match self.reply()? {
+            Msg::Done {
+                status: wire::ST_OK,
+                ..
+            } => Ok(()),
+            Msg::Done {
+                status: wire::ST_MISMATCH,
+                detail,
+            } => Err(format!(
+                "verification failed: {m:?}: first bad byte at offset {detail}"
+            )),
+            other => Err(format!("{m:?}: the server answered {other:?}")),
+        }
+    }
+
+    fn bye(&self) {
+        if let Err(e) = self.send_ctrl(Msg::Bye) {
+            eprintln!("exanet-perf: {e}");
+        }
+    }
+}
+
+pub fn pingpong(ep: &Endpoint, o: &Options, sizes: &[u64]) -> Result<(), String> {
+    if let Some(&s) = sizes.iter().find(|&&s| s > exanet::MAX_MESSAGE as u64) {
+        return Err(format!(
+            "size {s}: a packetizer message carries {} bytes at most",
+            exanet::MAX_MESSAGE
+        ));
+    }
+    let iterations = o.iterations.unwrap_or(10_000);
+    let warmup = o.warmup.unwrap_or((iterations / 10).clamp(1, 1000));
+    let c = Conn::open(ep, o, wire::BENCH_PINGPONG, 0)?;
+    let r = pingpong_sizes(&c, o, sizes, iterations, warmup);
+    c.bye();
+    r
+}
+
+fn pingpong_sizes(
+    c: &Conn<'_>,
+    o: &Options,
+    sizes: &[u64],
+    iterations: u64,
+    warmup: u64,
+) -> Result<(), String> {
+    let mut header = false;
+    for &size in sizes {
+        let mut payload = vec![0u8; size as usize];
+        let mut samples = Vec::with_capacity(iterations as usize);
+        for i in 0..warmup + iterations {
+            // A distinct payload per iteration, so a stale echo is caught.
+            let stamp = i.to_be_bytes();
+            for (k, b) in payload.iter_mut().enumerate() {
+                *b = stamp[7 - k % 8] ^ (k as u8);
+            }
+            let t0 = Instant::now();
+            let tag =
+                c.tx.send_any(c.data, &payload)
+                    .map_err(|e| format!("ping: {e}"))?;
+            let m = c.mbox.recv(Some(o.timeout)).map_err(|e| match e {
+                Error::Timeout => format!(
+                    "no echo from {} within {} ms (size {size}, iteration {i})",
+                    c.server_name,
+                    o.timeout.as_millis()
+                ),
+                e => format!("echo: {e}"),
+            })?;
+            let rtt = t0.elapsed();
+            c.ep.wait(tag, Some(o.timeout))
+                .map_err(|e| format!("ping {i}: {e}"))?;
+            if (m.src_node, m.src_rank) != c.server || m.payload != payload {
+                return Err(format!(
+                    "bad echo at size {size}, iteration {i}: {} B from {}:{}",
+                    m.payload.len(),
+                    m.src_node,
+                    m.src_rank
+                ));
+            }
+            if i >= warmup {
+                samples.push(rtt / 2);
+            }
+        }
+        Row {
+            bench: "pingpong",
+            size,
+            summary: summarize(&samples),
+            gbps: None,
+            extra: vec![("peer", json!(c.server_name)), ("one_way", json!(true))],
+        }
+        .print(o.json, &mut header);
+    }
+    Ok(())
+}
+
+pub fn rdma(ep: &Endpoint, o: &RdmaOptions) -> Result<(), String> {
+    let Some(&max) = o.sizes.iter().max() else {
+        return Err("no sizes".into());
+    };
+    if let Some(&s) = o
+        .sizes
+        .iter()
+        .find(|&&s| s == 0 || s > exanet::MAX_TRANSFER)
+    {
+        return Err(format!("size {s}: a transfer is 1 byte to 4 GiB"));
+    }
+    let window = u64::from(o.window.unwrap_or(1));
+    let buffer = max.checked_mul(window).ok_or("sizes x window overflow")?;
+    let c = Conn::open(ep, &o.common, wire::BENCH_RDMA, buffer)?;
+    let r = (|| {
+        let local = ep
+            .register(buffer)
+            .map_err(|e| format!("registering {buffer} B: {e}"))?;
+        let page = ep.rdma_page().map_err(|e| format!("RDMA page: {e}"))?;
+        let mut header = false;
+        for &size in &o.sizes {
+            let row = match o.window {
+                None => rdma_lat(&c, o, &page, &local, size)?,
+                Some(w) => rdma_bw(&c, o, &page, &local, size, u64::from(w))?,
+            };
+            row.print(o.common.json, &mut header);
+        }
+        Ok(())
+    })();
+    c.bye();
+    r
+}
+
+fn post(
+    c: &Conn<'_>,
+    o: &RdmaOptions,
+    page: &RdmaPage,
+    local: &MemoryRegion,
+    ch: u8,
+    offset: u64,
+    size: u64,
+) -> Result<Tag, String> {
+    let remote =
+        c.ep.addr(c.server.0, c.server.1, c.buf_va + offset)
+            .map_err(|e| e.to_string())?;
+    let r = match o.op {
+        Op::Write => page.write(
+            ch,
+            local,
+            offset,
+            remote,
+            size,
+            o.notify.then_some(c.notify_va),
+        ),
+        Op::Read => page.read(ch, remote, local, offset, size),
+    };
+    r.map_err(|e| format!("posting a {size} B {:?}: {e}", o.op))
+}
+
+fn wait(c: &Conn<'_>, tag: Tag, size: u64, o: &RdmaOptions) -> Result<(), String> {
+    c.ep.wait(tag, Some(o.common.timeout))
+        .map_err(|e| format!("{size} B {:?}: {e}", o.op))
+}
+
+fn fill_local(local: &MemoryRegion, offset: u64, size: u64, seed: u64) -> Result<(), String> {
+    let mut v = vec![0u8; size as usize];
+    wire::fill(&mut v, seed, 0);
+    local.write(offset, &v).map_err(|e| e.to_string())
+}
+
+fn check_local(local: &MemoryRegion, offset: u64, size: u64, seed: u64) -> Result<(), String> {
+    let v = local.to_vec(offset, size).map_err(|e| e.to_string())?;
+    match wire::first_mismatch(&v, seed, 0) {
+        None => Ok(()),
+        Some(bad) => Err(format!(
+            "verification failed: {size} B read, first bad byte at offset {bad}"
+        )),
+    }
+}
+
+fn seed_of(size: u64, i: u64) -> u64 {
+    (size << 24) ^ i ^ 0x5EED
+}
+
+fn extras(o: &RdmaOptions, c: &Conn<'_>) -> Vec<(&'static str, serde_json::Value)> {
+    let mut v = vec![
+        ("op", json!(format!("{:?}", o.op).to_lowercase())),
+        ("peer", json!(c.server_name)),
+        ("verified", json!(o.verify)),
+    ];
+    if let Some(w) = o.window {
+        v.push(("window", json!(w)));
+    }
+    v
+}
+
+fn rdma_lat(
+    c: &Conn<'_>,
+    o: &RdmaOptions,
+    page: &RdmaPage,
+    local: &MemoryRegion,
+    size: u64,
+) -> Result<Row, String> {
+    let iterations = o.common.iterations.unwrap_or(100);
+    let warmup = o.common.warmup.unwrap_or((iterations / 10).clamp(1, 10));
+    if o.op == Op::Write && !o.verify {
+        fill_local(local, 0, size, seed_of(size, 0))?;
+    }
+    let mut samples = Vec::with_capacity(iterations as usize);
+    for i in 0..warmup + iterations {
+        let seed = seed_of(size, i);
+        if o.verify {
+            match o.op {
+                Op::Write => fill_local(local, 0, size, seed)?,
+                Op::Read => c.verify_remote(Msg::Fill {
+                    seed,
+                    offset: 0,
+                    len: size,
+                })?,
+            }
+        }
+        let t0 = Instant::now();
+        let tag = post(c, o, page, local, 0, 0, size)?;
+        wait(c, tag, size, o)?;
+        let t = t0.elapsed();
+        if o.verify {
+            match o.op {
+                Op::Write => c.verify_remote(Msg::Check {
+                    seed,
+                    offset: 0,
+                    len: size,
+                })?,
+                Op::Read => check_local(local, 0, size, seed)?,
+            }
+        }
+        if i >= warmup {
+            samples.push(t);
+        }
+    }
+    let summary = summarize(&samples);
+    let gbps = (summary.p50 > 0.0).then(|| size as f64 * 8.0 / (summary.p50 * 1e3));
+    Ok(Row {
+        bench: "rdma-lat",
+        size,
+        summary,
+        gbps,
+        extra: extras(o, c),
+    })
+}
+
+fn rdma_bw(
+    c: &Conn<'_>,
+    o: &RdmaOptions,
+    page: &RdmaPage,
+    local: &MemoryRegion,
+    size: u64,
+    window: u64,
+) -> Result<Row, String> {
+    let iterations = o.common.iterations.unwrap_or(64);
+    let warmup = o.common.warmup.unwrap_or(window);
+    // Slot s (channel s) always carries the pattern of seed `seed_of(size, s)`.
+    for s in 0..window {
+        let seed = seed_of(size, s);
+        match o.op {
+            Op::Write => fill_local(local, s * size, size, seed)?,
+            Op::Read if o.verify => c.verify_remote(Msg::Fill {
+                seed,
+                offset: s * size,
+                len: size,
+            })?,
+            Op::Read => {}
+        }
+    }
+    let run = |count: u64, samples: &mut Vec<Duration>| -> Result<Duration, String> {
+        let mut inflight: VecDeque<(Tag, Instant, u64)> = VecDeque::new();
+        let (mut posted, mut done) = (0u64, 0u64);
+        let start = Instant::now();
+        while done < count {
+            while inflight.len() < window as usize && posted < count {
+                // FIFO completion order: op k reuses the slot of op k - window, done.
+                let slot = posted % window;
+                let tag = post(c, o, page, local, slot as u8, slot * size, size)?;
+                inflight.push_back((tag, Instant::now(), slot));
+                posted += 1;
+            }
+            if let Some((tag, t0, _)) = inflight.pop_front() {
+                wait(c, tag, size, o)?;
+                samples.push(t0.elapsed());
+                done += 1;
+            }
+        }
+        Ok(start.elapsed())
+    };
+    run(warmup, &mut Vec::new())?;
+    let mut samples = Vec::with_capacity(iterations as usize);
+    let elapsed = run(iterations, &mut samples)?;
+    if o.verify {
+        for s in 0..window.min(iterations) {
+            let seed = seed_of(size, s);
+            match o.op {
+                Op::Write => c.verify_remote(Msg::Check {
+                    seed,
+                    offset: s * size,
+                    len: size,
+                })?,
+                Op::Read => check_local(local, s * size, size, seed)?,
+            }
+        }
+    }
+    let gbps = (size * iterations) as f64 * 8.0 / elapsed.as_secs_f64() / 1e9;
+    Ok(Row {
+        bench: "rdma-bw",
+        size,
+        summary: summarize(&samples),
+        gbps: Some(gbps),
+        extra: extras(o, c),
+    })
+}

@@ -1,0 +1,234 @@
+/*
+ * exanet.h - C interface of the exanet client library.
+ *
+ * A workload process attaches to the exanetd daemon of its node (one daemon per emulated
+ * ExaNeSt node) and drives that node's network interface (NI) through shared memory:
+ *
+ *   - packetizer: messages of up to 64 bytes to any address, typically another rank's
+ *     mailbox; 4 channels per interface, one message in flight per channel;
+ *   - mailbox: a queue of received messages;
+ *   - registered memory: this rank's memory, which RDMA reads from and writes into;
+ *   - RDMA page: RDMA writes (optionally with a completion notification at the
+ *     destination) and reads; 32 write + 32 read channels, one transfer in flight each.
+ *
+ * Addresses (exanet_addr_t) name a node id, a rank (0..7) on that node and a VA in that
+ * rank's memory. The protection domain (PDID) is not part of them: the daemon stamps the
+ * workload's own PDID, which comes from its job (EXANET_JOB_KEY), on everything it sends.
+ *
+ * Conventions:
+ *   - functions returning int return EXANET_OK (0), or a non-negative count where
+ *     documented, on success and a negative EXANET_E* code on failure;
+ *     exanet_strerror(code) describes a code, exanet_last_error() the last failure of the
+ *     calling thread in detail;
+ *   - handles are opaque; each *_open / exanet_attach / exanet_register has a matching
+ *     release function, which accepts NULL. A NULL handle or output pointer passed to any
+ *     other function is EXANET_EINVAL;
+ *   - timeouts are in microseconds: negative = wait forever, 0 = do not wait;
+ *   - posting an operation (exanet_send, exanet_rdma_write, exanet_rdma_read) returns a
+ *     tag; exanet_wait(tag) says how the operation ended. Results are kept until waited
+ *     for (or exanet_forget);
+ *   - all functions are thread-safe; an endpoint and its handles may be shared by threads.
+ *     Release handles before (or after) exanet_detach; after exanet_detach they only
+ *     return errors.
+ *
+ * Link with -lexanet (libexanet.so, or libexanet.a plus -lpthread -ldl -lm).
+ *
+ * Environment: EXANET_RACK (rack directory, default ./exanet-rack), EXANET_NODE (node
+ * name, e.g. M1QAF2), EXANET_JOB_KEY (job key, default: the rack's default job),
+ * EXANET_SPIN_US (how long waits spin before sleeping, default 20).
+ */
+#ifndef EXANET_H
+#define EXANET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- error codes ---------------------------------------------------------------- */
+
+#define EXANET_OK               0
+#define EXANET_EINVAL          -1  /* invalid argument: NULL pointer, bad string, bad value */
+#define EXANET_ENONODE         -2  /* no node given and EXANET_NODE not set */
+#define EXANET_EUNKNOWNNODE    -3  /* node name or id not in this rack */
+#define EXANET_EBADRANK        -4  /* rank outside 0..7 */
+#define EXANET_EFOREIGNPDID    -5  /* address of another protection domain */
+#define EXANET_EBADADDR        -6  /* VA outside the 39-bit space, bad mailbox index */
+#define EXANET_ERACKFILE       -7  /* rack.toml unreadable (names cannot be resolved) */
+#define EXANET_EUNREACHABLE    -8  /* cannot connect to the daemon's attach socket */
+#define EXANET_EATTACH         -9  /* the daemon refused to attach (unknown job key, no rank free) */
+#define EXANET_EDAEMON        -10  /* the daemon refused a request (no interface free...) */
+#define EXANET_EPROTO         -11  /* attach protocol error */
+#define EXANET_EDISCONNECTED  -12  /* the daemon closed the connection */
+#define EXANET_ECORRUPT       -13  /* shared memory corrupt; the endpoint is unusable */
+#define EXANET_ESYSTEM        -14  /* a system call failed */
+#define EXANET_ETIMEDOUT      -15  /* a wait ran out of time (the operation may still end) */
+#define EXANET_ENACKED        -16  /* the destination NACKed: see exanet_last_nack_reason() */
+#define EXANET_ENETTIMEDOUT   -17  /* no answer from the destination after all retries */
+#define EXANET_ELOCALFAULT    -18  /* the local source memory could not be read */
+#define EXANET_EREFUSED       -19  /* the NI refused the command */
+#define EXANET_EBUSY          -20  /* the channel has an operation in flight */
+#define EXANET_EBADCHANNEL    -21  /* no such channel */
+#define EXANET_ETOOLONG       -22  /* message longer than 64 bytes */
+#define EXANET_EOUTOFBOUNDS   -23  /* access outside a memory region */
+#define EXANET_EBADLENGTH     -24  /* zero or too large a length */
+#define EXANET_EUNKNOWNTAG    -25  /* tag never posted, or already collected */
+#define EXANET_EINTERNAL      -26  /* bug in the library */
+
+/* NACK reasons (exanet_last_nack_reason) */
+#define EXANET_NACK_PAGE_FAULT     1  /* destination memory not registered (transient) */
+#define EXANET_NACK_NO_CONTEXT     2  /* no receiver there (yet), no receive context (transient) */
+#define EXANET_NACK_CRC            3  /* corrupt cell (transient) */
+#define EXANET_NACK_BAD_ADDRESS    4  /* the address makes no sense at the destination */
+#define EXANET_NACK_PDID_MISMATCH  5  /* the destination belongs to another protection domain */
+#define EXANET_NACK_QUEUE_FULL     6  /* the mailbox is full */
+
+/* Largest message of the packetizer, channels per interface. */
+#define EXANET_MAX_MESSAGE        64
+#define EXANET_PACKETIZER_CHANNELS 4
+#define EXANET_RDMA_CHANNELS      32
+
+/* ---- types ---------------------------------------------------------------------- */
+
+typedef struct exanet_endpoint exanet_endpoint;
+typedef struct exanet_region exanet_region;
+typedef struct exanet_packetizer exanet_packetizer;
+typedef struct exanet_mailbox exanet_mailbox;
+typedef struct exanet_rdma_page exanet_rdma_page;
+
+typedef struct exanet_info_t {
+    uint32_t node_id;     /* this node's id */
+    uint32_t nodes;       /* nodes in the rack */
+    uint16_t pdid;        /* this workload's protection domain */
+    uint8_t rank;         /* this workload's rank on its node (0..7) */
+    char node_name[16];   /* e.g. "M1QAF2", NUL-terminated */
+} exanet_info_t;
+
+typedef struct exanet_addr_t {
+    uint32_t node;        /* node id (exanet_node_by_name) */
+    uint8_t rank;         /* 0..7 */
+    uint64_t va;          /* byte address in that rank's memory (39 bits) */
+} exanet_addr_t;
+
+typedef struct exanet_message_t {
+    uint32_t src_node;    /* sender's node id */
+    uint8_t src_rank;     /* sender's rank */
+    uint8_t vi;           /* the mailbox it arrived in */
+    uint8_t len;          /* payload bytes, 0..64 */
+    uint8_t payload[64];
+} exanet_message_t;
+
+typedef struct exanet_notification_t {
+    uint64_t va;          /* where in this rank's memory it was written */
+    uint64_t len;         /* length of the transfer it announces */
+    uint32_t src_node;    /* the writer's node id */
+} exanet_notification_t;
+
+/* ---- attachment ----------------------------------------------------------------- */
+
+/* Attaches to `node` of the rack in directory `rack` with `job_key`. Each may be NULL:
+ * EXANET_RACK (else ./exanet-rack), EXANET_NODE, EXANET_JOB_KEY (else the default job).
+ * On success *out is the endpoint; on failure *out is NULL. */
+int exanet_attach(const char *rack, const char *node, const char *job_key,
+                  exanet_endpoint **out);
+
+/* Detaches: the daemon frees this workload's rank and everything it allocated. */
+void exanet_detach(exanet_endpoint *ep);
+
+/* This attachment's node, rank and PDID. */
+int exanet_info(const exanet_endpoint *ep, exanet_info_t *info);
+
+/* The id of the node called `name` (M<blade>Q<slot>F<fpga>, e.g. "M1QBF3"). */
+int exanet_node_by_name(const exanet_endpoint *ep, const char *name, uint32_t *id);
+
+/* How long waits spin before sleeping on the daemon's doorbell (0: sleep at once). */
+int exanet_set_spin(const exanet_endpoint *ep, uint64_t spin_us);
+
+/* The address of mailbox `vi` (0..63) of `rank` on `node` (checked when used). */
+exanet_addr_t exanet_mailbox_addr(uint32_t node, uint8_t rank, uint8_t vi);
+
+/* ---- memory --------------------------------------------------------------------- */
+
+/* Registers `len` bytes of new, zeroed shared memory as this rank's memory. */
+int exanet_register(const exanet_endpoint *ep, uint64_t len, exanet_region **out);
+/* Unregisters it. */
+void exanet_region_free(exanet_region *r);
+/* Its first byte's VA in this rank's memory, and its length (0 for NULL). */
+uint64_t exanet_region_va(const exanet_region *r);
+uint64_t exanet_region_len(const exanet_region *r);
+/* Copy bytes into / out of the region (the NI may change them at any time: no pointers
+ * into shared memory are handed out). */
+int exanet_region_write(const exanet_region *r, uint64_t offset, const void *src, size_t len);
+int exanet_region_read(const exanet_region *r, uint64_t offset, void *dst, size_t len);
+
+/* ---- packetizer and mailboxes ------------------------------------------------- */
+
+int exanet_packetizer_open(const exanet_endpoint *ep, exanet_packetizer **out);
+void exanet_packetizer_close(exanet_packetizer *p);
+
+/* Allocates a mailbox holding up to `capacity` (>= 1) messages in the NI. */
+int exanet_mailbox_open(const exanet_endpoint *ep, uint32_t capacity, exanet_mailbox **out);
+void exanet_mailbox_close(exanet_mailbox *m);
+/* Its index (0..63): what senders put in exanet_mailbox_addr. Negative on error. */
+int exanet_mailbox_vi(const exanet_mailbox *m);
+
+/* Sends `len` (<= 64) bytes to `*dst` on channel `ch` (0..3; negative: the first free
+ * channel, waiting for one). *tag receives the operation's tag; tag may be NULL to
+ * discard the result. The operation ends when the destination ACKs or NACKs. */
+int exanet_send(const exanet_packetizer *p, int ch, const exanet_addr_t *dst,
+                const void *buf, size_t len, uint32_t *tag);
+
+/* Takes the next message of mailbox `m`, waiting up to `timeout_us`. */
+int exanet_recv(const exanet_mailbox *m, int64_t timeout_us, exanet_message_t *msg);
+
+/* ---- RDMA ----------------------------------------------------------------------- */
+
+int exanet_rdma_page_open(const exanet_endpoint *ep, exanet_rdma_page **out);
+void exanet_rdma_page_close(exanet_rdma_page *p);
+
+/* RDMA-writes `len` bytes at `offset` of `src` to `*dst` on write channel `ch` (0..31).
+ * notify_va: NULL, or a VA of the destination rank where a completion notification is
+ * written after the data. Ends when every block is acknowledged. */
+int exanet_rdma_write(const exanet_rdma_page *p, uint8_t ch, const exanet_region *src,
+                      uint64_t offset, const exanet_addr_t *dst, uint64_t len,
+                      const uint64_t *notify_va, uint32_t *tag);
+
+/* RDMA-reads `len` bytes at `*src` into `dst` at `offset`, on read channel `ch` (0..31).
+ * Ends when the data is in `dst`. */
+int exanet_rdma_read(const exanet_rdma_page *p, uint8_t ch, const exanet_addr_t *src,
+                     const exanet_region *dst, uint64_t offset, uint64_t len, uint32_t *tag);
+
+/* ---- completion ----------------------------------------------------------------- */
+
+/* Waits up to `timeout_us` for operation `tag`: EXANET_OK if it succeeded, its failure
+ * (EXANET_ENACKED, EXANET_ENETTIMEDOUT, EXANET_ELOCALFAULT, EXANET_EREFUSED), or
+ * EXANET_ETIMEDOUT if it is still going (wait again later). A result is collected once. */
+int exanet_wait(const exanet_endpoint *ep, uint32_t tag, int64_t timeout_us);
+
+/* Discards the result of operation `tag`, now or when it ends. */
+int exanet_forget(const exanet_endpoint *ep, uint32_t tag);
+
+/* Processes pending completions without waiting; returns how many (>= 0). */
+int exanet_poll(const exanet_endpoint *ep);
+
+/* Waits up to `timeout_us` for a completion notification. */
+int exanet_wait_notification(const exanet_endpoint *ep, int64_t timeout_us,
+                             exanet_notification_t *out);
+
+/* ---- errors --------------------------------------------------------------------- */
+
+/* A static description of an error code (never NULL). */
+const char *exanet_strerror(int code);
+/* The detailed message of the calling thread's last failure (never NULL; valid until the
+ * thread's next exanet call). */
+const char *exanet_last_error(void);
+/* The NACK reason (EXANET_NACK_*) of the calling thread's last EXANET_ENACKED, else 0. */
+int exanet_last_nack_reason(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EXANET_H */

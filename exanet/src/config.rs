@@ -1,0 +1,154 @@
+//! Where to attach and how to wait: [`Config`], filled from explicit values, else the
+//! environment, else defaults.
+//!
+//! | setting | explicit | environment | default |
+//! |---|---|---|---|
+//! | rack directory | [`Config::rack_dir`] | `EXANET_RACK` | `./exanet-rack` |
+//! | node | [`Config::node`] | `EXANET_NODE` | none: [`Error::NoNode`] |
+//! | job key | [`Config::job_key`] | `EXANET_JOB_KEY` | none: the rack's default job |
+//! | spin budget | [`Config::spin`] | `EXANET_SPIN_US` (microseconds) | [`DEFAULT_SPIN`] (20 us) |
+//!
+//! An empty environment variable counts as unset.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exanet_proto::Shape;
+
+use crate::error::{Error, Result};
+
+pub use exanet_shm::doorbell::DEFAULT_SPIN;
+
+pub const ENV_RACK: &str = "EXANET_RACK";
+pub const ENV_NODE: &str = "EXANET_NODE";
+pub const ENV_JOB_KEY: &str = "EXANET_JOB_KEY";
+pub const ENV_SPIN_US: &str = "EXANET_SPIN_US";
+/// The rack directory when neither an argument nor `EXANET_RACK` names one.
+pub const DEFAULT_RACK_DIR: &str = "exanet-rack";
+/// The rack file inside the rack directory.
+pub const RACK_FILE: &str = "rack.toml";
+/// How long a control request (attach, register, alloc, free) may take by default.
+pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest spin budget accepted from `EXANET_SPIN_US` (one second).
+pub const MAX_SPIN_US: u64 = 1_000_000;
+
+/// How to attach. `None` fields come from the environment or the defaults (module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub rack_dir: Option<PathBuf>,
+    pub node: Option<String>,
+    pub job_key: Option<String>,
+    pub spin: Option<Duration>,
+    pub control_timeout: Option<Duration>,
+}
+
+/// A [`Config`] with every field decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub rack_dir: PathBuf,
+    pub node: String,
+    pub job_key: Option<String>,
+    pub spin: Duration,
+    pub control_timeout: Duration,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Parses `EXANET_SPIN_US`-style text: microseconds, 0..=[`MAX_SPIN_US`].
+pub fn parse_spin_us(text: &str) -> Result<Duration> {
+    let bad = |why| Error::BadSetting {
+        name: ENV_SPIN_US,
+        value: text.to_string(),
+        why,
+    };
+    let us: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| bad("expected a number of microseconds"))?;
+    if us > MAX_SPIN_US {
+        return Err(bad("at most 1000000 (one second)"));
+    }
+    Ok(Duration::from_micros(us))
+}
+
+/// The spin budget from `EXANET_SPIN_US`, or [`DEFAULT_SPIN`].
+pub fn spin_from_env() -> Result<Duration> {
+    match env(ENV_SPIN_US) {
+        Some(v) => parse_spin_us(&v),
+        None => Ok(DEFAULT_SPIN),
+    }
+}
+
+/// The rack directory: `explicit`, else `EXANET_RACK`, else `./exanet-rack`.
+pub fn rack_dir(explicit: Option<&Path>) -> PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| env(ENV_RACK).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RACK_DIR))
+}
+
+/// The attach socket of `node` in `rack_dir`: `<rack>/run/<NODE>.ni`.
+pub fn socket_path(rack_dir: &Path, node: &str) -> PathBuf {
+    rack_dir.join("run").join(format!("{node}.ni"))
+}
+
+impl Config {
+    /// Everything from the environment.
+    pub fn from_env() -> Config {
+        Config::default()
+    }
+
+    pub(crate) fn resolve(&self) -> Result<Resolved> {
+        let node = match self.node.clone().filter(|n| !n.is_empty()) {
+            Some(n) => n,
+            None => env(ENV_NODE).ok_or(Error::NoNode)?,
+        };
+        // The canonical spelling (upper case), which the daemon names its socket after.
+        let name: exanet_proto::NodeName =
+            node.parse()
+                .map_err(|e: exanet_proto::NameError| Error::UnknownNode {
+                    name: node.clone(),
+                    reason: e.to_string(),
+                })?;
+        let spin = match self.spin {
+            Some(s) => s,
+            None => spin_from_env()?,
+        };
+        Ok(Resolved {
+            rack_dir: rack_dir(self.rack_dir.as_deref()),
+            node: name.to_string(),
+            job_key: self
+                .job_key
+                .clone()
+                .or_else(|| env(ENV_JOB_KEY))
+                .filter(|k| !k.is_empty()),
+            spin,
+            control_timeout: self.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT),
+        })
+    }
+}
+
+/// Reads the rack's shape from `<rack_dir>/rack.toml` (only the `shape` key is looked at).
+pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
+    let path = rack_dir.join(RACK_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::RackFile {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    parse_shape(&text).map_err(|message| Error::RackFile { path, message })
+}
+
+/// The `shape = "XxYxZ"` of a rack file's text.
+pub fn parse_shape(text: &str) -> Result<Shape, String> {
+    let v: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| e.message().to_string())?;
+    let s = v
+        .get("shape")
+        .ok_or("no `shape` key")?
+        .as_str()
+        .ok_or("`shape` is not a string")?;
+    s.parse::<Shape>().map_err(|e| e.to_string())
+}

@@ -1,0 +1,778 @@
+//! The public Rust API: [`Endpoint`] and the interfaces it hands out.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use exanet_proto::attach::{Command, Reply, Request, Resource, PROTOCOL_VERSION};
+use exanet_proto::gvas::{Gvas, Pdid};
+use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
+use exanet_proto::ni::{CHANNELS, MAILBOX_VIS, MAILBOX_WINDOW, MAX_MESSAGE};
+use exanet_proto::shape::{NodeId, Shape};
+use exanet_shm::{Doorbell, Region, Ring};
+
+use crate::config::{read_shape, socket_path, Config};
+use crate::control::Control;
+use crate::engine::{Chan, Info, Message, Notification, Shared, Stats, RING_SLOT_SIZE, VA_LIMIT};
+use crate::error::{Error, Result};
+
+/// Largest ring region accepted from the daemon.
+const MAX_RING_REGION: u64 = 1 << 30;
+
+/// Names a posted operation; [`Endpoint::wait`] collects its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tag(pub(crate) u32);
+
+impl Tag {
+    /// The value carried in the command and echoed by its completion.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// A tag from its raw value (e.g. one that went through C).
+    pub fn from_raw(raw: u32) -> Tag {
+        Tag(raw)
+    }
+}
+
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A workload's attachment to its node's NI.
+///
+/// The attachment lasts until the endpoint is dropped (or [`Endpoint::detach`]ed): then the
+/// daemon frees the rank and everything it allocated, and the interfaces handed out by
+/// this endpoint fail with [`Error::Broken`].
+///
+/// `Endpoint` and its interfaces are `Send + Sync`; see [`crate::engine`] for how threads
+/// share the completion ring.
+#[derive(Debug)]
+pub struct Endpoint {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.shared.detach();
+    }
+}
+
+impl Endpoint {
+    /// Attaches to the node named by `EXANET_NODE` of the rack in `EXANET_RACK` (else
+    /// `./exanet-rack`), with the job key of `EXANET_JOB_KEY` (else the rack's default job).
+    pub fn attach() -> Result<Endpoint> {
+        Endpoint::attach_with(&Config::from_env())
+    }
+
+    /// Attaches to `node` of the rack in `rack_dir` with `job_key` (`None`: the rack's
+    /// default job).
+    pub fn attach_to(
+        rack_dir: impl AsRef<Path>,
+        node: &str,
+        job_key: Option<&str>,
+    ) -> Result<Endpoint> {
+        Endpoint::attach_with(&Config {
+            rack_dir: Some(rack_dir.as_ref().to_path_buf()),
+            node: Some(node.to_string()),
+            job_key: job_key.map(str::to_string),
+            ..Config::default()
+        })
+    }
+
+    /// Attaches as `config` says (unset fields from the environment, see [`Config`]).
+    pub fn attach_with(config: &Config) -> Result<Endpoint> {
+        let r = config.resolve()?;
+        let path = socket_path(&r.rack_dir, &r.node);
+        let mut ctrl = Control::connect(&path, r.control_timeout)?;
+        let (reply, fds) = ctrl.request(
+            &Request::Attach {
+                version: PROTOCOL_VERSION,
+                job_key: r.job_key.clone(),
+            },
+            &[],
+        )?;
+        let (node, node_id, rank, pdid, cmd_slots, cpl_slots, cmd_off, cpl_off, region_len, nodes) =
+            match reply {
+                Reply::Attached {
+                    node,
+                    node_id,
+                    rank,
+                    pdid,
+                    command_slots,
+                    completion_slots,
+                    command_offset,
+                    completion_offset,
+                    region_len,
+                    nodes,
+                } => (
+                    node,
+                    node_id,
+                    rank,
+                    pdid,
+                    command_slots,
+                    completion_slots,
+                    command_offset,
+                    completion_offset,
+                    region_len,
+                    nodes,
+                ),
+                Reply::Error { message } => return Err(Error::AttachRefused(message)),
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "attach: unexpected reply {other:?}"
+                    )))
+                }
+            };
+        let bad = |what: String| Error::Protocol(format!("attach: {what}"));
+        if rank >= 8 {
+            return Err(bad(format!("rank {rank} outside 0..=7")));
+        }
+        if nodes == 0 || nodes > 1 << exanet_proto::shape::NODE_ID_BITS {
+            return Err(bad(format!("{nodes} nodes")));
+        }
+        if node_id >= nodes {
+            return Err(bad(format!("node id {node_id} outside a rack of {nodes}")));
+        }
+        if region_len == 0 || region_len > MAX_RING_REGION {
+            return Err(bad(format!("ring region of {region_len} bytes")));
+        }
+        let fds: [_; 3] = fds
+            .try_into()
+            .map_err(|v: Vec<_>| bad(format!("{} descriptors instead of 3", v.len())))?;
+        let [mem, bell_in, bell_out] = fds;
+        let region = Arc::new(
+            Region::from_fd_with_len(mem, region_len as usize)
+                .map_err(|e| bad(format!("ring region: {e}")))?,
+        );
+        let off = |o: u64| usize::try_from(o).map_err(|_| bad(format!("ring offset {o}")));
+        let cmd_ring = Ring::new(off(cmd_off)?, cmd_slots, RING_SLOT_SIZE)
+            .map_err(|e| bad(format!("command ring: {e}")))?;
+        let cpl_ring = Ring::new(off(cpl_off)?, cpl_slots, RING_SLOT_SIZE)
+            .map_err(|e| bad(format!("completion ring: {e}")))?;
+        let producer = cmd_ring
+            .producer(Arc::clone(&region))
+            .map_err(|e| bad(format!("command ring: {e}")))?;
+        let consumer = cpl_ring
+            .consumer(region)
+            .map_err(|e| bad(format!("completion ring: {e}")))?;
+        let from_daemon =
+            Doorbell::from_fd(bell_in).map_err(|e| bad(format!("first doorbell: {e}")))?;
+        let to_daemon =
+            Doorbell::from_fd(bell_out).map_err(|e| bad(format!("second doorbell: {e}")))?;
+        let shape = match read_shape(&r.rack_dir) {
+            Ok(s) if s.nodes() == nodes => Ok(s),
+            Ok(s) => Err(format!(
+                "the rack file says {s} ({} nodes), the daemon says {nodes} nodes",
+                s.nodes()
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        let info = Info {
+            node,
+            node_id: NodeId(node_id),
+            rank,
+            pdid: Pdid(pdid),
+            nodes,
+            shape,
+            control_timeout: r.control_timeout,
+        };
+        Ok(Endpoint {
+            shared: Arc::new(Shared::new(
+                info,
+                r.spin,
+                producer,
+                consumer,
+                from_daemon,
+                to_daemon,
+                ctrl,
+            )),
+        })
+    }
+
+    /// Ends the attachment now (as dropping the endpoint does).
+    pub fn detach(self) {}
+
+    /// This node's name, e.g. `M1QAF2`.
+    pub fn node(&self) -> &str {
+        &self.shared.info.node
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.shared.info.node_id
+    }
+
+    /// The rank (0..=7) the daemon gave this workload on its node.
+    pub fn rank(&self) -> u8 {
+        self.shared.info.rank
+    }
+
+    /// The protection domain of this workload's job: the NI stamps it on everything sent.
+    pub fn pdid(&self) -> Pdid {
+        self.shared.info.pdid
+    }
+
+    /// Number of nodes in the rack.
+    pub fn nodes(&self) -> u32 {
+        self.shared.info.nodes
+    }
+
+    /// The rack's shape, from the rack file (an error if it could not be read).
+    pub fn shape(&self) -> Result<Shape> {
+        self.shared
+            .info
+            .shape
+            .clone()
+            .map_err(|message| Error::RackFile {
+                path: "rack.toml".into(),
+                message,
+            })
+    }
+
+    /// The id of the node called `name` (`M<blade>Q<slot>F<fpga>`, any case).
+    pub fn node_by_name(&self, name: &str) -> Result<NodeId> {
+        let shape = self
+            .shared
+            .info
+            .shape
+            .as_ref()
+            .map_err(|m| Error::UnknownNode {
+                name: name.to_string(),
+                reason: format!("node names cannot be resolved: {m}"),
+            })?;
+        shape.parse_node(name).map_err(|e| Error::UnknownNode {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The name of node `id`.
+    pub fn node_name(&self, id: NodeId) -> Result<String> {
+        self.shared.check_node(id)?;
+        match &self.shared.info.shape {
+            Ok(s) => Ok(s.display(id)),
+            Err(_) => Ok(format!("node#{}", id.0)),
+        }
+    }
+
+    /// The GVAS of byte `va` of `rank` on `node`, in this workload's protection domain.
+    pub fn addr(&self, node: NodeId, rank: u8, va: u64) -> Result<Gvas> {
+        self.shared.gvas(node, rank, va)
+    }
+
+    /// The GVAS of mailbox `vi` of `rank` on `node` (what [`Packetizer::send`] takes to
+    /// deliver into that mailbox).
+    pub fn mailbox_addr(&self, node: NodeId, rank: u8, vi: u8) -> Result<Gvas> {
+        if usize::from(vi) >= MAILBOX_VIS {
+            return Err(Error::BadAddress(format!(
+                "mailbox {vi} outside 0..{MAILBOX_VIS}"
+            )));
+        }
+        self.shared.gvas(node, rank, MAILBOX_WINDOW | u64::from(vi))
+    }
+
+    /// How long a wait spins before it sleeps on the doorbell.
+    pub fn spin(&self) -> Duration {
+        self.shared.spin()
+    }
+
+    /// Sets the spin budget (`Duration::ZERO`: sleep right away; longer: lower latency,
+    /// more CPU). Initially `EXANET_SPIN_US` or 20 us.
+    pub fn set_spin(&self, spin: Duration) {
+        self.shared.set_spin(spin)
+    }
+
+    /// Registers `len` bytes of new shared memory as this rank's memory: the NI reads RDMA
+    /// sources from it and writes RDMA destinations and notifications into it.
+    pub fn register(&self, len: u64) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::BadLength {
+                len,
+                why: "a memory region cannot be empty",
+            });
+        }
+        if len >= VA_LIMIT {
+            return Err(Error::BadLength {
+                len,
+                why: "larger than the 39-bit VA space",
+            });
+        }
+        let size = usize::try_from(len).map_err(|_| Error::BadLength {
+            len,
+            why: "does not fit this machine's address space",
+        })?;
+        let info = &self.shared.info;
+        let region = Region::create(&format!("exanet-{}-r{}", info.node, info.rank), size)?;
+        let reply = self.shared.control(
+            "register",
+            &Request::Register { len },
+            &[region.as_raw_fd()],
+        )?;
+        match reply {
+            Reply::Registered { region: id, va } => {
+                if va.checked_add(len).is_none_or(|end| end > VA_LIMIT) {
+                    return Err(Error::Protocol(format!(
+                        "register: VA {va:#x}+{len} outside the 39-bit VA space"
+                    )));
+                }
+                Ok(MemoryRegion {
+                    shared: Arc::clone(&self.shared),
+                    region,
+                    id,
+                    va,
+                    len,
+                })
+            }
+            other => Err(Error::Protocol(format!(
+                "register: unexpected reply {other:?}"
+            ))),
+        }
+    }
+
+    /// Allocates a packetizer interface (4 channels, messages of up to 64 bytes).
+    pub fn packetizer(&self) -> Result<Packetizer> {
+        let vi = self.shared.alloc(Resource::Packetizer, None)?;
+        Ok(Packetizer {
+            shared: Arc::clone(&self.shared),
+            vi,
+        })
+    }
+
+    /// Allocates a mailbox with room for `capacity` messages in the NI.
+    pub fn mailbox(&self, capacity: u32) -> Result<Mailbox> {
+        if capacity == 0 {
+            return Err(Error::BadLength {
+                len: 0,
+                why: "a mailbox holds at least one message",
+            });
+        }
+        let vi = self.shared.alloc(Resource::Mailbox, Some(capacity))?;
+        self.shared.open_mailbox(vi);
+        Ok(Mailbox {
+            shared: Arc::clone(&self.shared),
+            vi,
+            capacity,
+        })
+    }
+
+    /// Allocates an RDMA page (32 write and 32 read channels).
+    pub fn rdma_page(&self) -> Result<RdmaPage> {
+        let page = self.shared.alloc(Resource::RdmaPage, None)?;
+        Ok(RdmaPage {
+            shared: Arc::clone(&self.shared),
+            page,
+        })
+    }
+
+    /// Waits until the operation `tag` ended: `Ok(())` if it succeeded,
+    /// [`Error::Op`] with the [`crate::OpError`] if it failed, [`Error::Timeout`] if it is
+    /// still going after `timeout` (`None`: no limit; `Some(ZERO)`: just check). The result
+    /// is collected: waiting for the same tag again is [`Error::UnknownTag`].
+    pub fn wait(&self, tag: Tag, timeout: Option<Duration>) -> Result<()> {
+        self.shared.wait(tag.0, timeout)
+    }
+
+    /// Drops interest in `tag`: its result is discarded when it comes (failures are counted
+    /// in [`Stats::forgotten_failures`]).
+    pub fn forget(&self, tag: Tag) -> Result<()> {
+        self.shared.forget(tag.0)
+    }
+
+    /// Operations posted and not completed yet.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight()
+    }
+
+    /// Processes the completions that are there, without waiting; returns how many.
+    pub fn poll(&self) -> Result<u64> {
+        self.shared.poll()
+    }
+
+    /// How many completions (of any kind) this endpoint has processed so far.
+    pub fn events(&self) -> u64 {
+        self.shared.events()
+    }
+
+    /// Waits until more than `seen` completions were processed (`false` on timeout). For
+    /// event loops over several mailboxes and operations, without a lost wake-up:
+    ///
+    /// ```no_run
+    /// # fn f(ep: &exanet::Endpoint, a: &exanet::Mailbox, b: &exanet::Mailbox) -> exanet::Result<()> {
+    /// loop {
+    ///     let seen = ep.events();
+    ///     let mut idle = true;
+    ///     while let Some(m) = a.try_recv()? { idle = false; /* ... */ }
+    ///     while let Some(m) = b.try_recv()? { idle = false; /* ... */ }
+    ///     if idle {
+    ///         // Returns at once if a completion came in while we looked at a and b.
+    ///         ep.wait_events(seen, None)?;
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn wait_events(&self, seen: u64, timeout: Option<Duration>) -> Result<bool> {
+        self.shared.wait_events(seen, timeout)
+    }
+
+    /// The oldest completion notification received, if any.
+    pub fn try_notification(&self) -> Result<Option<Notification>> {
+        self.shared.notification(Some(Duration::ZERO))
+    }
+
+    /// Waits for a completion notification ([`Error::Timeout`] after `timeout`).
+    pub fn wait_notification(&self, timeout: Option<Duration>) -> Result<Notification> {
+        self.shared.notification(timeout)?.ok_or(Error::Timeout)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+}
+
+/// Memory registered with the NI: this rank's bytes at VA `va()..va()+len()`.
+///
+/// The daemon reads and writes it at any time, so it is accessed by copies
+/// ([`MemoryRegion::read`], [`MemoryRegion::write`]), never by reference. Unregistered when
+/// dropped.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    shared: Arc<Shared>,
+    region: Region,
+    id: u32,
+    va: u64,
+    len: u64,
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self
+            .shared
+            .control("unregister", &Request::Unregister { region: self.id }, &[]);
+    }
+}
+
+impl MemoryRegion {
+    /// The VA of the first byte in this rank's memory.
+    pub fn va(&self) -> u64 {
+        self.va
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always `false`: regions are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The daemon's id of the region.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The GVAS of byte `offset` of this region, for a peer to target.
+    pub fn gvas(&self, offset: u64) -> Result<Gvas> {
+        self.check(offset, 0)?;
+        let info = &self.shared.info;
+        self.shared.gvas(info.node_id, info.rank, self.va + offset)
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` out of the region.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        // In bounds of a region whose length fits usize.
+        self.region.read(offset as usize, buf)?;
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.region.write(offset as usize, data)?;
+        Ok(())
+    }
+
+    /// `len` bytes at `offset`, copied out.
+    pub fn to_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.check(offset, len)?;
+        let mut v = vec![0u8; len as usize];
+        self.region.read(offset as usize, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// A packetizer interface: sends messages of up to 64 bytes, one in flight per channel.
+/// Freed when dropped.
+#[derive(Debug)]
+pub struct Packetizer {
+    shared: Arc<Shared>,
+    vi: u8,
+}
+
+impl Drop for Packetizer {
+    fn drop(&mut self) {
+        let _ = self.shared.free(Resource::Packetizer, self.vi);
+    }
+}
+
+impl Packetizer {
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Its index among the node's 64 packetizer interfaces.
+    pub fn vi(&self) -> u8 {
+        self.vi
+    }
+
+    fn check(&self, dst: &Gvas, data: &[u8]) -> Result<()> {
+        if data.len() > MAX_MESSAGE {
+            return Err(Error::PayloadTooLong {
+                len: data.len(),
+                max: MAX_MESSAGE,
+            });
+        }
+        self.shared.check_dst(dst)
+    }
+
+    /// Sends `data` (<= 64 bytes) to `dst` on channel `ch` (0..4). A mailbox destination
+    /// comes from [`Endpoint::mailbox_addr`]. Completes when the destination ACKs (or NACKs,
+    /// or never answers): [`Endpoint::wait`]. [`Error::ChannelBusy`] while the channel's
+    /// previous message is in flight.
+    pub fn send(&self, ch: u8, dst: Gvas, data: &[u8]) -> Result<Tag> {
+        if usize::from(ch) >= CHANNELS {
+            return Err(Error::BadChannel {
+                ch,
+                count: CHANNELS as u8,
+            });
+        }
+        self.check(&dst, data)?;
+        let vi = self.vi;
+        self.shared
+            .post(Chan::Packetizer { vi, ch }, |tag| Command::Send {
+                tag,
+                vi,
+                ch,
+                dst,
+                payload: data.to_vec(),
+            })
+            .map(Tag)
+    }
+
+    /// [`Packetizer::send`] on the first free channel, waiting (and making progress) while
+    /// all four are busy.
+    pub fn send_any(&self, dst: Gvas, data: &[u8]) -> Result<Tag> {
+        self.check(&dst, data)?;
+        let vi = self.vi;
+        self.shared
+            .post_any(
+                |ch| Chan::Packetizer { vi, ch },
+                CHANNELS as u8,
+                |tag, ch| Command::Send {
+                    tag,
+                    vi,
+                    ch,
+                    dst,
+                    payload: data.to_vec(),
+                },
+            )
+            .map(Tag)
+    }
+}
+
+/// A mailbox: a queue in the NI that any rank of the same PDID can send messages to.
+/// Freed when dropped.
+#[derive(Debug)]
+pub struct Mailbox {
+    shared: Arc<Shared>,
+    vi: u8,
+    capacity: u32,
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        let _ = self.shared.free(Resource::Mailbox, self.vi);
+        self.shared.close_mailbox(self.vi);
+    }
+}
+
+impl Mailbox {
+    /// Its index among the node's 64 mailboxes (what senders put in the address).
+    pub fn vi(&self) -> u8 {
+        self.vi
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The GVAS senders use to reach this mailbox.
+    pub fn addr(&self) -> Gvas {
+        let info = &self.shared.info;
+        // Node id, rank and the window VA are all in range (checked at attach).
+        Gvas::new(
+            info.pdid,
+            info.node_id,
+            info.rank,
+            MAILBOX_WINDOW | u64::from(self.vi),
+        )
+        .unwrap_or_else(|_| Gvas::from_bytes([0; 10]))
+    }
+
+    /// The next message, if one arrived.
+    pub fn try_recv(&self) -> Result<Option<Message>> {
+        self.shared.recv(self.vi, Some(Duration::ZERO))
+    }
+
+    /// Waits for the next message ([`Error::Timeout`] after `timeout`; `None`: no limit).
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Message> {
+        self.shared.recv(self.vi, timeout)?.ok_or(Error::Timeout)
+    }
+
+    /// Messages received and not taken yet (client side).
+    pub fn queued(&self) -> usize {
+        self.shared.queued(self.vi)
+    }
+}
+
+/// An RDMA page: 32 write and 32 read channels, one transfer in flight per channel.
+/// Freed when dropped.
+#[derive(Debug)]
+pub struct RdmaPage {
+    shared: Arc<Shared>,
+    page: u8,
+}
+
+impl Drop for RdmaPage {
+    fn drop(&mut self) {
+        let _ = self.shared.free(Resource::RdmaPage, self.page);
+    }
+}
+
+/// Write channels per RDMA page.
+pub const RDMA_WRITE_CHANNELS: u8 = WRITE_CHANNELS as u8;
+/// Read channels per RDMA page.
+pub const RDMA_READ_CHANNELS: u8 = READ_CHANNELS as u8;
+
+impl RdmaPage {
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Its index among the node's 16 RDMA pages.
+    pub fn page(&self) -> u8 {
+        self.page
+    }
+
+    fn check_local(&self, region: &MemoryRegion, offset: u64, len: u64) -> Result<()> {
+        if !Arc::ptr_eq(&region.shared, &self.shared) {
+            return Err(Error::ForeignRegion);
+        }
+        if len == 0 || len > MAX_TRANSFER {
+            return Err(Error::BadLength {
+                len,
+                why: "a transfer is 1 byte to 4 GiB",
+            });
+        }
+        region.check(offset, len)
+    }
+
+    fn check_remote(&self, addr: &Gvas, len: u64) -> Result<()> {
+        self.shared.check_dst(addr)?;
+        if addr.va() + len > VA_LIMIT {
+            return Err(Error::BadAddress(format!(
+                "{addr} + {len} bytes runs past the 39-bit VA space"
+            )));
+        }
+        Ok(())
+    }
+
+    /// RDMA-writes `len` bytes at `offset` of `src` to `dst`, on write channel `ch`
+    /// (0..32). With `notify`, a completion notification is written at that VA of the
+    /// destination rank once the data is there. Completes when every block is ACKed.
+    pub fn write(
+        &self,
+        ch: u8,
+        src: &MemoryRegion,
+        offset: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+    ) -> Result<Tag> {
+        if ch >= RDMA_WRITE_CHANNELS {
+            return Err(Error::BadChannel {
+                ch,
+                count: RDMA_WRITE_CHANNELS,
+            });
+        }
+        self.check_local(src, offset, len)?;
+        self.check_remote(&dst, len)?;
+        if let Some(n) = notify {
+            if n >= VA_LIMIT {
+                return Err(Error::BadAddress(format!(
+                    "notification VA {n:#x} outside the 39-bit VA space"
+                )));
+            }
+        }
+        let page = self.page;
+        let src_va = src.va + offset;
+        self.shared
+            .post(Chan::RdmaWrite { page, ch }, |tag| Command::Write {
+                tag,
+                page,
+                ch,
+                src_va,
+                dst,
+                len,
+                notify,
+            })
+            .map(Tag)
+    }
+
+    /// RDMA-reads `len` bytes at `src` into `dst` at `offset`, on read channel `ch`
+    /// (0..32). Completes when the data is in `dst`.
+    pub fn read(
+        &self,
+        ch: u8,
+        src: Gvas,
+        dst: &MemoryRegion,
+        offset: u64,
+        len: u64,
+    ) -> Result<Tag> {
+        if ch >= RDMA_READ_CHANNELS {
+            return Err(Error::BadChannel {
+                ch,
+                count: RDMA_READ_CHANNELS,
+            });
+        }
+        self.check_local(dst, offset, len)?;
+        self.check_remote(&src, len)?;
+        let page = self.page;
+        let dst_va = dst.va + offset;
+        self.shared
+            .post(Chan::RdmaRead { page, ch }, |tag| Command::Read {
+                tag,
+                page,
+                ch,
+                src,
+                dst_va,
+                len,
+            })
+            .map(Tag)
+    }
+}

@@ -1,0 +1,781 @@
+//! The data path: the two rings, the client-side queues, and the progress engine.
+//!
+//! # Threads
+//! Everything is behind an `Arc<Shared>`, so an endpoint and its handles may be used from
+//! several threads. Completions are read by one thread at a time, the *leader*: a thread
+//! that needs progress (waiting for a tag, a message, a free channel...) takes the lead if
+//! nobody has it, drains the completion ring into the client-side queues, and sleeps on the
+//! daemon's doorbell when the ring is empty; the other waiting threads wait on a condition
+//! variable that the leader signals after every batch. Posting a command only takes the
+//! command ring's lock, never waits for the leader.
+//!
+//! Lock order: `cpl` (leader) -> `state` -> `cmd`; `ctrl` alone.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
+use exanet_proto::shape::{NodeId, Shape};
+use exanet_shm::{Consumer, Doorbell, Producer, RingError, WaitError, Waiter};
+
+use crate::control::Control;
+use crate::error::{Error, OpError, Result};
+
+/// Ring slot size of both rings (each message is one [`SLOT`]).
+pub const RING_SLOT_SIZE: u32 = 256;
+/// How long the leader sleeps at most before checking that the daemon is still there.
+const LIVENESS_SLICE: Duration = Duration::from_millis(200);
+/// How long a waiting follower sleeps at most before re-checking (a safety net: the leader
+/// signals after every batch).
+const FOLLOWER_SLICE: Duration = Duration::from_millis(50);
+/// How long the leader sleeps at most while a command waits for room in the command ring
+/// (the daemon may not ring us when it frees command slots).
+const FULL_SLICE: Duration = Duration::from_micros(200);
+/// Completions decoded before they are dispatched under the state lock.
+const BATCH: usize = 64;
+/// Messages kept for mailboxes this endpoint does not (yet) own.
+const MAX_STRAYS: usize = 4096;
+/// Notifications kept before the oldest are dropped.
+const MAX_NOTIFICATIONS: usize = 1 << 16;
+/// VA limit of a GVAS.
+pub(crate) const VA_LIMIT: u64 = 1 << VA_BITS;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One channel of one interface: at most one operation in flight on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Chan {
+    Packetizer { vi: u8, ch: u8 },
+    RdmaWrite { page: u8, ch: u8 },
+    RdmaRead { page: u8, ch: u8 },
+}
+
+impl Chan {
+    fn busy_error(self, tag: u32) -> Error {
+        let (what, index, ch) = match self {
+            Chan::Packetizer { vi, ch } => ("packetizer", vi, ch),
+            Chan::RdmaWrite { page, ch } => ("RDMA page (write)", page, ch),
+            Chan::RdmaRead { page, ch } => ("RDMA page (read)", page, ch),
+        };
+        Error::ChannelBusy {
+            what,
+            index,
+            ch,
+            tag,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum TagState {
+    Pending { chan: Chan, forget: bool },
+    Done(Result<(), OpError>),
+}
+
+/// A message taken from a mailbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The mailbox it arrived in.
+    pub vi: u8,
+    /// The sending node.
+    pub src_node: NodeId,
+    /// The sending rank on that node.
+    pub src_rank: u8,
+    /// 0..=64 bytes.
+    pub payload: Vec<u8>,
+}
+
+/// A completion notification an RDMA write left in this rank's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// Where in this rank's memory it was written.
+    pub va: u64,
+    /// The node that wrote.
+    pub src_node: NodeId,
+    /// The length of the transfer it announces.
+    pub len: u64,
+}
+
+/// Counters of one endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Completion slots read from the ring.
+    pub completions: u64,
+    /// Messages delivered into mailboxes.
+    pub messages: u64,
+    /// Notifications received.
+    pub notifications: u64,
+    /// Operation completions naming a tag this endpoint does not know (ignored).
+    pub unexpected: u64,
+    /// Messages dropped: for a mailbox this endpoint does not own, beyond the stray limit.
+    pub dropped_messages: u64,
+    /// Notifications dropped because nobody collected them.
+    pub dropped_notifications: u64,
+    /// Forgotten operations that failed.
+    pub forgotten_failures: u64,
+    /// Times the leader went to sleep on the doorbell (after its spin budget).
+    pub sleeps: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    tags: HashMap<u32, TagState>,
+    next_tag: u32,
+    busy: HashMap<Chan, u32>,
+    mailboxes: HashMap<u8, VecDeque<Message>>,
+    strays: HashMap<u8, VecDeque<Message>>,
+    stray_count: usize,
+    notifications: VecDeque<Notification>,
+    events: u64,
+    polling: bool,
+    /// Threads waiting on the condition variable for the leader's next batch.
+    followers: usize,
+    broken: Option<String>,
+    stats: Stats,
+}
+
+impl State {
+    /// Registers an operation on `chan` and returns its tag.
+    fn start(&mut self, chan: Chan) -> Result<u32> {
+        if let Some(b) = &self.broken {
+            return Err(Error::Broken(b.clone()));
+        }
+        if let Some(&t) = self.busy.get(&chan) {
+            return Err(chan.busy_error(t));
+        }
+        // Tags wrap; skip those still in use (at most a few thousand are).
+        let mut tag = self.next_tag;
+        while self.tags.contains_key(&tag) {
+            tag = tag.wrapping_add(1);
+        }
+        self.next_tag = tag.wrapping_add(1);
+        self.tags.insert(
+            tag,
+            TagState::Pending {
+                chan,
+                forget: false,
+            },
+        );
+        self.busy.insert(chan, tag);
+        Ok(tag)
+    }
+
+    /// Undoes [`State::start`] for a command that never reached the ring.
+    fn abort(&mut self, tag: u32) {
+        if let Some(TagState::Pending { chan, .. }) = self.tags.remove(&tag) {
+            if self.busy.get(&chan) == Some(&tag) {
+                self.busy.remove(&chan);
+            }
+        }
+    }
+
+    fn finish(&mut self, tag: u32, result: Result<(), OpError>) {
+        match self.tags.get(&tag).copied() {
+            Some(TagState::Pending { chan, forget }) => {
+                if self.busy.get(&chan) == Some(&tag) {
+                    self.busy.remove(&chan);
+                }
+                if forget {
+                    self.tags.remove(&tag);
+                    if result.is_err() {
+                        self.stats.forgotten_failures += 1;
+                    }
+                } else {
+                    self.tags.insert(tag, TagState::Done(result));
+                }
+            }
+            // A second completion for the same tag, or one we never posted.
+            Some(TagState::Done(_)) | None => self.stats.unexpected += 1,
+        }
+    }
+
+    fn dispatch(&mut self, c: Completion) {
+        self.events += 1;
+        self.stats.completions += 1;
+        match c {
+            Completion::Sent {
+                tag,
+                status,
+                reason,
+                ..
+            }
+            | Completion::Rdma {
+                tag,
+                status,
+                reason,
+                ..
+            } => self.finish(tag, OpError::from_status(status, reason)),
+            Completion::Refused { tag, status, code } => {
+                let r = match OpError::from_status(status, code) {
+                    // A refusal with status OK makes no sense; still a refusal.
+                    Ok(()) => Err(OpError::Refused { code }),
+                    other => other,
+                };
+                self.finish(tag, r)
+            }
+            Completion::Message {
+                vi,
+                src_node,
+                src_rank,
+                payload,
+            } => {
+                let m = Message {
+                    vi,
+                    src_node: NodeId(src_node),
+                    src_rank,
+                    payload,
+                };
+                if let Some(q) = self.mailboxes.get_mut(&vi) {
+                    self.stats.messages += 1;
+                    q.push_back(m);
+                } else if self.stray_count < MAX_STRAYS {
+                    // Possibly for a mailbox whose allocation reply is being processed by
+                    // another thread right now: kept, and adopted by the allocation.
+                    self.stray_count += 1;
+                    self.strays.entry(vi).or_default().push_back(m);
+                } else {
+                    self.stats.dropped_messages += 1;
+                }
+            }
+            Completion::Notified { va, src_node, len } => {
+                self.stats.notifications += 1;
+                if self.notifications.len() >= MAX_NOTIFICATIONS {
+                    self.notifications.pop_front();
+                    self.stats.dropped_notifications += 1;
+                }
+                self.notifications.push_back(Notification {
+                    va,
+                    src_node: NodeId(src_node),
+                    len,
+                });
+            }
+        }
+    }
+}
+
+/// Fixed facts of an attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Info {
+    pub node: String,
+    pub node_id: NodeId,
+    pub rank: u8,
+    pub pdid: Pdid,
+    pub nodes: u32,
+    pub shape: std::result::Result<Shape, String>,
+    pub control_timeout: Duration,
+}
+
+/// The completion ring's reader, owned by the leader.
+pub(crate) struct Poller {
+    pub cons: Consumer,
+    pub last_alive_check: Instant,
+}
+
+pub(crate) struct Shared {
+    pub info: Info,
+    spin_ns: AtomicU64,
+    state: Mutex<State>,
+    cv: Condvar,
+    cmd: Mutex<Producer>,
+    cpl: Mutex<Poller>,
+    /// The daemon rings it when it published completions and we announced we sleep.
+    from_daemon: Doorbell,
+    /// We ring it when we published commands and the daemon announced it sleeps.
+    to_daemon: Doorbell,
+    ctrl: Mutex<Control>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("info", &self.info).finish()
+    }
+}
+
+fn corrupt(e: RingError) -> Error {
+    match e {
+        RingError::Corrupt(c) => Error::Corrupt(c.to_string()),
+        other => Error::Corrupt(other.to_string()),
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        info: Info,
+        spin: Duration,
+        cmd: Producer,
+        cpl: Consumer,
+        from_daemon: Doorbell,
+        to_daemon: Doorbell,
+        ctrl: Control,
+    ) -> Shared {
+        Shared {
+            info,
+            spin_ns: AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)),
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            cmd: Mutex::new(cmd),
+            cpl: Mutex::new(Poller {
+                cons: cpl,
+                last_alive_check: Instant::now(),
+            }),
+            from_daemon,
+            to_daemon,
+            ctrl: Mutex::new(ctrl),
+        }
+    }
+
+    pub(crate) fn spin(&self) -> Duration {
+        Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_spin(&self, spin: Duration) {
+        self.spin_ns.store(
+            u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        lock(&self.state).stats
+    }
+
+    fn mark_broken(&self, why: &Error) {
+        let mut st = lock(&self.state);
+        if st.broken.is_none() {
+            st.broken = Some(why.to_string());
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Makes the endpoint unusable and closes the connection (the daemon then detaches the
+    /// rank and frees its interfaces).
+    pub(crate) fn detach(&self) {
+        {
+            let mut st = lock(&self.state);
+            if st.broken.is_none() {
+                st.broken = Some("detached".into());
+            }
+        }
+        self.cv.notify_all();
+        lock(&self.ctrl).shutdown();
+    }
+
+    // ---- control plane ----
+
+    pub(crate) fn control(
+        &self,
+        op: &'static str,
+        req: &Request,
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<Reply> {
+        if let Some(b) = &lock(&self.state).broken {
+            return Err(Error::Broken(b.clone()));
+        }
+        let (reply, got) = lock(&self.ctrl).request(req, fds)?;
+        if !got.is_empty() {
+            return Err(Error::Protocol(format!(
+                "{op}: the daemon sent {} unexpected descriptor(s)",
+                got.len()
+            )));
+        }
+        if let Reply::Error { message } = reply {
+            return Err(Error::Daemon { op, message });
+        }
+        Ok(reply)
+    }
+
+    pub(crate) fn alloc(&self, kind: Resource, capacity: Option<u32>) -> Result<u8> {
+        let (op, limit) = match kind {
+            Resource::Packetizer => ("packetizer allocation", 64),
+            Resource::Mailbox => ("mailbox allocation", 64),
+            Resource::RdmaPage => ("RDMA page allocation", 16),
+        };
+        match self.control(op, &Request::Alloc { kind, capacity }, &[])? {
+            Reply::Allocated { index } if usize::from(index) < limit => Ok(index),
+            Reply::Allocated { index } => Err(Error::Protocol(format!(
+                "{op}: the daemon gave index {index}, outside 0..{limit}"
+            ))),
+            other => Err(Error::Protocol(format!("{op}: unexpected reply {other:?}"))),
+        }
+    }
+
+    pub(crate) fn free(&self, kind: Resource, index: u8) -> Result<()> {
+        match self.control("free", &Request::Free { kind, index }, &[])? {
+            Reply::Ok => Ok(()),
+            other => Err(Error::Protocol(format!("free: unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Creates the client-side queue of mailbox `vi`, adopting what already arrived for it.
+    pub(crate) fn open_mailbox(&self, vi: u8) {
+        let mut st = lock(&self.state);
+        let early = st.strays.remove(&vi).unwrap_or_default();
+        st.stray_count -= early.len();
+        st.stats.messages += early.len() as u64;
+        st.mailboxes.insert(vi, early);
+    }
+
+    pub(crate) fn close_mailbox(&self, vi: u8) {
+        let mut st = lock(&self.state);
+        st.mailboxes.remove(&vi);
+        if let Some(q) = st.strays.remove(&vi) {
+            st.stray_count -= q.len();
+        }
+    }
+
+    // ---- addresses ----
+
+    pub(crate) fn check_node(&self, node: NodeId) -> Result<()> {
+        if node.0 < self.info.nodes {
+            Ok(())
+        } else {
+            Err(Error::BadNode {
+                id: node.0,
+                nodes: self.info.nodes,
+            })
+        }
+    }
+
+    pub(crate) fn gvas(&self, node: NodeId, rank: u8, va: u64) -> Result<Gvas> {
+        self.check_node(node)?;
+        if rank >= 8 {
+            return Err(Error::BadRank(rank));
+        }
+        Gvas::new(self.info.pdid, node, rank, va).map_err(|e| Error::BadAddress(e.to_string()))
+    }
+
+    /// Checks a destination given by the caller: this workload's PDID, a node of the rack.
+    pub(crate) fn check_dst(&self, dst: &Gvas) -> Result<()> {
+        if dst.pdid() != self.info.pdid {
+            return Err(Error::ForeignPdid {
+                pdid: dst.pdid().0,
+                own: self.info.pdid.0,
+            });
+        }
+        self.check_node(dst.node())
+    }
+
+    // ---- data plane ----
+
+    /// Pushes one encoded command, waiting (while making progress) when the ring is full.
+    fn push(&self, bytes: &[u8; SLOT]) -> Result<()> {
+        let try_push = |p: &mut Producer| -> Result<bool> {
+            match p.push(bytes) {
+                Ok(()) => {
+                    // The command is in the ring whatever happens to the wake-up; a failed
+                    // eventfd write only delays the daemon until it polls again.
+                    let _ = p.wake_consumer(&self.to_daemon);
+                    Ok(true)
+                }
+                Err(RingError::Full) => Ok(false),
+                Err(e) => Err(corrupt(e)),
+            }
+        };
+        match try_push(&mut lock(&self.cmd)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => {
+                self.mark_broken(&e);
+                return Err(e);
+            }
+        }
+        let r = self.drive(Some(self.info.control_timeout), Some(FULL_SLICE), |_st| {
+            Ok(try_push(&mut lock(&self.cmd))?.then_some(()))
+        });
+        match r {
+            Ok(Some(())) => Ok(()),
+            Ok(None) => Err(Error::Timeout),
+            Err(e) => {
+                if matches!(e, Error::Corrupt(_)) {
+                    self.mark_broken(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Posts a command on `chan`, built from its tag.
+    pub(crate) fn post(&self, chan: Chan, build: impl FnOnce(u32) -> Command) -> Result<u32> {
+        let started = lock(&self.state).start(chan);
+        let tag = match started {
+            Ok(t) => t,
+            Err(Error::ChannelBusy { .. }) => {
+                // Maybe its completion is already in the ring: one pass without waiting.
+                self.drive(Some(Duration::ZERO), None, |st| {
+                    Ok((!st.busy.contains_key(&chan)).then_some(()))
+                })?;
+                lock(&self.state).start(chan)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.push_tagged(tag, build(tag))
+    }
+
+    /// Posts a command on the first free channel of `chans`, waiting for one to free up.
+    pub(crate) fn post_any(
+        &self,
+        chans: impl Fn(u8) -> Chan,
+        count: u8,
+        build: impl FnOnce(u32, u8) -> Command,
+    ) -> Result<u32> {
+        let got = self.drive(Some(self.info.control_timeout), None, |st| {
+            for ch in 0..count {
+                let chan = chans(ch);
+                if !st.busy.contains_key(&chan) {
+                    return Ok(Some((st.start(chan)?, ch)));
+                }
+            }
+            Ok(None)
+        })?;
+        let (tag, ch) = got.ok_or(Error::Timeout)?;
+        self.push_tagged(tag, build(tag, ch))
+    }
+
+    fn push_tagged(&self, tag: u32, cmd: Command) -> Result<u32> {
+        if let Err(e) = self.push(&cmd.encode()) {
+            lock(&self.state).abort(tag);
+            return Err(e);
+        }
+        Ok(tag)
+    }
+
+    pub(crate) fn wait(&self, tag: u32, timeout: Option<Duration>) -> Result<()> {
+        let r = self.drive(timeout, None, |st| match st.tags.get(&tag) {
+            None => Err(Error::UnknownTag(tag)),
+            Some(TagState::Pending { .. }) => Ok(None),
+            Some(&TagState::Done(r)) => {
+                st.tags.remove(&tag);
+                Ok(Some(r))
+            }
+        })?;
+        match r {
+            None => Err(Error::Timeout),
+            Some(Ok(())) => Ok(()),
+            Some(Err(error)) => Err(Error::Op { tag, error }),
+        }
+    }
+
+    pub(crate) fn forget(&self, tag: u32) -> Result<()> {
+        let mut st = lock(&self.state);
+        match st.tags.get_mut(&tag) {
+            None => Err(Error::UnknownTag(tag)),
+            Some(TagState::Pending { forget, .. }) => {
+                *forget = true;
+                Ok(())
+            }
+            Some(TagState::Done(r)) => {
+                if r.is_err() {
+                    st.stats.forgotten_failures += 1;
+                }
+                st.tags.remove(&tag);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        let st = lock(&self.state);
+        st.tags
+            .values()
+            .filter(|t| matches!(t, TagState::Pending { .. }))
+            .count()
+    }
+
+    pub(crate) fn recv(&self, vi: u8, timeout: Option<Duration>) -> Result<Option<Message>> {
+        self.drive(timeout, None, |st| match st.mailboxes.get_mut(&vi) {
+            Some(q) => Ok(q.pop_front()),
+            None => Err(Error::Broken(format!("mailbox {vi} is not open"))),
+        })
+    }
+
+    pub(crate) fn queued(&self, vi: u8) -> usize {
+        lock(&self.state)
+            .mailboxes
+            .get(&vi)
+            .map_or(0, VecDeque::len)
+    }
+
+    pub(crate) fn notification(&self, timeout: Option<Duration>) -> Result<Option<Notification>> {
+        self.drive(timeout, None, |st| Ok(st.notifications.pop_front()))
+    }
+
+    /// Processes what is in the completion ring without waiting; returns how many
+    /// completions that was.
+    pub(crate) fn poll(&self) -> Result<u64> {
+        let before = lock(&self.state).events;
+        self.drive(Some(Duration::ZERO), None, |_| Ok(None::<()>))?;
+        Ok(lock(&self.state).events - before)
+    }
+
+    /// Completions processed so far (by any thread).
+    pub(crate) fn events(&self) -> u64 {
+        lock(&self.state).events
+    }
+
+    /// Waits until more than `seen` completions were processed (by any thread) or
+    /// `timeout`; returns whether there were.
+    pub(crate) fn wait_events(&self, seen: u64, timeout: Option<Duration>) -> Result<bool> {
+        Ok(self
+            .drive(timeout, None, |st| Ok((st.events > seen).then_some(())))?
+            .is_some())
+    }
+
+    /// Makes progress until `cond` yields a value (`Some`), `timeout` passes (`None`) or
+    /// something fails. `cap` bounds each sleep of the leader.
+    fn drive<T>(
+        &self,
+        timeout: Option<Duration>,
+        cap: Option<Duration>,
+        mut cond: impl FnMut(&mut State) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut last_pass = false;
+        loop {
+            let mut st = lock(&self.state);
+            if let Some(v) = cond(&mut st)? {
+                return Ok(Some(v));
+            }
+            if let Some(b) = &st.broken {
+                return Err(Error::Broken(b.clone()));
+            }
+            if last_pass {
+                return Ok(None);
+            }
+            let left = match (timeout, deadline) {
+                (Some(_), Some(d)) => d.saturating_duration_since(Instant::now()),
+                _ => Duration::MAX,
+            };
+            if left.is_zero() {
+                // One more pass through the ring (if nobody else is reading it), then give up.
+                last_pass = true;
+            }
+            if st.polling {
+                if last_pass {
+                    return Ok(None);
+                }
+                st.followers += 1;
+                let (mut g, _) = self
+                    .cv
+                    .wait_timeout(st, left.min(FOLLOWER_SLICE))
+                    .unwrap_or_else(PoisonError::into_inner);
+                g.followers -= 1;
+                drop(g);
+                continue;
+            }
+            st.polling = true;
+            drop(st);
+            let slice = left.min(cap.unwrap_or(Duration::MAX)).min(LIVENESS_SLICE);
+            let r = self.lead(slice);
+            let followers = {
+                let mut st = lock(&self.state);
+                st.polling = false;
+                st.followers
+            };
+            // Waking nobody would still cost a futex system call per batch.
+            if followers > 0 {
+                self.cv.notify_all();
+            }
+            if let Err(e) = r {
+                if matches!(e, Error::Corrupt(_) | Error::Disconnected) {
+                    self.mark_broken(&e);
+                }
+                return Err(e);
+            }
+        }
+    }
+
+    /// One step of the leader: drain the completion ring; if it was empty, wait up to
+    /// `slice` (spin, then sleep) for completions and drain those.
+    fn lead(&self, slice: Duration) -> Result<()> {
+        let mut p = lock(&self.cpl);
+        if self.drain(&mut p.cons)? > 0 || slice.is_zero() {
+            return Ok(());
+        }
+        let waiter = Waiter::new(self.spin());
+        let started = Instant::now();
+        let ready = match p
+            .cons
+            .wait_readable(&waiter, &self.from_daemon, Some(slice))
+        {
+            Ok(r) => r,
+            Err(WaitError::Ring(e)) => return Err(corrupt(e)),
+            Err(WaitError::Doorbell(e)) => {
+                return Err(Error::Io {
+                    op: "waiting on the doorbell",
+                    source: e,
+                })
+            }
+            Err(e) => {
+                return Err(Error::Io {
+                    op: "waiting on the doorbell",
+                    source: std::io::Error::other(e.to_string()),
+                })
+            }
+        };
+        if started.elapsed() > waiter.spin() {
+            lock(&self.state).stats.sleeps += 1;
+        }
+        if ready {
+            self.drain(&mut p.cons)?;
+        } else if p.last_alive_check.elapsed() >= LIVENESS_SLICE {
+            p.last_alive_check = Instant::now();
+            // Skip the check if a control request is going on: it will notice.
+            if let Ok(mut c) = self.ctrl.try_lock() {
+                c.check_alive()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves everything in the completion ring into the client-side queues.
+    fn drain(&self, cons: &mut Consumer) -> Result<usize> {
+        let mut buf = [0u8; RING_SLOT_SIZE as usize];
+        let mut total = 0;
+        loop {
+            let mut batch = Vec::new();
+            let mut failure = None;
+            while batch.len() < BATCH {
+                match cons.pop(&mut buf) {
+                    Ok(Some(n)) if n == SLOT => match Completion::decode(&buf[..n]) {
+                        Ok(c) => batch.push(c),
+                        Err(e) => {
+                            failure = Some(Error::Corrupt(format!("completion slot: {e}")));
+                            break;
+                        }
+                    },
+                    Ok(Some(n)) => {
+                        failure = Some(Error::Corrupt(format!(
+                            "completion of {n} bytes, expected {SLOT}"
+                        )));
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        failure = Some(corrupt(e));
+                        break;
+                    }
+                }
+            }
+            let n = batch.len();
+            total += n;
+            if n > 0 {
+                let mut st = lock(&self.state);
+                for c in batch {
+                    st.dispatch(c);
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if n < BATCH {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! The client library against a fake daemon (tests/common): attach, name resolution,
+//! messages and RDMA through the rings, completion status mapping, client-side checks, and
+//! a daemon that corrupts the rings or goes away. No rack needed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Behavior, Fake, GOOD_KEY, NODE, NODE_ID, PDID, RANK};
+use exanet::error::codes;
+use exanet::{Endpoint, Error, Gvas, NackReason, NodeId, OpError, Pdid};
+
+const T: Option<Duration> = Some(Duration::from_secs(5));
+
+fn attach(f: &Fake) -> Endpoint {
+    Endpoint::attach_to(&f.dir, NODE, None).expect("attach to the fake daemon")
+}
+
+#[test]
+fn attach_reports_what_the_daemon_gave_and_resolves_names() {
+    let f = Fake::start("attach", Behavior::Loopback);
+    // Lower case is fine: the socket is named after the canonical spelling.
+    let ep = Endpoint::attach_to(&f.dir, "m1qaf2", Some(GOOD_KEY)).unwrap();
+    assert_eq!(ep.node(), NODE);
+    assert_eq!(ep.node_id(), NodeId(NODE_ID));
+    assert_eq!(ep.rank(), RANK);
+    assert_eq!(ep.pdid(), Pdid(PDID));
+    assert_eq!(ep.nodes(), 8);
+    assert_eq!(ep.shape().unwrap().to_string(), "2x1x1");
+    assert_eq!(ep.node_by_name("M1QBF3").unwrap(), NodeId(6));
+    assert_eq!(ep.node_by_name("m1qaf1").unwrap(), NodeId(0));
+    assert_eq!(ep.node_name(NodeId(6)).unwrap(), "M1QBF3");
+    for bad in ["M2QAF1", "M1QCF1", "M1QAF5", "nonsense", ""] {
+        let e = ep.node_by_name(bad).unwrap_err();
+        assert!(matches!(e, Error::UnknownNode { .. }), "{bad}: {e:?}");
+        assert_eq!(e.code(), codes::UNKNOWN_NODE);
+    }
+    assert!(matches!(
+        ep.addr(NodeId(8), 0, 0),
+        Err(Error::BadNode { id: 8, nodes: 8 })
+    ));
+    assert!(matches!(ep.addr(NodeId(1), 8, 0), Err(Error::BadRank(8))));
+    assert_eq!(
+        ep.addr(NodeId(1), 8, 0).unwrap_err().code(),
+        codes::BAD_RANK
+    );
+    assert!(matches!(
+        ep.addr(NodeId(1), 0, 1 << 39),
+        Err(Error::BadAddress(_))
+    ));
+    assert!(matches!(
+        ep.mailbox_addr(NodeId(1), 0, 64),
+        Err(Error::BadAddress(_))
+    ));
+    let g = ep.mailbox_addr(NodeId(6), 2, 5).unwrap();
+    assert_eq!(
+        (g.pdid(), g.node(), g.rank(), g.va()),
+        (Pdid(PDID), NodeId(6), 2, exanet::MAILBOX_WINDOW | 5)
+    );
+}
+
+#[test]
+fn unknown_job_key_and_missing_daemon_are_typed_errors() {
+    let f = Fake::start("key", Behavior::Loopback);
+    let e = Endpoint::attach_to(&f.dir, NODE, Some("not-a-job")).unwrap_err();
+    assert!(
+        matches!(&e, Error::AttachRefused(m) if m.contains("unknown job key")),
+        "{e:?}"
+    );
+    assert_eq!(e.code(), codes::ATTACH_REFUSED);
+    let e = Endpoint::attach_to(&f.dir, "M1QBF3", None).unwrap_err();
+    assert!(matches!(e, Error::Unreachable { .. }), "{e:?}");
+    assert_eq!(e.code(), codes::UNREACHABLE);
+    let e = Endpoint::attach_to(&f.dir, "Q1", None).unwrap_err();
+    assert!(matches!(e, Error::UnknownNode { .. }), "{e:?}");
+}
+
+#[test]
+fn messages_reach_their_own_mailbox_in_order() {
+    let f = Fake::start("mbox", Behavior::Loopback);
+    let ep = attach(&f);
+    let a = ep.mailbox(16).unwrap();
+    let b = ep.mailbox(16).unwrap();
+    assert_ne!(a.vi(), b.vi());
+    let tx = ep.packetizer().unwrap();
+    let mut tags = Vec::new();
+    for i in 0..20u8 {
+        let (mb, ch) = if i % 2 == 0 { (&a, 0) } else { (&b, 1) };
+        // Wait for the channel's previous message before reusing it.
+        if tags.len() >= 2 {
+            let t = tags.remove(0);
+            ep.wait(t, T).unwrap();
+        }
+        tags.push(tx.send(ch, mb.addr(), &[i; 3]).unwrap());
+    }
+    for t in tags {
+        ep.wait(t, T).unwrap();
+    }
+    for (mb, first) in [(&a, 0u8), (&b, 1u8)] {
+        for k in 0..10u8 {
+            let m = mb.recv(T).unwrap();
+            assert_eq!(m.payload, vec![first + 2 * k; 3]);
+            assert_eq!(
+                (m.src_node, m.src_rank, m.vi),
+                (NodeId(NODE_ID), RANK, mb.vi())
+            );
+        }
+        assert!(mb.try_recv().unwrap().is_none());
+    }
+    // Empty and full-size payloads; send_any picks a free channel.
+    for n in [0usize, 1, 64] {
+        let t = tx.send_any(a.addr(), &vec![9; n]).unwrap();
+        ep.wait(t, T).unwrap();
+        assert_eq!(a.recv(T).unwrap().payload.len(), n);
+    }
+    assert!(matches!(
+        a.recv(Some(Duration::from_millis(30))),
+        Err(Error::Timeout)
+    ));
+    // A collected tag is gone.
+    let t = tx.send(2, a.addr(), b"x").unwrap();
+    ep.wait(t, T).unwrap();
+    assert!(matches!(ep.wait(t, T), Err(Error::UnknownTag(_))));
+    assert_eq!(ep.in_flight(), 0);
+}
+
+#[test]
+fn completion_statuses_map_to_op_errors() {
+    let f = Fake::start("status", Behavior::Loopback);
+    let ep = attach(&f);
+    let tx = ep.packetizer().unwrap();
+    // Another node: NACK no_context (transient).
+    let t = tx
+        .send(0, ep.mailbox_addr(NodeId(0), 0, 0).unwrap(), b"hi")
+        .unwrap();
+    let e = ep.wait(t, T).unwrap_err();
+    let op = e.op_error().expect("an operation failure");
+    assert_eq!(
+        op,
+        OpError::Nacked {
+            reason: Some(NackReason::NoContext),
+            code: 2
+        }
+    );
+    assert!(op.transient());
+    assert_eq!(e.code(), codes::NACKED);
+    // Not a mailbox: bad address.
+    let t = tx
+        .send(1, ep.addr(NodeId(NODE_ID), RANK, 0x1000).unwrap(), b"")
+        .unwrap();
+    let op = ep.wait(t, T).unwrap_err().op_error().unwrap();
+    assert!(matches!(
+        op,
+        OpError::Nacked {
+            reason: Some(NackReason::BadAddress),
+            ..
+        }
+    ));
+    assert!(!op.transient());
+    // A node that never answers: network timeout.
+    let t = tx
+        .send(2, ep.mailbox_addr(NodeId(5), 0, 0).unwrap(), b"")
+        .unwrap();
+    let e = ep.wait(t, T).unwrap_err();
+    assert_eq!(e.op_error(), Some(OpError::TimedOut));
+    assert_eq!(e.code(), codes::NET_TIMEOUT);
+    // The raw mapping, including codes this library does not know.
+    assert_eq!(OpError::from_status(0, 0), Ok(()));
+    assert_eq!(OpError::from_status(3, 0), Err(OpError::LocalFault));
+    assert_eq!(
+        OpError::from_status(4, 9),
+        Err(OpError::Refused { code: 9 })
+    );
+    assert_eq!(
+        OpError::from_status(1, 200),
+        Err(OpError::Nacked {
+            reason: None,
+            code: 200
+        })
+    );
+    assert_eq!(
+        OpError::from_status(77, 1),
+        Err(OpError::Unknown {
+            status: 77,
+            reason: 1
+        })
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_client_side() {
+    let f = Fake::start("client-side", Behavior::Silent);
+    let ep = attach(&f);
+    let tx = ep.packetizer().unwrap();
+    let me = ep.mailbox_addr(NodeId(NODE_ID), RANK, 0).unwrap();
+    let e = tx.send(0, me, &[0; 65]).unwrap_err();
+    assert!(matches!(e, Error::PayloadTooLong { len: 65, max: 64 }));
+    assert_eq!(e.code(), codes::TOO_LONG);
+    assert!(matches!(
+        tx.send(4, me, b""),
+        Err(Error::BadChannel { ch: 4, count: 4 })
+    ));
+    // A GVAS of another protection domain.
+    let foreign = Gvas::new(Pdid(PDID + 1), NodeId(0), 0, exanet::MAILBOX_WINDOW).unwrap();
+    let e = tx.send(0, foreign, b"").unwrap_err();
+    assert!(matches!(e, Error::ForeignPdid { pdid, own } if pdid == PDID + 1 && own == PDID));
+    assert_eq!(e.code(), codes::FOREIGN_PDID);
+    let outside = Gvas::new(Pdid(PDID), NodeId(100), 0, 0).unwrap();
+    assert!(matches!(
+        tx.send(0, outside, b""),
+        Err(Error::BadNode { .. })
+    ));
+    // The daemon never answers: the channel stays busy, waits time out.
+    let t = tx.send(0, me, b"1").unwrap();
+    let e = tx.send(0, me, b"2").unwrap_err();
+    assert!(matches!(e, Error::ChannelBusy { ch: 0, tag, .. } if tag == t.raw()));
+    assert_eq!(e.code(), codes::BUSY);
+    let start = Instant::now();
+    assert!(matches!(
+        ep.wait(t, Some(Duration::from_millis(50))),
+        Err(Error::Timeout)
+    ));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(ep.in_flight(), 1);
+    ep.forget(t).unwrap();
+    assert!(matches!(
+        ep.wait(Tag::from_raw(999_999), T),
+        Err(Error::UnknownTag(999_999))
+    ));
+    // RDMA checks.
+    let mem = ep.register(8192).unwrap();
+    let page = ep.rdma_page().unwrap();
+    let dst = ep.addr(NodeId(NODE_ID), RANK, mem.va()).unwrap();
+    assert!(matches!(
+        page.write(32, &mem, 0, dst, 1, None),
+        Err(Error::BadChannel { ch: 32, count: 32 })
+    ));
+    assert!(matches!(
+        page.write(0, &mem, 0, dst, 0, None),
+        Err(Error::BadLength { .. })
+    ));
+    assert!(matches!(
+        page.write(0, &mem, 4096, dst, 4097, None),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        page.read(0, dst, &mem, 8192, 1),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        page.write(0, &mem, 0, dst, 1, Some(1 << 39)),
+        Err(Error::BadAddress(_))
+    ));
+    let far = ep.addr(NodeId(NODE_ID), RANK, (1 << 39) - 10).unwrap();
+    assert!(matches!(
+        page.write(0, &mem, 0, far, 100, None),
+        Err(Error::BadAddress(_))
+    ));
+    // A region of another endpoint.
+    let other = attach(&f);
+    let theirs = other.register(4096).unwrap();
+    assert!(matches!(
+        page.write(0, &theirs, 0, dst, 1, None),
+        Err(Error::ForeignRegion)
+    ));
+    assert!(matches!(ep.register(0), Err(Error::BadLength { .. })));
+    assert!(matches!(ep.mailbox(0), Err(Error::BadLength { .. })));
+    // Local accessors are bounds-checked.
+    assert!(matches!(
+        mem.write(8190, &[1, 2, 3]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        mem.to_vec(u64::MAX, 2),
+        Err(Error::OutOfBounds { .. })
+    ));
+}
+
+use exanet::Tag;
+
+#[test]
+fn rdma_write_and_read_move_every_byte() {
+    let f = Fake::start("rdma", Behavior::Loopback);
+    let ep = attach(&f);
+    let len = 256 * 1024 + 13;
+    let a = ep.register(len).unwrap();
+    let b = ep.register(len).unwrap();
+    assert!(a.va() != b.va());
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    a.write(0, &data).unwrap();
+    let page = ep.rdma_page().unwrap();
+    let dst = b.gvas(0).unwrap();
+    let t = page.write(3, &a, 0, dst, len, Some(b.va())).unwrap();
+    ep.wait(t, T).unwrap();
+    assert_eq!(b.to_vec(0, len).unwrap(), data);
+    let n = ep.wait_notification(T).unwrap();
+    assert_eq!((n.va, n.len, n.src_node), (b.va(), len, NodeId(NODE_ID)));
+    assert!(ep.try_notification().unwrap().is_none());
+    // Read it back into a, shifted by one byte.
+    a.write(0, &vec![0; len as usize]).unwrap();
+    let t = page.read(3, b.gvas(1).unwrap(), &a, 0, len - 1).unwrap();
+    ep.wait(t, T).unwrap();
+    assert_eq!(a.to_vec(0, len - 1).unwrap(), data[1..]);
+    // Unregistered destination memory: page fault NACK.
+    let hole = ep.addr(NodeId(NODE_ID), RANK, 1 << 35).unwrap();
+    let t = page.write(0, &a, 0, hole, 10, None).unwrap();
+    let op = ep.wait(t, T).unwrap_err().op_error().unwrap();
+    assert!(matches!(
+        op,
+        OpError::Nacked {
+            reason: Some(NackReason::PageFault),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn threads_share_an_endpoint() {
+    let f = Fake::start("threads", Behavior::Loopback);
+    let ep = Arc::new(attach(&f));
+    let inbox = Arc::new(ep.mailbox(1024).unwrap());
+    let tx = Arc::new(ep.packetizer().unwrap());
+    // A receiver blocked in recv must not stop senders from making progress.
+    let receiver = {
+        let inbox = inbox.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 400 {
+                got.push(inbox.recv(T).unwrap().payload);
+            }
+            got
+        })
+    };
+    let senders: Vec<_> = (0..4u8)
+        .map(|k| {
+            let (ep, tx, addr) = (ep.clone(), tx.clone(), inbox.addr());
+            std::thread::spawn(move || {
+                for i in 0..100u8 {
+                    let t = tx.send_any(addr, &[k, i]).unwrap();
+                    ep.wait(t, T).unwrap();
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), 400);
+    // Per sender, in order.
+    for k in 0..4u8 {
+        let mine: Vec<u8> = got.iter().filter(|p| p[0] == k).map(|p| p[1]).collect();
+        assert_eq!(mine, (0..100).collect::<Vec<u8>>());
+    }
+}
+
+fn broken_ring(behavior: Behavior) -> Error {
+    let f = Fake::start("corrupt", behavior);
+    let ep = attach(&f);
+    let mb = ep.mailbox(4).unwrap();
+    let tx = ep.packetizer().unwrap();
+    let t = tx.send(0, mb.addr(), b"x").unwrap();
+    let e = ep.wait(t, T).unwrap_err();
+    // The endpoint stays unusable, and says why.
+    let again = tx.send(1, mb.addr(), b"y").unwrap_err();
+    assert!(matches!(again, Error::Broken(_)), "{again:?}");
+    assert_eq!(again.code(), codes::CORRUPT);
+    assert!(matches!(mb.recv(T), Err(Error::Broken(_))));
+    e
+}
+
+#[test]
+fn corrupt_completion_rings_are_errors_not_panics() {
+    for b in [
+        Behavior::ShortSlot,
+        Behavior::UnknownKind,
+        Behavior::RunawayTail,
+    ] {
+        let e = broken_ring(b);
+        assert!(matches!(e, Error::Corrupt(_)), "{b:?}: {e:?}");
+        assert_eq!(e.code(), codes::CORRUPT);
+    }
+}
+
+#[test]
+fn a_daemon_that_goes_away_is_noticed() {
+    let f = Fake::start("die", Behavior::Die);
+    let ep = attach(&f);
+    let mb = ep.mailbox(4).unwrap();
+    let tx = ep.packetizer().unwrap();
+    let t = tx.send(0, mb.addr(), b"x").unwrap();
+    let start = Instant::now();
+    let e = ep.wait(t, Some(Duration::from_secs(10))).unwrap_err();
+    assert!(matches!(e, Error::Disconnected), "{e:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(e.code(), codes::DISCONNECTED);
+    assert!(matches!(ep.packetizer(), Err(Error::Broken(_))));
+}
+
+#[test]
+fn dropping_the_endpoint_detaches() {
+    let f = Fake::start("detach", Behavior::Loopback);
+    let ep = attach(&f);
+    let mb = ep.mailbox(4).unwrap();
+    drop(ep);
+    assert!(matches!(mb.try_recv(), Err(Error::Broken(_))));
+    // The node can be attached again.
+    let ep = attach(&f);
+    ep.packetizer().unwrap();
+    assert_eq!(f.attaches.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+#[test]
+fn spin_budget_is_a_setting() {
+    let f = Fake::start("spin", Behavior::Loopback);
+    let ep = attach(&f);
+    // EXANET_SPIN_US is not set by the test harness; the default applies.
+    if std::env::var_os("EXANET_SPIN_US").is_none() {
+        assert_eq!(ep.spin(), exanet::config::DEFAULT_SPIN);
+    }
+    ep.set_spin(Duration::ZERO);
+    assert_eq!(ep.spin(), Duration::ZERO);
+    // Sleeping right away still works.
+    let mb = ep.mailbox(4).unwrap();
+    let tx = ep.packetizer().unwrap();
+    for _ in 0..10 {
+        let t = tx.send(0, mb.addr(), b"z").unwrap();
+        ep.wait(t, T).unwrap();
+        mb.recv(T).unwrap();
+    }
+    assert!(ep.stats().completions >= 20);
+    let ep2 = Endpoint::attach_with(&exanet::Config {
+        rack_dir: Some(f.dir.clone()),
+        node: Some(NODE.into()),
+        spin: Some(Duration::from_micros(500)),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(ep2.spin(), Duration::from_micros(500));
+}
