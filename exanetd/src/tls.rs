@@ -246,10 +246,10 @@ fn transport_config() -> quinn::TransportConfig {
 }
 
 /// Keep-alive period of an idle link.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(2);
+pub const KEEP_ALIVE: Duration = Duration::from_secs(3);
 /// A link whose peer has been silent this long is down (a peer that exits cleanly closes
 /// its links at once; this is for peers that die or hang).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(8);
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest UDP payload a link uses once MTU discovery has found the path allows it
 /// (loopback does; a 1500-byte container network settles near 1472). Measured on
