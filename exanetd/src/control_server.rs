@@ -12,8 +12,9 @@ use tracing::{debug, warn};
 use crate::control::{Request, Response, MAX_LINE};
 use crate::node::NodeHandle;
 
-/// Binds the control socket, replacing a stale one, readable only by the rack's owner.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+/// Binds a Unix socket of the rack directory, replacing a stale one, usable only by the
+/// rack's owner (workloads in a container share its IPC namespace and user).
+pub fn bind_owner_only(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -22,10 +23,17 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let l = UnixListener::bind(path)?;
+    let l = std::os::unix::net::UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)
+}
+
+/// Binds the control socket (see [`bind_owner_only`]).
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    let l = bind_owner_only(path)?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
 }
 
 pub async fn serve(listener: UnixListener, node: Arc<NodeHandle>, shutdown: Arc<Notify>) {

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -279,21 +279,7 @@ pub fn drain_mailboxes(core: &mut crate::node::Core, rank: u8) {
 
 /// Listens for workloads on `path` until the process exits.
 pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = UnixListener::bind(path)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // Workloads of the rack's owner (or sharing its IPC namespace in a container)
-        // attach; others have no business here.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    }
+    let listener = crate::control_server::bind_owner_only(path)?;
     std::thread::Builder::new()
         .name("ni-attach".into())
         .spawn(move || {
