@@ -36,6 +36,8 @@ const MAX_REQUEST: usize = 4096;
 /// Registered memory starts here in each rank's VA space, each region 2 MiB aligned.
 const VA_BASE: u64 = 1 << 30;
 const VA_ALIGN: u64 = 2 << 20;
+/// Completions queued for a workload whose ring is full, beyond which its commands wait.
+const MAX_BACKLOG: usize = 1024;
 /// Most memory regions one rank may register.
 const MAX_REGIONS: usize = 64;
 
@@ -589,6 +591,23 @@ fn serve_ring(
     let mut buf = vec![0u8; ring.max_message_len()];
     let mut batch: Vec<Result<Command, (u32, attach::SlotError)>> = Vec::new();
     while !stop.load(Ordering::Acquire) {
+        // A workload that does not read its completions is not served further commands
+        // until it does: its command ring fills and it is held back, instead of the
+        // daemon queueing completions for it without bound.
+        let held_back = {
+            let mut core = node.lock();
+            match core.sessions.get_mut(rank as usize) {
+                Some(Some(s)) => {
+                    s.flush();
+                    s.backlog.len() >= MAX_BACKLOG
+                }
+                _ => false,
+            }
+        };
+        if held_back {
+            let _ = bell.wait(Some(Duration::from_millis(5)));
+            continue;
+        }
         // Take what is there without waiting, then process it under one lock.
         loop {
             match ring.pop(&mut buf) {

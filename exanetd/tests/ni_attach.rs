@@ -475,3 +475,56 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
         "a ninth rank must be refused"
     );
 }
+
+#[test]
+fn a_workload_that_never_reads_completions_is_held_back() {
+    let r = rack("ni-flood");
+    let mut flood = attach(&r, "M1QAF1", None).unwrap();
+    let junk = [0xEEu8; SLOT];
+    // Garbage commands each earn a completion nobody reads. The daemon queues a bounded
+    // number, then stops taking commands: the ring fills and stays full.
+    let t0 = Instant::now();
+    let mut pushed = 0u32;
+    loop {
+        match flood.commands.push(&junk) {
+            Ok(()) => {
+                pushed += 1;
+                let _ = flood.commands.wake_consumer(&flood.to_daemon);
+            }
+            Err(_) => {
+                // Full: give the daemon time to drain, if it still would.
+                std::thread::sleep(Duration::from_millis(50));
+                if flood.commands.free().unwrap() == 0 {
+                    break;
+                }
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the daemon kept draining ({pushed} pushed)"
+        );
+    }
+    assert!(pushed < 10_000, "held back only after {pushed} commands");
+    // Others are served meanwhile.
+    let mut good = attach(&r, "M1QAF1", None).unwrap();
+    let mb = good.alloc(Resource::Mailbox);
+    let pk = good.alloc(Resource::Packetizer);
+    good.post(&Command::Send {
+        tag: 1,
+        vi: pk,
+        ch: 0,
+        dst: mailbox_gvas(Pdid(0), NodeId(0), good.rank, mb).unwrap(),
+        payload: b"still here".to_vec(),
+    });
+    let c = good.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
+    assert!(
+        matches!(
+            c,
+            Completion::Sent {
+                status: status::OK,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+}
