@@ -28,6 +28,7 @@ fn cfg() -> NiConfig {
         window_blocks: 8,
         rx_contexts: 1024,
         remember_ns: 1_000_000_000,
+        epoch: 0,
     }
 }
 
@@ -479,4 +480,124 @@ fn large_unaligned_read_across_qfdbs() {
     let r = rdma_results(&sim.take_events());
     assert_eq!(r, vec![(reader, id, Ok(()))]);
     assert!(mem_bytes(&sim, reader, DST_VA + 5, len as usize) == data);
+}
+
+#[test]
+fn a_failed_served_read_writes_nothing_more_into_the_reader() {
+    let mut sim = rack("1x1x1", 23, Faults::default());
+    let (reader, server) = (NodeId(0), NodeId(2));
+    for id in [reader, server] {
+        let mut c = cfg();
+        c.window_blocks = 1;
+        c.max_attempts = 1;
+        let n = sim.node_mut(id);
+        n.set_ni_config(c);
+        let (ni, _) = n.ni_mut();
+        ni.attach(0, PDID).unwrap();
+        ni.rdma.alloc_page(0).unwrap();
+    }
+    // The reader's first 16 KB block is not registered; the two after it are.
+    let mut mem = VecMemory::new();
+    mem.register(0, DST_VA + 16 * 1024, 32 * 1024);
+    sim.node_mut(reader).set_memory(Box::new(mem));
+    let mut mem = VecMemory::new();
+    mem.register(0, SRC_VA, 48 * 1024);
+    sim.node_mut(server).set_memory(Box::new(mem));
+    write_mem(&mut sim, server, SRC_VA, &[0xAB; 48 * 1024]);
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(reader).ni_mut();
+    ni.rdma_read(
+        0,
+        0,
+        0,
+        Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
+        DST_VA,
+        48 * 1024,
+        now,
+    )
+    .unwrap();
+    run_quiet(&mut sim);
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PageFault)));
+    let after = mem_bytes(&sim, reader, DST_VA + 16 * 1024, 32 * 1024);
+    assert!(
+        after.iter().all(|b| *b == 0),
+        "blocks of a failed read landed afterwards"
+    );
+}
+
+#[test]
+fn a_restarted_ni_is_not_taken_for_its_previous_run() {
+    let mut sim = rack("1x1x1", 29, Faults::default());
+    let (src, dst) = (NodeId(1), NodeId(3));
+    for round in 1..=2u8 {
+        write_mem(&mut sim, src, SRC_VA, &[round; 4096]);
+        let now = sim.now();
+        let (ni, m) = sim.node_mut(src).ni_mut();
+        ni.rdma_write(
+            0,
+            0,
+            0,
+            SRC_VA,
+            Gvas::new(PDID, dst, 0, DST_VA).unwrap(),
+            4096,
+            None,
+            now,
+            m,
+        )
+        .unwrap();
+        sim.kick(src);
+        // Only until the write completes: the receiver still remembers its blocks (as a
+        // peer would when a node restarts within seconds).
+        let r = loop {
+            assert!(sim.step(), "went quiet before the write completed");
+            if let Some(r) = rdma_results(&sim.take_events()).first() {
+                break r.2;
+            }
+        };
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            mem_bytes(&sim, dst, DST_VA, 4096),
+            vec![round; 4096],
+            "round {round}"
+        );
+        // The sender's NI starts over (a daemon restart), with a new epoch.
+        let mut c = cfg();
+        c.epoch = 0x5EED + u32::from(round);
+        let n = sim.node_mut(src);
+        n.set_ni_config(c);
+        let (ni, _) = n.ni_mut();
+        ni.attach(0, PDID).unwrap();
+        ni.rdma.alloc_page(0).unwrap();
+    }
+}
+
+#[test]
+fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
+    let mut sim = rack("1x1x1", 31, Faults::default());
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
+    let pk = ni.packetizer.alloc(0).unwrap();
+    ni.send_message(
+        0,
+        pk,
+        2,
+        mailbox_gvas(PDID, NodeId(1), 0, 0).unwrap(),
+        b"x",
+        now,
+    )
+    .unwrap();
+    assert!(matches!(
+        ni.packetizer.free(0, pk),
+        Err(exanet_proto::ni::NiError::Busy { .. })
+    ));
+    run_quiet(&mut sim);
+    // Answered (NACKed: no mailbox there), so now it can go.
+    let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
+    assert!(matches!(
+        ni.packetizer.state(0, pk, 2).unwrap(),
+        ChannelState::Nacked(_)
+    ));
+    ni.packetizer.free(0, pk).unwrap();
 }

@@ -441,10 +441,12 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
         let mut core = node.lock();
         core.sessions[rank as usize] = None;
         let (ni, _) = core.node.ni_mut();
-        let _ = ni.detach(rank);
+        let _ = ni.detach(rank, now);
         core.pump(now);
+        // Under the core lock, so that a workload attaching to this rank right after
+        // cannot have its fresh registrations erased.
+        mem.clear(rank);
     }
-    mem.clear(rank);
     drop(region);
     info!(rank, "workload detached");
 }

@@ -308,7 +308,15 @@ impl NodeHandle {
     pub fn new(rack: Rack, id: NodeId, spin: Duration) -> Result<Arc<NodeHandle>, NodeError> {
         let shape = rack.shape();
         let mut node = Node::new(shape, id, rack.switch_config())?;
-        node.set_ni_config(rack.ni_config());
+        let mut ni = rack.ni_config();
+        // Transaction ids of this run must not repeat those of a previous run of this
+        // node that peers may still remember.
+        ni.epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| {
+                d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(20)
+            });
+        node.set_ni_config(ni);
         let memory = crate::ni_service::ShmMemory::new();
         node.set_memory(Box::new(memory.clone()));
         let timer_wake = Arc::new(Notify::new());

@@ -195,6 +195,10 @@ pub struct NiConfig {
     pub rx_contexts: usize,
     /// How long a finished block or message is remembered, to recognise late duplicates.
     pub remember_ns: u64,
+    /// Where transaction ids start. The owner picks a different one each time it creates
+    /// an NI (the daemon: from the clock), so that a restarted node's new transfers are
+    /// not taken for duplicates of the old ones its peers still remember.
+    pub epoch: u32,
 }
 
 impl Default for NiConfig {
@@ -209,6 +213,7 @@ impl Default for NiConfig {
             window_blocks: 32,
             rx_contexts: 1024,
             remember_ns: 2_000_000_000,
+            epoch: 0,
         }
     }
 }
@@ -282,9 +287,9 @@ impl Ni {
             nodes,
             cfg,
             ranks: [None; RANKS],
-            packetizer: Packetizer::new(),
+            packetizer: Packetizer::with_epoch(cfg.epoch),
             mailboxes: Mailboxes::new(),
-            rdma: RdmaEngine::new(),
+            rdma: RdmaEngine::with_epoch(cfg.epoch),
             out: Out::default(),
             stats: NiStats::default(),
         }
@@ -312,12 +317,13 @@ impl Ni {
 
     /// The process on `rank` is gone: its interfaces are freed and everything it had
     /// posted ends with [`Failure::Detached`].
-    pub fn detach(&mut self, rank: u8) -> Result<(), NiError> {
+    pub fn detach(&mut self, rank: u8, now: Instant) -> Result<(), NiError> {
         self.rank(rank)?;
         self.ranks[rank as usize] = None;
-        self.packetizer.detach(rank);
+        self.packetizer.detach(rank, &mut self.out);
         self.mailboxes.detach(rank);
-        self.rdma.detach(rank, &mut self.out);
+        self.rdma
+            .detach(rank, now, &self.cfg, &mut self.out, &mut self.stats);
         Ok(())
     }
 

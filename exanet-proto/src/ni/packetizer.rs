@@ -52,6 +52,11 @@ impl Default for Packetizer {
 
 impl Packetizer {
     pub fn new() -> Packetizer {
+        Packetizer::with_epoch(0)
+    }
+
+    /// A packetizer whose message ids start from `epoch` (see `NiConfig::epoch`).
+    pub fn with_epoch(epoch: u32) -> Packetizer {
         Packetizer {
             owner: [None; PACKETIZER_VIS],
             channels: (0..PACKETIZER_VIS * CHANNELS)
@@ -60,7 +65,7 @@ impl Packetizer {
                     cell: None,
                     deadline: None,
                     attempts: 0,
-                    counter: 0,
+                    counter: epoch & 0x7F_FFFF,
                 })
                 .collect(),
             timed: 0,
@@ -78,8 +83,21 @@ impl Packetizer {
         Ok(vi as u8)
     }
 
+    /// Returns an interface; refused while one of its channels has a message in flight
+    /// (that message must end in a completion first).
     pub fn free(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
         self.check(rank, vi, 0)?;
+        if (0..CHANNELS as u8).any(|ch| self.channels[idx(vi, ch)].state == ChannelState::Ongoing) {
+            return Err(NiError::Busy {
+                what: "packetizer interface",
+                index: vi as usize,
+            });
+        }
+        self.release(vi);
+        Ok(())
+    }
+
+    fn release(&mut self, vi: u8) {
         self.owner[vi as usize] = None;
         for ch in 0..CHANNELS as u8 {
             let c = &mut self.channels[idx(vi, ch)];
@@ -89,13 +107,19 @@ impl Packetizer {
                 self.timed -= 1;
             }
         }
-        Ok(())
     }
 
-    pub(crate) fn detach(&mut self, rank: u8) {
+    /// The rank is gone: its messages in flight end (reported timed out; nobody waits
+    /// for them) and its interfaces are freed.
+    pub(crate) fn detach(&mut self, rank: u8, out: &mut Out) {
         for vi in 0..PACKETIZER_VIS as u8 {
             if self.owner[vi as usize] == Some(rank) {
-                let _ = self.free(rank, vi);
+                for ch in 0..CHANNELS as u8 {
+                    if self.channels[idx(vi, ch)].state == ChannelState::Ongoing {
+                        self.finish(idx(vi, ch), ChannelState::TimedOut, out);
+                    }
+                }
+                self.release(vi);
             }
         }
     }
@@ -190,10 +214,12 @@ impl Packetizer {
         let i = idx(vi as u8, ch as u8);
         // Only the answer to the message in flight counts: a late answer to an earlier
         // message (or a forged one) finds a different txn and is ignored.
+        // Only the answer to the attempt in flight counts: a late NACK of an earlier
+        // attempt must not end a channel whose retransmission was delivered.
         let matches = self.channels[i]
             .cell
             .as_ref()
-            .is_some_and(|c| c.txn == ans.txn && c.dst.node() == ans.src);
+            .is_some_and(|c| c.txn == ans.txn && c.seq == ans.seq && c.dst.node() == ans.src);
         if !matches || self.channels[i].state != ChannelState::Ongoing {
             return;
         }

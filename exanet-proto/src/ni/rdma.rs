@@ -217,7 +217,6 @@ struct RxBlock {
     seq: u16,
     bitmap: u64,
     last: Option<u8>,
-    failed: bool,
     touched: Instant,
 }
 
@@ -278,15 +277,21 @@ fn check_range(va: u64, len: u64) -> Result<(), NiError> {
 
 impl RdmaEngine {
     pub fn new() -> RdmaEngine {
+        RdmaEngine::with_epoch(0)
+    }
+
+    /// An engine whose transaction ids start from `epoch`, so that ids of an NI that was
+    /// restarted do not repeat ids its peers still remember from the previous run.
+    pub fn with_epoch(epoch: u32) -> RdmaEngine {
         RdmaEngine {
             pages: [None; RDMA_PAGES],
             write_busy: [[false; WRITE_CHANNELS]; RDMA_PAGES],
             read_busy: [[false; READ_CHANNELS]; RDMA_PAGES],
-            gens: [[0; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
+            gens: [[epoch & GEN_MASK; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
             transfers: HashMap::new(),
             sending: VecDeque::new(),
             reads: HashMap::new(),
-            served_next: 0,
+            served_next: epoch & (TXN_SERVED - 1),
             served_seen: HashMap::new(),
             rx: HashMap::new(),
             finished: HashMap::new(),
@@ -570,6 +575,8 @@ impl RdmaEngine {
                     for b in t.blocks.iter_mut() {
                         b.step = Step::Done;
                     }
+                    // No block of a failed read may be cut after the reader was told.
+                    t.next = t.blocks.len();
                     t.done = t.blocks.len();
                     t.in_flight = 0;
                     send_notice(t, txn, now, cfg, out);
@@ -786,7 +793,6 @@ impl RdmaEngine {
                     seq: cell.seq,
                     bitmap: 0,
                     last: None,
-                    failed: false,
                     touched: now,
                 })
             }
@@ -800,19 +806,17 @@ impl RdmaEngine {
                 seq: cell.seq,
                 bitmap: 0,
                 last: None,
-                failed: false,
                 touched: now,
             };
         }
         ctx.touched = now;
-        if ctx.failed {
-            return;
-        }
         if mem
             .write(cell.dst.rank(), cell.dst.va(), &cell.payload)
             .is_err()
         {
-            ctx.failed = true;
+            // Forget the block rather than hold a receive context for it: the sender
+            // retries it whole, and a job faulting on purpose cannot starve the pool.
+            self.rx.remove(&key);
             reply(Some(NackReason::PageFault), out, stats);
             return;
         }
@@ -1116,11 +1120,35 @@ impl RdmaEngine {
                 self.finished.remove(&key);
             }
         }
-        self.served_seen
-            .retain(|_, t| now.since(*t) < cfg.remember_ns);
+        // A reader retransmits its request for up to its whole backoff budget: remember
+        // served requests at least twice that, or a late copy would be served again.
+        let keep = cfg.remember_ns.max(
+            2 * (1..=cfg.max_attempts)
+                .map(|a| backoff(cfg.retransmit_ns, a))
+                .sum::<u64>(),
+        );
+        self.served_seen.retain(|_, t| now.since(*t) < keep);
     }
 
-    pub(crate) fn detach(&mut self, rank: u8, out: &mut Out) {
+    pub(crate) fn detach(
+        &mut self,
+        rank: u8,
+        now: Instant,
+        cfg: &NiConfig,
+        out: &mut Out,
+        stats: &mut NiStats,
+    ) {
+        // Reads served from this rank's memory stop at once: the memory is going away,
+        // and the rank may soon belong to another job.
+        let served: Vec<u32> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| t.rank == rank && matches!(t.origin, Origin::Served))
+            .map(|(k, _)| *k)
+            .collect();
+        for txn in served {
+            self.fail(txn, Failure::Detached, now, cfg, out, stats);
+        }
         let local: Vec<u32> = self
             .transfers
             .iter()
