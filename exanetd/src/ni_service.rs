@@ -38,6 +38,9 @@ const VA_BASE: u64 = 1 << 30;
 const VA_ALIGN: u64 = 2 << 20;
 /// Completions queued for a workload whose ring is full, beyond which its commands wait.
 const MAX_BACKLOG: usize = 1024;
+/// Queued completions past which peers' notifications are no longer relayed to a workload
+/// that does not read its ring (the notification is in its memory all the same).
+const MAX_NOTIFY_BACKLOG: usize = 4096;
 /// Most memory regions one rank may register.
 const MAX_REGIONS: usize = 64;
 
@@ -237,11 +240,20 @@ pub fn deliver(core: &mut crate::node::Core, ev: NiEvent) {
                 reason,
             });
         }
-        NiEvent::Notified { va, src, len, .. } => s.push(&Completion::Notified {
-            va,
-            src_node: src.0,
-            len,
-        }),
+        NiEvent::Notified { va, src, len, .. } => {
+            // Everything else a workload is told about is bounded by what it posted;
+            // notifications are posted by its peers. The notification itself is already
+            // in its memory, so past a bound the ring copy is dropped, and counted.
+            if s.backlog.len() >= MAX_NOTIFY_BACKLOG {
+                core.node.count_error("notification_not_relayed");
+                return;
+            }
+            s.push(&Completion::Notified {
+                va,
+                src_node: src.0,
+                len,
+            })
+        }
         NiEvent::Mailbox { .. } => drain_mailboxes(core, rank),
     }
 }
