@@ -145,6 +145,48 @@ pub mod status {
     pub const MALFORMED: u8 = 5;
 }
 
+/// Why a command was refused before anything was sent (`code` of
+/// [`Completion::Refused`] with `status::REFUSED`).
+pub mod refusal {
+    /// The rank is outside 0..=7.
+    pub const BAD_RANK: u8 = 1;
+    /// The rank is not attached.
+    pub const NOT_ATTACHED: u8 = 2;
+    /// No such interface, page or channel.
+    pub const NO_SUCH: u8 = 3;
+    /// The interface or page belongs to another rank.
+    pub const NOT_OWNER: u8 = 4;
+    /// The channel has an operation in flight.
+    pub const BUSY: u8 = 5;
+    /// Nothing of that kind is free.
+    pub const EXHAUSTED: u8 = 6;
+    /// A message longer than 64 bytes.
+    pub const TOO_LONG: u8 = 7;
+    /// A transfer length of 0 or over the maximum.
+    pub const BAD_LENGTH: u8 = 8;
+    /// An address range outside the 39-bit VA space.
+    pub const BAD_RANGE: u8 = 9;
+    /// A destination node outside the rack.
+    pub const BAD_DESTINATION: u8 = 10;
+
+    /// A short label for a refusal code.
+    pub fn label(code: u8) -> &'static str {
+        match code {
+            BAD_RANK => "bad rank",
+            NOT_ATTACHED => "not attached",
+            NO_SUCH => "no such interface, page or channel",
+            NOT_OWNER => "owned by another rank",
+            BUSY => "busy",
+            EXHAUSTED => "none free",
+            TOO_LONG => "message too long",
+            BAD_LENGTH => "bad length",
+            BAD_RANGE => "address range out of the VA space",
+            BAD_DESTINATION => "destination not in the rack",
+            _ => "unknown refusal",
+        }
+    }
+}
+
 /// What the NI tells a workload (one completion ring slot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Completion {

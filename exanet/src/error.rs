@@ -28,7 +28,7 @@ pub enum OpError {
     LocalFault,
     /// The daemon refused the command before anything was sent (bad index, busy channel,
     /// bad length, address outside registered memory...).
-    #[error("refused by the NI (code {code})")]
+    #[error("refused by the NI: {} (code {code})", exanet_proto::attach::refusal::label(*.code))]
     Refused { code: u8 },
     /// The daemon could not decode the command slot (a library/daemon mismatch).
     #[error("command slot rejected as malformed (code {code})")]

@@ -183,17 +183,18 @@ fn reason_of(f: Failure) -> (u8, u8) {
 }
 
 fn refusal_code(e: &NiError) -> u8 {
+    use attach::refusal::*;
     match e {
-        NiError::BadRank(_) => 1,
-        NiError::NotAttached(_) => 2,
-        NiError::NoSuch { .. } => 3,
-        NiError::NotOwner { .. } => 4,
-        NiError::Busy { .. } => 5,
-        NiError::Exhausted(_) => 6,
-        NiError::TooLong(_) => 7,
-        NiError::BadLength(_) => 8,
-        NiError::BadRange { .. } => 9,
-        NiError::BadDestination(_) => 10,
+        NiError::BadRank(_) => BAD_RANK,
+        NiError::NotAttached(_) => NOT_ATTACHED,
+        NiError::NoSuch { .. } => NO_SUCH,
+        NiError::NotOwner { .. } => NOT_OWNER,
+        NiError::Busy { .. } => BUSY,
+        NiError::Exhausted(_) => EXHAUSTED,
+        NiError::TooLong(_) => TOO_LONG,
+        NiError::BadLength(_) => BAD_LENGTH,
+        NiError::BadRange { .. } => BAD_RANGE,
+        NiError::BadDestination(_) => BAD_DESTINATION,
     }
 }
 

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exanet_proto::attach::{status, Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::mailbox_gvas;
 use exanet_proto::{Gvas, NodeId, Pdid};
 use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring};
@@ -390,15 +390,20 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
             "refusal",
             |c| matches!(c, Completion::Refused { tag: t, .. } if *t == tag),
         );
-        assert!(
-            matches!(
-                c,
-                Completion::Refused {
-                    status: status::REFUSED,
-                    ..
-                }
-            ),
-            "{c:?}"
+        let want = if tag == 78 {
+            refusal::NOT_OWNER
+        } else {
+            refusal::NO_SUCH
+        };
+        assert_eq!(
+            c,
+            Completion::Refused {
+                tag,
+                status: status::REFUSED,
+                code: want
+            },
+            "expected {}",
+            refusal::label(want)
         );
     }
     // Then it scribbles over its ring header: the daemon stops reading that ring.
