@@ -533,3 +533,55 @@ fn a_workload_that_never_reads_completions_is_held_back() {
         "{c:?}"
     );
 }
+
+#[test]
+fn notifications_to_a_workload_that_never_reads_are_bounded() {
+    let r = rack("ni-notify-flood");
+    let mut a = attach(&r, "M1QAF1", None).unwrap();
+    let b = attach(&r, "M1QAF2", None).unwrap();
+    let (src, src_va) = a.register(4096);
+    src.write(0, &[7u8; 8]).unwrap();
+    let (_dst, dst_va) = b.register(1 << 16);
+    let page = a.alloc(Resource::RdmaPage);
+    let dst = Gvas::new(Pdid(0), NodeId(1), b.rank, dst_va).unwrap();
+    // B never reads its ring: 1024 ring slots, then the daemon's bounded backlog.
+    let total = 1024 + 4096 + 500;
+    let mut free: Vec<u8> = (0..32).collect();
+    let mut tag = 0u32;
+    let mut done = 0;
+    while done < total {
+        while let Some(ch) = free.pop().filter(|_| tag < total) {
+            a.post(&Command::Write {
+                tag,
+                page,
+                ch,
+                src_va,
+                dst,
+                len: 8,
+                notify: Some(dst_va + 4096),
+            });
+            tag += 1;
+        }
+        let c = a.wait("rdma", |c| matches!(c, Completion::Rdma { .. }));
+        match c {
+            Completion::Rdma {
+                status: status::OK,
+                ch,
+                ..
+            } => free.push(ch),
+            other => panic!("{other:?}"),
+        }
+        done += 1;
+    }
+    let s = r.status("M1QAF2").unwrap();
+    let dropped = s
+        .errors
+        .get("notification_not_relayed")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        dropped >= 400,
+        "only {dropped} notifications not relayed: {:?}",
+        s.errors
+    );
+}
