@@ -449,11 +449,7 @@ impl Ni {
             // The payload failed its end-to-end CRC: refuse it so the sender sends again.
             // A corrupt answer is dropped; its sender's timer covers it.
             if !matches!(cell.kind, CellType::Ack | CellType::Nack) {
-                let payload = rdma::answer_payload(&cell);
-                if let Some(a) = answer(me, &cell, Some(NackReason::Crc), payload, &mut self.stats)
-                {
-                    self.out.cells.push_back(a);
-                }
+                self.refuse(&cell, NackReason::Crc);
             }
             return;
         }
@@ -485,29 +481,11 @@ impl Ni {
             _ => {
                 let rank = cell.dst.rank();
                 let Some(pdid) = self.pdid(rank) else {
-                    let payload = rdma::answer_payload(&cell);
-                    if let Some(a) = answer(
-                        me,
-                        &cell,
-                        Some(NackReason::NoContext),
-                        payload,
-                        &mut self.stats,
-                    ) {
-                        self.out.cells.push_back(a);
-                    }
+                    self.refuse(&cell, NackReason::NoContext);
                     return;
                 };
                 if cell.dst.pdid() != pdid {
-                    let payload = rdma::answer_payload(&cell);
-                    if let Some(a) = answer(
-                        me,
-                        &cell,
-                        Some(NackReason::PdidMismatch),
-                        payload,
-                        &mut self.stats,
-                    ) {
-                        self.out.cells.push_back(a);
-                    }
+                    self.refuse(&cell, NackReason::PdidMismatch);
                     return;
                 }
                 match cell.kind {
@@ -553,6 +531,14 @@ impl Ni {
                     _ => {}
                 }
             }
+        }
+    }
+
+    /// NACKs `cell` back to its sender (with the block it concerns, for RDMA cells).
+    fn refuse(&mut self, cell: &Cell, reason: NackReason) {
+        let payload = rdma::answer_payload(cell);
+        if let Some(a) = answer(self.node, cell, Some(reason), payload, &mut self.stats) {
+            self.out.cells.push_back(a);
         }
     }
 

@@ -361,6 +361,27 @@ impl RdmaEngine {
         Ok(())
     }
 
+    /// The page is the rank's and the channel exists and is free.
+    fn check_channel(&self, rank: u8, page: u8, ch: u8, read: bool) -> Result<(), NiError> {
+        self.check_page(rank, page)?;
+        let (what, busy) = if read {
+            ("RDMA read channel", &self.read_busy[page as usize])
+        } else {
+            ("RDMA write channel", &self.write_busy[page as usize])
+        };
+        match busy.get(ch as usize) {
+            None => Err(NiError::NoSuch {
+                what,
+                index: ch as usize,
+            }),
+            Some(true) => Err(NiError::Busy {
+                what,
+                index: ch as usize,
+            }),
+            Some(false) => Ok(()),
+        }
+    }
+
     fn check_page(&self, rank: u8, page: u8) -> Result<(), NiError> {
         match self.pages.get(page as usize) {
             None | Some(None) => Err(NiError::NoSuch {
@@ -408,19 +429,7 @@ impl RdmaEngine {
         out: &mut Out,
         stats: &mut NiStats,
     ) -> Result<TransferId, NiError> {
-        self.check_page(rank, page)?;
-        if ch as usize >= WRITE_CHANNELS {
-            return Err(NiError::NoSuch {
-                what: "RDMA write channel",
-                index: ch as usize,
-            });
-        }
-        if self.write_busy[page as usize][ch as usize] {
-            return Err(NiError::Busy {
-                what: "RDMA write channel",
-                index: ch as usize,
-            });
-        }
+        self.check_channel(rank, page, ch, false)?;
         check_range(src_va, len)?;
         check_range(dst.va(), len)?;
         let id = self.next_id(page, ch, false);
@@ -463,19 +472,7 @@ impl RdmaEngine {
         now: Instant,
         out: &mut Out,
     ) -> Result<TransferId, NiError> {
-        self.check_page(rank, page)?;
-        if ch as usize >= READ_CHANNELS {
-            return Err(NiError::NoSuch {
-                what: "RDMA read channel",
-                index: ch as usize,
-            });
-        }
-        if self.read_busy[page as usize][ch as usize] {
-            return Err(NiError::Busy {
-                what: "RDMA read channel",
-                index: ch as usize,
-            });
-        }
+        self.check_channel(rank, page, ch, true)?;
         check_range(src.va(), len)?;
         check_range(dst_va, len)?;
         let id = self.next_id(page, ch, true);
