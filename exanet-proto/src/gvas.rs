@@ -88,6 +88,12 @@ impl Gvas {
         (self.0 as u64) & ((1 << (RANK_BITS + VA_BITS)) - 1)
     }
 
+    /// The same address in protection domain `pdid` (the NI stamping the sender's PDID).
+    pub fn with_pdid(&self, pdid: Pdid) -> Gvas {
+        const PDID_SHIFT: u32 = NODE_BITS + RANK_BITS + VA_BITS;
+        Gvas((self.0 & ((1u128 << PDID_SHIFT) - 1)) | (u128::from(pdid.0) << PDID_SHIFT))
+    }
+
     /// The same address with another VA, e.g. the next cell of a transfer.
     pub fn with_va(&self, va: u64) -> Result<Gvas, GvasError> {
         Gvas::new(self.pdid(), self.node(), self.rank(), va)
@@ -183,6 +189,14 @@ mod tests {
         assert_eq!(g.0, (1u128 << 64) | (1u128 << 42) | (1u128 << 39) | 1);
         assert_eq!(g.to_string(), "1:1:1:0x1");
         assert_eq!("0x1:1:0x1:1".parse::<Gvas>().unwrap(), g);
+    }
+
+    #[test]
+    fn with_pdid_replaces_only_the_pdid() {
+        let g = Gvas::new(Pdid(9), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap();
+        let h = g.with_pdid(Pdid(0xBEEF));
+        assert_eq!(h, Gvas::new(Pdid(0xBEEF), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap());
+        assert_eq!(h.with_pdid(Pdid(9)), g);
     }
 
     #[test]

@@ -343,11 +343,14 @@ impl Ni {
         }
     }
 
-    fn check_dst(&self, dst: &Gvas) -> Result<(), NiError> {
+    /// The address a cell of `rank` goes to: a node of this rack, in the rank's own
+    /// protection domain whatever PDID the caller wrote (a process never chooses it).
+    fn stamp(&self, rank: u8, dst: Gvas) -> Result<Gvas, NiError> {
+        let pdid = self.rank(rank)?;
         if dst.node().0 >= self.nodes {
             return Err(NiError::BadDestination(dst.node()));
         }
-        Ok(())
+        Ok(dst.with_pdid(pdid))
     }
 
     /// Sends up to 64 B from packetizer channel (`vi`, `ch`) to `dst`. The PDID the cell
@@ -361,9 +364,7 @@ impl Ni {
         payload: &[u8],
         now: Instant,
     ) -> Result<(), NiError> {
-        let pdid = self.rank(rank)?;
-        self.check_dst(&dst)?;
-        let dst = Gvas::new(pdid, dst.node(), dst.rank(), dst.va()).expect("fields from a Gvas");
+        let dst = self.stamp(rank, dst)?;
         self.packetizer.send(
             self.node,
             rank,
@@ -393,9 +394,7 @@ impl Ni {
         now: Instant,
         mem: &dyn Memory,
     ) -> Result<TransferId, NiError> {
-        let pdid = self.rank(rank)?;
-        self.check_dst(&dst)?;
-        let dst = Gvas::new(pdid, dst.node(), dst.rank(), dst.va()).expect("fields from a Gvas");
+        let dst = self.stamp(rank, dst)?;
         self.rdma.post_write(
             self.node,
             &self.cfg,
@@ -425,9 +424,7 @@ impl Ni {
         len: u64,
         now: Instant,
     ) -> Result<TransferId, NiError> {
-        let pdid = self.rank(rank)?;
-        self.check_dst(&src)?;
-        let src = Gvas::new(pdid, src.node(), src.rank(), src.va()).expect("fields from a Gvas");
+        let src = self.stamp(rank, src)?;
         self.rdma.post_read(
             self.node,
             &self.cfg,
