@@ -189,6 +189,42 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Makes a handle from the endpoint and hands it to C in `*out` (every `*_open`).
+///
+/// # Safety
+/// `ep` is NULL or a live endpoint, `out` NULL or valid for a write.
+unsafe fn open_handle<T>(
+    ep: *const exanet_endpoint,
+    out: *mut *mut T,
+    make: impl FnOnce(&Endpoint) -> Result<T, Fail>,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller guarantees a live endpoint or NULL.
+        let e = &unsafe { obj(ep, "ep") }?.ep;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let h = Box::into_raw(Box::new(make(e)?));
+        // SAFETY: checked non-NULL; writable as the caller guarantees.
+        unsafe { put(out, h, "out") }?;
+        Ok(0)
+    })
+}
+
+/// Takes back and drops a handle C got from [`open_handle`] (NULL: nothing happens).
+///
+/// # Safety
+/// `h` is NULL or came from `Box::into_raw` and was not freed yet.
+unsafe fn free_handle<T>(h: *mut T) {
+    if h.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller hands back ownership of a pointer made by Box::into_raw.
+        drop(unsafe { Box::from_raw(h) });
+    }));
+}
+
 fn gvas_of(shared: &crate::engine::Shared, a: &exanet_addr_t) -> Result<Gvas, Fail> {
     Ok(shared.gvas(NodeId(a.node), a.rank, a.va)?)
 }
@@ -233,13 +269,8 @@ pub unsafe extern "C" fn exanet_attach(
 /// `ep` is NULL or was returned by `exanet_attach` and not detached yet.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_detach(ep: *mut exanet_endpoint) {
-    if ep.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the caller hands back ownership of a pointer made by Box::into_raw.
-        drop(unsafe { Box::from_raw(ep) });
-    }));
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { free_handle(ep) }
 }
 
 /// Fills `*info` with this attachment's node, rank and PDID.
@@ -327,18 +358,14 @@ pub unsafe extern "C" fn exanet_register(
     len: u64,
     out: *mut *mut exanet_region,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let region = e.register(len)?;
-        let h = Box::into_raw(Box::new(exanet_region { region }));
-        // SAFETY: checked non-NULL; writable as the caller guarantees.
-        unsafe { put(out, h, "out") }?;
-        Ok(0)
-    })
+    // SAFETY: forwarded from this function's own contract.
+    unsafe {
+        open_handle(ep, out, |e| {
+            Ok(exanet_region {
+                region: e.register(len)?,
+            })
+        })
+    }
 }
 
 /// Unregisters and frees a region (NULL: nothing happens).
@@ -347,13 +374,8 @@ pub unsafe extern "C" fn exanet_register(
 /// `r` is NULL or a region from `exanet_register`, not freed yet.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_region_free(r: *mut exanet_region) {
-    if r.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: ownership handed back; made by Box::into_raw.
-        drop(unsafe { Box::from_raw(r) });
-    }));
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { free_handle(r) }
 }
 
 /// The VA of the region's first byte (0 for NULL).
@@ -440,18 +462,8 @@ pub unsafe extern "C" fn exanet_packetizer_open(
     ep: *const exanet_endpoint,
     out: *mut *mut exanet_packetizer,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let p = e.packetizer()?;
-        let h = Box::into_raw(Box::new(exanet_packetizer { p }));
-        // SAFETY: checked non-NULL; writable as the caller guarantees.
-        unsafe { put(out, h, "out") }?;
-        Ok(0)
-    })
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { open_handle(ep, out, |e| Ok(exanet_packetizer { p: e.packetizer()? })) }
 }
 
 /// Frees a packetizer interface (NULL: nothing happens).
@@ -460,13 +472,8 @@ pub unsafe extern "C" fn exanet_packetizer_open(
 /// `p` is NULL or from `exanet_packetizer_open`, not closed yet.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_packetizer_close(p: *mut exanet_packetizer) {
-    if p.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: ownership handed back; made by Box::into_raw.
-        drop(unsafe { Box::from_raw(p) });
-    }));
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { free_handle(p) }
 }
 
 /// Allocates a mailbox holding up to `capacity` messages.
@@ -479,18 +486,14 @@ pub unsafe extern "C" fn exanet_mailbox_open(
     capacity: u32,
     out: *mut *mut exanet_mailbox,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let m = e.mailbox(capacity)?;
-        let h = Box::into_raw(Box::new(exanet_mailbox { m }));
-        // SAFETY: checked non-NULL; writable as the caller guarantees.
-        unsafe { put(out, h, "out") }?;
-        Ok(0)
-    })
+    // SAFETY: forwarded from this function's own contract.
+    unsafe {
+        open_handle(ep, out, |e| {
+            Ok(exanet_mailbox {
+                m: e.mailbox(capacity)?,
+            })
+        })
+    }
 }
 
 /// Frees a mailbox (NULL: nothing happens).
@@ -499,13 +502,8 @@ pub unsafe extern "C" fn exanet_mailbox_open(
 /// `m` is NULL or from `exanet_mailbox_open`, not closed yet.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_mailbox_close(m: *mut exanet_mailbox) {
-    if m.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: ownership handed back; made by Box::into_raw.
-        drop(unsafe { Box::from_raw(m) });
-    }));
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { free_handle(m) }
 }
 
 /// The mailbox's index (0..63), or a negative error code.
@@ -529,18 +527,8 @@ pub unsafe extern "C" fn exanet_rdma_page_open(
     ep: *const exanet_endpoint,
     out: *mut *mut exanet_rdma_page,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let p = e.rdma_page()?;
-        let h = Box::into_raw(Box::new(exanet_rdma_page { p }));
-        // SAFETY: checked non-NULL; writable as the caller guarantees.
-        unsafe { put(out, h, "out") }?;
-        Ok(0)
-    })
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { open_handle(ep, out, |e| Ok(exanet_rdma_page { p: e.rdma_page()? })) }
 }
 
 /// Frees an RDMA page (NULL: nothing happens).
@@ -549,13 +537,8 @@ pub unsafe extern "C" fn exanet_rdma_page_open(
 /// `p` is NULL or from `exanet_rdma_page_open`, not closed yet.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_rdma_page_close(p: *mut exanet_rdma_page) {
-    if p.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: ownership handed back; made by Box::into_raw.
-        drop(unsafe { Box::from_raw(p) });
-    }));
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { free_handle(p) }
 }
 
 /// Sends `len` (<= 64) bytes at `buf` to `*dst` on channel `ch` (0..3; negative: the first
