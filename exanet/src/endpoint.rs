@@ -95,38 +95,24 @@ impl Endpoint {
             },
             &[],
         )?;
-        let (node, node_id, rank, pdid, cmd_slots, cpl_slots, cmd_off, cpl_off, region_len, nodes) =
-            match reply {
-                Reply::Attached {
-                    node,
-                    node_id,
-                    rank,
-                    pdid,
-                    command_slots,
-                    completion_slots,
-                    command_offset,
-                    completion_offset,
-                    region_len,
-                    nodes,
-                } => (
-                    node,
-                    node_id,
-                    rank,
-                    pdid,
-                    command_slots,
-                    completion_slots,
-                    command_offset,
-                    completion_offset,
-                    region_len,
-                    nodes,
-                ),
-                Reply::Error { message } => return Err(Error::AttachRefused(message)),
-                other => {
-                    return Err(Error::Protocol(format!(
-                        "attach: unexpected reply {other:?}"
-                    )))
-                }
-            };
+        let Reply::Attached {
+            node,
+            node_id,
+            rank,
+            pdid,
+            command_slots: cmd_slots,
+            completion_slots: cpl_slots,
+            command_offset: cmd_off,
+            completion_offset: cpl_off,
+            region_len,
+            nodes,
+        } = reply
+        else {
+            return Err(match reply {
+                Reply::Error { message } => Error::AttachRefused(message),
+                other => Error::Protocol(format!("attach: unexpected reply {other:?}")),
+            });
+        };
         let bad = |what: String| Error::Protocol(format!("attach: {what}"));
         if rank >= 8 {
             return Err(bad(format!("rank {rank} outside 0..=7")));
