@@ -1,17 +1,17 @@
 //! `exactl rack up` and `exactl rack down`: the embedded local rack, one detached
 //! `exanetd` process per node on 127.0.0.1.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::io::{IsTerminal, Write};
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
+use exanet_proto::switch::{DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape};
 use exanetd::control::{self, Request, Response};
-use exanetd::rack::{self, Layout, NodeEntry, Rack, RackError, RackFile, RACK_FILE};
+use exanetd::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Health};
@@ -203,30 +203,9 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
             pick_free_ports(n as usize).map_err(CliError::Ports)?
         }
     };
-    let nodes: BTreeMap<String, NodeEntry> = shape
-        .node_ids()
-        .zip(ports)
-        .map(|(id, (link, metrics))| {
-            (
-                shape.display(id),
-                NodeEntry {
-                    link: format!("127.0.0.1:{link}"),
-                    metrics: format!("127.0.0.1:{metrics}"),
-                    listen: None,
-                    metrics_listen: None,
-                },
-            )
-        })
-        .collect();
-    let file = RackFile {
-        name: opts.name.clone().unwrap_or_else(|| default_rack_name(dir)),
-        shape,
-        window: opts.window.unwrap_or(DEFAULT_WINDOW),
-        local_window: DEFAULT_LOCAL_WINDOW,
-        nodes,
-        ni: None,
-        jobs: Default::default(),
-    };
+    let name = opts.name.clone().unwrap_or_else(|| default_rack_name(dir));
+    let mut file = RackFile::loopback(&name, shape, |id| ports[id.0 as usize]);
+    file.window = opts.window.unwrap_or(DEFAULT_WINDOW);
     let rack = Rack::new(dir, file.clone())
         .map_err(|message| CliError::RackFile(RackError::Invalid { path, message }))?;
     Ok((rack, Some(file)))

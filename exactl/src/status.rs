@@ -331,33 +331,14 @@ fn duration(secs: f64) -> String {
 mod tests {
     use super::*;
     use crate::fabric::tests::healthy_rack;
-    use exanetd::rack::{NodeEntry, RackFile};
+    use exanetd::rack::RackFile;
 
     fn rack(shape: &str) -> Rack {
         let shape: Shape = shape.parse().unwrap();
-        let nodes = shape
-            .node_ids()
-            .map(|id| {
-                (
-                    shape.display(id),
-                    NodeEntry {
-                        link: format!("127.0.0.1:{}", 20000 + id.0),
-                        metrics: format!("127.0.0.1:{}", 30000 + id.0),
-                        listen: None,
-                        metrics_listen: None,
-                    },
-                )
-            })
-            .collect();
-        let file = RackFile {
-            name: "t".into(),
-            shape,
-            window: 65536,
-            local_window: 65536,
-            nodes,
-            ni: None,
-            jobs: Default::default(),
-        };
+        let mut file =
+            RackFile::loopback("t", shape, |id| (20000 + id.0 as u16, 30000 + id.0 as u16));
+        file.window = 65536;
+        file.local_window = 65536;
         Rack::new(Path::new("/r"), file).unwrap()
     }
 

@@ -195,7 +195,10 @@ mod tests {
     fn with_pdid_replaces_only_the_pdid() {
         let g = Gvas::new(Pdid(9), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap();
         let h = g.with_pdid(Pdid(0xBEEF));
-        assert_eq!(h, Gvas::new(Pdid(0xBEEF), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap());
+        assert_eq!(
+            h,
+            Gvas::new(Pdid(0xBEEF), NodeId(0x3F_FFFF), 7, VA_MAX).unwrap()
+        );
         assert_eq!(h.with_pdid(Pdid(9)), g);
     }
 

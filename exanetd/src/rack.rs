@@ -120,6 +120,41 @@ pub struct RackFile {
     pub jobs: BTreeMap<String, Job>,
 }
 
+impl RackFile {
+    /// A rack of `shape` whose nodes all listen on loopback, `ports(id)` giving each
+    /// node's (link, metrics) ports, with default windows and no jobs or NI settings.
+    pub fn loopback(
+        name: &str,
+        shape: Shape,
+        mut ports: impl FnMut(NodeId) -> (u16, u16),
+    ) -> RackFile {
+        let nodes = shape
+            .node_ids()
+            .map(|id| {
+                let (link, metrics) = ports(id);
+                (
+                    shape.display(id),
+                    NodeEntry {
+                        link: format!("127.0.0.1:{link}"),
+                        metrics: format!("127.0.0.1:{metrics}"),
+                        listen: None,
+                        metrics_listen: None,
+                    },
+                )
+            })
+            .collect();
+        RackFile {
+            name: name.to_string(),
+            shape,
+            window: DEFAULT_WINDOW,
+            local_window: DEFAULT_LOCAL_WINDOW,
+            nodes,
+            ni: None,
+            jobs: BTreeMap::new(),
+        }
+    }
+}
+
 /// A job: the protection domain its workloads get, and the key that admits them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -406,29 +441,7 @@ mod tests {
 
     fn file(shape: &str) -> RackFile {
         let shape: Shape = shape.parse().unwrap();
-        let nodes = shape
-            .node_ids()
-            .map(|id| {
-                (
-                    shape.display(id),
-                    NodeEntry {
-                        link: format!("127.0.0.1:{}", 20000 + id.0),
-                        metrics: format!("127.0.0.1:{}", 30000 + id.0),
-                        listen: None,
-                        metrics_listen: None,
-                    },
-                )
-            })
-            .collect();
-        RackFile {
-            name: "t".into(),
-            shape,
-            window: DEFAULT_WINDOW,
-            local_window: DEFAULT_LOCAL_WINDOW,
-            nodes,
-            ni: None,
-            jobs: BTreeMap::new(),
-        }
+        RackFile::loopback("t", shape, |id| (20000 + id.0 as u16, 30000 + id.0 as u16))
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::Shape;
 use exanetd::control::{request, LinkState, NodeStatus, Request, Response};
-use exanetd::rack::{write_rack_file, Layout, NodeEntry, Rack, RackFile};
+use exanetd::rack::{write_rack_file, Layout, Rack, RackFile};
 
 pub struct TestRack {
     pub dir: PathBuf,
@@ -38,30 +38,12 @@ impl TestRack {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let shape: Shape = shape.parse().unwrap();
-        let nodes: BTreeMap<String, NodeEntry> = shape
-            .node_ids()
-            .map(|id| {
-                (
-                    shape.display(id),
-                    NodeEntry {
-                        link: format!("127.0.0.1:{}", free_port()),
-                        metrics: format!("127.0.0.1:{}", free_port()),
-                        listen: None,
-                        metrics_listen: None,
-                    },
-                )
-            })
-            .collect();
-        let names: Vec<String> = nodes.keys().cloned().collect();
-        let file = RackFile {
-            name: format!("test-{tag}"),
-            shape,
-            window: 256 * 1024,
-            local_window: 64 * 1024,
-            nodes,
-            ni: None,
-            jobs: Default::default(),
-        };
+        let mut file = RackFile::loopback(&format!("test-{tag}"), shape, |_| {
+            (free_port(), free_port())
+        });
+        file.window = 256 * 1024;
+        file.local_window = 64 * 1024;
+        let names: Vec<String> = file.nodes.keys().cloned().collect();
         write_rack_file(&dir, &file).unwrap();
         exanetd::tls::ensure_rack_pki(&Layout::new(&dir), &names).unwrap();
         TestRack {
