@@ -35,21 +35,10 @@ impl VecMemory {
         self.regions.insert((rank, va), vec![0; len]);
     }
 
-    pub fn unregister(&mut self, rank: u8, va: u64) {
-        self.regions.remove(&(rank, va));
-    }
-
     fn find(&self, rank: u8, va: u64, len: usize) -> Option<(u64, usize)> {
         let (&(r, base), region) = self.regions.range(..=(rank, va)).next_back()?;
         let off = va.checked_sub(base)? as usize;
         (r == rank && off.checked_add(len)? <= region.len()).then_some((base, off))
-    }
-
-    /// A copy of `len` bytes at `va`, for checks in tests.
-    pub fn bytes(&self, rank: u8, va: u64, len: usize) -> Option<Vec<u8>> {
-        let mut v = vec![0; len];
-        self.read(rank, va, &mut v).ok()?;
-        Some(v)
     }
 }
 
