@@ -36,6 +36,11 @@
 //! [jobs.alice]
 //! key = "a-long-random-secret"  # workloads presenting this key join PDID 42
 //! pdid = 42
+//!
+//! [deploy]                      # optional: what runs the daemons (default: local processes)
+//! kind = "compose"              # local | compose | external
+//! project = "exanet-2x2x1"      # compose: the project name
+//! file = "../docker-compose.yml"  # compose: the compose file, relative to the rack dir
 //! ```
 //!
 //! Every node of the shape has a `[nodes.NAME]` table, and only those.
@@ -118,6 +123,32 @@ pub struct RackFile {
     /// Protection domains workloads may join, by job name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub jobs: BTreeMap<String, Job>,
+    /// What runs the daemons, for the operations that start and stop them (`exactl node`).
+    /// Absent: local processes started by `exactl rack up`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy: Option<Deploy>,
+}
+
+/// What runs a rack's daemons. exactl talks to every daemon over the network whatever
+/// runs them; only starting, stopping and pausing a node depend on this.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Deploy {
+    /// One process per node on this host (`exactl rack up`).
+    Local,
+    /// One container per node, service named after the node, in a compose project.
+    Compose {
+        /// The compose project name (`docker-compose -p`).
+        project: String,
+        /// The compose file, relative to the rack directory.
+        file: String,
+    },
+    /// Daemons run by something exactl does not drive (swarm, Kubernetes, systemd on
+    /// hosts): node operations are refused with a pointer to that tool.
+    External {
+        /// Shown to the operator: how nodes of this rack are started and stopped.
+        how: String,
+    },
 }
 
 impl RackFile {
@@ -151,6 +182,7 @@ impl RackFile {
             nodes,
             ni: None,
             jobs: BTreeMap::new(),
+            deploy: None,
         }
     }
 }
