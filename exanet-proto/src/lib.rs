@@ -12,16 +12,20 @@
 //! - [`routing`]: dimension-order routing with dateline virtual channels;
 //! - [`cell`]: the cell wire format; [`frame`]: link framing between switches;
 //! - [`switch`]: input queues, arbitration and credit flow control;
+//! - [`fault`]: fault injection and shaping on one direction of a link;
+//! - [`rng`]: the seeded generator behind simulated jitter and injected faults;
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
 //! - [`sim`]: a whole rack in simulated time.
 
 pub mod attach;
 pub mod cell;
+pub mod fault;
 pub mod frame;
 pub mod gvas;
 pub mod ni;
 pub mod node;
 pub mod probe;
+pub mod rng;
 pub mod routing;
 pub mod shape;
 pub mod sim;

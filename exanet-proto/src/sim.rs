@@ -56,32 +56,8 @@ enum Ev {
     Timer { node: NodeId },
 }
 
-/// SplitMix64: tiny, seedable and good enough for jitter and fault draws.
-#[derive(Clone, Debug)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    pub fn new(seed: u64) -> SimRng {
-        SimRng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n (0 when n is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-}
+/// The simulator's generator (see [`crate::rng`]).
+pub type SimRng = crate::rng::SplitMix64;
 
 pub struct Sim {
     shape: Shape,
@@ -164,7 +140,7 @@ impl Sim {
     }
 
     fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.rng.chance(p)
     }
 
     pub fn shape(&self) -> &Shape {

@@ -1,0 +1,458 @@
+//! Fault injection and shaping for one direction of a link, after smoltcp's
+//! `FaultInjector`: a wrapper the link's sender passes every frame through. It loses and
+//! corrupts cells with seeded draws and holds frames back for delay, jitter and a rate
+//! limit. With no fault set it is idle and the sender skips it entirely, so a rack without
+//! faults pays one branch per cell.
+//!
+//! What each fault means on the emulated link:
+//! - **loss** drops a cell on the wire. Link-level credit is bookkeeping between the two
+//!   switches, not traffic, so the sender takes the lost cell's credit back at once (as
+//!   if the receiver had discarded it and returned the credit); recovering the data is
+//!   the NI's end-to-end job (ACK timeout, retransmission).
+//! - **corrupt** flips one bit of the cell as it travels. Where it lands decides who
+//!   catches it: a header bit fails the header CRC at the next switch (the cell is dropped
+//!   there and its credit refunded); a payload bit fails the end-to-end payload CRC at the
+//!   destination NI, which NACKs it; a footer bit fails the footer CRC at the next switch.
+//!   Nothing corrupt is ever accepted as data.
+//! - **delay**, **jitter** and **rate** shape time: each frame leaves no earlier than the
+//!   link's serialisation at `rate` allows, plus `delay`, plus a uniform draw in
+//!   `0..=jitter`. ExaNet links never reorder, so neither does this: a frame never leaves
+//!   before the one queued ahead of it (jitter therefore bunches frames rather than
+//!   swapping them). Delay and rate apply to every frame, credits included, since both
+//!   travel on the same wire; loss and corruption apply to cells only, because the
+//!   emulated link-level flow control is reliable.
+//! - **down** is carried out by the link's owner (it ends the link session and refuses
+//!   new ones); the injector only records it.
+//!
+//! Loss and corruption are independent draws; a lost cell is not also counted corrupt.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+
+/// Longest delay or jitter a link can be given: longer would outlast every NI timeout and
+/// QUIC's idle timer, which is a dead link, not a slow one (use `down` for that).
+pub const MAX_DELAY_NS: u64 = 10_000_000_000;
+/// Slowest rate a link can be given, bits per second. Slower, one 272-byte cell takes
+/// over two seconds to leave.
+pub const MIN_RATE_BPS: u64 = 1_000;
+
+/// The faults set on one direction of a link. The default is a clear link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkFaults {
+    /// Added to every frame's departure, nanoseconds.
+    pub delay_ns: u64,
+    /// Upper bound of a uniform extra delay per frame, nanoseconds.
+    pub jitter_ns: u64,
+    /// Serialisation rate in bits per second; 0 leaves the link unshaped.
+    pub rate_bps: u64,
+    /// Probability (0..=1) that a cell is lost.
+    pub loss: f64,
+    /// Probability (0..=1) that a cell has one bit flipped.
+    pub corrupt: f64,
+    /// The link is cut.
+    pub down: bool,
+}
+
+/// A fault setting the injector cannot carry out.
+#[derive(Debug, Error, PartialEq)]
+pub enum FaultError {
+    #[error("{what} probability {value} is outside 0..=1 (0% to 100%)")]
+    Probability { what: &'static str, value: f64 },
+    #[error("{what} of {ns} ns is over the {max} ns limit", max = MAX_DELAY_NS)]
+    TooLong { what: &'static str, ns: u64 },
+    #[error("rate {bps} bit/s is below the {min} bit/s minimum", min = MIN_RATE_BPS)]
+    RateTooLow { bps: u64 },
+}
+
+impl LinkFaults {
+    pub fn validate(&self) -> Result<(), FaultError> {
+        for (what, value) in [("loss", self.loss), ("corrupt", self.corrupt)] {
+            // NaN fails `contains` too.
+            if !(0.0..=1.0).contains(&value) {
+                return Err(FaultError::Probability { what, value });
+            }
+        }
+        for (what, ns) in [("delay", self.delay_ns), ("jitter", self.jitter_ns)] {
+            if ns > MAX_DELAY_NS {
+                return Err(FaultError::TooLong { what, ns });
+            }
+        }
+        if self.rate_bps != 0 && self.rate_bps < MIN_RATE_BPS {
+            return Err(FaultError::RateTooLow { bps: self.rate_bps });
+        }
+        Ok(())
+    }
+
+    /// No fault at all: the link behaves as if the injector were not there.
+    pub fn is_clear(&self) -> bool {
+        *self == LinkFaults::default()
+    }
+
+    /// Frames are held back (delay, jitter or rate).
+    pub fn shapes(&self) -> bool {
+        self.delay_ns != 0 || self.jitter_ns != 0 || self.rate_bps != 0
+    }
+}
+
+/// What happens to one cell on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellFate {
+    Pass,
+    /// Lost: the sender takes its credit back.
+    Drop,
+    /// Bit `bit` (0 = the most significant bit of the first byte) of the encoded cell flips.
+    Corrupt { bit: usize },
+}
+
+/// What the injector has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultStats {
+    pub dropped_cells: u64,
+    pub corrupted_cells: u64,
+    /// Frames held back by delay, jitter or rate.
+    pub delayed_frames: u64,
+    /// Total time frames were held back, nanoseconds.
+    pub delay_ns: u64,
+}
+
+/// The injector of one link direction.
+#[derive(Debug)]
+pub struct FaultInjector {
+    faults: LinkFaults,
+    rng: SplitMix64,
+    /// When the emulated wire finishes serialising the last frame given to it.
+    busy_until: Instant,
+    /// Release time of the newest held frame: nothing leaves before it (FIFO).
+    last_release: Instant,
+    line: VecDeque<(Instant, Bytes)>,
+    line_bytes: usize,
+    stats: FaultStats,
+}
+
+impl FaultInjector {
+    pub fn new(seed: u64) -> FaultInjector {
+        FaultInjector {
+            faults: LinkFaults::default(),
+            rng: SplitMix64::new(seed),
+            busy_until: Instant::ZERO,
+            last_release: Instant::ZERO,
+            line: VecDeque::new(),
+            line_bytes: 0,
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// Replaces the faults from `now` on. Frames already held keep their place; if the
+    /// new setting no longer shapes, they are all due at once, so clearing a fault takes
+    /// effect immediately rather than after the old delay drains.
+    pub fn set(&mut self, faults: LinkFaults, now: Instant) -> Result<(), FaultError> {
+        faults.validate()?;
+        self.faults = faults;
+        if !faults.shapes() {
+            for (at, _) in self.line.iter_mut() {
+                *at = now;
+            }
+            self.last_release = now;
+        }
+        if faults.rate_bps == 0 {
+            self.busy_until = now;
+        }
+        Ok(())
+    }
+
+    pub fn faults(&self) -> &LinkFaults {
+        &self.faults
+    }
+
+    pub fn stats(&self) -> FaultStats {
+        self.stats
+    }
+
+    /// No fault set and nothing held: the sender may bypass the injector.
+    pub fn is_idle(&self) -> bool {
+        self.line.is_empty() && self.faults.is_clear()
+    }
+
+    /// Draws the fate of a cell of `len` encoded bytes.
+    pub fn cell_fate(&mut self, len: usize) -> CellFate {
+        if self.rng.chance(self.faults.loss) {
+            self.stats.dropped_cells += 1;
+            return CellFate::Drop;
+        }
+        if len > 0 && self.rng.chance(self.faults.corrupt) {
+            self.stats.corrupted_cells += 1;
+            let bit = self.rng.below(len as u64 * 8) as usize;
+            return CellFate::Corrupt { bit };
+        }
+        CellFate::Pass
+    }
+
+    /// Hands a frame to the wire at `now`; it leaves when [`poll`](Self::poll) says so.
+    pub fn send(&mut self, now: Instant, frame: Bytes) {
+        let mut at = now;
+        if self.faults.rate_bps != 0 {
+            let bits = frame.len() as u128 * 8;
+            let ns = (bits * 1_000_000_000).div_ceil(u128::from(self.faults.rate_bps));
+            let start = self.busy_until.max(now);
+            self.busy_until = start + u64::try_from(ns).unwrap_or(u64::MAX);
+            at = self.busy_until;
+        }
+        at = at + self.faults.delay_ns;
+        if self.faults.jitter_ns != 0 {
+            at = at + self.rng.below(self.faults.jitter_ns + 1);
+        }
+        let at = at.max(self.last_release);
+        self.last_release = at;
+        if at > now {
+            self.stats.delayed_frames += 1;
+            self.stats.delay_ns += at - now;
+        }
+        self.line_bytes += frame.len();
+        self.line.push_back((at, frame));
+    }
+
+    /// The next frame due at `now`, in the order they were sent.
+    pub fn poll(&mut self, now: Instant) -> Option<Bytes> {
+        match self.line.front() {
+            Some((at, _)) if *at <= now => {
+                let (_, f) = self.line.pop_front()?;
+                self.line_bytes -= f.len();
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    /// When the next held frame is due.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.line.front().map(|(at, _)| *at)
+    }
+
+    /// Bytes held back right now.
+    pub fn held_bytes(&self) -> usize {
+        self.line_bytes
+    }
+
+    /// The link went down: what was on the wire is lost.
+    pub fn discard_held(&mut self) -> usize {
+        let n = self.line.len();
+        self.line.clear();
+        self.line_bytes = 0;
+        n
+    }
+}
+
+/// Flips bit `bit` of `bytes` (0 = most significant bit of byte 0); out of range is a no-op.
+pub fn flip_bit(bytes: &mut [u8], bit: usize) {
+    if let Some(b) = bytes.get_mut(bit / 8) {
+        *b ^= 0x80 >> (bit % 8);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(n: usize) -> Bytes {
+        Bytes::from(vec![0u8; n])
+    }
+
+    fn drain(fi: &mut FaultInjector, now: Instant) -> usize {
+        std::iter::from_fn(|| fi.poll(now)).count()
+    }
+
+    #[test]
+    fn clear_injector_is_idle_and_passes_frames_at_once() {
+        let mut fi = FaultInjector::new(1);
+        assert!(fi.is_idle());
+        assert_eq!(fi.cell_fate(272), CellFate::Pass);
+        fi.send(Instant(5), frame(10));
+        assert!(!fi.is_idle(), "a held frame must not be bypassed");
+        assert_eq!(fi.poll(Instant(5)).map(|f| f.len()), Some(10));
+        assert!(fi.is_idle());
+        assert_eq!(fi.stats(), FaultStats::default());
+    }
+
+    #[test]
+    fn validation_names_the_bad_setting() {
+        let mut fi = FaultInjector::new(1);
+        for (f, want) in [
+            (
+                LinkFaults {
+                    loss: 1.5,
+                    ..Default::default()
+                },
+                "loss",
+            ),
+            (
+                LinkFaults {
+                    corrupt: f64::NAN,
+                    ..Default::default()
+                },
+                "corrupt",
+            ),
+            (
+                LinkFaults {
+                    delay_ns: MAX_DELAY_NS + 1,
+                    ..Default::default()
+                },
+                "delay",
+            ),
+            (
+                LinkFaults {
+                    rate_bps: 10,
+                    ..Default::default()
+                },
+                "rate",
+            ),
+        ] {
+            let e = fi.set(f, Instant::ZERO).unwrap_err();
+            assert!(e.to_string().contains(want), "{e}");
+            assert!(fi.faults().is_clear(), "a refused setting changes nothing");
+        }
+    }
+
+    #[test]
+    fn loss_and_corruption_follow_their_probabilities_reproducibly() {
+        let run = |seed| {
+            let mut fi = FaultInjector::new(seed);
+            fi.set(
+                LinkFaults {
+                    loss: 0.1,
+                    corrupt: 0.05,
+                    ..Default::default()
+                },
+                Instant::ZERO,
+            )
+            .unwrap();
+            let fates: Vec<CellFate> = (0..20_000).map(|_| fi.cell_fate(272)).collect();
+            (fates, fi.stats())
+        };
+        let (a, sa) = run(42);
+        let (b, sb) = run(42);
+        assert_eq!(a, b, "same seed, same fates");
+        assert_eq!(sa, sb);
+        assert!((1_700..2_300).contains(&sa.dropped_cells), "{sa:?}");
+        // Corruption is drawn among the 90% that survive loss.
+        assert!((700..1_100).contains(&sa.corrupted_cells), "{sa:?}");
+        for f in &a {
+            if let CellFate::Corrupt { bit } = f {
+                assert!(*bit < 272 * 8);
+            }
+        }
+        let (c, _) = run(43);
+        assert_ne!(a, c, "another seed, other fates");
+    }
+
+    #[test]
+    fn delay_holds_frames_and_keeps_them_in_order() {
+        let mut fi = FaultInjector::new(3);
+        fi.set(
+            LinkFaults {
+                delay_ns: 1_000_000,
+                jitter_ns: 500_000,
+                ..Default::default()
+            },
+            Instant::ZERO,
+        )
+        .unwrap();
+        for i in 0..100u8 {
+            fi.send(Instant(u64::from(i) * 1_000), Bytes::from(vec![i]));
+        }
+        assert_eq!(fi.poll(Instant(999_999)), None, "nothing before the delay");
+        let mut got = Vec::new();
+        let mut now = Instant::ZERO;
+        while let Some(at) = fi.poll_at() {
+            assert!(at >= now, "release times never go back");
+            now = at;
+            while let Some(f) = fi.poll(now) {
+                got.push(f[0]);
+            }
+        }
+        assert_eq!(got, (0..100).collect::<Vec<u8>>(), "FIFO despite jitter");
+        assert!(now.0 <= 99_000 + 1_500_000);
+        let st = fi.stats();
+        assert_eq!(st.delayed_frames, 100);
+        assert!(st.delay_ns >= 100 * 1_000_000);
+    }
+
+    #[test]
+    fn rate_spaces_frames_by_their_serialisation_time() {
+        let mut fi = FaultInjector::new(3);
+        // 100 Mbit/s: a 1250-byte frame takes 100 µs.
+        fi.set(
+            LinkFaults {
+                rate_bps: 100_000_000,
+                ..Default::default()
+            },
+            Instant::ZERO,
+        )
+        .unwrap();
+        for _ in 0..10 {
+            fi.send(Instant::ZERO, frame(1250));
+        }
+        assert_eq!(drain(&mut fi, Instant(99_999)), 0);
+        assert_eq!(drain(&mut fi, Instant(100_000)), 1);
+        assert_eq!(drain(&mut fi, Instant(550_000)), 4);
+        assert_eq!(drain(&mut fi, Instant(1_000_000)), 5);
+        // An idle wire does not bank credit: a frame sent late still takes its time.
+        fi.send(Instant(5_000_000), frame(1250));
+        assert_eq!(fi.poll_at(), Some(Instant(5_100_000)));
+    }
+
+    #[test]
+    fn clearing_releases_held_frames_at_once() {
+        let mut fi = FaultInjector::new(3);
+        fi.set(
+            LinkFaults {
+                delay_ns: 5_000_000_000,
+                ..Default::default()
+            },
+            Instant::ZERO,
+        )
+        .unwrap();
+        fi.send(Instant::ZERO, frame(1));
+        fi.send(Instant::ZERO, frame(2));
+        assert_eq!(fi.held_bytes(), 3);
+        fi.set(LinkFaults::default(), Instant(10)).unwrap();
+        assert_eq!(drain(&mut fi, Instant(10)), 2);
+        // New frames after a clear leave at once too.
+        fi.send(Instant(11), frame(1));
+        assert_eq!(drain(&mut fi, Instant(11)), 1);
+        assert!(fi.is_idle());
+    }
+
+    #[test]
+    fn discard_loses_what_is_on_the_wire() {
+        let mut fi = FaultInjector::new(3);
+        fi.set(
+            LinkFaults {
+                delay_ns: 1_000,
+                ..Default::default()
+            },
+            Instant::ZERO,
+        )
+        .unwrap();
+        fi.send(Instant::ZERO, frame(4));
+        assert_eq!(fi.discard_held(), 1);
+        assert_eq!(fi.held_bytes(), 0);
+        assert_eq!(fi.poll(Instant(10_000)), None);
+    }
+
+    #[test]
+    fn flip_bit_flips_exactly_one_bit() {
+        let mut b = [0u8; 4];
+        flip_bit(&mut b, 0);
+        flip_bit(&mut b, 31);
+        assert_eq!(b, [0x80, 0, 0, 0x01]);
+        flip_bit(&mut b, 32);
+        assert_eq!(b, [0x80, 0, 0, 0x01]);
+    }
+}
