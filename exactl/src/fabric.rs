@@ -1,54 +1,36 @@
 //! What the daemons of a rack say about themselves: their status, queried concurrently over
-//! the control sockets, and the rack's links as seen from both ends.
+//! the control API, and the rack's links as seen from both ends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use exanet_proto::topology::{self, Link};
 use exanet_proto::{NodeId, Shape};
 use exanetd::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
-use exanetd::rack::Layout;
-
-/// Control requests in flight at once. Daemons answer `status` in well under a
-/// millisecond, so a handful of workers covers a large rack quickly and keeps a daemon that
-/// is slow to answer (still starting, or stuck) from holding up the others.
-const WORKERS: usize = 16;
+use exanetd::control_client::ControlClient;
 
 /// One node's answer to `status`, or why there was none.
 pub type Answer = Result<NodeStatus, String>;
 
-/// Asks every node of `shape` for its status, `timeout` per node. The answers are indexed
-/// by node id.
-pub fn query_all(layout: &Layout, shape: &Shape, timeout: Duration) -> Vec<Answer> {
-    let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
-    let next = AtomicUsize::new(0);
-    let answers: Mutex<Vec<Option<Answer>>> = Mutex::new(vec![None; names.len()]);
-    std::thread::scope(|s| {
-        for _ in 0..WORKERS.min(names.len()) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(name) = names.get(i) else { break };
-                let a = query_one(layout, name, timeout);
-                if let Ok(mut all) = answers.lock() {
-                    all[i] = Some(a);
-                }
-            });
-        }
-    });
-    answers
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
+/// Asks every node of the rack for its status, `timeout` per node, all at once. The
+/// answers are indexed by node id.
+pub fn query_all(client: &ControlClient, timeout: Duration) -> Vec<Answer> {
+    let shape = client.rack().shape();
+    let reqs = shape.node_ids().map(|id| (id, Request::Status)).collect();
+    client
+        .request_all(reqs, timeout)
         .into_iter()
-        .map(|a| a.unwrap_or_else(|| Err("not queried".into())))
+        .map(status_answer)
         .collect()
 }
 
 /// Asks one node for its status.
-pub fn query_one(layout: &Layout, name: &str, timeout: Duration) -> Answer {
-    let sock = layout.control_socket(&name);
-    match control::request(&sock, &Request::Status, timeout) {
+pub fn query_one(client: &ControlClient, id: NodeId, timeout: Duration) -> Answer {
+    status_answer(client.request(id, &Request::Status, timeout))
+}
+
+fn status_answer(r: std::result::Result<Response, control::ControlError>) -> Answer {
+    match r {
         Ok(Response::Status(st)) => Ok(st),
         Ok(Response::Error { message }) => Err(format!("daemon error: {message}")),
         Ok(other) => Err(format!("unexpected answer to status: {other:?}")),
@@ -56,21 +38,17 @@ pub fn query_one(layout: &Layout, name: &str, timeout: Duration) -> Answer {
     }
 }
 
-/// A control error in a few words, for tables and progress lines (the socket path is the
-/// same for every node and only clutters).
+/// A control error in a few words, for tables and progress lines (the node and its
+/// address are on the same line already).
 pub fn short_control_error(e: &control::ControlError) -> String {
-    use std::io::ErrorKind;
+    use control::ControlError as E;
     match e {
-        control::ControlError::Connect { source, .. } => match source.kind() {
-            ErrorKind::NotFound => "no control socket".into(),
-            ErrorKind::ConnectionRefused => "control socket refuses connections".into(),
-            _ => format!("cannot connect: {source}"),
-        },
-        control::ControlError::Io { source, .. } => match source.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => "no answer in time".into(),
-            _ => format!("control connection failed: {source}"),
-        },
-        control::ControlError::Protocol { message, .. } => format!("bad answer: {message}"),
+        E::Unreachable { message, .. } => format!("unreachable: {message}"),
+        E::Remote { message, .. } => message.clone(),
+        E::Connect { source, .. } => format!("cannot connect: {source}"),
+        E::Io { source, .. } => format!("control connection failed: {source}"),
+        E::Protocol { message, .. } => format!("bad answer: {message}"),
+        E::Credentials(m) => m.clone(),
     }
 }
 

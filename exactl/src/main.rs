@@ -10,6 +10,7 @@
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
+mod control;
 mod error;
 mod fabric;
 mod ping;

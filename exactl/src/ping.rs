@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use exanet_proto::{routing, NodeId, NodeName, Shape};
-use exanetd::control::{self, PingReport, Request, Response};
+use exanetd::control::{PingReport, Request, Response};
 use exanetd::rack::Rack;
 
 use crate::error::{CliError, Result};
@@ -36,8 +36,8 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
     // The daemon sends the probes one after the other, each waiting up to timeout_ms.
     let wait = Duration::from_millis(opts.timeout_ms.saturating_mul(u64::from(opts.count)))
         .saturating_add(Duration::from_secs(5));
-    let sock = rack.layout().control_socket(&src_name);
-    let report = match control::request(&sock, &req, wait) {
+    let client = crate::control::client(&rack)?;
+    let report = match client.request(src, &req, wait) {
         Ok(Response::Ping(r)) => r,
         Ok(Response::Error { message }) => {
             return Err(CliError::Refused {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::switch::{DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape};
-use exanetd::control::{self, Request, Response};
+use exanetd::control::{Request, Response};
+use exanetd::control_client::ControlClient;
 use exanetd::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
 
 use crate::error::{CliError, Result};
@@ -345,9 +346,11 @@ fn running_daemons(layout: &Layout, rack: Option<&Rack>) -> BTreeSet<String> {
             }
         }
     }
-    if let Some(rack) = rack {
-        let shape = rack.shape();
-        let answers = fabric::query_all(layout, &shape, Duration::from_millis(500));
+    // A rack without operator credentials yet has never been started by exactl; any
+    // daemon of it would have to be someone else's.
+    if let Some(client) = rack.and_then(|r| ControlClient::new(r).ok()) {
+        let shape = client.rack().shape();
+        let answers = fabric::query_all(&client, Duration::from_millis(500));
         for (id, a) in shape.node_ids().zip(&answers) {
             if a.is_ok() {
                 running.insert(shape.display(id));
@@ -365,9 +368,9 @@ fn wait_up(
     start: Instant,
     timeout: Duration,
 ) -> Result<()> {
-    let layout = rack.layout();
     let shape = rack.shape();
     let nodes = shape.nodes() as usize;
+    let client = crate::control::client(rack)?;
     let mut progress = Progress::new();
     loop {
         let mut exited = reap(children);
@@ -380,7 +383,7 @@ fn wait_up(
         // Never let a round of queries run far past the deadline.
         let left = timeout.saturating_sub(start.elapsed());
         let per_query = UP_QUERY_TIMEOUT.min(left.max(Duration::from_millis(200)));
-        let answers = fabric::query_all(&layout, &shape, per_query);
+        let answers = fabric::query_all(&client, per_query);
         let views = fabric::link_views(&shape, &answers);
         let up = views.iter().filter(|v| v.health() == Health::Up).count();
         let answering = answers.iter().filter(|a| a.is_ok()).count();
@@ -410,7 +413,7 @@ fn wait_up(
                 )
             };
             let report = failure_report(rack, &answers, &views, &exited);
-            let logs = layout.log_dir();
+            let logs = rack.layout().log_dir();
             let advice = if exited.len() == children.len() {
                 format!("no daemon is running (logs in {})", logs.display())
             } else {
@@ -597,17 +600,17 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
         }
     }
     let mut asked = 0usize;
-    if let Some(rack) = &rack {
-        let shape = rack.shape();
+    let client = rack.as_ref().and_then(|r| ControlClient::new(r).ok());
+    if let Some(client) = &client {
+        let shape = client.rack().shape();
         for id in shape.node_ids() {
             let node = shape.display(id);
             let covered = targets.iter().any(|d| d.node == node);
             known.insert(node.clone());
-            let sock = layout.control_socket(&node);
-            if covered || !sock.exists() {
+            if covered {
                 continue;
             }
-            match fabric::query_one(&layout, &node, Duration::from_secs(1)) {
+            match fabric::query_one(client, id, Duration::from_secs(1)) {
                 Ok(st) if process::is_our_daemon(st.pid as i32, &node, dir) => {
                     targets.push(process::Daemon {
                         node,
@@ -617,8 +620,7 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
                 Ok(_) => {
                     // A daemon we cannot see as a process (another pid namespace): ask it.
                     let req = Request::Shutdown;
-                    if let Ok(Response::Ok) = control::request(&sock, &req, Duration::from_secs(2))
-                    {
+                    if let Ok(Response::Ok) = client.request(id, &req, Duration::from_secs(2)) {
                         asked += 1;
                     }
                 }

@@ -20,7 +20,8 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
-    let answers = fabric::query_all(&rack.layout(), &shape, QUERY_TIMEOUT);
+    let client = crate::control::client(&rack)?;
+    let answers = fabric::query_all(&client, QUERY_TIMEOUT);
     let views = fabric::link_views(&shape, &answers);
     let out = if as_json {
         let mut s = serde_json::to_string_pretty(&to_json(&rack, &answers, &views))

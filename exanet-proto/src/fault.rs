@@ -108,7 +108,9 @@ pub enum CellFate {
     /// Lost: the sender takes its credit back.
     Drop,
     /// Bit `bit` (0 = the most significant bit of the first byte) of the encoded cell flips.
-    Corrupt { bit: usize },
+    Corrupt {
+        bit: usize,
+    },
 }
 
 /// What the injector has done so far.
@@ -165,6 +167,11 @@ impl FaultInjector {
             self.busy_until = now;
         }
         Ok(())
+    }
+
+    /// Restarts the draws from `seed` (a fault plan run twice draws the same fates).
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = SplitMix64::new(seed);
     }
 
     pub fn faults(&self) -> &LinkFaults {

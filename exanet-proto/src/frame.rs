@@ -102,9 +102,12 @@ pub fn encode_hello(h: &Hello, out: &mut BytesMut) {
     out.put_u32(h.grant[1]);
 }
 
+/// Bytes of framing before a cell: the tag (with the VC) and the cell's length.
+pub const CELL_FRAME_HEADER: usize = 3;
+
 /// Appends a cell frame. `wire` is the encoded cell (see [`Cell::to_bytes`]).
 pub fn encode_cell(vc: Vc, cell: &Cell, out: &mut BytesMut) -> Result<(), CellError> {
-    out.reserve(3 + cell.wire_len());
+    out.reserve(CELL_FRAME_HEADER + cell.wire_len());
     out.put_u8(TAG_CELL + vc.0);
     out.put_u16(cell.wire_len() as u16);
     cell.encode(out)

@@ -5,6 +5,8 @@
 //! {"op":"status"}
 //! {"op":"ping","dst":"M1QBF2","count":3,"timeout_ms":1000}
 //! {"op":"load","dsts":["M1QAF2"],"cells":100000,"payload":256}
+//! {"op":"link_set","peer":"M1QAF2","faults":{"delay_ns":200000,"loss":0.01}}
+//! {"op":"link_clear"}
 //! {"op":"shutdown"}
 //! ```
 //!
@@ -16,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use exanet_proto::fault::{FaultStats, LinkFaults};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -38,6 +41,16 @@ pub enum Request {
         cells: u64,
         payload: usize,
     },
+    /// Set the faults on what this node sends to its neighbour `peer` (replacing any set
+    /// before). `seed` restarts the fault draws, for reproducible fault plans.
+    LinkSet {
+        peer: String,
+        faults: LinkFaults,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+    },
+    /// Clear the faults of every link of this node, setting cut links up again.
+    LinkClear,
     Shutdown,
 }
 
@@ -76,6 +89,21 @@ pub struct LinkStatus {
     pub queue_cells: u64,
     pub queue_bytes: u64,
     pub in_flight_bytes: u64,
+    /// Set down by the operator (`exactl link set --down`, `exactl partition`).
+    #[serde(default)]
+    pub admin_down: bool,
+    /// Faults set on what this node sends over the link; absent when clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faults: Option<LinkFaults>,
+    /// What the fault injector did so far on this direction.
+    #[serde(default)]
+    pub fault_stats: FaultStats,
+    /// Bytes held back by delay or rate right now.
+    #[serde(default)]
+    pub held_bytes: u64,
+    /// Cells from the peer refused as undecodable (bad CRC, bad header).
+    #[serde(default)]
+    pub rx_corrupt_cells: u64,
     /// Transport statistics of the QUIC connection carrying the link, while it is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicStats>,
@@ -175,6 +203,20 @@ pub enum ControlError {
     },
     #[error("daemon at {path} sent a bad response: {message}")]
     Protocol { path: PathBuf, message: String },
+    #[error("cannot reach {node} at {addr}: {message} (is the rack up?)")]
+    Unreachable {
+        node: String,
+        addr: String,
+        message: String,
+    },
+    #[error("control request to {node} at {addr} failed: {message}")]
+    Remote {
+        node: String,
+        addr: String,
+        message: String,
+    },
+    #[error("operator credentials: {0}")]
+    Credentials(String),
 }
 
 /// Sends one request to the daemon listening on `sock` and waits up to `timeout`.

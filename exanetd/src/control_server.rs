@@ -62,30 +62,83 @@ async fn handle(s: UnixStream, node: &NodeHandle, shutdown: &Notify) -> std::io:
             return Ok(());
         }
         let resp = if line.len() > MAX_LINE {
-            node.count_error("control_request");
-            Response::Error {
-                message: format!("request longer than {MAX_LINE} bytes"),
-            }
+            too_long(node)
         } else {
-            match serde_json::from_str::<Request>(&line) {
-                Ok(req) => execute(req, node, shutdown).await,
-                Err(e) => {
-                    node.count_error("control_request");
-                    warn!(error = %e, "bad control request");
-                    Response::Error {
-                        message: format!("bad request: {e}"),
-                    }
-                }
-            }
+            respond(line.as_bytes(), node, shutdown).await
         };
-        let mut out = serde_json::to_vec(&resp).unwrap_or_else(|e| {
-            format!("{{\"result\":\"error\",\"message\":\"{e}\"}}").into_bytes()
-        });
-        out.push(b'\n');
-        w.write_all(&out).await?;
+        w.write_all(&encode(&resp)).await?;
         if line.len() > MAX_LINE {
             return Ok(());
         }
+    }
+}
+
+fn too_long(node: &NodeHandle) -> Response {
+    node.count_error("control_request");
+    Response::Error {
+        message: format!("request longer than {MAX_LINE} bytes"),
+    }
+}
+
+/// Parses and carries out one request, whichever transport it came by.
+async fn respond(line: &[u8], node: &NodeHandle, shutdown: &Notify) -> Response {
+    match serde_json::from_slice::<Request>(line) {
+        Ok(req) => execute(req, node, shutdown).await,
+        Err(e) => {
+            node.count_error("control_request");
+            warn!(error = %e, "bad control request");
+            Response::Error {
+                message: format!("bad request: {e}"),
+            }
+        }
+    }
+}
+
+fn encode(resp: &Response) -> Vec<u8> {
+    let mut out = serde_json::to_vec(resp)
+        .unwrap_or_else(|e| format!("{{\"result\":\"error\",\"message\":\"{e}\"}}").into_bytes());
+    out.push(b'\n');
+    out
+}
+
+/// QUIC close code of a control connection without the operator certificate.
+pub const CLOSE_NOT_OPERATOR: u32 = 0x10;
+
+/// Serves the control API on a QUIC connection that negotiated
+/// [`crate::tls::ALPN_CONTROL`]: one request per bidirectional stream (the request, then
+/// the stream's end; the response, then its end). The TLS handshake already proved the
+/// peer holds a certificate of the rack CA; only the operator's is accepted here.
+pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown: Arc<Notify>) {
+    let remote = conn.remote_address();
+    let certs = conn.peer_identity().and_then(|a| {
+        a.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, crate::tls::OPERATOR)) {
+        node.count_error("control_refused");
+        warn!(%remote, "control connection refused: not the rack's operator certificate");
+        conn.close(
+            quinn::VarInt::from_u32(CLOSE_NOT_OPERATOR),
+            b"the control API needs the rack's operator certificate",
+        );
+        return;
+    }
+    debug!(%remote, "operator connected");
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let (node, shutdown) = (node.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let resp = match recv.read_to_end(MAX_LINE).await {
+                Ok(line) => respond(&line, &node, &shutdown).await,
+                Err(quinn::ReadToEndError::TooLong) => too_long(&node),
+                Err(e) => {
+                    debug!(error = %e, "control stream failed");
+                    return;
+                }
+            };
+            if send.write_all(&encode(&resp)).await.is_ok() {
+                let _ = send.finish();
+            }
+        });
     }
 }
 
@@ -125,6 +178,24 @@ async fn execute(req: Request, node: &NodeHandle, shutdown: &Notify) -> Response
                 Ok(()) => Response::Ok,
                 Err(e) => err(e.to_string()),
             }
+        }
+        Request::LinkSet { peer, faults, seed } => {
+            let peer = match shape.parse_node(&peer) {
+                Ok(d) => d,
+                Err(e) => return err(e.to_string()),
+            };
+            match node.set_link_faults(peer, faults, seed) {
+                Ok(()) => {
+                    tracing::info!(peer = %shape.display(peer), ?faults, "link faults set");
+                    Response::Ok
+                }
+                Err(e) => err(e.to_string()),
+            }
+        }
+        Request::LinkClear => {
+            node.clear_link_faults();
+            tracing::info!("link faults cleared");
+            Response::Ok
         }
         Request::Shutdown => {
             shutdown.notify_one();

@@ -134,6 +134,7 @@ async fn serve(
     tasks.push(tokio::spawn(link::accept_loop(
         node.clone(),
         endpoint.clone(),
+        shutdown.clone(),
     )));
     // The NI's retransmission, retry and expiry timers.
     tasks.push(tokio::spawn(crate::ni_service::timer_loop(node.clone())));

@@ -5,6 +5,7 @@
 //! The rack file, TLS material and the control protocol are shared with `exactl`.
 
 pub mod control;
+pub mod control_client;
 pub mod control_server;
 pub mod daemon;
 pub mod http;

@@ -42,6 +42,13 @@ pub async fn dial_loop(
     let addr_text = node.rack.entry(peer).link.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
+        if let Some(gate) = node.admin_gate(port) {
+            // Set down by the operator: wait until it is set up again.
+            debug!(peer = %peer_name, %port, "link set down; not dialing");
+            gate.notified().await;
+            backoff = Duration::from_millis(50);
+            continue;
+        }
         match dial_once(&endpoint, &client, &addr_text, &peer_name).await {
             Ok((conn, send, recv)) => {
                 backoff = Duration::from_millis(50);
@@ -83,10 +90,19 @@ async fn dial_once(
     Ok((conn, send, recv))
 }
 
-/// Accepts neighbours' connections for as long as the endpoint is open.
-pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint) {
+/// The application protocol a connection negotiated.
+fn alpn(conn: &Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()?
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .ok()?
+        .protocol
+}
+
+/// Accepts neighbours' links and operators' control connections for as long as the
+/// endpoint is open.
+pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Arc<Notify>) {
     while let Some(incoming) = endpoint.accept().await {
-        let node = node.clone();
+        let (node, shutdown) = (node.clone(), shutdown.clone());
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -98,6 +114,10 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint) {
                     return;
                 }
             };
+            if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CONTROL) {
+                crate::control_server::serve_quic(conn, node, shutdown).await;
+                return;
+            }
             if let Err(e) = accept_session(&node, conn.clone()).await {
                 warn!(%remote, error = %e, "incoming link refused");
                 conn.close(VarInt::from_u32(CLOSE_PROTOCOL), e.as_bytes());
@@ -128,6 +148,10 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
         ));
     };
     let claimed = shape.display(hello.node);
+    if node.lock().is_admin_down(port) {
+        node.count_error("link_admin_down");
+        return Err(format!("link to {claimed} is set down by the operator"));
+    }
     let certs = conn
         .peer_identity()
         .and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok());
@@ -199,12 +223,24 @@ async fn run_session(
         }
     }
     let writer = async {
+        let mut next_due = None;
         loop {
-            wake.notified().await;
-            let Some(buf) = node.lock().take_output(port, sid) else {
+            match next_due {
+                // Frames held back by link shaping: also wake when the first falls due.
+                Some(at) => {
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep_until(node.deadline(at)) => {}
+                    }
+                }
+                None => wake.notified().await,
+            }
+            let now = node.now();
+            let Some(out) = node.lock().take_output(port, sid, now) else {
                 return "replaced";
             };
-            if !buf.is_empty() && send.write_chunk(buf).await.is_err() {
+            next_due = out.next_due;
+            if !out.bytes.is_empty() && send.write_chunk(out.bytes).await.is_err() {
                 return "write failed";
             }
         }
@@ -249,6 +285,7 @@ async fn run_session(
                         let mut core = node.lock();
                         core.node.count_error(e.kind());
                         if let FrameError::Cell { vc, len, .. } = e {
+                            core.count_rx_corrupt(port);
                             // The frame length was sound, so the sender spent credit on it.
                             let _ = core.node.refund(port, vc, len);
                             let now = node.now();

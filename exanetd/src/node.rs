@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use exanet_proto::fault::{flip_bit, CellFate, FaultError, FaultInjector, LinkFaults};
 use exanet_proto::frame::{self, Frame, Hello};
 use exanet_proto::node::NodeStats;
 use exanet_proto::topology::{neighbour, node_links, NPORTS};
@@ -33,6 +34,14 @@ pub struct LinkSlot {
     pub sessions: u64,
     /// The QUIC connection of the current session, for its transport statistics.
     conn: Option<quinn::Connection>,
+    /// Faults injected on what this node sends over the link.
+    faults: FaultInjector,
+    /// Cut by the operator: no session is started until it is set up again.
+    admin_down: bool,
+    /// Wakes the dialer waiting for the operator to set the link up again.
+    pub up_wake: Arc<Notify>,
+    /// Cells from the peer refused as undecodable (CRC errors and the like).
+    pub rx_corrupt_cells: u64,
 }
 
 pub struct Core {
@@ -79,12 +88,34 @@ impl Core {
             let i = t.port.index();
             match self.slots[i].as_mut() {
                 Some(slot) if slot.session.is_some() => {
-                    if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut slot.out) {
-                        // Cells in the core were validated on the way in; this is a bug.
+                    woken[i] = true;
+                    if slot.faults.is_idle() {
+                        if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut slot.out) {
+                            // Cells in the core were validated on the way in; a bug.
+                            warn!(error = %e, "dropping unencodable cell");
+                            self.node.count_error("encode");
+                        }
+                        continue;
+                    }
+                    let len = t.cell.wire_len();
+                    let fate = slot.faults.cell_fate(len);
+                    if fate == CellFate::Drop {
+                        // Lost on the wire: the link-level credit comes straight back.
+                        let _ = self.node.credit(t.port, t.vc, len as u32, now);
+                        continue;
+                    }
+                    let mut buf = BytesMut::with_capacity(frame::CELL_FRAME_HEADER + len);
+                    if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut buf) {
                         warn!(error = %e, "dropping unencodable cell");
                         self.node.count_error("encode");
+                        continue;
                     }
-                    woken[i] = true;
+                    if let CellFate::Corrupt { bit } = fate {
+                        // Only the cell flips, never the framing: a cut frame length
+                        // would desynchronise the whole link, which is not a bit error.
+                        flip_bit(&mut buf[frame::CELL_FRAME_HEADER..], bit);
+                    }
+                    slot.faults.send(now, buf.freeze());
                 }
                 _ => {
                     // The core only transmits on ports whose session granted credit.
@@ -97,7 +128,15 @@ impl Core {
             let i = port.index();
             if let Some(slot) = self.slots[i].as_mut() {
                 if slot.session.is_some() {
-                    frame::encode_credit(vc, bytes, &mut slot.out);
+                    if slot.faults.is_idle() {
+                        frame::encode_credit(vc, bytes, &mut slot.out);
+                    } else {
+                        // Credits ride the same wire as cells: delayed and rate-limited
+                        // with them, never lost (link-level flow control is reliable).
+                        let mut buf = BytesMut::with_capacity(8);
+                        frame::encode_credit(vc, bytes, &mut buf);
+                        slot.faults.send(now, buf.freeze());
+                    }
                     woken[i] = true;
                 }
             }
@@ -143,9 +182,12 @@ impl Core {
         conn: quinn::Connection,
         rack_digest: u64,
         now: Instant,
-    ) -> Result<(), exanet_proto::SwitchError> {
+    ) -> Result<(), SessionRefused> {
         let me = self.node.id();
         let shape = *self.node.switch().shape();
+        if self.slot(port).is_some_and(|s| s.admin_down) {
+            return Err(SessionRefused::AdminDown);
+        }
         if self.slot(port).is_some_and(|s| s.session.is_some()) {
             // A peer that restarted reconnects before we noticed the old session die.
             self.node.link_down(port, now)?;
@@ -232,21 +274,98 @@ impl Core {
         slot.session = None;
         slot.conn = None;
         slot.out.clear();
+        // Frames held by delay or rate were on the wire: lost with it.
+        slot.faults.discard_held();
         if let Some(w) = slot.wake.take() {
             w.notify_one();
         }
         let _ = self.node.link_down(port, now);
     }
 
-    /// The bytes the writer of session `sid` should send next; `None` when the session is
-    /// over and the writer should stop.
-    pub fn take_output(&mut self, port: Port, sid: u64) -> Option<Bytes> {
+    /// The bytes the writer of session `sid` should send next, and when frames held back
+    /// by shaping fall due; `None` when the session is over and the writer should stop.
+    pub fn take_output(&mut self, port: Port, sid: u64, now: Instant) -> Option<Output> {
         let slot = self.slot(port)?;
         if slot.session != Some(sid) {
             return None;
         }
-        Some(slot.out.split().freeze())
+        let mut out = slot.out.split();
+        while let Some(f) = slot.faults.poll(now) {
+            out.extend_from_slice(&f);
+        }
+        Some(Output {
+            bytes: out.freeze(),
+            next_due: slot.faults.poll_at(),
+        })
     }
+
+    /// Sets the faults on what this node sends to the neighbour on `port`. Setting the
+    /// link down ends its session at once (what was in flight is lost; cells queued for
+    /// the link wait in the switch) and refuses new sessions until it is set up again.
+    pub fn set_faults(
+        &mut self,
+        port: Port,
+        faults: LinkFaults,
+        seed: Option<u64>,
+        now: Instant,
+    ) -> Result<(), FaultError> {
+        let Some(slot) = self.slot(port) else {
+            return Ok(());
+        };
+        if let Some(seed) = seed {
+            slot.faults.reseed(seed);
+        }
+        slot.faults.set(faults, now)?;
+        let was_down = std::mem::replace(&mut slot.admin_down, faults.down);
+        if faults.down && !was_down {
+            if let (Some(sid), Some(conn)) = (slot.session, slot.conn.clone()) {
+                conn.close(quinn::VarInt::from_u32(CLOSE_ADMIN_DOWN), b"link set down");
+                self.end_session(port, sid, now);
+            }
+        } else if !faults.down && was_down {
+            slot.up_wake.notify_one();
+        }
+        // Held frames may have just fallen due.
+        if let Some(w) = self.slot(port).and_then(|s| s.wake.as_ref()) {
+            w.notify_one();
+        }
+        self.pump(now);
+        Ok(())
+    }
+
+    /// The operator has cut the link on `port`.
+    pub fn is_admin_down(&self, port: Port) -> bool {
+        self.slots
+            .get(port.index())
+            .and_then(|s| s.as_ref())
+            .is_some_and(|s| s.admin_down)
+    }
+
+    /// Counts a cell from the neighbour on `port` refused as undecodable.
+    pub fn count_rx_corrupt(&mut self, port: Port) {
+        if let Some(slot) = self.slot(port) {
+            slot.rx_corrupt_cells += 1;
+        }
+    }
+}
+
+/// QUIC close code of a link the operator set down.
+pub const CLOSE_ADMIN_DOWN: u32 = 3;
+
+/// What a link writer sends next.
+pub struct Output {
+    pub bytes: Bytes,
+    /// When the next frame held back by shaping falls due.
+    pub next_due: Option<Instant>,
+}
+
+/// Why a link session could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionRefused {
+    #[error("the link is set down by the operator")]
+    AdminDown,
+    #[error(transparent)]
+    Switch(#[from] exanet_proto::SwitchError),
 }
 
 fn ni_status(core: &Core) -> NiStatus {
@@ -297,6 +416,14 @@ pub struct NodeHandle {
 }
 
 #[derive(Debug, thiserror::Error)]
+pub enum LinkFaultError {
+    #[error("{0} is not a neighbour of this node (no link between them)")]
+    NotNeighbour(String),
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum PingError {
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -333,6 +460,13 @@ impl NodeHandle {
                 out: BytesMut::new(),
                 sessions: 0,
                 conn: None,
+                // Each link direction draws its own faults; a fault plan reseeds them.
+                faults: FaultInjector::new(
+                    u64::from(id.0) << 8 | port.index() as u64 ^ 0x5eed_0000_0000,
+                ),
+                admin_down: false,
+                up_wake: Arc::new(Notify::new()),
+                rx_corrupt_cells: 0,
             });
         }
         Ok(Arc::new(NodeHandle {
@@ -364,6 +498,49 @@ impl NodeHandle {
 
     pub fn now(&self) -> Instant {
         Instant(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    /// The tokio deadline of core time `at`.
+    pub fn deadline(&self, at: Instant) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.0))
+    }
+
+    /// While the link on `port` is set down, what wakes when it is set up again.
+    pub fn admin_gate(&self, port: Port) -> Option<Arc<Notify>> {
+        let core = self.lock();
+        let slot = core.slots.get(port.index())?.as_ref()?;
+        slot.admin_down.then(|| slot.up_wake.clone())
+    }
+
+    /// Sets faults on the link to `peer` (what this node sends to it).
+    pub fn set_link_faults(
+        &self,
+        peer: NodeId,
+        faults: LinkFaults,
+        seed: Option<u64>,
+    ) -> Result<(), LinkFaultError> {
+        let now = self.now();
+        let mut core = self.lock();
+        let port = Port::all()
+            .find(|p| {
+                core.slots[p.index()]
+                    .as_ref()
+                    .is_some_and(|s| s.peer == peer)
+            })
+            .ok_or_else(|| LinkFaultError::NotNeighbour(self.rack.shape().display(peer)))?;
+        core.set_faults(port, faults, seed, now)?;
+        Ok(())
+    }
+
+    /// Clears every fault on every link of this node, setting cut links up again.
+    pub fn clear_link_faults(&self) {
+        let now = self.now();
+        let mut core = self.lock();
+        for p in Port::all() {
+            if core.slots[p.index()].is_some() {
+                let _ = core.set_faults(p, LinkFaults::default(), None, now);
+            }
+        }
     }
 
     pub fn next_session_id(&self) -> u64 {
@@ -414,6 +591,11 @@ impl NodeHandle {
                     queue_cells: sw.queue_cells(p) as u64,
                     queue_bytes: u64::from(sw.queue_bytes(p)),
                     in_flight_bytes: u64::from(sw.in_flight(p)),
+                    admin_down: s.admin_down,
+                    faults: (!s.faults.faults().is_clear()).then(|| *s.faults.faults()),
+                    fault_stats: s.faults.stats(),
+                    held_bytes: s.faults.held_bytes() as u64,
+                    rx_corrupt_cells: s.rx_corrupt_cells,
                     quic: s.conn.as_ref().map(|c| {
                         let st = c.stats();
                         QuicStats {

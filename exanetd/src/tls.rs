@@ -19,6 +19,12 @@ use crate::rack::{dns_name, Layout};
 
 /// ALPN of exanet links, so that nothing else speaking QUIC is mistaken for a peer.
 pub const ALPN: &[u8] = b"exanet-link/1";
+/// ALPN of the control API on the same endpoint (see [`crate::control_server`]).
+pub const ALPN_CONTROL: &[u8] = b"exanet-control/1";
+/// The identity the control API accepts: the operator certificate `tls/exactl.pem`,
+/// signed by the rack CA like the nodes' but for this name, which no node has. A node's
+/// certificate proves it is a node, not that its holder may operate the rack.
+pub const OPERATOR: &str = "exactl";
 
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -133,14 +139,14 @@ pub fn ensure_rack_pki(layout: &Layout, nodes: &[String]) -> Result<usize, TlsEr
         write(&ca_cert_path, &ca.pem(), false)?;
     }
     let mut issued = 0;
-    for name in nodes {
-        let (cert_path, key_path) = (layout.node_cert(name), layout.node_key(name));
+    for name in nodes.iter().map(String::as_str).chain([OPERATOR]) {
+        let (cert_path, key_path) = (layout.node_cert(&name), layout.node_key(&name));
         if cert_path.exists() && key_path.exists() {
             continue;
         }
-        let mut p = CertificateParams::new(vec![dns_name(name)])?;
+        let mut p = CertificateParams::new(vec![dns_name(&name)])?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, name.as_str());
+        dn.push(DnType::CommonName, name);
         p.distinguished_name = dn;
         p.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -182,6 +188,23 @@ impl NodeTls {
     }
 
     /// QUIC server and client configurations for this node's endpoint.
+    /// A client configuration presenting this identity, speaking `alpn`.
+    pub fn client_config(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        client.alpn_protocols = vec![alpn.to_vec()];
+        let qc = quinn::crypto::rustls::QuicClientConfig::try_from(client)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut cc = quinn::ClientConfig::new(Arc::new(qc));
+        cc.transport_config(Arc::new(transport_config()));
+        Ok(cc)
+    }
+
     pub fn quic_configs(&self) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -198,24 +221,12 @@ impl NodeTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.certs.clone(), self.key.clone_key())
             .map_err(cfg)?;
-        server.alpn_protocols = vec![ALPN.to_vec()];
-        let mut client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(cfg)?
-            .with_root_certificates(roots)
-            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
-            .map_err(cfg)?;
-        client.alpn_protocols = vec![ALPN.to_vec()];
-        let transport = Arc::new(transport_config());
+        server.alpn_protocols = vec![ALPN.to_vec(), ALPN_CONTROL.to_vec()];
         let qs = quinn::crypto::rustls::QuicServerConfig::try_from(server)
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut sc = quinn::ServerConfig::with_crypto(Arc::new(qs));
-        sc.transport_config(transport.clone());
-        let qc = quinn::crypto::rustls::QuicClientConfig::try_from(client)
-            .map_err(|e| TlsError::Config(e.to_string()))?;
-        let mut cc = quinn::ClientConfig::new(Arc::new(qc));
-        cc.transport_config(transport);
-        Ok((sc, cc))
+        sc.transport_config(Arc::new(transport_config()));
+        Ok((sc, self.client_config(ALPN)?))
     }
 }
 
