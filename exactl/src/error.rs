@@ -26,6 +26,10 @@ pub enum CliError {
     #[error("{0}")]
     Node(#[from] NameError),
 
+    /// Arguments that are each fine but cannot be carried out together or on this rack.
+    #[error("{0}")]
+    Usage(String),
+
     #[error("{what} {value}: {message}")]
     BadValue {
         what: &'static str,
@@ -109,6 +113,7 @@ impl CliError {
             | CliError::RackFile(_)
             | CliError::Node(_)
             | CliError::BadValue { .. }
+            | CliError::Usage(_)
             | CliError::SettingMismatch { .. } => EXIT_USAGE,
             _ => EXIT_FAILURE,
         }

@@ -5,6 +5,13 @@
 //! exactl [--rack DIR] rack down [--timeout SECS]
 //! exactl [--rack DIR] status [--json]
 //! exactl [--rack DIR] ping SRC DST [--count N] [--timeout-ms MS] [--json]
+//! exactl [--rack DIR] link set A B [--dir both|A-B|B-A] [--delay D] [--jitter J] [--rate R]
+//!                              [--loss P] [--corrupt P] [--down|--up]
+//! exactl [--rack DIR] link clear (A B | --all)
+//! exactl [--rack DIR] link show [--all] [--json]
+//! exactl [--rack DIR] node pause|resume|kill|restart NAME
+//! exactl [--rack DIR] partition NODES... [--from NODES...]
+//! exactl [--rack DIR] heal
 //! ```
 //!
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
@@ -13,10 +20,13 @@
 mod control;
 mod error;
 mod fabric;
+mod link_cmd;
+mod node_cmd;
 mod ping;
 mod process;
 mod rack_cmd;
 mod status;
+mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,6 +64,110 @@ enum Command {
     Status(StatusArgs),
     /// Probe DST from SRC: the path hop by hop and the round-trip times
     Ping(PingArgs),
+    /// Faults on links: delay, jitter, rate, loss, corruption, cuts
+    #[command(subcommand)]
+    Link(LinkCommand),
+    /// Pause, resume, kill or restart a node's daemon
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Cut every link between two sets of nodes (NODES from the rest of the rack by default)
+    Partition(PartitionArgs),
+    /// Set every cut link up again (other faults stay)
+    Heal,
+}
+
+#[derive(Debug, Subcommand)]
+enum LinkCommand {
+    /// Change the faults of the link between A and B (faults not named stay as they are)
+    Set(LinkSetArgs),
+    /// Remove every fault from the link between A and B (or from all links)
+    Clear(LinkClearArgs),
+    /// Links with faults set or injected, with what the injectors did
+    Show(LinkShowArgs),
+}
+
+#[derive(Debug, Args)]
+struct LinkSetArgs {
+    #[arg(value_name = "A", value_parser = parse_node_name)]
+    a: NodeName,
+    #[arg(value_name = "B", value_parser = parse_node_name)]
+    b: NodeName,
+    /// Direction the faults apply to: both, A-B or B-A (node names work too)
+    #[arg(long, value_name = "DIR", default_value = "both")]
+    dir: String,
+    /// Added to every frame, e.g. 200us, 1.5ms (0 removes it)
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    delay: Option<u64>,
+    /// Uniform extra delay up to this much per frame (links stay FIFO)
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    jitter: Option<u64>,
+    /// Link rate, e.g. 100Mbit, 1Gbit
+    #[arg(long, value_name = "RATE", value_parser = parse_rate_or_off, conflicts_with = "no_rate")]
+    rate: Option<u64>,
+    /// Remove a rate limit
+    #[arg(long)]
+    no_rate: bool,
+    /// Share of cells lost, e.g. 0.1%, 30%
+    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent)]
+    loss: Option<f64>,
+    /// Share of cells with a flipped bit, e.g. 1%
+    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent)]
+    corrupt: Option<f64>,
+    /// Cut the link: its session ends and neither end reconnects until --up
+    #[arg(long, conflicts_with = "up")]
+    down: bool,
+    /// Restore a cut link
+    #[arg(long)]
+    up: bool,
+}
+
+#[derive(Debug, Args)]
+struct LinkClearArgs {
+    #[arg(value_name = "A", value_parser = parse_node_name, required_unless_present = "all", requires = "b", conflicts_with = "all")]
+    a: Option<NodeName>,
+    #[arg(value_name = "B", value_parser = parse_node_name)]
+    b: Option<NodeName>,
+    /// Clear every link of the rack
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Debug, Args)]
+struct LinkShowArgs {
+    /// List every link, not only those with faults
+    #[arg(long)]
+    all: bool,
+    /// Print one JSON object
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// Freeze the node's daemon (SIGSTOP / docker pause)
+    Pause(NodeArgs),
+    /// Let a paused daemon run again
+    Resume(NodeArgs),
+    /// Kill the daemon without warning (a crash)
+    Kill(NodeArgs),
+    /// Stop the daemon if it runs, start a fresh one and wait until it rejoins
+    Restart(NodeArgs),
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    #[arg(value_name = "NAME", value_parser = parse_node_name)]
+    name: NodeName,
+}
+
+#[derive(Debug, Args)]
+struct PartitionArgs {
+    /// Nodes on one side (space- or comma-separated)
+    #[arg(value_name = "NODES", required = true)]
+    nodes: Vec<String>,
+    /// Nodes on the other side [default: every other node]
+    #[arg(long, value_name = "NODES", num_args = 1..)]
+    from: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -124,6 +238,11 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     s.parse::<Shape>().map_err(|e| e.to_string())
 }
 
+/// A rate; `0`/`off` are refused here (use --no-rate), so a typo never unshapes a link.
+fn parse_rate_or_off(s: &str) -> Result<u64, String> {
+    units::parse_rate(s)
+}
+
 fn parse_node_name(s: &str) -> Result<NodeName, String> {
     s.parse::<NodeName>().map_err(|e| e.to_string())
 }
@@ -153,6 +272,37 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 json: a.json,
             },
         ),
+        Command::Link(LinkCommand::Set(a)) => link_cmd::set(
+            &dir,
+            a.a,
+            a.b,
+            &a.dir,
+            &link_cmd::FaultChange {
+                delay_ns: a.delay,
+                jitter_ns: a.jitter,
+                rate_bps: if a.no_rate { Some(0) } else { a.rate },
+                loss: a.loss,
+                corrupt: a.corrupt,
+                down: match (a.down, a.up) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+            },
+        ),
+        Command::Link(LinkCommand::Clear(a)) => link_cmd::clear(&dir, a.a.zip(a.b)),
+        Command::Link(LinkCommand::Show(a)) => link_cmd::show(&dir, a.json, a.all),
+        Command::Node(op) => {
+            let (op, a) = match op {
+                NodeCommand::Pause(a) => (node_cmd::NodeOp::Pause, a),
+                NodeCommand::Resume(a) => (node_cmd::NodeOp::Resume, a),
+                NodeCommand::Kill(a) => (node_cmd::NodeOp::Kill, a),
+                NodeCommand::Restart(a) => (node_cmd::NodeOp::Restart, a),
+            };
+            node_cmd::run(&dir, op, a.name)
+        }
+        Command::Partition(a) => link_cmd::partition(&dir, &a.nodes, &a.from),
+        Command::Heal => link_cmd::heal(&dir),
     }
 }
 

@@ -13,5 +13,6 @@ pub mod link;
 pub mod metrics;
 pub mod ni_service;
 pub mod node;
+pub mod precise_timer;
 pub mod rack;
 pub mod tls;

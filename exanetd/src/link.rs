@@ -223,23 +223,22 @@ async fn run_session(
         }
     }
     let writer = async {
-        let mut next_due = None;
+        let timer = crate::precise_timer::PreciseTimer::get();
+        let mut armed = None;
         loop {
-            match next_due {
-                // Frames held back by link shaping: also wake when the first falls due.
-                Some(at) => {
-                    tokio::select! {
-                        _ = wake.notified() => {}
-                        _ = tokio::time::sleep_until(node.deadline(at)) => {}
-                    }
-                }
-                None => wake.notified().await,
-            }
+            wake.notified().await;
             let now = node.now();
             let Some(out) = node.lock().take_output(port, sid, now) else {
                 return "replaced";
             };
-            next_due = out.next_due;
+            // Frames held back by link shaping: wake when the first falls due. tokio's
+            // timer would round sub-millisecond delays up to milliseconds.
+            if let Some(at) = out.next_due {
+                if armed.is_none_or(|a| at < a || a <= now) {
+                    armed = Some(at);
+                    timer.wake_at(node.deadline_std(at), wake.clone());
+                }
+            }
             if !out.bytes.is_empty() && send.write_chunk(out.bytes).await.is_err() {
                 return "write failed";
             }

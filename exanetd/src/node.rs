@@ -500,9 +500,9 @@ impl NodeHandle {
         Instant(self.origin.elapsed().as_nanos() as u64)
     }
 
-    /// The tokio deadline of core time `at`.
-    pub fn deadline(&self, at: Instant) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.0))
+    /// The clock time of core time `at`.
+    pub fn deadline_std(&self, at: Instant) -> std::time::Instant {
+        self.origin + Duration::from_nanos(at.0)
     }
 
     /// While the link on `port` is set down, what wakes when it is set up again.

@@ -1,0 +1,600 @@
+//! `exactl link set|clear|show`, `exactl partition` and `exactl heal`: faults on the
+//! rack's links, set on the daemons at each end (each end shapes what it sends).
+//!
+//! `link set` changes only the faults it is given and keeps the others, like `tc qdisc
+//! change`: the current setting is read from the daemons first. Everything is checked
+//! (nodes, adjacency, units, flag combinations) before any daemon is asked, so a bad
+//! command changes nothing.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use exanet_proto::fault::LinkFaults;
+use exanet_proto::{NodeId, NodeName, Shape};
+use exanetd::control::{LinkStatus, NodeStatus, Request};
+use exanetd::control_client::ControlClient;
+use exanetd::rack::Rack;
+use serde_json::json;
+
+use crate::error::{CliError, Result};
+use crate::fabric;
+use crate::units::{format_duration, format_percent, format_rate};
+
+/// How long a daemon may take to answer.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Which directions of a link a change applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    Both,
+    /// From the first node named to the second.
+    AtoB,
+    BtoA,
+}
+
+impl Dir {
+    /// `both`, or `A-B` / `B-A` spelled with the node names (any case) or literally.
+    pub fn parse(s: &str, a: &str, b: &str) -> Result<Dir> {
+        let t = s.trim().to_ascii_uppercase();
+        let (a, b) = (a.to_ascii_uppercase(), b.to_ascii_uppercase());
+        if t == "BOTH" {
+            Ok(Dir::Both)
+        } else if t == "A-B" || t == format!("{a}-{b}") {
+            Ok(Dir::AtoB)
+        } else if t == "B-A" || t == format!("{b}-{a}") {
+            Ok(Dir::BtoA)
+        } else {
+            Err(CliError::BadValue {
+                what: "--dir",
+                value: s.to_string(),
+                message: format!("use both, {a}-{b} or {b}-{a}"),
+            })
+        }
+    }
+}
+
+/// The faults a command changes; `None` keeps what is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FaultChange {
+    pub delay_ns: Option<u64>,
+    pub jitter_ns: Option<u64>,
+    pub rate_bps: Option<u64>,
+    pub loss: Option<f64>,
+    pub corrupt: Option<f64>,
+    pub down: Option<bool>,
+}
+
+impl FaultChange {
+    pub fn is_empty(&self) -> bool {
+        *self == FaultChange::default()
+    }
+
+    pub fn apply(&self, mut f: LinkFaults) -> LinkFaults {
+        if let Some(v) = self.delay_ns {
+            f.delay_ns = v;
+        }
+        if let Some(v) = self.jitter_ns {
+            f.jitter_ns = v;
+        }
+        if let Some(v) = self.rate_bps {
+            f.rate_bps = v;
+        }
+        if let Some(v) = self.loss {
+            f.loss = v;
+        }
+        if let Some(v) = self.corrupt {
+            f.corrupt = v;
+        }
+        if let Some(v) = self.down {
+            f.down = v;
+        }
+        f
+    }
+}
+
+/// One direction of a link: faults set at `from` on what it sends to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Direction {
+    pub from: NodeId,
+    pub to: NodeId,
+}
+
+/// Resolves two node names to an existing link's directions.
+pub fn directions(shape: &Shape, a: NodeName, b: NodeName, dir: Dir) -> Result<Vec<Direction>> {
+    let (ia, ib) = (shape.id_of(a)?, shape.id_of(b)?);
+    if ia == ib {
+        return Err(CliError::Usage(format!(
+            "{} names the same node twice; a link joins two nodes",
+            shape.display(ia)
+        )));
+    }
+    if fabric::link_between(shape, ia, ib).is_none() {
+        return Err(CliError::Usage(format!(
+            "{} and {} are not linked (`exactl status` lists the links)",
+            shape.display(ia),
+            shape.display(ib)
+        )));
+    }
+    let ab = Direction { from: ia, to: ib };
+    let ba = Direction { from: ib, to: ia };
+    Ok(match dir {
+        Dir::Both => vec![ab, ba],
+        Dir::AtoB => vec![ab],
+        Dir::BtoA => vec![ba],
+    })
+}
+
+/// The faults each daemon reports for its end, by direction.
+fn current(client: &ControlClient, dirs: &[Direction]) -> Result<Vec<(Direction, LinkFaults)>> {
+    let shape = client.rack().shape();
+    let nodes: BTreeSet<NodeId> = dirs.iter().map(|d| d.from).collect();
+    let reqs = nodes.iter().map(|n| (*n, Request::Status)).collect();
+    let answers = client.request_all(reqs, TIMEOUT);
+    let mut out = Vec::new();
+    for d in dirs {
+        let i = nodes.iter().position(|n| *n == d.from).unwrap_or(0);
+        let st = match &answers[i] {
+            Ok(exanetd::control::Response::Status(st)) => st,
+            Ok(other) => {
+                return Err(CliError::Unexpected {
+                    node: shape.display(d.from),
+                    request: "status",
+                    answer: format!("{other:?}"),
+                })
+            }
+            Err(e) => {
+                return Err(CliError::Failed(format!(
+                    "cannot read the faults set at {}: {e}",
+                    shape.display(d.from)
+                )))
+            }
+        };
+        out.push((
+            *d,
+            link_of(st, &shape.display(d.to))
+                .and_then(|l| l.faults)
+                .unwrap_or_default(),
+        ));
+    }
+    Ok(out)
+}
+
+fn link_of<'a>(st: &'a NodeStatus, peer: &str) -> Option<&'a LinkStatus> {
+    st.links.iter().find(|l| l.peer.eq_ignore_ascii_case(peer))
+}
+
+/// Applies `change` to each direction (merged with what is set there) and checks the
+/// result before asking any daemon. `seed` restarts the fault draws at every end.
+pub fn change_links(
+    client: &ControlClient,
+    dirs: &[Direction],
+    change: &FaultChange,
+    seed: Option<u64>,
+) -> Result<()> {
+    let shape = client.rack().shape();
+    let mut reqs = Vec::new();
+    for (d, now) in current(client, dirs)? {
+        let faults = change.apply(now);
+        faults
+            .validate()
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        reqs.push((
+            d.from,
+            Request::LinkSet {
+                peer: shape.display(d.to),
+                faults,
+                seed: seed.map(|s| s ^ (u64::from(d.from.0) << 32 | u64::from(d.to.0))),
+            },
+        ));
+    }
+    crate::control::all_ok(client, reqs, TIMEOUT, "link_set")
+}
+
+/// Sets exactly `faults` on each direction (no merge).
+pub fn set_exact(
+    client: &ControlClient,
+    dirs: &[Direction],
+    faults: LinkFaults,
+    seed: Option<u64>,
+) -> Result<()> {
+    faults
+        .validate()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let shape = client.rack().shape();
+    let reqs = dirs
+        .iter()
+        .map(|d| {
+            (
+                d.from,
+                Request::LinkSet {
+                    peer: shape.display(d.to),
+                    faults,
+                    seed: seed.map(|s| s ^ (u64::from(d.from.0) << 32 | u64::from(d.to.0))),
+                },
+            )
+        })
+        .collect();
+    crate::control::all_ok(client, reqs, TIMEOUT, "link_set")
+}
+
+/// `exactl link set`.
+pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChange) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let which = Dir::parse(
+        which,
+        &shape.display(shape.id_of(a)?),
+        &shape.display(shape.id_of(b)?),
+    )?;
+    if change.is_empty() {
+        return Err(CliError::Usage(
+            "nothing to set: give --delay, --jitter, --rate, --loss, --corrupt, --down or --up"
+                .into(),
+        ));
+    }
+    if change.down.is_some() && which != Dir::Both {
+        return Err(CliError::Usage(
+            "--down and --up cut or restore the whole link; they cannot take --dir".into(),
+        ));
+    }
+    let dirs = directions(&shape, a, b, which)?;
+    let client = crate::control::client(&rack)?;
+    change_links(&client, &dirs, change, None)
+}
+
+/// `exactl link clear A B` (or every link with `all`).
+pub fn clear(dir: &Path, ends: Option<(NodeName, NodeName)>) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let client = crate::control::client(&rack)?;
+    match ends {
+        Some((a, b)) => {
+            let dirs = directions(&shape, a, b, Dir::Both)?;
+            set_exact(&client, &dirs, LinkFaults::default(), None)
+        }
+        None => {
+            let reqs = shape
+                .node_ids()
+                .map(|id| (id, Request::LinkClear))
+                .collect();
+            crate::control::all_ok(&client, reqs, TIMEOUT, "link_clear")
+        }
+    }
+}
+
+/// Every direction of every link (from each node's own report).
+struct Row<'a> {
+    from: String,
+    l: &'a LinkStatus,
+}
+
+/// `exactl link show`.
+pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let client = crate::control::client(&rack)?;
+    let answers = fabric::query_all(&client, TIMEOUT);
+    let mut rows = Vec::new();
+    let mut silent = Vec::new();
+    for a in &answers {
+        match a {
+            Ok(st) => {
+                for l in &st.links {
+                    let touched = l.faults.is_some()
+                        || l.admin_down
+                        || l.fault_stats != Default::default()
+                        || l.rx_corrupt_cells != 0;
+                    if all || touched {
+                        rows.push(Row {
+                            from: st.node.clone(),
+                            l,
+                        });
+                    }
+                }
+            }
+            Err(e) => silent.push(e.clone()),
+        }
+    }
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "from": r.from, "to": r.l.peer, "port": r.l.port, "kind": r.l.kind,
+                    "state": r.l.state, "admin_down": r.l.admin_down,
+                    "faults": r.l.faults, "fault_stats": r.l.fault_stats,
+                    "held_bytes": r.l.held_bytes, "rx_corrupt_cells": r.l.rx_corrupt_cells,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "links": v, "unanswered": silent }))
+                .map_err(|e| CliError::Failed(e.to_string()))?
+        );
+    } else {
+        print!("{}", render(&rows));
+    }
+    if silent.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "{} nodes did not answer: {}",
+            silent.len(),
+            silent.first().cloned().unwrap_or_default()
+        )))
+    }
+}
+
+/// The faults of one direction in the words of the command line.
+pub fn describe(f: &LinkFaults) -> String {
+    let mut parts = Vec::new();
+    if f.down {
+        parts.push("down".to_string());
+    }
+    if f.delay_ns != 0 {
+        parts.push(format!("delay {}", format_duration(f.delay_ns)));
+    }
+    if f.jitter_ns != 0 {
+        parts.push(format!("jitter {}", format_duration(f.jitter_ns)));
+    }
+    if f.rate_bps != 0 {
+        parts.push(format!("rate {}", format_rate(f.rate_bps)));
+    }
+    if f.loss != 0.0 {
+        parts.push(format!("loss {}", format_percent(f.loss)));
+    }
+    if f.corrupt != 0.0 {
+        parts.push(format!("corrupt {}", format_percent(f.corrupt)));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn render(rows: &[Row<'_>]) -> String {
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str(
+            "no link has faults set or injected (`exactl link show --all` lists every link)\n",
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:<5} {:<40} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "LINK", "STATE", "FAULTS", "DROPPED", "CORRUPTED", "DELAYED", "HELD", "RX_BAD"
+    );
+    for r in rows {
+        let f = r.l.faults.unwrap_or_default();
+        let st = r.l.fault_stats;
+        let _ = writeln!(
+            out,
+            "{:<16} {:<5} {:<40} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            format!("{}->{}", r.from, r.l.peer),
+            match (r.l.admin_down, r.l.state) {
+                (true, _) => "cut",
+                (false, exanetd::control::LinkState::Up) => "up",
+                (false, exanetd::control::LinkState::Down) => "down",
+            },
+            describe(&f),
+            st.dropped_cells,
+            st.corrupted_cells,
+            st.delayed_frames,
+            r.l.held_bytes,
+            r.l.rx_corrupt_cells,
+        );
+    }
+    out
+}
+
+/// Parses a node list (`M1QAF1 M1QAF2,M1QBF1`) into distinct ids.
+fn node_set(shape: &Shape, names: &[String]) -> Result<BTreeSet<NodeId>> {
+    let mut out = BTreeSet::new();
+    for n in names
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        out.insert(shape.parse_node(n)?);
+    }
+    Ok(out)
+}
+
+/// The links cut by a partition of `side` from `from` (every other node if empty).
+pub fn partition_directions(
+    shape: &Shape,
+    side: &[String],
+    from: &[String],
+) -> Result<Vec<Direction>> {
+    let a = node_set(shape, side)?;
+    if a.is_empty() {
+        return Err(CliError::Usage("partition: name at least one node".into()));
+    }
+    let b: BTreeSet<NodeId> = if from.is_empty() {
+        shape.node_ids().filter(|n| !a.contains(n)).collect()
+    } else {
+        node_set(shape, from)?
+    };
+    if let Some(both) = a.intersection(&b).next() {
+        return Err(CliError::Usage(format!(
+            "{} is on both sides of the partition",
+            shape.display(*both)
+        )));
+    }
+    let mut dirs = Vec::new();
+    for l in exanet_proto::topology::links(shape) {
+        let crosses =
+            (a.contains(&l.a) && b.contains(&l.b)) || (a.contains(&l.b) && b.contains(&l.a));
+        if crosses {
+            dirs.push(Direction { from: l.a, to: l.b });
+            dirs.push(Direction { from: l.b, to: l.a });
+        }
+    }
+    if dirs.is_empty() {
+        return Err(CliError::Usage(
+            "no link joins the two sides: nothing to cut (routing is static, so a partition \
+             cuts the links between the sets, not the paths through other nodes)"
+                .into(),
+        ));
+    }
+    Ok(dirs)
+}
+
+/// `exactl partition NODES... [--from NODES...]`.
+pub fn partition(dir: &Path, side: &[String], from: &[String]) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let dirs = partition_directions(&shape, side, from)?;
+    let client = crate::control::client(&rack)?;
+    change_links(
+        &client,
+        &dirs,
+        &FaultChange {
+            down: Some(true),
+            ..Default::default()
+        },
+        None,
+    )?;
+    eprintln!("exactl: cut {} links", dirs.len() / 2);
+    Ok(())
+}
+
+/// `exactl heal`: sets every cut link up again, keeping its other faults.
+pub fn heal(dir: &Path) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let client = crate::control::client(&rack)?;
+    let answers = fabric::query_all(&client, TIMEOUT);
+    let mut reqs = Vec::new();
+    for (id, a) in shape.node_ids().zip(&answers) {
+        let Ok(st) = a else { continue };
+        for l in st.links.iter().filter(|l| l.admin_down) {
+            let mut faults = l.faults.unwrap_or_default();
+            faults.down = false;
+            reqs.push((
+                id,
+                Request::LinkSet {
+                    peer: l.peer.clone(),
+                    faults,
+                    seed: None,
+                },
+            ));
+        }
+    }
+    let n = reqs.len();
+    crate::control::all_ok(&client, reqs, TIMEOUT, "link_set")?;
+    let unanswered = answers.iter().filter(|a| a.is_err()).count();
+    eprintln!("exactl: set {n} cut link ends up");
+    if unanswered > 0 {
+        return Err(CliError::Failed(format!(
+            "{unanswered} nodes did not answer; links they cut stay cut"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        "2x2x1".parse().unwrap()
+    }
+
+    fn n(s: &str) -> NodeName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn dir_accepts_both_letters_and_names() {
+        assert_eq!(Dir::parse("both", "M1QAF1", "M1QAF2").unwrap(), Dir::Both);
+        assert_eq!(Dir::parse("A-B", "M1QAF1", "M1QAF2").unwrap(), Dir::AtoB);
+        assert_eq!(
+            Dir::parse("m1qaf2-m1qaf1", "M1QAF1", "M1QAF2").unwrap(),
+            Dir::BtoA
+        );
+        let e = Dir::parse("up", "M1QAF1", "M1QAF2").unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("M1QAF1-M1QAF2"), "{e}");
+    }
+
+    #[test]
+    fn directions_need_a_real_link() {
+        let s = shape();
+        let d = directions(&s, n("M1QAF1"), n("M1QAF2"), Dir::Both).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].from, d[1].to);
+        let e = directions(&s, n("M1QAF1"), n("M1QAF1"), Dir::Both).unwrap_err();
+        assert!(e.to_string().contains("same node"), "{e}");
+        // F2 of QFDB A and F3 of QFDB B are on different boards and not torus neighbours.
+        let e = directions(&s, n("M1QAF2"), n("M1QBF3"), Dir::Both).unwrap_err();
+        assert!(e.to_string().contains("not linked"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+        assert!(directions(&s, n("M9QAF1"), n("M1QAF1"), Dir::Both).is_err());
+    }
+
+    #[test]
+    fn change_keeps_what_it_does_not_name() {
+        let before = LinkFaults {
+            delay_ns: 1_000_000,
+            loss: 0.1,
+            ..Default::default()
+        };
+        let c = FaultChange {
+            loss: Some(0.0),
+            rate_bps: Some(100_000_000),
+            ..Default::default()
+        };
+        let after = c.apply(before);
+        assert_eq!(after.delay_ns, 1_000_000);
+        assert_eq!(after.loss, 0.0);
+        assert_eq!(after.rate_bps, 100_000_000);
+        assert!(!FaultChange::default().apply(before).is_clear());
+        assert!(FaultChange::default().is_empty() && !c.is_empty());
+    }
+
+    #[test]
+    fn partition_cuts_exactly_the_links_between_the_sets() {
+        let s = shape();
+        // One node from the rest of the rack: every one of its links.
+        let d = partition_directions(&s, &["M1QAF1".into()], &[]).unwrap();
+        let me = s.parse_node("M1QAF1").unwrap();
+        let degree = exanet_proto::topology::node_links(&s, me).len();
+        assert_eq!(d.len(), 2 * degree);
+        assert!(d.iter().all(|x| x.from == me || x.to == me));
+        // A whole QFDB from another: only the torus links between them.
+        let qa: Vec<String> = (1..=4).map(|f| format!("M1QAF{f}")).collect();
+        let qb: Vec<String> = (1..=4).map(|f| format!("M1QBF{f}")).collect();
+        let d = partition_directions(&s, &qa, &qb).unwrap();
+        assert!(!d.is_empty());
+        for x in &d {
+            let (f, t) = (s.display(x.from), s.display(x.to));
+            assert!(
+                (f.contains("QA") && t.contains("QB")) || (f.contains("QB") && t.contains("QA")),
+                "{f}->{t}"
+            );
+        }
+        let e =
+            partition_directions(&s, &["M1QAF1".into()], &["M1QAF1,M1QAF2".into()]).unwrap_err();
+        assert!(e.to_string().contains("both sides"), "{e}");
+        let e = partition_directions(&s, &["M1QAF2".into()], &["M1QBF3".into()]).unwrap_err();
+        assert!(e.to_string().contains("no link joins"), "{e}");
+    }
+
+    #[test]
+    fn describe_uses_command_line_words() {
+        let f = LinkFaults {
+            delay_ns: 200_000,
+            rate_bps: 100_000_000,
+            loss: 0.001,
+            down: true,
+            ..Default::default()
+        };
+        assert_eq!(describe(&f), "down delay 200us rate 100Mbit loss 0.1%");
+        assert_eq!(describe(&LinkFaults::default()), "-");
+    }
+}

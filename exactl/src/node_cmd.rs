@@ -1,0 +1,193 @@
+//! `exactl node pause|resume|kill|restart NAME`: node failures on purpose. What carries
+//! them out depends on what runs the daemons (`[deploy]` in rack.toml): signals to local
+//! processes (SIGSTOP, SIGCONT, SIGKILL, and a fresh daemon for restart), or the compose
+//! tool for a compose rack (pause, unpause, kill, restart of the node's container).
+//!
+//! A restarted daemon rejoins by itself: it dials its lower-numbered neighbours and the
+//! others dial it. `restart` waits until it reports all its links up again and says how
+//! long that took.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use exanet_proto::{NodeId, NodeName};
+use exanetd::rack::{Deploy, Layout, Rack};
+
+use crate::error::{CliError, Result};
+use crate::fabric;
+use crate::process::{self, PidFile};
+
+/// What an operator does to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeOp {
+    /// Freeze the daemon (it keeps its sockets; peers see silence, then idle timeouts).
+    Pause,
+    Resume,
+    /// Crash it: no goodbye to its peers.
+    Kill,
+    /// Stop it (if running) and start a fresh daemon.
+    Restart,
+}
+
+impl NodeOp {
+    pub fn label(self) -> &'static str {
+        match self {
+            NodeOp::Pause => "pause",
+            NodeOp::Resume => "resume",
+            NodeOp::Kill => "kill",
+            NodeOp::Restart => "restart",
+        }
+    }
+}
+
+/// How long `restart` waits for the node to rejoin.
+const REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stopping daemon gets after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `exactl node OP NAME`.
+pub fn run(dir: &Path, op: NodeOp, name: NodeName) -> Result<()> {
+    let rack = Rack::load(dir)?;
+    let shape = rack.shape();
+    let id = shape.id_of(name)?;
+    apply(&rack, op, id)?;
+    if op == NodeOp::Restart {
+        let took = wait_rejoined(&rack, id, REJOIN_TIMEOUT)?;
+        eprintln!(
+            "exactl: {} rejoined: all its links up {:.2} s after the restart",
+            shape.display(id),
+            took.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// Carries out `op` on node `id` without waiting for any consequence.
+pub fn apply(rack: &Rack, op: NodeOp, id: NodeId) -> Result<()> {
+    let node = rack.shape().display(id);
+    match rack.file.deploy.clone().unwrap_or(Deploy::Local) {
+        Deploy::Local => local(rack, op, &node),
+        Deploy::Compose { project, file } => compose(rack, op, &node, &project, &file),
+        Deploy::External { how } => Err(CliError::Usage(format!(
+            "this rack's daemons are not run by exactl ({how}); {} {node} there",
+            op.label()
+        ))),
+    }
+}
+
+fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<()> {
+    let layout: Layout = rack.layout();
+    let dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
+    let running = match process::read_pid_file(&layout.pid_file(&node), node, &dir) {
+        PidFile::Running(d) => Some(d),
+        _ => None,
+    };
+    let signal = |sig, d: &process::Daemon| {
+        process::signal(d.pid, sig)
+            .map_err(|e| CliError::Failed(format!("cannot signal {node} (pid {}): {e}", d.pid)))
+    };
+    match (op, running) {
+        (NodeOp::Pause, Some(d)) => signal(libc::SIGSTOP, &d),
+        (NodeOp::Resume, Some(d)) => signal(libc::SIGCONT, &d),
+        (NodeOp::Kill, Some(d)) => {
+            signal(libc::SIGKILL, &d)?;
+            wait_gone(&d);
+            let _ = process::remove_if_present(&layout.pid_file(&node));
+            Ok(())
+        }
+        (NodeOp::Restart, running) => {
+            if let Some(d) = running {
+                // A paused daemon cannot act on SIGTERM.
+                let _ = process::signal(d.pid, libc::SIGCONT);
+                signal(libc::SIGTERM, &d)?;
+                if !wait_gone(&d) && process::is_our_daemon(d.pid, node, &dir) {
+                    let _ = process::signal(d.pid, libc::SIGKILL);
+                    wait_gone(&d);
+                }
+            }
+            let binary = process::daemon_binary()?;
+            process::spawn_daemon(&binary, &layout, &dir, node)?;
+            Ok(())
+        }
+        (op, None) => Err(CliError::Failed(format!(
+            "{node} is not running here (no live daemon behind {}); nothing to {}",
+            layout.pid_file(&node).display(),
+            op.label()
+        ))),
+    }
+}
+
+/// Waits up to [`STOP_TIMEOUT`] for the daemon to exit; true if it did.
+fn wait_gone(d: &process::Daemon) -> bool {
+    let t0 = Instant::now();
+    while process::is_alive(d.pid) {
+        if t0.elapsed() > STOP_TIMEOUT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The compose tool of this machine: `docker-compose` (v1) if installed, else the
+/// `docker compose` plugin (v2). Both take the same arguments here.
+pub fn compose_command() -> Command {
+    let v1 = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("docker-compose").is_file()));
+    if v1 {
+        Command::new("docker-compose")
+    } else {
+        let mut c = Command::new("docker");
+        c.arg("compose");
+        c
+    }
+}
+
+fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Result<()> {
+    let path: PathBuf = rack.dir.join(file);
+    let verb = match op {
+        NodeOp::Pause => "pause",
+        NodeOp::Resume => "unpause",
+        NodeOp::Kill => "kill",
+        NodeOp::Restart => "restart",
+    };
+    let out = compose_command()
+        .arg("-p")
+        .arg(project)
+        .arg("-f")
+        .arg(&path)
+        .arg(verb)
+        .arg(node)
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
+    if !out.status.success() {
+        return Err(CliError::Failed(format!(
+            "compose {verb} {node} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Waits until node `id` answers and reports every one of its links up.
+pub fn wait_rejoined(rack: &Rack, id: NodeId, timeout: Duration) -> Result<Duration> {
+    let client = crate::control::client(rack)?;
+    let want = exanet_proto::topology::node_links(&rack.shape(), id).len();
+    let t0 = Instant::now();
+    let mut last = String::from("no answer yet");
+    while t0.elapsed() < timeout {
+        match fabric::query_one(&client, id, Duration::from_millis(500)) {
+            Ok(st) if st.links_up() == want => return Ok(t0.elapsed()),
+            Ok(st) => last = format!("{}/{want} links up", st.links_up()),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(CliError::Failed(format!(
+        "{} did not rejoin within {} s ({last})",
+        rack.shape().display(id),
+        timeout.as_secs()
+    )))
+}
