@@ -153,7 +153,7 @@ async fn serve(
     tasks.push(tokio::spawn(http::serve(
         http_listener,
         node.clone(),
-        Arc::new(Metrics::new()),
+        Arc::new(Metrics::new(node.lock().latency.family())),
     )));
     tasks.push(tokio::spawn(control_server::serve(
         control,

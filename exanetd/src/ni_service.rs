@@ -25,7 +25,9 @@ use exanet_proto::Pdid;
 use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring, Waiter};
 use tracing::{debug, info, warn};
 
+use crate::metrics::Op;
 use crate::node::NodeHandle;
+use exanet_proto::Instant;
 
 /// Ring slot size: a 128-byte message plus the ring's length prefix, rounded up.
 const RING_SLOT: u32 = 256;
@@ -146,8 +148,9 @@ pub struct Session {
     to_workload: Doorbell,
     backlog: VecDeque<[u8; attach::SLOT]>,
     mailboxes: Vec<u8>,
-    send_tags: HashMap<(u8, u8), u32>,
-    rdma_tags: HashMap<TransferId, u32>,
+    /// Posted sends and transfers: the workload's tag and when the NI took the command.
+    send_tags: HashMap<(u8, u8), (u32, Instant)>,
+    rdma_tags: HashMap<TransferId, (u32, Instant)>,
 }
 
 impl Session {
@@ -199,7 +202,7 @@ fn refusal_code(e: &NiError) -> u8 {
 }
 
 /// Relays an NI event to the session of its rank (called from the core's pump).
-pub fn deliver(core: &mut crate::node::Core, ev: NiEvent) {
+pub fn deliver(core: &mut crate::node::Core, ev: NiEvent, now: Instant) {
     let rank = match &ev {
         NiEvent::Packetizer { rank, .. }
         | NiEvent::Mailbox { rank, .. }
@@ -211,7 +214,9 @@ pub fn deliver(core: &mut crate::node::Core, ev: NiEvent) {
     };
     match ev {
         NiEvent::Packetizer { vi, ch, state, .. } => {
-            let tag = s.send_tags.remove(&(vi, ch)).unwrap_or(0);
+            let (tag, posted) = s.send_tags.remove(&(vi, ch)).unwrap_or((0, now));
+            let ok = matches!(state, ChannelState::Acked);
+            core.latency.observe(Op::Send, ok, now.since(posted));
             let (st, reason) = match state {
                 ChannelState::Acked => (status::OK, 0),
                 ChannelState::Nacked(r) => (status::NACKED, r as u8),
@@ -227,7 +232,9 @@ pub fn deliver(core: &mut crate::node::Core, ev: NiEvent) {
             });
         }
         NiEvent::Rdma { id, result, .. } => {
-            let tag = s.rdma_tags.remove(&id).unwrap_or(0);
+            let (tag, posted) = s.rdma_tags.remove(&id).unwrap_or((0, now));
+            let op = if id.read { Op::Read } else { Op::Write };
+            core.latency.observe(op, result.is_ok(), now.since(posted));
             let (st, reason) = match result {
                 Ok(()) => (status::OK, 0),
                 Err(f) => reason_of(f),
@@ -740,10 +747,10 @@ fn execute(
         Ok((tag, id, send)) => {
             if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
                 if let Some(id) = id {
-                    s.rdma_tags.insert(id, tag);
+                    s.rdma_tags.insert(id, (tag, now));
                 }
                 if let Some(k) = send {
-                    s.send_tags.insert(k, tag);
+                    s.send_tags.insert(k, (tag, now));
                 }
             }
         }

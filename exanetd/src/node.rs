@@ -54,6 +54,8 @@ pub struct Core {
     slots: Vec<Option<LinkSlot>>,
     pings: HashMap<u32, oneshot::Sender<NodeEvent>>,
     next_probe: u32,
+    /// How long workloads' operations take, from command to completion.
+    pub latency: crate::metrics::Latency,
 }
 
 /// Why a peer's hello was refused.
@@ -150,7 +152,7 @@ impl Core {
                 }
                 NodeEvent::LoadSent => debug!("load generator done"),
                 NodeEvent::LoadDelivered { .. } => {}
-                NodeEvent::Ni(ev) => crate::ni_service::deliver(self, ev),
+                NodeEvent::Ni(ev) => crate::ni_service::deliver(self, ev, now),
             }
         }
         // A sooner NI deadline than the timer task sleeps towards: wake it to re-arm.
@@ -478,6 +480,7 @@ impl NodeHandle {
                 slots,
                 pings: HashMap::new(),
                 next_probe: 1,
+                latency: crate::metrics::Latency::new(&shape.display(id)),
             }),
             origin: std::time::Instant::now(),
             name: shape.display(id),
