@@ -18,6 +18,7 @@
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
 mod control;
+mod deploy;
 mod error;
 mod fabric;
 mod link_cmd;
@@ -177,6 +178,56 @@ enum RackCommand {
     Up(UpArgs),
     /// Stop every daemon of the rack
     Down(DownArgs),
+    /// Create the rack CA and every missing node certificate of the rack file (for racks
+    /// started by compose, swarm or Kubernetes rather than `rack up`)
+    Pki,
+    /// Write a docker compose project (and swarm stack) running the rack, one container
+    /// per node
+    Compose(ComposeArgs),
+    /// Write Kubernetes manifests (StatefulSet, headless Service, kustomization) running
+    /// the rack, one pod per node
+    K8s(K8sArgs),
+}
+
+#[derive(Debug, Args)]
+struct ComposeArgs {
+    /// Rack shape in QFDBs along X, Y, Z
+    #[arg(long, value_name = "XxYxZ", value_parser = parse_shape, allow_hyphen_values = true)]
+    shape: Shape,
+    /// Rack and compose project name [default: exanet-<shape>]
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Directory to write [default: ./exanet-<shape>]
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Private IPv4 network of the rack; nodes get static addresses from its lower half
+    #[arg(long, value_name = "CIDR", default_value = deploy::compose::DEFAULT_SUBNET)]
+    subnet: String,
+    /// Image of the daemons and workloads (docker/build.sh makes exanet:latest)
+    #[arg(long, value_name = "IMAGE", default_value = deploy::DEFAULT_IMAGE)]
+    image: String,
+    /// Add a Prometheus service that scrapes every node
+    #[arg(long)]
+    prometheus: bool,
+    /// Add Grafana with the rack's dashboards (needs --prometheus)
+    #[arg(long, requires = "prometheus")]
+    grafana: bool,
+}
+
+#[derive(Debug, Args)]
+struct K8sArgs {
+    /// Rack shape in QFDBs along X, Y, Z
+    #[arg(long, value_name = "XxYxZ", value_parser = parse_shape, allow_hyphen_values = true)]
+    shape: Shape,
+    /// StatefulSet, Service and rack name [default: exanet-<shape>]
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Directory to write [default: ./exanet-<shape>-k8s]
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Image of the daemons
+    #[arg(long, value_name = "IMAGE", default_value = deploy::DEFAULT_IMAGE)]
+    image: String,
 }
 
 #[derive(Debug, Args)]
@@ -261,6 +312,41 @@ fn run(cli: Cli) -> Result<(), CliError> {
             },
         ),
         Command::Rack(RackCommand::Down(a)) => rack_cmd::down(&dir, Duration::from_secs(a.timeout)),
+        Command::Rack(RackCommand::Pki) => deploy::pki(&dir),
+        Command::Rack(RackCommand::Compose(a)) => {
+            let subnet = a.subnet.parse().map_err(|message| CliError::BadValue {
+                what: "--subnet",
+                value: a.subnet.clone(),
+                message,
+            })?;
+            let out = a
+                .out
+                .unwrap_or_else(|| PathBuf::from(format!("exanet-{}", a.shape)));
+            deploy::compose::run(
+                &out,
+                &deploy::compose::ComposeOptions {
+                    shape: a.shape,
+                    name: a.name,
+                    subnet,
+                    image: a.image,
+                    prometheus: a.prometheus,
+                    grafana: a.grafana,
+                },
+            )
+        }
+        Command::Rack(RackCommand::K8s(a)) => {
+            let out = a
+                .out
+                .unwrap_or_else(|| PathBuf::from(format!("exanet-{}-k8s", a.shape)));
+            deploy::k8s::run(
+                &out,
+                &deploy::k8s::K8sOptions {
+                    shape: a.shape,
+                    name: a.name,
+                    image: a.image,
+                },
+            )
+        }
         Command::Status(a) => status::run(&dir, a.json),
         Command::Ping(a) => ping::run(
             &dir,
