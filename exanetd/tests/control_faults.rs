@@ -140,7 +140,13 @@ fn control_api_admits_only_the_operator_certificate() {
     let _ = std::fs::remove_dir_all(&other);
     let m = r.metrics("M1QAF1");
     assert!(
-        sample(&m, "exanet_node_errors_total", &["kind=\"control_refused\""]).unwrap() >= 1.0,
+        sample(
+            &m,
+            "exanet_node_errors_total",
+            &["kind=\"control_refused\""]
+        )
+        .unwrap()
+            >= 1.0,
         "{m}"
     );
 }
@@ -219,7 +225,11 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     assert_eq!(link(&st, b).state, LinkState::Down);
     std::thread::sleep(Duration::from_millis(300));
     let sb = r.status(b).unwrap();
-    assert_eq!(link(&sb, a).state, LinkState::Down, "{b} redialed a cut link");
+    assert_eq!(
+        link(&sb, a).state,
+        LinkState::Down,
+        "{b} redialed a cut link"
+    );
     assert_eq!(ping(&r, a, b, 1, 200).0, 0);
 
     // Clear: everything back, the link up again, traffic flows.
@@ -319,7 +329,9 @@ fn metrics_pass_promtool() {
     assert_eq!(set(&r, "M1QAF1", "M1QAF2", f), Response::Ok);
     ping(&r, "M1QAF1", "M1QAF2", 4, 200);
     let text = r.metrics("M1QAF1");
-    let body = text.split_once("\r\n\r\n").map_or(text.as_str(), |(_, b)| b);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(text.as_str(), |(_, b)| b);
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -340,7 +352,10 @@ fn metrics_pass_promtool() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success() && said.trim().is_empty(), "promtool: {said}");
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}"
+    );
     assert!(body.contains("exanet_ni_completion_latency_seconds"));
     assert!(body.contains("exanet_link_fault_setting"));
 }
