@@ -239,7 +239,11 @@ async fn run_session(
                     timer.wake_at(node.deadline_std(at), wake.clone());
                 }
             }
-            if !out.bytes.is_empty() && send.write_chunk(out.bytes).await.is_err() {
+            if out.bytes.is_empty() {
+                // Woken for nothing to send (the injector dropped it all): let the other
+                // tasks run, or a link losing every cell would spin here unopposed.
+                tokio::task::yield_now().await;
+            } else if send.write_chunk(out.bytes).await.is_err() {
                 return "write failed";
             }
         }

@@ -42,6 +42,8 @@ pub struct LinkSlot {
     pub up_wake: Arc<Notify>,
     /// Cells from the peer refused as undecodable (CRC errors and the like).
     pub rx_corrupt_cells: u64,
+    /// Credit of cells the injector dropped, by VC, owed back to this end's output.
+    lost_credit: [u32; exanet_proto::routing::NVCS],
 }
 
 pub struct Core {
@@ -102,8 +104,12 @@ impl Core {
                     let len = t.cell.wire_len();
                     let fate = slot.faults.cell_fate(len);
                     if fate == CellFate::Drop {
-                        // Lost on the wire: the link-level credit comes straight back.
-                        let _ = self.node.credit(t.port, t.vc, len as u32, now);
+                        // Lost on the wire: the link-level credit comes back, but only
+                        // when the link's writer next runs. Handing it back here would let
+                        // this loop drop cells for as long as there are any (a load
+                        // generator has millions), holding the core the whole time.
+                        let owed = &mut slot.lost_credit[usize::from(t.vc.0)];
+                        *owed = owed.saturating_add(len as u32);
                         continue;
                     }
                     let mut buf = BytesMut::with_capacity(frame::CELL_FRAME_HEADER + len);
@@ -287,10 +293,20 @@ impl Core {
     /// The bytes the writer of session `sid` should send next, and when frames held back
     /// by shaping fall due; `None` when the session is over and the writer should stop.
     pub fn take_output(&mut self, port: Port, sid: u64, now: Instant) -> Option<Output> {
-        let slot = self.slot(port)?;
-        if slot.session != Some(sid) {
+        if self.slot(port)?.session != Some(sid) {
             return None;
         }
+        let lost = self
+            .slot(port)
+            .map(|s| std::mem::take(&mut s.lost_credit))
+            .unwrap_or_default();
+        if lost.iter().any(|&n| n > 0) {
+            for (vc, n) in lost.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let _ = self.node.credit(port, exanet_proto::Vc(vc as u8), *n, now);
+            }
+            self.pump(now);
+        }
+        let slot = self.slot(port)?;
         let mut out = slot.out.split();
         while let Some(f) = slot.faults.poll(now) {
             out.extend_from_slice(&f);
@@ -469,6 +485,7 @@ impl NodeHandle {
                 admin_down: false,
                 up_wake: Arc::new(Notify::new()),
                 rx_corrupt_cells: 0,
+                lost_credit: [0; exanet_proto::routing::NVCS],
             });
         }
         Ok(Arc::new(NodeHandle {
