@@ -203,9 +203,18 @@ impl FaultInjector {
 
     /// Hands a frame to the wire at `now`; it leaves when [`poll`](Self::poll) says so.
     pub fn send(&mut self, now: Instant, frame: Bytes) {
+        let at = self.release_at(now, frame.len());
+        self.line_bytes += frame.len();
+        self.line.push_back((at, frame));
+    }
+
+    /// When a frame of `len` bytes handed over at `now` leaves, accounting for it as
+    /// [`send`](Self::send) does but holding nothing (for a simulator that keeps its own
+    /// event queue).
+    pub fn release_at(&mut self, now: Instant, len: usize) -> Instant {
         let mut at = now;
         if self.faults.rate_bps != 0 {
-            let bits = frame.len() as u128 * 8;
+            let bits = len as u128 * 8;
             let ns = (bits * 1_000_000_000).div_ceil(u128::from(self.faults.rate_bps));
             let start = self.busy_until.max(now);
             self.busy_until = start + u64::try_from(ns).unwrap_or(u64::MAX);
@@ -221,8 +230,7 @@ impl FaultInjector {
             self.stats.delayed_frames += 1;
             self.stats.delay_ns += at - now;
         }
-        self.line_bytes += frame.len();
-        self.line.push_back((at, frame));
+        at
     }
 
     /// The next frame due at `now`, in the order they were sent.

@@ -7,9 +7,12 @@
 //! fixed latency plus seeded jitter; credit frames take the latency but no bandwidth.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
+
+use bytes::BytesMut;
 
 use crate::cell::Cell;
+use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
 use crate::shape::{NodeId, Shape};
@@ -54,6 +57,35 @@ enum Ev {
     },
     /// The node's NI timer.
     Timer { node: NodeId },
+    /// A cell lost on the wire or refused by the receiver's CRC check: its credit is
+    /// returned when it would have arrived.
+    Lost {
+        node: NodeId,
+        port: Port,
+        vc: Vc,
+        bytes: u32,
+    },
+}
+
+/// Why per-link faults cannot be set.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LinkFaultError {
+    #[error("node {from} has no link to node {to}")]
+    NotLinked { from: NodeId, to: NodeId },
+    #[error("a cut link is not simulated (the daemon carries out `down`)")]
+    Down,
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+}
+
+/// What the receiver makes of `cell` with bit `bit` flipped on the wire: the cell, its
+/// payload marked corrupt if the payload CRC fails, or nothing when the header or footer
+/// CRC fails and the next switch drops it.
+fn flip_and_decode(cell: &Cell, bit: usize) -> Option<Cell> {
+    let mut b = BytesMut::with_capacity(cell.wire_len());
+    cell.encode(&mut b).ok()?;
+    flip_bit(&mut b, bit);
+    Cell::decode(&b.freeze()).ok()
 }
 
 /// The simulator's generator (see [`crate::rng`]).
@@ -79,6 +111,9 @@ pub struct Sim {
     /// The NI timer each node has scheduled.
     timer_at: Vec<Option<Instant>>,
     faults: Faults,
+    /// The fault injectors of link directions given faults, by (node, port): the same
+    /// wrapper each daemon puts on its links.
+    injectors: HashMap<(NodeId, Port), FaultInjector>,
 }
 
 /// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
@@ -124,6 +159,7 @@ impl Sim {
             processed: 0,
             timer_at: vec![None; n],
             faults: Faults::default(),
+            injectors: HashMap::new(),
         };
         for l in links(&shape) {
             let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
@@ -137,6 +173,37 @@ impl Sim {
     /// Applies `f` to every cell arriving over a link from now on.
     pub fn set_faults(&mut self, f: Faults) {
         self.faults = f;
+    }
+
+    /// Sets the faults on what `from` sends to its neighbour `to`, as `exactl link set`
+    /// does on a daemon: loss and corruption drawn per cell from `seed`, delay, jitter and
+    /// rate added to the link's own timing.
+    pub fn set_link_faults(
+        &mut self,
+        from: NodeId,
+        to: NodeId,
+        faults: LinkFaults,
+        seed: u64,
+    ) -> Result<(), LinkFaultError> {
+        if faults.down {
+            return Err(LinkFaultError::Down);
+        }
+        let port = Port::all()
+            .find(|p| neighbour(&self.shape, from, *p).is_some_and(|(n, _)| n == to))
+            .ok_or(LinkFaultError::NotLinked { from, to })?;
+        let mut fi = FaultInjector::new(seed);
+        fi.set(faults, self.now)?;
+        self.injectors.insert((from, port), fi);
+        Ok(())
+    }
+
+    /// What the injector on `from`'s link to `to` has done (zero if it has none).
+    pub fn link_fault_stats(&self, from: NodeId, to: NodeId) -> FaultStats {
+        Port::all()
+            .find(|p| neighbour(&self.shape, from, *p).is_some_and(|(n, _)| n == to))
+            .and_then(|p| self.injectors.get(&(from, p)))
+            .map(FaultInjector::stats)
+            .unwrap_or_default()
     }
 
     fn chance(&mut self, p: f64) -> bool {
@@ -216,9 +283,22 @@ impl Sim {
                 Port::Torus(..) => LinkKind::TorusX.gbps(),
                 _ => LinkKind::IntraQfdb.gbps(),
             };
-            let ser = (t.cell.wire_len() as u64 * 8).div_ceil(u64::from(gbps));
+            let len = t.cell.wire_len();
+            let ser = (len as u64 * 8).div_ceil(u64::from(gbps));
             let p = t.port.index();
-            let start = self.busy_until[i][p].max(now);
+            let mut cell = Some(t.cell);
+            // The operator's faults on this link direction: the cell's fate, and how long
+            // the injector holds it before the link's own timing applies.
+            let mut hold = 0;
+            if let Some(fi) = self.injectors.get_mut(&(id, t.port)) {
+                match fi.cell_fate(len) {
+                    CellFate::Pass => {}
+                    CellFate::Drop => cell = None,
+                    CellFate::Corrupt { bit } => cell = cell.and_then(|c| flip_and_decode(&c, bit)),
+                }
+                hold = fi.release_at(now, len + crate::frame::CELL_FRAME_HEADER) - now;
+            }
+            let start = self.busy_until[i][p].max(now + hold);
             self.busy_until[i][p] = start + ser;
             let jitter = self.rng.below(self.cfg.jitter_ns + 1);
             let mut at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
@@ -226,15 +306,21 @@ impl Sim {
             if self.chance(self.faults.reorder) {
                 at = at + 1 + self.rng.below(self.faults.reorder_ns);
             }
-            self.schedule(
-                at,
-                Ev::Cell {
+            let ev = match cell {
+                Some(cell) => Ev::Cell {
                     node: peer,
                     port: peer_port,
                     vc: t.vc,
-                    cell: t.cell,
+                    cell,
                 },
-            );
+                None => Ev::Lost {
+                    node: peer,
+                    port: peer_port,
+                    vc: t.vc,
+                    bytes: len as u32,
+                },
+            };
+            self.schedule(at, ev);
         }
         while let Some((port, vc, bytes)) = self.nodes[i].poll_credit() {
             if let Some((peer, peer_port)) = neighbour(&self.shape, id, port) {
@@ -325,6 +411,15 @@ impl Sim {
             }
             Ev::Timer { node } => {
                 self.fire_timer(node);
+                node
+            }
+            Ev::Lost {
+                node,
+                port,
+                vc,
+                bytes,
+            } => {
+                let _ = self.nodes[node.0 as usize].refund(port, vc, bytes);
                 node
             }
         };

@@ -4,7 +4,7 @@
 //! queue is full, and a retransmitted copy of a message already queued is acknowledged
 //! again but not queued twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -32,7 +32,7 @@ struct Vi {
 pub struct Mailboxes {
     vis: Vec<Option<Vi>>,
     /// Messages delivered recently, by (source, txn, VI), to drop retransmitted copies.
-    seen: HashMap<(NodeId, u32, u8), Instant>,
+    seen: BTreeMap<(NodeId, u32, u8), Instant>,
     seen_order: VecDeque<(Instant, (NodeId, u32, u8))>,
 }
 
@@ -46,7 +46,7 @@ impl Mailboxes {
     pub fn new() -> Mailboxes {
         Mailboxes {
             vis: (0..MAILBOX_VIS).map(|_| None).collect(),
-            seen: HashMap::new(),
+            seen: BTreeMap::new(),
             seen_order: VecDeque::new(),
         }
     }

@@ -16,7 +16,7 @@
 //! `1 | served 0 | read r | page 4 | channel 5 | generation 20`; a write that serves a
 //! remote read is `1 | 1 | counter 30`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -227,18 +227,18 @@ pub struct RdmaEngine {
     write_busy: [[bool; WRITE_CHANNELS]; RDMA_PAGES],
     read_busy: [[bool; READ_CHANNELS]; RDMA_PAGES],
     gens: [[u32; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
-    transfers: HashMap<u32, Transfer>,
+    transfers: BTreeMap<u32, Transfer>,
     /// Transfers with blocks not yet cut, oldest first.
     sending: VecDeque<u32>,
-    reads: HashMap<u32, PendingRead>,
+    reads: BTreeMap<u32, PendingRead>,
     served_next: u32,
     /// Read requests being served or served recently: (reader, read txn) -> when.
-    served_seen: HashMap<(NodeId, u32), Instant>,
-    rx: HashMap<RxKey, RxBlock>,
+    served_seen: BTreeMap<(NodeId, u32), Instant>,
+    rx: BTreeMap<RxKey, RxBlock>,
     /// Finished blocks: key -> (sequence, when), to drop late copies.
-    finished: HashMap<RxKey, (u16, Instant)>,
+    finished: BTreeMap<RxKey, (u16, Instant)>,
     finished_order: VecDeque<(Instant, RxKey)>,
-    rtt: HashMap<NodeId, Rtt>,
+    rtt: BTreeMap<NodeId, Rtt>,
 }
 
 impl Default for RdmaEngine {
@@ -288,15 +288,15 @@ impl RdmaEngine {
             write_busy: [[false; WRITE_CHANNELS]; RDMA_PAGES],
             read_busy: [[false; READ_CHANNELS]; RDMA_PAGES],
             gens: [[epoch & GEN_MASK; WRITE_CHANNELS + READ_CHANNELS]; RDMA_PAGES],
-            transfers: HashMap::new(),
+            transfers: BTreeMap::new(),
             sending: VecDeque::new(),
-            reads: HashMap::new(),
+            reads: BTreeMap::new(),
             served_next: epoch & (TXN_SERVED - 1),
-            served_seen: HashMap::new(),
-            rx: HashMap::new(),
-            finished: HashMap::new(),
+            served_seen: BTreeMap::new(),
+            rx: BTreeMap::new(),
+            finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
-            rtt: HashMap::new(),
+            rtt: BTreeMap::new(),
         }
     }
 
