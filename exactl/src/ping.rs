@@ -36,7 +36,8 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
     // The daemon sends the probes one after the other, each waiting up to timeout_ms.
     let wait = Duration::from_millis(opts.timeout_ms.saturating_mul(u64::from(opts.count)))
         .saturating_add(Duration::from_secs(5));
-    let client = crate::control::client(&rack)?;
+    let client = crate::control::client(&rack)
+        .map_err(|e| CliError::Failed(format!("cannot ask {src_name}: {e}")))?;
     let report = match client.request(src, &req, wait) {
         Ok(Response::Ping(r)) => r,
         Ok(Response::Error { message }) => {
