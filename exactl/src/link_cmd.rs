@@ -239,6 +239,11 @@ pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChan
             "--down and --up cut or restore the whole link; they cannot take --dir".into(),
         ));
     }
+    // Values out of the injector's range are wrong whatever is set already.
+    change
+        .apply(LinkFaults::default())
+        .validate()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let dirs = directions(&shape, a, b, which)?;
     let client = crate::control::client(&rack)?;
     change_links(&client, &dirs, change, None)

@@ -444,3 +444,87 @@ fn smoke_one_qfdb_up_status_ping_down() {
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("nothing was running"));
 }
+
+/// Every fault and failure command refuses bad input with one line and exit code 2,
+/// before any daemon is asked (none runs here: a request would fail with exit 1).
+#[test]
+fn fault_commands_refuse_bad_input_before_asking_any_daemon() {
+    let s = Scratch::new("faults").with_rack_file(&rack_toml("2x2x1"));
+    let link = |rest: &[&'static str]| {
+        let mut v = vec!["link", "set", "M1QAF1", "M1QBF1"];
+        v.extend_from_slice(rest);
+        v
+    };
+    for (args, needles) in [
+        // Nodes and links.
+        (
+            vec!["link", "set", "M9QAF1", "M1QAF1", "--loss", "1%"],
+            vec!["M9QAF1", "2x2x1"],
+        ),
+        (
+            vec!["link", "set", "M1QAF2", "M1QBF3", "--loss", "1%"],
+            vec!["not linked"],
+        ),
+        (
+            vec!["link", "set", "M1QAF1", "M1QAF1", "--loss", "1%"],
+            vec!["same node"],
+        ),
+        (vec!["link", "set", "M1QAF1"], vec!["<B>"]),
+        // Units and ranges.
+        (
+            link(&["--loss", "101%"]),
+            vec!["--loss", "outside 0% to 100%"],
+        ),
+        (link(&["--loss", "-1%"]), vec!["--loss"]),
+        (link(&["--loss", "0.5"]), vec!["--loss", "percentage"]),
+        (link(&["--corrupt", "lots"]), vec!["--corrupt"]),
+        (link(&["--delay", "5"]), vec!["--delay", "no unit"]),
+        (link(&["--delay", "5mss"]), vec!["--delay", "unknown unit"]),
+        (link(&["--jitter", "1e3us"]), vec!["--jitter"]),
+        (link(&["--rate", "100"]), vec!["--rate", "no unit"]),
+        (link(&["--rate", "100MB/s/s"]), vec!["--rate"]),
+        (link(&["--delay", "11s"]), vec!["delay", "limit"]),
+        (link(&["--rate", "10bit"]), vec!["rate", "minimum"]),
+        // Contradictions.
+        (link(&["--down", "--up"]), vec!["--down", "--up"]),
+        (link(&["--rate", "1Gbit", "--no-rate"]), vec!["--no-rate"]),
+        (link(&[]), vec!["nothing to set"]),
+        (link(&["--down", "--dir", "A-B"]), vec!["--dir"]),
+        (
+            link(&["--loss", "1%", "--dir", "sideways"]),
+            vec!["--dir", "sideways"],
+        ),
+        (vec!["link", "clear", "M1QAF1"], vec!["<B>"]),
+        (vec!["link", "clear"], vec!["<A>"]),
+        (
+            vec!["link", "clear", "M1QAF1", "M1QBF1", "--all"],
+            vec!["--all"],
+        ),
+        (vec!["link", "show", "--bogus"], vec!["--bogus"]),
+        (vec!["link", "wiggle"], vec!["wiggle"]),
+        // Nodes.
+        (vec!["node", "kill", "M9QAF1"], vec!["M9QAF1"]),
+        (vec!["node", "kill"], vec!["<NAME>"]),
+        (vec!["node", "explode", "M1QAF1"], vec!["explode"]),
+        // Partitions.
+        (vec!["partition"], vec!["<NODES>"]),
+        (
+            vec!["partition", "M1QAF1", "--from", "M1QAF1,M1QAF2"],
+            vec!["both sides"],
+        ),
+        (
+            vec!["partition", "M1QAF2", "--from", "M1QBF3"],
+            vec!["no link joins"],
+        ),
+        (
+            vec!["partition", "M1QAF1", "--from", "M7QAF1"],
+            vec!["M7QAF1"],
+        ),
+        (vec!["heal", "now"], vec!["now"]),
+    ] {
+        let out = s.exactl(&args);
+        assert_usage_error(&out, &needles.iter().map(|n| &**n).collect::<Vec<_>>());
+    }
+    // Nothing was created beside the rack file: no certificates, no run directory.
+    assert!(!s.dir.join("tls").exists() && !s.dir.join("run").exists());
+}
