@@ -84,6 +84,32 @@ fn write_mem(sim: &mut Sim, node: NodeId, va: u64, data: &[u8]) {
     mem.write(0, va, data).unwrap();
 }
 
+/// Posts an RDMA write of `len` random bytes from `src`'s source buffer of channel `ch`
+/// to `src`'s window for that channel on `dst`, `off` bytes in. Returns the transfer and
+/// what must land where: (destination node, VA, bytes).
+#[allow(clippy::too_many_arguments)]
+fn post_write(
+    sim: &mut Sim,
+    rng: &mut SimRng,
+    src: NodeId,
+    ch: u8,
+    dst: NodeId,
+    len: u64,
+    off: u64,
+    now: Instant,
+) -> (TransferId, (NodeId, u64, Vec<u8>)) {
+    let src_va = SRC_VA + u64::from(ch) * WINDOW;
+    let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+    write_mem(sim, src, src_va, &data);
+    let dst_va = DST_VA + (u64::from(src.0) * u64::from(CHANNELS) + u64::from(ch)) * WINDOW + off;
+    let g = Gvas::new(PDID, dst, 0, dst_va).unwrap();
+    let (ni, mem) = sim.node_mut(src).ni_mut();
+    let id = ni
+        .rdma_write(0, 0, ch, src_va, g, len, None, now, mem)
+        .unwrap();
+    (id, (dst, dst_va, data))
+}
+
 fn run_quiet(sim: &mut Sim) {
     sim.kick_all();
     let limit = sim.now() + 20_000_000_000;
@@ -123,18 +149,8 @@ fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
                 // Odd lengths and offsets exercise short first cells and block edges.
                 let len = 1 + rng.below(WINDOW - 600);
                 let off = rng.below(WINDOW - len);
-                let src_va = SRC_VA + u64::from(ch) * WINDOW;
-                let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-                write_mem(&mut sim, src, src_va, &data);
-                let dst_va = DST_VA
-                    + (u64::from(src.0) * u64::from(CHANNELS) + u64::from(ch)) * WINDOW
-                    + off;
-                let g = Gvas::new(PDID, dst, 0, dst_va).unwrap();
-                let (ni, mem) = sim.node_mut(src).ni_mut();
-                let id = ni
-                    .rdma_write(0, 0, ch, src_va, g, len, None, now, mem)
-                    .unwrap();
-                expect.insert((src, id), (dst, dst_va, data));
+                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, off, now);
+                expect.insert((src, id), posted);
             }
         }
         run_quiet(&mut sim);
@@ -643,17 +659,8 @@ fn operator_link_faults_are_recovered_and_reproducible() {
             for ch in 0..CHANNELS {
                 let dst = dsts[(i + ch as usize) % dsts.len()];
                 let len = WINDOW - rng.below(1000);
-                let src_va = SRC_VA + u64::from(ch) * WINDOW;
-                let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-                write_mem(&mut sim, src, src_va, &data);
-                let dst_va =
-                    DST_VA + (u64::from(src.0) * u64::from(CHANNELS) + u64::from(ch)) * WINDOW;
-                let g = Gvas::new(PDID, dst, 0, dst_va).unwrap();
-                let (ni, mem) = sim.node_mut(src).ni_mut();
-                let id = ni
-                    .rdma_write(0, 0, ch, src_va, g, len, None, now, mem)
-                    .unwrap();
-                expect.insert((src, id), (dst, dst_va, data));
+                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, 0, now);
+                expect.insert((src, id), posted);
             }
         }
         run_quiet(&mut sim);

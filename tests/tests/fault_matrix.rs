@@ -209,9 +209,9 @@ impl World {
         assert!(r.success(), "exactl {args:?}: {}", r.describe());
     }
 
-    /// The link metrics of `node`'s end of the faulty link: name -> summed value, for
-    /// samples whose labels include `node` and `peer` (and `fault`, if given).
-    fn link_metric(&self, node: &str, peer: &str, name: &str, fault: Option<&str>) -> f64 {
+    /// `name` as `node` exports it, summed over the samples whose labels include all of
+    /// `labels`.
+    fn metric(&self, node: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         let r = http_get(
             &self.rack.metrics_addr(node),
             "/metrics",
@@ -221,26 +221,22 @@ impl World {
         parse_prometheus(&r.body)
             .into_iter()
             .filter(|s| s.name == name && s.label("node") == Some(node))
-            .filter(|s| s.label("peer") == Some(peer))
-            .filter(|s| fault.is_none_or(|f| s.label("fault") == Some(f)))
+            .filter(|s| labels.iter().all(|(k, v)| s.label(k) == Some(v)))
             .map(|s| s.value)
             .sum()
     }
 
+    /// A link metric of `node`'s end of its link to `peer` (of one `fault` kind, if given).
+    fn link_metric(&self, node: &str, peer: &str, name: &str, fault: Option<&str>) -> f64 {
+        match fault {
+            Some(f) => self.metric(node, name, &[("peer", peer), ("fault", f)]),
+            None => self.metric(node, name, &[("peer", peer)]),
+        }
+    }
+
     /// A per-node metric summed over its other labels.
     fn node_metric(&self, node: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
-        let r = http_get(
-            &self.rack.metrics_addr(node),
-            "/metrics",
-            Duration::from_secs(10),
-        )
-        .unwrap();
-        parse_prometheus(&r.body)
-            .into_iter()
-            .filter(|s| s.name == name && s.label("node") == Some(node))
-            .filter(|s| label.is_none_or(|(k, v)| s.label(k) == Some(v)))
-            .map(|s| s.value)
-            .sum()
+        self.metric(node, name, label.as_slice())
     }
 
     /// Injected by both ends of the faulty link together.
