@@ -121,6 +121,18 @@ pub struct RandomBlock {
     pub corrupt: Span<f64>,
 }
 
+/// What a value is, for error messages.
+fn kind(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) | toml::Value::Float(_) => "a number",
+        toml::Value::Boolean(_) => "true/false",
+        toml::Value::Array(_) => "a list",
+        toml::Value::Table(_) => "a table",
+        toml::Value::Datetime(_) => "a date",
+    }
+}
+
 fn usage(file: &str, place: &str, msg: impl std::fmt::Display) -> CliError {
     CliError::Usage(format!("{file}: {place}: {msg}"))
 }
@@ -136,8 +148,8 @@ impl Ctx<'_> {
         usage(self.file, &self.place, msg)
     }
 
-    fn keys(&self, t: &toml_lite::Table, allowed: &[&str], hint: &str) -> Result<()> {
-        for (k, _) in &t.0 {
+    fn keys(&self, t: &toml::Table, allowed: &[&str], hint: &str) -> Result<()> {
+        for k in t.keys() {
             if !allowed.contains(&k.as_str()) {
                 return Err(self.err(format!("unknown key `{k}` ({hint})")));
             }
@@ -145,23 +157,18 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn str<'v>(
-        &self,
-        t: &'v toml_lite::Table,
-        key: &str,
-        example: &str,
-    ) -> Result<Option<&'v str>> {
+    fn str<'v>(&self, t: &'v toml::Table, key: &str, example: &str) -> Result<Option<&'v str>> {
         match t.get(key) {
             None => Ok(None),
-            Some(toml_lite::Value::Str(s)) => Ok(Some(s.as_str())),
+            Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
             Some(v) => Err(self.err(format!(
                 "`{key}` must be a string such as {example}, not {}",
-                v.kind()
+                kind(v)
             ))),
         }
     }
 
-    fn duration(&self, t: &toml_lite::Table, key: &str) -> Result<Option<u64>> {
+    fn duration(&self, t: &toml::Table, key: &str) -> Result<Option<u64>> {
         match self.str(t, key, "\"1.5s\" (a number needs its unit)")? {
             None => Ok(None),
             Some(s) => parse_duration(s)
@@ -170,7 +177,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn positive_duration(&self, t: &toml_lite::Table, key: &str) -> Result<Option<u64>> {
+    fn positive_duration(&self, t: &toml::Table, key: &str) -> Result<Option<u64>> {
         match self.duration(t, key)? {
             Some(0) => Err(self.err(format!("{key} must be longer than 0"))),
             d => Ok(d),
@@ -184,19 +191,19 @@ impl Ctx<'_> {
     }
 
     /// A list of node names (`["M1QAF1", "M1QAF2"]`).
-    fn names(&self, v: &toml_lite::Value, what: &str) -> Result<Vec<String>> {
+    fn names(&self, v: &toml::Value, what: &str) -> Result<Vec<String>> {
         let bad = || {
             self.err(format!(
                 "{what} must be a list of node names such as [\"M1QAF1\", \"M1QAF2\"]"
             ))
         };
-        let toml_lite::Value::Array(items) = v else {
+        let toml::Value::Array(items) = v else {
             return Err(bad());
         };
         items
             .iter()
             .map(|i| match i {
-                toml_lite::Value::Str(s) => Ok(s.clone()),
+                toml::Value::String(s) => Ok(s.clone()),
                 _ => Err(bad()),
             })
             .collect()
@@ -211,8 +218,14 @@ const RANDOM_SET_KEYS: &[&str] = &["delay", "jitter", "rate", "loss", "corrupt"]
 
 /// Reads and checks a plan. `file` names it in errors; `shape` is the rack's.
 pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
-    let doc =
-        toml_lite::parse(text).map_err(|e| usage(file, &format!("line {}", e.line), e.message))?;
+    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        // The crate's message spans lines (it quotes the source); an operator gets one.
+        let line = e.span().map_or(1, |r| {
+            text[..r.start.min(text.len())].matches('\n').count() + 1
+        });
+        let msg: Vec<&str> = e.message().lines().map(str::trim).collect();
+        usage(file, &format!("line {line}"), msg.join("; "))
+    })?;
     let top = Ctx {
         file,
         place: "plan".into(),
@@ -229,13 +242,13 @@ pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
             .map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned()),
     };
     let duration = top.positive_duration(&doc, "duration")?;
-    let tables = |key: &str| -> Result<Vec<&toml_lite::Table>> {
+    let tables = |key: &str| -> Result<Vec<&toml::Table>> {
         match doc.get(key) {
             None => Ok(Vec::new()),
-            Some(toml_lite::Value::Array(items)) => items
+            Some(toml::Value::Array(items)) => items
                 .iter()
                 .map(|v| match v {
-                    toml_lite::Value::Table(t) => Ok(t),
+                    toml::Value::Table(t) => Ok(t),
                     _ => Err(top.err(format!("`{key}` must be [[{key}]] tables"))),
                 })
                 .collect(),
@@ -279,7 +292,7 @@ pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
     })
 }
 
-fn parse_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result<Step> {
+fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<Step> {
     ctx.keys(
         t,
         STEP_KEYS,
@@ -291,7 +304,7 @@ fn parse_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result<Step
     let hold = ctx.positive_duration(t, "for")?;
     let kinds: Vec<&str> = ["link", "node", "partition"]
         .into_iter()
-        .filter(|k| t.get(k).is_some())
+        .filter(|k| t.contains_key(*k))
         .collect();
     let what = match kinds.as_slice() {
         ["link"] => parse_link_step(ctx, t, shape)?,
@@ -330,7 +343,7 @@ fn parse_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result<Step
                 }
             }
             let sides = match t.get("partition") {
-                Some(toml_lite::Value::Array(s)) if (1..=2).contains(&s.len()) => s,
+                Some(toml::Value::Array(s)) if (1..=2).contains(&s.len()) => s,
                 _ => {
                     return Err(ctx.err(
                         "partition must be one or two lists of nodes, e.g. \
@@ -377,7 +390,7 @@ fn parse_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result<Step
 }
 
 /// The two ends of `link = ["A", "B"]`, checked to be linked.
-fn link_ends(ctx: &Ctx<'_>, v: &toml_lite::Value, shape: &Shape) -> Result<(NodeName, NodeName)> {
+fn link_ends(ctx: &Ctx<'_>, v: &toml::Value, shape: &Shape) -> Result<(NodeName, NodeName)> {
     let names = ctx.names(v, "link")?;
     let [a, b] = names.as_slice() else {
         return Err(ctx.err("link must name its two ends, e.g. [\"M1QAF1\", \"M1QBF1\"]"));
@@ -392,17 +405,17 @@ fn link_ends(ctx: &Ctx<'_>, v: &toml_lite::Value, shape: &Shape) -> Result<(Node
     Ok((a, b))
 }
 
-fn parse_link_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result<What> {
+fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What> {
     if t.get("action").is_some() {
         return Err(ctx.err("`action` goes with `node`, not `link`"));
     }
     let (a, b) = link_ends(
         ctx,
-        t.get("link").unwrap_or(&toml_lite::Value::Bool(false)),
+        t.get("link").unwrap_or(&toml::Value::Boolean(false)),
         shape,
     )?;
     let set = match t.get("set") {
-        Some(toml_lite::Value::Table(s)) => s,
+        Some(toml::Value::Table(s)) => s,
         Some(_) => return Err(ctx.err("set must be a table, e.g. set = { loss = \"5%\" }")),
         None => {
             return Err(ctx
@@ -437,10 +450,8 @@ fn parse_link_step(ctx: &Ctx<'_>, t: &toml_lite::Table, shape: &Shape) -> Result
         corrupt: pct("corrupt")?,
         down: match set.get("down") {
             None => None,
-            Some(toml_lite::Value::Bool(b)) => Some(*b),
-            Some(v) => {
-                return Err(sctx.err(format!("down must be true or false, not {}", v.kind())))
-            }
+            Some(toml::Value::Boolean(b)) => Some(*b),
+            Some(v) => return Err(sctx.err(format!("down must be true or false, not {}", kind(v)))),
         },
     };
     if change.is_empty() {
@@ -496,7 +507,7 @@ fn span<T: PartialOrd + Copy>(
 
 fn parse_random(
     ctx: &Ctx<'_>,
-    t: &toml_lite::Table,
+    t: &toml::Table,
     shape: &Shape,
     duration: Option<u64>,
 ) -> Result<RandomBlock> {
@@ -538,10 +549,10 @@ fn parse_random(
     let hold = ctx.positive_duration(t, "for")?.unwrap_or(every);
     let links = match t.get("links") {
         None => topology::links(shape).iter().map(|l| (l.a, l.b)).collect(),
-        Some(toml_lite::Value::Str(s)) if s.eq_ignore_ascii_case("any") => {
+        Some(toml::Value::String(s)) if s.eq_ignore_ascii_case("any") => {
             topology::links(shape).iter().map(|l| (l.a, l.b)).collect()
         }
-        Some(toml_lite::Value::Array(pairs)) if !pairs.is_empty() => {
+        Some(toml::Value::Array(pairs)) if !pairs.is_empty() => {
             let mut out = Vec::new();
             for p in pairs {
                 let (a, b) = link_ends(ctx, p, shape)?;
@@ -558,7 +569,7 @@ fn parse_random(
         return Err(ctx.err("this rack has no links to draw from"));
     }
     let set = match t.get("set") {
-        Some(toml_lite::Value::Table(s)) => s,
+        Some(toml::Value::Table(s)) => s,
         _ => {
             return Err(ctx
                 .err("set must be a table of values or ranges, e.g. set = { loss = \"1%..5%\" }"))
@@ -1500,538 +1511,6 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // The TOML the plans are written in
 
-/// Just enough TOML for plan files, read into a tree that keeps the key order: comments,
-/// `key = value`, `[table]`, `[[array of tables]]`, basic and literal strings, integers,
-/// floats, booleans, arrays (over several lines too) and inline tables. Dotted keys,
-/// multi-line strings and dates are refused with a message saying so. (exactl does not
-/// depend on the `toml` crate; plans need this much and no more.)
-mod toml_lite {
-    #[derive(Clone, Debug, PartialEq)]
-    pub enum Value {
-        Str(String),
-        Int(i64),
-        Float(f64),
-        Bool(bool),
-        Array(Vec<Value>),
-        Table(Table),
-    }
-
-    impl Value {
-        /// What a value is, for error messages.
-        pub fn kind(&self) -> &'static str {
-            match self {
-                Value::Str(_) => "a string",
-                Value::Int(_) => "a number",
-                Value::Float(_) => "a number",
-                Value::Bool(_) => "true/false",
-                Value::Array(_) => "a list",
-                Value::Table(_) => "a table",
-            }
-        }
-    }
-
-    #[derive(Clone, Debug, Default, PartialEq)]
-    pub struct Table(pub Vec<(String, Value)>);
-
-    impl Table {
-        pub fn get(&self, key: &str) -> Option<&Value> {
-            self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-        }
-
-        fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
-            self.0.iter_mut().find(|(k, _)| k == key).map(|(_, v)| v)
-        }
-
-        fn insert(&mut self, key: String, v: Value) -> Result<(), String> {
-            if self.get(&key).is_some() {
-                return Err(format!("`{key}` is given twice"));
-            }
-            self.0.push((key, v));
-            Ok(())
-        }
-    }
-
-    #[derive(Debug, PartialEq)]
-    pub struct Error {
-        pub line: usize,
-        pub message: String,
-    }
-
-    struct P {
-        c: Vec<char>,
-        i: usize,
-        line: usize,
-    }
-
-    type R<T> = Result<T, String>;
-
-    impl P {
-        fn peek(&self) -> Option<char> {
-            self.c.get(self.i).copied()
-        }
-
-        fn peek_at(&self, k: usize) -> Option<char> {
-            self.c.get(self.i + k).copied()
-        }
-
-        fn bump(&mut self) -> Option<char> {
-            let ch = self.peek()?;
-            self.i += 1;
-            if ch == '\n' {
-                self.line += 1;
-            }
-            Some(ch)
-        }
-
-        fn eat(&mut self, ch: char) -> bool {
-            if self.peek() == Some(ch) {
-                self.bump();
-                true
-            } else {
-                false
-            }
-        }
-
-        fn spaces(&mut self) {
-            while matches!(self.peek(), Some(' ' | '\t')) {
-                self.bump();
-            }
-        }
-
-        fn comment(&mut self) {
-            if self.peek() == Some('#') {
-                while !matches!(self.peek(), None | Some('\n')) {
-                    self.bump();
-                }
-            }
-        }
-
-        /// Spaces, comments and new lines (between top-level entries, inside arrays).
-        fn blank(&mut self) {
-            loop {
-                self.spaces();
-                self.comment();
-                match self.peek() {
-                    Some('\n') => {
-                        self.bump();
-                    }
-                    Some('\r') if self.peek_at(1) == Some('\n') => {
-                        self.bump();
-                    }
-                    _ => return,
-                }
-            }
-        }
-
-        /// Nothing but a comment may follow an entry on its line.
-        fn end_of_line(&mut self) -> R<()> {
-            self.spaces();
-            self.comment();
-            self.eat('\r');
-            match self.peek() {
-                None => Ok(()),
-                Some('\n') => {
-                    self.bump();
-                    Ok(())
-                }
-                Some(ch) => Err(format!(
-                    "unexpected {ch:?} after the value (one entry per line)"
-                )),
-            }
-        }
-
-        fn key(&mut self) -> R<String> {
-            let k = match self.peek() {
-                Some('"') => self.basic_string()?,
-                Some('\'') => self.literal_string()?,
-                _ => {
-                    let mut k = String::new();
-                    while let Some(ch) = self.peek() {
-                        if ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' {
-                            k.push(ch);
-                            self.bump();
-                        } else {
-                            break;
-                        }
-                    }
-                    if k.is_empty() {
-                        return Err(match self.peek() {
-                            Some(ch) => format!("expected a key, found {ch:?}"),
-                            None => "expected a key, found the end of the file".into(),
-                        });
-                    }
-                    k
-                }
-            };
-            self.spaces();
-            if self.peek() == Some('.') {
-                return Err(format!(
-                    "dotted keys (`{k}.…`) are not supported in plan files; write a table"
-                ));
-            }
-            Ok(k)
-        }
-
-        fn key_value(&mut self) -> R<(String, Value)> {
-            let k = self.key()?;
-            self.spaces();
-            if !self.eat('=') {
-                return Err(format!("expected `=` after `{k}`"));
-            }
-            self.spaces();
-            let v = self.value()?;
-            Ok((k, v))
-        }
-
-        fn value(&mut self) -> R<Value> {
-            match self.peek() {
-                Some('"') => Ok(Value::Str(self.basic_string()?)),
-                Some('\'') => Ok(Value::Str(self.literal_string()?)),
-                Some('[') => self.array(),
-                Some('{') => self.inline_table(),
-                Some(ch) if ch.is_ascii_digit() || ch == '+' || ch == '-' => self.number(),
-                Some(ch) if ch.is_alphabetic() => {
-                    let mut w = String::new();
-                    while let Some(ch) = self.peek() {
-                        if ch.is_alphanumeric() || ch == '_' || ch == '-' {
-                            w.push(ch);
-                            self.bump();
-                        } else {
-                            break;
-                        }
-                    }
-                    match w.as_str() {
-                        "true" => Ok(Value::Bool(true)),
-                        "false" => Ok(Value::Bool(false)),
-                        _ => Err(format!("{w} is not a value (strings take quotes: \"{w}\")")),
-                    }
-                }
-                Some(ch) => Err(format!("expected a value, found {ch:?}")),
-                None => Err("expected a value, found the end of the file".into()),
-            }
-        }
-
-        fn number(&mut self) -> R<Value> {
-            let mut t = String::new();
-            while let Some(ch) = self.peek() {
-                if ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '+' | '-' | ':') {
-                    t.push(ch);
-                    self.bump();
-                } else {
-                    break;
-                }
-            }
-            if t.contains(':') || (t.len() >= 5 && t.as_bytes()[4] == b'-') {
-                return Err(format!(
-                    "{t}: dates and times are not supported (durations are strings: \"1.5s\")"
-                ));
-            }
-            let plain: String = t.chars().filter(|c| *c != '_').collect();
-            let numeric = plain
-                .chars()
-                .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'));
-            if !numeric {
-                return Err(format!(
-                    "{t} is not a number (a quantity with a unit is a string: \"{t}\")"
-                ));
-            }
-            if let Ok(i) = plain.parse::<i64>() {
-                return Ok(Value::Int(i));
-            }
-            match plain.parse::<f64>() {
-                Ok(f) if f.is_finite() => Ok(Value::Float(f)),
-                _ => Err(format!("{t} is not a number")),
-            }
-        }
-
-        fn basic_string(&mut self) -> R<String> {
-            self.bump(); // the opening quote
-            if self.peek() == Some('"') && self.peek_at(1) == Some('"') {
-                return Err("multi-line strings (\"\"\") are not supported in plan files".into());
-            }
-            let mut s = String::new();
-            loop {
-                if matches!(self.peek(), None | Some('\n')) {
-                    return Err("unterminated string".into());
-                }
-                match self.bump() {
-                    None => return Err("unterminated string".into()),
-                    Some('"') => return Ok(s),
-                    Some('\\') => match self.bump() {
-                        Some('n') => s.push('\n'),
-                        Some('t') => s.push('\t'),
-                        Some('r') => s.push('\r'),
-                        Some('b') => s.push('\u{8}'),
-                        Some('f') => s.push('\u{c}'),
-                        Some('"') => s.push('"'),
-                        Some('\\') => s.push('\\'),
-                        Some(u @ ('u' | 'U')) => {
-                            let n = if u == 'u' { 4 } else { 8 };
-                            let mut hex = String::new();
-                            for _ in 0..n {
-                                hex.extend(self.bump());
-                            }
-                            let ch = u32::from_str_radix(&hex, 16)
-                                .ok()
-                                .and_then(char::from_u32)
-                                .ok_or_else(|| format!("bad escape \\{u}{hex}"))?;
-                            s.push(ch);
-                        }
-                        Some(ch) => return Err(format!("unknown escape \\{ch}")),
-                        None => return Err("unterminated string".into()),
-                    },
-                    Some(ch) => s.push(ch),
-                }
-            }
-        }
-
-        fn literal_string(&mut self) -> R<String> {
-            self.bump();
-            if self.peek() == Some('\'') && self.peek_at(1) == Some('\'') {
-                return Err("multi-line strings (''') are not supported in plan files".into());
-            }
-            let mut s = String::new();
-            loop {
-                if matches!(self.peek(), None | Some('\n')) {
-                    return Err("unterminated string".into());
-                }
-                match self.bump() {
-                    None => return Err("unterminated string".into()),
-                    Some('\'') => return Ok(s),
-                    Some(ch) => s.push(ch),
-                }
-            }
-        }
-
-        fn array(&mut self) -> R<Value> {
-            self.bump();
-            let mut items = Vec::new();
-            loop {
-                self.blank();
-                if self.eat(']') {
-                    return Ok(Value::Array(items));
-                }
-                items.push(self.value()?);
-                self.blank();
-                if self.eat(']') {
-                    return Ok(Value::Array(items));
-                }
-                if !self.eat(',') {
-                    return Err(match self.peek() {
-                        Some(ch) => format!("expected `,` or `]` in a list, found {ch:?}"),
-                        None => "unterminated list (missing `]`)".into(),
-                    });
-                }
-            }
-        }
-
-        fn inline_table(&mut self) -> R<Value> {
-            self.bump();
-            let mut t = Table::default();
-            self.blank();
-            if self.eat('}') {
-                return Ok(Value::Table(t));
-            }
-            loop {
-                self.blank();
-                let (k, v) = self.key_value()?;
-                t.insert(k, v)?;
-                self.blank();
-                if self.eat('}') {
-                    return Ok(Value::Table(t));
-                }
-                if !self.eat(',') {
-                    return Err(match self.peek() {
-                        Some(ch) => format!("expected `,` or `}}` in a table, found {ch:?}"),
-                        None => "unterminated table (missing `}`)".into(),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Where the entries after a header go.
-    enum Target {
-        Root,
-        Table(String),
-        /// The last table of an array of tables.
-        Last(String),
-    }
-
-    /// The table `t` names; `None` only if the header that made it did not (a bug).
-    fn target<'t>(root: &'t mut Table, t: &Target) -> Option<&'t mut Table> {
-        match t {
-            Target::Root => Some(root),
-            Target::Table(n) => match root.get_mut(n)? {
-                Value::Table(tab) => Some(tab),
-                _ => None,
-            },
-            Target::Last(n) => match root.get_mut(n)? {
-                Value::Array(items) => match items.last_mut()? {
-                    Value::Table(tab) => Some(tab),
-                    _ => None,
-                },
-                _ => None,
-            },
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Table, Error> {
-        let mut p = P {
-            c: text.chars().collect(),
-            i: 0,
-            line: 1,
-        };
-        let mut root = Table::default();
-        // Names made by [[name]]: only those can take more tables.
-        let mut table_arrays: Vec<String> = Vec::new();
-        let mut cur = Target::Root;
-        let at = |p: &P, message: String| Error {
-            line: p.line,
-            message,
-        };
-        loop {
-            p.blank();
-            let Some(ch) = p.peek() else { break };
-            if ch == '[' {
-                let line = p.line;
-                let here = |message: String| Error { line, message };
-                p.bump();
-                let array = p.eat('[');
-                p.spaces();
-                let name = p.key().map_err(|m| at(&p, m))?;
-                p.spaces();
-                let closed = if array {
-                    p.eat(']') && p.eat(']')
-                } else {
-                    p.eat(']')
-                };
-                if !closed {
-                    return Err(at(&p, format!("unterminated header [{name}")));
-                }
-                p.end_of_line().map_err(|m| at(&p, m))?;
-                if array {
-                    match root.get_mut(&name) {
-                        Some(Value::Array(items)) if table_arrays.contains(&name) => {
-                            items.push(Value::Table(Table::default()));
-                        }
-                        Some(_) => {
-                            return Err(here(format!("[[{name}]]: `{name}` is already defined")))
-                        }
-                        None => {
-                            root.0.push((
-                                name.clone(),
-                                Value::Array(vec![Value::Table(Table::default())]),
-                            ));
-                            table_arrays.push(name.clone());
-                        }
-                    }
-                    cur = Target::Last(name);
-                } else {
-                    root.insert(name.clone(), Value::Table(Table::default()))
-                        .map_err(|_| here(format!("[{name}] is defined twice")))?;
-                    cur = Target::Table(name);
-                }
-                continue;
-            }
-            let line = p.line;
-            let (k, v) = p.key_value().map_err(|m| at(&p, m))?;
-            target(&mut root, &cur)
-                .ok_or_else(|| Error {
-                    line,
-                    message: "internal error: the table of this entry went missing".into(),
-                })?
-                .insert(k, v)
-                .map_err(|message| Error { line, message })?;
-            p.end_of_line().map_err(|m| at(&p, m))?;
-        }
-        Ok(root)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn reads_what_plans_use() {
-            let doc = parse(
-                "# a plan\nname = \"x \\\"y\\\"\" # trailing\nn = 1_000\nf = -1.5\nb = true\n\
-                 l = [\n  [\"a\", 'b'],  # first\n  [],\n]\n\n[[step]]\nat = \"1s\"\nset = { loss = \"5%\", down = false }\n\
-                 [[step]]\nat = '2s'\n[other]\nk = \"v\"\r\n",
-            )
-            .unwrap();
-            assert_eq!(doc.get("name"), Some(&Value::Str("x \"y\"".into())));
-            assert_eq!(doc.get("n"), Some(&Value::Int(1000)));
-            assert_eq!(doc.get("f"), Some(&Value::Float(-1.5)));
-            assert_eq!(doc.get("b"), Some(&Value::Bool(true)));
-            let Some(Value::Array(l)) = doc.get("l") else {
-                panic!()
-            };
-            assert_eq!(l.len(), 2);
-            let Some(Value::Array(steps)) = doc.get("step") else {
-                panic!()
-            };
-            assert_eq!(steps.len(), 2);
-            let Value::Table(s1) = &steps[0] else {
-                panic!()
-            };
-            let Some(Value::Table(set)) = s1.get("set") else {
-                panic!()
-            };
-            assert_eq!(set.get("down"), Some(&Value::Bool(false)));
-            let Value::Table(s2) = &steps[1] else {
-                panic!()
-            };
-            assert_eq!(s2.get("at"), Some(&Value::Str("2s".into())));
-            let Some(Value::Table(o)) = doc.get("other") else {
-                panic!()
-            };
-            assert_eq!(o.get("k"), Some(&Value::Str("v".into())));
-        }
-
-        #[test]
-        fn refuses_with_the_line() {
-            for (text, line, needle) in [
-                ("a = 1\nb = kill\n", 2, "quotes"),
-                ("a = 1\na = 2\n", 2, "twice"),
-                ("a.b = 1\n", 1, "dotted"),
-                ("a = \"open\n", 1, "unterminated"),
-                ("a = [1, 2\n", 2, "unterminated list"),
-                ("a = 1 b = 2\n", 1, "one entry per line"),
-                ("a = 1979-05-27\n", 1, "dates"),
-                ("a = 10ms\n", 1, "\"10ms\""),
-                ("a = \"\"\"x\"\"\"\n", 1, "multi-line"),
-                ("[x]\n[x]\n", 2, "twice"),
-                ("x = 1\n[[x]]\n", 2, "already defined"),
-                ("[[x\n", 1, "unterminated header"),
-                ("a = { b = 1\n", 2, "unterminated table"),
-                ("a = \"\\q\"\n", 1, "escape"),
-                ("a = inf\n", 1, "not a value"),
-                ("a = +inf\n", 1, "not a number"),
-                ("= 1\n", 1, "expected a key"),
-                ("a\n", 1, "expected `=`"),
-                ("a = \n", 1, "expected a value"),
-            ] {
-                let e = parse(text).unwrap_err();
-                assert_eq!(e.line, line, "{text:?}: {e:?}");
-                assert!(e.message.contains(needle), "{text:?}: {e:?}");
-            }
-        }
-
-        #[test]
-        fn never_panics_on_truncated_input() {
-            let text = "name = \"p\"\n[[step]]\nat = \"1s\"\nlink = [\"M1QAF1\", \"M1QAF2\"]\n\
-                        set = { loss = \"5%\", delay = '1ms' }\npartition = [[\"a\"], [\"b\"]]\n";
-            let chars: Vec<char> = text.chars().collect();
-            for n in 0..chars.len() {
-                let s: String = chars[..n].iter().collect();
-                let _ = parse(&s);
-            }
-            let _ = parse("\u{0}\u{ffff}[[[]]]{{{}}}\"\\u12");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2284,8 +1763,12 @@ mod tests {
         );
         refused("duration = 5\n", "plan", "must be a string");
         refused("duration = \"5\"\n", "plan", "no unit");
-        refused("a = b\n", "line 1", "quotes");
-        refused("[[step]]\nat = \"1s\"\n[step]\n", "line 3", "twice");
+        refused("a = b\n", "line 1", "invalid string");
+        refused(
+            "[[step]]\nat = \"1s\"\n[step]\n",
+            "line 3",
+            "duplicate key `step`",
+        );
         refused(&step("at = \"1s\""), "step 1", "nothing to do");
         refused(
             &step("node = \"M1QAF1\"\naction = \"pause\""),

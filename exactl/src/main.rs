@@ -12,11 +12,14 @@
 //! exactl [--rack DIR] node pause|resume|kill|restart NAME
 //! exactl [--rack DIR] partition NODES... [--from NODES...]
 //! exactl [--rack DIR] heal
+//! exactl [--rack DIR] top [--interval D] [--count N] [--limit N]
+//! exactl [--rack DIR] chaos run PLAN [--seed N] [--dry-run]
 //! ```
 //!
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
+mod chaos;
 mod control;
 mod deploy;
 mod error;
@@ -27,6 +30,7 @@ mod ping;
 mod process;
 mod rack_cmd;
 mod status;
+mod top;
 mod units;
 
 use std::path::PathBuf;
@@ -75,6 +79,17 @@ enum Command {
     Partition(PartitionArgs),
     /// Set every cut link up again (other faults stay)
     Heal,
+    /// Live view of the rack: busiest links, stalls, retransmissions, NACKs
+    Top(top::TopArgs),
+    /// Fault plans: faults scheduled over time, reproducible for a seed
+    #[command(subcommand)]
+    Chaos(ChaosCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// Run a fault plan against the rack (undoing what it set at the end or on Ctrl-C)
+    Run(chaos::ChaosRunArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -97,22 +112,22 @@ struct LinkSetArgs {
     #[arg(long, value_name = "DIR", default_value = "both")]
     dir: String,
     /// Added to every frame, e.g. 200us, 1.5ms (0 removes it)
-    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, allow_hyphen_values = true)]
     delay: Option<u64>,
     /// Uniform extra delay up to this much per frame (links stay FIFO)
-    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, allow_hyphen_values = true)]
     jitter: Option<u64>,
     /// Link rate, e.g. 100Mbit, 1Gbit
-    #[arg(long, value_name = "RATE", value_parser = parse_rate_or_off, conflicts_with = "no_rate")]
+    #[arg(long, value_name = "RATE", value_parser = parse_rate_or_off, conflicts_with = "no_rate", allow_hyphen_values = true)]
     rate: Option<u64>,
     /// Remove a rate limit
     #[arg(long)]
     no_rate: bool,
     /// Share of cells lost, e.g. 0.1%, 30%
-    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent)]
+    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent, allow_hyphen_values = true)]
     loss: Option<f64>,
     /// Share of cells with a flipped bit, e.g. 1%
-    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent)]
+    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent, allow_hyphen_values = true)]
     corrupt: Option<f64>,
     /// Cut the link: its session ends and neither end reconnects until --up
     #[arg(long, conflicts_with = "up")]
@@ -389,6 +404,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Partition(a) => link_cmd::partition(&dir, &a.nodes, &a.from),
         Command::Heal => link_cmd::heal(&dir),
+        Command::Top(a) => top::run(&dir, &a),
+        Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
     }
 }
 
