@@ -280,9 +280,10 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
     let client = crate::control::client(&rack)?;
     let answers = fabric::query_all(&client, TIMEOUT);
+    let shape = rack.shape();
     let mut rows = Vec::new();
     let mut silent = Vec::new();
-    for a in &answers {
+    for (id, a) in shape.node_ids().zip(&answers) {
         match a {
             Ok(st) => {
                 for l in &st.links {
@@ -298,7 +299,7 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
                     }
                 }
             }
-            Err(e) => silent.push(e.clone()),
+            Err(e) => silent.push(format!("{}: {e}", shape.display(id))),
         }
     }
     if as_json {

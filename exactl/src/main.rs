@@ -12,7 +12,7 @@
 //! exactl [--rack DIR] node pause|resume|kill|restart NAME
 //! exactl [--rack DIR] partition NODES... [--from NODES...]
 //! exactl [--rack DIR] heal
-//! exactl [--rack DIR] top [--interval D] [--count N] [--limit N]
+//! exactl [--rack DIR] top [--interval D] [--count N] [--limit N] [--json]
 //! exactl [--rack DIR] chaos run PLAN [--seed N] [--dry-run]
 //! ```
 //!
