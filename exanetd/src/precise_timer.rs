@@ -41,6 +41,10 @@ struct State {
     seq: u64,
 }
 
+/// How long before a deadline the timer stops sleeping and spins. Spinning costs CPU
+/// only while some shaped link holds frames.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(80);
+
 pub struct PreciseTimer {
     state: Mutex<State>,
     cv: Condvar,
@@ -93,11 +97,21 @@ impl PreciseTimer {
             }
             st = match st.heap.peek().map(|Reverse(e)| e.at) {
                 Some(at) => {
-                    let d = at.saturating_duration_since(Instant::now());
-                    self.cv
-                        .wait_timeout(st, d)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left <= SPIN {
+                        // The kernel's timer slack and the wake-up itself cost tens of
+                        // microseconds: the last stretch is spun, unlocked.
+                        drop(st);
+                        while Instant::now() < at {
+                            std::hint::spin_loop();
+                        }
+                        self.state.lock().unwrap_or_else(|p| p.into_inner())
+                    } else {
+                        self.cv
+                            .wait_timeout(st, left - SPIN)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    }
                 }
                 None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
             };
