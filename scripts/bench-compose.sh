@@ -45,8 +45,9 @@ ready() {
 }
 
 t0=$(date +%s.%N)
-# Compose v1 starts containers 64 at a time by default; a larger limit only queues them in dockerd.
-RUST_LOG=warn dc up -d pki $nodes >/dev/null 2>"$dir/up.log" || { cat "$dir/up.log" >&2; exit 1; }
+# The generated .env sets COMPOSE_PARALLEL_LIMIT above the number of services.
+RUST_LOG=warn timeout 480 docker-compose -p "$project" up -d pki $nodes >/dev/null 2>"$dir/up.log" ||
+  { tail -5 "$dir/up.log" >&2; echo "bench-compose: docker-compose up failed or hung (see above)" >&2; exit 1; }
 t_up=$(date +%s.%N)
 deadline=$(( $(date +%s) + 600 ))
 while [ "$(ready)" != "$n" ]; do

@@ -130,7 +130,12 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
             ".env",
             format!(
                 "# Read by docker-compose (v1) and docker compose (v2) in this directory.\n\
-                 COMPOSE_PROJECT_NAME={name}\n"
+                 COMPOSE_PROJECT_NAME={name}\n\
+                 # docker-compose 1.29 takes its parallelism slots for each service and then\n\
+                 # again for the service's container: with more services than slots (default\n\
+                 # 64) every slot waits for another and `up` hangs. One slot per service and more.\n\
+                 COMPOSE_PARALLEL_LIMIT={}\n",
+                parallel_limit(n)
             ),
         ),
         GenFile::new("docker-compose.yml", compose_file(opts, &name, &names)?),
@@ -214,6 +219,12 @@ pub fn run(out: &Path, opts: &ComposeOptions) -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// `COMPOSE_PARALLEL_LIMIT` for a rack of `nodes`: above the number of services (nodes,
+/// pki, prometheus, grafana), so compose v1's nested parallel execution cannot deadlock.
+fn parallel_limit(nodes: u32) -> u32 {
+    (nodes + 8).max(64)
 }
 
 fn deploy(name: &str) -> Deploy {
@@ -746,7 +757,16 @@ mod tests {
             .map(|id| rack.entry(id).metrics.clone())
             .collect();
         assert_eq!(targets, expected);
-        assert!(file(&files, ".env").contains("COMPOSE_PROJECT_NAME=exanet-4x4x2\n"));
+        let env = file(&files, ".env");
+        assert!(env.contains("COMPOSE_PROJECT_NAME=exanet-4x4x2\n"));
+        // More slots than services (compose v1 deadlocks otherwise).
+        let limit: usize = env
+            .lines()
+            .find_map(|l| l.strip_prefix("COMPOSE_PARALLEL_LIMIT="))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(limit > services.len(), "{limit}");
     }
 
     #[test]
