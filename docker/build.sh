@@ -57,8 +57,14 @@ if [ -z "$base" ]; then
   base=exanet-base:bookworm
   docker/mkbase.sh "$base" "$ctx"/bin/exanet* "$ctx/bin/exactl"
 fi
+old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
 # The classic builder needs no registry for a base that is already local.
 DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$base" -t "$tag" "$ctx" >/dev/null
+# The image this build replaced, if nothing uses it any more (no pile of <none> images).
+new=$(docker image inspect -f '{{.Id}}' "$tag")
+if [ -n "$old" ] && [ "$old" != "$new" ]; then
+  docker rmi "$old" >/dev/null 2>&1 || true
+fi
 size=$(docker image inspect -f '{{.Size}}' "$tag")
 awk -v t="$tag" -v s="$size" -v b="$base" \
   'BEGIN { printf "docker/build.sh: built %s on %s: %.1f MB\n", t, b, s / 1e6 }'

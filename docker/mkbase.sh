@@ -23,9 +23,14 @@ printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 # glibc >= 2.34 has files and dns built in; this makes the lookup order explicit.
 printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$root/etc/nsswitch.conf"
+old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
 tar -C "$root" --numeric-owner --owner=0 --group=0 -c . |
   docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     -m "exanet offline base: host glibc runtime of $(basename -a "$@" | tr '\n' ' ')" \
     - "$tag" >/dev/null
+new=$(docker image inspect -f '{{.Id}}' "$tag")
+if [ -n "$old" ] && [ "$old" != "$new" ]; then
+  docker rmi "$old" >/dev/null 2>&1 || true # still used by an image built on it: kept
+fi
 echo "docker/mkbase.sh: imported $tag ($(du -sh "$root" | cut -f1) of files)"
