@@ -78,7 +78,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let issued = exanetd::tls::ensure_rack_pki(&layout, &names)?;
     if issued > 0 {
-        eprintln!("exactl: issued TLS certificates for {issued} nodes");
+        eprintln!("exactl: issued {issued} TLS certificates (nodes and the operator's)");
     }
     let abs_dir = dir
         .canonicalize()

@@ -113,7 +113,8 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
 }
 
 /// Creates the rack CA unless it exists; then issues a certificate for every node in
-/// `nodes` that has none. Returns how many node certificates were issued.
+/// `nodes` that has none, and the operator's ([`OPERATOR`]) if it has none. Returns how
+/// many certificates were issued, the operator's included.
 pub fn ensure_rack_pki(layout: &Layout, nodes: &[String]) -> Result<usize, TlsError> {
     let dir = layout.tls_dir();
     std::fs::create_dir_all(&dir).map_err(|source| TlsError::Write {
