@@ -25,14 +25,13 @@
 
 use std::path::Path;
 
-use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW};
 use exanet_proto::Shape;
-use exanetd::rack::{Deploy, NodeEntry, RackFile};
+use exanetd::rack::Deploy;
 
 use super::yaml::{flow, int, render, s, MapBuilder, Yaml};
 use super::{
-    check_image, check_name, check_shape, grafana, rack_toml, write_files, GenFile, Subnet,
-    LINK_PORT, METRICS_PORT, RACK_GITIGNORE, RACK_MOUNT,
+    check_options, grafana, rack_file, rack_name, rack_toml, write_files, GenFile, Subnet,
+    METRICS_PORT, RACK_GITIGNORE, RACK_MOUNT,
 };
 use crate::error::{CliError, Result};
 
@@ -79,9 +78,7 @@ impl ComposeOptions {
     }
 
     pub fn name(&self) -> String {
-        self.name
-            .clone()
-            .unwrap_or_else(|| format!("exanet-{}", self.shape))
+        rack_name(self.name.as_deref(), self.shape)
     }
 }
 
@@ -93,9 +90,7 @@ fn node_names(shape: &Shape) -> Vec<String> {
 /// Checks every option; the generated files, nothing written.
 pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
     let name = opts.name();
-    check_name("--name", &name)?;
-    check_shape(opts.shape)?;
-    check_image(&opts.image)?;
+    check_options(&name, opts.shape, &opts.image)?;
     if opts.grafana && !opts.prometheus {
         return Err(CliError::BadValue {
             what: "--grafana",
@@ -142,7 +137,7 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
         GenFile::new(
             "rack/rack.toml",
             rack_toml(
-                &rack_file(&name, opts.shape, addr, addr, deploy(&name)),
+                &rack_file(&name, opts.shape, addr, deploy(&name)),
                 &format!(
                     "Rack {name} ({}, {n} nodes) for docker compose: every node's container has a\n\
                      static address on the compose network {} (reachable from the host).\n\
@@ -159,7 +154,6 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
                 &rack_file(
                     &name,
                     opts.shape,
-                    |i| names[i].clone(),
                     |i| names[i].clone(),
                     Deploy::External {
                         how: format!(
@@ -231,42 +225,6 @@ fn deploy(name: &str) -> Deploy {
     Deploy::Compose {
         project: name.to_string(),
         file: "../docker-compose.yml".into(),
-    }
-}
-
-/// A rack file whose nodes listen on all addresses of their container, `link(i)` and
-/// `metrics(i)` giving the host part others use for node `i`.
-fn rack_file(
-    name: &str,
-    shape: Shape,
-    link: impl Fn(usize) -> String,
-    metrics: impl Fn(usize) -> String,
-    deploy: Deploy,
-) -> RackFile {
-    let nodes = shape
-        .node_ids()
-        .enumerate()
-        .map(|(i, id)| {
-            (
-                shape.display(id),
-                NodeEntry {
-                    link: format!("{}:{LINK_PORT}", link(i)),
-                    metrics: format!("{}:{METRICS_PORT}", metrics(i)),
-                    listen: Some(format!("0.0.0.0:{LINK_PORT}")),
-                    metrics_listen: Some(format!("0.0.0.0:{METRICS_PORT}")),
-                },
-            )
-        })
-        .collect();
-    RackFile {
-        name: name.to_string(),
-        shape,
-        window: DEFAULT_WINDOW,
-        local_window: DEFAULT_LOCAL_WINDOW,
-        nodes,
-        ni: None,
-        jobs: Default::default(),
-        deploy: Some(deploy),
     }
 }
 
@@ -688,20 +646,13 @@ fn prometheus_config(name: &str, targets: &[String]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{assert_committed, text, LINK_PORT};
     use super::*;
-    use exanetd::rack::Rack;
+    use exanetd::rack::{Rack, RackFile};
     use serde_yaml::Value;
 
     fn opts(shape: &str) -> ComposeOptions {
         ComposeOptions::new(shape.parse().unwrap())
-    }
-
-    fn file<'a>(files: &'a [GenFile], path: &str) -> &'a str {
-        &files
-            .iter()
-            .find(|f| f.path == Path::new(path))
-            .unwrap_or_else(|| panic!("{path} not generated"))
-            .text
     }
 
     fn yaml(text: &str) -> Value {
@@ -714,9 +665,9 @@ mod tests {
         o.prometheus = true;
         o.grafana = true;
         let files = generate(&o).unwrap();
-        let doc = yaml(file(&files, "docker-compose.yml"));
+        let doc = yaml(text(&files, "docker-compose.yml"));
         let services = doc["services"].as_mapping().unwrap();
-        let rack: exanetd::rack::RackFile = toml::from_str(file(&files, "rack/rack.toml")).unwrap();
+        let rack: RackFile = toml::from_str(text(&files, "rack/rack.toml")).unwrap();
         let rack = Rack::new(Path::new("."), rack).unwrap();
         assert_eq!(rack.file.deploy, Some(deploy("exanet-4x4x2")));
         let shape = rack.shape();
@@ -744,7 +695,7 @@ mod tests {
         // 128 nodes + pki + prometheus + grafana, nothing else.
         assert_eq!(services.len(), 131);
         // Prometheus scrapes exactly the metrics addresses of the rack file.
-        let prom = yaml(file(&files, "prometheus/prometheus.yml"));
+        let prom = yaml(text(&files, "prometheus/prometheus.yml"));
         let targets: std::collections::BTreeSet<String> = prom["scrape_configs"][0]
             ["static_configs"][0]["targets"]
             .as_sequence()
@@ -757,7 +708,7 @@ mod tests {
             .map(|id| rack.entry(id).metrics.clone())
             .collect();
         assert_eq!(targets, expected);
-        let env = file(&files, ".env");
+        let env = text(&files, ".env");
         assert!(env.contains("COMPOSE_PROJECT_NAME=exanet-4x4x2\n"));
         // More slots than services (compose v1 deadlocks otherwise).
         let limit: usize = env
@@ -774,7 +725,7 @@ mod tests {
         let mut o = opts("4x4x2");
         o.subnet = "192.168.40.0/23".parse().unwrap();
         let files = generate(&o).unwrap();
-        let doc = yaml(file(&files, "docker-compose.yml"));
+        let doc = yaml(text(&files, "docker-compose.yml"));
         let range = doc["networks"]["rack"]["ipam"]["config"][0]["ip_range"]
             .as_str()
             .unwrap();
@@ -788,10 +739,10 @@ mod tests {
     #[test]
     fn swarm_rack_uses_service_names() {
         let files = generate(&opts("2x2x1")).unwrap();
-        let rack: RackFile = toml::from_str(file(&files, "swarm/rack/rack.toml")).unwrap();
+        let rack: RackFile = toml::from_str(text(&files, "swarm/rack/rack.toml")).unwrap();
         assert_eq!(rack.nodes["M2QBF4"].link, "M2QBF4:7700");
         assert!(matches!(rack.deploy, Some(Deploy::External { .. })));
-        let stack = yaml(file(&files, "swarm/docker-stack.yml"));
+        let stack = yaml(text(&files, "swarm/docker-stack.yml"));
         assert_eq!(stack["version"].as_str(), Some("3.8"));
         let services = stack["services"].as_mapping().unwrap();
         assert_eq!(services.len(), 17);
@@ -800,7 +751,7 @@ mod tests {
             Some("dnsrr")
         );
         // The 3.x schema has no depends_on conditions: none may appear.
-        assert!(!file(&files, "swarm/docker-stack.yml").contains("depends_on"));
+        assert!(!text(&files, "swarm/docker-stack.yml").contains("depends_on"));
     }
 
     #[test]
@@ -858,17 +809,14 @@ mod tests {
             let mut o = opts(shape);
             o.prometheus = true;
             o.grafana = true;
-            for f in generate(&o).unwrap() {
-                let path = root.join(shape).join(&f.path);
-                let text = std::fs::read_to_string(&path)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                assert!(
-                    text == f.text,
-                    "{} is stale: regenerate with `exactl rack compose --shape {shape} \
-                     --prometheus --grafana --out deploy/compose/{shape}`",
-                    path.display()
-                );
-            }
+            assert_committed(
+                &root.join(shape),
+                &generate(&o).unwrap(),
+                &format!(
+                    "exactl rack compose --shape {shape} --prometheus --grafana \
+                     --out deploy/compose/{shape}"
+                ),
+            );
         }
     }
 }

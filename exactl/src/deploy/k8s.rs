@@ -19,13 +19,12 @@
 
 use std::path::Path;
 
-use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW};
 use exanet_proto::Shape;
-use exanetd::rack::{Deploy, NodeEntry, RackFile};
+use exanetd::rack::Deploy;
 
 use super::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};
 use super::{
-    check_image, check_name, check_shape, rack_toml, write_files, GenFile, LINK_PORT, METRICS_PORT,
+    check_options, rack_file, rack_name, rack_toml, write_files, GenFile, LINK_PORT, METRICS_PORT,
     RACK_GITIGNORE, RACK_MOUNT,
 };
 use crate::error::Result;
@@ -52,9 +51,7 @@ impl K8sOptions {
         }
     }
     pub fn name(&self) -> String {
-        self.name
-            .clone()
-            .unwrap_or_else(|| format!("exanet-{}", self.shape))
+        rack_name(self.name.as_deref(), self.shape)
     }
 }
 
@@ -71,9 +68,7 @@ fn start_script() -> String {
 
 pub fn generate(opts: &K8sOptions) -> Result<Vec<GenFile>> {
     let name = opts.name();
-    check_name("--name", &name)?;
-    check_shape(opts.shape)?;
-    check_image(&opts.image)?;
+    check_options(&name, opts.shape, &opts.image)?;
     let shape = opts.shape;
     let n = shape.nodes();
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
@@ -314,37 +309,18 @@ pub fn generate(opts: &K8sOptions) -> Result<Vec<GenFile>> {
         )
         .build();
 
-    let nodes = shape
-        .node_ids()
-        .enumerate()
-        .map(|(i, id)| {
-            let host = format!("{name}-{i}.{name}");
-            (
-                shape.display(id),
-                NodeEntry {
-                    link: format!("{host}:{LINK_PORT}"),
-                    metrics: format!("{host}:{METRICS_PORT}"),
-                    listen: Some(format!("0.0.0.0:{LINK_PORT}")),
-                    metrics_listen: Some(format!("0.0.0.0:{METRICS_PORT}")),
-                },
-            )
-        })
-        .collect();
-    let rack = RackFile {
-        name: name.clone(),
+    // Pod i of the StatefulSet, by its DNS name under the headless Service.
+    let rack = rack_file(
+        &name,
         shape,
-        window: DEFAULT_WINDOW,
-        local_window: DEFAULT_LOCAL_WINDOW,
-        nodes,
-        ni: None,
-        jobs: Default::default(),
-        deploy: Some(Deploy::External {
+        |i| format!("{name}-{i}.{name}"),
+        Deploy::External {
             how: format!(
                 "Kubernetes StatefulSet {name}: `kubectl delete pod {name}-ID` restarts node ID, \
                  `kubectl delete -k DIR` stops the rack"
             ),
-        }),
-    };
+        },
+    );
     let mut node_list = names.join("\n");
     node_list.push('\n');
     Ok(vec![
@@ -395,19 +371,12 @@ pub fn run(out: &Path, opts: &K8sOptions) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{assert_committed, text};
     use super::*;
-    use exanetd::rack::Rack;
+    use exanetd::rack::{Rack, RackFile};
     use serde::Deserialize;
     use serde_yaml::Value;
     use std::collections::BTreeMap;
-
-    fn text<'a>(files: &'a [GenFile], p: &str) -> &'a str {
-        &files
-            .iter()
-            .find(|f| f.path == Path::new(p))
-            .unwrap_or_else(|| panic!("{p} missing"))
-            .text
-    }
 
     #[test]
     fn manifests_name_every_node_exactly_once() {
@@ -504,17 +473,11 @@ mod tests {
     /// deploy/k8s/4x4x2 is exactly what the generator makes.
     #[test]
     fn committed_example_is_current() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/4x4x2");
-        for f in generate(&K8sOptions::new("4x4x2".parse().unwrap())).unwrap() {
-            let path = root.join(&f.path);
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(
-                text == f.text,
-                "{} is stale: regenerate with `exactl rack k8s --shape 4x4x2 --out deploy/k8s/4x4x2`",
-                path.display()
-            );
-        }
+        assert_committed(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/4x4x2"),
+            &generate(&K8sOptions::new("4x4x2".parse().unwrap())).unwrap(),
+            "exactl rack k8s --shape 4x4x2 --out deploy/k8s/4x4x2",
+        );
     }
 
     #[test]

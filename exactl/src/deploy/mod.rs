@@ -19,8 +19,9 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW};
 use exanet_proto::Shape;
-use exanetd::rack::{Layout, Rack, RackFile};
+use exanetd::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
 
 use crate::error::{CliError, Result};
 
@@ -130,6 +131,20 @@ impl std::str::FromStr for Subnet {
     }
 }
 
+/// The name of a generated rack (and of its compose project, stack or Kubernetes objects):
+/// `--name`, else `exanet-<shape>`.
+pub fn rack_name(name: Option<&str>, shape: Shape) -> String {
+    name.map_or_else(|| format!("exanet-{shape}"), str::to_string)
+}
+
+/// The checks every generator makes of its common options, in this order, before it
+/// builds anything: the name (`--name`), the shape and the image.
+pub fn check_options(name: &str, shape: Shape, image: &str) -> Result<()> {
+    check_name("--name", name)?;
+    check_shape(shape)?;
+    check_image(image)
+}
+
 /// Checks the shape of a generated rack.
 pub fn check_shape(shape: Shape) -> Result<()> {
     if shape.nodes() > MAX_NODES {
@@ -211,6 +226,42 @@ pub fn rack_toml(file: &RackFile, header: &str) -> Result<String> {
     Ok(out)
 }
 
+/// A rack file for daemons in containers or pods: every node listens on all addresses of
+/// its own network namespace, and others reach node `i` (in id order) at `host(i)`.
+pub fn rack_file(
+    name: &str,
+    shape: Shape,
+    host: impl Fn(usize) -> String,
+    deploy: Deploy,
+) -> RackFile {
+    let nodes = shape
+        .node_ids()
+        .enumerate()
+        .map(|(i, id)| {
+            let host = host(i);
+            (
+                shape.display(id),
+                NodeEntry {
+                    link: format!("{host}:{LINK_PORT}"),
+                    metrics: format!("{host}:{METRICS_PORT}"),
+                    listen: Some(format!("0.0.0.0:{LINK_PORT}")),
+                    metrics_listen: Some(format!("0.0.0.0:{METRICS_PORT}")),
+                },
+            )
+        })
+        .collect();
+    RackFile {
+        name: name.to_string(),
+        shape,
+        window: DEFAULT_WINDOW,
+        local_window: DEFAULT_LOCAL_WINDOW,
+        nodes,
+        ni: None,
+        jobs: Default::default(),
+        deploy: Some(deploy),
+    }
+}
+
 fn toml_text(file: &RackFile) -> Result<String> {
     toml::to_string(file).map_err(|e| CliError::Failed(format!("cannot render the rack file: {e}")))
 }
@@ -260,6 +311,32 @@ pub fn pki(dir: &Path) -> Result<()> {
 pub const RACK_GITIGNORE: &str =
     "# Made at deployment by `exactl rack pki`, or at run time: never commit them.\n\
                                   tls/\nrun/\nlogs/\n";
+
+/// The text of the generated file at `path`; panics when there is none.
+#[cfg(test)]
+pub fn text<'a>(files: &'a [GenFile], path: &str) -> &'a str {
+    &files
+        .iter()
+        .find(|f| f.path == Path::new(path))
+        .unwrap_or_else(|| panic!("{path} not generated"))
+        .text
+}
+
+/// Asserts that the committed example under `root` is exactly `files`, so that it cannot
+/// drift from its generator; `regenerate` is the command that brings it up to date.
+#[cfg(test)]
+pub fn assert_committed(root: &Path, files: &[GenFile], regenerate: &str) {
+    for f in files {
+        let path = root.join(&f.path);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            text == f.text,
+            "{} is stale: regenerate with `{regenerate}`",
+            path.display()
+        );
+    }
+}
 
 #[cfg(test)]
 mod tests {
