@@ -78,16 +78,20 @@ pub fn generate(opts: &K8sOptions) -> Result<Vec<GenFile>> {
             .put("org.exanet.rack", s(&name))
             .build()
     };
-    let service = MapBuilder::new()
-        .put("apiVersion", s("v1"))
-        .put("kind", s("Service"))
-        .put(
-            "metadata",
-            MapBuilder::new()
-                .put("name", s(&name))
-                .put("labels", labels())
-                .build(),
-        )
+    // A Kubernetes object of the rack: its kind, named after the rack and labelled.
+    let object = |api_version: &str, kind: &str| {
+        MapBuilder::new()
+            .put("apiVersion", s(api_version))
+            .put("kind", s(kind))
+            .put(
+                "metadata",
+                MapBuilder::new()
+                    .put("name", s(&name))
+                    .put("labels", labels())
+                    .build(),
+            )
+    };
+    let service = object("v1", "Service")
         .put(
             "spec",
             MapBuilder::new()
@@ -244,16 +248,7 @@ pub fn generate(opts: &K8sOptions) -> Result<Vec<GenFile>> {
                 .build(),
         )
         .build();
-    let statefulset = MapBuilder::new()
-        .put("apiVersion", s("apps/v1"))
-        .put("kind", s("StatefulSet"))
-        .put(
-            "metadata",
-            MapBuilder::new()
-                .put("name", s(&name))
-                .put("labels", labels())
-                .build(),
-        )
+    let statefulset = object("apps/v1", "StatefulSet")
         .put(
             "spec",
             MapBuilder::new()
