@@ -276,45 +276,78 @@ fn rack_volume() -> Yaml {
     Yaml::List(vec![s(format!("./rack:{RACK_MOUNT}"))])
 }
 
+/// `depends_on` one service, started once `condition` holds.
+fn depends_on(service: &str, condition: &str) -> Yaml {
+    MapBuilder::new()
+        .put(
+            service,
+            MapBuilder::new().put("condition", s(condition)).build(),
+        )
+        .build()
+}
+
+/// The `pki` one-shot as compose and swarm both run it: it makes the rack's certificates
+/// in the bind-mounted rack directory.
+fn pki_service(opts: &ComposeOptions) -> MapBuilder {
+    MapBuilder::new()
+        .put("image", image_ref(opts))
+        .put(
+            "command",
+            flow(["exactl", "--rack", RACK_MOUNT, "rack", "pki"]),
+        )
+        .put("volumes", rack_volume())
+}
+
+/// What a node's service is in compose and in swarm alike: image, command, host name and
+/// environment.
+fn node_service(opts: &ComposeOptions, node: &str) -> MapBuilder {
+    MapBuilder::new()
+        .put("image", image_ref(opts))
+        .put("command", daemon_command(node))
+        .put("hostname", s(node.to_ascii_lowercase()))
+        .put("environment", node_environment(node))
+}
+
+/// The Prometheus service as compose and swarm both run it: image, command (with `extra`
+/// flags) and volumes, its configuration read from `config` (relative to the compose or
+/// stack file).
+fn prometheus_service(config: &str, extra: &[&str]) -> MapBuilder {
+    let mut command = vec![
+        "--config.file=/etc/prometheus/prometheus.yml",
+        "--storage.tsdb.path=/prometheus",
+    ];
+    command.extend_from_slice(extra);
+    MapBuilder::new()
+        .put(
+            "image",
+            s(format!("${{EXANET_PROMETHEUS_IMAGE:-{PROMETHEUS_IMAGE}}}")),
+        )
+        .put("command", flow(command))
+        .put(
+            "volumes",
+            Yaml::List(vec![
+                s(format!("{config}:/etc/prometheus/prometheus.yml:ro")),
+                s("prometheus-data:/prometheus"),
+            ]),
+        )
+}
+
 fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<String> {
     let subnet = opts.subnet;
     let mut services = MapBuilder::new();
     services.push(
         "pki",
-        MapBuilder::new()
-            .put("image", image_ref(opts))
-            .put(
-                "command",
-                flow(["exactl", "--rack", RACK_MOUNT, "rack", "pki"]),
-            )
-            .put("volumes", rack_volume())
+        pki_service(opts)
             .put("network_mode", s("none"))
             .put("restart", s("no"))
             .build(),
     );
     let mut first = true;
     for (i, node) in names.iter().enumerate() {
-        let mut svc = MapBuilder::new()
-            .put("image", image_ref(opts))
-            .put("command", daemon_command(node))
-            .put("hostname", s(node.to_ascii_lowercase()))
-            .put("environment", node_environment(node))
+        let mut svc = node_service(opts, node)
             .put("labels", node_labels(name, node))
             .put("volumes", rack_volume())
-            .put(
-                "networks",
-                MapBuilder::new()
-                    .put(
-                        "rack",
-                        MapBuilder::new()
-                            .put(
-                                "ipv4_address",
-                                s(subnet.host(NODE_OFFSET + i as u32).to_string()),
-                            )
-                            .build(),
-                    )
-                    .build(),
-            );
+            .put("networks", static_net(subnet, NODE_OFFSET + i as u32));
         svc = if first {
             svc.note(
                 "Workload containers may join this node's IPC namespace (ipc: service:NODE or\n\
@@ -341,14 +374,7 @@ fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<S
             .put("healthcheck", healthcheck())
             .put(
                 "depends_on",
-                MapBuilder::new()
-                    .put(
-                        "pki",
-                        MapBuilder::new()
-                            .put("condition", s("service_completed_successfully"))
-                            .build(),
-                    )
-                    .build(),
+                depends_on("pki", "service_completed_successfully"),
             );
         services.push(node.clone(), svc.build());
         first = false;
@@ -357,34 +383,18 @@ fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<S
     if opts.prometheus {
         services.push(
             "prometheus",
-            MapBuilder::new()
-                .put(
-                    "image",
-                    s(format!("${{EXANET_PROMETHEUS_IMAGE:-{PROMETHEUS_IMAGE}}}")),
-                )
-                .put(
-                    "command",
-                    flow([
-                        "--config.file=/etc/prometheus/prometheus.yml",
-                        "--storage.tsdb.path=/prometheus",
-                        "--storage.tsdb.retention.time=7d",
-                    ]),
-                )
-                .put(
-                    "volumes",
-                    Yaml::List(vec![
-                        s("./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"),
-                        s("prometheus-data:/prometheus"),
-                    ]),
-                )
-                .put("networks", static_net(subnet, PROMETHEUS_OFFSET))
-                .note(
-                    "Published on the host's loopback only; set EXANET_PROMETHEUS_PORT to move it.",
-                    "ports",
-                    Yaml::List(vec![s("127.0.0.1:${EXANET_PROMETHEUS_PORT:-9090}:9090")]),
-                )
-                .put("restart", s("unless-stopped"))
-                .build(),
+            prometheus_service(
+                "./prometheus/prometheus.yml",
+                &["--storage.tsdb.retention.time=7d"],
+            )
+            .put("networks", static_net(subnet, PROMETHEUS_OFFSET))
+            .note(
+                "Published on the host's loopback only; set EXANET_PROMETHEUS_PORT to move it.",
+                "ports",
+                Yaml::List(vec![s("127.0.0.1:${EXANET_PROMETHEUS_PORT:-9090}:9090")]),
+            )
+            .put("restart", s("unless-stopped"))
+            .build(),
         );
         volumes.push("prometheus-data", Yaml::Map(vec![]));
     }
@@ -424,17 +434,7 @@ fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<S
                     Yaml::List(vec![s("127.0.0.1:${EXANET_GRAFANA_PORT:-3000}:3000")]),
                 )
                 .put("restart", s("unless-stopped"))
-                .put(
-                    "depends_on",
-                    MapBuilder::new()
-                        .put(
-                            "prometheus",
-                            MapBuilder::new()
-                                .put("condition", s("service_started"))
-                                .build(),
-                        )
-                        .build(),
-                )
+                .put("depends_on", depends_on("prometheus", "service_started"))
                 .build(),
         );
         volumes.push("grafana-data", Yaml::Map(vec![]));
@@ -502,13 +502,7 @@ fn stack_file(opts: &ComposeOptions, name: &str, names: &[String]) -> String {
     let mut services = MapBuilder::new();
     services.push(
         "pki",
-        MapBuilder::new()
-            .put("image", image_ref(opts))
-            .put(
-                "command",
-                flow(["exactl", "--rack", RACK_MOUNT, "rack", "pki"]),
-            )
-            .put("volumes", rack_volume())
+        pki_service(opts)
             .note(
                 "Swarm has no ordering between services: nodes that start before the\n\
                  certificates exist exit, and swarm starts them again 2 s later.",
@@ -525,11 +519,7 @@ fn stack_file(opts: &ComposeOptions, name: &str, names: &[String]) -> String {
     for node in names {
         services.push(
             node.clone(),
-            MapBuilder::new()
-                .put("image", image_ref(opts))
-                .put("command", daemon_command(node))
-                .put("hostname", s(node.to_ascii_lowercase()))
-                .put("environment", node_environment(node))
+            node_service(opts, node)
                 .put("volumes", rack_volume())
                 .put("networks", Yaml::List(vec![s("rack")]))
                 .put("stop_grace_period", s("5s"))
@@ -555,25 +545,7 @@ fn stack_file(opts: &ComposeOptions, name: &str, names: &[String]) -> String {
     if opts.prometheus {
         services.push(
             "prometheus",
-            MapBuilder::new()
-                .put(
-                    "image",
-                    s(format!("${{EXANET_PROMETHEUS_IMAGE:-{PROMETHEUS_IMAGE}}}")),
-                )
-                .put(
-                    "command",
-                    flow([
-                        "--config.file=/etc/prometheus/prometheus.yml",
-                        "--storage.tsdb.path=/prometheus",
-                    ]),
-                )
-                .put(
-                    "volumes",
-                    Yaml::List(vec![
-                        s("./prometheus.yml:/etc/prometheus/prometheus.yml:ro"),
-                        s("prometheus-data:/prometheus"),
-                    ]),
-                )
+            prometheus_service("./prometheus.yml", &[])
                 .put("networks", Yaml::List(vec![s("rack")]))
                 .put("ports", Yaml::List(vec![s("9090:9090")]))
                 .build(),
