@@ -143,7 +143,15 @@ struct Ctx<'a> {
     place: String,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// The context of a table inside this one (`step 2: set`).
+    fn nested(&self, key: &str) -> Ctx<'a> {
+        Ctx {
+            file: self.file,
+            place: format!("{}: {key}", self.place),
+        }
+    }
+
     fn err(&self, msg: impl std::fmt::Display) -> CliError {
         usage(self.file, &self.place, msg)
     }
@@ -422,10 +430,7 @@ fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What
                 .err("`set` is missing: what to set on the link, e.g. set = { delay = \"1ms\" }"))
         }
     };
-    let sctx = Ctx {
-        file: ctx.file,
-        place: format!("{}: set", ctx.place),
-    };
+    let sctx = ctx.nested("set");
     sctx.keys(
         set,
         SET_KEYS,
@@ -575,10 +580,7 @@ fn parse_random(
                 .err("set must be a table of values or ranges, e.g. set = { loss = \"1%..5%\" }"))
         }
     };
-    let sctx = Ctx {
-        file: ctx.file,
-        place: format!("{}: set", ctx.place),
-    };
+    let sctx = ctx.nested("set");
     sctx.keys(
         set,
         RANDOM_SET_KEYS,
