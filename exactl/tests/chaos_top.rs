@@ -2,74 +2,21 @@
 //! anything is done (no daemons needed), and against a real 4-node rack `top` shows its
 //! links, a plan's faults are in force while it runs and gone after it, also after Ctrl-C.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{assert_usage_error, daemon_binary, rack_toml, text, Scratch, EXACTL};
 use serde_json::Value;
 
-const EXACTL: &str = env!("CARGO_BIN_EXE_exactl");
-
-/// A scratch rack directory, removed on drop (after a `rack down` when daemons run).
-struct Scratch {
-    dir: PathBuf,
-    daemons: bool,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "exactl-chaos-{tag}-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch {
-            dir,
-            daemons: false,
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(EXACTL);
-        c.arg("--rack")
-            .arg(&self.dir)
-            .args(args)
-            .env_remove("EXANET_RACK");
-        if let Some(d) = daemon_binary() {
-            c.env("EXANET_DAEMON", d);
-        }
-        c
-    }
-
-    fn exactl(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("run exactl")
-    }
-
-    /// Writes a plan file into the scratch directory and returns its path.
-    fn plan(&self, name: &str, text: &str) -> String {
-        let p = self.dir.join(name);
-        std::fs::write(&p, text).unwrap();
-        p.display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if self.daemons {
-            let out = self.exactl(&["rack", "down"]);
-            if !out.status.success() {
-                eprintln!("cleanup: rack down failed: {}", text(&out.stderr));
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Writes a plan file into the scratch directory and returns its path.
+fn write_plan(s: &Scratch, name: &str, text: &str) -> String {
+    let p = s.dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
 }
 
 /// A background exactl, killed if the test fails before it exits.
@@ -160,32 +107,6 @@ impl Drop for Background {
     }
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// The daemon binary: `$EXANET_DAEMON`, else `exanetd` next to exactl.
-fn daemon_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("EXANET_DAEMON") {
-        return Some(PathBuf::from(p));
-    }
-    let p = Path::new(EXACTL).parent()?.join("exanetd");
-    p.exists().then_some(p)
-}
-
-/// A rack file of one QFDB on 127.0.0.1 (ports never bound: nothing runs).
-fn one_qfdb_rack_file(dir: &Path) {
-    let mut s = "name = \"t\"\nshape = \"1x1x1\"\n".to_string();
-    for f in 1..=4 {
-        s.push_str(&format!(
-            "[nodes.M1QAF{f}]\nlink = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\n",
-            40000 + f,
-            41000 + f
-        ));
-    }
-    std::fs::write(dir.join("rack.toml"), s).unwrap();
-}
-
 /// A plan with a random block, so that different seeds draw differently.
 const RANDOM_PLAN: &str = r#"
 name = "noise"
@@ -203,10 +124,9 @@ for = "500ms"
 
 #[test]
 fn plans_are_checked_before_anything_is_done() {
-    let s = Scratch::new("check");
-    one_qfdb_rack_file(&s.dir);
+    let s = Scratch::new("check").with_rack_file(&rack_toml("1x1x1"));
     // Nothing runs: a plan that reached the rack would fail with exit 1, not 2.
-    for (plan, needles) in [
+    for (body, mut needles) in [
         (
             "[[step]]\nat = \"0s\"\nnode = \"M1QAF1\"\naction = \"pause\"\nfor = \"1s\"\n\
              [[step]]\nat = \"1s\"\nlink = [\"M1QAF1\", \"M1QCF1\"]\nset = { loss = \"1%\" }\n",
@@ -224,19 +144,12 @@ fn plans_are_checked_before_anything_is_done() {
         ("[[step]]\nat = 1\n", vec!["plan.toml: step 1", "`at` must be a string"]),
         ("[[step]\n", vec!["plan.toml: line 1"]),
     ] {
-        let path = s.plan("plan.toml", plan);
+        let path = write_plan(&s, "plan.toml", body);
+        needles.push(&path); // the message names the file
         for extra in [&[][..], &["--dry-run"][..]] {
             let mut args = vec!["chaos", "run", path.as_str()];
             args.extend(extra);
-            let out = s.exactl(&args);
-            let err = text(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{plan}: {err}");
-            assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-            assert!(err.contains(&path), "the file is named: {err}");
-            for n in &needles {
-                assert!(err.contains(n), "{plan}: stderr should mention {n:?}: {err}");
-            }
-            assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+            assert_usage_error(&s.exactl(&args), &needles);
         }
     }
     let out = s.exactl(&["chaos", "run", "/nonexistent/plan.toml"]);
@@ -244,7 +157,7 @@ fn plans_are_checked_before_anything_is_done() {
     assert!(text(&out.stderr).contains("/nonexistent/plan.toml"));
 
     // --dry-run needs the rack file, not the daemons, and is the same for the same seed.
-    let path = s.plan("noise.toml", RANDOM_PLAN);
+    let path = write_plan(&s, "noise.toml", RANDOM_PLAN);
     let dry = |seed: &str| {
         let out = s.exactl(&["chaos", "run", &path, "--dry-run", "--seed", seed]);
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -353,7 +266,7 @@ fn top_and_chaos_on_a_running_rack() {
     assert!(v["link_directions"][0]["utilization"].is_number(), "{v}");
 
     // The same timeline for the same seed, against the running rack too.
-    let noise = s.plan("noise.toml", RANDOM_PLAN);
+    let noise = write_plan(&s, "noise.toml", RANDOM_PLAN);
     let dry = || {
         text(
             &s.exactl(&["chaos", "run", &noise, "--dry-run", "--seed", "5"])
@@ -364,7 +277,8 @@ fn top_and_chaos_on_a_running_rack() {
 
     // A plan: loss on F1<->F2 for 3 s and F3 frozen for 4 s. While it runs the faults are
     // in force; after it, nothing is left.
-    let plan = s.plan(
+    let plan = write_plan(
+        &s,
         "plan.toml",
         r#"
         name = "short"
@@ -451,7 +365,8 @@ fn top_and_chaos_on_a_running_rack() {
     wait_all_up(&s, Duration::from_secs(10));
 
     // Ctrl-C in the middle of a long plan undoes what it set: a partition and a delay.
-    let plan = s.plan(
+    let plan = write_plan(
+        &s,
         "long.toml",
         r#"
         duration = "60s"

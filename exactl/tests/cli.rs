@@ -2,116 +2,13 @@
 //! on stderr naming the problem, and nothing is written. One smoke test starts a 4-node
 //! rack of real daemons.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const EXACTL: &str = env!("CARGO_BIN_EXE_exactl");
-
-/// A scratch rack directory, removed on drop (after a `rack down` when daemons may run).
-struct Scratch {
-    dir: PathBuf,
-    daemons: bool,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "exactl-cli-{tag}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        Scratch {
-            dir,
-            daemons: false,
-        }
-    }
-
-    /// Writes a rack file for a rack that is not running.
-    fn with_rack_file(self, text: &str) -> Scratch {
-        std::fs::create_dir_all(&self.dir).unwrap();
-        std::fs::write(self.dir.join("rack.toml"), text).unwrap();
-        self
-    }
-
-    fn exactl(&self, args: &[&str]) -> Output {
-        exactl_in(&self.dir, args)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if self.daemons {
-            let out = self.exactl(&["rack", "down"]);
-            if !out.status.success() {
-                eprintln!("cleanup: rack down failed: {}", text(&out.stderr));
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn exactl_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(EXACTL)
-        .arg("--rack")
-        .arg(dir)
-        .args(args)
-        .env_remove("EXANET_RACK")
-        .output()
-        .expect("run exactl")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// A rack file of `shape` with every node on 127.0.0.1 (ports never bound: nothing runs).
-fn rack_toml(shape: &str) -> String {
-    let dims: Vec<u32> = shape.split('x').map(|d| d.parse().unwrap()).collect();
-    let (x, y, z) = (dims[0], dims[1], dims[2]);
-    let mut s = format!("name = \"t\"\nshape = \"{shape}\"\n");
-    let mut id = 0;
-    for zz in 0..z {
-        for yy in 0..y {
-            for xx in 0..x {
-                for f in 1..=4 {
-                    let blade = zz * y + yy + 1;
-                    let slot = char::from(b'A' + xx as u8);
-                    s.push_str(&format!(
-                        "[nodes.M{blade}Q{slot}F{f}]\nlink = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\n",
-                        40000 + id,
-                        41000 + id
-                    ));
-                    id += 1;
-                }
-            }
-        }
-    }
-    s
-}
-
-/// Exit code 2, nothing on stdout, and exactly one line on stderr that contains every
-/// one of `needles`.
-#[track_caller]
-fn assert_usage_error(out: &Output, needles: &[&str]) {
-    let err = text(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "exit code; stderr: {err}; stdout: {}",
-        text(&out.stdout)
-    );
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line on stderr: {err:?}"
-    );
-    for n in needles {
-        assert!(err.contains(n), "stderr should mention {n:?}: {err}");
-    }
-    assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
-}
+use common::{assert_usage_error, daemon_binary, rack_toml, text, Scratch, EXACTL};
 
 #[test]
 fn bad_shapes_are_refused_and_nothing_is_written() {
@@ -317,15 +214,6 @@ fn rack_down_never_signals_a_process_that_is_not_its_daemon() {
     sleeper.wait().unwrap();
 }
 
-/// The daemon binary the smoke test runs: `$EXANET_DAEMON`, else `exanetd` next to exactl.
-fn daemon_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("EXANET_DAEMON") {
-        return Some(PathBuf::from(p));
-    }
-    let p = Path::new(EXACTL).parent()?.join("exanetd");
-    p.exists().then_some(p)
-}
-
 /// Processes (not zombies) whose command line mentions `dir`.
 fn processes_of(dir: &Path) -> Vec<String> {
     let needle = dir.to_string_lossy().into_owned();
@@ -355,21 +243,14 @@ fn processes_of(dir: &Path) -> Vec<String> {
 
 #[test]
 fn smoke_one_qfdb_up_status_ping_down() {
-    let Some(daemon) = daemon_binary() else {
+    let Some(_) = daemon_binary() else {
         eprintln!("skipped: no exanetd next to {EXACTL}; build it (cargo build -p exanetd) or set EXANET_DAEMON");
         return;
     };
     let mut s = Scratch::new("smoke");
     s.daemons = true;
     let t0 = Instant::now();
-    let out = Command::new(EXACTL)
-        .arg("--rack")
-        .arg(&s.dir)
-        .args(["rack", "up", "--shape", "1x1x1", "--timeout", "30"])
-        .env("EXANET_DAEMON", &daemon)
-        .env_remove("EXANET_RACK")
-        .output()
-        .unwrap();
+    let out = s.exactl(&["rack", "up", "--shape", "1x1x1", "--timeout", "30"]);
     assert!(
         out.status.success(),
         "rack up failed after {:?}: {}",
