@@ -535,6 +535,22 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
         c.arg("--rack").arg(&rack_dir).args(args);
         c
     };
+    // A ping whose every probe gets through, and one none of whose probes may (exit 1).
+    let ping_ok = |src: &str, dst: &str| {
+        let r = must(
+            exactl(&["ping", src, dst, "--count", "3"]),
+            Duration::from_secs(60),
+        );
+        assert!(r.stdout.contains("0% loss"), "{}", r.describe());
+    };
+    let ping_fails = |src: &str, dst: &str, count: &str, why: &str| {
+        let r = run_with_timeout(
+            exactl(&["ping", src, dst, "--count", count, "--timeout-ms", "300"]),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(r.code(), Some(1), "{why}: {}", r.describe());
+    };
     let st = must(exactl(&["status", "--json"]), Duration::from_secs(60)).json();
     let reachable = st["nodes"]
         .as_array()
@@ -543,34 +559,17 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
         .filter(|n| n["reachable"] == true)
         .count();
     assert_eq!(reachable, 16, "{st}");
-    let r = must(
-        exactl(&["ping", "M1QAF1", "M2QBF4", "--count", "3"]),
-        Duration::from_secs(60),
-    );
-    assert!(r.stdout.contains("0% loss"), "{}", r.describe());
+    ping_ok("M1QAF1", "M2QBF4");
     // A link fault from the host: in effect at once, and in the metrics Prometheus scrapes.
     must(
         exactl(&["link", "set", "M1QAF1", "M1QBF1", "--loss", "100%"]),
         Duration::from_secs(30),
     );
-    let r = run_with_timeout(
-        exactl(&[
-            "ping",
-            "M1QAF1",
-            "M1QBF1",
-            "--count",
-            "3",
-            "--timeout-ms",
-            "300",
-        ]),
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert_eq!(
-        r.code(),
-        Some(1),
-        "probes crossed a link losing everything: {}",
-        r.describe()
+    ping_fails(
+        "M1QAF1",
+        "M1QBF1",
+        "3",
+        "probes crossed a link losing everything",
     );
     wait_until(
         "the injected drops in Prometheus",
@@ -590,44 +589,18 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
         exactl(&["link", "clear", "M1QAF1", "M1QBF1"]),
         Duration::from_secs(30),
     );
-    let r = must(
-        exactl(&["ping", "M1QAF1", "M1QBF1", "--count", "3"]),
-        Duration::from_secs(60),
-    );
-    assert!(r.stdout.contains("0% loss"), "{}", r.describe());
+    ping_ok("M1QAF1", "M1QBF1");
     // Node failures through the compose tool: a killed container stays down (docker does
     // not restart what it was told to kill) until exactl restarts it; it then rejoins.
     let victim = "M2QAF3";
     must(exactl(&["node", "kill", victim]), Duration::from_secs(60));
-    let r = run_with_timeout(
-        exactl(&[
-            "ping",
-            "M2QAF1",
-            victim,
-            "--count",
-            "1",
-            "--timeout-ms",
-            "300",
-        ]),
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert_eq!(
-        r.code(),
-        Some(1),
-        "a killed node answered: {}",
-        r.describe()
-    );
+    ping_fails("M2QAF1", victim, "1", "a killed node answered");
     let r = must(
         exactl(&["node", "restart", victim]),
         Duration::from_secs(120),
     );
     assert!(r.stderr.contains("rejoined"), "{}", r.describe());
-    let r = must(
-        exactl(&["ping", "M2QAF1", victim, "--count", "3"]),
-        Duration::from_secs(60),
-    );
-    assert!(r.stdout.contains("0% loss"), "{}", r.describe());
+    ping_ok("M2QAF1", victim);
 
     drop(prom);
     let t = Instant::now();
