@@ -152,6 +152,21 @@ pub enum Deploy {
 }
 
 impl RackFile {
+    /// A rack file of `shape` with these node entries, default windows, and no NI
+    /// settings, jobs or deploy section.
+    pub fn new(name: &str, shape: Shape, nodes: BTreeMap<String, NodeEntry>) -> RackFile {
+        RackFile {
+            name: name.to_string(),
+            shape,
+            window: DEFAULT_WINDOW,
+            local_window: DEFAULT_LOCAL_WINDOW,
+            nodes,
+            ni: None,
+            jobs: BTreeMap::new(),
+            deploy: None,
+        }
+    }
+
     /// A rack of `shape` whose nodes all listen on loopback, `ports(id)` giving each
     /// node's (link, metrics) ports, with default windows and no jobs or NI settings.
     pub fn loopback(
@@ -174,16 +189,7 @@ impl RackFile {
                 )
             })
             .collect();
-        RackFile {
-            name: name.to_string(),
-            shape,
-            window: DEFAULT_WINDOW,
-            local_window: DEFAULT_LOCAL_WINDOW,
-            nodes,
-            ni: None,
-            jobs: BTreeMap::new(),
-            deploy: None,
-        }
+        RackFile::new(name, shape, nodes)
     }
 }
 

@@ -19,7 +19,6 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW};
 use exanet_proto::Shape;
 use exanetd::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
 
@@ -251,14 +250,8 @@ pub fn rack_file(
         })
         .collect();
     RackFile {
-        name: name.to_string(),
-        shape,
-        window: DEFAULT_WINDOW,
-        local_window: DEFAULT_LOCAL_WINDOW,
-        nodes,
-        ni: None,
-        jobs: Default::default(),
         deploy: Some(deploy),
+        ..RackFile::new(name, shape, nodes)
     }
 }
 
