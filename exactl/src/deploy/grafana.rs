@@ -355,13 +355,83 @@ fn rack_dashboard(shape: Shape, rack: &str) -> Value {
                 ),
             ],
         ),
+        // What the operator broke on purpose (exactl link set, partition, chaos) and
+        // what the NIs made of it.
+        timeseries(
+            next(),
+            "Faults injected on links (cells dropped, corrupted)",
+            grid(0, 28, 6, 8),
+            "ops",
+            vec![target(
+                "A",
+                &format!(
+                    "sum by (node, peer, fault) (rate(exanet_link_faults_injected_total{{{sel}}}[{ri}]))"
+                ),
+                "{{node}} -> {{peer}} {{fault}}",
+            )],
+        ),
+        timeseries(
+            next(),
+            "Cells refused for bad CRCs at link inputs",
+            grid(6, 28, 6, 8),
+            "ops",
+            vec![target(
+                "A",
+                &format!(
+                    "sum by (node, peer) (rate(exanet_link_rx_corrupt_cells_total{{{sel}}}[{ri}]))"
+                ),
+                "{{peer}} -> {{node}}",
+            )],
+        ),
+        timeseries(
+            next(),
+            "Link ends cut or with faults set",
+            grid(12, 28, 6, 8),
+            "short",
+            vec![
+                target(
+                    "A",
+                    &format!("sum(exanet_link_admin_down{{{sel}}})"),
+                    "cut",
+                ),
+                target(
+                    "B",
+                    &format!(
+                        "sum(max by (node, peer) (exanet_link_fault_setting{{{sel}}} > bool 0))"
+                    ),
+                    "faults set",
+                ),
+            ],
+        ),
+        timeseries(
+            next(),
+            "Completion latency p50 / p99 by operation",
+            grid(18, 28, 6, 8),
+            "s",
+            vec![
+                target(
+                    "A",
+                    &format!(
+                        "histogram_quantile(0.5, sum by (le, op) (rate(exanet_ni_completion_latency_seconds_bucket{{{sel}}}[{ri}])))"
+                    ),
+                    "p50 {{op}}",
+                ),
+                target(
+                    "B",
+                    &format!(
+                        "histogram_quantile(0.99, sum by (le, op) (rate(exanet_ni_completion_latency_seconds_bucket{{{sel}}}[{ri}])))"
+                    ),
+                    "p99 {{op}}",
+                ),
+            ],
+        ),
     ];
     // One row per selected node, one panel per link end of it.
     panels.push(json!({
         "id": next(),
         "type": "row",
         "title": "Links of $node",
-        "gridPos": grid(0, 28, 24, 1),
+        "gridPos": grid(0, 36, 24, 1),
         "collapsed": false,
         "repeat": "node",
         "panels": [],
@@ -369,7 +439,7 @@ fn rack_dashboard(shape: Shape, rack: &str) -> Value {
     let mut per_link = timeseries(
         next(),
         "$node $port",
-        grid(0, 29, 6, 7),
+        grid(0, 37, 6, 7),
         "bps",
         vec![
             target(
@@ -649,6 +719,10 @@ mod tests {
             "exanet_ni_retransmissions_total",
             "exanet_ni_nacks_total",
             "exanet_ni_pdid_violations_total",
+            "exanet_link_faults_injected_total",
+            "exanet_link_rx_corrupt_cells_total",
+            "exanet_link_admin_down",
+            "exanet_ni_completion_latency_seconds_bucket",
         ] {
             assert!(exprs.iter().any(|e| e.contains(metric)), "{metric}");
         }
