@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 use exanet_proto::fault::LinkFaults;
 use exanet_proto::rng::SplitMix64;
 use exanet_proto::{topology, NodeId, NodeName, Shape};
-use exanetd::control::{Request, Response};
 use exanetd::control_client::ControlClient;
 use exanetd::rack::{Deploy, Rack};
 
@@ -1122,56 +1121,6 @@ enum Applied {
     Node,
 }
 
-/// The faults set now on each direction, as its sender reports them.
-fn read_faults(client: &ControlClient, dirs: &[Direction]) -> Result<Vec<(Direction, LinkFaults)>> {
-    let shape = client.rack().shape();
-    let senders: Vec<NodeId> = dirs
-        .iter()
-        .map(|d| d.from)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let reqs = senders.iter().map(|n| (*n, Request::Status)).collect();
-    let answers = client.request_all(reqs, TIMEOUT);
-    let mut out = Vec::new();
-    for d in dirs {
-        let i = senders.iter().position(|n| *n == d.from).unwrap_or(0);
-        let st = match answers.get(i) {
-            Some(Ok(Response::Status(st))) => st,
-            Some(Ok(Response::Error { message })) => {
-                return Err(CliError::Refused {
-                    node: shape.display(d.from),
-                    message: message.clone(),
-                })
-            }
-            Some(Ok(other)) => {
-                return Err(CliError::Unexpected {
-                    node: shape.display(d.from),
-                    request: "status",
-                    answer: format!("{other:?}"),
-                })
-            }
-            Some(Err(e)) => {
-                return Err(CliError::Failed(format!(
-                    "{}: {}",
-                    shape.display(d.from),
-                    fabric::short_control_error(e)
-                )))
-            }
-            None => return Err(CliError::Failed("no answer".into())),
-        };
-        let peer = shape.display(d.to);
-        let faults = st
-            .links
-            .iter()
-            .find(|l| l.peer.eq_ignore_ascii_case(&peer))
-            .and_then(|l| l.faults)
-            .unwrap_or_default();
-        out.push((*d, faults));
-    }
-    Ok(out)
-}
-
 /// The change that sets back what `change` changed, from the values `before` it.
 fn restore_of(change: &FaultChange, before: &LinkFaults) -> FaultChange {
     FaultChange {
@@ -1237,21 +1186,23 @@ impl Runner<'_> {
         let item = &tl.items[idx];
         let mut restored = None;
         let outcome: Result<String> = match (&item.what, undo) {
-            (What::Faults { dirs, change, .. }, false) => match read_faults(&self.client, dirs) {
-                Ok(before) => {
-                    // Recorded before the change is sent: if only some daemons take it,
-                    // the undo still sets back every direction.
-                    self.active[idx] = Some(Applied::Faults(
-                        before
-                            .iter()
-                            .map(|(d, f)| (*d, restore_of(change, f)))
-                            .collect(),
-                    ));
-                    link_cmd::change_links(&self.client, dirs, change, Some(seed))
-                        .map(|()| String::new())
+            (What::Faults { dirs, change, .. }, false) => {
+                match link_cmd::current_faults(&self.client, dirs) {
+                    Ok(before) => {
+                        // Recorded before the change is sent: if only some daemons take it,
+                        // the undo still sets back every direction.
+                        self.active[idx] = Some(Applied::Faults(
+                            before
+                                .iter()
+                                .map(|(d, f)| (*d, restore_of(change, f)))
+                                .collect(),
+                        ));
+                        link_cmd::change_links(&self.client, dirs, change, Some(seed))
+                            .map(|()| String::new())
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
             (What::Faults { .. }, true) => match self.active[idx].take() {
                 Some(Applied::Faults(back)) => {
                     restored = describe_restored(&back);

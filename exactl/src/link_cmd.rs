@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use exanet_proto::fault::LinkFaults;
 use exanet_proto::{NodeId, NodeName, Shape};
-use exanetd::control::{LinkStatus, NodeStatus, Request};
+use exanetd::control::{LinkStatus, NodeStatus, Request, Response};
 use exanetd::control_client::ControlClient;
 use exanetd::rack::Rack;
 use serde_json::json;
@@ -126,37 +126,50 @@ pub fn directions(shape: &Shape, a: NodeName, b: NodeName, dir: Dir) -> Result<V
     })
 }
 
-/// The faults each daemon reports for its end, by direction.
-fn current(client: &ControlClient, dirs: &[Direction]) -> Result<Vec<(Direction, LinkFaults)>> {
+/// The faults each daemon reports for its end, by direction (what `link set` merges
+/// with, and what a fault plan restores).
+pub fn current_faults(
+    client: &ControlClient,
+    dirs: &[Direction],
+) -> Result<Vec<(Direction, LinkFaults)>> {
     let shape = client.rack().shape();
-    let nodes: BTreeSet<NodeId> = dirs.iter().map(|d| d.from).collect();
-    let reqs = nodes.iter().map(|n| (*n, Request::Status)).collect();
+    let senders: Vec<NodeId> = dirs
+        .iter()
+        .map(|d| d.from)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let reqs = senders.iter().map(|n| (*n, Request::Status)).collect();
     let answers = client.request_all(reqs, TIMEOUT);
     let mut out = Vec::new();
     for d in dirs {
-        let i = nodes.iter().position(|n| *n == d.from).unwrap_or(0);
-        let st = match &answers[i] {
-            Ok(exanetd::control::Response::Status(st)) => st,
-            Ok(other) => {
+        let i = senders.iter().position(|n| *n == d.from).unwrap_or(0);
+        let st = match answers.get(i) {
+            Some(Ok(Response::Status(st))) => st,
+            Some(Ok(Response::Error { message })) => {
+                return Err(CliError::Refused {
+                    node: shape.display(d.from),
+                    message: message.clone(),
+                })
+            }
+            Some(Ok(other)) => {
                 return Err(CliError::Unexpected {
                     node: shape.display(d.from),
                     request: "status",
                     answer: format!("{other:?}"),
                 })
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 return Err(CliError::Failed(format!(
-                    "cannot read the faults set at {}: {e}",
-                    shape.display(d.from)
+                    "{}: {}",
+                    shape.display(d.from),
+                    fabric::short_control_error(e)
                 )))
             }
+            None => return Err(CliError::Failed("no answer".into())),
         };
-        out.push((
-            *d,
-            link_of(st, &shape.display(d.to))
-                .and_then(|l| l.faults)
-                .unwrap_or_default(),
-        ));
+        let faults = link_of(st, &shape.display(d.to)).and_then(|l| l.faults);
+        out.push((*d, faults.unwrap_or_default()));
     }
     Ok(out)
 }
@@ -173,10 +186,23 @@ pub fn change_links(
     change: &FaultChange,
     seed: Option<u64>,
 ) -> Result<()> {
+    let merged = current_faults(client, dirs)?
+        .into_iter()
+        .map(|(d, now)| (d, change.apply(now)))
+        .collect();
+    set_faults(client, merged, seed)
+}
+
+/// Sets exactly these faults on these directions (no merge), after checking them all.
+/// `seed` restarts the fault draws, differently for each direction.
+pub fn set_faults(
+    client: &ControlClient,
+    settings: Vec<(Direction, LinkFaults)>,
+    seed: Option<u64>,
+) -> Result<()> {
     let shape = client.rack().shape();
-    let mut reqs = Vec::new();
-    for (d, now) in current(client, dirs)? {
-        let faults = change.apply(now);
+    let mut reqs = Vec::with_capacity(settings.len());
+    for (d, faults) in settings {
         faults
             .validate()
             .map_err(|e| CliError::Usage(e.to_string()))?;
@@ -189,33 +215,6 @@ pub fn change_links(
             },
         ));
     }
-    crate::control::all_ok(client, reqs, TIMEOUT, "link_set")
-}
-
-/// Sets exactly `faults` on each direction (no merge).
-pub fn set_exact(
-    client: &ControlClient,
-    dirs: &[Direction],
-    faults: LinkFaults,
-    seed: Option<u64>,
-) -> Result<()> {
-    faults
-        .validate()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let shape = client.rack().shape();
-    let reqs = dirs
-        .iter()
-        .map(|d| {
-            (
-                d.from,
-                Request::LinkSet {
-                    peer: shape.display(d.to),
-                    faults,
-                    seed: seed.map(|s| s ^ (u64::from(d.from.0) << 32 | u64::from(d.to.0))),
-                },
-            )
-        })
-        .collect();
     crate::control::all_ok(client, reqs, TIMEOUT, "link_set")
 }
 
@@ -257,7 +256,8 @@ pub fn clear(dir: &Path, ends: Option<(NodeName, NodeName)>) -> Result<()> {
     match ends {
         Some((a, b)) => {
             let dirs = directions(&shape, a, b, Dir::Both)?;
-            set_exact(&client, &dirs, LinkFaults::default(), None)
+            let clear = dirs.into_iter().map(|d| (d, LinkFaults::default()));
+            set_faults(&client, clear.collect(), None)
         }
         None => {
             let reqs = shape
@@ -475,24 +475,20 @@ pub fn heal(dir: &Path) -> Result<()> {
     let shape = rack.shape();
     let client = crate::control::client(&rack)?;
     let answers = fabric::query_all(&client, TIMEOUT);
-    let mut reqs = Vec::new();
+    let mut up = Vec::new();
     for (id, a) in shape.node_ids().zip(&answers) {
         let Ok(st) = a else { continue };
         for l in st.links.iter().filter(|l| l.admin_down) {
+            let Ok(peer) = shape.parse_node(&l.peer) else {
+                continue;
+            };
             let mut faults = l.faults.unwrap_or_default();
             faults.down = false;
-            reqs.push((
-                id,
-                Request::LinkSet {
-                    peer: l.peer.clone(),
-                    faults,
-                    seed: None,
-                },
-            ));
+            up.push((Direction { from: id, to: peer }, faults));
         }
     }
-    let n = reqs.len();
-    crate::control::all_ok(&client, reqs, TIMEOUT, "link_set")?;
+    let n = up.len();
+    set_faults(&client, up, None)?;
     let unanswered = answers.iter().filter(|a| a.is_err()).count();
     eprintln!("exactl: set {n} cut link ends up");
     if unanswered > 0 {
