@@ -220,6 +220,7 @@ fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
         "B>A BYTES tx/rx",
         "STALL s A/B",
         "QUEUE A/B",
+        "FAULTS A>B / B>A",
     ];
     let rows = views
         .iter()
@@ -238,7 +239,12 @@ fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
                     shape.display(v.link.b)
                 ),
                 v.link.kind.label().to_string(),
-                v.health().label().to_string(),
+                // A link the operator cut says so: "down" alone would read as a failure.
+                if [a, b].iter().any(|e| e.is_some_and(|l| l.admin_down)) {
+                    "cut".to_string()
+                } else {
+                    v.health().label().to_string()
+                },
                 format!("{}/{}", num(a, |l| l.tx_cells), num(b, |l| l.rx_cells)),
                 format!("{}/{}", size(a, |l| l.tx_bytes), size(b, |l| l.rx_bytes)),
                 format!("{}/{}", num(b, |l| l.tx_cells), num(a, |l| l.rx_cells)),
@@ -253,12 +259,24 @@ fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
                     num(a, |l| l.queue_cells),
                     num(b, |l| l.queue_cells)
                 ),
+                {
+                    let faults = |e: Option<&LinkStatus>| {
+                        e.and_then(|l| l.faults)
+                            .map_or_else(|| "-".to_string(), |f| crate::link_cmd::describe(&f))
+                    };
+                    match (faults(a), faults(b)) {
+                        (x, y) if x == "-" && y == "-" => "-".to_string(),
+                        (x, y) => format!("{x} / {y}"),
+                    }
+                },
             ]
         })
         .collect();
     table(
         &headers,
-        &[false, false, false, true, true, true, true, true, true],
+        &[
+            false, false, false, true, true, true, true, true, true, false,
+        ],
         rows,
     )
 }
@@ -411,6 +429,30 @@ mod tests {
             .find(|l| l.starts_with("M1QBF1 <-> M1QBF2"))
             .unwrap();
         assert!(half.contains("half") && half.contains("10/-"), "{half}");
+        assert!(
+            torus.trim_end().ends_with(" -"),
+            "no faults shown as -: {torus}"
+        );
+
+        // Faults set on a link show in words, per direction; a cut link says "cut".
+        let mut answers = healthy_rack(&r.shape());
+        for (i, peer, f) in [
+            (0, "M1QBF1", r#"{"loss":0.01}"#),
+            (4, "M1QAF1", r#"{"down":true}"#),
+        ] {
+            let Ok(st) = &mut answers[i] else { panic!() };
+            let l = st.links.iter_mut().find(|l| l.peer == peer).unwrap();
+            l.faults = Some(serde_json::from_str(f).unwrap());
+            l.admin_down = l.faults.unwrap().down;
+        }
+        let views = fabric::link_views(&r.shape(), &answers);
+        let text = render(&r, &answers, &views);
+        let torus = text
+            .lines()
+            .find(|l| l.starts_with("M1QAF1 <-> M1QBF1"))
+            .unwrap();
+        assert!(torus.contains(" cut "), "{torus}");
+        assert!(torus.trim_end().ends_with("loss 1% / down"), "{torus}");
     }
 
     #[test]
