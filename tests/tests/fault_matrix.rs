@@ -332,11 +332,18 @@ fn fault_matrix() {
     let t = w.traffic(4, 10);
     flapper.join().unwrap();
     eprintln!("flap: {t:?}");
-    w.rack
-        .exactl(&["link", "show", "--all", "--json"])
-        .success()
-        .then_some(())
-        .unwrap();
+    // The flap ended with the link set up again at both ends.
+    let r = w.rack.exactl(&["link", "show", "--all", "--json"]);
+    assert!(r.success(), "{}", r.describe());
+    let shown = r.json();
+    let ends: Vec<&serde_json::Value> = shown["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| (l["from"] == NEAR && l["to"] == FAR) || (l["from"] == FAR && l["to"] == NEAR))
+        .collect();
+    assert_eq!(ends.len(), 2, "{shown}");
+    assert!(ends.iter().all(|l| l["admin_down"] == false), "{shown}");
     let deadline = Instant::now() + Duration::from_secs(15);
     while sessions(&w) <= s0 {
         assert!(
