@@ -258,38 +258,34 @@ impl Region {
 
     /// A handle to the 4-byte-aligned atomic `u32` at `offset`.
     pub fn atomic_u32(&self, offset: usize) -> Result<SharedU32<'_>, RegionError> {
-        self.check_atomic(offset, 4)?;
+        // `sys` checks bounds and alignment itself (it must be sound for any offset); the
+        // checks are not repeated here, this is on every ring push and pop.
         self.map
             .atomic_u32(offset)
             .map(SharedU32)
-            .ok_or(RegionError::Misaligned { offset, align: 4 })
+            .ok_or_else(|| self.atomic_error(offset, 4))
     }
 
     /// A handle to the 8-byte-aligned atomic `u64` at `offset`.
     #[cfg(target_has_atomic = "64")]
     pub fn atomic_u64(&self, offset: usize) -> Result<SharedU64<'_>, RegionError> {
-        self.check_atomic(offset, 8)?;
         self.map
             .atomic_u64(offset)
             .map(SharedU64)
-            .ok_or(RegionError::Misaligned { offset, align: 8 })
+            .ok_or_else(|| self.atomic_error(offset, 8))
     }
 
-    /// Bounds first, then alignment, so that errors name the more fundamental problem.
-    fn check_atomic(&self, offset: usize, size: usize) -> Result<(), RegionError> {
+    /// Why an atomic access of `size` bytes at `offset` was refused: bounds first, then
+    /// alignment, so that errors name the more fundamental problem. The mapping is
+    /// page-aligned, so an in-bounds access that `sys` refused has a misaligned offset.
+    fn atomic_error(&self, offset: usize, size: usize) -> RegionError {
         match offset.checked_add(size) {
-            Some(end) if end <= self.len() => {}
-            _ => return Err(self.out_of_bounds(offset, size)),
-        }
-        // The mapping is page-aligned, so offset alignment is address alignment (sys checks
-        // the address again).
-        if offset % size != 0 {
-            return Err(RegionError::Misaligned {
+            Some(end) if end <= self.len() => RegionError::Misaligned {
                 offset,
                 align: size,
-            });
+            },
+            _ => self.out_of_bounds(offset, size),
         }
-        Ok(())
     }
 
     fn out_of_bounds(&self, offset: usize, len: usize) -> RegionError {
