@@ -137,23 +137,15 @@ impl Doorbell {
     /// `None` waits forever; `Some(Duration::ZERO)` only checks. Returns whether it was rung.
     /// Signals (`EINTR`) do not cut the wait short.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let deadline = deadline_after(timeout);
         loop {
             if self.drain()? {
                 return Ok(true);
             }
-            let remaining = match (timeout, deadline) {
-                (None, _) => None,
-                // A timeout too large for `Instant` is as good as none.
-                (Some(_), None) => None,
-                (Some(_), Some(d)) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(false);
-                    }
-                    Some(left)
-                }
-            };
+            let remaining = time_left(deadline);
+            if remaining.is_some_and(|d| d.is_zero()) {
+                return Ok(false);
+            }
             match sys::poll_readable(self.file.as_fd(), remaining) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -174,6 +166,17 @@ impl AsRawFd for Doorbell {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
+}
+
+/// The deadline `timeout` from now (`None`: no deadline, also for a timeout too large for
+/// `Instant`, which is as good as none).
+pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// Time left until `deadline` (`None`: no deadline).
+pub(crate) fn time_left(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
 /// The notifying half of the protocol in the [module docs](self): if the peer announced that
@@ -277,16 +280,10 @@ impl Waiter {
                 if ready()? {
                     return Ok(Some(true));
                 }
-                let remaining = match deadline {
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Ok(Some(false));
-                        }
-                        Some(left)
-                    }
-                    None => None,
-                };
+                let remaining = time_left(deadline);
+                if remaining.is_some_and(|d| d.is_zero()) {
+                    return Ok(Some(false));
+                }
                 bell.wait(remaining)?;
                 Ok(None)
             })();

@@ -103,9 +103,9 @@
 use std::fmt;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::doorbell::{wake_sleeper, Doorbell, Waiter};
+use crate::doorbell::{deadline_after, time_left, wake_sleeper, Doorbell, Waiter};
 use crate::region::{Region, RegionError, SharedU32};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"EXRG");
@@ -552,19 +552,6 @@ impl Ring {
     }
 }
 
-/// The deadline `timeout` from now (`None`: no deadline, also for absurdly long timeouts).
-fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(|t| Instant::now().checked_add(t))
-}
-
-/// Time left until `deadline`, `None` for no deadline.
-fn remaining(timeout: Option<Duration>, deadline: Option<Instant>) -> Option<Duration> {
-    match (timeout, deadline) {
-        (Some(_), Some(d)) => Some(d.saturating_duration_since(Instant::now())),
-        _ => None,
-    }
-}
-
 /// The writing end of a ring.
 #[derive(Debug)]
 pub struct Producer {
@@ -720,7 +707,7 @@ impl Producer {
                 Err(RingError::Full) => {}
                 Err(e) => return Err(e.into()),
             }
-            if !self.wait_writable(waiter, bell, remaining(timeout, deadline))? {
+            if !self.wait_writable(waiter, bell, time_left(deadline))? {
                 return Ok(false);
             }
         }
@@ -917,7 +904,7 @@ impl Consumer {
             if let Some(n) = self.pop(buf)? {
                 return Ok(Some(n));
             }
-            if !self.wait_readable(waiter, bell, remaining(timeout, deadline))? {
+            if !self.wait_readable(waiter, bell, time_left(deadline))? {
                 return Ok(None);
             }
         }
