@@ -274,6 +274,9 @@ pub(crate) struct Info {
 pub(crate) struct Poller {
     pub cons: Consumer,
     pub last_alive_check: Instant,
+    /// Completions decoded and not dispatched yet; kept (empty) between drains so that
+    /// polling does not allocate.
+    batch: Vec<Completion>,
 }
 
 pub(crate) struct Shared {
@@ -322,6 +325,7 @@ impl Shared {
             cpl: Mutex::new(Poller {
                 cons: cpl,
                 last_alive_check: Instant::now(),
+                batch: Vec::with_capacity(BATCH),
             }),
             from_daemon,
             to_daemon,
@@ -694,7 +698,7 @@ impl Shared {
     /// `slice` (spin, then sleep) for completions and drain those.
     fn lead(&self, slice: Duration) -> Result<()> {
         let mut p = lock(&self.cpl);
-        if self.drain(&mut p.cons)? > 0 || slice.is_zero() {
+        if self.drain(&mut p)? > 0 || slice.is_zero() {
             return Ok(());
         }
         let waiter = Waiter::new(self.spin());
@@ -722,7 +726,7 @@ impl Shared {
             lock(&self.state).stats.sleeps += 1;
         }
         if ready {
-            self.drain(&mut p.cons)?;
+            self.drain(&mut p)?;
         } else if p.last_alive_check.elapsed() >= LIVENESS_SLICE {
             p.last_alive_check = Instant::now();
             // Skip the check if a control request is going on: it will notice.
@@ -734,27 +738,21 @@ impl Shared {
     }
 
     /// Moves everything in the completion ring into the client-side queues.
-    fn drain(&self, cons: &mut Consumer) -> Result<usize> {
+    fn drain(&self, p: &mut Poller) -> Result<usize> {
         let mut buf = [0u8; RING_SLOT_SIZE as usize];
         let mut total = 0;
         loop {
-            let mut batch = Vec::new();
             let mut failure = None;
-            while batch.len() < BATCH {
-                match cons.pop(&mut buf) {
-                    Ok(Some(n)) if n == SLOT => match Completion::decode(&buf[..n]) {
-                        Ok(c) => batch.push(c),
+            while p.batch.len() < BATCH {
+                match p.cons.pop(&mut buf) {
+                    // `decode` refuses slots of the wrong size too.
+                    Ok(Some(n)) => match Completion::decode(&buf[..n]) {
+                        Ok(c) => p.batch.push(c),
                         Err(e) => {
                             failure = Some(Error::Corrupt(format!("completion slot: {e}")));
                             break;
                         }
                     },
-                    Ok(Some(n)) => {
-                        failure = Some(Error::Corrupt(format!(
-                            "completion of {n} bytes, expected {SLOT}"
-                        )));
-                        break;
-                    }
                     Ok(None) => break,
                     Err(e) => {
                         failure = Some(corrupt(e));
@@ -762,11 +760,11 @@ impl Shared {
                     }
                 }
             }
-            let n = batch.len();
+            let n = p.batch.len();
             total += n;
             if n > 0 {
                 let mut st = lock(&self.state);
-                for c in batch {
+                for c in p.batch.drain(..) {
                     st.dispatch(c);
                 }
             }
