@@ -284,6 +284,9 @@ impl Core {
         slot.out.clear();
         // Frames held by delay or rate were on the wire: lost with it.
         slot.faults.discard_held();
+        // So is the credit of cells the injector dropped: the next session starts from
+        // its peer's grant, and handing this back on top would overrun the peer's queue.
+        slot.lost_credit = [0; exanet_proto::routing::NVCS];
         if let Some(w) = slot.wake.take() {
             w.notify_one();
         }
