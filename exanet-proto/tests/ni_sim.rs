@@ -721,3 +721,82 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         Err(LinkFaultError::Down)
     );
 }
+
+/// A served read is remembered longer than `remember_ns` when the reader's retry budget
+/// is longer (the default configuration): the timer must point at when that memory
+/// really ends, not at a past instant that `handle_timeout` leaves untouched (a caller
+/// sleeping until `poll_timeout` would spin).
+#[test]
+fn a_served_read_never_leaves_a_timer_in_the_past() {
+    use exanet_proto::ni::{Memory, Ni};
+    let cfg = NiConfig::default();
+    let (reader_id, server_id) = (NodeId(0), NodeId(1));
+    let mut reader = Ni::new(reader_id, 2, cfg);
+    let mut server = Ni::new(server_id, 2, cfg);
+    let mut rmem = VecMemory::new();
+    rmem.register(0, DST_VA, 4096);
+    let mut smem = VecMemory::new();
+    smem.register(0, SRC_VA, 4096);
+    smem.write(0, SRC_VA, &[0x5A; 4096]).unwrap();
+    for ni in [&mut reader, &mut server] {
+        ni.attach(0, PDID).unwrap();
+        ni.rdma.alloc_page(0).unwrap();
+    }
+    let mut now = Instant::ZERO;
+    reader
+        .rdma_read(
+            0,
+            0,
+            0,
+            Gvas::new(PDID, server_id, 0, SRC_VA).unwrap(),
+            DST_VA,
+            4096,
+            now,
+        )
+        .unwrap();
+    // A lossless wire with 1 us per hop, until both sides are done.
+    loop {
+        now = now + 1_000;
+        let mut moved = false;
+        while let Some(c) = reader.poll_cell() {
+            reader.injected(&c, now);
+            server.on_cell(c, now, &mut smem);
+            moved = true;
+        }
+        while let Some(c) = server.poll_cell() {
+            server.injected(&c, now);
+            reader.on_cell(c, now, &mut rmem);
+            moved = true;
+        }
+        if !moved {
+            break;
+        }
+    }
+    let done: Vec<NiEvent> = std::iter::from_fn(|| reader.poll_event()).collect();
+    assert!(
+        matches!(done.as_slice(), [NiEvent::Rdma { result: Ok(()), .. }]),
+        "{done:?}"
+    );
+    // Follow the server's timer the way a daemon does, past its remember_ns.
+    let until = now + 4 * cfg.remember_ns;
+    let mut wakes = 0;
+    while let Some(t) = server.poll_timeout() {
+        if t > until {
+            break;
+        }
+        assert!(
+            t >= now,
+            "timer at {t:?} is behind the last wake-up at {now:?}"
+        );
+        now = t;
+        server.handle_timeout(now, &smem);
+        wakes += 1;
+        assert!(wakes < 100, "the timer keeps firing at {now:?}");
+        if let Some(next) = server.poll_timeout() {
+            assert!(
+                next > now,
+                "handled at {now:?}, timer still due at {next:?}"
+            );
+        }
+    }
+}

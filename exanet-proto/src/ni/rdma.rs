@@ -997,13 +997,14 @@ impl RdmaEngine {
 
     pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
         // Receive state is forgotten after a while even on a node that sends nothing.
+        let keep = served_keep(cfg);
         let forget = self
             .finished_order
             .front()
             .map(|(t, _)| *t + cfg.remember_ns)
             .into_iter()
             .chain(self.rx.values().map(|c| c.touched + cfg.remember_ns))
-            .chain(self.served_seen.values().map(|t| *t + cfg.remember_ns))
+            .chain(self.served_seen.values().map(|t| *t + keep))
             .min();
         if self.transfers.is_empty() && self.reads.is_empty() {
             return forget;
@@ -1117,13 +1118,7 @@ impl RdmaEngine {
                 self.finished.remove(&key);
             }
         }
-        // A reader retransmits its request for up to its whole backoff budget: remember
-        // served requests at least twice that, or a late copy would be served again.
-        let keep = cfg.remember_ns.max(
-            2 * (1..=cfg.max_attempts)
-                .map(|a| backoff(cfg.retransmit_ns, a))
-                .sum::<u64>(),
-        );
+        let keep = served_keep(cfg);
         self.served_seen.retain(|_, t| now.since(*t) < keep);
     }
 
@@ -1184,6 +1179,17 @@ impl RdmaEngine {
 fn read_idle(cfg: &NiConfig, rtt: Option<&Rtt>) -> u64 {
     let rto = rtt.map_or(cfg.retransmit_ns, |r| r.rto(cfg));
     (1..=cfg.max_attempts).map(|a| backoff(rto, a)).sum::<u64>() * 2
+}
+
+/// How long a served read request is remembered. A reader retransmits its request for
+/// up to its whole backoff budget: remember served requests at least twice that, or a
+/// late copy would be served again.
+fn served_keep(cfg: &NiConfig) -> u64 {
+    cfg.remember_ns.max(
+        2 * (1..=cfg.max_attempts)
+            .map(|a| backoff(cfg.retransmit_ns, a))
+            .sum::<u64>(),
+    )
 }
 
 /// `a` is not newer than `b` in wrapping 16-bit sequence space.
