@@ -8,7 +8,7 @@ use std::time::Duration;
 use exanet_proto::attach::{Command, Reply, Request, Resource, PROTOCOL_VERSION};
 use exanet_proto::gvas::{Gvas, Pdid};
 use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
-use exanet_proto::ni::{CHANNELS, MAILBOX_VIS, MAILBOX_WINDOW, MAX_MESSAGE};
+use exanet_proto::ni::{CHANNELS, MAX_MESSAGE, RANKS};
 use exanet_proto::shape::{NodeId, Shape};
 use exanet_shm::{Doorbell, Region, Ring};
 
@@ -114,8 +114,8 @@ impl Endpoint {
             });
         };
         let bad = |what: String| Error::Protocol(format!("attach: {what}"));
-        if rank >= 8 {
-            return Err(bad(format!("rank {rank} outside 0..=7")));
+        if usize::from(rank) >= RANKS {
+            return Err(bad(format!("rank {rank} outside 0..{RANKS}")));
         }
         if nodes == 0 || nodes > 1 << exanet_proto::shape::NODE_ID_BITS {
             return Err(bad(format!("{nodes} nodes")));
@@ -252,12 +252,7 @@ impl Endpoint {
     /// The GVAS of mailbox `vi` of `rank` on `node` (what [`Packetizer::send`] takes to
     /// deliver into that mailbox).
     pub fn mailbox_addr(&self, node: NodeId, rank: u8, vi: u8) -> Result<Gvas> {
-        if usize::from(vi) >= MAILBOX_VIS {
-            return Err(Error::BadAddress(format!(
-                "mailbox {vi} outside 0..{MAILBOX_VIS}"
-            )));
-        }
-        self.shared.gvas(node, rank, MAILBOX_WINDOW | u64::from(vi))
+        self.shared.mailbox_gvas(node, rank, vi)
     }
 
     /// How long a wait spins before it sleeps on the doorbell.
@@ -336,12 +331,16 @@ impl Endpoint {
             });
         }
         let vi = self.shared.alloc(Resource::Mailbox, Some(capacity))?;
-        self.shared.open_mailbox(vi);
-        Ok(Mailbox {
+        let info = &self.shared.info;
+        let mailbox = Mailbox {
             shared: Arc::clone(&self.shared),
             vi,
             capacity,
-        })
+            // Cannot fail: `alloc` checked the index, attaching checked node id and rank.
+            addr: self.shared.mailbox_gvas(info.node_id, info.rank, vi)?,
+        };
+        self.shared.open_mailbox(vi);
+        Ok(mailbox)
     }
 
     /// Allocates an RDMA page (32 write and 32 read channels).
@@ -588,6 +587,7 @@ pub struct Mailbox {
     shared: Arc<Shared>,
     vi: u8,
     capacity: u32,
+    addr: Gvas,
 }
 
 impl Drop for Mailbox {
@@ -609,15 +609,7 @@ impl Mailbox {
 
     /// The GVAS senders use to reach this mailbox.
     pub fn addr(&self) -> Gvas {
-        let info = &self.shared.info;
-        // Node id, rank and the window VA are all in range (checked at attach).
-        Gvas::new(
-            info.pdid,
-            info.node_id,
-            info.rank,
-            MAILBOX_WINDOW | u64::from(self.vi),
-        )
-        .unwrap_or_else(|_| Gvas::from_bytes([0; 10]))
+        self.addr
     }
 
     /// The next message, if one arrived.

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
+use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
 use exanet_proto::shape::{NodeId, Shape};
 use exanet_shm::{Consumer, Doorbell, Producer, RingError, WaitError, Waiter};
 
@@ -396,9 +397,9 @@ impl Shared {
 
     pub(crate) fn alloc(&self, kind: Resource, capacity: Option<u32>) -> Result<u8> {
         let (op, limit) = match kind {
-            Resource::Packetizer => ("packetizer allocation", 64),
-            Resource::Mailbox => ("mailbox allocation", 64),
-            Resource::RdmaPage => ("RDMA page allocation", 16),
+            Resource::Packetizer => ("packetizer allocation", PACKETIZER_VIS),
+            Resource::Mailbox => ("mailbox allocation", MAILBOX_VIS),
+            Resource::RdmaPage => ("RDMA page allocation", RDMA_PAGES),
         };
         match self.control(op, &Request::Alloc { kind, capacity }, &[])? {
             Reply::Allocated { index } if usize::from(index) < limit => Ok(index),
@@ -446,12 +447,29 @@ impl Shared {
         }
     }
 
-    pub(crate) fn gvas(&self, node: NodeId, rank: u8, va: u64) -> Result<Gvas> {
+    fn check_node_rank(&self, node: NodeId, rank: u8) -> Result<()> {
         self.check_node(node)?;
-        if rank >= 8 {
+        if usize::from(rank) >= RANKS {
             return Err(Error::BadRank(rank));
         }
+        Ok(())
+    }
+
+    pub(crate) fn gvas(&self, node: NodeId, rank: u8, va: u64) -> Result<Gvas> {
+        self.check_node_rank(node, rank)?;
         Gvas::new(self.info.pdid, node, rank, va).map_err(|e| Error::BadAddress(e.to_string()))
+    }
+
+    /// The GVAS of mailbox `vi` of `rank` on `node`, in this workload's PDID.
+    pub(crate) fn mailbox_gvas(&self, node: NodeId, rank: u8, vi: u8) -> Result<Gvas> {
+        if usize::from(vi) >= MAILBOX_VIS {
+            return Err(Error::BadAddress(format!(
+                "mailbox {vi} outside 0..{MAILBOX_VIS}"
+            )));
+        }
+        self.check_node_rank(node, rank)?;
+        mailbox_gvas(self.info.pdid, node, rank, vi)
+            .ok_or_else(|| Error::BadAddress(format!("mailbox {vi} of {}:{rank}", node.0)))
     }
 
     /// Checks a destination given by the caller: this workload's PDID, a node of the rack.
