@@ -501,6 +501,15 @@ impl MemoryRegion {
     }
 }
 
+/// [`Error::BadChannel`] unless `ch` is one of an interface's `count` channels.
+fn check_channel(ch: u8, count: u8) -> Result<()> {
+    if ch < count {
+        Ok(())
+    } else {
+        Err(Error::BadChannel { ch, count })
+    }
+}
+
 /// A packetizer interface: sends messages of up to 64 bytes, one in flight per channel.
 /// Freed when dropped.
 #[derive(Debug)]
@@ -540,12 +549,7 @@ impl Packetizer {
     /// or never answers): [`Endpoint::wait`]. [`Error::ChannelBusy`] while the channel's
     /// previous message is in flight.
     pub fn send(&self, ch: u8, dst: Gvas, data: &[u8]) -> Result<Tag> {
-        if usize::from(ch) >= CHANNELS {
-            return Err(Error::BadChannel {
-                ch,
-                count: CHANNELS as u8,
-            });
-        }
+        check_channel(ch, CHANNELS as u8)?;
         self.check(&dst, data)?;
         let vi = self.vi;
         self.shared
@@ -692,12 +696,7 @@ impl RdmaPage {
         len: u64,
         notify: Option<u64>,
     ) -> Result<Tag> {
-        if ch >= RDMA_WRITE_CHANNELS {
-            return Err(Error::BadChannel {
-                ch,
-                count: RDMA_WRITE_CHANNELS,
-            });
-        }
+        check_channel(ch, RDMA_WRITE_CHANNELS)?;
         self.check_local(src, offset, len)?;
         self.check_remote(&dst, len)?;
         if let Some(n) = notify {
@@ -732,12 +731,7 @@ impl RdmaPage {
         offset: u64,
         len: u64,
     ) -> Result<Tag> {
-        if ch >= RDMA_READ_CHANNELS {
-            return Err(Error::BadChannel {
-                ch,
-                count: RDMA_READ_CHANNELS,
-            });
-        }
+        check_channel(ch, RDMA_READ_CHANNELS)?;
         self.check_local(dst, offset, len)?;
         self.check_remote(&src, len)?;
         let page = self.page;
