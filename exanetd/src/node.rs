@@ -13,7 +13,9 @@ use exanet_proto::fault::{flip_bit, CellFate, FaultError, FaultInjector, LinkFau
 use exanet_proto::frame::{self, Frame, Hello};
 use exanet_proto::node::NodeStats;
 use exanet_proto::topology::{neighbour, node_links, NPORTS};
-use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape};
+use exanet_proto::{
+    Cell, CellError, Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape, Vc,
+};
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
@@ -44,6 +46,48 @@ pub struct LinkSlot {
     pub rx_corrupt_cells: u64,
     /// Credit of cells the injector dropped, by VC, owed back to this end's output.
     lost_credit: [u32; exanet_proto::routing::NVCS],
+}
+
+impl LinkSlot {
+    /// Puts a cell on this link's wire: straight into the writer's buffer, or through the
+    /// fault injector while it is not idle (see [`exanet_proto::fault`]).
+    fn send_cell(&mut self, now: Instant, vc: Vc, cell: &Cell) -> Result<(), CellError> {
+        if self.faults.is_idle() {
+            return frame::encode_cell(vc, cell, &mut self.out);
+        }
+        let len = cell.wire_len();
+        let fate = self.faults.cell_fate(len);
+        if fate == CellFate::Drop {
+            // Lost on the wire: the link-level credit comes back, but only when the
+            // link's writer next runs. Handing it back from the pump would let the pump
+            // drop cells for as long as there are any (a load generator has millions),
+            // holding the core the whole time.
+            let owed = &mut self.lost_credit[usize::from(vc.0)];
+            *owed = owed.saturating_add(len as u32);
+            return Ok(());
+        }
+        let mut buf = BytesMut::with_capacity(frame::CELL_FRAME_HEADER + len);
+        frame::encode_cell(vc, cell, &mut buf)?;
+        if let CellFate::Corrupt { bit } = fate {
+            // Only the cell flips, never the framing: a cut frame length would
+            // desynchronise the whole link, which is not a bit error.
+            flip_bit(&mut buf[frame::CELL_FRAME_HEADER..], bit);
+        }
+        self.faults.send(now, buf.freeze());
+        Ok(())
+    }
+
+    /// Puts a credit on this link's wire. Credits ride the same wire as cells: delayed and
+    /// rate-limited with them, never lost (link-level flow control is reliable).
+    fn send_credit(&mut self, now: Instant, vc: Vc, bytes: u32) {
+        if self.faults.is_idle() {
+            frame::encode_credit(vc, bytes, &mut self.out);
+        } else {
+            let mut buf = BytesMut::with_capacity(8);
+            frame::encode_credit(vc, bytes, &mut buf);
+            self.faults.send(now, buf.freeze());
+        }
+    }
 }
 
 pub struct Core {
@@ -90,42 +134,16 @@ impl Core {
         let mut woken = [false; NPORTS];
         while let Some(t) = self.node.poll_transmit(now) {
             let i = t.port.index();
-            match self.slots[i].as_mut() {
-                Some(slot) if slot.session.is_some() => {
+            match self.slots[i].as_mut().filter(|s| s.session.is_some()) {
+                Some(slot) => {
                     woken[i] = true;
-                    if slot.faults.is_idle() {
-                        if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut slot.out) {
-                            // Cells in the core were validated on the way in; a bug.
-                            warn!(error = %e, "dropping unencodable cell");
-                            self.node.count_error("encode");
-                        }
-                        continue;
-                    }
-                    let len = t.cell.wire_len();
-                    let fate = slot.faults.cell_fate(len);
-                    if fate == CellFate::Drop {
-                        // Lost on the wire: the link-level credit comes back, but only
-                        // when the link's writer next runs. Handing it back here would let
-                        // this loop drop cells for as long as there are any (a load
-                        // generator has millions), holding the core the whole time.
-                        let owed = &mut slot.lost_credit[usize::from(t.vc.0)];
-                        *owed = owed.saturating_add(len as u32);
-                        continue;
-                    }
-                    let mut buf = BytesMut::with_capacity(frame::CELL_FRAME_HEADER + len);
-                    if let Err(e) = frame::encode_cell(t.vc, &t.cell, &mut buf) {
+                    if let Err(e) = slot.send_cell(now, t.vc, &t.cell) {
+                        // Cells in the core were validated on the way in; a bug.
                         warn!(error = %e, "dropping unencodable cell");
                         self.node.count_error("encode");
-                        continue;
                     }
-                    if let CellFate::Corrupt { bit } = fate {
-                        // Only the cell flips, never the framing: a cut frame length
-                        // would desynchronise the whole link, which is not a bit error.
-                        flip_bit(&mut buf[frame::CELL_FRAME_HEADER..], bit);
-                    }
-                    slot.faults.send(now, buf.freeze());
                 }
-                _ => {
+                None => {
                     // The core only transmits on ports whose session granted credit.
                     warn!(port = %t.port, "cell for a link without a session dropped");
                     self.node.count_error("no_session");
@@ -134,19 +152,9 @@ impl Core {
         }
         while let Some((port, vc, bytes)) = self.node.poll_credit() {
             let i = port.index();
-            if let Some(slot) = self.slots[i].as_mut() {
-                if slot.session.is_some() {
-                    if slot.faults.is_idle() {
-                        frame::encode_credit(vc, bytes, &mut slot.out);
-                    } else {
-                        // Credits ride the same wire as cells: delayed and rate-limited
-                        // with them, never lost (link-level flow control is reliable).
-                        let mut buf = BytesMut::with_capacity(8);
-                        frame::encode_credit(vc, bytes, &mut buf);
-                        slot.faults.send(now, buf.freeze());
-                    }
-                    woken[i] = true;
-                }
+            if let Some(slot) = self.slots[i].as_mut().filter(|s| s.session.is_some()) {
+                slot.send_credit(now, vc, bytes);
+                woken[i] = true;
             }
         }
         while let Some(ev) = self.node.poll_event() {
@@ -296,16 +304,14 @@ impl Core {
     /// The bytes the writer of session `sid` should send next, and when frames held back
     /// by shaping fall due; `None` when the session is over and the writer should stop.
     pub fn take_output(&mut self, port: Port, sid: u64, now: Instant) -> Option<Output> {
-        if self.slot(port)?.session != Some(sid) {
+        let slot = self.slot(port)?;
+        if slot.session != Some(sid) {
             return None;
         }
-        let lost = self
-            .slot(port)
-            .map(|s| std::mem::take(&mut s.lost_credit))
-            .unwrap_or_default();
+        let lost = std::mem::take(&mut slot.lost_credit);
         if lost.iter().any(|&n| n > 0) {
-            for (vc, n) in lost.iter().enumerate().filter(|(_, n)| **n > 0) {
-                let _ = self.node.credit(port, exanet_proto::Vc(vc as u8), *n, now);
+            for (vc, &n) in lost.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let _ = self.node.credit(port, Vc(vc as u8), n, now);
             }
             self.pump(now);
         }
