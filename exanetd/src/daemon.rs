@@ -138,7 +138,7 @@ async fn serve(
     )));
     // The NI's retransmission, retry and expiry timers.
     tasks.push(tokio::spawn(crate::ni_service::timer_loop(node.clone())));
-    for (port, peer, peer_port, _) in node.links() {
+    for (port, peer, _, _) in node.links() {
         if id < peer {
             tasks.push(tokio::spawn(link::dial_loop(
                 node.clone(),
@@ -146,7 +146,6 @@ async fn serve(
                 client_cfg.clone(),
                 port,
                 peer,
-                peer_port,
             )));
         }
     }

@@ -35,7 +35,6 @@ pub async fn dial_loop(
     client: quinn::ClientConfig,
     port: Port,
     peer: NodeId,
-    peer_port: Port,
 ) {
     let shape = node.rack.shape();
     let peer_name = shape.display(peer);
@@ -53,7 +52,7 @@ pub async fn dial_loop(
             Ok((conn, send, recv)) => {
                 backoff = Duration::from_millis(50);
                 info!(peer = %peer_name, %port, "link up (dialed)");
-                run_session(&node, port, peer, peer_port, conn, send, recv, None).await;
+                run_session(&node, port, conn, send, recv, None).await;
                 info!(peer = %peer_name, %port, "link down");
             }
             Err(e) => {
@@ -135,11 +134,11 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
     let hello = read_hello(&mut recv, &mut dec).await?;
     let shape = node.rack.shape();
     // Which of our ports does this peer sit on?
-    let Some((port, peer_port)) = node
+    let Some(port) = node
         .links()
         .into_iter()
         .find(|(_, p, pp, _)| *p == hello.node && *pp == hello.port)
-        .map(|(port, _, pp, _)| (port, pp))
+        .map(|(port, ..)| port)
     else {
         node.count_error("hello_neighbour");
         return Err(format!(
@@ -160,17 +159,7 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
         return Err(format!("certificate is not issued for {claimed}"));
     }
     info!(peer = %claimed, %port, "link up (accepted)");
-    run_session(
-        node,
-        port,
-        hello.node,
-        peer_port,
-        conn,
-        send,
-        recv,
-        Some((hello, dec)),
-    )
-    .await;
+    run_session(node, port, conn, send, recv, Some((hello, dec))).await;
     info!(peer = %claimed, %port, "link down");
     Ok(())
 }
@@ -200,12 +189,9 @@ async fn read_hello(recv: &mut RecvStream, dec: &mut FrameDecoder) -> Result<Hel
 /// Runs one link session until the connection fails or a newer session replaces it.
 /// `accepted` carries the hello (and the decoder holding any bytes after it) when the
 /// peer's hello was already read to identify it.
-#[allow(clippy::too_many_arguments)]
 async fn run_session(
     node: &Arc<NodeHandle>,
     port: Port,
-    peer: NodeId,
-    peer_port: Port,
     conn: Connection,
     mut send: SendStream,
     mut recv: RecvStream,
@@ -267,10 +253,6 @@ async fn run_session(
             if let Err(e) = core.check_hello(port, &hello, digest) {
                 warn!(%port, error = %e, "peer hello refused");
                 core.node.count_error(e.kind());
-                return "bad hello";
-            }
-            if hello.node != peer || hello.port != peer_port {
-                core.node.count_error("hello_neighbour");
                 return "bad hello";
             }
             let now = node.now();
