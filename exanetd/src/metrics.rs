@@ -153,6 +153,14 @@ fn raise(c: &prometheus::IntCounter, value: u64) {
     }
 }
 
+/// [`raise`] for a counter of seconds.
+fn raise_f64(c: &prometheus::Counter, value: f64) {
+    let cur = c.get();
+    if value > cur {
+        c.inc_by(value - cur);
+    }
+}
+
 impl Metrics {
     /// The daemon's metrics; `latency` is the core's histogram family, observed as
     /// completions happen and exported with the rest.
@@ -177,6 +185,12 @@ impl Metrics {
                 IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
             )
         };
+        let gv = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                &r,
+                GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
         Metrics {
             link_cells: icv(
                 "exanet_link_cells_total",
@@ -188,16 +202,10 @@ impl Metrics {
                 "Bytes (cell headers, payloads and footers) carried by the link",
                 LINK_DIR,
             ),
-            link_stall: reg(
-                &r,
-                CounterVec::new(
-                    Opts::new(
-                        "exanet_link_stall_seconds_total",
-                        "Time the link's output had a cell to send but no flow-control credit",
-                    ),
-                    LINK,
-                )
-                .expect("valid metric"),
+            link_stall: cv(
+                "exanet_link_stall_seconds_total",
+                "Time the link's output had a cell to send but no flow-control credit",
+                LINK,
             ),
             link_queue_cells: igv(
                 "exanet_link_queue_cells",
@@ -250,16 +258,10 @@ impl Metrics {
                 "Bytes held back by the link's delay or rate setting right now",
                 LINK,
             ),
-            link_setting: reg(
-                &r,
-                GaugeVec::new(
-                    Opts::new(
-                        "exanet_link_fault_setting",
-                        "Faults set on what this node sends over the link (setting: delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio)",
-                    ),
-                    LINK_SETTING,
-                )
-                .expect("valid metric"),
+            link_setting: gv(
+                "exanet_link_fault_setting",
+                "Faults set on what this node sends over the link (setting: delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio)",
+                LINK_SETTING,
             ),
             forwarded: icv(
                 "exanet_node_cells_forwarded_total",
@@ -281,16 +283,10 @@ impl Metrics {
                 "Errors by kind (malformed cells, refused peers, ...)",
                 &["node", "kind"],
             ),
-            uptime: reg(
-                &r,
-                GaugeVec::new(
-                    Opts::new(
-                        "exanet_node_uptime_seconds",
-                        "Seconds since the daemon started",
-                    ),
-                    &["node"],
-                )
-                .expect("valid metric"),
+            uptime: gv(
+                "exanet_node_uptime_seconds",
+                "Seconds since the daemon started",
+                &["node"],
             ),
             ni_attached: igv(
                 "exanet_ni_attached_workloads",
@@ -354,10 +350,7 @@ impl Metrics {
                 raise(&self.link_cells.with_label_values(&lv), cells);
                 raise(&self.link_bytes.with_label_values(&lv), bytes);
             }
-            let stall = self.link_stall.with_label_values(&base);
-            if l.stall_seconds > stall.get() {
-                stall.inc_by(l.stall_seconds - stall.get());
-            }
+            raise_f64(&self.link_stall.with_label_values(&base), l.stall_seconds);
             self.link_queue_cells
                 .with_label_values(&base)
                 .set(l.queue_cells as i64);
@@ -380,11 +373,10 @@ impl Metrics {
                 &self.link_fault_delayed.with_label_values(&base),
                 fs.delayed_frames,
             );
-            let delay = self.link_fault_delay.with_label_values(&base);
-            let secs = fs.delay_ns as f64 / 1e9;
-            if secs > delay.get() {
-                delay.inc_by(secs - delay.get());
-            }
+            raise_f64(
+                &self.link_fault_delay.with_label_values(&base),
+                fs.delay_ns as f64 / 1e9,
+            );
             self.link_admin_down
                 .with_label_values(&base)
                 .set(i64::from(l.admin_down));
