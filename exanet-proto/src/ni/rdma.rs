@@ -78,6 +78,22 @@ enum Step {
     Done,
 }
 
+impl Step {
+    /// When the step needs the timer, if it does.
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Step::InFlight { deadline } => Some(*deadline),
+            Step::Retry { at } => Some(*at),
+            _ => None,
+        }
+    }
+}
+
+/// Lowers the engine's wake-up hint to `at`.
+fn arm(wake: &mut Option<Instant>, at: Instant) {
+    *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Block {
     off: u64,
@@ -239,6 +255,11 @@ pub struct RdmaEngine {
     finished: BTreeMap<RxKey, (u16, Instant)>,
     finished_order: VecDeque<(Instant, RxKey)>,
     rtt: BTreeMap<NodeId, Rtt>,
+    /// No deadline of the engine is earlier than this (`None`: it has none). Every
+    /// deadline set lowers it; [`RdmaEngine::on_timeout`] makes it exact again. It spares
+    /// [`RdmaEngine::next_deadline`], asked after every input, a scan of every block of
+    /// every transfer; an early hint costs one wake-up that finds nothing due.
+    wake: Option<Instant>,
 }
 
 impl Default for RdmaEngine {
@@ -297,6 +318,7 @@ impl RdmaEngine {
             finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
             rtt: BTreeMap::new(),
+            wake: None,
         }
     }
 
@@ -322,9 +344,9 @@ impl RdmaEngine {
                 })
         };
         if let Some((attempts, step @ Step::InFlight { .. })) = step {
-            *step = Step::InFlight {
-                deadline: now + backoff(rto, attempts),
-            };
+            let deadline = now + backoff(rto, attempts);
+            *step = Step::InFlight { deadline };
+            arm(&mut self.wake, deadline);
         }
     }
 
@@ -486,6 +508,8 @@ impl RdmaEngine {
         request.flags = FLAG_FIRST | FLAG_LAST;
         out.cells.push_back(request.clone());
         self.read_busy[page as usize][ch as usize] = true;
+        let deadline = now + cfg.retransmit_ns;
+        arm(&mut self.wake, deadline);
         self.reads.insert(
             id.txn(),
             PendingRead {
@@ -495,7 +519,7 @@ impl RdmaEngine {
                 dst_va,
                 len,
                 attempts: 1,
-                deadline: now + cfg.retransmit_ns,
+                deadline,
                 acked: false,
             },
         );
@@ -533,9 +557,12 @@ impl RdmaEngine {
                 let i = t.next;
                 t.next += 1;
                 t.in_flight += 1;
-                if send_block(t, i, txn, now, rto, mem, out, stats).is_err() {
-                    failed = true;
-                    break;
+                match send_block(t, i, txn, now, rto, mem, out, stats) {
+                    Ok(deadline) => arm(&mut self.wake, deadline),
+                    Err(()) => {
+                        failed = true;
+                        break;
+                    }
                 }
             }
             if failed {
@@ -576,7 +603,9 @@ impl RdmaEngine {
                     t.next = t.blocks.len();
                     t.done = t.blocks.len();
                     t.in_flight = 0;
-                    send_notice(t, txn, now, cfg, out);
+                    if let Some(deadline) = send_notice(t, txn, now, cfg, out) {
+                        arm(&mut self.wake, deadline);
+                    }
                 }
                 // The notice itself failed: the reader's own deadline ends its read.
                 _ => {
@@ -623,9 +652,11 @@ impl RdmaEngine {
                     // From here the server's write carries the read; its data arriving
                     // keeps the read alive (see on_data), silence ends it.
                     r.deadline = now + read_idle(cfg, self.rtt.get(&ans.src));
+                    arm(&mut self.wake, r.deadline);
                 }
                 Some(reason) if reason.transient() && r.attempts < cfg.max_attempts => {
                     r.deadline = now + cfg.nack_retry_ns;
+                    arm(&mut self.wake, r.deadline);
                 }
                 Some(reason) => {
                     let r = self.reads.remove(&txn).expect("present");
@@ -653,7 +684,8 @@ impl RdmaEngine {
                 Some(r) if r.transient() && n.attempts < cfg.max_attempts => {
                     n.step = Step::Retry {
                         at: now + cfg.nack_retry_ns,
-                    }
+                    };
+                    arm(&mut self.wake, now + cfg.nack_retry_ns);
                 }
                 Some(r) => {
                     self.fail(txn, Failure::Nacked(r), now, cfg, out, stats);
@@ -688,6 +720,7 @@ impl RdmaEngine {
                 b.step = Step::Retry {
                     at: now + cfg.nack_retry_ns,
                 };
+                arm(&mut self.wake, now + cfg.nack_retry_ns);
             }
             Some(r) => self.fail(txn, Failure::Nacked(r), now, cfg, out, stats),
         }
@@ -710,7 +743,9 @@ impl RdmaEngine {
         if let Some(n) = t.notice {
             match n.step {
                 Step::Pending => {
-                    send_notice(t, txn, now, cfg, out);
+                    if let Some(deadline) = send_notice(t, txn, now, cfg, out) {
+                        arm(&mut self.wake, deadline);
+                    }
                     return;
                 }
                 Step::Done => {}
@@ -754,7 +789,7 @@ impl RdmaEngine {
         me: NodeId,
         cell: &Cell,
         now: Instant,
-        _cfg: &NiConfig,
+        cfg: &NiConfig,
         mem: &mut dyn Memory,
         out: &mut Out,
         stats: &mut NiStats,
@@ -782,7 +817,7 @@ impl RdmaEngine {
         let ctx = match self.rx.get_mut(&key) {
             Some(c) => c,
             None => {
-                if self.rx.len() >= _cfg.rx_contexts {
+                if self.rx.len() >= cfg.rx_contexts {
                     reply(Some(NackReason::NoContext), out, stats);
                     return;
                 }
@@ -807,6 +842,7 @@ impl RdmaEngine {
             };
         }
         ctx.touched = now;
+        arm(&mut self.wake, now + cfg.remember_ns);
         if mem
             .write(cell.dst.rank(), cell.dst.va(), &cell.payload)
             .is_err()
@@ -820,7 +856,7 @@ impl RdmaEngine {
         ctx.bitmap |= 1 << cell.aux;
         // Data of a read this node asked for: the read is alive.
         if !self.reads.is_empty() {
-            let idle = read_idle(_cfg, self.rtt.get(&cell.src));
+            let idle = read_idle(cfg, self.rtt.get(&cell.src));
             let va = cell.dst.va();
             for r in self.reads.values_mut() {
                 if r.acked
@@ -828,6 +864,7 @@ impl RdmaEngine {
                     && (r.dst_va..r.dst_va + r.len).contains(&va)
                 {
                     r.deadline = now + idle;
+                    arm(&mut self.wake, r.deadline);
                 }
             }
         }
@@ -845,8 +882,7 @@ impl RdmaEngine {
         }
         let seq = ctx.seq;
         self.rx.remove(&key);
-        self.finished.insert(key, (seq, now));
-        self.finished_order.push_back((now, key));
+        self.remember_finished(key, seq, now, cfg);
         stats.rdma_blocks_received += 1;
         reply(None, out, stats);
     }
@@ -902,6 +938,7 @@ impl RdmaEngine {
         }
         reply(None, out);
         self.served_seen.insert(key, now);
+        arm(&mut self.wake, now + served_keep(cfg));
         self.served_next = (self.served_next + 1) & (TXN_SERVED - 1);
         let txn = TXN_RDMA | TXN_SERVED | self.served_next;
         let notice = Notice {
@@ -935,7 +972,7 @@ impl RdmaEngine {
         me: NodeId,
         cell: &Cell,
         now: Instant,
-        _cfg: &NiConfig,
+        cfg: &NiConfig,
         mem: &mut dyn Memory,
         out: &mut Out,
         stats: &mut NiStats,
@@ -990,12 +1027,32 @@ impl RdmaEngine {
                 return;
             }
         }
-        self.finished.insert(key, (cell.seq, now));
-        self.finished_order.push_back((now, key));
+        self.remember_finished(key, cell.seq, now, cfg);
         reply(None, out, stats);
     }
 
+    /// Remembers finished block (or notice) `key` at sequence `seq`, to drop late copies.
+    fn remember_finished(&mut self, key: RxKey, seq: u16, now: Instant, cfg: &NiConfig) {
+        self.finished.insert(key, (seq, now));
+        self.finished_order.push_back((now, key));
+        arm(&mut self.wake, now + cfg.remember_ns);
+    }
+
+    /// No earlier than the engine's next deadline (see `wake`).
     pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
+        // Debug builds check the hint against the scan it replaces.
+        debug_assert!(
+            self.scan_deadlines(cfg)
+                .is_none_or(|d| self.wake.is_some_and(|w| w <= d)),
+            "wake-up hint {:?} later than the next deadline {:?}",
+            self.wake,
+            self.scan_deadlines(cfg)
+        );
+        self.wake
+    }
+
+    /// The engine's next deadline, exactly: a scan of everything that has one.
+    fn scan_deadlines(&self, cfg: &NiConfig) -> Option<Instant> {
         // Receive state is forgotten after a while even on a node that sends nothing.
         let keep = served_keep(cfg);
         let forget = self
@@ -1009,19 +1066,14 @@ impl RdmaEngine {
         if self.transfers.is_empty() && self.reads.is_empty() {
             return forget;
         }
-        let step_deadline = |s: &Step| match s {
-            Step::InFlight { deadline } => Some(*deadline),
-            Step::Retry { at } => Some(*at),
-            _ => None,
-        };
         let t = self
             .transfers
             .values()
             .flat_map(|t| {
                 t.blocks
                     .iter()
-                    .filter_map(|b| step_deadline(&b.step))
-                    .chain(t.notice.iter().filter_map(|n| step_deadline(&n.step)))
+                    .filter_map(|b| b.step.deadline())
+                    .chain(t.notice.iter().filter_map(|n| n.step.deadline()))
             })
             .min();
         let r = self.reads.values().map(|r| r.deadline).min();
@@ -1048,13 +1100,10 @@ impl RdmaEngine {
             };
             for i in 0..t.blocks.len() {
                 let b = t.blocks[i];
-                let due = match b.step {
-                    Step::InFlight { deadline } if deadline <= now => Some(true),
-                    Step::Retry { at } if at <= now => Some(false),
-                    _ => None,
-                };
-                let Some(timed_out) = due else { continue };
-                if timed_out {
+                if b.step.deadline().is_none_or(|d| d > now) {
+                    continue;
+                }
+                if matches!(b.step, Step::InFlight { .. }) {
                     stats.timeouts += 1;
                 }
                 if b.attempts >= cfg.max_attempts {
@@ -1068,11 +1117,7 @@ impl RdmaEngine {
                 }
             }
             if let Some(n) = t.notice {
-                let due = match n.step {
-                    Step::InFlight { deadline } => deadline <= now,
-                    Step::Retry { at } => at <= now,
-                    _ => false,
-                };
+                let due = n.step.deadline().is_some_and(|d| d <= now);
                 if due && fail.is_none() {
                     if n.attempts >= cfg.max_attempts {
                         fail = Some(Failure::TimedOut);
@@ -1120,6 +1165,7 @@ impl RdmaEngine {
         }
         let keep = served_keep(cfg);
         self.served_seen.retain(|_, t| now.since(*t) < keep);
+        self.wake = self.scan_deadlines(cfg);
     }
 
     pub(crate) fn detach(
@@ -1226,16 +1272,15 @@ fn send_block(
     mem: &dyn Memory,
     out: &mut Out,
     stats: &mut NiStats,
-) -> Result<(), ()> {
+) -> Result<Instant, ()> {
     let b = &mut t.blocks[i];
     if b.attempts > 0 {
         b.seq = b.seq.wrapping_add(1);
     }
     b.attempts += 1;
     b.sent_at = now;
-    b.step = Step::InFlight {
-        deadline: now + backoff(rto, b.attempts),
-    };
+    let deadline = now + backoff(rto, b.attempts);
+    b.step = Step::InFlight { deadline };
     let (mut off, end) = (b.off, b.off + b.len);
     let mut index = 0u8;
     while off < end {
@@ -1259,18 +1304,24 @@ fn send_block(
         index += 1;
     }
     stats.rdma_blocks_sent += 1;
-    Ok(())
+    Ok(deadline)
 }
 
-fn send_notice(t: &mut Transfer, txn: u32, now: Instant, cfg: &NiConfig, out: &mut Out) {
-    let Some(n) = t.notice.as_mut() else { return };
+/// (Re)sends the notice of `t`; returns its new deadline.
+fn send_notice(
+    t: &mut Transfer,
+    txn: u32,
+    now: Instant,
+    cfg: &NiConfig,
+    out: &mut Out,
+) -> Option<Instant> {
+    let n = t.notice.as_mut()?;
     if n.attempts > 0 {
         n.seq = n.seq.wrapping_add(1);
     }
     n.attempts += 1;
-    n.step = Step::InFlight {
-        deadline: now + backoff(cfg.retransmit_ns, n.attempts),
-    };
+    let deadline = now + backoff(cfg.retransmit_ns, n.attempts);
+    n.step = Step::InFlight { deadline };
     let mut p = BytesMut::with_capacity(16);
     p.put_u8(n.kind);
     p.put_u8(n.status);
@@ -1284,4 +1335,5 @@ fn send_notice(t: &mut Transfer, txn: u32, now: Instant, cfg: &NiConfig, out: &m
         c.flags = FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY;
         out.cells.push_back(c);
     }
+    Some(deadline)
 }
