@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use bytes::BytesMut;
 
-use crate::cell::Cell;
+use crate::cell::{Cell, HEADER_LEN};
 use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
@@ -368,13 +368,11 @@ impl Sim {
                 let n = node.0 as usize;
                 let mut cell = cell;
                 if self.chance(f.corrupt) && !cell.payload.is_empty() {
-                    // What decoding a cell with a flipped payload bit yields.
-                    let crc = crc32fast::hash(&cell.payload);
-                    let mut p = cell.payload.to_vec();
-                    let i = self.rng.below(p.len() as u64) as usize;
-                    p[i] ^= 1 << self.rng.below(8);
-                    cell.payload = bytes::Bytes::from(p);
-                    cell.corrupt_crc = Some(crc);
+                    // Bit `b` (least significant first) of payload byte `i` flips.
+                    let i = self.rng.below(cell.payload.len() as u64) as usize;
+                    let b = self.rng.below(8) as usize;
+                    cell = flip_and_decode(&cell, (HEADER_LEN + i) * 8 + 7 - b)
+                        .expect("a payload flip leaves the header and footer CRCs sound");
                 }
                 if self.chance(f.loss) {
                     let _ = self.nodes[n].refund(port, vc, cell.wire_len() as u32);
