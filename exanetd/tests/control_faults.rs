@@ -195,7 +195,10 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     let st = r.status(a).unwrap();
     assert!(link(&st, b).fault_stats.corrupted_cells >= 4);
     let b_after = r.status(b).unwrap();
-    let caught = |s: &NodeStatus| link(s, a).rx_corrupt_cells + s.errors.values().sum::<u64>();
+    // A flipped header or footer bit fails that CRC as the frame is decoded (counted on
+    // the link; its error kind too, so errors are not summed); a payload bit fails the
+    // probe's payload CRC at the switch.
+    let caught = |s: &NodeStatus| link(s, a).rx_corrupt_cells + errors(s, "payload_crc");
     assert!(
         caught(&b_after) >= caught(&b_before) + 4,
         "corruption not caught at {b}: {:?}",
@@ -211,6 +214,10 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     let (got, rtt) = ping(&r, a, b, 5, 2000);
     assert_eq!(got, 5);
     assert!(rtt >= 20_000.0, "rtt {rtt} us under a 20 ms delay");
+    assert!(
+        rtt < 40_000.0,
+        "rtt {rtt} us: the 20 ms delay was paid twice"
+    );
     let st = r.status(a).unwrap();
     assert!(link(&st, b).fault_stats.delayed_frames >= 5);
 
