@@ -84,7 +84,7 @@ pub struct exanet_message_t {
     pub vi: u8,
     /// Payload bytes (0..=64).
     pub len: u8,
-    pub payload: [u8; 64],
+    pub payload: [u8; MAX_MESSAGE],
 }
 
 /// A completion notification.
@@ -616,8 +616,8 @@ pub unsafe extern "C" fn exanet_recv(
             src_node: got.src_node.0,
             src_rank: got.src_rank,
             vi: got.vi,
-            len: got.payload.len().min(64) as u8,
-            payload: [0; 64],
+            len: got.payload.len().min(MAX_MESSAGE) as u8,
+            payload: [0; MAX_MESSAGE],
         };
         let n = usize::from(out.len);
         out.payload[..n].copy_from_slice(&got.payload[..n]);
@@ -774,7 +774,6 @@ fn descriptions() -> &'static HashMap<i32, CString> {
     TABLE.get_or_init(|| {
         codes::ALL
             .iter()
-            .chain(std::iter::once(&i32::MIN))
             .map(|&c| (c, CString::new(codes::describe(c)).unwrap_or_default()))
             .collect()
     })
@@ -783,9 +782,8 @@ fn descriptions() -> &'static HashMap<i32, CString> {
 /// A static description of an error code (never NULL).
 #[no_mangle]
 pub extern "C" fn exanet_strerror(code: c_int) -> *const c_char {
-    let t = descriptions();
-    t.get(&code)
-        .or_else(|| t.get(&i32::MIN))
+    descriptions()
+        .get(&code)
         .map_or(c"unknown error code".as_ptr(), |s| s.as_ptr())
 }
 
