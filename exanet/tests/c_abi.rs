@@ -29,13 +29,51 @@ fn header_codes() -> Vec<(String, i32)> {
         .collect()
 }
 
+/// The header's name for each library code.
+const NAMES: [(&str, i32); 27] = [
+    ("EXANET_OK", codes::OK),
+    ("EXANET_EINVAL", codes::INVALID_ARGUMENT),
+    ("EXANET_ENONODE", codes::NO_NODE),
+    ("EXANET_EUNKNOWNNODE", codes::UNKNOWN_NODE),
+    ("EXANET_EBADRANK", codes::BAD_RANK),
+    ("EXANET_EFOREIGNPDID", codes::FOREIGN_PDID),
+    ("EXANET_EBADADDR", codes::BAD_ADDRESS),
+    ("EXANET_ERACKFILE", codes::RACK_FILE),
+    ("EXANET_EUNREACHABLE", codes::UNREACHABLE),
+    ("EXANET_EATTACH", codes::ATTACH_REFUSED),
+    ("EXANET_EDAEMON", codes::DAEMON),
+    ("EXANET_EPROTO", codes::PROTOCOL),
+    ("EXANET_EDISCONNECTED", codes::DISCONNECTED),
+    ("EXANET_ECORRUPT", codes::CORRUPT),
+    ("EXANET_ESYSTEM", codes::SYSTEM),
+    ("EXANET_ETIMEDOUT", codes::TIMEOUT),
+    ("EXANET_ENACKED", codes::NACKED),
+    ("EXANET_ENETTIMEDOUT", codes::NET_TIMEOUT),
+    ("EXANET_ELOCALFAULT", codes::LOCAL_FAULT),
+    ("EXANET_EREFUSED", codes::OP_REFUSED),
+    ("EXANET_EBUSY", codes::BUSY),
+    ("EXANET_EBADCHANNEL", codes::BAD_CHANNEL),
+    ("EXANET_ETOOLONG", codes::TOO_LONG),
+    ("EXANET_EOUTOFBOUNDS", codes::OUT_OF_BOUNDS),
+    ("EXANET_EBADLENGTH", codes::BAD_LENGTH),
+    ("EXANET_EUNKNOWNTAG", codes::UNKNOWN_TAG),
+    ("EXANET_EINTERNAL", codes::INTERNAL),
+];
+
 #[test]
 fn header_error_codes_match_the_library() {
-    let mut from_header: Vec<i32> = header_codes().into_iter().map(|(_, v)| v).collect();
+    // Every library code is named once...
+    let mut named: Vec<i32> = NAMES.iter().map(|&(_, v)| v).collect();
     let mut from_lib = codes::ALL.to_vec();
-    from_header.sort_unstable();
+    named.sort_unstable();
     from_lib.sort_unstable();
-    assert_eq!(from_header, from_lib);
+    assert_eq!(named, from_lib);
+    // ...and the header gives each name the library's value (not just the same set of values).
+    let mut from_header = header_codes();
+    let mut expected: Vec<(String, i32)> = NAMES.iter().map(|&(n, v)| (n.to_string(), v)).collect();
+    from_header.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(from_header, expected);
 }
 
 const PROBE: &str = r#"
