@@ -432,7 +432,7 @@ fn rdma_bw(
         }
     }
     let run = |count: u64, samples: &mut Vec<Duration>| -> Result<Duration, String> {
-        let mut inflight: VecDeque<(Tag, Instant, u64)> = VecDeque::new();
+        let mut inflight: VecDeque<(Tag, Instant)> = VecDeque::new();
         let (mut posted, mut done) = (0u64, 0u64);
         let start = Instant::now();
         while done < count {
@@ -440,10 +440,10 @@ fn rdma_bw(
                 // FIFO completion order: op k reuses the slot of op k - window, done.
                 let slot = posted % window;
                 let tag = post(c, o, page, local, slot as u8, slot * size, size)?;
-                inflight.push_back((tag, Instant::now(), slot));
+                inflight.push_back((tag, Instant::now()));
                 posted += 1;
             }
-            if let Some((tag, t0, _)) = inflight.pop_front() {
+            if let Some((tag, t0)) = inflight.pop_front() {
                 wait(c, tag, size, o)?;
                 samples.push(t0.elapsed());
                 done += 1;

@@ -24,8 +24,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 struct Session {
     /// The client's mailbox.
     addr: Gvas,
+    /// The client's buffer, followed by [`NOTIFY_AREA`] bytes for notifications.
     buf: Option<MemoryRegion>,
-    buf_len: u64,
 }
 
 pub fn serve(ep: &Endpoint, opts: &Options) -> Result<(), String> {
@@ -136,65 +136,36 @@ fn control(
             };
             // A new hello replaces the client's previous session.
             sessions.remove(&key);
-            let mut welcome = Msg::Welcome {
-                status: wire::ST_OK,
-                data_vi,
-                buf_va: 0,
-                buf_len: 0,
-                notify_va: 0,
-            };
-            let mut buf = None;
-            if buffer > opts.max_buffer {
-                welcome = Msg::Welcome {
-                    status: wire::ST_TOO_BIG,
-                    data_vi,
-                    buf_va: 0,
-                    buf_len: opts.max_buffer,
-                    notify_va: 0,
-                };
-            } else if buffer > 0 {
+            let (status, buf) = if buffer > opts.max_buffer {
+                (wire::ST_TOO_BIG, None)
+            } else if buffer == 0 {
+                (wire::ST_OK, None)
+            } else {
                 match ep.register(buffer + NOTIFY_AREA) {
-                    Ok(r) => {
-                        welcome = Msg::Welcome {
-                            status: wire::ST_OK,
-                            data_vi,
-                            buf_va: r.va(),
-                            buf_len: buffer,
-                            notify_va: r.va() + buffer,
-                        };
-                        buf = Some(r);
-                    }
+                    Ok(r) => (wire::ST_OK, Some(r)),
                     Err(e) => {
                         eprintln!("exanet-perf: registering {buffer} B for {who}: {e}");
-                        welcome = Msg::Welcome {
-                            status: wire::ST_FAILED,
-                            data_vi,
-                            buf_va: 0,
-                            buf_len: 0,
-                            notify_va: 0,
-                        };
+                        (wire::ST_FAILED, None)
                     }
                 }
-            }
+            };
+            let welcome = Msg::Welcome {
+                status,
+                data_vi,
+                buf_va: buf.as_ref().map_or(0, MemoryRegion::va),
+                buf_len: match status {
+                    wire::ST_OK => buffer,
+                    wire::ST_TOO_BIG => opts.max_buffer,
+                    _ => 0,
+                },
+                notify_va: buf.as_ref().map_or(0, |r| r.va() + buffer),
+            };
             eprintln!(
                 "exanet-perf: session from {who} (bench {bench}, mailbox {client_vi}, {buffer} B)"
             );
             reply(ep, tx, addr, welcome);
-            if matches!(
-                welcome,
-                Msg::Welcome {
-                    status: wire::ST_OK,
-                    ..
-                }
-            ) {
-                sessions.insert(
-                    key,
-                    Session {
-                        addr,
-                        buf,
-                        buf_len: buffer,
-                    },
-                );
+            if status == wire::ST_OK {
+                sessions.insert(key, Session { addr, buf });
             }
             Ok(false)
         }
@@ -212,7 +183,7 @@ fn control(
             };
             let check = matches!(msg, Msg::Check { .. });
             let done = match (&s.buf, offset.checked_add(len)) {
-                (Some(buf), Some(end)) if end <= s.buf_len => {
+                (Some(buf), Some(end)) if end <= buf.len() - NOTIFY_AREA => {
                     match fill_or_check(buf, seed, offset, len, check) {
                         Ok(None) => Msg::Done {
                             status: wire::ST_OK,
