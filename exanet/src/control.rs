@@ -41,6 +41,13 @@ impl Control {
             path: path.to_path_buf(),
             source,
         })?;
+        // For the life of the connection (`check_alive` only toggles O_NONBLOCK).
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(Error::io("setting the control socket timeout"))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(Error::io("setting the control socket timeout"))?;
         Ok(Control {
             stream,
             timeout,
@@ -78,12 +85,6 @@ impl Control {
         let mut line = serde_json::to_vec(req)
             .map_err(|e| Error::Protocol(format!("cannot encode {op} request: {e}")))?;
         line.push(b'\n');
-        self.stream
-            .set_write_timeout(Some(self.timeout))
-            .map_err(Error::io("setting the control socket timeout"))?;
-        self.stream
-            .set_read_timeout(Some(self.timeout))
-            .map_err(Error::io("setting the control socket timeout"))?;
         let timed_out = |e: &io::Error| {
             matches!(
                 e.kind(),
