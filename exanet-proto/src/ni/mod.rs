@@ -20,7 +20,6 @@ pub mod rdma;
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
 use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
@@ -249,21 +248,26 @@ pub struct Ni {
     pub stats: NiStats,
 }
 
-/// Builds an ACK or NACK for `cell` back to its sender.
+/// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns, for
+/// RDMA cells).
 pub(crate) fn answer(
     me: NodeId,
     cell: &Cell,
     nack: Option<NackReason>,
-    payload: Bytes,
+    out: &mut Out,
     stats: &mut NiStats,
-) -> Option<Cell> {
-    let dst = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0).ok()?;
+) {
+    let Ok(dst) = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0) else {
+        return;
+    };
     let kind = if nack.is_some() {
         CellType::Nack
     } else {
         CellType::Ack
     };
-    let mut c = Cell::new(dst, kind, me, payload).ok()?;
+    let Ok(mut c) = Cell::new(dst, kind, me, rdma::answer_payload(cell)) else {
+        return;
+    };
     c.src_rank = cell.dst.rank();
     c.txn = cell.txn;
     c.seq = cell.seq;
@@ -277,7 +281,7 @@ pub(crate) fn answer(
         }
         None => stats.acks_sent += 1,
     }
-    Some(c)
+    out.cells.push_back(c);
 }
 
 impl Ni {
@@ -494,9 +498,7 @@ impl Ni {
                             mem.write(rank, cell.dst.va(), &cell.payload)
                                 .map_err(|_| NackReason::PageFault)
                         };
-                        if let Some(a) = answer(me, &cell, r.err(), Bytes::new(), &mut self.stats) {
-                            self.out.cells.push_back(a);
-                        }
+                        answer(me, &cell, r.err(), &mut self.out, &mut self.stats);
                     }
                     CellType::Write => self.rdma.on_data(
                         me,
@@ -531,12 +533,15 @@ impl Ni {
         }
     }
 
-    /// NACKs `cell` back to its sender (with the block it concerns, for RDMA cells).
+    /// NACKs `cell` back to its sender.
     fn refuse(&mut self, cell: &Cell, reason: NackReason) {
-        let payload = rdma::answer_payload(cell);
-        if let Some(a) = answer(self.node, cell, Some(reason), payload, &mut self.stats) {
-            self.out.cells.push_back(a);
-        }
+        answer(
+            self.node,
+            cell,
+            Some(reason),
+            &mut self.out,
+            &mut self.stats,
+        );
     }
 
     /// The earliest time at which [`Ni::handle_timeout`] has work.

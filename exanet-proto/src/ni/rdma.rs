@@ -796,11 +796,7 @@ impl RdmaEngine {
     ) {
         let block_no = cell.dst.va() / BLOCK_SIZE;
         let key = (cell.src, cell.txn, block_no);
-        let reply = |nack: Option<NackReason>, out: &mut Out, stats: &mut NiStats| {
-            if let Some(a) = answer(me, cell, nack, answer_payload(cell), stats) {
-                out.cells.push_back(a);
-            }
-        };
+        let reply = |nack, out: &mut Out, stats: &mut NiStats| answer(me, cell, nack, out, stats);
         if cell.aux >= 64 || cell.payload.is_empty() {
             reply(Some(NackReason::BadAddress), out, stats);
             return;
@@ -898,11 +894,7 @@ impl RdmaEngine {
         out: &mut Out,
         stats: &mut NiStats,
     ) {
-        let mut reply = |nack, out: &mut Out| {
-            if let Some(a) = answer(me, cell, nack, Bytes::new(), stats) {
-                out.cells.push_back(a);
-            }
-        };
+        let mut reply = |nack, out: &mut Out| answer(me, cell, nack, out, stats);
         let key = (cell.src, cell.txn);
         if self.served_seen.contains_key(&key) {
             reply(None, out);
@@ -978,11 +970,7 @@ impl RdmaEngine {
         stats: &mut NiStats,
     ) {
         let key = (cell.src, cell.txn, NOTIFY_BLOCK);
-        let reply = |nack, out: &mut Out, stats: &mut NiStats| {
-            if let Some(a) = answer(me, cell, nack, answer_payload(cell), stats) {
-                out.cells.push_back(a);
-            }
-        };
+        let reply = |nack, out: &mut Out, stats: &mut NiStats| answer(me, cell, nack, out, stats);
         if self.finished.contains_key(&key) {
             reply(None, out, stats);
             return;
