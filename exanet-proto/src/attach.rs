@@ -143,6 +143,30 @@ pub mod status {
     pub const REFUSED: u8 = 4;
     /// The command slot could not be decoded.
     pub const MALFORMED: u8 = 5;
+
+    use crate::ni::{ChannelState, Failure};
+
+    /// The (status, reason) of a packetizer send that reached `state`; `None` while it is
+    /// not final.
+    pub fn of_send(state: ChannelState) -> Option<(u8, u8)> {
+        match state {
+            ChannelState::Acked => Some((OK, 0)),
+            ChannelState::Nacked(r) => Some((NACKED, r as u8)),
+            ChannelState::TimedOut => Some((TIMED_OUT, 0)),
+            ChannelState::Idle | ChannelState::Ongoing => None,
+        }
+    }
+
+    /// The (status, reason) of an RDMA transfer that ended with `result`.
+    pub fn of_transfer(result: Result<(), Failure>) -> (u8, u8) {
+        match result {
+            Ok(()) => (OK, 0),
+            Err(Failure::Nacked(r)) => (NACKED, r as u8),
+            Err(Failure::TimedOut) => (TIMED_OUT, 0),
+            Err(Failure::LocalFault) => (LOCAL_FAULT, 0),
+            Err(Failure::Detached) => (REFUSED, 0),
+        }
+    }
 }
 
 /// Why a command was refused before anything was sent (`code` of
@@ -168,6 +192,23 @@ pub mod refusal {
     pub const BAD_RANGE: u8 = 9;
     /// A destination node outside the rack.
     pub const BAD_DESTINATION: u8 = 10;
+
+    /// The refusal code of a command the NI refused with `e`.
+    pub fn of(e: &crate::ni::NiError) -> u8 {
+        use crate::ni::NiError;
+        match e {
+            NiError::BadRank(_) => BAD_RANK,
+            NiError::NotAttached(_) => NOT_ATTACHED,
+            NiError::NoSuch { .. } => NO_SUCH,
+            NiError::NotOwner { .. } => NOT_OWNER,
+            NiError::Busy { .. } => BUSY,
+            NiError::Exhausted(_) => EXHAUSTED,
+            NiError::TooLong(_) => TOO_LONG,
+            NiError::BadLength(_) => BAD_LENGTH,
+            NiError::BadRange { .. } => BAD_RANGE,
+            NiError::BadDestination(_) => BAD_DESTINATION,
+        }
+    }
 
     /// A short label for a refusal code.
     pub fn label(code: u8) -> &'static str {
@@ -502,6 +543,53 @@ impl Completion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ni_outcomes_map_to_distinct_codes_with_labels() {
+        use crate::ni::{ChannelState, Failure, NackReason, NiError};
+        use crate::NodeId;
+        let errors = [
+            NiError::BadRank(9),
+            NiError::NotAttached(1),
+            NiError::NoSuch {
+                what: "page",
+                index: 1,
+            },
+            NiError::NotOwner {
+                what: "page",
+                index: 1,
+            },
+            NiError::Busy {
+                what: "channel",
+                index: 1,
+            },
+            NiError::Exhausted("mailbox"),
+            NiError::TooLong(65),
+            NiError::BadLength(0),
+            NiError::BadRange { va: 1, len: 1 },
+            NiError::BadDestination(NodeId(999)),
+        ];
+        let codes: std::collections::BTreeSet<u8> = errors.iter().map(refusal::of).collect();
+        assert_eq!(codes.len(), errors.len(), "refusal codes must be distinct");
+        assert!(codes
+            .iter()
+            .all(|c| refusal::label(*c) != "unknown refusal"));
+        assert_eq!(status::of_send(ChannelState::Ongoing), None);
+        assert_eq!(status::of_send(ChannelState::Acked), Some((status::OK, 0)));
+        assert_eq!(
+            status::of_send(ChannelState::Nacked(NackReason::Crc)),
+            Some((status::NACKED, NackReason::Crc as u8))
+        );
+        assert_eq!(status::of_transfer(Ok(())), (status::OK, 0));
+        assert_eq!(
+            status::of_transfer(Err(Failure::TimedOut)),
+            (status::TIMED_OUT, 0)
+        );
+        assert_eq!(
+            status::of_transfer(Err(Failure::LocalFault)),
+            (status::LOCAL_FAULT, 0)
+        );
+    }
     use crate::gvas::Pdid;
     use crate::shape::NodeId;
 

@@ -18,9 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use exanet_proto::attach::{self, status, Command, Completion, Reply, Request, Resource};
-use exanet_proto::ni::{
-    ChannelState, Failure, MemFault, Memory, NiError, NiEvent, TransferId, RANKS,
-};
+use exanet_proto::ni::{ChannelState, MemFault, Memory, NiError, NiEvent, TransferId, RANKS};
 use exanet_proto::Pdid;
 use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring, Waiter};
 use tracing::{debug, info, warn};
@@ -176,31 +174,6 @@ impl Session {
     }
 }
 
-fn reason_of(f: Failure) -> (u8, u8) {
-    match f {
-        Failure::Nacked(r) => (status::NACKED, r as u8),
-        Failure::TimedOut => (status::TIMED_OUT, 0),
-        Failure::LocalFault => (status::LOCAL_FAULT, 0),
-        Failure::Detached => (status::REFUSED, 0),
-    }
-}
-
-fn refusal_code(e: &NiError) -> u8 {
-    use attach::refusal::*;
-    match e {
-        NiError::BadRank(_) => BAD_RANK,
-        NiError::NotAttached(_) => NOT_ATTACHED,
-        NiError::NoSuch { .. } => NO_SUCH,
-        NiError::NotOwner { .. } => NOT_OWNER,
-        NiError::Busy { .. } => BUSY,
-        NiError::Exhausted(_) => EXHAUSTED,
-        NiError::TooLong(_) => TOO_LONG,
-        NiError::BadLength(_) => BAD_LENGTH,
-        NiError::BadRange { .. } => BAD_RANGE,
-        NiError::BadDestination(_) => BAD_DESTINATION,
-    }
-}
-
 /// Relays an NI event to the session of its rank (called from the core's pump).
 pub fn deliver(core: &mut crate::node::Core, ev: NiEvent, now: Instant) {
     let rank = match &ev {
@@ -217,11 +190,8 @@ pub fn deliver(core: &mut crate::node::Core, ev: NiEvent, now: Instant) {
             let (tag, posted) = s.send_tags.remove(&(vi, ch)).unwrap_or((0, now));
             let ok = matches!(state, ChannelState::Acked);
             core.latency.observe(Op::Send, ok, now.since(posted));
-            let (st, reason) = match state {
-                ChannelState::Acked => (status::OK, 0),
-                ChannelState::Nacked(r) => (status::NACKED, r as u8),
-                ChannelState::TimedOut => (status::TIMED_OUT, 0),
-                ChannelState::Idle | ChannelState::Ongoing => return,
+            let Some((st, reason)) = status::of_send(state) else {
+                return;
             };
             s.push(&Completion::Sent {
                 tag,
@@ -235,10 +205,7 @@ pub fn deliver(core: &mut crate::node::Core, ev: NiEvent, now: Instant) {
             let (tag, posted) = s.rdma_tags.remove(&id).unwrap_or((0, now));
             let op = if id.read { Op::Read } else { Op::Write };
             core.latency.observe(op, result.is_ok(), now.since(posted));
-            let (st, reason) = match result {
-                Ok(()) => (status::OK, 0),
-                Err(f) => reason_of(f),
-            };
+            let (st, reason) = status::of_transfer(result);
             s.push(&Completion::Rdma {
                 tag,
                 page: id.page,
@@ -757,7 +724,7 @@ fn execute(
         Err((tag, e)) => {
             debug!(rank, error = %e, "command refused");
             core.node.count_error("workload_refused_command");
-            refuse(core, tag, status::REFUSED, refusal_code(&e));
+            refuse(core, tag, status::REFUSED, attach::refusal::of(&e));
         }
     }
 }
