@@ -800,3 +800,46 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
         }
     }
 }
+
+/// A message NACKed for a CRC error is sent again, and that resend counts as a
+/// retransmission like one after a timeout (the metric operators read it from).
+#[test]
+fn packetizer_resends_after_crc_nacks_are_counted() {
+    use exanet_proto::fault::LinkFaults;
+    let mut sim = rack("1x1x1", 5, Faults::default());
+    let (a, b) = (NodeId(0), NodeId(1));
+    let bad = LinkFaults {
+        corrupt: 0.3,
+        ..Default::default()
+    };
+    sim.set_link_faults(a, b, bad, 9).unwrap();
+    let mb = sim
+        .node_mut(b)
+        .ni_mut()
+        .0
+        .mailboxes
+        .alloc(0, 10_000)
+        .unwrap();
+    let pk = sim.node_mut(a).ni_mut().0.packetizer.alloc(0).unwrap();
+    for i in 0..200u32 {
+        let now = sim.now();
+        let msg = vec![i as u8; 64];
+        let (ni, _) = sim.node_mut(a).ni_mut();
+        ni.send_message(0, pk, 0, mailbox_gvas(PDID, b, 0, mb).unwrap(), &msg, now)
+            .unwrap();
+        run_quiet(&mut sim);
+        for (_, _, e) in sim.take_events() {
+            if let NodeEvent::Ni(NiEvent::Packetizer { state, .. }) = e {
+                assert_eq!(state, ChannelState::Acked, "message {i}");
+            }
+        }
+    }
+    let st = &sim.node(a).ni().stats;
+    let crc_nacks = st.nacks_received[NackReason::Crc as usize];
+    assert!(crc_nacks > 0, "no message was NACKed for its CRC");
+    assert!(
+        st.retransmissions >= crc_nacks,
+        "{} retransmissions for {crc_nacks} CRC NACKs",
+        st.retransmissions
+    );
+}

@@ -476,7 +476,7 @@ impl Ni {
                     );
                 } else {
                     self.packetizer
-                        .on_answer(&cell, nack, now, &self.cfg, &mut self.out);
+                        .on_answer(&cell, nack, now, &self.cfg, &mut self.out, &mut self.stats);
                 }
             }
             _ => {

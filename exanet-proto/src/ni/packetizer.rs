@@ -33,6 +33,20 @@ struct Channel {
     counter: u32,
 }
 
+impl Channel {
+    /// Sends the message in flight again, as a new attempt of the same txn (so that the
+    /// receiver recognises a duplicate of a delivered message), and counts it.
+    fn resend(&mut self, now: Instant, cfg: &super::NiConfig, out: &mut Out, stats: &mut NiStats) {
+        self.attempts += 1;
+        self.deadline = Some(now + super::backoff(cfg.retransmit_ns, self.attempts));
+        if let Some(cell) = &mut self.cell {
+            cell.seq = cell.seq.wrapping_add(1);
+            out.cells.push_back(cell.clone());
+            stats.retransmissions += 1;
+        }
+    }
+}
+
 pub struct Packetizer {
     owner: [Option<u8>; PACKETIZER_VIS],
     channels: Vec<Channel>,
@@ -208,14 +222,14 @@ impl Packetizer {
         now: Instant,
         cfg: &super::NiConfig,
         out: &mut Out,
+        stats: &mut NiStats,
     ) {
         let vi = (ans.txn >> 25) & 0x3F;
         let ch = (ans.txn >> 23) & 0x3;
         let i = idx(vi as u8, ch as u8);
-        // Only the answer to the message in flight counts: a late answer to an earlier
-        // message (or a forged one) finds a different txn and is ignored.
-        // Only the answer to the attempt in flight counts: a late NACK of an earlier
-        // attempt must not end a channel whose retransmission was delivered.
+        // Only the answer to the attempt in flight counts: a late answer to an earlier
+        // message or attempt (or a forged one) is ignored, so that a late NACK cannot end
+        // a channel whose retransmission was delivered.
         let matches = self.channels[i]
             .cell
             .as_ref()
@@ -226,12 +240,7 @@ impl Packetizer {
         let c = &mut self.channels[i];
         if nack == Some(NackReason::Crc) && c.attempts < cfg.max_attempts {
             // Damaged on the way: the message itself is fine, send it again.
-            c.attempts += 1;
-            c.deadline = Some(now + super::backoff(cfg.retransmit_ns, c.attempts));
-            if let Some(cell) = &mut c.cell {
-                cell.seq = cell.seq.wrapping_add(1);
-                out.cells.push_back(cell.clone());
-            }
+            c.resend(now, cfg, out, stats);
             return;
         }
         let state = match nack {
@@ -268,14 +277,7 @@ impl Packetizer {
                 self.finish(i, ChannelState::TimedOut, out);
                 continue;
             }
-            c.attempts += 1;
-            c.deadline = Some(now + super::backoff(cfg.retransmit_ns, c.attempts));
-            if let Some(cell) = &mut c.cell {
-                // Same txn: the receiver recognises a duplicate of a delivered message.
-                cell.seq = cell.seq.wrapping_add(1);
-                out.cells.push_back(cell.clone());
-                stats.retransmissions += 1;
-            }
+            c.resend(now, cfg, out, stats);
         }
     }
 }
