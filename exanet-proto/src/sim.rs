@@ -18,7 +18,7 @@ use crate::routing::Vc;
 use crate::shape::{NodeId, Shape};
 use crate::switch::{SwitchConfig, SwitchError};
 use crate::time::Instant;
-use crate::topology::{links, neighbour, LinkKind, Port, NPORTS};
+use crate::topology::{links, neighbour, port_to, LinkKind, Port, NPORTS};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -188,9 +188,7 @@ impl Sim {
         if faults.down {
             return Err(LinkFaultError::Down);
         }
-        let port = Port::all()
-            .find(|p| neighbour(&self.shape, from, *p).is_some_and(|(n, _)| n == to))
-            .ok_or(LinkFaultError::NotLinked { from, to })?;
+        let port = port_to(&self.shape, from, to).ok_or(LinkFaultError::NotLinked { from, to })?;
         let mut fi = FaultInjector::new(seed);
         fi.set(faults, self.now)?;
         self.injectors.insert((from, port), fi);
@@ -199,8 +197,7 @@ impl Sim {
 
     /// What the injector on `from`'s link to `to` has done (zero if it has none).
     pub fn link_fault_stats(&self, from: NodeId, to: NodeId) -> FaultStats {
-        Port::all()
-            .find(|p| neighbour(&self.shape, from, *p).is_some_and(|(n, _)| n == to))
+        port_to(&self.shape, from, to)
             .and_then(|p| self.injectors.get(&(from, p)))
             .map(FaultInjector::stats)
             .unwrap_or_default()

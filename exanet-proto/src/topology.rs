@@ -196,6 +196,11 @@ pub fn neighbour(shape: &Shape, id: NodeId, port: Port) -> Option<(NodeId, Port)
     }
 }
 
+/// The port of `from` whose link leads to `to`, if they are neighbours.
+pub fn port_to(shape: &Shape, from: NodeId, to: NodeId) -> Option<Port> {
+    Port::all().find(|p| neighbour(shape, from, *p).is_some_and(|(n, _)| n == to))
+}
+
 /// Every link of a rack, each once, ordered by (a, a_port).
 pub fn links(shape: &Shape) -> Vec<Link> {
     let mut out = Vec::new();
@@ -233,6 +238,18 @@ pub fn node_links(shape: &Shape, id: NodeId) -> Vec<Link> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_to_finds_each_link_from_both_ends_and_nothing_else() {
+        let shape: Shape = "2x2x1".parse().unwrap();
+        for l in links(&shape) {
+            assert_eq!(port_to(&shape, l.a, l.b), Some(l.a_port));
+            assert_eq!(port_to(&shape, l.b, l.a), Some(l.b_port));
+        }
+        assert_eq!(port_to(&shape, NodeId(0), NodeId(0)), None);
+        // F2 of the first QFDB and F3 of the second are not neighbours.
+        assert_eq!(port_to(&shape, NodeId(1), NodeId(6)), None);
+    }
 
     #[test]
     fn port_index_round_trips() {

@@ -1,5 +1,6 @@
 //! The NI protocols on a simulated rack with seeded faults on every link: loss,
-//! corruption (dropped by the CRC check), duplication and reordering. Every posted
+//! corruption (a payload bit NACKed by the destination's CRC check, a header bit dropped
+//! by the next switch's), duplication and reordering; and the operator's per-link faults. Every posted
 //! operation must end in exactly one completion: success with the right bytes at the
 //! right address, or an error with a reason.
 
