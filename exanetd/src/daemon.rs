@@ -60,6 +60,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
     let name = shape.display(id);
     let tls = NodeTls::load(&rack.layout(), &name)?;
     let (server_cfg, client_cfg) = tls.quic_configs()?;
+    let endpoint_cfg = tls.endpoint_config();
     let rt = if opts.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -71,7 +72,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
             .build()
     }
     .map_err(DaemonError::Runtime)?;
-    rt.block_on(serve(rack, id, server_cfg, client_cfg))
+    rt.block_on(serve(rack, id, endpoint_cfg, server_cfg, client_cfg))
 }
 
 async fn resolve(what: &'static str, addr: &str) -> Result<std::net::SocketAddr, DaemonError> {
@@ -90,6 +91,7 @@ async fn resolve(what: &'static str, addr: &str) -> Result<std::net::SocketAddr,
 async fn serve(
     rack: Rack,
     id: exanet_proto::NodeId,
+    endpoint_cfg: quinn::EndpointConfig,
     server_cfg: quinn::ServerConfig,
     client_cfg: quinn::ClientConfig,
 ) -> Result<(), DaemonError> {
@@ -100,11 +102,12 @@ async fn serve(
     let name = node.name.clone();
 
     let link_addr = resolve("bind link endpoint", entry.link_bind()).await?;
-    let endpoint = link_endpoint(server_cfg, link_addr).map_err(|source| DaemonError::Bind {
-        what: "bind link endpoint",
-        addr: entry.link_bind().to_string(),
-        source,
-    })?;
+    let endpoint =
+        link_endpoint(endpoint_cfg, server_cfg, link_addr).map_err(|source| DaemonError::Bind {
+            what: "bind link endpoint",
+            addr: entry.link_bind().to_string(),
+            source,
+        })?;
     let metrics_addr = resolve("bind metrics endpoint", entry.metrics_bind()).await?;
     let http_listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
@@ -190,6 +193,7 @@ const UDP_BUFFER: usize = 4 << 20;
 /// daemon that is busy for a moment overflows its receive buffer, and QUIC reads the
 /// drops as congestion and throttles the link far below its credit window.
 fn link_endpoint(
+    endpoint_cfg: quinn::EndpointConfig,
     server_cfg: quinn::ServerConfig,
     addr: std::net::SocketAddr,
 ) -> std::io::Result<quinn::Endpoint> {
@@ -203,7 +207,7 @@ fn link_endpoint(
     }
     s.bind(&addr.into())?;
     quinn::Endpoint::new(
-        crate::tls::endpoint_config(),
+        endpoint_cfg,
         Some(server_cfg),
         s.into(),
         Arc::new(quinn::TokioRuntime),

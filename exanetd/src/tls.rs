@@ -269,13 +269,33 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// 8192 or more, quinn's black-hole detection dropped the MTU back to 1200.
 pub const MAX_UDP_PAYLOAD: u16 = 4096;
 
-/// Endpoint settings: advertise that we accept datagrams up to [`MAX_UDP_PAYLOAD`],
-/// or the peer's MTU discovery stops at quinn's default of 1472.
-pub fn endpoint_config() -> quinn::EndpointConfig {
-    let mut e = quinn::EndpointConfig::default();
-    e.max_udp_payload_size(MAX_UDP_PAYLOAD)
-        .expect("16 KiB is a valid UDP payload size");
-    e
+impl NodeTls {
+    /// Endpoint settings. Datagrams up to [`MAX_UDP_PAYLOAD`] are advertised, or the
+    /// peer's MTU discovery stops at quinn's default of 1472.
+    ///
+    /// The stateless-reset key and the connection-ID key are derived from the node's
+    /// private key instead of drawn at random, so a restarted daemon still recognises its
+    /// previous run's connection IDs and answers their packets with a reset its
+    /// neighbours accept: they drop the dead link at their next keep-alive and redial,
+    /// instead of waiting out the idle timeout. Only the holder of the node's key can
+    /// forge such a reset.
+    pub fn endpoint_config(&self) -> quinn::EndpointConfig {
+        use ring::hmac;
+        let derive = hmac::Key::new(hmac::HMAC_SHA256, self.key.secret_der());
+        let secret = hmac::sign(&derive, b"exanet QUIC stateless reset");
+        let reset = hmac::Key::new(hmac::HMAC_SHA256, secret.as_ref());
+        let cid_key = hmac::sign(&derive, b"exanet QUIC connection ids");
+        let mut cid_bytes = [0u8; 8];
+        cid_bytes.copy_from_slice(&cid_key.as_ref()[..8]);
+        let cid_key = u64::from_le_bytes(cid_bytes);
+        let mut e = quinn::EndpointConfig::new(Arc::new(reset));
+        e.cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        });
+        e.max_udp_payload_size(MAX_UDP_PAYLOAD)
+            .expect("16 KiB is a valid UDP payload size");
+        e
+    }
 }
 
 /// Checks that a verified peer certificate chain was issued for node `name`.

@@ -81,6 +81,41 @@ fn restarted_neighbour_rejoins() {
     }
 }
 
+/// A node that crashes and restarts is back with all its neighbours well before their
+/// idle timeout would have noticed the crash: its restarted endpoint recognises the dead
+/// run's connection IDs and resets them, so the neighbours that dial it redial at once.
+#[test]
+fn crashed_neighbour_is_rejoined_before_the_idle_timeout() {
+    let mut r = rack("crash", "1x1x1");
+    r.start_all();
+    r.wait_links_up(&ALL, Duration::from_secs(20));
+    // M1QAF3 is dialed by M1QAF1 and M1QAF2, and dials M1QAF4.
+    r.kill("M1QAF3");
+    r.start("M1QAF3");
+    let limit = exanetd::tls::IDLE_TIMEOUT - Duration::from_secs(1);
+    let t0 = Instant::now();
+    // The survivors' stale sessions still look up; the new daemon's view, and the
+    // survivors' session counts, say whether the links really came back.
+    r.wait_links_up(&ALL, limit);
+    loop {
+        let redialed = ["M1QAF1", "M1QAF2"].iter().all(|n| {
+            r.status(n).is_some_and(|s| {
+                s.links
+                    .iter()
+                    .any(|l| l.peer == "M1QAF3" && l.sessions >= 2 && l.state == LinkState::Up)
+            })
+        });
+        if redialed {
+            break;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "the crashed node's dialing neighbours did not reconnect within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn peer_from_another_rack_is_refused_and_counted() {
     let mut a = rack("ca-a", "1x1x1");

@@ -120,6 +120,13 @@ impl TestRack {
         out
     }
 
+    /// Kills `name`'s daemon with SIGKILL (a crash: no goodbye to its peers) and reaps it.
+    pub fn kill(&mut self, name: &str) {
+        let mut c = self.children.remove(name).unwrap();
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
     pub fn stop(&mut self, name: &str) -> std::process::ExitStatus {
         let mut c = self.children.remove(name).unwrap();
         signal(c.id(), libc::SIGTERM);
