@@ -475,8 +475,14 @@ impl Ni {
                         &mut self.stats,
                     );
                 } else {
-                    self.packetizer
-                        .on_answer(&cell, nack, now, &self.cfg, &mut self.out, &mut self.stats);
+                    self.packetizer.on_answer(
+                        &cell,
+                        nack,
+                        now,
+                        &self.cfg,
+                        &mut self.out,
+                        &mut self.stats,
+                    );
                 }
             }
             _ => {
