@@ -31,8 +31,9 @@ fi
 
 export CARGO_TERM_COLOR=never
 docker/build.sh
-# The tests drive the host's exactl (generators, pki) from the test profile's target dir.
-cargo build -q -p exactl -p exanetd
+# The tests drive the host's exactl (generators, pki) from the test profile's target dir;
+# the Ansible role installs exanetd, exactl and exanet-perf from there.
+cargo build -q -p exactl -p exanetd -p exanet-perf
 
 skip=()
 if ! command -v kubectl >/dev/null 2>&1; then

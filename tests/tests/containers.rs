@@ -648,12 +648,31 @@ impl Drop for Swarm {
                 Duration::from_secs(60),
             );
             if !self.gwbridge_existed {
-                let _ = quiet(
-                    command("docker", &["network", "rm", "docker_gwbridge"]),
-                    Duration::from_secs(30),
-                );
+                remove_gwbridge();
             }
         }
+    }
+}
+
+/// Removes the `docker_gwbridge` network that `swarm init` made. After `swarm leave` the
+/// engine still tears down the ingress sandbox attached to it for a moment, and a `network
+/// rm` in that window fails ("has active endpoints"): retry until the network is gone.
+fn remove_gwbridge() {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        let exists = quiet(
+            command("docker", &["network", "inspect", "docker_gwbridge"]),
+            Duration::from_secs(30),
+        )
+        .is_some_and(|r| r.success());
+        if !exists {
+            return;
+        }
+        let _ = quiet(
+            command("docker", &["network", "rm", "docker_gwbridge"]),
+            Duration::from_secs(30),
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
