@@ -119,6 +119,10 @@ impl ShmMemory {
 }
 
 impl Memory for ShmMemory {
+    fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
+    }
+
     fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
         let fault = MemFault::Unmapped {
             rank,

@@ -15,6 +15,9 @@ pub enum MemFault {
 
 /// The node's registered memory, by rank and virtual address.
 pub trait Memory {
+    /// Whether `rank` has `len` bytes registered from `va` on, in one region: what a
+    /// transfer is checked against when it is posted, before any of its blocks is cut.
+    fn contains(&self, rank: u8, va: u64, len: u64) -> bool;
     fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault>;
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault>;
 }
@@ -43,6 +46,10 @@ impl VecMemory {
 }
 
 impl Memory for VecMemory {
+    fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
+    }
+
     fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
         let fault = MemFault::Unmapped {
             rank,
