@@ -133,6 +133,11 @@ pub fn render(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> String
     );
     out.push('\n');
     out.push_str(&node_table(&shape, answers));
+    let workloads = workload_table(answers);
+    if !workloads.is_empty() {
+        out.push_str("\nworkloads:\n");
+        out.push_str(&workloads);
+    }
     let errors = error_lines(answers);
     if !errors.is_empty() {
         out.push_str("\nerrors:\n");
@@ -182,6 +187,40 @@ fn node_table(shape: &Shape, answers: &[Answer]) -> String {
     table(
         &headers,
         &[false, false, true, true, true, true, true, false],
+        rows,
+    )
+}
+
+/// Who holds what of each node's NI: one row per attached workload (empty: none attached).
+fn workload_table(answers: &[Answer]) -> String {
+    let rows: Vec<Vec<String>> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .flat_map(|st| {
+            st.ni.workloads.iter().map(|w| {
+                vec![
+                    st.node.clone(),
+                    w.rank.to_string(),
+                    w.job.clone(),
+                    w.pdid.to_string(),
+                    w.pid.to_string(),
+                    w.uid.to_string(),
+                    w.rdma_pages.to_string(),
+                    w.packetizers.to_string(),
+                    w.mailboxes.to_string(),
+                    bytes(w.registered_bytes),
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    table(
+        &[
+            "NODE", "RANK", "JOB", "PDID", "PID", "UID", "PAGES", "PKTZ", "MBOX", "MEMORY",
+        ],
+        &[false, true, false, true, true, true, true, true, true, true],
         rows,
     )
 }

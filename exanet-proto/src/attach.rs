@@ -8,11 +8,17 @@
 //! fails what it had posted.
 //!
 //! 1. `attach {job_key}` -> `attached {rank, pdid, node, ...}` + fds: the shared region
-//!    holding the two rings, and two eventfds (daemon -> workload doorbell, workload ->
-//!    daemon doorbell). The PDID comes from the job the key names (or the rack's default
-//!    job), never from the workload.
-//! 2. `register {len}` + one memfd -> `registered {region, va}`: the memfd becomes
-//!    memory the NI may read and write at GVAS VA `va..va+len` of this rank.
+//!    holding the two rings, and the workload's ends of two doorbell socket pairs (daemon ->
+//!    workload, workload -> daemon; `exanet_shm::Doorbell`). The PDID comes from the job the
+//!    key names (or the rack's default job), never from the workload.
+//! 2. `register {len}` -> `registered {region, va}` + one memfd: the daemon creates the
+//!    memory (a sealed, fully allocated memfd), the workload maps it, and the NI may read and
+//!    write it at GVAS VA `va..va+len` of this rank. The daemon never maps memory a workload
+//!    made: such memory could fault under it (a hugetlbfs file whose pool runs dry, a tmpfs
+//!    file that hits its size limit), and a fault in the daemon stops the whole node.
+//!
+//! No request carries descriptors; a request that comes with some is refused (and the
+//! descriptors closed).
 //! 3. `alloc {kind}` -> `allocated {index}` for a packetizer interface, a mailbox
 //!    (with its capacity) or an RDMA page; `free {kind, index}`.
 //!
@@ -31,7 +37,9 @@ use crate::gvas::{Gvas, GVAS_LEN};
 pub const SLOT: usize = 128;
 /// Bytes of message payload a slot carries.
 pub const INLINE: usize = 64;
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: doorbells are socket-pair ends instead of eventfds, and registered memory is made by
+/// the daemon (`register` carries no descriptor, `registered` carries the memfd).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -41,7 +49,7 @@ pub enum Request {
         #[serde(default)]
         job_key: Option<String>,
     },
-    /// Sent with one memfd.
+    /// Answered by [`Reply::Registered`] with the memfd of the new memory.
     Register {
         len: u64,
     },
@@ -70,8 +78,8 @@ pub enum Resource {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Reply {
-    /// Sent with three fds: the ring region, the daemon's doorbell to the workload, the
-    /// workload's doorbell to the daemon.
+    /// Sent with three fds: the ring region, the workload's end of the daemon -> workload
+    /// doorbell, the workload's end of the workload -> daemon doorbell.
     Attached {
         node: String,
         node_id: u32,
@@ -86,6 +94,8 @@ pub enum Reply {
         region_len: u64,
         nodes: u32,
     },
+    /// Sent with one fd: the memfd of the memory, `len` bytes, sealed against any change
+    /// of size.
     Registered {
         region: u32,
         va: u64,

@@ -225,8 +225,9 @@ fn run(config: &Config) -> Vec<u64> {
     let region = Arc::new(Region::create("exanet-shm-bench", pong.end()).unwrap());
     ping.init(&region).unwrap();
     pong.init(&region).unwrap();
-    let child_bell = Doorbell::new().unwrap();
-    let parent_bell = Doorbell::new().unwrap();
+    // The parent rings `child_bell` and waits on `parent_bell`; the child gets the other ends.
+    let (child_bell, child_end_of_child_bell) = Doorbell::pair().unwrap();
+    let (parent_bell, child_end_of_parent_bell) = Doorbell::pair().unwrap();
     let mut tx = ping.producer(Arc::clone(&region)).unwrap();
     let mut rx = pong.consumer(Arc::clone(&region)).unwrap();
 
@@ -264,8 +265,8 @@ fn run(config: &Config) -> Vec<u64> {
         &hello.encode(),
         &[
             region.as_raw_fd(),
-            child_bell.as_raw_fd(),
-            parent_bell.as_raw_fd(),
+            child_end_of_child_bell.as_raw_fd(),
+            child_end_of_parent_bell.as_raw_fd(),
         ],
     )
     .unwrap();

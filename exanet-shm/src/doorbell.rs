@@ -1,10 +1,10 @@
-//! Wake-ups: an eventfd [`Doorbell`] and the adaptive spin-then-sleep [`Waiter`].
+//! Wake-ups: a socket-pair [`Doorbell`] and the adaptive spin-then-sleep [`Waiter`].
 //!
 //! # The protocol
 //!
 //! A waiting side (say the consumer of a ring) and a notifying side (the producer) share one
-//! `sleeping` word in the region and one doorbell (an eventfd) that only the waiting side
-//! waits on.
+//! `sleeping` word in the region and one doorbell (a socket pair) whose one end only the
+//! waiting side waits on.
 //!
 //! Waiting side ([`Waiter::wait`]):
 //! 1. check the condition (e.g. "the ring is not empty"); spin with
@@ -34,12 +34,12 @@
 //!
 //! Spurious wake-ups are harmless by construction: both sides may race to clear `sleeping`,
 //! and the doorbell may be rung for a waiter that already saw the data in its re-check. The
-//! waiter then finds the eventfd already signalled on its next sleep, drains it, re-checks and
+//! waiter then finds the doorbell already rung on its next sleep, drains it, re-checks and
 //! goes back to sleep; every wait loops on the condition.
 //!
 //! ## Event loops
 //!
-//! An async daemon does not block in [`Waiter::wait`]: it registers the eventfd
+//! An async daemon does not block in [`Waiter::wait`]: it registers the doorbell's descriptor
 //! ([`Doorbell::as_raw_fd`]) with its reactor (e.g. `tokio::io::unix::AsyncFd`) and runs the
 //! waiting half itself with [`Consumer::prepare_sleep`](crate::Consumer::prepare_sleep)
 //! (announce + fence + re-check), awaiting readability only if that returned `false`, then
@@ -47,87 +47,155 @@
 //!
 //! ## Hostile peers
 //!
-//! A peer that sets `sleeping` permanently costs the notifier one `write(2)` per message; a peer
-//! that never rings leaves the waiter asleep until its timeout. Neither can corrupt anything.
-//! The eventfd's `O_NONBLOCK` flag lives on the open file description, which is shared with the
-//! peer through `SCM_RIGHTS`; a peer that clears it could make a drain block, so a daemon that
-//! must stay responsive should not read a client's eventfd from a thread it cannot afford to
-//! block (or should use `tokio::io::unix::AsyncFd` on [`Doorbell::as_raw_fd`], which only reads
-//! after readiness).
+//! A doorbell is one end of a Unix stream socket pair: [`Doorbell::ring`] sends a byte to the
+//! other end and [`Doorbell::wait`] waits for bytes the other end sent. The two ends are two
+//! open file descriptions, so a peer holding one end cannot change how calls on the other
+//! behave: clearing `O_NONBLOCK` on its end, say, changes nothing for ours, and every call
+//! of ours passes `MSG_DONTWAIT` (and `MSG_NOSIGNAL`) anyway. (An eventfd, which this
+//! replaced, is one description shared by both sides: a peer that cleared its `O_NONBLOCK`
+//! and saturated the counter made the daemon block in `write(2)` for good.)
+//!
+//! What a hostile peer can still do, and what it costs:
+//! - set `sleeping` permanently: one non-blocking `send` per message;
+//! - never read its end: its receive buffer fills, our `send` finds it full (`EAGAIN`), which
+//!   already is a pending wake-up, and succeeds without blocking;
+//! - flood our end: each wait drains up to [`DRAIN_CHUNK`] bytes and returns; the waiter
+//!   loops on its condition, so the flood costs CPU, never correctness;
+//! - close its end: `ring` and `wait` fail with `BrokenPipe` (instead of waking forever on a
+//!   hung-up descriptor), so a waiter learns that the peer is gone.
 
-use std::fs::File;
 use std::hint;
-use std::io::{self, Read, Write};
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Socket, Type};
+
 use crate::region::SharedU32;
 use crate::sys;
 
-/// An eventfd used as a doorbell: [`ring`](Doorbell::ring) adds one to its counter,
-/// [`wait`](Doorbell::wait) blocks until the counter is non-zero and resets it.
+/// Bytes one [`Doorbell::drain`] takes off the socket: any number of rings coalesce into one
+/// wake-up, and a peer flooding the socket gets one wake-up per this many bytes.
+pub const DRAIN_CHUNK: usize = 256;
+
+/// One end of a wake-up channel: [`ring`](Doorbell::ring) wakes whoever waits on the other
+/// end, [`wait`](Doorbell::wait) blocks until the other end rings (see the module docs for
+/// why this is a socket pair rather than an eventfd).
 ///
-/// The eventfd is non-blocking (`EFD_NONBLOCK`) and close-on-exec.
+/// [`Doorbell::pair`] makes two connected ends, one to keep and one to hand to the peer;
+/// [`Doorbell::new`] makes a doorbell for use within one process, whose `ring` wakes its
+/// own `wait`.
 #[derive(Debug)]
 pub struct Doorbell {
-    file: File,
+    /// What `ring` sends on.
+    tx: Socket,
+    /// What `wait` and `drain` read from; a clone of `tx` for an end of a pair.
+    rx: Socket,
+}
+
+fn peer_closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "the other end of the doorbell is closed",
+    )
+}
+
+fn stream_pair() -> io::Result<(Socket, Socket)> {
+    // socket2 sets SOCK_CLOEXEC on both ends.
+    Socket::pair(Domain::UNIX, Type::STREAM, None)
 }
 
 impl Doorbell {
-    /// Creates a new doorbell (`eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)`).
+    /// A doorbell within one process: `ring` on it wakes `wait` on it (from any thread).
     pub fn new() -> io::Result<Doorbell> {
-        let fd = sys::eventfd(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?;
-        Ok(Doorbell {
-            file: File::from(fd),
-        })
+        let (tx, rx) = stream_pair()?;
+        Ok(Doorbell { tx, rx })
     }
 
-    /// Wraps an eventfd received from the peer and makes sure it is non-blocking.
+    /// Two connected ends: ringing one wakes a wait on the other, in both directions.
+    /// Keep one and send the other's descriptor ([`Doorbell::into_fd`]) to the peer.
+    pub fn pair() -> io::Result<(Doorbell, Doorbell)> {
+        let (a, b) = stream_pair()?;
+        Ok((Doorbell::end(a)?, Doorbell::end(b)?))
+    }
+
+    fn end(sock: Socket) -> io::Result<Doorbell> {
+        let rx = sock.try_clone()?;
+        Ok(Doorbell { tx: sock, rx })
+    }
+
+    /// Wraps an end received from the peer.
     ///
-    /// When `/proc/self/fd` is available the descriptor is checked to really be an eventfd
-    /// ([`io::ErrorKind::InvalidInput`] otherwise); without `/proc` the check is skipped.
+    /// The descriptor must be a Unix stream socket ([`io::ErrorKind::InvalidInput`]
+    /// otherwise). Its flags do not matter: every call passes `MSG_DONTWAIT`.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Doorbell> {
-        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        if let Ok(target) = link {
-            if target.as_os_str() != "anon_inode:[eventfd]" {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("descriptor is not an eventfd ({})", target.display()),
-                ));
+        let sock = Socket::from(fd);
+        let not_ours = |what: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("descriptor is not a doorbell ({what})"),
+            )
+        };
+        match sock.r#type() {
+            Ok(t) if t == Type::STREAM => {}
+            Ok(t) => return Err(not_ours(format!("socket type {t:?}"))),
+            Err(e) => return Err(not_ours(e.to_string())),
+        }
+        let addr = sock.local_addr().map_err(|e| not_ours(e.to_string()))?;
+        if !addr.is_unix() {
+            return Err(not_ours("not a Unix socket".into()));
+        }
+        Doorbell::end(sock)
+    }
+
+    /// The descriptor of this end, to send to the peer (the `Doorbell` is consumed: an end
+    /// handed over is not used here any more).
+    pub fn into_fd(self) -> OwnedFd {
+        drop(self.rx);
+        OwnedFd::from(self.tx)
+    }
+
+    /// Rings: wakes a waiter on the other end. Never blocks.
+    ///
+    /// A full socket (the other end has many unconsumed rings) is already a pending wake-up
+    /// and counts as success; a closed other end is `BrokenPipe`.
+    pub fn ring(&self) -> io::Result<()> {
+        loop {
+            match self
+                .tx
+                .send_with_flags(&[1], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return Err(peer_closed())
+                }
+                Err(e) => return Err(e),
             }
         }
-        sys::set_nonblocking(fd.as_fd())?;
-        Ok(Doorbell {
-            file: File::from(fd),
-        })
     }
 
-    /// A new descriptor for the same eventfd, e.g. to send to the peer.
-    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
-        self.file.as_fd().try_clone_to_owned()
-    }
-
-    /// Rings: adds 1 to the eventfd counter, waking a waiter.
-    ///
-    /// A saturated counter (`EAGAIN`, after 2^64 - 2 unconsumed rings) is already a pending
-    /// wake-up and counts as success.
-    pub fn ring(&self) -> io::Result<()> {
-        match (&self.file).write(&1u64.to_ne_bytes()) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Consumes a pending ring without blocking. Returns whether there was one.
+    /// Consumes pending rings without blocking. Returns whether there were any;
+    /// `BrokenPipe` once the other end is closed and nothing is left to read.
     pub fn drain(&self) -> io::Result<bool> {
-        let mut count = [0u8; 8];
+        let mut buf = [MaybeUninit::<u8>::uninit(); DRAIN_CHUNK];
         loop {
-            match (&self.file).read(&mut count) {
+            match self.rx.recv_with_flags(&mut buf, libc::MSG_DONTWAIT) {
+                Ok(0) => return Err(peer_closed()),
                 Ok(_) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // The peer closed its end with rings unread.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(peer_closed()),
                 Err(e) => return Err(e),
             }
         }
@@ -135,7 +203,8 @@ impl Doorbell {
 
     /// Blocks until the doorbell is rung (consuming the ring) or `timeout` passes.
     /// `None` waits forever; `Some(Duration::ZERO)` only checks. Returns whether it was rung.
-    /// Signals (`EINTR`) do not cut the wait short.
+    /// Signals (`EINTR`) do not cut the wait short; a closed other end ends it with
+    /// `BrokenPipe`, and so does [`Doorbell::shutdown`] from another thread.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = deadline_after(timeout);
         loop {
@@ -146,25 +215,39 @@ impl Doorbell {
             if remaining.is_some_and(|d| d.is_zero()) {
                 return Ok(false);
             }
-            match sys::poll_readable(self.file.as_fd(), remaining) {
+            match sys::poll_readable(self.rx.as_fd(), remaining) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
     }
+
+    /// Ends this doorbell for good: a thread in [`Doorbell::wait`] on it returns at once with
+    /// `BrokenPipe`, and the other end sees it closed. Never blocks, whatever the peer does.
+    pub fn shutdown(&self) -> io::Result<()> {
+        let res = self
+            .rx
+            .shutdown(Shutdown::Both)
+            .and(self.tx.shutdown(Shutdown::Both));
+        match res {
+            Err(e) if e.raw_os_error() != Some(libc::ENOTCONN) => Err(e),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl AsFd for Doorbell {
+    /// The descriptor `wait` polls (readable = rung), e.g. for an event loop.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+        self.rx.as_fd()
     }
 }
 
 impl AsRawFd for Doorbell {
-    /// The eventfd, e.g. to register it with an event loop (readable = rung).
+    /// The descriptor `wait` polls (readable = rung), e.g. for an event loop.
     fn as_raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+        self.rx.as_raw_fd()
     }
 }
 

@@ -96,3 +96,26 @@ pub fn recv_fds(
     }
     Ok((received.bytes, received.fds))
 }
+
+/// Who is at the other end of a connected Unix socket: the process's pid, uid and gid as the
+/// kernel recorded them when it connected (`SO_PEERCRED`), which the peer cannot forge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id.
+    pub pid: i32,
+    /// Its effective user id.
+    pub uid: u32,
+    /// Its effective (primary) group id.
+    pub gid: u32,
+}
+
+/// The [`PeerCredentials`] of `stream`'s peer.
+pub fn peer_credentials(stream: &UnixStream) -> std::io::Result<PeerCredentials> {
+    let (pid, uid, gid) = crate::sys::peer_credentials(stream.as_fd())?;
+    Ok(PeerCredentials { pid, uid, gid })
+}
+
+/// This process's effective user id, to compare [`PeerCredentials::uid`] with.
+pub fn effective_uid() -> u32 {
+    crate::sys::effective_uid()
+}

@@ -12,7 +12,7 @@
 //!   fixed-size slots inside a region, which validates everything the peer writes and reports
 //!   a misbehaving peer as [`RingError::Corrupt`] instead of panicking or straying out of
 //!   bounds;
-//! - [`Doorbell`] (an eventfd) and [`Waiter`]: spin for a short budget, then sleep; the
+//! - [`Doorbell`] (one end of a socket pair) and [`Waiter`]: spin for a short budget, then sleep; the
 //!   notifying side only makes a system call when the other side announced it is asleep;
 //! - [`fdpass`]: sending and receiving descriptors (`SCM_RIGHTS`) over a Unix socket, which
 //!   is how the region and the doorbells reach the peer.
@@ -34,11 +34,14 @@
 //! let region = Arc::new(Region::create("exanet-client-7", to_client.end())?);
 //! to_daemon.init(&region)?;
 //! to_client.init(&region)?;
-//! let (daemon_bell, client_bell) = (Doorbell::new()?, Doorbell::new()?);
+//! // One doorbell pair per direction; the daemon keeps one end of each, the client gets the
+//! // other (the ends are separate file descriptions: neither side can make the other block).
+//! let (daemon_bell, daemon_bell_client_end) = Doorbell::pair()?;
+//! let (_client_bell_daemon_end, client_bell) = Doorbell::pair()?;
 //! fdpass::send_fds(
 //!     &daemon_sock,
 //!     b"hello",
-//!     &[region.as_raw_fd(), daemon_bell.as_raw_fd(), client_bell.as_raw_fd()],
+//!     &[region.as_raw_fd(), daemon_bell_client_end.as_raw_fd(), client_bell.as_raw_fd()],
 //! )?;
 //! let mut from_client = to_daemon.consumer(Arc::clone(&region))?;
 //!
@@ -64,13 +67,13 @@
 //!
 //! All `unsafe` code lives in the private `sys` module (system calls, the mapping, and the
 //! raw copies); the rest of the crate is safe code on top of it. Linux only (memfd, seals,
-//! eventfd).
+//! Unix socket pairs).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 #[cfg(not(target_os = "linux"))]
-compile_error!("exanet-shm uses memfd, file seals and eventfd: it builds on Linux only");
+compile_error!("exanet-shm uses memfd and file seals: it builds on Linux only");
 
 pub mod doorbell;
 pub mod fdpass;
@@ -80,7 +83,9 @@ pub mod ring;
 mod sys;
 
 pub use doorbell::{Doorbell, Waiter};
-pub use fdpass::{recv_fds, send_fds, FdPassError};
+pub use fdpass::{
+    effective_uid, peer_credentials, recv_fds, send_fds, FdPassError, PeerCredentials,
+};
 #[cfg(target_has_atomic = "64")]
 pub use region::SharedU64;
 pub use region::{Region, RegionError, SharedU32};

@@ -160,6 +160,15 @@ impl Region {
         Ok(Region { map, file })
     }
 
+    /// Gives the memory back to the system (`fallocate` `PUNCH_HOLE`): the region keeps its
+    /// size and reads as zeros from now on. A daemon calls it when it stops serving memory it
+    /// created for a workload, so that memory the workload still maps is no longer the
+    /// daemon's allocation.
+    pub fn discard(&self) -> Result<(), RegionError> {
+        sys::punch_hole(self.file.as_fd(), self.len() as u64)
+            .map_err(RegionError::io("fallocate(PUNCH_HOLE)"))
+    }
+
     /// Maps a region received from the peer, whatever its size.
     ///
     /// Refuses descriptors that are not sealed against shrinking ([`RegionError::NotSealed`],

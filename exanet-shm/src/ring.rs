@@ -264,7 +264,7 @@ pub enum WaitError {
     /// The ring reported an error while waiting (typically [`RingError::Corrupt`]).
     #[error(transparent)]
     Ring(#[from] RingError),
-    /// Polling, reading or writing the eventfd failed.
+    /// Polling or reading the doorbell failed (`BrokenPipe`: the other end is closed).
     #[error("doorbell: {0}")]
     Doorbell(#[from] std::io::Error),
 }

@@ -95,26 +95,59 @@ pub(crate) fn fallocate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets `O_NONBLOCK` on the open file description behind `fd`.
-pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: F_GETFL takes no argument and touches none of our memory; `fd` is borrowed.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    if flags & libc::O_NONBLOCK == 0 {
-        // SAFETY: F_SETFL takes a plain int; `fd` is borrowed.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
-    }
+/// `fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, len)`: gives the pages of a
+/// tmpfs file back to the system; the size stays and the range reads as zeros.
+pub(crate) fn punch_hole(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    let len =
+        libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: plain integer arguments, no memory of ours is accessed; `fd` is kept open by the
+    // borrow.
+    cvt(unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            len,
+        )
+    })?;
     Ok(())
 }
 
-// --- eventfd and poll -----------------------------------------------------------------------
+// --- peer credentials ------------------------------------------------------------------------
 
-/// `eventfd(0, flags)`.
-pub(crate) fn eventfd(flags: libc::c_int) -> io::Result<OwnedFd> {
-    // SAFETY: plain integer arguments; creates a new descriptor and touches no memory of ours.
-    let fd = cvt(unsafe { libc::eventfd(0, flags) })?;
-    // SAFETY: `fd` is the fresh descriptor eventfd just returned.
-    Ok(unsafe { owned(fd) })
+/// `getsockopt(fd, SOL_SOCKET, SO_PEERCRED)`: the pid, uid and gid of the process at the
+/// other end of a connected Unix socket, as the kernel recorded them when it connected.
+pub(crate) fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a valid, writable `ucred` and `len` holds its exact size; the kernel
+    // writes at most `len` bytes into it and updates `len`. `fd` is borrowed for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    if len as usize != mem::size_of::<libc::ucred>() {
+        return Err(io::Error::other("SO_PEERCRED returned a short answer"));
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
 }
+
+/// `geteuid(2)`.
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory of ours and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+// --- poll ----------------------------------------------------------------------------------
 
 /// `ppoll(2)` for `POLLIN` on one descriptor. `None` waits forever. Returns whether the
 /// descriptor became ready (readable, or in an error/hang-up state that a read will report).

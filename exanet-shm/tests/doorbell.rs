@@ -24,23 +24,76 @@ fn ring_then_wait() {
 }
 
 #[test]
-fn wakes_another_thread_through_a_second_descriptor() {
-    let bell = Doorbell::new().unwrap();
-    let other = Doorbell::from_fd(bell.try_clone_fd().unwrap()).unwrap();
-    assert_ne!(bell.as_raw_fd(), other.as_raw_fd());
-    let waiter = thread::spawn(move || other.wait(Some(Duration::from_secs(20))).unwrap());
+fn wakes_the_other_end_of_a_pair_in_both_directions() {
+    let (a, b) = Doorbell::pair().unwrap();
+    let b = Doorbell::from_fd(b.into_fd()).unwrap();
+    assert_ne!(a.as_raw_fd(), b.as_raw_fd());
+    let waiter = thread::spawn(move || {
+        let rung = b.wait(Some(Duration::from_secs(20))).unwrap();
+        b.ring().unwrap();
+        (rung, b)
+    });
     thread::sleep(Duration::from_millis(10));
-    bell.ring().unwrap();
-    assert!(waiter.join().unwrap());
+    a.ring().unwrap();
+    let (rung, _b) = waiter.join().unwrap();
+    assert!(rung);
+    assert!(a.wait(Some(Duration::from_secs(20))).unwrap());
+    // Ringing one end does not wake a wait on the same end.
+    a.ring().unwrap();
+    assert!(!a.wait(Some(Duration::ZERO)).unwrap());
 }
 
 #[test]
 fn from_fd_refuses_other_descriptors() {
-    let region = Region::create("not-an-eventfd", 4096).unwrap();
+    let region = Region::create("not-a-doorbell", 4096).unwrap();
     let err = Doorbell::from_fd(region.try_clone_fd().unwrap()).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
-    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-    assert!(Doorbell::from_fd(a.as_fd().try_clone_to_owned().unwrap()).is_err());
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    let err = Doorbell::from_fd(a.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    assert!(Doorbell::from_fd(udp.as_fd().try_clone_to_owned().unwrap()).is_err());
+}
+
+/// The attack of the security issue, defect 1, on the new doorbell: the peer makes its end
+/// blocking and never reads. Ringing must still never block.
+#[test]
+fn a_peer_that_never_reads_and_clears_o_nonblock_cannot_block_a_ring() {
+    let (mine, theirs) = Doorbell::pair().unwrap();
+    let theirs = theirs.into_fd();
+    // Both ends of the pair are blocking descriptors (as blocking as a peer could make
+    // its own): only MSG_DONTWAIT keeps the rings below from blocking once the peer's
+    // receive buffer is full.
+    let start = Instant::now();
+    // Far more rings than any socket buffer holds.
+    for _ in 0..2_000_000 {
+        mine.ring().unwrap();
+    }
+    assert!(start.elapsed() < Duration::from_secs(60));
+    drop(theirs);
+    let err = mine.ring().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+    assert_eq!(
+        mine.wait(Some(Duration::from_secs(5))).unwrap_err().kind(),
+        std::io::ErrorKind::BrokenPipe
+    );
+}
+
+#[test]
+fn shutdown_wakes_a_waiter_at_once() {
+    let (mine, _theirs) = Doorbell::pair().unwrap();
+    let mine = Arc::new(mine);
+    let m2 = Arc::clone(&mine);
+    let waiter = thread::spawn(move || {
+        let t = Instant::now();
+        let r = m2.wait(Some(Duration::from_secs(30)));
+        (r.map_err(|e| e.kind()), t.elapsed())
+    });
+    thread::sleep(Duration::from_millis(20));
+    mine.shutdown().unwrap();
+    let (r, took) = waiter.join().unwrap();
+    assert_eq!(r, Err(std::io::ErrorKind::BrokenPipe));
+    assert!(took < Duration::from_secs(30));
 }
 
 #[test]

@@ -12,9 +12,9 @@ fn region_and_doorbell_cross_the_socket() {
     let (a, b) = UnixStream::pair().unwrap();
     let region = Region::create("pass", 4096).unwrap();
     region.write(10, b"shared!").unwrap();
-    let bell = Doorbell::new().unwrap();
+    let (bell, their_end) = Doorbell::pair().unwrap();
     assert_eq!(
-        send_fds(&a, b"setup", &[region.as_raw_fd(), bell.as_raw_fd()]).unwrap(),
+        send_fds(&a, b"setup", &[region.as_raw_fd(), their_end.as_raw_fd()]).unwrap(),
         5
     );
 
@@ -27,6 +27,7 @@ fn region_and_doorbell_cross_the_socket() {
     theirs.read(10, &mut got).unwrap();
     assert_eq!(&got, b"shared!");
     let their_bell = Doorbell::from_fd(bell_fd).unwrap();
+    drop(their_end);
     their_bell.ring().unwrap();
     assert!(bell.drain().unwrap());
 }

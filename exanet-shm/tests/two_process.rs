@@ -67,8 +67,9 @@ fn parent() {
     let region = Arc::new(Region::create("exanet-shm-two-process", to_parent.end()).unwrap());
     to_child.init(&region).unwrap();
     to_parent.init(&region).unwrap();
-    let child_bell = Doorbell::new().unwrap();
-    let parent_bell = Doorbell::new().unwrap();
+    // The parent rings `child_bell` and waits on `parent_bell`; the child gets the other ends.
+    let (child_bell, child_end_of_child_bell) = Doorbell::pair().unwrap();
+    let (parent_bell, child_end_of_parent_bell) = Doorbell::pair().unwrap();
     let mut tx = to_child.producer(Arc::clone(&region)).unwrap();
     let mut rx = to_parent.consumer(Arc::clone(&region)).unwrap();
 
@@ -110,8 +111,8 @@ fn parent() {
     let hello = (region.len() as u64).to_le_bytes();
     let fds = [
         region.as_raw_fd(),
-        child_bell.as_raw_fd(),
-        parent_bell.as_raw_fd(),
+        child_end_of_child_bell.as_raw_fd(),
+        child_end_of_parent_bell.as_raw_fd(),
     ];
     assert_eq!(send_fds(&stream, &hello, &fds).unwrap(), hello.len());
 

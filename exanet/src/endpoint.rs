@@ -1,6 +1,5 @@
 //! The public Rust API: [`Endpoint`] and the interfaces it hands out.
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -285,13 +284,21 @@ impl Endpoint {
             len,
             why: "does not fit this machine's address space",
         })?;
-        let info = &self.shared.info;
-        let region = Region::create(&format!("exanet-{}-r{}", info.node, info.rank), size)?;
-        let reply = self.shared.control(
-            "register",
-            &Request::Register { len },
-            &[region.as_raw_fd()],
-        )?;
+        // The daemon makes the memory (so that nothing about it can fault under the
+        // daemon) and hands us its memfd.
+        let (reply, fds) =
+            self.shared
+                .control_with_fds("register", &Request::Register { len }, &[])?;
+        let region = match <[_; 1]>::try_from(fds) {
+            Ok([fd]) => Region::from_fd_with_len(fd, size)
+                .map_err(|e| Error::Protocol(format!("register: the daemon's memory: {e}")))?,
+            Err(v) => {
+                return Err(Error::Protocol(format!(
+                    "register: {} descriptors instead of 1",
+                    v.len()
+                )))
+            }
+        };
         match reply {
             Reply::Registered { region: id, va } => {
                 if va.checked_add(len).is_none_or(|end| end > VA_LIMIT) {

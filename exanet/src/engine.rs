@@ -379,20 +379,32 @@ impl Shared {
         req: &Request,
         fds: &[std::os::fd::RawFd],
     ) -> Result<Reply> {
-        if let Some(b) = &lock(&self.state).broken {
-            return Err(Error::Broken(b.clone()));
-        }
-        let (reply, got) = lock(&self.ctrl).request(req, fds)?;
+        let (reply, got) = self.control_with_fds(op, req, fds)?;
         if !got.is_empty() {
             return Err(Error::Protocol(format!(
                 "{op}: the daemon sent {} unexpected descriptor(s)",
                 got.len()
             )));
         }
+        Ok(reply)
+    }
+
+    /// A control request whose reply may carry descriptors (the daemon's refusal is an
+    /// error, as for [`Shared::control`]).
+    pub(crate) fn control_with_fds(
+        &self,
+        op: &'static str,
+        req: &Request,
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<(Reply, Vec<std::os::fd::OwnedFd>)> {
+        if let Some(b) = &lock(&self.state).broken {
+            return Err(Error::Broken(b.clone()));
+        }
+        let (reply, got) = lock(&self.ctrl).request(req, fds)?;
         if let Reply::Error { message } = reply {
             return Err(Error::Daemon { op, message });
         }
-        Ok(reply)
+        Ok((reply, got))
     }
 
     pub(crate) fn alloc(&self, kind: Resource, capacity: Option<u32>) -> Result<u8> {
@@ -727,6 +739,12 @@ impl Shared {
         {
             Ok(r) => r,
             Err(WaitError::Ring(e)) => return Err(corrupt(e)),
+            // The daemon closed its end: the session is over. What it completed before is
+            // still in the ring; hand that out first.
+            Err(WaitError::Doorbell(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.drain(&mut p)?;
+                return Err(Error::Disconnected);
+            }
             Err(WaitError::Doorbell(e)) => {
                 return Err(Error::Io {
                     op: "waiting on the doorbell",

@@ -160,6 +160,23 @@ pub struct NiStatus {
     pub rdma_transfers_failed: u64,
     pub duplicates: u64,
     pub stale_cells: u64,
+    /// Who is attached, by rank, and what each holds.
+    pub workloads: Vec<WorkloadStatus>,
+}
+
+/// One attached workload: its job and process, and what it holds of the node's NI.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkloadStatus {
+    pub rank: u8,
+    pub job: String,
+    pub pdid: u16,
+    pub pid: i32,
+    pub uid: u32,
+    pub rdma_pages: u32,
+    pub packetizers: u32,
+    pub mailboxes: u32,
+    pub registered_bytes: u64,
 }
 
 impl NodeStatus {

@@ -14,5 +14,6 @@ pub mod metrics;
 pub mod ni_service;
 pub mod node;
 pub mod precise_timer;
+pub mod quota;
 pub mod rack;
 pub mod tls;

@@ -8,23 +8,31 @@
 //! ring slots are decoded and checked, memory accesses go through the bounds-checked
 //! `exanet_shm::Region`, and every refusal is answered (an error reply or an error
 //! completion) and counted.
+//!
+//! Nor can a workload make the daemon wait on it: the doorbells are socket-pair ends whose
+//! daemon side only the daemon holds (every call non-blocking), replies have a send
+//! timeout, the attach request a deadline, and the memory the NI touches is memory the
+//! daemon made (sealed, allocated up front: it cannot fault under the daemon). What one
+//! connection, process or job may hold is bounded (`crate::quota`), and a session's
+//! teardown frees all of it whatever the workload did.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use exanet_proto::attach::{self, status, Command, Completion, Reply, Request, Resource};
 use exanet_proto::ni::{ChannelState, MemFault, Memory, NiError, NiEvent, TransferId, RANKS};
 use exanet_proto::Pdid;
-use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring, Waiter};
+use exanet_shm::{Consumer, Doorbell, PeerCredentials, Producer, Region, Ring, Waiter};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Op;
 use crate::node::NodeHandle;
+use crate::quota::{self, Holding, Kind, Limits};
 use exanet_proto::Instant;
 
 /// Ring slot size: a 128-byte message plus the ring's length prefix, rounded up.
@@ -43,6 +51,16 @@ const MAX_BACKLOG: usize = 1024;
 const MAX_NOTIFY_BACKLOG: usize = 4096;
 /// Most memory regions one rank may register.
 const MAX_REGIONS: usize = 64;
+/// Time a new connection has to send its whole attach request (a client that dribbles it
+/// byte by byte would otherwise hold a thread and a descriptor for hours).
+const ATTACH_DEADLINE: Duration = Duration::from_secs(5);
+/// Time a reply may wait for a workload that does not read its socket.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections (each a thread) at once, attached or not, and per user.
+pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS_PER_USER: usize = 16;
+/// Longest pause of the accept loop after a failed accept (e.g. out of descriptors).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Memory registered by the ranks of this node: what the NI reads and writes.
 #[derive(Clone, Default)]
@@ -95,17 +113,22 @@ impl ShmMemory {
         })
     }
 
-    fn unregister(&self, rank: u8, id: u32) -> bool {
-        self.with(|ranks| {
+    /// Forgets region `id` of `rank`; its length, if it had one.
+    fn unregister(&self, rank: u8, id: u32) -> Option<u64> {
+        let gone = self.with(|ranks| {
             let list = &mut ranks[rank as usize];
-            let before = list.len();
-            list.retain(|r| r.id != id);
-            list.len() != before
-        })
+            let i = list.iter().position(|r| r.id == id)?;
+            Some(list.remove(i))
+        })?;
+        Some(release(gone))
     }
 
+    /// Forgets every region of `rank`.
     fn clear(&self, rank: u8) {
-        self.with(|ranks| ranks[rank as usize].clear());
+        let gone = self.with(|ranks| std::mem::take(&mut ranks[rank as usize]));
+        for r in gone {
+            release(r);
+        }
     }
 
     fn find(&self, rank: u8, va: u64, len: usize) -> Option<(Arc<Region>, usize)> {
@@ -116,6 +139,18 @@ impl ShmMemory {
             (off.checked_add(len)? <= r.region.len()).then(|| (r.region.clone(), off))
         })
     }
+}
+
+/// The daemon made the memory and allocated its pages; the workload may still map it after
+/// the daemon stops serving it, so give the pages back: what the workload keeps from then on
+/// is its own allocation, not the daemon's (which would let register/unregister loops pile
+/// up memory outside every quota).
+fn release(r: Registered) -> u64 {
+    let len = r.region.len() as u64;
+    if let Err(e) = r.region.discard() {
+        debug!(error = %e, "cannot give a region's pages back");
+    }
+    len
 }
 
 impl Memory for ShmMemory {
@@ -146,7 +181,16 @@ impl Memory for ShmMemory {
 
 /// The daemon's half of an attached workload, kept in the core.
 pub struct Session {
+    /// Who attached: the job joined and the process (`SO_PEERCRED`).
+    pub job: String,
+    pub pdid: u16,
+    pub peer: PeerCredentials,
+    /// What it holds, and what it and its job may hold.
+    pub holding: Holding,
+    limits: Limits,
+    job_limits: Limits,
     completions: Producer,
+    /// The daemon's end of the daemon -> workload doorbell.
     to_workload: Doorbell,
     backlog: VecDeque<[u8; attach::SLOT]>,
     mailboxes: Vec<u8>,
@@ -270,44 +314,210 @@ pub fn drain_mailboxes(core: &mut crate::node::Core, rank: u8) {
     }
 }
 
+/// Connections open at once, in total and per user.
+#[derive(Default)]
+struct Connections {
+    total: usize,
+    per_user: HashMap<u32, usize>,
+}
+
+/// A connection's place in [`Connections`], given back when its thread ends.
+struct ConnectionSlot {
+    conns: Arc<Mutex<Connections>>,
+    uid: u32,
+}
+
+impl ConnectionSlot {
+    fn admit(conns: &Arc<Mutex<Connections>>, uid: u32) -> Result<ConnectionSlot, String> {
+        let mut c = conns.lock().unwrap_or_else(|p| p.into_inner());
+        if c.total >= MAX_CONNECTIONS {
+            return Err(format!(
+                "{MAX_CONNECTIONS} workload connections already open"
+            ));
+        }
+        let mine = c.per_user.entry(uid).or_default();
+        if *mine >= MAX_CONNECTIONS_PER_USER {
+            return Err(format!(
+                "user {uid} already has {MAX_CONNECTIONS_PER_USER} workload connections open"
+            ));
+        }
+        *mine += 1;
+        c.total += 1;
+        Ok(ConnectionSlot {
+            conns: Arc::clone(conns),
+            uid,
+        })
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut c = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_user.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_user.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Whether a user may connect at all: the daemon's own user, root, or a user or group that
+/// some job names.
+fn may_connect(node: &NodeHandle, peer: &PeerCredentials, daemon_uid: u32) -> bool {
+    let jobs = &node.rack.file.jobs;
+    peer.uid == daemon_uid
+        || peer.uid == 0
+        || jobs
+            .values()
+            .any(|j| j.uid.contains(&peer.uid) || j.gid.contains(&peer.gid))
+}
+
 /// Listens for workloads on `path` until the process exits.
+///
+/// The socket is open to every user when some job names users or groups (each attach is
+/// then authorised by the connecting process's credentials), owner-only otherwise.
 pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Result<()> {
     let listener = crate::control_server::bind_owner_only(path)?;
+    if node
+        .rack
+        .file
+        .jobs
+        .values()
+        .any(|j| !j.uid.is_empty() || !j.gid.is_empty())
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    }
+    let daemon_uid = exanet_shm::effective_uid();
+    let conns = Arc::new(Mutex::new(Connections::default()));
     std::thread::Builder::new()
         .name("ni-attach".into())
         .spawn(move || {
+            let mut backoff = Duration::ZERO;
             for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
+                let conn = match conn {
+                    Ok(c) => {
+                        backoff = Duration::ZERO;
+                        c
+                    }
+                    Err(e) => {
+                        // Out of descriptors (EMFILE), say: retrying at once would spin a
+                        // core and starve everyone; back off until accepts work again.
+                        backoff = (backoff * 2)
+                            .max(Duration::from_millis(5))
+                            .min(MAX_ACCEPT_BACKOFF);
+                        node.count_error("workload_accept");
+                        warn!(error = %e, ?backoff, "cannot accept a workload connection");
+                        std::thread::sleep(backoff);
+                        continue;
+                    }
+                };
+                let peer = match exanet_shm::peer_credentials(&conn) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        node.count_error("workload_refused");
+                        debug!(error = %e, "no credentials for a workload connection");
+                        continue;
+                    }
+                };
+                if !may_connect(&node, &peer, daemon_uid) {
+                    node.count_error("workload_user_refused");
+                    info!(
+                        uid = peer.uid,
+                        pid = peer.pid,
+                        "user may not attach to any job"
+                    );
+                    let _ = conn.set_write_timeout(Some(REPLY_TIMEOUT));
+                    let message = format!("user {} may not attach to any job", peer.uid);
+                    reply(&conn, &Reply::Error { message }, &[]);
+                    continue;
+                }
+                let slot = match ConnectionSlot::admit(&conns, peer.uid) {
+                    Ok(s) => s,
+                    Err(message) => {
+                        node.count_error("workload_connections");
+                        debug!(%message, "workload connection refused");
+                        let _ = conn.set_write_timeout(Some(REPLY_TIMEOUT));
+                        reply(&conn, &Reply::Error { message }, &[]);
+                        continue;
+                    }
+                };
                 let (node, mem) = (node.clone(), mem.clone());
-                let _ = std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name("ni-session".into())
-                    .spawn(move || serve_session(node, mem, conn));
+                    .spawn(move || serve_session(node, mem, conn, peer, daemon_uid, slot));
+                if spawned.is_err() {
+                    // The slot and the connection went with the closure.
+                    warn!("cannot start a thread for a workload connection");
+                }
             }
         })?;
     Ok(())
 }
 
-/// Reads one request line and any fds that came with it.
-fn read_request(conn: &UnixStream) -> Result<Option<(Request, Vec<OwnedFd>)>, String> {
+/// Why a request could not be read.
+enum ReadError {
+    /// The connection failed or timed out: the session ends.
+    Io(String),
+    /// The workload sent something wrong: answered, and the session goes on.
+    Protocol(String),
+}
+
+/// Reads one request line. No request carries descriptors: any that arrive are closed at
+/// once (one receive takes at most one), and the request is refused. With a `deadline`
+/// the whole line must arrive before it.
+fn read_request(
+    conn: &UnixStream,
+    deadline: Option<std::time::Instant>,
+) -> Result<Option<Request>, ReadError> {
     let mut line = Vec::new();
-    let mut fds = Vec::new();
+    let mut carried_fds = false;
     let mut buf = [0u8; 1024];
     loop {
-        let (n, mut got) = exanet_shm::recv_fds(conn, &mut buf, 4).map_err(|e| e.to_string())?;
-        fds.append(&mut got);
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(ReadError::Io(format!(
+                    "request not complete within {} s",
+                    ATTACH_DEADLINE.as_secs()
+                )));
+            }
+            let _ = conn.set_read_timeout(Some(left));
+        }
+        let (n, got) = match exanet_shm::recv_fds(conn, &mut buf, 1) {
+            Ok(x) => x,
+            Err(exanet_shm::FdPassError::Truncated { .. }) => {
+                // More descriptors than room: the kernel closed them, and so did recv_fds.
+                carried_fds = true;
+                continue;
+            }
+            Err(e) => return Err(ReadError::Io(e.to_string())),
+        };
+        carried_fds |= !got.is_empty();
+        drop(got);
         if n == 0 {
             return Ok(None);
         }
         line.extend_from_slice(&buf[..n]);
         if line.len() > MAX_REQUEST {
-            return Err(format!("request longer than {MAX_REQUEST} bytes"));
+            return Err(ReadError::Io(format!(
+                "request longer than {MAX_REQUEST} bytes"
+            )));
         }
         if line.ends_with(b"\n") {
             break;
         }
     }
-    let req = serde_json::from_slice(&line).map_err(|e| format!("bad request: {e}"))?;
-    Ok(Some((req, fds)))
+    if carried_fds {
+        return Err(ReadError::Protocol(
+            "requests carry no descriptors (they were closed)".into(),
+        ));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| ReadError::Protocol(format!("bad request: {e}")))
 }
 
 fn reply(conn: &UnixStream, r: &Reply, fds: &[i32]) -> bool {
@@ -323,17 +533,27 @@ fn error(conn: &UnixStream, node: &NodeHandle, kind: &'static str, message: Stri
     reply(conn, &Reply::Error { message }, &[])
 }
 
-fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    // The first request must be an attach.
-    let (job_key, version) = match read_request(&conn) {
-        Ok(Some((Request::Attach { version, job_key }, _))) => (job_key, version),
+fn serve_session(
+    node: Arc<NodeHandle>,
+    mem: ShmMemory,
+    conn: UnixStream,
+    peer: PeerCredentials,
+    daemon_uid: u32,
+    _slot: ConnectionSlot,
+) {
+    // A workload that never reads its socket must not hold this thread (and its rank) in a
+    // blocking send.
+    let _ = conn.set_write_timeout(Some(REPLY_TIMEOUT));
+    // The first request must be an attach, complete within the deadline.
+    let deadline = std::time::Instant::now() + ATTACH_DEADLINE;
+    let (job_key, version) = match read_request(&conn, Some(deadline)) {
+        Ok(Some(Request::Attach { version, job_key })) => (job_key, version),
         Ok(Some(_)) => {
             error(&conn, &node, "workload_protocol", "attach first".into());
             return;
         }
         Ok(None) => return,
-        Err(e) => {
+        Err(ReadError::Io(e) | ReadError::Protocol(e)) => {
             error(&conn, &node, "workload_protocol", e);
             return;
         }
@@ -350,11 +570,34 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
         );
         return;
     }
-    let Some(pdid) = node.rack.pdid_for(job_key.as_deref()) else {
+    let Some((job_name, job)) = node.rack.job_for(job_key.as_deref()) else {
         error(&conn, &node, "workload_refused", "unknown job key".into());
         return;
     };
-    let attached = match attach_rank(&node, Pdid(pdid)) {
+    if !quota::may_join(&job, peer.uid, peer.gid, daemon_uid) {
+        error(
+            &conn,
+            &node,
+            "workload_user_refused",
+            format!(
+                "user {} (group {}) may not join job {job_name}",
+                peer.uid, peer.gid
+            ),
+        );
+        return;
+    }
+    let who = Who {
+        job: job_name.to_string(),
+        pdid: job.pdid,
+        peer,
+        limits: Limits::for_rank(node.rack.file.ni.as_ref()),
+        // The default job is there even when the rack file does not name it.
+        job_limits: Limits::for_job(&job.quota, {
+            let jobs = &node.rack.file.jobs;
+            jobs.len() + usize::from(!jobs.contains_key("default"))
+        }),
+    };
+    let attached = match attach_rank(&node, who) {
         Ok(a) => a,
         Err(e) => {
             error(&conn, &node, "workload_refused", e);
@@ -363,31 +606,35 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
     };
     let Attached {
         rank,
+        pdid,
         region,
         command,
         from_workload,
-        to_workload_fd,
+        workload_ends,
         reply: attached_reply,
     } = attached;
     let stop = Arc::new(AtomicBool::new(false));
-    // The fds must stay open until the reply is sent.
-    let ok = match (region.try_clone_fd(), from_workload.try_clone_fd()) {
-        (Ok(r), Ok(f)) => reply(
-            &conn,
-            &attached_reply,
-            &[r.as_raw_fd(), to_workload_fd.as_raw_fd(), f.as_raw_fd()],
-        ),
-        _ => {
-            error(
-                &conn,
-                &node,
-                "workload_refused",
-                "cannot share the rings".into(),
-            );
-            false
-        }
-    };
-    info!(rank, pdid, "workload attached");
+    let ok = reply(
+        &conn,
+        &attached_reply,
+        &[
+            region.as_raw_fd(),
+            workload_ends[0].as_raw_fd(),
+            workload_ends[1].as_raw_fd(),
+        ],
+    );
+    // The workload's ends are its own now: the daemon keeping a copy would hide the
+    // workload's exit from the doorbells.
+    drop(workload_ends);
+    if ok {
+        info!(
+            rank,
+            pdid,
+            pid = peer.pid,
+            uid = peer.uid,
+            "workload attached"
+        );
+    }
     let from_workload = Arc::new(from_workload);
     let ring_thread = if ok {
         let (node, stop, bell) = (node.clone(), stop.clone(), from_workload.clone());
@@ -399,21 +646,27 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
         None
     };
     let _ = conn.set_read_timeout(None);
-    if ok {
+    if ok && ring_thread.is_some() {
         loop {
-            let (req, fds) = match read_request(&conn) {
+            let req = match read_request(&conn, None) {
                 Ok(Some(x)) => x,
                 Ok(None) => break,
-                Err(e) => {
+                Err(ReadError::Io(e)) => {
+                    debug!(rank, error = %e, "workload connection failed");
+                    break;
+                }
+                Err(ReadError::Protocol(e)) => {
                     if !error(&conn, &node, "workload_protocol", e) {
                         break;
                     }
                     continue;
                 }
             };
-            let r = handle_request(&node, &mem, rank, req, fds);
-            let sent = match r {
-                Ok(r) => reply(&conn, &r, &[]),
+            let sent = match handle_request(&node, &mem, rank, req) {
+                Ok((r, fd)) => {
+                    let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+                    reply(&conn, &r, &fds)
+                }
                 Err(e) => error(&conn, &node, "workload_request", e),
             };
             if !sent {
@@ -421,9 +674,11 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
             }
         }
     }
-    // The workload is gone (or broke the protocol): free everything it held.
+    // The workload is gone (or broke the protocol, or stopped reading): free everything it
+    // held. Nothing below waits on the workload: the shutdown wakes the ring thread at once
+    // and none of its calls can block on the workload, so the join is bounded.
     stop.store(true, Ordering::Release);
-    let _ = from_workload.ring();
+    let _ = from_workload.shutdown();
     if let Some(t) = ring_thread {
         let _ = t.join();
     }
@@ -442,16 +697,29 @@ fn serve_session(node: Arc<NodeHandle>, mem: ShmMemory, conn: UnixStream) {
     info!(rank, "workload detached");
 }
 
+/// Who is attaching, and what they may hold.
+struct Who {
+    job: String,
+    pdid: u16,
+    peer: PeerCredentials,
+    limits: Limits,
+    job_limits: Limits,
+}
+
 struct Attached {
     rank: u8,
+    pdid: u16,
     region: Arc<Region>,
     command: Consumer,
+    /// The daemon's end of the workload -> daemon doorbell.
     from_workload: Doorbell,
-    to_workload_fd: OwnedFd,
+    /// The workload's ends of both doorbells, to send it.
+    workload_ends: [OwnedFd; 2],
     reply: Reply,
 }
 
-fn attach_rank(node: &NodeHandle, pdid: Pdid) -> Result<Attached, String> {
+/// Takes a free rank for `who`, within its job's quota, and makes its rings and doorbells.
+fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
     let e = |x: &dyn std::fmt::Display| x.to_string();
     let cmd_ring = Ring::new(0, COMMAND_SLOTS, RING_SLOT).map_err(|x| e(&x))?;
     let cpl_offset = cmd_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
@@ -461,16 +729,39 @@ fn attach_rank(node: &NodeHandle, pdid: Pdid) -> Result<Attached, String> {
     cpl_ring.init(&region).map_err(|x| e(&x))?;
     let command = cmd_ring.consumer(region.clone()).map_err(|x| e(&x))?;
     let completions = cpl_ring.producer(region.clone()).map_err(|x| e(&x))?;
-    let to_workload = Doorbell::new().map_err(|x| e(&x))?;
-    let to_workload_fd = to_workload.try_clone_fd().map_err(|x| e(&x))?;
-    let from_workload = Doorbell::new().map_err(|x| e(&x))?;
+    let (to_workload, to_workload_peer) = Doorbell::pair().map_err(|x| e(&x))?;
+    let (from_workload, from_workload_peer) = Doorbell::pair().map_err(|x| e(&x))?;
     let mut core = node.lock();
+    let job_ranks = core
+        .sessions
+        .iter()
+        .flatten()
+        .filter(|s| s.job == who.job)
+        .count() as u32;
+    if let Err(x) = quota::check(
+        Kind::Rank,
+        1,
+        &Holding::default(),
+        &who.limits,
+        (&who.job, &who.job_limits, &Holding::default(), job_ranks),
+    ) {
+        // Through the guard: `node.count_error` would take the core lock a second time.
+        core.node.count_error("quota_refused");
+        return Err(x.to_string());
+    }
     let rank = (0..RANKS as u8)
         .find(|r| core.sessions[*r as usize].is_none())
         .ok_or_else(|| format!("all {RANKS} ranks of {} are taken", node.name))?;
+    let pdid = who.pdid;
     let (ni, _) = core.node.ni_mut();
-    ni.attach(rank, pdid).map_err(|x| e(&x))?;
+    ni.attach(rank, Pdid(pdid)).map_err(|x| e(&x))?;
     core.sessions[rank as usize] = Some(Session {
+        job: who.job,
+        pdid,
+        peer: who.peer,
+        holding: Holding::default(),
+        limits: who.limits,
+        job_limits: who.job_limits,
         completions,
         to_workload,
         backlog: VecDeque::new(),
@@ -481,11 +772,12 @@ fn attach_rank(node: &NodeHandle, pdid: Pdid) -> Result<Attached, String> {
     let nodes = node.rack.shape().nodes();
     Ok(Attached {
         rank,
+        pdid,
         reply: Reply::Attached {
             node: node.name.clone(),
             node_id: node.id.0,
             rank,
-            pdid: pdid.0,
+            pdid,
             command_slots: COMMAND_SLOTS,
             completion_slots: COMPLETION_SLOTS,
             command_offset: 0,
@@ -496,8 +788,46 @@ fn attach_rank(node: &NodeHandle, pdid: Pdid) -> Result<Attached, String> {
         region,
         command,
         from_workload,
-        to_workload_fd,
+        workload_ends: [to_workload_peer.into_fd(), from_workload_peer.into_fd()],
     })
+}
+
+/// Takes `n` of `kind` for `rank` if it and its job stay within their limits.
+fn reserve(core: &mut crate::node::Core, rank: u8, kind: Kind, n: u64) -> Result<(), String> {
+    let Some(Some(me)) = core.sessions.get(rank as usize) else {
+        return Err(format!("rank {rank} is not attached"));
+    };
+    let mut job_total = Holding::default();
+    let mut job_ranks = 0;
+    for s in core.sessions.iter().flatten().filter(|s| s.job == me.job) {
+        job_ranks += 1;
+        job_total.rdma_pages += s.holding.rdma_pages;
+        job_total.packetizers += s.holding.packetizers;
+        job_total.mailboxes += s.holding.mailboxes;
+        job_total.registered_bytes += s.holding.registered_bytes;
+    }
+    quota::check(
+        kind,
+        n,
+        &me.holding,
+        &me.limits,
+        (&me.job, &me.job_limits, &job_total, job_ranks),
+    )
+    .map_err(|x| {
+        core.node.count_error("quota_refused");
+        x.to_string()
+    })?;
+    if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
+        me.holding.add(kind, n as i64);
+    }
+    Ok(())
+}
+
+/// Gives back `n` of `kind` that `rank` held.
+fn give_back(core: &mut crate::node::Core, rank: u8, kind: Kind, n: u64) {
+    if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
+        me.holding.add(kind, -(n as i64));
+    }
 }
 
 fn handle_request(
@@ -505,37 +835,43 @@ fn handle_request(
     mem: &ShmMemory,
     rank: u8,
     req: Request,
-    mut fds: Vec<OwnedFd>,
-) -> Result<Reply, String> {
+) -> Result<(Reply, Option<OwnedFd>), String> {
     match req {
         Request::Attach { .. } => Err("already attached".into()),
         Request::Register { len } => {
-            if fds.len() != 1 {
-                return Err(format!(
-                    "register needs exactly one memfd, got {}",
-                    fds.len()
-                ));
-            }
-            let fd = fds.pop().expect("one fd");
-            let region = Region::from_fd(fd).map_err(|e| e.to_string())?;
-            if region.len() as u64 != len {
-                return Err(format!(
-                    "region is {} B, not the {len} B announced",
-                    region.len()
-                ));
-            }
-            let (region, va) = mem.register(rank, region)?;
-            Ok(Reply::Registered { region, va })
-        }
-        Request::Unregister { region } => {
-            if mem.unregister(rank, region) {
-                Ok(Reply::Ok)
-            } else {
-                Err(format!("rank {rank} has no region {region}"))
+            let size = usize::try_from(len)
+                .ok()
+                .filter(|s| *s > 0 && *s <= isize::MAX as usize)
+                .ok_or_else(|| format!("cannot register {len} bytes"))?;
+            reserve(&mut node.lock(), rank, Kind::RegisteredBytes, len)?;
+            // Made and allocated outside the core lock: it may take a while for a large
+            // region, and every other rank's traffic needs that lock.
+            let made = Region::create(&format!("exanet-{}-r{rank}", node.name), size)
+                .map_err(|e| e.to_string())
+                .and_then(|region| {
+                    let fd = region.try_clone_fd().map_err(|e| e.to_string())?;
+                    Ok((region, fd))
+                })
+                .and_then(|(region, fd)| Ok((mem.register(rank, region)?, fd)));
+            match made {
+                Ok(((region, va), fd)) => Ok((Reply::Registered { region, va }, Some(fd))),
+                Err(e) => {
+                    give_back(&mut node.lock(), rank, Kind::RegisteredBytes, len);
+                    Err(e)
+                }
             }
         }
+        Request::Unregister { region } => match mem.unregister(rank, region) {
+            Some(len) => {
+                give_back(&mut node.lock(), rank, Kind::RegisteredBytes, len);
+                Ok((Reply::Ok, None))
+            }
+            None => Err(format!("rank {rank} has no region {region}")),
+        },
         Request::Alloc { kind, capacity } => {
             let mut core = node.lock();
+            let q = quota_kind(kind);
+            reserve(&mut core, rank, q, 1)?;
             let (ni, _) = core.node.ni_mut();
             let index = match kind {
                 Resource::Packetizer => ni.packetizer.alloc(rank),
@@ -544,14 +880,20 @@ fn handle_request(
                     ni.mailboxes.alloc(rank, cap)
                 }
                 Resource::RdmaPage => ni.rdma.alloc_page(rank),
-            }
-            .map_err(|e| e.to_string())?;
+            };
+            let index = match index {
+                Ok(i) => i,
+                Err(e) => {
+                    give_back(&mut core, rank, q, 1);
+                    return Err(e.to_string());
+                }
+            };
             if kind == Resource::Mailbox {
                 if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
                     s.mailboxes.push(index);
                 }
             }
-            Ok(Reply::Allocated { index })
+            Ok((Reply::Allocated { index }, None))
         }
         Request::Free { kind, index } => {
             let mut core = node.lock();
@@ -562,13 +904,22 @@ fn handle_request(
                 Resource::RdmaPage => ni.rdma.free_page(rank, index),
             }
             .map_err(|e| e.to_string())?;
+            give_back(&mut core, rank, quota_kind(kind), 1);
             if kind == Resource::Mailbox {
                 if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
                     s.mailboxes.retain(|v| *v != index);
                 }
             }
-            Ok(Reply::Ok)
+            Ok((Reply::Ok, None))
         }
+    }
+}
+
+fn quota_kind(r: Resource) -> Kind {
+    match r {
+        Resource::Packetizer => Kind::Packetizer,
+        Resource::Mailbox => Kind::Mailbox,
+        Resource::RdmaPage => Kind::RdmaPage,
     }
 }
 
@@ -642,6 +993,14 @@ fn serve_ring(
         let timeout = Some(Duration::from_millis(20));
         match ring.wait_readable(&waiter, &bell, timeout) {
             Ok(_) => {}
+            // The workload closed its doorbell (it exited), or the session is ending and
+            // shut ours: the session ends when the control connection does.
+            Err(exanet_shm::WaitError::Doorbell(e))
+                if e.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                debug!(rank, "command doorbell closed");
+                return;
+            }
             Err(e) => {
                 warn!(rank, error = %e, "command ring wait failed");
                 node.count_error("workload_ring");

@@ -423,6 +423,25 @@ fn ni_status(core: &Core) -> NiStatus {
         rdma_transfers_failed: st.rdma_transfers_failed,
         duplicates: st.duplicates,
         stale_cells: st.stale_cells,
+        workloads: core
+            .sessions
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, s)| {
+                let s = s.as_ref()?;
+                Some(crate::control::WorkloadStatus {
+                    rank: rank as u8,
+                    job: s.job.clone(),
+                    pdid: s.pdid,
+                    pid: s.peer.pid,
+                    uid: s.peer.uid,
+                    rdma_pages: s.holding.rdma_pages,
+                    packetizers: s.holding.packetizers,
+                    mailboxes: s.holding.mailboxes,
+                    registered_bytes: s.holding.registered_bytes,
+                })
+            })
+            .collect(),
     }
 }
 

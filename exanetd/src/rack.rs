@@ -30,12 +30,25 @@
 //! window_blocks = 32            # RDMA blocks of a transfer in flight (16 KB each)
 //! retransmit_us = 5000          # wait for an ACK before sending again (doubles per try)
 //! max_attempts = 8              # tries per message or block before failing
+//! rank_max_rdma_pages = 8       # what one attached process may hold (defaults shown)
+//! rank_max_packetizers = 32
+//! rank_max_mailboxes = 32
+//! rank_max_registered_mib = 4096
 //!
 //! [jobs.default]                # the job of workloads that attach without a key
 //! pdid = 1                      # (this is also what applies when no default is given)
 //! [jobs.alice]
-//! key = "a-long-random-secret"  # workloads presenting this key join PDID 42
+//! key_sha256 = "9f86d0...0f00a08"   # SHA-256 (hex) of the key that admits workloads
+//! # key = "a-long-random-secret"    # or the key itself (the rack file is world-readable)
 //! pdid = 42
+//! uid = [1001]                  # only processes of these users or groups may attach
+//! gid = [1001]                  # (absent: only the daemon's own user and root)
+//! max_ranks = 6                 # what the job may hold on one node (defaults shown; a
+//!                               # rack with a single job lets it hold the whole node)
+//! max_rdma_pages = 12
+//! max_packetizers = 48
+//! max_mailboxes = 48
+//! max_registered_mib = 8192
 //!
 //! [deploy]                      # optional: what runs the daemons (default: local processes)
 //! kind = "compose"              # local | compose | external
@@ -193,13 +206,44 @@ impl RackFile {
     }
 }
 
-/// A job: the protection domain its workloads get, and the key that admits them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A job: the protection domain its workloads get, who may join it, and what it may hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Job {
+    /// The key that admits workloads, in clear. The rack file is world-readable (daemons of
+    /// other users read it), so `key_sha256` is the better choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The SHA-256 of the key, in hex: the rack file then holds no secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
     pub pdid: u16,
+    /// Users whose processes may attach to this job (`SO_PEERCRED` of the attach socket).
+    /// With neither `uid` nor `gid`, only the daemon's own user and root may.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uid: Vec<u32>,
+    /// Groups (the process's primary group) whose processes may attach to this job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gid: Vec<u32>,
+    #[serde(flatten)]
+    pub quota: JobQuota,
+}
+
+/// What one job may hold on one node; absent fields keep the defaults
+/// ([`crate::quota::JOB_DEFAULTS`]), which leave a share of every NI resource to other jobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobQuota {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ranks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rdma_pages: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_packetizers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mailboxes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_registered_mib: Option<u64>,
 }
 
 /// The rack's NI protocol settings; absent fields keep their defaults.
@@ -212,6 +256,15 @@ pub struct NiSettings {
     pub retransmit_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u8>,
+    /// What one attached process may hold ([`crate::quota::RANK_DEFAULTS`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_max_rdma_pages: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_max_packetizers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_max_mailboxes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_max_registered_mib: Option<u64>,
 }
 
 /// PDID of the default job when the rack file names none.
@@ -268,17 +321,52 @@ impl Rack {
                 return Err("ni.max_attempts must be 1..=100".into());
             }
         }
+        let mut pdids = BTreeMap::new();
+        let mut keys = BTreeMap::new();
         for (name, job) in &file.jobs {
             if job.pdid == 0 {
                 return Err(format!(
                     "job {name}: PDID 0 is reserved for the fabric's own cells"
                 ));
             }
-            if name != "default" && job.key.as_deref().is_none_or(str::is_empty) {
+            if let Some(other) = pdids.insert(job.pdid, name) {
                 return Err(format!(
-                    "job {name}: a job other than `default` needs a key"
+                    "jobs {other} and {name} have the same PDID {}: they would share one \
+                     protection domain",
+                    job.pdid
                 ));
             }
+            if job.key.is_some() && job.key_sha256.is_some() {
+                return Err(format!("job {name}: give key or key_sha256, not both"));
+            }
+            let digest = match (&job.key, &job.key_sha256) {
+                (Some(k), None) if !k.is_empty() => Some(crate::quota::key_digest(k)),
+                (None, Some(h)) => Some(
+                    crate::quota::parse_digest(h)
+                        .ok_or_else(|| format!("job {name}: key_sha256 is not 64 hex digits"))?,
+                ),
+                _ => None,
+            };
+            match digest {
+                None if name != "default" => {
+                    return Err(format!(
+                        "job {name}: a job other than `default` needs a key (or key_sha256)"
+                    ))
+                }
+                None => {}
+                Some(d) => {
+                    if let Some(other) = keys.insert(d, name) {
+                        return Err(format!(
+                            "jobs {other} and {name} have the same key: a workload could not \
+                             say which it means"
+                        ));
+                    }
+                }
+            }
+            crate::quota::Limits::check_job(&job.quota).map_err(|e| format!("job {name}: {e}"))?;
+        }
+        if let Some(ni) = &file.ni {
+            crate::quota::Limits::check_rank(ni).map_err(|e| format!("ni.{e}"))?;
         }
         let shape = file.shape;
         let mut nodes: Vec<Option<NodeEntry>> = vec![None; shape.nodes() as usize];
@@ -357,23 +445,40 @@ impl Rack {
         c
     }
 
+    /// The job a workload presenting `key` joins (its name and table): the job with that key,
+    /// or the default job without a key. `None` for a key no job has.
+    pub fn job_for(&self, key: Option<&str>) -> Option<(&str, std::borrow::Cow<'_, Job>)> {
+        use std::borrow::Cow;
+        match key {
+            None | Some("") => Some(match self.file.jobs.get_key_value("default") {
+                Some((name, job)) => (name.as_str(), Cow::Borrowed(job)),
+                None => (
+                    "default",
+                    Cow::Owned(Job {
+                        pdid: DEFAULT_PDID,
+                        ..Job::default()
+                    }),
+                ),
+            }),
+            Some(k) => {
+                let d = crate::quota::key_digest(k);
+                self.file.jobs.iter().find_map(|(name, j)| {
+                    let theirs = match (&j.key, &j.key_sha256) {
+                        (Some(key), _) => Some(crate::quota::key_digest(key)),
+                        (None, Some(h)) => crate::quota::parse_digest(h),
+                        _ => None,
+                    };
+                    crate::quota::digests_equal(theirs.as_ref(), &d)
+                        .then(|| (name.as_str(), Cow::Borrowed(j)))
+                })
+            }
+        }
+    }
+
     /// The PDID a workload presenting `key` joins: the job with that key, or the default
     /// job without a key. `None` for a key no job has.
     pub fn pdid_for(&self, key: Option<&str>) -> Option<u16> {
-        match key {
-            None | Some("") => Some(
-                self.file
-                    .jobs
-                    .get("default")
-                    .map_or(DEFAULT_PDID, |j| j.pdid),
-            ),
-            Some(k) => self
-                .file
-                .jobs
-                .values()
-                .find(|j| j.key.as_deref() == Some(k))
-                .map(|j| j.pdid),
-        }
+        self.job_for(key).map(|(_, j)| j.pdid)
     }
 
     pub fn save(&self) -> Result<(), RackError> {

@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn attach(r: &TestRack, node: &str, key: Option<&str>) -> Result<Workload, Strin
     let (reply, mut fds) = request(
         &conn,
         &Request::Attach {
-            version: 1,
+            version: exanet_proto::attach::PROTOCOL_VERSION,
             job_key: key.map(String::from),
         },
         &[],
@@ -107,16 +107,13 @@ impl Workload {
     }
 
     fn register(&self, len: usize) -> (Region, u64) {
-        let mem = Region::create("test-mem", len).unwrap();
-        let fd = mem.try_clone_fd().unwrap();
-        match request(
-            &self.conn,
-            &Request::Register { len: len as u64 },
-            &[fd.as_raw_fd()],
-        )
-        .0
-        {
-            Reply::Registered { va, .. } => (mem, va),
+        let (reply, mut fds) = request(&self.conn, &Request::Register { len: len as u64 }, &[]);
+        match reply {
+            Reply::Registered { va, .. } => {
+                assert_eq!(fds.len(), 1, "registered memory comes with its memfd");
+                let mem = Region::from_fd_with_len(fds.pop().unwrap(), len).unwrap();
+                (mem, va)
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -160,6 +157,7 @@ fn rack(tag: &str) -> TestRack {
         Job {
             key: Some("alice-key".into()),
             pdid: 42,
+            ..Job::default()
         },
     );
     write_rack_file(&r.dir, &f).unwrap();
@@ -459,11 +457,12 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
         "{:?}",
         s.errors
     );
-    // The dead workload's rank is free again: 8 ranks minus good and evil can attach.
+    // The dead workloads' ranks are free again. This rack has two jobs, so the default job
+    // may hold 6 of the 8 ranks (good's and 5 more), and alice the rest.
     drop(evil);
     let t0 = Instant::now();
     let mut extra = Vec::new();
-    while extra.len() < 7 {
+    while extra.len() < 5 {
         match attach(&r, "M1QAF1", None) {
             Ok(w) => extra.push(w),
             Err(e) => {
@@ -475,9 +474,28 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
             }
         }
     }
-    assert!(
-        attach(&r, "M1QAF1", None).is_err(),
-        "a ninth rank must be refused"
+    let e = attach(&r, "M1QAF1", None)
+        .err()
+        .expect("the job's quota is spent");
+    assert!(e.contains("job default holds 6 of its 6 ranks"), "{e}");
+    extra.push(attach(&r, "M1QAF1", Some("alice-key")).unwrap());
+    extra.push(attach(&r, "M1QAF1", Some("alice-key")).unwrap());
+    let e = attach(&r, "M1QAF1", Some("alice-key"))
+        .err()
+        .expect("a ninth rank must be refused");
+    assert!(e.contains("all 8 ranks"), "{e}");
+    let s = r.status("M1QAF1").unwrap();
+    assert!(s.errors.get("quota_refused").copied().unwrap_or(0) >= 1);
+    let jobs: Vec<&str> = s.ni.workloads.iter().map(|w| w.job.as_str()).collect();
+    assert_eq!(
+        jobs.iter().filter(|j| **j == "default").count(),
+        6,
+        "{jobs:?}"
+    );
+    assert_eq!(
+        jobs.iter().filter(|j| **j == "alice").count(),
+        2,
+        "{jobs:?}"
     );
 }
 

@@ -166,8 +166,9 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
     cpl_ring.init(&region).unwrap();
     let mut commands = cmd_ring.consumer(region.clone()).unwrap();
     let completions = cpl_ring.producer(region.clone()).unwrap();
-    let to_workload = Doorbell::new().unwrap();
-    let from_workload = Arc::new(Doorbell::new().unwrap());
+    let (to_workload, to_workload_peer) = Doorbell::pair().unwrap();
+    let (from_workload, from_workload_peer) = Doorbell::pair().unwrap();
+    let from_workload = Arc::new(from_workload);
     reply(
         &conn,
         &Reply::Attached {
@@ -184,10 +185,11 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
         },
         &[
             region.as_raw_fd(),
-            to_workload.as_raw_fd(),
-            from_workload.as_raw_fd(),
+            to_workload_peer.as_raw_fd(),
+            from_workload_peer.as_raw_fd(),
         ],
     );
+    drop((to_workload_peer, from_workload_peer));
     let mem = Arc::new(Mutex::new(Mem {
         regions: Vec::new(),
         mailboxes: HashSet::new(),
@@ -267,22 +269,24 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
         });
     }
     // Control requests until the workload goes.
-    while let Some((req, mut fds)) = read_request(&conn) {
+    while let Some((req, _fds)) = read_request(&conn) {
         let mut m = mem.lock().unwrap();
+        let mut reply_fds = Vec::new();
         let r = match req {
             Request::Attach { .. } => Reply::Error {
                 message: "already attached".into(),
             },
-            Request::Register { len } => match fds.pop().map(Region::from_fd) {
-                Some(Ok(region)) if region.len() as u64 == len => {
+            Request::Register { len } => match Region::create("fake-mem", len as usize) {
+                Ok(region) => {
                     let va = m.next_va;
                     m.next_va = (va + len).div_ceil(2 << 20) * (2 << 20);
                     let id = m.regions.len() as u32 + 1;
+                    reply_fds.push(region.try_clone_fd().unwrap());
                     m.regions.push((id, va, region));
                     Reply::Registered { region: id, va }
                 }
-                _ => Reply::Error {
-                    message: "bad memfd".into(),
+                Err(e) => Reply::Error {
+                    message: e.to_string(),
                 },
             },
             Request::Unregister { region } => {
@@ -316,7 +320,8 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
             }
         };
         drop(m);
-        reply(&conn, &r, &[]);
+        let raw: Vec<i32> = reply_fds.iter().map(|f| f.as_raw_fd()).collect();
+        reply(&conn, &r, &raw);
     }
     done.store(true, Ordering::Release);
 }

@@ -1,0 +1,393 @@
+//! What one job and one attached process may hold on a node, and who may join a job.
+//!
+//! A node has 8 ranks, 16 RDMA pages, 64 packetizer interfaces and 64 mailboxes (SPEC §4),
+//! handed out first come, first served; without limits one job could take them all and lock
+//! every other job out of the node. When the rack file names more than one job, each gets a
+//! share ([`JOB_DEFAULTS`], or its `[jobs.NAME]` table); a rack with one job lets it use the
+//! whole node. Each attached process gets a smaller share ([`RANK_DEFAULTS`], or
+//! `[ni] rank_max_*`). Registered memory is real memory the daemon allocates, so it is
+//! bounded the same way. A refusal says which limit it hit; the daemon counts it as
+//! `quota_refused`.
+
+use std::fmt;
+
+use crate::rack::{JobQuota, NiSettings};
+
+const MIB: u64 = 1 << 20;
+
+/// What a job or a rank may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub ranks: u32,
+    pub rdma_pages: u32,
+    pub packetizers: u32,
+    pub mailboxes: u32,
+    pub registered_bytes: u64,
+}
+
+/// A job's share of one node by default when the rack has other jobs: three quarters of each
+/// NI resource, so that another job always finds some; 8 GiB of registered memory.
+pub const JOB_DEFAULTS: Limits = Limits {
+    ranks: 6,
+    rdma_pages: 12,
+    packetizers: 48,
+    mailboxes: 48,
+    registered_bytes: 8192 * MIB,
+};
+
+/// One attached process's share by default: half of each NI resource, 4 GiB of registered
+/// memory (one maximal RDMA transfer's worth).
+pub const RANK_DEFAULTS: Limits = Limits {
+    ranks: 1,
+    rdma_pages: 8,
+    packetizers: 32,
+    mailboxes: 32,
+    registered_bytes: 4096 * MIB,
+};
+
+/// What a node has of each resource (SPEC §4): no limit above these means anything.
+const NODE: Limits = Limits {
+    ranks: exanet_proto::ni::RANKS as u32,
+    rdma_pages: exanet_proto::ni::RDMA_PAGES as u32,
+    packetizers: 64,
+    mailboxes: 64,
+    // Far more than any host has; the real bound is the job's setting.
+    registered_bytes: 1 << 40,
+};
+
+/// A resource a rank holds some of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Rank,
+    RdmaPage,
+    Packetizer,
+    Mailbox,
+    RegisteredBytes,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Rank => "ranks",
+            Kind::RdmaPage => "RDMA pages",
+            Kind::Packetizer => "packetizer interfaces",
+            Kind::Mailbox => "mailboxes",
+            Kind::RegisteredBytes => "bytes of registered memory",
+        }
+    }
+}
+
+impl Limits {
+    fn get(&self, k: Kind) -> u64 {
+        match k {
+            Kind::Rank => self.ranks.into(),
+            Kind::RdmaPage => self.rdma_pages.into(),
+            Kind::Packetizer => self.packetizers.into(),
+            Kind::Mailbox => self.mailboxes.into(),
+            Kind::RegisteredBytes => self.registered_bytes,
+        }
+    }
+
+    /// A job's limits: its table's settings over [`JOB_DEFAULTS`] when the rack has
+    /// `jobs > 1` jobs, over the whole node when it is the only one.
+    pub fn for_job(q: &JobQuota, jobs: usize) -> Limits {
+        let d = if jobs > 1 {
+            JOB_DEFAULTS
+        } else {
+            Limits {
+                registered_bytes: JOB_DEFAULTS.registered_bytes,
+                ..NODE
+            }
+        };
+        Limits {
+            ranks: q.max_ranks.unwrap_or(d.ranks),
+            rdma_pages: q.max_rdma_pages.unwrap_or(d.rdma_pages),
+            packetizers: q.max_packetizers.unwrap_or(d.packetizers),
+            mailboxes: q.max_mailboxes.unwrap_or(d.mailboxes),
+            registered_bytes: q
+                .max_registered_mib
+                .map_or(d.registered_bytes, |m| m.saturating_mul(MIB)),
+        }
+    }
+
+    /// A rank's limits: `[ni] rank_max_*` over [`RANK_DEFAULTS`].
+    pub fn for_rank(ni: Option<&NiSettings>) -> Limits {
+        let d = RANK_DEFAULTS;
+        let Some(ni) = ni else { return d };
+        Limits {
+            ranks: 1,
+            rdma_pages: ni.rank_max_rdma_pages.unwrap_or(d.rdma_pages),
+            packetizers: ni.rank_max_packetizers.unwrap_or(d.packetizers),
+            mailboxes: ni.rank_max_mailboxes.unwrap_or(d.mailboxes),
+            registered_bytes: ni
+                .rank_max_registered_mib
+                .map_or(d.registered_bytes, |m| m.saturating_mul(MIB)),
+        }
+    }
+
+    /// A job table's limits are within what a node has (0 is allowed: a job that may not
+    /// use that resource here).
+    pub fn check_job(q: &JobQuota) -> Result<(), String> {
+        let l = Limits::for_job(q, 2);
+        for (name, v, max) in [
+            ("max_ranks", l.ranks, NODE.ranks),
+            ("max_rdma_pages", l.rdma_pages, NODE.rdma_pages),
+            ("max_packetizers", l.packetizers, NODE.packetizers),
+            ("max_mailboxes", l.mailboxes, NODE.mailboxes),
+        ] {
+            if v > max {
+                return Err(format!("{name} = {v} is more than a node has ({max})"));
+            }
+        }
+        if l.registered_bytes > NODE.registered_bytes {
+            return Err("max_registered_mib is over 1 TiB".into());
+        }
+        Ok(())
+    }
+
+    /// `[ni] rank_max_*` are within what a node has.
+    pub fn check_rank(ni: &NiSettings) -> Result<(), String> {
+        let l = Limits::for_rank(Some(ni));
+        for (name, v, max) in [
+            ("rank_max_rdma_pages", l.rdma_pages, NODE.rdma_pages),
+            ("rank_max_packetizers", l.packetizers, NODE.packetizers),
+            ("rank_max_mailboxes", l.mailboxes, NODE.mailboxes),
+        ] {
+            if v > max {
+                return Err(format!("{name} = {v} is more than a node has ({max})"));
+            }
+        }
+        if l.registered_bytes > NODE.registered_bytes {
+            return Err("rank_max_registered_mib is over 1 TiB".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one attached process holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Holding {
+    pub rdma_pages: u32,
+    pub packetizers: u32,
+    pub mailboxes: u32,
+    pub registered_bytes: u64,
+}
+
+impl Holding {
+    fn get(&self, k: Kind) -> u64 {
+        match k {
+            Kind::Rank => 1,
+            Kind::RdmaPage => self.rdma_pages.into(),
+            Kind::Packetizer => self.packetizers.into(),
+            Kind::Mailbox => self.mailboxes.into(),
+            Kind::RegisteredBytes => self.registered_bytes,
+        }
+    }
+
+    /// Adds `n` of `k` (negative: gives it back).
+    pub fn add(&mut self, k: Kind, n: i64) {
+        let f = |v: u64| v.saturating_add_signed(n);
+        match k {
+            Kind::Rank => {}
+            Kind::RdmaPage => self.rdma_pages = f(self.rdma_pages.into()) as u32,
+            Kind::Packetizer => self.packetizers = f(self.packetizers.into()) as u32,
+            Kind::Mailbox => self.mailboxes = f(self.mailboxes.into()) as u32,
+            Kind::RegisteredBytes => self.registered_bytes = f(self.registered_bytes),
+        }
+    }
+}
+
+/// A limit a request would break.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exceeded {
+    pub kind: Kind,
+    /// `None`: the rank's own limit; `Some(job)`: the job's.
+    pub job: Option<String>,
+    pub limit: u64,
+    pub held: u64,
+}
+
+impl fmt::Display for Exceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = self.kind.label();
+        match &self.job {
+            Some(job) => write!(
+                f,
+                "job {job} holds {} of its {} {what} on this node",
+                self.held, self.limit
+            ),
+            None => write!(
+                f,
+                "this process holds {} of its {} {what}",
+                self.held, self.limit
+            ),
+        }
+    }
+}
+
+/// Whether a rank holding `mine`, of a job whose ranks hold `job_total` together
+/// (`mine` included), may take `n` more of `k`.
+pub fn check(
+    kind: Kind,
+    n: u64,
+    mine: &Holding,
+    rank: &Limits,
+    job: (&str, &Limits, &Holding, u32),
+) -> Result<(), Exceeded> {
+    let (job_name, job_limits, job_total, job_ranks) = job;
+    let held = mine.get(kind);
+    if kind != Kind::Rank && held.saturating_add(n) > rank.get(kind) {
+        return Err(Exceeded {
+            kind,
+            job: None,
+            limit: rank.get(kind),
+            held,
+        });
+    }
+    let held = match kind {
+        Kind::Rank => job_ranks.into(),
+        _ => job_total.get(kind),
+    };
+    if held.saturating_add(n) > job_limits.get(kind) {
+        return Err(Exceeded {
+            kind,
+            job: Some(job_name.to_string()),
+            limit: job_limits.get(kind),
+            held,
+        });
+    }
+    Ok(())
+}
+
+/// The SHA-256 of a job key.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    d.as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+/// A `key_sha256` value: 64 hex digits.
+pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Compares a job's key digest with a presented one without an early exit, so that how long
+/// a refusal takes says nothing about how much of the digest matched.
+pub fn digests_equal(theirs: Option<&[u8; 32]>, presented: &[u8; 32]) -> bool {
+    theirs.is_some_and(|t| {
+        t.iter()
+            .zip(presented)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    })
+}
+
+/// Who may attach to a job: its `uid`/`gid` lists, or, with neither, the daemon's own user
+/// and root (what the owner-only socket allowed before jobs could name users).
+pub fn may_join(job: &crate::rack::Job, peer_uid: u32, peer_gid: u32, daemon_uid: u32) -> bool {
+    if job.uid.is_empty() && job.gid.is_empty() {
+        return peer_uid == daemon_uid || peer_uid == 0;
+    }
+    job.uid.contains(&peer_uid) || job.gid.contains(&peer_gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_limit_and_a_job_limit_each_refuse_with_what_they_hit() {
+        let rank = Limits {
+            rdma_pages: 2,
+            ..RANK_DEFAULTS
+        };
+        let job = Limits {
+            rdma_pages: 3,
+            ..JOB_DEFAULTS
+        };
+        let mine = Holding {
+            rdma_pages: 2,
+            ..Holding::default()
+        };
+        let e = check(Kind::RdmaPage, 1, &mine, &rank, ("a", &job, &mine, 1)).unwrap_err();
+        assert_eq!((e.job.as_deref(), e.limit, e.held), (None, 2, 2));
+        let mine = Holding {
+            rdma_pages: 1,
+            ..Holding::default()
+        };
+        let total = Holding {
+            rdma_pages: 3,
+            ..Holding::default()
+        };
+        let e = check(Kind::RdmaPage, 1, &mine, &rank, ("a", &job, &total, 2)).unwrap_err();
+        assert_eq!((e.job.as_deref(), e.limit, e.held), (Some("a"), 3, 3));
+        assert_eq!(
+            e.to_string(),
+            "job a holds 3 of its 3 RDMA pages on this node"
+        );
+        let total = Holding {
+            rdma_pages: 2,
+            ..Holding::default()
+        };
+        assert!(check(Kind::RdmaPage, 1, &mine, &rank, ("a", &job, &total, 2)).is_ok());
+        // Ranks count per job only.
+        assert!(check(
+            Kind::Rank,
+            1,
+            &Holding::default(),
+            &rank,
+            ("a", &job, &total, 6)
+        )
+        .is_err());
+        assert!(check(
+            Kind::Rank,
+            1,
+            &Holding::default(),
+            &rank,
+            ("a", &job, &total, 5)
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn digests_parse_and_compare() {
+        let d = key_digest("test");
+        let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+        );
+        assert_eq!(parse_digest(&hex), Some(d));
+        assert_eq!(parse_digest(&hex.to_uppercase()), Some(d));
+        assert_eq!(parse_digest(&hex[1..]), None);
+        assert_eq!(parse_digest(&format!("{}zz", &hex[2..])), None);
+        assert!(digests_equal(Some(&d), &d));
+        assert!(!digests_equal(Some(&key_digest("tesT")), &d));
+        assert!(!digests_equal(None, &d));
+    }
+
+    #[test]
+    fn who_may_join() {
+        use crate::rack::Job;
+        let open = Job::default();
+        assert!(may_join(&open, 500, 500, 500));
+        assert!(may_join(&open, 0, 0, 500));
+        assert!(!may_join(&open, 1001, 1001, 500));
+        let alice = Job {
+            uid: vec![1001],
+            gid: vec![2000],
+            ..Job::default()
+        };
+        assert!(may_join(&alice, 1001, 1, 500));
+        assert!(may_join(&alice, 7, 2000, 500));
+        assert!(!may_join(&alice, 500, 500, 500));
+        assert!(!may_join(&alice, 0, 0, 500));
+    }
+}
