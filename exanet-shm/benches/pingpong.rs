@@ -5,12 +5,12 @@
 //! ```
 //!
 //! The bench binary re-executes itself as the child (selected by an environment variable);
-//! the parent sends the memfd and two eventfds over a Unix socket. Each sample is one round
+//! the parent sends the memfd and the child's ends of two doorbell socket pairs over a Unix socket. Each sample is one round
 //! trip timed by the parent (push + wake-if-sleeping, then wait for and pop the echo); the
 //! one-way latency reported is half the round trip. Modes:
 //! - `spin`: both sides busy-poll (spin budget effectively infinite);
 //! - `adaptive`: the default 20 us spin budget, then sleep;
-//! - `sleep`: spin budget 0, so every message goes through an eventfd wake-up.
+//! - `sleep`: spin budget 0, so every message goes through a doorbell wake-up.
 //!
 //! A first line, `floor`, measures the machine rather than the crate: two threads bounce a
 //! counter between two cache lines (each spins on the other's line), timed the same way.

@@ -1,5 +1,5 @@
 //! A real second process: the test binary re-executes itself as the child (selected by an
-//! environment variable), receives the memfd and two eventfds over a Unix socket, and plays
+//! environment variable), receives the memfd and the child's ends of two doorbell socket pairs over a Unix socket, and plays
 //! ping-pong with the parent: 100,000 round trips, both sides checking order and content.
 //! The last 10,000 use a zero spin budget, so every wait goes through the doorbell.
 

@@ -503,7 +503,7 @@ impl Shared {
             match p.push(bytes) {
                 Ok(()) => {
                     // The command is in the ring whatever happens to the wake-up; a failed
-                    // eventfd write only delays the daemon until it polls again.
+                    // doorbell send only delays the daemon until it polls again.
                     let _ = p.wake_consumer(&self.to_daemon);
                     Ok(true)
                 }
