@@ -469,7 +469,7 @@ impl Rack {
                         _ => None,
                     };
                     crate::quota::digests_equal(theirs.as_ref(), &d)
-                        .then(|| (name.as_str(), Cow::Borrowed(j)))
+                        .then_some((name.as_str(), Cow::Borrowed(j)))
                 })
             }
         }
