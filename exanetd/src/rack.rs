@@ -620,4 +620,44 @@ mod tests {
         let bad = "name = \"x\"\nshape = \"1x0x1\"\n[nodes]\n";
         assert!(toml::from_str::<RackFile>(bad).is_err());
     }
+
+    fn with_jobs(jobs: &str) -> Result<Rack, String> {
+        let mut text = toml::to_string(&file("1x1x1")).unwrap();
+        text.push_str(jobs);
+        let f: RackFile = toml::from_str(&text).map_err(|e| e.to_string())?;
+        Rack::new(Path::new("."), f)
+    }
+
+    #[test]
+    fn jobs_are_found_by_key_or_its_hash_and_never_share_one() {
+        // SHA-256 of "test".
+        let h = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let r = with_jobs(&format!(
+            "[jobs.a]\nkey = \"alpha\"\npdid = 5\n[jobs.b]\nkey_sha256 = \"{h}\"\npdid = 6\n\
+             uid = [1001]\nmax_rdma_pages = 2\n"
+        ))
+        .unwrap();
+        assert_eq!(r.pdid_for(Some("alpha")), Some(5));
+        let (name, job) = r.job_for(Some("test")).unwrap();
+        assert_eq!((name, job.pdid, job.uid.as_slice()), ("b", 6, &[1001][..]));
+        assert_eq!(job.quota.max_rdma_pages, Some(2));
+        assert_eq!(r.pdid_for(Some("tesT")), None);
+        assert_eq!(r.pdid_for(None), Some(DEFAULT_PDID));
+
+        let e = with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\n[jobs.b]\nkey = \"j\"\npdid = 5\n")
+            .unwrap_err();
+        assert!(e.contains("same PDID 5"), "{e}");
+        let e = with_jobs(&format!(
+            "[jobs.a]\nkey = \"test\"\npdid = 5\n[jobs.b]\nkey_sha256 = \"{h}\"\npdid = 6\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("same key"), "{e}");
+        let e = with_jobs("[jobs.a]\nkey_sha256 = \"abc\"\npdid = 5\n").unwrap_err();
+        assert!(e.contains("64 hex digits"), "{e}");
+        let e = with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_ranks = 9\n").unwrap_err();
+        assert!(e.contains("max_ranks = 9"), "{e}");
+        let e = with_jobs("[ni]\nrank_max_mailboxes = 65\n").unwrap_err();
+        assert!(e.contains("rank_max_mailboxes"), "{e}");
+        assert!(with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_rank = 2\n").is_err());
+    }
 }
