@@ -314,6 +314,31 @@ fn page_faults_are_retried_then_reported() {
     );
 }
 
+/// A write whose source is not registered fails with a local fault when it is posted:
+/// nothing is cut or sent for it, however long it is (security issue, defect 5).
+#[test]
+fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
+    let mut sim = rack("1x1x1", 10, Faults::default());
+    let g = Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap();
+    let now = sim.now();
+    let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
+    // 4 GiB from a source of which only CHANNELS * WINDOW bytes are registered.
+    ni.rdma_write(0, 0, 0, SRC_VA, g, 1 << 32, None, now, m)
+        .unwrap();
+    assert_eq!(ni.rdma.active(), 0, "no transfer state is kept for it");
+    assert!(ni.poll_cell().is_none(), "nothing is sent for it");
+    run_quiet(&mut sim);
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].2, Err(Failure::LocalFault));
+    // The channel is free again at once.
+    let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.rdma_write(0, 0, 0, SRC_VA, g, 4096, None, now, m)
+        .unwrap();
+    run_quiet(&mut sim);
+    assert_eq!(rdma_results(&sim.take_events())[0].2, Ok(()));
+}
+
 #[test]
 fn rdma_read_with_faults_returns_the_remote_bytes() {
     let mut sim = rack("2x1x1", 11, faults());

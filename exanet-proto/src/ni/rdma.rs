@@ -469,6 +469,18 @@ impl RdmaEngine {
             }),
             None => None,
         };
+        if !mem.contains(rank, src_va, len) {
+            // The source is not registered memory: the transfer fails as it would at its
+            // first unreadable block, but before a block record is made for it (a 4 GiB
+            // write is 262,144 of them, all made under the daemon's core lock).
+            stats.rdma_transfers_failed += 1;
+            out.events.push_back(NiEvent::Rdma {
+                rank,
+                id,
+                result: Err(Failure::LocalFault),
+            });
+            return Ok(id);
+        }
         self.write_busy[page as usize][ch as usize] = true;
         let txn = id.txn();
         self.transfers.insert(
