@@ -128,37 +128,31 @@ impl Limits {
     /// A job table's limits are within what a node has (0 is allowed: a job that may not
     /// use that resource here).
     pub fn check_job(q: &JobQuota) -> Result<(), String> {
-        let l = Limits::for_job(q, 2);
-        for (name, v, max) in [
-            ("max_ranks", l.ranks, NODE.ranks),
-            ("max_rdma_pages", l.rdma_pages, NODE.rdma_pages),
-            ("max_packetizers", l.packetizers, NODE.packetizers),
-            ("max_mailboxes", l.mailboxes, NODE.mailboxes),
-        ] {
-            if v > max {
-                return Err(format!("{name} = {v} is more than a node has ({max})"));
-            }
-        }
-        if l.registered_bytes > NODE.registered_bytes {
-            return Err("max_registered_mib is over 1 TiB".into());
-        }
-        Ok(())
+        Limits::for_job(q, 2).within_node("max_", true)
     }
 
     /// `[ni] rank_max_*` are within what a node has.
     pub fn check_rank(ni: &NiSettings) -> Result<(), String> {
-        let l = Limits::for_rank(Some(ni));
-        for (name, v, max) in [
-            ("rank_max_rdma_pages", l.rdma_pages, NODE.rdma_pages),
-            ("rank_max_packetizers", l.packetizers, NODE.packetizers),
-            ("rank_max_mailboxes", l.mailboxes, NODE.mailboxes),
-        ] {
+        Limits::for_rank(Some(ni)).within_node("rank_max_", false)
+    }
+
+    /// Every limit is at most what a node has; `prefix` names the settings in errors.
+    fn within_node(&self, prefix: &str, with_ranks: bool) -> Result<(), String> {
+        let counts = [
+            ("ranks", self.ranks, NODE.ranks),
+            ("rdma_pages", self.rdma_pages, NODE.rdma_pages),
+            ("packetizers", self.packetizers, NODE.packetizers),
+            ("mailboxes", self.mailboxes, NODE.mailboxes),
+        ];
+        for (name, v, max) in counts.into_iter().skip(usize::from(!with_ranks)) {
             if v > max {
-                return Err(format!("{name} = {v} is more than a node has ({max})"));
+                return Err(format!(
+                    "{prefix}{name} = {v} is more than a node has ({max})"
+                ));
             }
         }
-        if l.registered_bytes > NODE.registered_bytes {
-            return Err("rank_max_registered_mib is over 1 TiB".into());
+        if self.registered_bytes > NODE.registered_bytes {
+            return Err(format!("{prefix}registered_mib is over 1 TiB"));
         }
         Ok(())
     }
