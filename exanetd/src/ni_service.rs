@@ -489,11 +489,25 @@ fn read_request(
         let (n, got) = match exanet_shm::recv_fds(conn, &mut buf, 1) {
             Ok(x) => x,
             Err(exanet_shm::FdPassError::Truncated { .. }) => {
-                // More descriptors than room: the kernel closed them, and so did recv_fds.
-                carried_fds = true;
-                continue;
+                // More descriptors than room: the kernel closed them, and so did recv_fds,
+                // with the bytes that came with them (the request line, or its start).
+                return Err(ReadError::Protocol(
+                    "requests carry no descriptors (they were closed)".into(),
+                ));
             }
-            Err(e) => return Err(ReadError::Io(e.to_string())),
+            Err(e) => {
+                // SO_RCVTIMEO may fire a tick before the deadline; a timeout that close is the deadline.
+                let late = deadline
+                    .is_some_and(|d| std::time::Instant::now() + Duration::from_millis(100) >= d);
+                return Err(ReadError::Io(if late {
+                    format!(
+                        "request not complete within {} s",
+                        ATTACH_DEADLINE.as_secs()
+                    )
+                } else {
+                    e.to_string()
+                }));
+            }
         };
         carried_fds |= !got.is_empty();
         drop(got);

@@ -23,6 +23,8 @@ struct Workload {
     commands: Producer,
     completions: Consumer,
     to_daemon: Doorbell,
+    /// The workload's end of the daemon -> workload doorbell (the tests never wait on it).
+    from_daemon: OwnedFd,
     got: Vec<Completion>,
 }
 
@@ -67,7 +69,7 @@ fn attach(r: &TestRack, node: &str, key: Option<&str>) -> Result<Workload, Strin
     };
     assert_eq!(fds.len(), 3);
     let to_daemon = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
-    let _to_workload = fds.pop().unwrap();
+    let from_daemon = fds.pop().unwrap();
     let region = Arc::new(Region::from_fd(fds.pop().unwrap()).unwrap());
     let commands = Ring::new(command_offset as usize, command_slots, 256)
         .unwrap()
@@ -85,6 +87,7 @@ fn attach(r: &TestRack, node: &str, key: Option<&str>) -> Result<Workload, Strin
         commands,
         completions,
         to_daemon,
+        from_daemon,
         got: Vec::new(),
     })
 }
@@ -601,5 +604,206 @@ fn notifications_to_a_workload_that_never_reads_are_bounded() {
         dropped >= 400,
         "only {dropped} notifications not relayed: {:?}",
         s.errors
+    );
+}
+
+/// Makes a descriptor blocking, as a hostile workload would on the descriptors it was given.
+fn make_blocking(fd: &impl std::os::fd::AsRawFd) {
+    let fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL take and return plain ints; `fd` is open for the call.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert!(flags >= 0);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+    }
+}
+
+/// The daemon's open descriptors.
+fn daemon_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// The attack that hung a daemon for good with the shared-eventfd doorbells (security
+/// issue, defect 1): the workload makes its doorbell descriptors blocking, never reads the
+/// daemon's wake-ups, keeps announcing that it sleeps so that the daemon rings on every
+/// completion, and keeps posting. The daemon must go on serving another job on the same
+/// node and answering status, and the attacker's rank must be freed when it leaves.
+#[test]
+fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
+    let r = rack("doorbell-attack");
+    let mut evil = attach(&r, "M1QAF1", None).unwrap();
+    make_blocking(&evil.from_daemon);
+    make_blocking(&evil.to_daemon);
+    let mut good = attach(&r, "M1QAF1", Some("alice-key")).unwrap();
+    let peer = attach(&r, "M1QAF2", Some("alice-key")).unwrap();
+    let victim = attach(&r, "M1QAF2", None).unwrap();
+    let mb_evil = victim.alloc(Resource::Mailbox);
+    let mb_good = peer.alloc(Resource::Mailbox);
+    let pk_evil = evil.alloc(Resource::Packetizer);
+    let pk_good = good.alloc(Resource::Packetizer);
+    let dst_evil = mailbox_gvas(Pdid(0), NodeId(1), victim.rank, mb_evil).unwrap();
+    let dst_good = mailbox_gvas(Pdid(0), NodeId(1), peer.rank, mb_good).unwrap();
+    let status_before = r.status("M1QAF1").unwrap();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            let mut posted = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Announce sleep so that the daemon rings on the next completion; never
+                // read the doorbell; drain the ring so that completions keep coming.
+                let _ = evil.completions.prepare_sleep();
+                while let Ok(Some(_)) = evil.completions.pop(&mut buf) {}
+                let c = Command::Send {
+                    tag: posted as u32,
+                    vi: pk_evil,
+                    ch: (posted % 4) as u8,
+                    dst: dst_evil,
+                    payload: vec![0xAB; 8],
+                };
+                if evil.commands.push(&c.encode()).is_ok() {
+                    posted += 1;
+                }
+                let _ = evil.to_daemon.ring();
+            }
+            (evil, posted)
+        })
+    };
+    // Meanwhile another job on the same node is served, and the node answers status.
+    let mut worst = Duration::ZERO;
+    for i in 0..50u32 {
+        good.post(&Command::Send {
+            tag: 1000 + i,
+            vi: pk_good,
+            ch: (i % 4) as u8,
+            dst: dst_good,
+            payload: i.to_be_bytes().to_vec(),
+        });
+        let c = good.wait(
+            "sent",
+            |c| matches!(c, Completion::Sent { tag, .. } if *tag == 1000 + i),
+        );
+        assert!(
+            matches!(
+                c,
+                Completion::Sent {
+                    status: status::OK,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        let t = Instant::now();
+        assert!(
+            r.status("M1QAF1").is_some(),
+            "status unanswered under attack"
+        );
+        worst = worst.max(t.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (evil, posted) = attacker.join().unwrap();
+    eprintln!("attacker posted {posted} commands; slowest status under attack: {worst:?}");
+    assert!(posted > 50, "the attack did not run ({posted} commands)");
+    assert!(worst < Duration::from_secs(5), "status took {worst:?}");
+    let s = r.status("M1QAF1").unwrap();
+    assert!(s.ni.messages_sent > status_before.ni.messages_sent + 50);
+    // The attacker leaves: its rank is freed.
+    let evil_rank = evil.rank;
+    drop(evil);
+    let t0 = Instant::now();
+    loop {
+        let s = r.status("M1QAF1").unwrap();
+        if !s.ni.workloads.iter().any(|w| w.rank == evil_rank) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "rank {evil_rank} not freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Teardown frees the rank whatever the workload did to its rings and doorbells (defect
+/// 2): nine workloads in a row, each leaving with its ring scribbled and its doorbells
+/// made blocking and unread, on a node where the default job may hold 6 ranks: a leaked
+/// rank would refuse one of them.
+#[test]
+fn teardown_frees_the_rank_whatever_the_workload_did() {
+    let r = rack("teardown-attack");
+    for round in 0..9 {
+        let t0 = Instant::now();
+        let w = loop {
+            match attach(&r, "M1QAF3", None) {
+                Ok(w) => break w,
+                Err(e) => {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(10),
+                        "round {round}: rank not freed: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        make_blocking(&w.from_daemon);
+        let _ = w.completions.prepare_sleep();
+        // A garbage tail and header stop the daemon's ring thread.
+        w.region.write(0, &[0xFF; 64]).unwrap();
+        w.to_daemon.ring().unwrap();
+        drop(w);
+    }
+}
+
+/// Descriptors sent with requests are closed, not hoarded, and a connection that never
+/// attaches is cut (defect 4).
+#[test]
+fn descriptors_with_requests_are_closed_and_silent_connections_cut() {
+    use std::io::Read;
+    let r = rack("fd-attack");
+    let pid = r.status("M1QAF4").unwrap().pid;
+    let w = attach(&r, "M1QAF4", None).unwrap();
+    let before = daemon_fds(pid);
+    let files: Vec<std::fs::File> = (0..4)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let raw: Vec<i32> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+    for _ in 0..300 {
+        let (reply, fds) = request(
+            &w.conn,
+            &Request::Alloc {
+                kind: Resource::Mailbox,
+                capacity: Some(1),
+            },
+            &raw,
+        );
+        assert!(fds.is_empty());
+        match reply {
+            Reply::Error { message } => assert!(message.contains("no descriptors"), "{message}"),
+            other => panic!("a request with descriptors was obeyed: {other:?}"),
+        }
+    }
+    let after = daemon_fds(pid);
+    eprintln!("daemon descriptors: {before} before, {after} after 1200 sent with requests");
+    assert!(after <= before + 8, "{before} -> {after}");
+    // A connection that sends nothing is closed at the attach deadline.
+    let path = Layout::new(&r.dir).attach_socket(&"M1QAF4");
+    let mut silent = UnixStream::connect(path).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = silent.read_to_end(&mut buf);
+    let took = t0.elapsed();
+    eprintln!("silent connection cut after {took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(
+        String::from_utf8_lossy(&buf).contains("within"),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
     );
 }
