@@ -495,6 +495,39 @@ mod tests {
     }
 
     #[test]
+    fn attached_workloads_are_listed_with_what_they_hold() {
+        let r = rack("1x1x1");
+        let mut answers = healthy_rack(&r.shape());
+        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        assert!(!text.contains("workloads:"), "{text}");
+        if let Ok(st) = &mut answers[1] {
+            st.ni.workloads.push(exanetd::control::WorkloadStatus {
+                rank: 3,
+                job: "alice".into(),
+                pdid: 42,
+                pid: 4242,
+                uid: 1001,
+                rdma_pages: 2,
+                packetizers: 1,
+                mailboxes: 5,
+                registered_bytes: 64 << 20,
+            });
+        }
+        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        let row = text
+            .lines()
+            .skip_while(|l| *l != "workloads:")
+            .find(|l| l.starts_with("M1QAF2 "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["M1QAF2", "3", "alice", "42", "4242", "1001", "2", "1", "5", "64M"],
+            "{row}"
+        );
+    }
+
+    #[test]
     fn sizes_and_durations_are_short() {
         assert_eq!(bytes(0), "0");
         assert_eq!(bytes(1000), "1000B");
