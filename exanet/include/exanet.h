@@ -27,9 +27,13 @@
  *   - posting an operation (exanet_send, exanet_rdma_write, exanet_rdma_read) returns a
  *     tag; exanet_wait(tag) says how the operation ended. Results are kept until waited
  *     for (or exanet_forget);
- *   - all functions are thread-safe; an endpoint and its handles may be shared by threads.
- *     Release handles before (or after) exanet_detach; after exanet_detach they only
- *     return errors.
+ *   - all functions are thread-safe; an endpoint and its handles may be shared by threads,
+ *     with one exception, as for free(3): a release function (exanet_detach,
+ *     exanet_region_free, exanet_*_close) frees its handle, so it must be the last call on
+ *     that handle, and no other thread may be inside (or enter) a call on the same handle
+ *     while it runs; a thread blocked in exanet_wait on an endpoint must have returned
+ *     before that endpoint is detached. Release the other handles before (or after)
+ *     exanet_detach: after exanet_detach they only return errors.
  *
  * Link with -lexanet (libexanet.so, or libexanet.a plus -lpthread -ldl -lm).
  *
@@ -134,7 +138,9 @@ typedef struct exanet_notification_t {
 int exanet_attach(const char *rack, const char *node, const char *job_key,
                   exanet_endpoint **out);
 
-/* Detaches: the daemon frees this workload's rank and everything it allocated. */
+/* Detaches: the daemon frees this workload's rank and everything it allocated, and `ep`
+ * itself is freed: using it afterwards is undefined behaviour. See "Conventions" for
+ * releasing a handle that other threads use. */
 void exanet_detach(exanet_endpoint *ep);
 
 /* This attachment's node, rank and PDID. */
