@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,146 +10,9 @@ use std::time::{Duration, Instant};
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::mailbox_gvas;
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring};
 use exanetd::rack::{write_rack_file, Job, Layout};
+use support::raw::{attach, daemon_fds, make_blocking, request};
 use support::TestRack;
-
-struct Workload {
-    conn: UnixStream,
-    rank: u8,
-    pdid: u16,
-    region: Arc<Region>,
-    commands: Producer,
-    completions: Consumer,
-    to_daemon: Doorbell,
-    /// The workload's end of the daemon -> workload doorbell (the tests never wait on it).
-    from_daemon: OwnedFd,
-    got: Vec<Completion>,
-}
-
-fn request(conn: &UnixStream, req: &Request, fds: &[i32]) -> (Reply, Vec<OwnedFd>) {
-    let mut line = serde_json::to_vec(req).unwrap();
-    line.push(b'\n');
-    exanet_shm::send_fds(conn, &line, fds).unwrap();
-    let mut buf = [0u8; 4096];
-    let mut all = Vec::new();
-    let mut fds = Vec::new();
-    while !all.ends_with(b"\n") {
-        let (n, mut f) = exanet_shm::recv_fds(conn, &mut buf, 4).unwrap();
-        assert!(n > 0, "daemon closed the attach socket");
-        fds.append(&mut f);
-        all.extend_from_slice(&buf[..n]);
-    }
-    (serde_json::from_slice(&all).unwrap(), fds)
-}
-
-fn attach(r: &TestRack, node: &str, key: Option<&str>) -> Result<Workload, String> {
-    let path = Layout::new(&r.dir).attach_socket(&node);
-    let conn = UnixStream::connect(path).map_err(|e| e.to_string())?;
-    let (reply, mut fds) = request(
-        &conn,
-        &Request::Attach {
-            version: exanet_proto::attach::PROTOCOL_VERSION,
-            job_key: key.map(String::from),
-        },
-        &[],
-    );
-    let Reply::Attached {
-        rank,
-        pdid,
-        command_slots,
-        completion_slots,
-        command_offset,
-        completion_offset,
-        ..
-    } = reply
-    else {
-        return Err(format!("{reply:?}"));
-    };
-    assert_eq!(fds.len(), 3);
-    let to_daemon = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
-    let from_daemon = fds.pop().unwrap();
-    let region = Arc::new(Region::from_fd(fds.pop().unwrap()).unwrap());
-    let commands = Ring::new(command_offset as usize, command_slots, 256)
-        .unwrap()
-        .producer(region.clone())
-        .unwrap();
-    let completions = Ring::new(completion_offset as usize, completion_slots, 256)
-        .unwrap()
-        .consumer(region.clone())
-        .unwrap();
-    Ok(Workload {
-        conn,
-        rank,
-        pdid,
-        region,
-        commands,
-        completions,
-        to_daemon,
-        from_daemon,
-        got: Vec::new(),
-    })
-}
-
-impl Workload {
-    fn alloc(&self, kind: Resource) -> u8 {
-        match request(
-            &self.conn,
-            &Request::Alloc {
-                kind,
-                capacity: Some(16),
-            },
-            &[],
-        )
-        .0
-        {
-            Reply::Allocated { index } => index,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    fn register(&self, len: usize) -> (Region, u64) {
-        let (reply, mut fds) = request(&self.conn, &Request::Register { len: len as u64 }, &[]);
-        match reply {
-            Reply::Registered { va, .. } => {
-                assert_eq!(fds.len(), 1, "registered memory comes with its memfd");
-                let mem = Region::from_fd_with_len(fds.pop().unwrap(), len).unwrap();
-                (mem, va)
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    fn post(&mut self, c: &Command) {
-        self.commands.push(&c.encode()).unwrap();
-        self.commands.wake_consumer(&self.to_daemon).unwrap();
-    }
-
-    /// Waits (polling) for a completion matching `f`.
-    fn wait(&mut self, what: &str, f: impl Fn(&Completion) -> bool) -> Completion {
-        let t0 = Instant::now();
-        let mut buf = [0u8; 256];
-        loop {
-            if let Some(i) = self.got.iter().position(&f) {
-                return self.got.remove(i);
-            }
-            match self.completions.pop(&mut buf).unwrap() {
-                Some(n) => {
-                    assert_eq!(n, SLOT);
-                    self.got.push(Completion::decode(&buf[..n]).unwrap());
-                }
-                None => {
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(15),
-                        "no {what}; got {:?}",
-                        self.got
-                    );
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        }
-    }
-}
 
 fn rack(tag: &str) -> TestRack {
     let mut r = TestRack::new(tag, "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
@@ -605,24 +467,6 @@ fn notifications_to_a_workload_that_never_reads_are_bounded() {
         "only {dropped} notifications not relayed: {:?}",
         s.errors
     );
-}
-
-/// Makes a descriptor blocking, as a hostile workload would on the descriptors it was given.
-fn make_blocking(fd: &impl std::os::fd::AsRawFd) {
-    let fd = fd.as_raw_fd();
-    // SAFETY: F_GETFL/F_SETFL take and return plain ints; `fd` is open for the call.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        assert!(flags >= 0);
-        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
-    }
-}
-
-/// The daemon's open descriptors.
-fn daemon_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count()
 }
 
 /// The attack that hung a daemon for good with the shared-eventfd doorbells (security

@@ -2,6 +2,8 @@
 //! binary is passed in, so that integration tests and benches of this package share it.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
@@ -128,19 +130,35 @@ impl TestRack {
     }
 
     pub fn stop(&mut self, name: &str) -> std::process::ExitStatus {
+        self.stop_within(name, Duration::from_secs(5)).0
+    }
+
+    /// Sends SIGTERM to `name`'s daemon and waits up to `within` for it to exit: how it
+    /// exited and how long it took. Panics (after a SIGKILL) if it did not exit in time.
+    pub fn stop_within(
+        &mut self,
+        name: &str,
+        within: Duration,
+    ) -> (std::process::ExitStatus, Duration) {
         let mut c = self.children.remove(name).unwrap();
         signal(c.id(), libc::SIGTERM);
         let t0 = Instant::now();
         loop {
             if let Some(st) = c.try_wait().unwrap() {
-                return st;
+                return (st, t0.elapsed());
             }
-            if t0.elapsed() > Duration::from_secs(5) {
+            if t0.elapsed() > within {
                 let _ = c.kill();
-                panic!("{name} did not exit within 5 s of SIGTERM");
+                let _ = c.wait();
+                panic!("{name} did not exit within {within:?} of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The pid of `name`'s daemon, if this rack started it.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.get(name).map(Child::id)
     }
 }
 

@@ -1,0 +1,1177 @@
+//! Hostile workloads against real daemons, spoken with the raw attach protocol (no client
+//! library). Each attack runs on node M1QAF1 while a workload of another job on the same
+//! node keeps passing verified RDMA (write, compare at the destination, read back, compare)
+//! and messages to M1QAF2, and while the node's status request keeps being answered. After
+//! every attack the attacker's rank is free again (status lists none of its job, a new
+//! attach is served), and at the end the node stops on SIGTERM, with success, in time.
+//!
+//! Attacks already covered by `ni_attach.rs` (a doorbell made blocking and never read,
+//! teardown of scribbled sessions, descriptors sent with requests, a silent connection) are
+//! not repeated here. `cargo test -p exanetd --test hostile -- --nocapture` prints the
+//! figures (slowest status answer, victim rounds, cut times).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::ni::mailbox_gvas;
+use exanet_proto::{Gvas, NodeId, Pdid};
+use exanetd::rack::{write_rack_file, Job, Layout};
+use support::raw::{attach, attach_within, daemon_threads, make_blocking, try_request, Workload};
+use support::TestRack;
+
+/// The attacked node, and the node its peers are on.
+const NODE: &str = "M1QAF1";
+const NODE_ID: NodeId = NodeId(0);
+const PEER: &str = "M1QAF2";
+const PEER_ID: NodeId = NodeId(1);
+/// The victim's job (the attackers join the default job, so that status tells them apart).
+const VICTIM_KEY: &str = "alice-key";
+/// The bound asserted on a status answer: generous, so that a loaded 2-core machine does
+/// not make the test flaky; the measured figure is printed.
+const STATUS_BOUND: Duration = Duration::from_secs(5);
+
+fn rack(tag: &str) -> TestRack {
+    let mut r = TestRack::new(tag, "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
+    // Debug logs of tens of thousands of refused commands would only slow the machine.
+    r.log_level = "info".into();
+    let mut f = r.rack().file.clone();
+    f.jobs.insert(
+        "alice".into(),
+        Job {
+            key: Some(VICTIM_KEY.into()),
+            pdid: 42,
+            ..Job::default()
+        },
+    );
+    write_rack_file(&r.dir, &f).unwrap();
+    r.start_all();
+    r.wait_links_up(
+        &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
+        Duration::from_secs(20),
+    );
+    r
+}
+
+fn attach_path(r: &TestRack, node: &str) -> PathBuf {
+    Layout::new(&r.dir).attach_socket(&node)
+}
+
+/// The victim: a workload of another job on the attacked node passing verified RDMA and
+/// messages to a workload of its job on the peer node, round after round; and a prober
+/// asking the attacked node for its status every 100 ms, timing each answer.
+struct Watch {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    victim: Option<JoinHandle<Duration>>,
+    prober: Option<JoinHandle<(u64, Duration, Vec<String>)>>,
+}
+
+struct Summary {
+    rounds: u64,
+    slowest_round: Duration,
+    status_answers: u64,
+    slowest_status: Duration,
+}
+
+impl Watch {
+    fn start(r: &TestRack) -> Watch {
+        let good = attach(r, NODE, Some(VICTIM_KEY)).unwrap();
+        let peer = attach(r, PEER, Some(VICTIM_KEY)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let victim = {
+            let (stop, rounds) = (stop.clone(), rounds.clone());
+            std::thread::spawn(move || victim_loop(good, peer, &stop, &rounds))
+        };
+        let prober = {
+            let stop = stop.clone();
+            let sock = r.sock(NODE);
+            std::thread::spawn(move || {
+                let (mut n, mut worst, mut failures) = (0u64, Duration::ZERO, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let res = exanetd::control::request(
+                        &sock,
+                        &exanetd::control::Request::Status,
+                        Duration::from_secs(20),
+                    );
+                    worst = worst.max(t.elapsed());
+                    match res {
+                        Ok(exanetd::control::Response::Status(_)) => n += 1,
+                        other => failures.push(format!("{other:?}")),
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                (n, worst, failures)
+            })
+        };
+        let w = Watch {
+            stop,
+            rounds,
+            victim: Some(victim),
+            prober: Some(prober),
+        };
+        w.progress("before any attack", 2);
+        w
+    }
+
+    /// Waits until the victim has passed `n` more rounds (each a verified RDMA write, read
+    /// and message); fails with the victim's own failure if it stopped.
+    fn progress(&self, during: &str, n: u64) {
+        let start = self.rounds.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        while self.rounds.load(Ordering::Relaxed) < start + n {
+            let v = self.victim.as_ref().unwrap();
+            assert!(
+                !v.is_finished(),
+                "the victim stopped {during} (its failure is printed above)"
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the victim passed no round for 60 s {during}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn finish(mut self) -> Summary {
+        self.stop.store(true, Ordering::Relaxed);
+        let slowest_round = match self.victim.take().unwrap().join() {
+            Ok(d) => d,
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        let (status_answers, slowest_status, failures) =
+            self.prober.take().unwrap().join().unwrap();
+        assert!(failures.is_empty(), "status unanswered: {failures:?}");
+        assert!(
+            slowest_status < STATUS_BOUND,
+            "status took {slowest_status:?} under attack"
+        );
+        Summary {
+            rounds: self.rounds.load(Ordering::Relaxed),
+            slowest_round,
+            status_answers,
+            slowest_status,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn ok(c: &Completion) -> bool {
+    matches!(
+        c,
+        Completion::Rdma {
+            status: status::OK,
+            ..
+        } | Completion::Sent {
+            status: status::OK,
+            ..
+        }
+    )
+}
+
+/// One round after another until `stop`: fill a pattern, RDMA-write it to the peer,
+/// compare there byte for byte, RDMA-read it back, compare, send a message and see it
+/// arrive. Returns the slowest round.
+fn victim_loop(
+    mut good: Workload,
+    mut peer: Workload,
+    stop: &AtomicBool,
+    rounds: &AtomicU64,
+) -> Duration {
+    let len = 64 * 1024 + 123;
+    let (src, src_va) = good.register(1 << 20);
+    let (dst, dst_va) = peer.register(1 << 20);
+    let page = good.alloc(Resource::RdmaPage);
+    let pk = good.alloc(Resource::Packetizer);
+    let mb = peer.alloc(Resource::Mailbox);
+    let mbox = mailbox_gvas(Pdid(0), PEER_ID, peer.rank, mb).unwrap();
+    let mut slowest = Duration::ZERO;
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let tag = (round as u32) * 4;
+        let data: Vec<u8> = (0..len as u64)
+            .map(|i| (i.wrapping_mul(31) ^ round.wrapping_mul(0x9E37)) as u8)
+            .collect();
+        src.write(0, &data).unwrap();
+        let off = (round % 7) * 4096 + 1;
+        let remote = Gvas::new(Pdid(0), PEER_ID, peer.rank, dst_va + off).unwrap();
+        good.post(&Command::Write {
+            tag,
+            page,
+            ch: 0,
+            src_va,
+            dst: remote,
+            len: len as u64,
+            notify: None,
+        });
+        let c = good.wait(
+            "victim write",
+            |c| matches!(c, Completion::Rdma { tag: t, .. } if *t == tag),
+        );
+        assert!(ok(&c), "victim round {round}: write failed: {c:?}");
+        let mut got = vec![0u8; len];
+        dst.read(off as usize, &mut got).unwrap();
+        assert!(
+            got == data,
+            "victim round {round}: the write delivered wrong bytes"
+        );
+        good.post(&Command::Read {
+            tag: tag + 1,
+            page,
+            ch: 1,
+            src: remote,
+            dst_va: src_va + (512 << 10),
+            len: len as u64,
+        });
+        let c = good.wait(
+            "victim read",
+            |c| matches!(c, Completion::Rdma { tag: t, .. } if *t == tag + 1),
+        );
+        assert!(ok(&c), "victim round {round}: read failed: {c:?}");
+        let mut back = vec![0u8; len];
+        src.read(512 << 10, &mut back).unwrap();
+        assert!(
+            back == data,
+            "victim round {round}: the read returned wrong bytes"
+        );
+        good.post(&Command::Send {
+            tag: tag + 2,
+            vi: pk,
+            ch: (round % 4) as u8,
+            dst: mbox,
+            payload: round.to_be_bytes().to_vec(),
+        });
+        let c = good.wait(
+            "victim send",
+            |c| matches!(c, Completion::Sent { tag: t, .. } if *t == tag + 2),
+        );
+        assert!(ok(&c), "victim round {round}: send failed: {c:?}");
+        let m = peer.wait("victim message", |c| {
+            matches!(c, Completion::Message { .. })
+        });
+        assert_eq!(
+            m,
+            Completion::Message {
+                vi: mb,
+                src_node: NODE_ID.0,
+                src_rank: good.rank,
+                payload: round.to_be_bytes().to_vec()
+            }
+        );
+        slowest = slowest.max(t0.elapsed());
+        round += 1;
+        rounds.store(round, Ordering::Relaxed);
+    }
+    slowest
+}
+
+/// The attacker (every workload of the default job on the attacked node) is gone: status
+/// lists none, and a new workload of that job attaches and is served.
+fn assert_attacker_freed(r: &TestRack, after: &str) {
+    wait_no_default(r, after);
+    let mut w = attach_within(r, NODE, None, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("after {after}: a new attach was refused: {e}"));
+    let mb = w.alloc(Resource::Mailbox);
+    let pk = w.alloc(Resource::Packetizer);
+    w.post(&Command::Send {
+        tag: 7,
+        vi: pk,
+        ch: 0,
+        dst: mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap(),
+        payload: b"served".to_vec(),
+    });
+    let c = w.wait("sent", |c| matches!(c, Completion::Sent { tag: 7, .. }));
+    assert!(
+        ok(&c),
+        "after {after}: a new workload was not served: {c:?}"
+    );
+    drop(w);
+    wait_no_default(r, after);
+}
+
+fn wait_no_default(r: &TestRack, after: &str) {
+    let t0 = Instant::now();
+    loop {
+        let s = r.status(NODE).expect("status");
+        let left: Vec<_> =
+            s.ni.workloads
+                .iter()
+                .filter(|w| w.job == "default")
+                .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "after {after}: the attacker's workloads are still listed: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops every daemon of the rack with SIGTERM, the attacked node first (with a hostile
+/// workload still attached to it): each must exit with success in time.
+fn stop_cleanly(mut r: TestRack, summary: &Summary) {
+    // A last attacker, attached while its node stops: doorbells made blocking and unread,
+    // and its command ring scribbled.
+    let last = attach(&r, NODE, None).unwrap();
+    make_blocking(&last.from_daemon);
+    make_blocking(&last.to_daemon);
+    last.region
+        .write(last.command_offset + 0x100, &0xDEAD_BEEFu32.to_ne_bytes())
+        .unwrap();
+    let _ = last.to_daemon.ring();
+    let (st, took) = r.stop_within(NODE, Duration::from_secs(15));
+    eprintln!(
+        "victim: {} verified rounds (slowest {:?}); status: {} answers, slowest {:?}; {NODE} \
+         stopped on SIGTERM in {took:?} ({st})",
+        summary.rounds, summary.slowest_round, summary.status_answers, summary.slowest_status
+    );
+    assert!(st.success(), "{NODE} exited with {st} on SIGTERM");
+    drop(last);
+    for n in ["M1QAF2", "M1QAF3", "M1QAF4"] {
+        let (st, _) = r.stop_within(n, Duration::from_secs(15));
+        assert!(st.success(), "{n} exited with {st} on SIGTERM");
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// What a hostile workload can try on a memfd the daemon handed it: each returns the errno
+/// (0 for success).
+mod fdops {
+    use super::errno;
+
+    pub fn ftruncate(fd: i32, len: i64) -> i32 {
+        // SAFETY: plain syscall on an open descriptor; no memory of ours is passed.
+        if unsafe { libc::ftruncate(fd, len) } == 0 {
+            0
+        } else {
+            errno()
+        }
+    }
+
+    pub fn fallocate(fd: i32, mode: i32, off: i64, len: i64) -> i32 {
+        // SAFETY: as above.
+        if unsafe { libc::fallocate(fd, mode, off, len) } == 0 {
+            0
+        } else {
+            errno()
+        }
+    }
+
+    pub fn punch(fd: i32, off: i64, len: i64) -> i32 {
+        fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            len,
+        )
+    }
+
+    pub fn add_seals(fd: i32, seals: i32) -> i32 {
+        // SAFETY: F_ADD_SEALS takes a plain int.
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } == 0 {
+            0
+        } else {
+            errno()
+        }
+    }
+}
+
+/// Every way to change the size or the seals of a memfd the daemon made is refused.
+fn assert_size_and_seals_fixed(fd: i32, len: i64, what: &str) {
+    use fdops::*;
+    for (op, e) in [
+        ("ftruncate to 0", ftruncate(fd, 0)),
+        ("ftruncate to half", ftruncate(fd, len / 2)),
+        ("ftruncate by one page less", ftruncate(fd, len - 4096)),
+        ("ftruncate to double", ftruncate(fd, len * 2)),
+        ("fallocate past the end", fallocate(fd, 0, 0, len * 2)),
+        (
+            "fallocate KEEP_SIZE past the end",
+            fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, len, 1 << 20),
+        ),
+        ("add F_SEAL_WRITE", add_seals(fd, libc::F_SEAL_WRITE)),
+        (
+            "add F_SEAL_FUTURE_WRITE",
+            add_seals(fd, libc::F_SEAL_FUTURE_WRITE),
+        ),
+    ] {
+        assert_eq!(
+            e,
+            libc::EPERM,
+            "{what}: {op} was not refused with EPERM (got {e})"
+        );
+    }
+}
+
+/// Hole punching and truncation of the memory the daemon handed out, while a peer on
+/// another node RDMA-writes into it and reads from it: shrinking and growing are refused
+/// by the seals, holes read as zeros and are filled again by the next write, and the
+/// daemon never faults.
+#[test]
+fn hole_punching_and_truncation_of_registered_memory() {
+    let r = rack("hostile-mem");
+    let watch = Watch::start(&r);
+    let pid = r.pid(NODE).unwrap();
+
+    let evil = attach(&r, NODE, None).unwrap();
+    let len = 1 << 20;
+    let (mem, va) = evil.register(len);
+    let fd = mem.as_raw_fd();
+    assert_size_and_seals_fixed(fd, len as i64, "registered memory");
+    assert_size_and_seals_fixed(
+        evil.region.as_raw_fd(),
+        evil.region.len() as i64,
+        "ring memory",
+    );
+    // Registrations the quotas refuse, answered at once.
+    for bad in [0, u64::MAX, 1 << 40, 5 << 30] {
+        let (reply, fds) = try_request(&evil.conn, &Request::Register { len: bad }, &[]).unwrap();
+        assert!(fds.is_empty());
+        assert!(
+            matches!(reply, Reply::Error { .. }),
+            "register {bad}: {reply:?}"
+        );
+    }
+
+    // A peer of the attacker's job on the other node, writing into and reading from it.
+    let mut peer = attach(&r, PEER, None).unwrap();
+    let (psrc, psrc_va) = peer.register(2 * len);
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+    psrc.write(0, &pattern).unwrap();
+    let page = peer.alloc(Resource::RdmaPage);
+    let target = Gvas::new(Pdid(0), NODE_ID, evil.rank, va).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let puncher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut punched, mut refused) = (0u64, 0u64);
+            let mut i = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                // The whole region, then a sliding window of pages; shrink attempts between.
+                let (off, n) = if i % 2 == 0 {
+                    (0, len as i64)
+                } else {
+                    ((i * 4096) % len as i64, 3 * 4096)
+                };
+                match fdops::punch(fd, off, n) {
+                    0 => punched += 1,
+                    e => panic!("hole punch failed with errno {e}"),
+                }
+                if fdops::ftruncate(fd, (i * 4096) % len as i64) == libc::EPERM {
+                    refused += 1;
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            (punched, refused)
+        })
+    };
+    let (mut writes, mut reads) = (0, 0);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) || writes < 10 {
+        let tag = writes * 2;
+        peer.post(&Command::Write {
+            tag,
+            page,
+            ch: 0,
+            src_va: psrc_va,
+            dst: target,
+            len: len as u64,
+            notify: None,
+        });
+        let c = peer.wait(
+            "write",
+            |c| matches!(c, Completion::Rdma { tag: t, .. } if *t == tag),
+        );
+        assert!(ok(&c), "a write into punched memory failed: {c:?}");
+        writes += 1;
+        peer.post(&Command::Read {
+            tag: tag + 1,
+            page,
+            ch: 1,
+            src: target,
+            dst_va: psrc_va + len as u64,
+            len: len as u64,
+        });
+        let c = peer.wait(
+            "read",
+            |c| matches!(c, Completion::Rdma { tag: t, .. } if *t == tag + 1),
+        );
+        assert!(ok(&c), "a read served from punched memory failed: {c:?}");
+        reads += 1;
+        // What came back is, byte for byte, what was written or a hole's zero.
+        let mut back = vec![0u8; len];
+        psrc.read(len, &mut back).unwrap();
+        if let Some(i) = (0..len).find(|&i| back[i] != 0 && back[i] != pattern[i]) {
+            panic!("byte {i} read back as {} (written {})", back[i], pattern[i]);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (punched, refused) = puncher.join().unwrap();
+    watch.progress("during hole punching", 2);
+    eprintln!(
+        "hole punching: {punched} holes punched and {refused} truncations refused during \
+         {writes} RDMA writes into and {reads} reads from that memory"
+    );
+    assert!(punched > 10 && refused > 10, "the attack did not run");
+    assert_eq!(r.pid(NODE), Some(pid));
+    assert!(r.status(NODE).is_some(), "{NODE} died");
+
+    // Holes stop: a write arrives whole, and reads back whole.
+    peer.post(&Command::Write {
+        tag: 1000,
+        page,
+        ch: 0,
+        src_va: psrc_va,
+        dst: target,
+        len: len as u64,
+        notify: None,
+    });
+    let c = peer.wait("write", |c| matches!(c, Completion::Rdma { tag: 1000, .. }));
+    assert!(ok(&c), "{c:?}");
+    let mut got = vec![0u8; len];
+    mem.read(0, &mut got).unwrap();
+    assert!(got == pattern, "the last write did not arrive whole");
+
+    // The attacker punches its ring memory too (its rings read as zeros: corrupt), then
+    // leaves; so does its peer.
+    assert_eq!(
+        fdops::punch(evil.region.as_raw_fd(), 0, evil.region.len() as i64),
+        0
+    );
+    let _ = evil.to_daemon.ring();
+    drop((evil, mem, peer, psrc));
+    assert_attacker_freed(&r, "hole punching");
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
+
+/// Connections over the per-user cap are refused at once, silent ones cut at the attach
+/// deadline, requests dribbled a byte at a time cut at the same deadline, over-long request
+/// lines cut, before and after attach. No thread stays held, and the victim's job attaches
+/// again once the flood ends.
+#[test]
+fn connection_floods_and_slow_or_long_requests_are_cut() {
+    let r = rack("hostile-conn");
+    let watch = Watch::start(&r);
+    let pid = r.pid(NODE).unwrap();
+    let path = attach_path(&r, NODE);
+    let threads_before = daemon_threads(pid);
+
+    // 1. A flood: 64 connections from one user, who already has one (the victim's).
+    let t0 = Instant::now();
+    let mut flood: Vec<(UnixStream, Vec<u8>)> = (0..64)
+        .map(|_| (UnixStream::connect(&path).unwrap(), Vec::new()))
+        .collect();
+    for (c, _) in &flood {
+        c.set_nonblocking(true).unwrap();
+    }
+    // Refused connections are answered at once; admitted ones wait for their request.
+    let expect_refused = 64 - (exanetd::ni_service::MAX_CONNECTIONS_PER_USER - 1);
+    let refused = |flood: &[(UnixStream, Vec<u8>)]| {
+        flood
+            .iter()
+            .filter(|(_, b)| String::from_utf8_lossy(b).contains("workload connections open"))
+            .count()
+    };
+    while refused(&flood) < expect_refused && t0.elapsed() < Duration::from_secs(4) {
+        for (c, b) in flood.iter_mut() {
+            let mut buf = [0u8; 512];
+            if let Ok(n) = c.read(&mut buf) {
+                b.extend_from_slice(&buf[..n]);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let n_refused = refused(&flood);
+    let threads_flood = daemon_threads(pid);
+    eprintln!(
+        "flood: {n_refused} of 64 connections refused at once; daemon threads {threads_before} \
+         before, {threads_flood} during"
+    );
+    assert_eq!(n_refused, expect_refused, "per-user cap not applied");
+    // The victim's established session keeps working through the flood, and the node
+    // answers status (the watch).
+    watch.progress("during the connection flood", 2);
+    // The cap is per user: while this user's flood lasts, this user's new attaches wait.
+    match attach(&r, NODE, Some(VICTIM_KEY)) {
+        Err(e) => assert!(e.contains("workload connections open"), "{e}"),
+        Ok(_) => panic!("an attach over the per-user cap was admitted"),
+    }
+    // The admitted ones never send anything: cut at the attach deadline, and told why.
+    let mut admitted = 0;
+    let mut slowest_cut = Duration::ZERO;
+    for (c, b) in flood.iter_mut() {
+        if !b.is_empty() {
+            continue;
+        }
+        admitted += 1;
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = c.read_to_end(b);
+        slowest_cut = slowest_cut.max(t0.elapsed());
+        assert!(
+            String::from_utf8_lossy(b).contains("within"),
+            "{:?}",
+            String::from_utf8_lossy(b)
+        );
+    }
+    eprintln!(
+        "flood: {admitted} admitted silent connections all cut {slowest_cut:?} after connecting"
+    );
+    assert_eq!(admitted + n_refused, 64);
+    assert!(slowest_cut < Duration::from_secs(20), "{slowest_cut:?}");
+    drop(flood);
+    // The victim's job attaches again once the flood is over.
+    let again = attach_within(&r, NODE, Some(VICTIM_KEY), Duration::from_secs(10))
+        .expect("the victim's job could not attach after the flood");
+    drop(again);
+
+    // 2. Slowloris: ten connections dribbling a valid attach request (padded with JSON
+    //    whitespace, 150 bytes) one byte each per 100 ms: 15 s if never cut.
+    let line = format!(
+        "{{\"op\":\"attach\",{}\"version\":{}}}\n",
+        " ".repeat(120),
+        exanet_proto::attach::PROTOCOL_VERSION
+    );
+    let t0 = Instant::now();
+    let mut slow: Vec<(UnixStream, Option<Duration>, Vec<u8>)> = (0..10)
+        .map(|_| (UnixStream::connect(&path).unwrap(), None, Vec::new()))
+        .collect();
+    for (c, _, _) in &slow {
+        c.set_nonblocking(true).unwrap();
+    }
+    let mut threads_slow = 0;
+    for (i, byte) in line.bytes().enumerate() {
+        for (c, cut, got) in slow.iter_mut() {
+            if cut.is_some() {
+                continue;
+            }
+            let mut buf = [0u8; 512];
+            match c.read(&mut buf) {
+                Ok(0) => *cut = Some(t0.elapsed()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if c.write(&[byte]).is_err() {
+                        *cut = Some(t0.elapsed());
+                    }
+                }
+                Err(_) => *cut = Some(t0.elapsed()),
+            }
+        }
+        if i == 20 {
+            threads_slow = daemon_threads(pid);
+        }
+        if slow.iter().all(|s| s.1.is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cuts: Vec<Duration> = slow
+        .iter()
+        .map(|s| s.1.expect("a slow request was never cut"))
+        .collect();
+    let latest = cuts.iter().max().unwrap();
+    let earliest = cuts.iter().min().unwrap();
+    eprintln!(
+        "slowloris: 10 dribbled requests cut between {earliest:?} and {latest:?}; daemon threads \
+         {threads_slow} while they lasted"
+    );
+    for (_, _, got) in &slow {
+        assert!(
+            String::from_utf8_lossy(got).contains("within"),
+            "{:?}",
+            String::from_utf8_lossy(got)
+        );
+    }
+    assert!(
+        *earliest >= Duration::from_secs(4),
+        "cut before the deadline: {earliest:?}"
+    );
+    assert!(*latest < Duration::from_secs(14), "{latest:?}");
+    drop(slow);
+    watch.progress("after the slow requests", 1);
+
+    // 3. Over-long request lines: 16 KiB without a newline before attach, then a valid but
+    //    6 KiB request from an attached workload. Both are cut; the attached one's rank is
+    //    freed.
+    let mut long = UnixStream::connect(&path).unwrap();
+    long.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    long.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t0 = Instant::now();
+    let _ = long.write_all(&[b'x'; 16 * 1024]);
+    let mut got = Vec::new();
+    let _ = long.read_to_end(&mut got);
+    eprintln!(
+        "a 16 KiB request line cut after {:?}: {:?}",
+        t0.elapsed(),
+        String::from_utf8_lossy(&got)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(9));
+    assert!(
+        String::from_utf8_lossy(&got).contains("longer than"),
+        "{got:?}"
+    );
+
+    let evil = attach(&r, NODE, None).unwrap();
+    let req = format!(
+        "{{\"op\":\"alloc\",\"kind\":\"mailbox\",{}\"capacity\":1}}\n",
+        " ".repeat(6000)
+    );
+    let mut conn = evil.conn.try_clone().unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t0 = Instant::now();
+    let _ = conn.write_all(req.as_bytes());
+    let mut got = Vec::new();
+    // The daemon ends the session (without a word: it was attached and broke the
+    // protocol): end of file, or a reset for the bytes it left unread; not a timeout.
+    let end = conn.read_to_end(&mut got);
+    eprintln!(
+        "an attached workload's 6 KiB request: session cut after {:?} ({end:?}, {:?})",
+        t0.elapsed(),
+        String::from_utf8_lossy(&got)
+    );
+    if let Err(e) = &end {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the session was not cut: {e}"
+        );
+    }
+    // Its rank is freed while the attacker still maps its rings.
+    wait_no_default(&r, "an over-long request line");
+    drop(conn);
+    drop(evil);
+    assert_attacker_freed(&r, "an over-long request line");
+
+    // No thread is left behind by any of it.
+    let t0 = Instant::now();
+    loop {
+        let now = daemon_threads(pid);
+        if now <= threads_before {
+            eprintln!("daemon threads: {threads_before} before the attacks, {now} after");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "daemon threads: {threads_before} before, {now} after"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
+
+/// xorshift64*: reproducible garbage.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// A command slot: opcode, index, channel, tag, a GVAS of raw bytes, VAs and a length.
+fn raw_slot(
+    op: u8,
+    index: u8,
+    ch: u8,
+    tag: u32,
+    gvas: [u8; 10],
+    va: u64,
+    len: u64,
+    extra: u64,
+) -> [u8; SLOT] {
+    let mut b = [0u8; SLOT];
+    b[0] = op;
+    b[1] = index;
+    b[2] = ch;
+    b[4..8].copy_from_slice(&tag.to_be_bytes());
+    b[8..18].copy_from_slice(&gvas);
+    b[24..32].copy_from_slice(&va.to_be_bytes());
+    b[32..40].copy_from_slice(&len.to_be_bytes());
+    b[40..48].copy_from_slice(&extra.to_be_bytes());
+    b
+}
+
+/// Every completion a workload gets until it has `n` of the kinds that end a command.
+fn collect_ends(w: &mut Workload, n: usize, within: Duration, what: &str) -> Vec<Completion> {
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    while out.len() < n {
+        w.poll();
+        out.extend(w.got.drain(..).filter(|c| {
+            matches!(
+                c,
+                Completion::Refused { .. } | Completion::Rdma { .. } | Completion::Sent { .. }
+            )
+        }));
+        assert!(
+            t0.elapsed() < within,
+            "{what}: {} of {n} commands answered after {within:?}",
+            out.len()
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    out
+}
+
+/// Garbage in the command ring (random slots, out-of-range indices, huge lengths) gets an
+/// error completion for each command, and scribbled ring indices stop the daemon reading
+/// that ring; the node stays responsive throughout and the rank is freed afterwards.
+#[test]
+fn garbage_commands_and_scribbled_rings() {
+    let r = rack("hostile-ring");
+    let watch = Watch::start(&r);
+    let mut evil = attach(&r, NODE, None).unwrap();
+    let (_emem, eva) = evil.register(1 << 20);
+    let page = evil.alloc(Resource::RdmaPage);
+    let pk = evil.alloc(Resource::Packetizer);
+    let helper = attach(&r, PEER, None).unwrap();
+    let (_hmem, hva) = helper.register(1 << 20);
+    let hdst = Gvas::new(Pdid(0), PEER_ID, helper.rank, hva).unwrap();
+
+    // 1. Random slots: 4000 of them, a quarter with a valid opcode; each is answered.
+    let seed = 0x5EED_0F_BAD_C0DE;
+    let mut rng = Rng(seed);
+    let t0 = Instant::now();
+    let mut answered = Vec::new();
+    for batch in 0..20 {
+        for _ in 0..200 {
+            let mut slot = [0u8; SLOT];
+            for chunk in slot.chunks_mut(8) {
+                chunk.copy_from_slice(&rng.next().to_ne_bytes());
+            }
+            if rng.next() % 4 == 0 {
+                slot[0] = 1 + (rng.next() % 3) as u8;
+            }
+            evil.post_slot(&slot);
+        }
+        answered.extend(collect_ends(
+            &mut evil,
+            200,
+            Duration::from_secs(60),
+            &format!("random batch {batch}"),
+        ));
+    }
+    let malformed = answered
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Completion::Refused {
+                    status: status::MALFORMED,
+                    ..
+                }
+            )
+        })
+        .count();
+    let refused = answered
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Completion::Refused {
+                    status: status::REFUSED,
+                    ..
+                }
+            )
+        })
+        .count();
+    eprintln!(
+        "random slots (seed {seed:#x}): 4000 answered in {:?}: {malformed} malformed, {refused} \
+         refused, {} other",
+        t0.elapsed(),
+        4000 - malformed - refused
+    );
+    assert_eq!(answered.len(), 4000);
+    assert!(
+        malformed > 2000 && refused > 500,
+        "{malformed} malformed, {refused} refused"
+    );
+    watch.progress("after random commands", 1);
+
+    // 2. Out-of-range indices and lengths, each with the refusal it must get.
+    let dst = hdst.to_bytes();
+    let mbox = mailbox_gvas(Pdid(0), PEER_ID, helper.rank, 0)
+        .unwrap()
+        .to_bytes();
+    let mut far = dst;
+    far[2..4].copy_from_slice(&[0xFF, 0xFF]); // a node outside the rack
+    let mut cases: Vec<(&str, [u8; SLOT], u8)> = vec![
+        (
+            "send on interface 255",
+            raw_slot(1, 255, 0, 1, mbox, 0, 0, 0),
+            refusal::NO_SUCH,
+        ),
+        (
+            "send on channel 200",
+            raw_slot(1, pk, 200, 2, mbox, 0, 0, 0),
+            refusal::NO_SUCH,
+        ),
+        (
+            "write on page 255",
+            raw_slot(2, 255, 0, 3, dst, eva, 64, 0),
+            refusal::NO_SUCH,
+        ),
+        (
+            "write on channel 255",
+            raw_slot(2, page, 255, 4, dst, eva, 64, 0),
+            refusal::NO_SUCH,
+        ),
+        (
+            "read on page 200",
+            raw_slot(3, 200, 0, 5, dst, eva, 64, 0),
+            refusal::NO_SUCH,
+        ),
+        (
+            "write of 0 bytes",
+            raw_slot(2, page, 0, 6, dst, eva, 0, 0),
+            refusal::BAD_LENGTH,
+        ),
+        (
+            "write of 4 GiB + 1",
+            raw_slot(2, page, 0, 7, dst, eva, (1 << 32) + 1, 0),
+            refusal::BAD_LENGTH,
+        ),
+        (
+            "write of 2^64-1 bytes",
+            raw_slot(2, page, 0, 8, dst, u64::MAX - 10, u64::MAX, 0),
+            refusal::BAD_LENGTH,
+        ),
+        (
+            "read of 2^64-1 bytes",
+            raw_slot(3, page, 0, 9, dst, eva, u64::MAX, 0),
+            refusal::BAD_LENGTH,
+        ),
+        (
+            "read into VA 2^64-16",
+            raw_slot(3, page, 0, 10, dst, u64::MAX - 15, 64, 0),
+            refusal::BAD_RANGE,
+        ),
+        (
+            "write to a node outside the rack",
+            raw_slot(2, page, 0, 11, far, eva, 64, 0),
+            refusal::BAD_DESTINATION,
+        ),
+    ];
+    // A send whose inline length says 64 KiB is malformed, not refused.
+    let mut long_send = raw_slot(1, pk, 0, 12, mbox, 0, 0, 0);
+    long_send[18..20].copy_from_slice(&u16::MAX.to_be_bytes());
+    cases.push(("send of a 64 KiB inline payload", long_send, 0));
+    for (what, slot, code) in &cases {
+        evil.post_slot(slot);
+        let tag = u32::from_be_bytes(slot[4..8].try_into().unwrap());
+        let c = evil
+            .wait_within(
+                Duration::from_secs(15),
+                |c| matches!(c, Completion::Refused { tag: t, .. } if *t == tag),
+            )
+            .unwrap_or_else(|| panic!("{what}: no refusal; got {:?}", evil.got));
+        let want = if *code == 0 {
+            Completion::Refused {
+                tag,
+                status: status::MALFORMED,
+                code: 0,
+            }
+        } else {
+            Completion::Refused {
+                tag,
+                status: status::REFUSED,
+                code: *code,
+            }
+        };
+        assert_eq!(c, want, "{what}: expected {}", refusal::label(*code));
+    }
+
+    // 3. Huge transfers that pass the length check: 4 GiB from 1 MiB of registered memory
+    //    (fails when posted, nothing sent), 4 GiB read from the peer's 1 MiB into it, and
+    //    4 GiB read from the peer's memory into an unregistered VA. Each ends, with an error,
+    //    quickly; no 4 GiB of work is done.
+    for (what, cmd) in [
+        (
+            "4 GiB write from 1 MiB of registered memory",
+            Command::Write {
+                tag: 100,
+                page,
+                ch: 2,
+                src_va: eva,
+                dst: hdst,
+                len: 1 << 32,
+                notify: Some(hva),
+            },
+        ),
+        (
+            "4 GiB read of 1 MiB of the peer's memory",
+            Command::Read {
+                tag: 101,
+                page,
+                ch: 3,
+                src: hdst,
+                dst_va: eva,
+                len: 1 << 32,
+            },
+        ),
+        (
+            "4 GiB read into unregistered memory",
+            Command::Read {
+                tag: 102,
+                page,
+                ch: 4,
+                src: hdst,
+                dst_va: 0x40_0000_0000 - (1 << 32),
+                len: 1 << 32,
+            },
+        ),
+    ] {
+        let t0 = Instant::now();
+        let tag = match cmd {
+            Command::Write { tag, .. } | Command::Read { tag, .. } | Command::Send { tag, .. } => {
+                tag
+            }
+        };
+        evil.post(&cmd);
+        let c = evil
+            .wait_within(Duration::from_secs(60), |c| match c {
+                Completion::Rdma { tag: t, .. } | Completion::Refused { tag: t, .. } => *t == tag,
+                _ => false,
+            })
+            .unwrap_or_else(|| panic!("{what}: no completion in 60 s"));
+        eprintln!("{what}: {c:?} after {:?}", t0.elapsed());
+        assert!(!ok(&c), "{what} succeeded: {c:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: {:?}",
+            t0.elapsed()
+        );
+        assert!(
+            r.status(PEER).is_some(),
+            "{PEER} stopped answering after: {what}"
+        );
+    }
+    watch.progress("after huge transfers", 1);
+    drop(evil);
+    assert_attacker_freed(&r, "garbage commands");
+
+    // 4. Ring scribbling, each on a fresh attacker: the daemon notices, stops reading that
+    //    ring (counted as workload_ring) or holds the workload back, and frees the rank when
+    //    it leaves.
+    type Scribble = fn(&Workload);
+    let scribbles: [(&str, Scribble); 5] = [
+        ("command tail a million slots ahead", |w| {
+            let at = w.command_offset + 0x100;
+            w.region.write(at, &1_000_000u32.to_ne_bytes()).unwrap();
+        }),
+        ("command tail behind the head", |w| {
+            w.region
+                .write(w.command_offset + 0x080, &500u32.to_ne_bytes())
+                .unwrap();
+            w.region
+                .write(w.command_offset + 0x100, &u32::MAX.to_ne_bytes())
+                .unwrap();
+        }),
+        ("completion head past the daemon's tail", |w| {
+            w.region
+                .write(w.completion_offset + 0x080, &0x7FFF_0000u32.to_ne_bytes())
+                .unwrap();
+        }),
+        ("command ring geometry rewritten", |w| {
+            w.region
+                .write(w.command_offset + 0x008, &[0xFF; 8])
+                .unwrap();
+        }),
+        ("ring memory punched to zeros", |w| {
+            assert_eq!(
+                fdops::punch(w.region.as_raw_fd(), 0, w.region.len() as i64),
+                0
+            );
+        }),
+    ];
+    for (what, scribble) in scribbles {
+        let before = r
+            .status(NODE)
+            .unwrap()
+            .errors
+            .get("workload_ring")
+            .copied()
+            .unwrap_or(0);
+        let mut w = attach_within(&r, NODE, None, Duration::from_secs(10)).unwrap();
+        let pk = w.alloc(Resource::Packetizer);
+        let mb = w.alloc(Resource::Mailbox);
+        let own = mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap();
+        scribble(&w);
+        // Post commands and ring, while a second thread keeps rewriting the indices with
+        // garbage for a second.
+        for i in 0..300u32 {
+            let c = Command::Send {
+                tag: i,
+                vi: pk,
+                ch: (i % 4) as u8,
+                dst: own,
+                payload: vec![1; 8],
+            };
+            let _ = w.commands.push(&c.encode());
+            let _ = w.to_daemon.ring();
+        }
+        let t0 = Instant::now();
+        let mut rng = Rng(0xC0FFEE ^ t0.elapsed().as_nanos() as u64 | 1);
+        while t0.elapsed() < Duration::from_secs(1) {
+            let word = [0x080, 0x100, 0x180, 0x200][(rng.next() % 4) as usize];
+            let ring = if rng.next() % 2 == 0 {
+                w.command_offset
+            } else {
+                w.completion_offset
+            };
+            w.region
+                .write(ring + word, &(rng.next() as u32).to_ne_bytes())
+                .unwrap();
+            let _ = w.to_daemon.ring();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        watch.progress(&format!("after {what}"), 1);
+        let after = r
+            .status(NODE)
+            .unwrap()
+            .errors
+            .get("workload_ring")
+            .copied()
+            .unwrap_or(0);
+        eprintln!("{what}: workload_ring {before} -> {after}");
+        assert!(after > before, "{what}: the scribbled ring was not noticed");
+        drop(w);
+        assert_attacker_freed(&r, what);
+    }
+    drop(helper);
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
