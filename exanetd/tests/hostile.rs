@@ -802,6 +802,7 @@ impl Rng {
 }
 
 /// A command slot: opcode, index, channel, tag, a GVAS of raw bytes, VAs and a length.
+#[allow(clippy::too_many_arguments)]
 fn raw_slot(
     op: u8,
     index: u8,
@@ -862,7 +863,7 @@ fn garbage_commands_and_scribbled_rings() {
     let hdst = Gvas::new(Pdid(0), PEER_ID, helper.rank, hva).unwrap();
 
     // 1. Random slots: 4000 of them, a quarter with a valid opcode; each is answered.
-    let seed = 0x5EED_0F_BAD_C0DE;
+    let seed = 0x0005_EED0_FBAD_C0DE;
     let mut rng = Rng(seed);
     let t0 = Instant::now();
     let mut answered = Vec::new();

@@ -104,7 +104,7 @@ impl TestRack {
             }
             assert!(
                 t0.elapsed() < timeout,
-                "links not up after {timeout:?}; logs in {}",
+                "links not up after {timeout:?} (rack in {})",
                 self.dir.display()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -175,8 +175,26 @@ impl Drop for TestRack {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            // A failed test leaves nothing behind unless asked to: the logs' last lines go
+            // to stderr instead.
+            if std::env::var_os("EXANET_KEEP_TEST_DIR").is_some() {
+                eprintln!("test rack kept in {}", self.dir.display());
+                return;
+            }
+            let logs = std::fs::read_dir(&self.dir).into_iter().flatten().flatten();
+            for log in logs.filter(|e| e.path().extension().is_some_and(|x| x == "log")) {
+                let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!(
+                    "--- last lines of {} (EXANET_KEEP_TEST_DIR=1 keeps the rack) ---",
+                    log.path().display()
+                );
+                for l in &lines[lines.len().saturating_sub(15)..] {
+                    eprintln!("{l}");
+                }
+            }
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -40,14 +40,19 @@ pub fn try_request(
 ) -> Result<(Reply, Vec<OwnedFd>), String> {
     let mut line = serde_json::to_vec(req).unwrap();
     line.push(b'\n');
-    exanet_shm::send_fds(conn, &line, fds).map_err(|e| format!("send: {e}"))?;
+    // A daemon that refuses a connection at once answers and closes before the request
+    // is sent: its answer is still there to read.
+    let sent = exanet_shm::send_fds(conn, &line, fds).map_err(|e| format!("send: {e}"));
     let mut buf = [0u8; 4096];
     let mut all = Vec::new();
     let mut fds = Vec::new();
     while !all.ends_with(b"\n") {
-        let (n, mut f) =
-            exanet_shm::recv_fds(conn, &mut buf, 4).map_err(|e| format!("recv: {e}"))?;
+        let (n, mut f) = match exanet_shm::recv_fds(conn, &mut buf, 4) {
+            Ok(x) => x,
+            Err(e) => return Err(sent.err().unwrap_or_else(|| format!("recv: {e}"))),
+        };
         if n == 0 {
+            sent?;
             return Err(format!(
                 "daemon closed the attach socket after {:?}",
                 String::from_utf8_lossy(&all)
