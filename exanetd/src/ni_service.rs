@@ -389,6 +389,12 @@ pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Res
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+        // The run directory is made with the daemon's umask (0700 under umask 077), which
+        // would keep those users from the socket: let them through it (not list it).
+        if let Some(dir) = path.parent() {
+            let mode = std::fs::metadata(dir)?.permissions().mode();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o111))?;
+        }
     }
     let daemon_uid = exanet_shm::effective_uid();
     let conns = Arc::new(Mutex::new(Connections::default()));
