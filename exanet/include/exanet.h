@@ -21,19 +21,32 @@
  *     exanet_strerror(code) describes a code, exanet_last_error() the last failure of the
  *     calling thread in detail;
  *   - handles are opaque; each *_open / exanet_attach / exanet_register has a matching
- *     release function, which accepts NULL. A NULL handle or output pointer passed to any
- *     other function is EXANET_EINVAL;
+ *     release function (exanet_detach, exanet_region_free, exanet_*_close). A NULL handle
+ *     or output pointer passed to any other function is EXANET_EINVAL;
  *   - timeouts are in microseconds: negative = wait forever, 0 = do not wait;
  *   - posting an operation (exanet_send, exanet_rdma_write, exanet_rdma_read) returns a
  *     tag; exanet_wait(tag) says how the operation ended. Results are kept until waited
  *     for (or exanet_forget);
- *   - all functions are thread-safe; an endpoint and its handles may be shared by threads,
- *     with one exception, as for free(3): a release function (exanet_detach,
- *     exanet_region_free, exanet_*_close) frees its handle, so it must be the last call on
- *     that handle, and no other thread may be inside (or enter) a call on the same handle
- *     while it runs; a thread blocked in exanet_wait on an endpoint must have returned
- *     before that endpoint is detached. Release the other handles before (or after)
- *     exanet_detach: after exanet_detach they only return errors.
+ *   - all functions are thread-safe, releases included: an endpoint and its handles may be
+ *     used by several threads, and any thread may release a handle while others are inside
+ *     calls on it. A handle is an id, not an address (the library never dereferences it)
+ *     and is never reused. After its release:
+ *       - a call that passes it returns EXANET_EINVAL, and exanet_last_error() names the
+ *         stale kind ("... stale mailbox handle ..."); exanet_region_va/len return 0;
+ *       - releasing it again does nothing (it is not a double free);
+ *       - calls already in progress on it finish safely: the object is freed when the last
+ *         of them returns;
+ *   - exanet_detach ends the attachment at once (the daemon frees the rank) even while other
+ *     threads use the endpoint: a thread blocked on it (exanet_wait,
+ *     exanet_wait_notification, exanet_recv, exanet_send waiting for a channel...) returns
+ *     promptly with EXANET_EDISCONNECTED; the endpoint's regions, packetizers, mailboxes and
+ *     RDMA pages stay valid handles, but every call on them returns EXANET_EDISCONNECTED:
+ *     release them before or after exanet_detach, in any order. (exanet_detach itself
+ *     waits for a request to the daemon in progress, e.g. exanet_register, to end.)
+ *   - exanet_mailbox_close makes a thread blocked in exanet_recv on that mailbox return
+ *     EXANET_EINVAL (within about 100 ms); the other releases take effect for calls in
+ *     progress when these return (a copy into a region being freed completes first);
+ *   - handles are valid in the process that made them (not across fork).
  *
  * Link with -lexanet (libexanet.so, or libexanet.a plus -lpthread -ldl -lm).
  *
@@ -65,7 +78,7 @@ extern "C" {
 #define EXANET_EATTACH         -9  /* the daemon refused to attach (unknown job key, no rank free) */
 #define EXANET_EDAEMON        -10  /* the daemon refused a request (no interface free...) */
 #define EXANET_EPROTO         -11  /* attach protocol error */
-#define EXANET_EDISCONNECTED  -12  /* the daemon closed the connection */
+#define EXANET_EDISCONNECTED  -12  /* the daemon closed the connection, or exanet_detach ran */
 #define EXANET_ECORRUPT       -13  /* shared memory corrupt; the endpoint is unusable */
 #define EXANET_ESYSTEM        -14  /* a system call failed */
 #define EXANET_ETIMEDOUT      -15  /* a wait ran out of time (the operation may still end) */
@@ -138,9 +151,10 @@ typedef struct exanet_notification_t {
 int exanet_attach(const char *rack, const char *node, const char *job_key,
                   exanet_endpoint **out);
 
-/* Detaches: the daemon frees this workload's rank and everything it allocated, and `ep`
- * itself is freed: using it afterwards is undefined behaviour. See "Conventions" for
- * releasing a handle that other threads use. */
+/* Detaches: the daemon frees this workload's rank and everything it allocated. Threads
+ * inside calls on `ep` return (EXANET_EDISCONNECTED); afterwards `ep` is stale
+ * (EXANET_EINVAL) and the endpoint's other handles only return EXANET_EDISCONNECTED until
+ * released. NULL or an already detached handle: nothing happens. See "Conventions". */
 void exanet_detach(exanet_endpoint *ep);
 
 /* This attachment's node, rank and PDID. */
@@ -159,9 +173,10 @@ exanet_addr_t exanet_mailbox_addr(uint32_t node, uint8_t rank, uint8_t vi);
 
 /* Registers `len` bytes of new, zeroed shared memory as this rank's memory. */
 int exanet_register(const exanet_endpoint *ep, uint64_t len, exanet_region **out);
-/* Unregisters it. */
+/* Unregisters it (copies in progress in other threads complete first). */
 void exanet_region_free(exanet_region *r);
-/* Its first byte's VA in this rank's memory, and its length (0 for NULL). */
+/* Its first byte's VA in this rank's memory, and its length (0 for NULL or a released
+ * handle). */
 uint64_t exanet_region_va(const exanet_region *r);
 uint64_t exanet_region_len(const exanet_region *r);
 /* Copy bytes into / out of the region (the NI may change them at any time: no pointers
@@ -186,7 +201,8 @@ int exanet_mailbox_vi(const exanet_mailbox *m);
 int exanet_send(const exanet_packetizer *p, int ch, const exanet_addr_t *dst,
                 const void *buf, size_t len, uint32_t *tag);
 
-/* Takes the next message of mailbox `m`, waiting up to `timeout_us`. */
+/* Takes the next message of mailbox `m`, waiting up to `timeout_us`. EXANET_EINVAL if the
+ * mailbox is closed meanwhile, EXANET_EDISCONNECTED if its endpoint is detached. */
 int exanet_recv(const exanet_mailbox *m, int64_t timeout_us, exanet_message_t *msg);
 
 /* ---- RDMA ----------------------------------------------------------------------- */
@@ -210,7 +226,8 @@ int exanet_rdma_read(const exanet_rdma_page *p, uint8_t ch, const exanet_addr_t 
 
 /* Waits up to `timeout_us` for operation `tag`: EXANET_OK if it succeeded, its failure
  * (EXANET_ENACKED, EXANET_ENETTIMEDOUT, EXANET_ELOCALFAULT, EXANET_EREFUSED), or
- * EXANET_ETIMEDOUT if it is still going (wait again later). A result is collected once. */
+ * EXANET_ETIMEDOUT if it is still going (wait again later). A result is collected once.
+ * EXANET_EDISCONNECTED if the endpoint is detached meanwhile (by another thread). */
 int exanet_wait(const exanet_endpoint *ep, uint32_t tag, int64_t timeout_us);
 
 /* Discards the result of operation `tag`, now or when it ends. */

@@ -181,6 +181,13 @@ impl Endpoint {
     /// Ends the attachment now (as dropping the endpoint does).
     pub fn detach(self) {}
 
+    /// Ends the attachment now while other threads may still be inside calls on this
+    /// endpoint (the C ABI's `exanet_detach`): those waiting return [`Error::Broken`], as
+    /// do later calls; dropping the endpoint afterwards does nothing more.
+    pub(crate) fn close(&self) {
+        self.shared.detach();
+    }
+
     /// This node's name, e.g. `M1QAF2`.
     pub fn node(&self) -> &str {
         &self.shared.info.node

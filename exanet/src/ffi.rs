@@ -4,12 +4,28 @@
 //! - every function that can fail returns an `int`: 0 (or a non-negative count) on success,
 //!   a negative `EXANET_E*` code ([`crate::error::codes`]) on failure; `exanet_last_error()`
 //!   then describes the failure in words (per thread);
-//! - handles are opaque pointers created by `*_open` / `exanet_attach` / `exanet_register`
-//!   and released by the matching `*_close` / `exanet_detach` / `exanet_region_free`;
-//!   passing NULL is always an `EXANET_EINVAL` error (or a no-op for the release functions);
+//! - handles are created by `*_open` / `exanet_attach` / `exanet_register` and released by
+//!   the matching `*_close` / `exanet_detach` / `exanet_region_free`; passing NULL is always
+//!   an `EXANET_EINVAL` error (or a no-op for the release functions);
 //! - nothing hands out pointers into shared memory: region contents are copied in and out;
 //! - no Rust panic crosses the boundary (each entry point runs under `catch_unwind`, a
 //!   panic becomes `EXANET_EINTERNAL`).
+//!
+//! # Handles
+//! A handle is not an address: it is a process-wide id (never 0, never reused) cast to the
+//! opaque pointer type, and the library never dereferences it. A registry per handle kind
+//! maps live ids to `Arc`s of the objects. Every entry point looks its handle up under a
+//! read lock, clones the `Arc`, drops the lock and works on the clone; a release removes the
+//! id (so later calls with it are `EXANET_EINVAL` naming the stale kind, and a second release
+//! is a no-op) and drops the registry's `Arc`: the object is freed when the last call that
+//! still uses it returns. So a release may race with calls on the same handle in other
+//! threads without undefined behaviour.
+//!
+//! A release must not leave those calls blocked: `exanet_detach` ends the attachment at once
+//! (`Endpoint::close`), which wakes the threads waiting on the endpoint, and marks the
+//! `Attachment` that the endpoint's other handles share as detached: calls in progress or
+//! made later on any handle of that attachment fail with `EXANET_EDISCONNECTED`. A closed
+//! mailbox wakes a thread in `exanet_recv` on it within `RELEASE_CHECK`.
 //!
 //! The handle types are lower-case like their C names.
 #![allow(non_camel_case_types)]
@@ -17,9 +33,11 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use exanet_proto::gvas::Gvas;
 use exanet_proto::ni::MAX_MESSAGE;
@@ -28,29 +46,51 @@ use exanet_proto::shape::NodeId;
 use crate::error::{codes, Error, OpError};
 use crate::{Config, Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
 
+/// How often a thread blocked in `exanet_recv` checks whether its mailbox was closed.
+const RELEASE_CHECK: Duration = Duration::from_millis(100);
+
+/// What the handles of one attachment share: whether `exanet_detach` ran on its endpoint.
+#[derive(Debug, Default)]
+struct Attachment {
+    detached: AtomicBool,
+}
+
+impl Attachment {
+    fn detached(&self) -> bool {
+        self.detached.load(Ordering::Acquire)
+    }
+}
+
 /// An attachment (`exanet_endpoint*` in C).
 pub struct exanet_endpoint {
     ep: Endpoint,
+    att: Arc<Attachment>,
 }
 
 /// A registered memory region.
 pub struct exanet_region {
     region: MemoryRegion,
+    att: Arc<Attachment>,
 }
 
 /// A packetizer interface.
 pub struct exanet_packetizer {
     p: Packetizer,
+    att: Arc<Attachment>,
 }
 
 /// A mailbox.
 pub struct exanet_mailbox {
     m: Mailbox,
+    att: Arc<Attachment>,
+    /// `exanet_mailbox_close` ran: a thread waiting in `exanet_recv` gives up.
+    closed: AtomicBool,
 }
 
 /// An RDMA page.
 pub struct exanet_rdma_page {
     p: RdmaPage,
+    att: Arc<Attachment>,
 }
 
 /// What `exanet_info` fills in.
@@ -99,6 +139,8 @@ pub struct exanet_notification_t {
 enum Fail {
     Lib(Error),
     Invalid(String),
+    /// Another code, with its message.
+    Code(c_int, String),
 }
 
 impl From<Error> for Fail {
@@ -141,6 +183,10 @@ fn guard(f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
             set_last(&m, 0);
             codes::INVALID_ARGUMENT
         }
+        Ok(Err(Fail::Code(code, m))) => {
+            set_last(&m, 0);
+            code
+        }
         Err(_) => {
             set_last("internal error (a panic in the exanet library)", 0);
             codes::INTERNAL
@@ -152,7 +198,7 @@ fn timeout(us: i64) -> Option<Duration> {
     u64::try_from(us).ok().map(Duration::from_micros)
 }
 
-/// `&T` from a handle pointer, or an EINVAL naming it.
+/// `&T` from a pointer to a value of the caller (not a handle), or an EINVAL naming it.
 ///
 /// # Safety
 /// `p` is NULL or points to a live `T` that outlives `'a`.
@@ -189,40 +235,239 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Makes a handle from the endpoint and hands it to C in `*out` (every `*_open`).
-///
-/// # Safety
-/// `ep` is NULL or a live endpoint, `out` NULL or valid for a write.
-unsafe fn open_handle<T>(
-    ep: *const exanet_endpoint,
-    out: *mut *mut T,
-    make: impl FnOnce(&Endpoint) -> Result<T, Fail>,
-) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
+// ---- handles ----
+
+/// Hashes handle ids (distinct integers from a counter) with one multiplication.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         }
-        let h = Box::into_raw(Box::new(make(e)?));
-        // SAFETY: checked non-NULL; writable as the caller guarantees.
-        unsafe { put(out, h, "out") }?;
-        Ok(0)
-    })
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
-/// Takes back and drops a handle C got from [`open_handle`] (NULL: nothing happens).
-///
-/// # Safety
-/// `h` is NULL or came from `Box::into_raw` and was not freed yet.
-unsafe fn free_handle<T>(h: *mut T) {
+/// The live handles of one kind: id -> object.
+type Table<T> = RwLock<HashMap<usize, Arc<T>, BuildHasherDefault<IdHasher>>>;
+
+const fn table<T>() -> Table<T> {
+    RwLock::new(HashMap::with_hasher(BuildHasherDefault::new()))
+}
+
+static ENDPOINTS: Table<exanet_endpoint> = table();
+static REGIONS: Table<exanet_region> = table();
+static PACKETIZERS: Table<exanet_packetizer> = table();
+static MAILBOXES: Table<exanet_mailbox> = table();
+static RDMA_PAGES: Table<exanet_rdma_page> = table();
+
+/// The next handle id; ids are never reused, so a stale handle never names a new object.
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// An object C holds by handle.
+trait Handle: Sized + 'static {
+    /// What C calls it, for messages ("endpoint", "mailbox"...).
+    const KIND: &'static str;
+    fn table() -> &'static Table<Self>;
+    /// The attachment it belongs to.
+    fn attachment(&self) -> &Attachment;
+    /// C released the handle; calls in progress may still use the object.
+    fn released(&self) {}
+}
+
+impl Handle for exanet_endpoint {
+    const KIND: &'static str = "endpoint";
+    fn table() -> &'static Table<Self> {
+        &ENDPOINTS
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+    fn released(&self) {
+        // First the flag, so that a call this wakes up reports the detach, then the
+        // attachment itself: the daemon frees the rank, waiting threads return.
+        self.att.detached.store(true, Ordering::Release);
+        self.ep.close();
+    }
+}
+
+impl Handle for exanet_region {
+    const KIND: &'static str = "region";
+    fn table() -> &'static Table<Self> {
+        &REGIONS
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+}
+
+impl Handle for exanet_packetizer {
+    const KIND: &'static str = "packetizer";
+    fn table() -> &'static Table<Self> {
+        &PACKETIZERS
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+}
+
+impl Handle for exanet_mailbox {
+    const KIND: &'static str = "mailbox";
+    fn table() -> &'static Table<Self> {
+        &MAILBOXES
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+    fn released(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+impl Handle for exanet_rdma_page {
+    const KIND: &'static str = "RDMA page";
+    fn table() -> &'static Table<Self> {
+        &RDMA_PAGES
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+}
+
+/// Files `obj` under a new id and returns that id as C's handle.
+fn insert<T: Handle>(obj: T) -> Result<*mut T, Fail> {
+    let id = NEXT_ID
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+        .map_err(|_| Fail::Code(codes::SYSTEM, "out of handle ids".into()))?;
+    let obj = Arc::new(obj);
+    T::table()
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, obj);
+    Ok(std::ptr::without_provenance_mut(id))
+}
+
+/// The object behind handle `h` (`what`: the parameter's name, for messages).
+fn lookup<T: Handle>(h: *const T, what: &str) -> Result<Arc<T>, Fail> {
+    if h.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    let found = T::table()
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&h.addr())
+        .cloned();
+    found.ok_or_else(|| stale::<T>(h.addr(), what))
+}
+
+fn stale<T: Handle>(id: usize, what: &str) -> Fail {
+    invalid(&format!(
+        "{what} is a stale {} handle ({id:#x}): already released, or not made by this library",
+        T::KIND
+    ))
+}
+
+/// The error of a call on a handle whose endpoint was detached.
+fn detached<T: Handle>() -> Fail {
+    Fail::Code(
+        codes::DISCONNECTED,
+        if T::KIND == "endpoint" {
+            "the endpoint was detached (exanet_detach) during this call".into()
+        } else {
+            format!(
+                "the endpoint of this {} was detached (exanet_detach)",
+                T::KIND
+            )
+        },
+    )
+}
+
+/// Refuses objects of a detached attachment.
+fn live<T: Handle>(obj: &T) -> Result<(), Fail> {
+    if obj.attachment().detached() {
+        Err(detached::<T>())
+    } else {
+        Ok(())
+    }
+}
+
+/// What a call on `obj` returns: a library error caused by a detach in the meantime is
+/// reported as that.
+fn settle<T: Handle, R>(obj: &T, r: Result<R, Fail>) -> Result<R, Fail> {
+    match r {
+        Err(Fail::Lib(_)) if obj.attachment().detached() => Err(detached::<T>()),
+        r => r,
+    }
+}
+
+/// Runs `f` on the live object behind handle `h`.
+fn with<T: Handle, R>(
+    h: *const T,
+    what: &str,
+    f: impl FnOnce(&T) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    let obj = lookup(h, what)?;
+    live(&*obj)?;
+    let r = f(&obj);
+    settle(&*obj, r)
+}
+
+/// Takes handle `h` out of its registry (NULL: nothing happens; a stale handle: nothing
+/// happens but the calling thread's last error says so). The object goes when the last call
+/// using it returns.
+fn release<T: Handle>(h: *mut T) {
     if h.is_null() {
         return;
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the caller hands back ownership of a pointer made by Box::into_raw.
-        drop(unsafe { Box::from_raw(h) });
+        // The lock is not held while the object is released or dropped: that may talk to
+        // the daemon.
+        let removed = T::table()
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&h.addr());
+        match removed {
+            Some(obj) => {
+                obj.released();
+                drop(obj);
+            }
+            None => {
+                if let Fail::Invalid(m) = stale::<T>(h.addr(), "the released handle") {
+                    set_last(&m, 0);
+                }
+            }
+        }
     }));
+}
+
+/// Makes a handle of `ep`'s attachment and hands it to C in `*out` (every `*_open`).
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+unsafe fn open_handle<T: Handle>(
+    ep: *const exanet_endpoint,
+    out: *mut *mut T,
+    make: impl FnOnce(&Endpoint, Arc<Attachment>) -> Result<T, Fail>,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let obj = with(ep, "ep", |e| make(&e.ep, Arc::clone(&e.att)))?;
+        let h = insert(obj)?;
+        // SAFETY: checked non-NULL; writable as the caller guarantees.
+        unsafe { put(out, h, "out") }?;
+        Ok(0)
+    })
 }
 
 fn gvas_of(shared: &crate::engine::Shared, a: &exanet_addr_t) -> Result<Gvas, Fail> {
@@ -256,56 +501,58 @@ pub unsafe extern "C" fn exanet_attach(
             ..Config::default()
         };
         let ep = Endpoint::attach_with(&config)?;
-        let h = Box::into_raw(Box::new(exanet_endpoint { ep }));
+        let h = insert(exanet_endpoint {
+            ep,
+            att: Arc::default(),
+        })?;
         // SAFETY: checked above.
         unsafe { put(out, h, "out") }?;
         Ok(0)
     })
 }
 
-/// Detaches and frees the endpoint (NULL: nothing happens).
-///
-/// # Safety
-/// `ep` is NULL or was returned by `exanet_attach` and not detached yet.
+/// Detaches (NULL or a released handle: nothing happens). The daemon frees the rank at once;
+/// calls on the endpoint in other threads return, the endpoint's other handles only fail
+/// from now on (`EXANET_EDISCONNECTED`), and the handle is stale (`EXANET_EINVAL`).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_detach(ep: *mut exanet_endpoint) {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe { free_handle(ep) }
+pub extern "C" fn exanet_detach(ep: *mut exanet_endpoint) {
+    release(ep)
 }
 
 /// Fills `*info` with this attachment's node, rank and PDID.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `info` is valid for a write.
+/// `info` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_info(
     ep: *const exanet_endpoint,
     info: *mut exanet_info_t,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        let mut name = [0 as c_char; 16];
-        for (d, s) in name.iter_mut().zip(e.node().bytes().take(15)) {
-            *d = s as c_char;
-        }
-        let v = exanet_info_t {
-            node_id: e.node_id().0,
-            nodes: e.nodes(),
-            pdid: e.pdid().0,
-            rank: e.rank(),
-            node_name: name,
-        };
-        // SAFETY: the caller guarantees `info` is writable.
-        unsafe { put(info, v, "info") }?;
-        Ok(0)
+        with(ep, "ep", |e| {
+            let e = &e.ep;
+            let mut name = [0 as c_char; 16];
+            for (d, s) in name.iter_mut().zip(e.node().bytes().take(15)) {
+                *d = s as c_char;
+            }
+            let v = exanet_info_t {
+                node_id: e.node_id().0,
+                nodes: e.nodes(),
+                pdid: e.pdid().0,
+                rank: e.rank(),
+                node_name: name,
+            };
+            // SAFETY: the caller guarantees `info` is NULL (refused) or writable.
+            unsafe { put(info, v, "info") }?;
+            Ok(0)
+        })
     })
 }
 
 /// Resolves a node name (`M1QBF3`) to its id.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `name` NUL-terminated, `id` valid for a write.
+/// `name` is NULL or NUL-terminated, `id` valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_node_by_name(
     ep: *const exanet_endpoint,
@@ -313,28 +560,25 @@ pub unsafe extern "C" fn exanet_node_by_name(
     id: *mut u32,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        // SAFETY: NULL or NUL-terminated.
-        let name = unsafe { opt_str(name, "name") }?.ok_or_else(|| invalid("name is empty"))?;
-        let n = e.node_by_name(&name)?;
-        // SAFETY: the caller guarantees `id` is writable.
-        unsafe { put(id, n.0, "id") }?;
-        Ok(0)
+        with(ep, "ep", |e| {
+            // SAFETY: NULL or NUL-terminated, as the caller guarantees.
+            let name = unsafe { opt_str(name, "name") }?.ok_or_else(|| invalid("name is empty"))?;
+            let n = e.ep.node_by_name(&name)?;
+            // SAFETY: the caller guarantees `id` is NULL (refused) or writable.
+            unsafe { put(id, n.0, "id") }?;
+            Ok(0)
+        })
     })
 }
 
 /// Sets the spin budget of waits, in microseconds (0: sleep right away).
-///
-/// # Safety
-/// `ep` is a live endpoint.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_set_spin(ep: *const exanet_endpoint, spin_us: u64) -> c_int {
+pub extern "C" fn exanet_set_spin(ep: *const exanet_endpoint, spin_us: u64) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        e.set_spin(Duration::from_micros(spin_us));
-        Ok(0)
+        with(ep, "ep", |e| {
+            e.ep.set_spin(Duration::from_micros(spin_us));
+            Ok(0)
+        })
     })
 }
 
@@ -351,7 +595,7 @@ pub extern "C" fn exanet_mailbox_addr(node: u32, rank: u8, vi: u8) -> exanet_add
 /// Registers `len` bytes of new shared memory as this rank's memory.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `out` valid for a write.
+/// `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_register(
     ep: *const exanet_endpoint,
@@ -360,48 +604,38 @@ pub unsafe extern "C" fn exanet_register(
 ) -> c_int {
     // SAFETY: forwarded from this function's own contract.
     unsafe {
-        open_handle(ep, out, |e| {
+        open_handle(ep, out, |e, att| {
             Ok(exanet_region {
                 region: e.register(len)?,
+                att,
             })
         })
     }
 }
 
-/// Unregisters and frees a region (NULL: nothing happens).
-///
-/// # Safety
-/// `r` is NULL or a region from `exanet_register`, not freed yet.
+/// Unregisters a region (NULL or a released handle: nothing happens; copies in progress in
+/// other threads end first).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_region_free(r: *mut exanet_region) {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe { free_handle(r) }
+pub extern "C" fn exanet_region_free(r: *mut exanet_region) {
+    release(r)
 }
 
-/// The VA of the region's first byte (0 for NULL).
-///
-/// # Safety
-/// `r` is NULL or a live region.
+/// The VA of the region's first byte (0 for NULL or a released handle).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_region_va(r: *const exanet_region) -> u64 {
-    // SAFETY: NULL or live, as the caller guarantees.
-    unsafe { r.as_ref() }.map_or(0, |r| r.region.va())
+pub extern "C" fn exanet_region_va(r: *const exanet_region) -> u64 {
+    lookup(r, "region").map_or(0, |r| r.region.va())
 }
 
-/// The region's length in bytes (0 for NULL).
-///
-/// # Safety
-/// `r` is NULL or a live region.
+/// The region's length in bytes (0 for NULL or a released handle).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_region_len(r: *const exanet_region) -> u64 {
-    // SAFETY: NULL or live, as the caller guarantees.
-    unsafe { r.as_ref() }.map_or(0, |r| r.region.len())
+pub extern "C" fn exanet_region_len(r: *const exanet_region) -> u64 {
+    lookup(r, "region").map_or(0, |r| r.region.len())
 }
 
 /// Copies `len` bytes from `src` into the region at `offset`.
 ///
 /// # Safety
-/// `r` is a live region; `src` is valid for `len` bytes of reads (may be NULL if `len` is 0).
+/// `src` is valid for `len` bytes of reads (may be NULL if `len` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn exanet_region_write(
     r: *const exanet_region,
@@ -410,26 +644,26 @@ pub unsafe extern "C" fn exanet_region_write(
     len: usize,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live region or NULL.
-        let r = &unsafe { obj(r, "region") }?.region;
-        if len == 0 {
-            return Ok(0);
-        }
-        if src.is_null() {
-            return Err(invalid("src is NULL"));
-        }
-        // SAFETY: non-NULL and valid for `len` bytes, as the caller guarantees; private
-        // memory of the caller, not the shared region.
-        let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
-        r.write(offset, data)?;
-        Ok(0)
+        with(r, "region", |r| {
+            if len == 0 {
+                return Ok(0);
+            }
+            if src.is_null() {
+                return Err(invalid("src is NULL"));
+            }
+            // SAFETY: non-NULL and valid for `len` bytes, as the caller guarantees;
+            // private memory of the caller, not the shared region.
+            let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
+            r.region.write(offset, data)?;
+            Ok(0)
+        })
     })
 }
 
 /// Copies `len` bytes at `offset` of the region into `dst`.
 ///
 /// # Safety
-/// `r` is a live region; `dst` is valid for `len` bytes of writes (may be NULL if `len` is 0).
+/// `dst` is valid for `len` bytes of writes (may be NULL if `len` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn exanet_region_read(
     r: *const exanet_region,
@@ -438,48 +672,52 @@ pub unsafe extern "C" fn exanet_region_read(
     len: usize,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live region or NULL.
-        let r = &unsafe { obj(r, "region") }?.region;
-        if len == 0 {
-            return Ok(0);
-        }
-        if dst.is_null() {
-            return Err(invalid("dst is NULL"));
-        }
-        // SAFETY: non-NULL and valid for `len` bytes of writes, as the caller guarantees.
-        let buf = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) };
-        r.read(offset, buf)?;
-        Ok(0)
+        with(r, "region", |r| {
+            if len == 0 {
+                return Ok(0);
+            }
+            if dst.is_null() {
+                return Err(invalid("dst is NULL"));
+            }
+            // SAFETY: non-NULL and valid for `len` bytes of writes, as the caller
+            // guarantees.
+            let buf = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) };
+            r.region.read(offset, buf)?;
+            Ok(0)
+        })
     })
 }
 
 /// Allocates a packetizer interface.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `out` valid for a write.
+/// `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_packetizer_open(
     ep: *const exanet_endpoint,
     out: *mut *mut exanet_packetizer,
 ) -> c_int {
     // SAFETY: forwarded from this function's own contract.
-    unsafe { open_handle(ep, out, |e| Ok(exanet_packetizer { p: e.packetizer()? })) }
+    unsafe {
+        open_handle(ep, out, |e, att| {
+            Ok(exanet_packetizer {
+                p: e.packetizer()?,
+                att,
+            })
+        })
+    }
 }
 
-/// Frees a packetizer interface (NULL: nothing happens).
-///
-/// # Safety
-/// `p` is NULL or from `exanet_packetizer_open`, not closed yet.
+/// Frees a packetizer interface (NULL or a released handle: nothing happens).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_packetizer_close(p: *mut exanet_packetizer) {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe { free_handle(p) }
+pub extern "C" fn exanet_packetizer_close(p: *mut exanet_packetizer) {
+    release(p)
 }
 
 /// Allocates a mailbox holding up to `capacity` messages.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `out` valid for a write.
+/// `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_mailbox_open(
     ep: *const exanet_endpoint,
@@ -488,57 +726,53 @@ pub unsafe extern "C" fn exanet_mailbox_open(
 ) -> c_int {
     // SAFETY: forwarded from this function's own contract.
     unsafe {
-        open_handle(ep, out, |e| {
+        open_handle(ep, out, |e, att| {
             Ok(exanet_mailbox {
                 m: e.mailbox(capacity)?,
+                att,
+                closed: AtomicBool::new(false),
             })
         })
     }
 }
 
-/// Frees a mailbox (NULL: nothing happens).
-///
-/// # Safety
-/// `m` is NULL or from `exanet_mailbox_open`, not closed yet.
+/// Frees a mailbox (NULL or a released handle: nothing happens). A thread waiting in
+/// `exanet_recv` on it returns `EXANET_EINVAL`.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_mailbox_close(m: *mut exanet_mailbox) {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe { free_handle(m) }
+pub extern "C" fn exanet_mailbox_close(m: *mut exanet_mailbox) {
+    release(m)
 }
 
 /// The mailbox's index (0..63), or a negative error code.
-///
-/// # Safety
-/// `m` is NULL or a live mailbox.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_mailbox_vi(m: *const exanet_mailbox) -> c_int {
-    guard(|| {
-        // SAFETY: the caller guarantees a live mailbox or NULL.
-        Ok(c_int::from(unsafe { obj(m, "mailbox") }?.m.vi()))
-    })
+pub extern "C" fn exanet_mailbox_vi(m: *const exanet_mailbox) -> c_int {
+    guard(|| with(m, "mailbox", |m| Ok(c_int::from(m.m.vi()))))
 }
 
 /// Allocates an RDMA page.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `out` valid for a write.
+/// `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_rdma_page_open(
     ep: *const exanet_endpoint,
     out: *mut *mut exanet_rdma_page,
 ) -> c_int {
     // SAFETY: forwarded from this function's own contract.
-    unsafe { open_handle(ep, out, |e| Ok(exanet_rdma_page { p: e.rdma_page()? })) }
+    unsafe {
+        open_handle(ep, out, |e, att| {
+            Ok(exanet_rdma_page {
+                p: e.rdma_page()?,
+                att,
+            })
+        })
+    }
 }
 
-/// Frees an RDMA page (NULL: nothing happens).
-///
-/// # Safety
-/// `p` is NULL or from `exanet_rdma_page_open`, not closed yet.
+/// Frees an RDMA page (NULL or a released handle: nothing happens).
 #[no_mangle]
-pub unsafe extern "C" fn exanet_rdma_page_close(p: *mut exanet_rdma_page) {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe { free_handle(p) }
+pub extern "C" fn exanet_rdma_page_close(p: *mut exanet_rdma_page) {
+    release(p)
 }
 
 /// Sends `len` (<= 64) bytes at `buf` to `*dst` on channel `ch` (0..3; negative: the first
@@ -546,8 +780,8 @@ pub unsafe extern "C" fn exanet_rdma_page_close(p: *mut exanet_rdma_page) {
 /// result is then discarded, as with `exanet_forget`).
 ///
 /// # Safety
-/// `p` is a live packetizer, `dst` valid for a read, `buf` valid for `len` bytes (NULL if
-/// `len` is 0 is fine), `tag` NULL or valid for a write.
+/// `dst` is valid for a read, `buf` valid for `len` bytes (NULL if `len` is 0 is fine),
+/// `tag` NULL or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_send(
     p: *const exanet_packetizer,
@@ -558,39 +792,40 @@ pub unsafe extern "C" fn exanet_send(
     tag: *mut u32,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live packetizer or NULL.
-        let p = &unsafe { obj(p, "packetizer") }?.p;
-        // SAFETY: the caller guarantees `dst` is NULL or readable.
-        let dst = unsafe { obj(dst, "dst") }?;
-        if len > MAX_MESSAGE {
-            return Err(Error::PayloadTooLong {
-                len,
-                max: MAX_MESSAGE,
+        with(p, "packetizer", |p| {
+            let p = &p.p;
+            // SAFETY: the caller guarantees `dst` is NULL or readable.
+            let dst = unsafe { obj(dst, "dst") }?;
+            if len > MAX_MESSAGE {
+                return Err(Error::PayloadTooLong {
+                    len,
+                    max: MAX_MESSAGE,
+                }
+                .into());
             }
-            .into());
-        }
-        let data: &[u8] = if len == 0 {
-            &[]
-        } else if buf.is_null() {
-            return Err(invalid("buf is NULL"));
-        } else {
-            // SAFETY: non-NULL, valid for `len` (<= 64) bytes as the caller guarantees.
-            unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
-        };
-        let g = gvas_of(p.shared(), dst)?;
-        let t = if ch < 0 {
-            p.send_any(g, data)?
-        } else {
-            let ch = u8::try_from(ch).map_err(|_| invalid("ch out of range"))?;
-            p.send(ch, g, data)?
-        };
-        if tag.is_null() {
-            let _ = p.shared().forget(t.raw());
-        } else {
-            // SAFETY: non-NULL, writable as the caller guarantees.
-            unsafe { tag.write(t.raw()) };
-        }
-        Ok(0)
+            let data: &[u8] = if len == 0 {
+                &[]
+            } else if buf.is_null() {
+                return Err(invalid("buf is NULL"));
+            } else {
+                // SAFETY: non-NULL, valid for `len` (<= 64) bytes as the caller guarantees.
+                unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+            };
+            let g = gvas_of(p.shared(), dst)?;
+            let t = if ch < 0 {
+                p.send_any(g, data)?
+            } else {
+                let ch = u8::try_from(ch).map_err(|_| invalid("ch out of range"))?;
+                p.send(ch, g, data)?
+            };
+            if tag.is_null() {
+                let _ = p.shared().forget(t.raw());
+            } else {
+                // SAFETY: non-NULL, writable as the caller guarantees.
+                unsafe { tag.write(t.raw()) };
+            }
+            Ok(0)
+        })
     })
 }
 
@@ -598,7 +833,7 @@ pub unsafe extern "C" fn exanet_send(
 /// microseconds (negative: forever; 0: just check). `EXANET_ETIMEDOUT` if none came.
 ///
 /// # Safety
-/// `m` is a live mailbox, `msg` valid for a write.
+/// `msg` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_recv(
     m: *const exanet_mailbox,
@@ -606,25 +841,52 @@ pub unsafe extern "C" fn exanet_recv(
     msg: *mut exanet_message_t,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live mailbox or NULL.
-        let m = &unsafe { obj(m, "mailbox") }?.m;
-        if msg.is_null() {
-            return Err(invalid("msg is NULL"));
-        }
-        let got = m.recv(timeout(timeout_us))?;
-        let mut out = exanet_message_t {
-            src_node: got.src_node.0,
-            src_rank: got.src_rank,
-            vi: got.vi,
-            len: got.payload.len().min(MAX_MESSAGE) as u8,
-            payload: [0; MAX_MESSAGE],
-        };
-        let n = usize::from(out.len);
-        out.payload[..n].copy_from_slice(&got.payload[..n]);
-        // SAFETY: non-NULL, writable as the caller guarantees.
-        unsafe { msg.write(out) };
-        Ok(0)
+        with(m, "mailbox", |m| {
+            if msg.is_null() {
+                return Err(invalid("msg is NULL"));
+            }
+            let got = recv_until_closed(m, timeout(timeout_us))?;
+            let mut out = exanet_message_t {
+                src_node: got.src_node.0,
+                src_rank: got.src_rank,
+                vi: got.vi,
+                len: got.payload.len().min(MAX_MESSAGE) as u8,
+                payload: [0; MAX_MESSAGE],
+            };
+            let n = usize::from(out.len);
+            out.payload[..n].copy_from_slice(&got.payload[..n]);
+            // SAFETY: non-NULL, writable as the caller guarantees.
+            unsafe { msg.write(out) };
+            Ok(0)
+        })
     })
+}
+
+/// [`Mailbox::recv`] in slices of at most [`RELEASE_CHECK`], giving up when the mailbox is
+/// closed meanwhile (a detach wakes the wait by itself).
+fn recv_until_closed(
+    m: &exanet_mailbox,
+    timeout: Option<Duration>,
+) -> Result<crate::Message, Fail> {
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    loop {
+        let slice = match deadline {
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .min(RELEASE_CHECK),
+            None => RELEASE_CHECK,
+        };
+        match m.m.recv(Some(slice)) {
+            Err(Error::Timeout) if deadline.is_none_or(|d| Instant::now() < d) => {
+                if m.closed.load(Ordering::Acquire) {
+                    return Err(invalid(
+                        "the mailbox was closed (exanet_mailbox_close) during exanet_recv",
+                    ));
+                }
+            }
+            r => return Ok(r?),
+        }
+    }
 }
 
 /// RDMA-writes `len` bytes at `offset` of `src` to `*dst` on write channel `ch` (0..31).
@@ -632,8 +894,7 @@ pub unsafe extern "C" fn exanet_recv(
 /// written. Stores the tag at `*tag`.
 ///
 /// # Safety
-/// `p`, `src` live handles of the same endpoint; `dst` readable; `notify_va` NULL or
-/// readable; `tag` valid for a write.
+/// `dst` readable; `notify_va` NULL or readable; `tag` valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_rdma_write(
     p: *const exanet_rdma_page,
@@ -646,19 +907,23 @@ pub unsafe extern "C" fn exanet_rdma_write(
     tag: *mut u32,
 ) -> c_int {
     guard(|| {
-        // SAFETY (four derefs): the caller guarantees live handles / readable pointers or NULL.
-        let p = &unsafe { obj(p, "page") }?.p;
-        let src = &unsafe { obj(src, "src") }?.region;
-        let dst = unsafe { obj(dst, "dst") }?;
-        let notify = unsafe { notify_va.as_ref() }.copied();
-        if tag.is_null() {
-            return Err(invalid("tag is NULL"));
-        }
-        let g = gvas_of(p.shared(), dst)?;
-        let t = p.write(ch, src, offset, g, len, notify)?;
-        // SAFETY: non-NULL, writable as the caller guarantees.
-        unsafe { tag.write(t.raw()) };
-        Ok(0)
+        let src = lookup(src, "src")?;
+        live(&*src)?;
+        let r = with(p, "page", |p| {
+            let p = &p.p;
+            // SAFETY (two derefs): the caller guarantees readable pointers or NULL.
+            let dst = unsafe { obj(dst, "dst") }?;
+            let notify = unsafe { notify_va.as_ref() }.copied();
+            if tag.is_null() {
+                return Err(invalid("tag is NULL"));
+            }
+            let g = gvas_of(p.shared(), dst)?;
+            let t = p.write(ch, &src.region, offset, g, len, notify)?;
+            // SAFETY: non-NULL, writable as the caller guarantees.
+            unsafe { tag.write(t.raw()) };
+            Ok(0)
+        });
+        settle(&*src, r)
     })
 }
 
@@ -666,7 +931,7 @@ pub unsafe extern "C" fn exanet_rdma_write(
 /// Stores the tag at `*tag`.
 ///
 /// # Safety
-/// `p`, `dst` live handles of the same endpoint; `src` readable; `tag` valid for a write.
+/// `src` readable; `tag` valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_rdma_read(
     p: *const exanet_rdma_page,
@@ -678,73 +943,65 @@ pub unsafe extern "C" fn exanet_rdma_read(
     tag: *mut u32,
 ) -> c_int {
     guard(|| {
-        // SAFETY (three derefs): the caller guarantees live handles / readable pointers or NULL.
-        let p = &unsafe { obj(p, "page") }?.p;
-        let src = unsafe { obj(src, "src") }?;
-        let dst = &unsafe { obj(dst, "dst") }?.region;
-        if tag.is_null() {
-            return Err(invalid("tag is NULL"));
-        }
-        let g = gvas_of(p.shared(), src)?;
-        let t = p.read(ch, g, dst, offset, len)?;
-        // SAFETY: non-NULL, writable as the caller guarantees.
-        unsafe { tag.write(t.raw()) };
-        Ok(0)
+        let dst = lookup(dst, "dst")?;
+        live(&*dst)?;
+        let r = with(p, "page", |p| {
+            let p = &p.p;
+            // SAFETY: the caller guarantees a readable pointer or NULL.
+            let src = unsafe { obj(src, "src") }?;
+            if tag.is_null() {
+                return Err(invalid("tag is NULL"));
+            }
+            let g = gvas_of(p.shared(), src)?;
+            let t = p.read(ch, g, &dst.region, offset, len)?;
+            // SAFETY: non-NULL, writable as the caller guarantees.
+            unsafe { tag.write(t.raw()) };
+            Ok(0)
+        });
+        settle(&*dst, r)
     })
 }
 
 /// Waits up to `timeout_us` (negative: forever; 0: just check) for operation `tag`:
 /// 0 if it succeeded, its failure code (`EXANET_ENACKED`, `EXANET_ENETTIMEDOUT`, ...), or
 /// `EXANET_ETIMEDOUT` if it is still going (wait again later). After a NACK,
-/// `exanet_last_nack_reason()` says why.
-///
-/// # Safety
-/// `ep` is a live endpoint.
+/// `exanet_last_nack_reason()` says why. `EXANET_EDISCONNECTED` if the endpoint is detached
+/// meanwhile.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_wait(
-    ep: *const exanet_endpoint,
-    tag: u32,
-    timeout_us: i64,
-) -> c_int {
+pub extern "C" fn exanet_wait(ep: *const exanet_endpoint, tag: u32, timeout_us: i64) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        e.wait(Tag::from_raw(tag), timeout(timeout_us))?;
-        Ok(0)
+        with(ep, "ep", |e| {
+            e.ep.wait(Tag::from_raw(tag), timeout(timeout_us))?;
+            Ok(0)
+        })
     })
 }
 
 /// Discards the result of operation `tag` (now, or when it completes).
-///
-/// # Safety
-/// `ep` is a live endpoint.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_forget(ep: *const exanet_endpoint, tag: u32) -> c_int {
+pub extern "C" fn exanet_forget(ep: *const exanet_endpoint, tag: u32) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        e.forget(Tag::from_raw(tag))?;
-        Ok(0)
+        with(ep, "ep", |e| {
+            e.ep.forget(Tag::from_raw(tag))?;
+            Ok(0)
+        })
     })
 }
 
 /// Processes pending completions without waiting; returns how many (>= 0) or an error.
-///
-/// # Safety
-/// `ep` is a live endpoint.
 #[no_mangle]
-pub unsafe extern "C" fn exanet_poll(ep: *const exanet_endpoint) -> c_int {
+pub extern "C" fn exanet_poll(ep: *const exanet_endpoint) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        Ok(c_int::try_from(e.poll()?).unwrap_or(c_int::MAX))
+        with(ep, "ep", |e| {
+            Ok(c_int::try_from(e.ep.poll()?).unwrap_or(c_int::MAX))
+        })
     })
 }
 
 /// Waits up to `timeout_us` for a completion notification and stores it at `*out`.
 ///
 /// # Safety
-/// `ep` is a live endpoint, `out` valid for a write.
+/// `out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn exanet_wait_notification(
     ep: *const exanet_endpoint,
@@ -752,20 +1009,20 @@ pub unsafe extern "C" fn exanet_wait_notification(
     out: *mut exanet_notification_t,
 ) -> c_int {
     guard(|| {
-        // SAFETY: the caller guarantees a live endpoint or NULL.
-        let e = &unsafe { obj(ep, "ep") }?.ep;
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let n = e.wait_notification(timeout(timeout_us))?;
-        let v = exanet_notification_t {
-            va: n.va,
-            len: n.len,
-            src_node: n.src_node.0,
-        };
-        // SAFETY: non-NULL, writable as the caller guarantees.
-        unsafe { put(out, v, "out") }?;
-        Ok(0)
+        with(ep, "ep", |e| {
+            if out.is_null() {
+                return Err(invalid("out is NULL"));
+            }
+            let n = e.ep.wait_notification(timeout(timeout_us))?;
+            let v = exanet_notification_t {
+                va: n.va,
+                len: n.len,
+                src_node: n.src_node.0,
+            };
+            // SAFETY: non-NULL, writable as the caller guarantees.
+            unsafe { put(out, v, "out") }?;
+            Ok(0)
+        })
     })
 }
 
