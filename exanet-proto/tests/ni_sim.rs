@@ -27,6 +27,7 @@ fn cfg() -> NiConfig {
         nack_retry_ns: 50_000,
         max_attempts: 40,
         window_blocks: 8,
+        rank_window_blocks: 256,
         rx_contexts: 1024,
         remember_ns: 1_000_000_000,
         epoch: 0,
@@ -337,6 +338,152 @@ fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
         .unwrap();
     run_quiet(&mut sim);
     assert_eq!(rdma_results(&sim.take_events())[0].2, Ok(()));
+}
+
+/// A transfer costs the engine its window, not its length (security issue, defect 5): a
+/// 4 GiB write from registered memory used to build 262,144 block records when posted.
+#[test]
+fn a_transfer_keeps_only_its_window_whatever_its_length() {
+    let mut sim = rack("1x1x1", 12, Faults::default());
+    let big = 0x40_0000_0000;
+    let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.attach(1, PDID).unwrap();
+    let page = ni.rdma.alloc_page(1).unwrap();
+    let mut mem = VecMemory::new();
+    // Zeroed on demand by the allocator: only the blocks cut are ever touched.
+    mem.register(1, big, 1 << 32);
+    sim.node_mut(NodeId(0)).set_memory(Box::new(mem));
+    let g = Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap();
+    let now = sim.now();
+    let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.rdma_write(1, page, 0, big, g, 1 << 32, None, now, m)
+        .unwrap();
+    let window = cfg().window_blocks;
+    assert_eq!(ni.rdma.active(), 1);
+    assert!(
+        (1..=window).contains(&ni.rdma.live_blocks(1)),
+        "{} blocks live after posting, window {window}",
+        ni.rdma.live_blocks(1)
+    );
+    // Running it (the destination is not registered: every block is NACKed and retried)
+    // never holds more than the window either.
+    let start = sim.now();
+    for step in 1..=50u64 {
+        sim.kick_all();
+        sim.run_until(start + step * 100_000);
+        let live = sim.node(NodeId(0)).ni().rdma.live_blocks(1);
+        assert!(live <= window, "{live} blocks live at step {step}");
+    }
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
+    ni.detach(1, now).unwrap();
+    assert_eq!(ni.rdma.live_blocks(1), 0);
+    assert_eq!(ni.rdma.active(), 0);
+}
+
+/// One rank keeping many channels busy holds at most `rank_window_blocks` blocks in flight,
+/// and another rank's transfer on the same NI still runs beside it.
+#[test]
+fn one_rank_cannot_take_the_whole_rdma_engine() {
+    let mut sim = rack("1x1x1", 13, Faults::default());
+    const MIB: u64 = 1 << 20;
+    let (src, dst) = (NodeId(0), NodeId(1));
+    let mut c = cfg();
+    c.rank_window_blocks = 16;
+    sim.node_mut(src).set_ni_config(c);
+    let (ni, _) = sim.node_mut(src).ni_mut();
+    ni.attach(0, PDID).unwrap();
+    ni.attach(1, PDID).unwrap();
+    ni.rdma.alloc_page(0).unwrap();
+    let page1 = ni.rdma.alloc_page(1).unwrap();
+    let mut mem = VecMemory::new();
+    mem.register(0, SRC_VA, (8 * MIB) as usize);
+    mem.register(1, SRC_VA, MIB as usize);
+    sim.node_mut(src).set_memory(Box::new(mem));
+    let mut mem = VecMemory::new();
+    mem.register(0, DST_VA, (9 * MIB) as usize);
+    sim.node_mut(dst).set_memory(Box::new(mem));
+    let now = sim.now();
+    let (ni, m) = sim.node_mut(src).ni_mut();
+    let mut ids = Vec::new();
+    for ch in 0..8u8 {
+        let off = u64::from(ch) * MIB;
+        let g = Gvas::new(PDID, dst, 0, DST_VA + off).unwrap();
+        ids.push(
+            ni.rdma_write(0, 0, ch, SRC_VA + off, g, MIB, None, now, m)
+                .unwrap(),
+        );
+    }
+    let g = Gvas::new(PDID, dst, 0, DST_VA + 8 * MIB).unwrap();
+    let other = ni
+        .rdma_write(1, page1, 0, SRC_VA, g, MIB, None, now, m)
+        .unwrap();
+    let (mut most, mut other_ran) = (0, false);
+    let start = sim.now();
+    for step in 1.. {
+        sim.kick_all();
+        let quiet = sim.run_until(start + step * 20_000);
+        let ni = sim.node(src).ni();
+        let live = ni.rdma.live_blocks(0);
+        assert!(live <= 16, "rank 0 has {live} blocks live at step {step}");
+        most = most.max(live);
+        other_ran |= ni.rdma.live_blocks(1) > 0 && live > 0;
+        if quiet || step > 100_000 {
+            break;
+        }
+    }
+    assert_eq!(
+        most, 16,
+        "rank 0 never reached its cap: the test shows nothing"
+    );
+    assert!(
+        other_ran,
+        "rank 1 never had a block in flight beside rank 0's"
+    );
+    let mut r = rdma_results(&sim.take_events());
+    r.sort_by_key(|(_, id, _)| (id.page, id.ch));
+    let want: Vec<_> = ids
+        .iter()
+        .chain([&other])
+        .map(|id| (src, *id, Ok(())))
+        .collect();
+    assert_eq!(r, want);
+}
+
+/// A read of memory the server has not registered is refused when it is asked, before the
+/// server makes any transfer for it.
+#[test]
+fn a_read_of_unregistered_memory_is_refused_when_asked() {
+    let mut sim = rack("1x1x1", 14, Faults::default());
+    let (reader, server) = (NodeId(0), NodeId(3));
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(reader).ni_mut();
+    // 4 GiB from an address the server never registered.
+    ni.rdma_read(
+        0,
+        0,
+        0,
+        Gvas::new(PDID, server, 0, 0x70_0000_0000).unwrap(),
+        DST_VA,
+        1 << 32,
+        now,
+    )
+    .unwrap();
+    let mut served = 0;
+    sim.kick_all();
+    let start = sim.now();
+    for step in 1..=30_000u64 {
+        let quiet = sim.run_until(start + step * 1_000_000);
+        served = served.max(sim.node(server).ni().rdma.active());
+        if quiet {
+            break;
+        }
+    }
+    assert_eq!(served, 0, "the server made a transfer for it");
+    let r = rdma_results(&sim.take_events());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PageFault)));
+    assert!(sim.node(server).ni().stats.nacks_sent[NackReason::PageFault as usize] >= 1);
 }
 
 #[test]

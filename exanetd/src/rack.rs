@@ -28,6 +28,7 @@
 //!
 //! [ni]                          # NI protocol settings (all optional)
 //! window_blocks = 32            # RDMA blocks of a transfer in flight (16 KB each)
+//! rank_window_blocks = 256      # ... of all transfers reading one rank's memory
 //! retransmit_us = 5000          # wait for an ACK before sending again (doubles per try)
 //! max_attempts = 8              # tries per message or block before failing
 //! rank_max_rdma_pages = 8       # what one attached process may hold (defaults shown)
@@ -253,6 +254,8 @@ pub struct NiSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_blocks: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_window_blocks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retransmit_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u8>,
@@ -310,6 +313,22 @@ impl Rack {
         if let Some(ni) = &file.ni {
             if ni.window_blocks.is_some_and(|w| !(1..=4096).contains(&w)) {
                 return Err("ni.window_blocks must be 1..=4096".into());
+            }
+            let window = ni
+                .window_blocks
+                .map_or(exanet_proto::ni::NiConfig::default().window_blocks, |w| {
+                    w as usize
+                });
+            if let Some(r) = ni.rank_window_blocks {
+                if !(1..=65_536).contains(&r) {
+                    return Err("ni.rank_window_blocks must be 1..=65536".into());
+                }
+                if (r as usize) < window {
+                    return Err(format!(
+                        "ni.rank_window_blocks = {r} is below the window of one transfer \
+                         ({window} blocks): no transfer could fill its window"
+                    ));
+                }
             }
             if ni
                 .retransmit_us
@@ -433,6 +452,9 @@ impl Rack {
         if let Some(ni) = &self.file.ni {
             if let Some(w) = ni.window_blocks {
                 c.window_blocks = w as usize;
+            }
+            if let Some(r) = ni.rank_window_blocks {
+                c.rank_window_blocks = r as usize;
             }
             if let Some(t) = ni.retransmit_us {
                 c.retransmit_ns = t * 1000;
@@ -659,5 +681,18 @@ mod tests {
         let e = with_jobs("[ni]\nrank_max_mailboxes = 65\n").unwrap_err();
         assert!(e.contains("rank_max_mailboxes"), "{e}");
         assert!(with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_rank = 2\n").is_err());
+    }
+
+    #[test]
+    fn a_ranks_rdma_window_must_hold_one_transfers() {
+        let r = with_jobs("[ni]\nwindow_blocks = 16\nrank_window_blocks = 64\n").unwrap();
+        assert_eq!(r.ni_config().rank_window_blocks, 64);
+        let e = with_jobs("[ni]\nwindow_blocks = 16\nrank_window_blocks = 8\n").unwrap_err();
+        assert!(e.contains("rank_window_blocks = 8"), "{e}");
+        // The default window of one transfer (32) counts when window_blocks is not given.
+        let e = with_jobs("[ni]\nrank_window_blocks = 31\n").unwrap_err();
+        assert!(e.contains("32 blocks"), "{e}");
+        let e = with_jobs("[ni]\nrank_window_blocks = 0\n").unwrap_err();
+        assert!(e.contains("1..=65536"), "{e}");
     }
 }

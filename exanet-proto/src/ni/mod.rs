@@ -190,6 +190,10 @@ pub struct NiConfig {
     /// RDMA blocks of one transfer in flight at once; must cover the path's round trip
     /// (a 16 KB block is ~40 us at 3 Gb/s, so 32 blocks cover ~1.3 ms).
     pub window_blocks: usize,
+    /// RDMA blocks in flight at once for all the transfers reading one rank's memory
+    /// (its own writes and the remote reads it serves): what bounds one rank's share of
+    /// the engine, and the engine's state, whatever number of channels it keeps busy.
+    pub rank_window_blocks: usize,
     /// Receive contexts (blocks being reassembled) per node.
     pub rx_contexts: usize,
     /// How long a finished block or message is remembered, to recognise late duplicates.
@@ -210,6 +214,8 @@ impl Default for NiConfig {
             nack_retry_ns: 2_000_000,
             max_attempts: 8,
             window_blocks: 32,
+            // 4 MiB: eight transfers at full window.
+            rank_window_blocks: 256,
             rx_contexts: 1024,
             remember_ns: 2_000_000_000,
             epoch: 0,

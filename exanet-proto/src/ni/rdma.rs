@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    answer, backoff, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, NiStats, Out,
+    answer, backoff, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, NiStats, Out, RANKS,
 };
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
 use crate::gvas::Gvas;
@@ -94,10 +94,11 @@ fn arm(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
 }
 
+/// A block that was cut and is not finished yet. Which block it is (its offset and
+/// length) follows from its index in the transfer, so nothing is kept for blocks not cut
+/// yet or already acknowledged: a transfer costs its window, not its length.
 #[derive(Clone, Copy, Debug)]
 struct Block {
-    off: u64,
-    len: u64,
     seq: u16,
     attempts: u8,
     step: Step,
@@ -162,10 +163,14 @@ struct Transfer {
     src_va: u64,
     dst: Gvas,
     len: u64,
-    blocks: Vec<Block>,
-    next: usize,
-    in_flight: usize,
-    done: usize,
+    /// Blocks in the transfer.
+    count: u64,
+    /// The next block to cut.
+    next: u64,
+    /// Blocks acknowledged.
+    done: u64,
+    /// Blocks cut and not acknowledged, by index: what is in flight or waits for a retry.
+    live: BTreeMap<u64, Block>,
     notice: Option<Notice>,
     origin: Origin,
 }
@@ -179,38 +184,39 @@ impl Transfer {
         origin: Origin,
         notice: Option<Notice>,
     ) -> Transfer {
-        let mut blocks = Vec::new();
-        let mut off = 0;
-        while off < len {
-            let va = dst.va() + off;
-            let end = ((va / BLOCK_SIZE + 1) * BLOCK_SIZE).min(dst.va() + len);
-            blocks.push(Block {
-                off,
-                len: end - va,
-                seq: 0,
-                attempts: 0,
-                step: Step::Pending,
-                sent_at: Instant::ZERO,
-            });
-            off += end - va;
-        }
+        let first = dst.va() / BLOCK_SIZE;
+        let last = (dst.va() + len - 1) / BLOCK_SIZE;
         Transfer {
             rank,
             src_va,
             dst,
             len,
-            blocks,
+            count: last - first + 1,
             next: 0,
-            in_flight: 0,
             done: 0,
+            live: BTreeMap::new(),
             notice,
             origin,
         }
     }
 
-    fn block_of(&self, block_no: u64) -> Option<usize> {
-        let i = block_no.checked_sub(self.dst.va() / BLOCK_SIZE)? as usize;
-        (i < self.blocks.len()).then_some(i)
+    /// Offset in the transfer and length of block `i`: blocks end at every 16 KB
+    /// boundary of the destination.
+    fn span(&self, i: u64) -> (u64, u64) {
+        let base = self.dst.va() / BLOCK_SIZE;
+        let start = if i == 0 {
+            self.dst.va()
+        } else {
+            (base + i) * BLOCK_SIZE
+        };
+        let end = ((base + i + 1) * BLOCK_SIZE).min(self.dst.va() + self.len);
+        (start - self.dst.va(), end - start)
+    }
+
+    /// The index of the transfer's block whose destination block number is `block_no`.
+    fn block_of(&self, block_no: u64) -> Option<u64> {
+        let i = block_no.checked_sub(self.dst.va() / BLOCK_SIZE)?;
+        (i < self.count).then_some(i)
     }
 }
 
@@ -255,6 +261,11 @@ pub struct RdmaEngine {
     finished: BTreeMap<RxKey, (u16, Instant)>,
     finished_order: VecDeque<(Instant, RxKey)>,
     rtt: BTreeMap<NodeId, Rtt>,
+    /// Blocks cut and not finished, by the rank whose memory they read (the poster's, or
+    /// the served rank's): no rank may have more than `rank_window_blocks` of them, so a
+    /// rank with many channels busy neither crowds out the others nor makes the engine
+    /// keep more state than the windows.
+    rank_live: [usize; RANKS],
     /// No deadline of the engine is earlier than this (`None`: it has none). Every
     /// deadline set lowers it; [`RdmaEngine::on_timeout`] makes it exact again. It spares
     /// [`RdmaEngine::next_deadline`], asked after every input, a scan of every block of
@@ -318,6 +329,7 @@ impl RdmaEngine {
             finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
             rtt: BTreeMap::new(),
+            rank_live: [0; RANKS],
             wake: None,
         }
     }
@@ -336,7 +348,7 @@ impl RdmaEngine {
             t.notice.as_mut().map(|n| (n.attempts, &mut n.step))
         } else {
             let i = t.block_of(cell.dst.va() / BLOCK_SIZE);
-            i.map(|i| &mut t.blocks[i])
+            i.and_then(|i| t.live.get_mut(&i))
                 .filter(|b| b.seq == cell.seq)
                 .map(|b| {
                     b.sent_at = now;
@@ -421,6 +433,12 @@ impl RdmaEngine {
     /// Transfers in progress (local and served).
     pub fn active(&self) -> usize {
         self.transfers.len() + self.reads.len()
+    }
+
+    /// Blocks cut and not yet acknowledged that read `rank`'s memory: the engine's state
+    /// for that rank's transfers, bounded by `rank_window_blocks`.
+    pub fn live_blocks(&self, rank: u8) -> usize {
+        self.rank_live.get(rank as usize).copied().unwrap_or(0)
     }
 
     fn next_id(&mut self, page: u8, ch: u8, read: bool) -> TransferId {
@@ -562,13 +580,24 @@ impl RdmaEngine {
                 continue;
             };
             let mut failed = false;
-            while t.next < t.blocks.len()
-                && t.in_flight < cfg.window_blocks
+            let rank = t.rank as usize;
+            while t.next < t.count
+                && t.live.len() < cfg.window_blocks
+                && self.rank_live[rank] < cfg.rank_window_blocks
                 && out.cells.len() < OUTBOX_CELLS
             {
                 let i = t.next;
                 t.next += 1;
-                t.in_flight += 1;
+                t.live.insert(
+                    i,
+                    Block {
+                        seq: 0,
+                        attempts: 0,
+                        step: Step::Pending,
+                        sent_at: now,
+                    },
+                );
+                self.rank_live[rank] += 1;
                 match send_block(t, i, txn, now, rto, mem, out, stats) {
                     Ok(deadline) => arm(&mut self.wake, deadline),
                     Err(()) => {
@@ -579,7 +608,7 @@ impl RdmaEngine {
             }
             if failed {
                 self.fail(txn, Failure::LocalFault, now, cfg, out, stats);
-            } else if t.next < t.blocks.len() {
+            } else if t.next < t.count {
                 self.sending.push_back(txn);
             }
         }
@@ -600,7 +629,7 @@ impl RdmaEngine {
         stats.rdma_transfers_failed += 1;
         match t.origin {
             Origin::Local(_) => {
-                let t = self.transfers.remove(&txn).expect("present");
+                let t = self.remove_transfer(txn).expect("present");
                 self.finish_local(&t, Err(f), out);
             }
             Origin::Served => match t.notice.as_mut() {
@@ -608,23 +637,28 @@ impl RdmaEngine {
                 // notice is answered.
                 Some(n) if n.step == Step::Pending => {
                     n.status = failure_code(f);
-                    for b in t.blocks.iter_mut() {
-                        b.step = Step::Done;
-                    }
                     // No block of a failed read may be cut after the reader was told.
-                    t.next = t.blocks.len();
-                    t.done = t.blocks.len();
-                    t.in_flight = 0;
+                    self.rank_live[t.rank as usize] -= t.live.len();
+                    t.live.clear();
+                    t.next = t.count;
+                    t.done = t.count;
                     if let Some(deadline) = send_notice(t, txn, now, cfg, out) {
                         arm(&mut self.wake, deadline);
                     }
                 }
                 // The notice itself failed: the reader's own deadline ends its read.
                 _ => {
-                    self.transfers.remove(&txn);
+                    self.remove_transfer(txn);
                 }
             },
         }
+    }
+
+    /// Forgets a transfer, and the blocks it had live.
+    fn remove_transfer(&mut self, txn: u32) -> Option<Transfer> {
+        let t = self.transfers.remove(&txn)?;
+        self.rank_live[t.rank as usize] -= t.live.len();
+        Some(t)
     }
 
     fn finish_local(&mut self, t: &Transfer, result: Result<(), Failure>, out: &mut Out) {
@@ -710,15 +744,19 @@ impl RdmaEngine {
         let Some(i) = t.block_of(block_no) else {
             return;
         };
-        let b = &mut t.blocks[i];
-        if b.seq != ans.seq || !matches!(b.step, Step::InFlight { .. }) {
+        // A block no longer live was acknowledged already.
+        let Some(b) = t
+            .live
+            .get_mut(&i)
+            .filter(|b| b.seq == ans.seq && matches!(b.step, Step::InFlight { .. }))
+        else {
             stats.stale_cells += 1;
             return;
-        }
+        };
         match nack {
             None => {
-                b.step = Step::Done;
-                t.in_flight -= 1;
+                let b = t.live.remove(&i).expect("live");
+                self.rank_live[t.rank as usize] -= 1;
                 t.done += 1;
                 if b.attempts == 1 {
                     // Karn: only a block sent once gives an unambiguous round trip.
@@ -749,7 +787,7 @@ impl RdmaEngine {
         let Some(t) = self.transfers.get_mut(&txn) else {
             return;
         };
-        if t.done < t.blocks.len() {
+        if t.done < t.count {
             return;
         }
         if let Some(n) = t.notice {
@@ -764,7 +802,7 @@ impl RdmaEngine {
                 _ => return,
             }
         }
-        let t = self.transfers.remove(&txn).expect("present");
+        let t = self.remove_transfer(txn).expect("present");
         match t.origin {
             Origin::Local(_) => {
                 stats.rdma_transfers_done += 1;
@@ -931,6 +969,13 @@ impl RdmaEngine {
             reply(Some(NackReason::BadAddress), out);
             return;
         }
+        // A source that is not registered would fail at its first block anyway; refused
+        // here, it costs no transfer record (a 4 GiB read asked of unregistered memory
+        // must not make this engine do anything but answer).
+        if !mem.contains(cell.dst.rank(), cell.dst.va(), len) {
+            reply(Some(NackReason::PageFault), out);
+            return;
+        }
         let served = self
             .transfers
             .values()
@@ -1070,8 +1115,8 @@ impl RdmaEngine {
             .transfers
             .values()
             .flat_map(|t| {
-                t.blocks
-                    .iter()
+                t.live
+                    .values()
                     .filter_map(|b| b.step.deadline())
                     .chain(t.notice.iter().filter_map(|n| n.step.deadline()))
             })
@@ -1098,11 +1143,14 @@ impl RdmaEngine {
             let Some(t) = self.transfers.get_mut(&txn) else {
                 continue;
             };
-            for i in 0..t.blocks.len() {
-                let b = t.blocks[i];
-                if b.step.deadline().is_none_or(|d| d > now) {
-                    continue;
-                }
+            let due: Vec<u64> = t
+                .live
+                .iter()
+                .filter(|(_, b)| b.step.deadline().is_some_and(|d| d <= now))
+                .map(|(i, _)| *i)
+                .collect();
+            for i in due {
+                let b = t.live[&i];
                 if matches!(b.step, Step::InFlight { .. }) {
                     stats.timeouts += 1;
                 }
@@ -1194,7 +1242,7 @@ impl RdmaEngine {
             .map(|(k, _)| *k)
             .collect();
         for txn in local {
-            let t = self.transfers.remove(&txn).expect("listed");
+            let t = self.remove_transfer(txn).expect("listed");
             self.finish_local(&t, Err(Failure::Detached), out);
         }
         let reads: Vec<u32> = self
@@ -1265,7 +1313,7 @@ fn failure_from_code(c: u8) -> Failure {
 #[allow(clippy::too_many_arguments)]
 fn send_block(
     t: &mut Transfer,
-    i: usize,
+    i: u64,
     txn: u32,
     now: Instant,
     rto: u64,
@@ -1273,7 +1321,8 @@ fn send_block(
     out: &mut Out,
     stats: &mut NiStats,
 ) -> Result<Instant, ()> {
-    let b = &mut t.blocks[i];
+    let (off, len) = t.span(i);
+    let b = t.live.get_mut(&i).expect("a live block");
     if b.attempts > 0 {
         b.seq = b.seq.wrapping_add(1);
     }
@@ -1281,7 +1330,7 @@ fn send_block(
     b.sent_at = now;
     let deadline = now + backoff(rto, b.attempts);
     b.step = Step::InFlight { deadline };
-    let (mut off, end) = (b.off, b.off + b.len);
+    let (mut off, end) = (off, off + len);
     let mut index = 0u8;
     while off < end {
         let va = t.dst.va() + off;
