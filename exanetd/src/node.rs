@@ -397,12 +397,11 @@ pub enum SessionRefused {
 
 fn ni_status(core: &Core) -> NiStatus {
     let st = &core.node.ni().stats;
-    let by_reason = |v: &[u64; 7]| {
-        (1..7u8)
+    let by_reason = |v: &[u64; exanet_proto::ni::REASONS]| {
+        NackReason::all()
             .filter_map(|r| {
-                let reason = NackReason::from_u8(r)?;
                 let n = v[r as usize];
-                (n > 0).then(|| (reason.label().to_string(), n))
+                (n > 0).then(|| (r.label().to_string(), n))
             })
             .collect()
     };

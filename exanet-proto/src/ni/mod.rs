@@ -11,7 +11,8 @@
 //!   the mailbox window ([`mailbox_gvas`]) is queued in that mailbox; any other is written
 //!   to memory. Each is answered with an `Ack` or `Nack` (reason in `aux`).
 //! - `Ack`/`Nack` cells go to the sender's node and rank with the original `txn` and
-//!   `seq`; RDMA block answers carry the block's destination base VA as 8 payload bytes.
+//!   `seq`; RDMA block answers carry the block number (destination VA / 16 KB) as 8
+//!   payload bytes, and an `Incomplete` NACK then the bitmap of the cells that arrived.
 
 pub mod mailbox;
 pub mod memory;
@@ -59,7 +60,14 @@ pub enum NackReason {
     PdidMismatch = 5,
     /// The mailbox is full.
     QueueFull = 6,
+    /// An RDMA block's last cell arrived and some of its cells did not: the NACK carries
+    /// the block's bitmap so that the sender resends only the missing cells. It concerns
+    /// one attempt of one block and never ends a transfer.
+    Incomplete = 7,
 }
+
+/// Reason codes are 1..=REASONS-1; counters indexed by code have REASONS entries.
+pub const REASONS: usize = 8;
 
 impl NackReason {
     pub fn from_u8(v: u8) -> Option<NackReason> {
@@ -70,6 +78,7 @@ impl NackReason {
             4 => NackReason::BadAddress,
             5 => NackReason::PdidMismatch,
             6 => NackReason::QueueFull,
+            7 => NackReason::Incomplete,
             _ => return None,
         })
     }
@@ -78,7 +87,10 @@ impl NackReason {
     pub fn transient(self) -> bool {
         matches!(
             self,
-            NackReason::PageFault | NackReason::NoContext | NackReason::Crc
+            NackReason::PageFault
+                | NackReason::NoContext
+                | NackReason::Crc
+                | NackReason::Incomplete
         )
     }
 
@@ -90,7 +102,13 @@ impl NackReason {
             NackReason::BadAddress => "bad_address",
             NackReason::PdidMismatch => "pdid_mismatch",
             NackReason::QueueFull => "queue_full",
+            NackReason::Incomplete => "incomplete",
         }
+    }
+
+    /// Every reason, by code.
+    pub fn all() -> impl Iterator<Item = NackReason> {
+        (1..REASONS as u8).filter_map(NackReason::from_u8)
     }
 }
 
@@ -164,9 +182,9 @@ pub struct NiStats {
     pub messages_sent: u64,
     pub messages_received: u64,
     pub acks_sent: u64,
-    pub nacks_sent: [u64; 7],
+    pub nacks_sent: [u64; REASONS],
     pub acks_received: u64,
-    pub nacks_received: [u64; 7],
+    pub nacks_received: [u64; REASONS],
     pub retransmissions: u64,
     pub timeouts: u64,
     pub pdid_violations: u64,
@@ -263,6 +281,18 @@ pub(crate) fn answer(
     out: &mut Out,
     stats: &mut NiStats,
 ) {
+    answer_with(me, cell, nack, rdma::answer_payload(cell), out, stats);
+}
+
+/// [`answer`] with the payload given.
+pub(crate) fn answer_with(
+    me: NodeId,
+    cell: &Cell,
+    nack: Option<NackReason>,
+    payload: bytes::Bytes,
+    out: &mut Out,
+    stats: &mut NiStats,
+) {
     let Ok(dst) = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0) else {
         return;
     };
@@ -271,7 +301,7 @@ pub(crate) fn answer(
     } else {
         CellType::Ack
     };
-    let Ok(mut c) = Cell::new(dst, kind, me, rdma::answer_payload(cell)) else {
+    let Ok(mut c) = Cell::new(dst, kind, me, payload) else {
         return;
     };
     c.src_rank = cell.dst.rank();

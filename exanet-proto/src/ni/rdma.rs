@@ -4,9 +4,17 @@
 //! destination (so no cell crosses 4 KB, and after a short first cell the rest are
 //! 256 B aligned). The receiver tracks each block in a 64-bit bitmap and answers once per
 //! block; the sender keeps a window of blocks in flight and retransmits only blocks that
-//! were NACKed or timed out, each time with a higher sequence number. The receiver ignores
-//! cells of an older sequence and restarts a block on a newer one, and remembers finished
-//! blocks for a while so that a late copy never writes over newer data.
+//! were NACKed, each time with a higher sequence number. The receiver ignores cells of an
+//! older sequence and restarts a block on a newer one, and remembers finished blocks for a
+//! while so that a late copy never writes over newer data.
+//!
+//! Lost cells (an emulator extension; the hardware's links did not lose cells): when a
+//! block's last cell arrives and others of its attempt did not, the receiver answers
+//! `Incomplete` with its bitmap, and the sender resends only the missing cells, in the
+//! same attempt, ending with the last cell again. A block whose answer does not come in
+//! time is probed with its last cell alone, which asks for that answer. So a lossy path
+//! costs the cells it loses rather than whole 64-cell blocks, and the attempt limit counts
+//! timeouts in a row rather than the rounds a block needs.
 //!
 //! A read is a request to the remote node's engine (acknowledged like a packetizer
 //! message), which serves it as a write back into the reader's memory followed by a
@@ -21,7 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    answer, backoff, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, NiStats, Out, RANKS,
+    answer, answer_with, backoff, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, NiStats,
+    Out, RANKS,
 };
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
 use crate::gvas::Gvas;
@@ -35,6 +44,9 @@ pub const BLOCK_SIZE: u64 = 16 * 1024;
 pub const CELL_SIZE: u64 = 256;
 /// Longest single transfer.
 pub const MAX_TRANSFER: u64 = 1 << 32;
+/// Repairs of one block that a sender makes on its receiver's word (see
+/// [`NackReason::Incomplete`]); past them only its own timer and attempt limit count.
+const REPAIRS: u8 = 64;
 /// Writes serving remote reads at once; further requests are NACKed (no context).
 pub const MAX_SERVED: usize = 512;
 /// Cells the engine keeps queued for injection; more blocks are cut only below this.
@@ -101,6 +113,11 @@ fn arm(wake: &mut Option<Instant>, at: Instant) {
 struct Block {
     seq: u16,
     attempts: u8,
+    /// Resends of missing cells (see [`NackReason::Incomplete`]), over all attempts.
+    repairs: u8,
+    /// Sends of the block's last cell (each asks for one answer) since the last answer:
+    /// an answer dates the send unambiguously (Karn) only when there was one.
+    unanswered: u8,
     step: Step,
     sent_at: Instant,
 }
@@ -294,6 +311,12 @@ pub(crate) fn answer_payload(cell: &Cell) -> Bytes {
 
 fn answered_block(ans: &Cell) -> Option<u64> {
     let b: [u8; 8] = ans.payload.get(..8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(b))
+}
+
+/// The cells of the block that arrived, from an [`NackReason::Incomplete`] answer.
+fn answered_bitmap(ans: &Cell) -> Option<u64> {
+    let b: [u8; 8] = ans.payload.get(8..16)?.try_into().ok()?;
     Some(u64::from_be_bytes(b))
 }
 
@@ -593,6 +616,8 @@ impl RdmaEngine {
                     Block {
                         seq: 0,
                         attempts: 0,
+                        repairs: 0,
+                        unanswered: 0,
                         step: Step::Pending,
                         sent_at: now,
                     },
@@ -753,20 +778,54 @@ impl RdmaEngine {
             stats.stale_cells += 1;
             return;
         };
+        // The round trip of the last cell's send, when this answer is surely its.
+        let sample = (b.unanswered == 1).then(|| now.since(b.sent_at));
+        b.unanswered = 0;
+        if nack.is_none() || nack == Some(NackReason::Incomplete) {
+            if let Some(ns) = sample {
+                self.rtt.entry(ans.src).or_default().sample(ns);
+            }
+        }
+        if nack == Some(NackReason::Crc) {
+            // One cell arrived corrupt and was dropped: the answer to the block's last
+            // cell says it is missing, or the timer's probe asks for that answer.
+            return;
+        }
+        if nack == Some(NackReason::Incomplete) {
+            // Some cells of this attempt were lost: resend those (and the last cell,
+            // which asks for the next answer). A receiver that keeps asking is heard
+            // `REPAIRS` times; then only the timer, and its attempt limit, go on.
+            let Some(arrived) = answered_bitmap(ans) else {
+                return;
+            };
+            if b.repairs >= REPAIRS {
+                return;
+            }
+            b.repairs += 1;
+            // The path answers: the attempt limit counts timeouts in a row, not the
+            // rounds a block needs on a lossy path.
+            b.attempts = 1;
+            stats.retransmissions += 1;
+            let rto = self
+                .rtt
+                .get(&ans.src)
+                .map_or(cfg.retransmit_ns, |r| r.rto(cfg));
+            match send_cells(t, i, txn, arrived, now, rto, mem, out) {
+                Ok(deadline) => arm(&mut self.wake, deadline),
+                Err(()) => self.fail(txn, Failure::LocalFault, now, cfg, out, stats),
+            }
+            return;
+        }
         match nack {
             None => {
-                let b = t.live.remove(&i).expect("live");
+                t.live.remove(&i);
                 self.rank_live[t.rank as usize] -= 1;
                 t.done += 1;
-                if b.attempts == 1 {
-                    // Karn: only a block sent once gives an unambiguous round trip.
-                    let sample = now.since(b.sent_at);
-                    self.rtt.entry(ans.src).or_default().sample(sample);
-                }
                 self.maybe_complete(txn, now, cfg, out, stats);
                 self.refill(now, cfg, mem, out, stats);
             }
-            Some(r) if r.transient() && b.attempts < cfg.max_attempts => {
+            Some(r) if r.transient() && t.live[&i].attempts < cfg.max_attempts => {
+                let b = t.live.get_mut(&i).expect("live");
                 b.step = Step::Retry {
                     at: now + cfg.nack_retry_ns,
                 };
@@ -924,6 +983,22 @@ impl RdmaEngine {
             (1u64 << (last + 1)) - 1
         };
         if ctx.bitmap != full {
+            // The last cell came and some before it did not (links keep order, so they
+            // were lost): say which arrived, so the sender resends only the others. A
+            // repair ends with the last cell again, which asks again.
+            if cell.flags & FLAG_LAST != 0 {
+                let mut p = BytesMut::with_capacity(16);
+                p.put_u64(block_no);
+                p.put_u64(ctx.bitmap);
+                answer_with(
+                    me,
+                    cell,
+                    Some(NackReason::Incomplete),
+                    p.freeze(),
+                    out,
+                    stats,
+                );
+            }
             return;
         }
         let seq = ctx.seq;
@@ -1150,16 +1225,24 @@ impl RdmaEngine {
                 .map(|(i, _)| *i)
                 .collect();
             for i in due {
-                let b = t.live[&i];
-                if matches!(b.step, Step::InFlight { .. }) {
-                    stats.timeouts += 1;
-                }
+                let b = t.live.get_mut(&i).expect("listed");
                 if b.attempts >= cfg.max_attempts {
                     fail = Some(Failure::TimedOut);
                     break;
                 }
                 stats.retransmissions += 1;
-                if send_block(t, i, txn, now, rto, mem, out, stats).is_err() {
+                let sent = if matches!(b.step, Step::InFlight { .. }) {
+                    // No answer came: probe with the last cell alone, in the same
+                    // attempt, so that what did arrive is kept and the answer says what
+                    // is missing (one cell instead of 64 on a lossy path).
+                    stats.timeouts += 1;
+                    b.attempts += 1;
+                    send_cells(t, i, txn, u64::MAX, now, rto, mem, out)
+                } else {
+                    // The receiver refused the block and forgot it: send it whole.
+                    send_block(t, i, txn, now, rto, mem, out, stats)
+                };
+                if sent.is_err() {
                     fail = Some(Failure::LocalFault);
                     break;
                 }
@@ -1309,7 +1392,7 @@ fn failure_from_code(c: u8) -> Failure {
     }
 }
 
-/// (Re)sends block `i` of `t` with a new sequence number.
+/// (Re)sends block `i` of `t` whole, with a new sequence number.
 #[allow(clippy::too_many_arguments)]
 fn send_block(
     t: &mut Transfer,
@@ -1321,38 +1404,60 @@ fn send_block(
     out: &mut Out,
     stats: &mut NiStats,
 ) -> Result<Instant, ()> {
-    let (off, len) = t.span(i);
     let b = t.live.get_mut(&i).expect("a live block");
     if b.attempts > 0 {
         b.seq = b.seq.wrapping_add(1);
     }
     b.attempts += 1;
-    b.sent_at = now;
+    let deadline = send_cells(t, i, txn, 0, now, rto, mem, out)?;
+    stats.rdma_blocks_sent += 1;
+    Ok(deadline)
+}
+
+/// Sends the cells of block `i`'s current attempt that `arrived` (a bitmap by cell index)
+/// does not hold, and always its last cell, which asks for an answer. Returns the
+/// block's new deadline.
+#[allow(clippy::too_many_arguments)]
+fn send_cells(
+    t: &mut Transfer,
+    i: u64,
+    txn: u32,
+    arrived: u64,
+    now: Instant,
+    rto: u64,
+    mem: &dyn Memory,
+    out: &mut Out,
+) -> Result<Instant, ()> {
+    let (start, len) = t.span(i);
+    let b = t.live.get_mut(&i).expect("a live block");
     let deadline = now + backoff(rto, b.attempts);
     b.step = Step::InFlight { deadline };
-    let (mut off, end) = (off, off + len);
+    b.unanswered = b.unanswered.saturating_add(1);
+    b.sent_at = now;
+    let (mut off, end) = (start, start + len);
     let mut index = 0u8;
     while off < end {
         let va = t.dst.va() + off;
         let n = ((va / CELL_SIZE + 1) * CELL_SIZE).min(t.dst.va() + end) - va;
-        let mut data = vec![0u8; n as usize];
-        mem.read(t.rank, t.src_va + off, &mut data)
-            .map_err(|_| ())?;
-        let dst = t.dst.with_va(va).map_err(|_| ())?;
-        // The NI stamps the source node on every cell it emits.
-        let mut c =
-            Cell::new(dst, CellType::Write, NodeId(0), Bytes::from(data)).map_err(|_| ())?;
-        c.txn = txn;
-        c.src_rank = t.rank;
-        c.seq = b.seq;
-        c.aux = index;
-        c.flags =
-            if index == 0 { FLAG_FIRST } else { 0 } | if off + n == end { FLAG_LAST } else { 0 };
-        out.cells.push_back(c);
+        let last = off + n == end;
+        if last || arrived & (1 << index) == 0 {
+            let mut data = vec![0u8; n as usize];
+            mem.read(t.rank, t.src_va + off, &mut data)
+                .map_err(|_| ())?;
+            let dst = t.dst.with_va(va).map_err(|_| ())?;
+            // The NI stamps the source node on every cell it emits.
+            let mut c =
+                Cell::new(dst, CellType::Write, NodeId(0), Bytes::from(data)).map_err(|_| ())?;
+            c.txn = txn;
+            c.src_rank = t.rank;
+            c.seq = b.seq;
+            c.aux = index;
+            c.flags = if index == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+            out.cells.push_back(c);
+        }
         off += n;
         index += 1;
     }
-    stats.rdma_blocks_sent += 1;
     Ok(deadline)
 }
 
