@@ -1810,6 +1810,12 @@ mod tests {
             "step 1: set",
             "minimum",
         );
+        // A rate that could be bits or bytes is refused, not guessed (issue 10, defect 5).
+        refused(
+            &link("[\"M1QAF1\", \"M1QAF2\"]", "{ rate = \"100MB\" }"),
+            "step 1: set",
+            "not a rate",
+        );
         refused(
             &link("[\"M1QAF1\", \"M1QAF2\"]", "{ wobble = \"1%\" }"),
             "step 1: set",
@@ -1854,6 +1860,11 @@ mod tests {
             "no link joins",
         );
         let random = |body: &str| format!("duration = \"10s\"\n[[random]]\n{body}\n");
+        refused(
+            &random("every = \"1s\"\nset = { rate = \"1M..2M\" }"),
+            "random 1: set",
+            "no bit or byte unit",
+        );
         refused(
             &random("every = \"1s\"\nset = { loss = \"5%..1%\" }"),
             "random 1: set",
@@ -2015,6 +2026,20 @@ mod tests {
                 1_000_000_000,
                 "for defaults to every"
             );
+        }
+    }
+
+    /// Issue 10, defect 5: a plan's `rate = "12.5MB/s"` is 100 Mbit/s, not 12.5.
+    #[test]
+    fn plan_rates_take_bytes_as_eight_bits() {
+        let p = plan(
+            "duration = \"10s\"\n[[step]]\nat = \"1s\"\nlink = [\"M1QAF1\", \"M1QAF2\"]\n\
+             set = { rate = \"12.5MB/s\" }\n",
+        )
+        .unwrap();
+        match &p.steps[0].what {
+            What::Faults { change, .. } => assert_eq!(change.rate_bps, Some(100_000_000)),
+            w => panic!("{w:?}"),
         }
     }
 

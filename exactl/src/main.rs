@@ -117,7 +117,7 @@ struct LinkSetArgs {
     /// Uniform extra delay up to this much per frame (links stay FIFO)
     #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, allow_hyphen_values = true)]
     jitter: Option<u64>,
-    /// Link rate, e.g. 100Mbit, 1Gbit
+    /// Link rate in bits (100Mbit, 1Gbit, 100Mbps) or bytes per second (12.5MB/s, 1GiB/s)
     #[arg(long, value_name = "RATE", value_parser = parse_rate_or_off, conflicts_with = "no_rate", allow_hyphen_values = true)]
     rate: Option<u64>,
     /// Remove a rate limit

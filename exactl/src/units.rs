@@ -1,5 +1,5 @@
 //! Quantities as operators type them: durations (`200us`, `1.5ms`, `2s`), rates
-//! (`100Mbit`, `1Gbit`, `1.5gbps`) and percentages (`0.1%`), parsed exactly (no float
+//! (`100Mbit`, `1Gbit`, `1.5Gbps` in bits, `12.5MB/s`, `1GiB/s` in bytes) and percentages (`0.1%`), parsed exactly (no float
 //! rounding surprises for whole numbers) and printed back the same way.
 //!
 //! Bare numbers are refused: `--delay 5` could be seconds or milliseconds and `--loss 0.5`
@@ -35,26 +35,22 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
     Ok(ns.round() as u64)
 }
 
-/// Parses a rate into bits per second: a number with `bit`, `kbit`, `mbit`, `gbit` or
-/// `tbit` (any case; `bps`, `kbps`, ... and a trailing `/s` mean the same: bits).
+/// The rate units `parse_rate` takes, for its error messages.
+const RATE_UNITS: &str = "accepted: bit, kbit, Mbit, Gbit, Tbit, also Mbps, Mbit/s, Mibit, \
+     for bits per second; B/s, kB/s, MB/s, GB/s, TB/s, also MiB/s, GiB/s, for bytes per second";
+
+/// Parses a rate into bits per second. Bits: `bit` with a prefix (`kbit`, `Mbit`, `Gbit`,
+/// `Tbit`, binary `Kibit`, `Mibit`, `Gibit`, `Tibit`), also `bps`/`kbps`/`Mbps`/... and
+/// `bit/s`, any case. Bytes per second (8 bits each): `B/s` with a prefix (`kB/s`, `MB/s`,
+/// `GB/s`, `TB/s`, binary `KiB/s`, `MiB/s`, ...), the `B` upper case.
+///
+/// What could be read either way is refused rather than guessed: a bare prefix (`100M`),
+/// an amount without `/s` (`100MB`, `5B`), a lower-case `b` (`100Mb`, `100Mb/s`: bits to
+/// some, bytes to others) and `Bps`/`MBps` (bytes to some tools, bits to others).
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, unit) = split_number(t);
-    let unit_lc = unit.to_ascii_lowercase();
-    let unit_lc = unit_lc.strip_suffix("/s").unwrap_or(&unit_lc);
-    let scale: f64 = match unit_lc {
-        "bit" | "bps" | "b" => 1.0,
-        "kbit" | "kbps" | "kb" | "k" => 1e3,
-        "mbit" | "mbps" | "mb" | "m" => 1e6,
-        "gbit" | "gbps" | "gb" | "g" => 1e9,
-        "tbit" | "tbps" | "tb" | "t" => 1e12,
-        "" => return Err(format!("{s:?} has no unit (give one: 100Mbit, 1Gbit)")),
-        u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (use bit, kbit, Mbit, Gbit or Tbit)"
-            ))
-        }
-    };
+    let scale = rate_unit(num, unit).map_err(|why| format!("{s:?} {why} ({RATE_UNITS})"))?;
     let v = parse_number(num, s)?;
     let bps = v * scale;
     if bps < 1.0 {
@@ -64,6 +60,56 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         return Err(format!("{s:?} is beyond any link"));
     }
     Ok(bps.round() as u64)
+}
+
+/// Bits per second per unit of `unit`, or why `unit` is refused (a phrase that follows
+/// the value in the message, suggesting both readings with the operator's own number).
+fn rate_unit(num: &str, unit: &str) -> Result<f64, String> {
+    let (scale, prefix, base) = rate_prefix(unit);
+    let readings = |p: &str| {
+        let n = if num.is_empty() { "100" } else { num };
+        format!("write {n}{p}bit for bits per second or {n}{p}B/s for bytes per second")
+    };
+    let lc = base.to_ascii_lowercase();
+    match base {
+        "" if prefix.is_empty() => Err("has no unit".into()),
+        "" => Err(format!("has no bit or byte unit: {}", readings(prefix))),
+        "B/s" => Ok(scale * 8.0),
+        "B" => Err(format!(
+            "is an amount of data, not a rate: {}",
+            readings(prefix)
+        )),
+        _ if matches!(lc.as_str(), "bit" | "bits" | "bit/s" | "bits/s") => Ok(scale),
+        "bps" => Ok(scale),
+        "b" | "b/s" | "Bps" | "BPS" | "bPS" => {
+            Err(format!("could mean bits or bytes: {}", readings(prefix)))
+        }
+        _ => Err(format!("has an unknown unit {unit:?}")),
+    }
+}
+
+/// Splits a rate unit into its prefix's scale, the prefix as typed, and the rest:
+/// `k`/`K` 1e3, `M` 1e6, `G` 1e9, `T` 1e12 (any case), `Ki` 2^10 ... `Ti` 2^40.
+fn rate_prefix(unit: &str) -> (f64, &str, &str) {
+    let mut chars = unit.chars();
+    let decimal = match chars.next().map(|c| c.to_ascii_lowercase()) {
+        Some('k') => 1e3,
+        Some('m') => 1e6,
+        Some('g') => 1e9,
+        Some('t') => 1e12,
+        _ => return (1.0, "", unit),
+    };
+    let binary = 1024f64.powi(match unit.as_bytes()[0].to_ascii_lowercase() {
+        b'k' => 1,
+        b'm' => 2,
+        b'g' => 3,
+        _ => 4,
+    });
+    if unit[1..].starts_with('i') {
+        (binary, &unit[..2], &unit[2..])
+    } else {
+        (decimal, &unit[..1], &unit[1..])
+    }
 }
 
 /// Parses a percentage (`0.1%`, `30%`) into a probability 0..=1.
@@ -177,6 +223,82 @@ mod tests {
         for bad in ["100", "100Mbyte", "Gbit", "0.1bit", "0bit"] {
             assert!(parse_rate(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    /// Issue 10, defect 5: `100MB` and `100MB/s` were 100 Mbit/s and `5B` 5 bit/s.
+    #[test]
+    fn byte_rates_are_eight_bits_each() {
+        assert_eq!(parse_rate("100MB/s"), Ok(800_000_000));
+        assert_eq!(parse_rate("12.5MB/s"), Ok(100_000_000));
+        assert_eq!(parse_rate("1GB/s"), Ok(8_000_000_000));
+        assert_eq!(parse_rate("500kB/s"), Ok(4_000_000));
+        assert_eq!(parse_rate("500KB/s"), Ok(4_000_000));
+        assert_eq!(parse_rate("2TB/s"), Ok(16_000_000_000_000));
+        assert_eq!(parse_rate("1MiB/s"), Ok(8 * 1024 * 1024));
+        assert_eq!(parse_rate("1.5GiB/s"), Ok(12 * 1024 * 1024 * 1024));
+        assert_eq!(parse_rate("1KiB/s"), Ok(8192));
+        assert_eq!(parse_rate("100B/s"), Ok(800));
+        assert_eq!(parse_rate("100 MB/s"), Ok(800_000_000));
+    }
+
+    #[test]
+    fn bit_rates_in_every_usual_spelling() {
+        for (s, bps) in [
+            ("100bit", 100),
+            ("100bps", 100),
+            ("100bit/s", 100),
+            ("5kbit", 5_000),
+            ("5Kbit", 5_000),
+            ("5kbps", 5_000),
+            ("100Mbit", 100_000_000),
+            ("100Mbit/s", 100_000_000),
+            ("100Mbits/s", 100_000_000),
+            ("100Mbps", 100_000_000),
+            ("100mbps", 100_000_000),
+            ("100MBit", 100_000_000),
+            ("2Gbit", 2_000_000_000),
+            ("2Gbps", 2_000_000_000),
+            ("2gbit/s", 2_000_000_000),
+            ("1Tbit", 1_000_000_000_000),
+            ("1Mibit", 1 << 20),
+            ("1Gibit", 1 << 30),
+        ] {
+            assert_eq!(parse_rate(s), Ok(bps), "{s}");
+        }
+    }
+
+    #[test]
+    fn rates_that_could_be_bits_or_bytes_are_refused() {
+        for (bad, why) in [
+            ("100MB", "amount of data, not a rate"),
+            ("5B", "amount of data, not a rate"),
+            ("1GiB", "amount of data, not a rate"),
+            ("100M", "no bit or byte unit"),
+            ("1G", "no bit or byte unit"),
+            ("10k", "no bit or byte unit"),
+            ("100Mb", "bits or bytes"),
+            ("100Mb/s", "bits or bytes"),
+            ("100kb", "bits or bytes"),
+            ("100MBps", "bits or bytes"),
+            ("100Bps", "bits or bytes"),
+            ("100", "no unit"),
+            ("100MB/s/s", "unknown unit"),
+            ("100Mbps/s", "unknown unit"),
+            ("100Mbyte", "unknown unit"),
+            ("5ms", "unknown unit"),
+        ] {
+            let e = parse_rate(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+            // One line that says what is accepted.
+            assert!(!e.contains('\n'), "{bad}: {e}");
+            assert!(
+                e.contains("Mbit") && e.contains("MB/s") && e.contains("Mbps"),
+                "{bad}: {e}"
+            );
+        }
+        // The readings offered use the operator's own number and prefix.
+        let e = parse_rate("100MB").unwrap_err();
+        assert!(e.contains("100MB/s") && e.contains("100Mbit"), "{e}");
     }
 
     #[test]

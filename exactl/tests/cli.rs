@@ -364,6 +364,17 @@ fn fault_commands_refuse_bad_input_before_asking_any_daemon() {
         (link(&["--jitter", "1e3us"]), vec!["--jitter"]),
         (link(&["--rate", "100"]), vec!["--rate", "no unit"]),
         (link(&["--rate", "100MB/s/s"]), vec!["--rate"]),
+        // Bytes or bits? Refused rather than guessed (issue 10, defect 5).
+        (
+            link(&["--rate", "100MB"]),
+            vec!["--rate", "not a rate", "MB/s"],
+        ),
+        (link(&["--rate", "5B"]), vec!["--rate", "not a rate"]),
+        (
+            link(&["--rate", "100M"]),
+            vec!["--rate", "100Mbit", "100MB/s"],
+        ),
+        (link(&["--rate", "100Mb"]), vec!["--rate", "bits or bytes"]),
         (link(&["--delay", "11s"]), vec!["delay", "limit"]),
         (link(&["--rate", "10bit"]), vec!["rate", "minimum"]),
         // Contradictions.
