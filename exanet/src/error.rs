@@ -38,6 +38,14 @@ pub enum OpError {
     Unknown { status: u8, reason: u8 },
 }
 
+/// The channels of an interface with `count` of them, as `exanet.h` writes ranges: "0..3".
+fn channel_range(count: u8) -> String {
+    match count.checked_sub(1) {
+        Some(last) => format!("0..{last}"),
+        None => "it has none".to_string(),
+    }
+}
+
 fn nack_label(reason: Option<NackReason>, code: u8) -> String {
     match reason {
         Some(r) => r.label().to_string(),
@@ -153,8 +161,8 @@ pub enum Error {
         ch: u8,
         tag: u32,
     },
-    /// A channel number outside the interface's channels.
-    #[error("channel {ch} does not exist (0..{count})")]
+    /// A channel number outside the interface's channels (`count` of them: 0..=count-1).
+    #[error("channel {ch} does not exist ({})", channel_range(*.count))]
     BadChannel { ch: u8, count: u8 },
     /// A packetizer payload longer than 64 bytes.
     #[error("payload of {len} B exceeds the {max} B a packetizer message carries")]

@@ -197,10 +197,11 @@ fn bad_requests_are_refused_client_side() {
     let e = tx.send(0, me, &[0; 65]).unwrap_err();
     assert!(matches!(e, Error::PayloadTooLong { len: 65, max: 64 }));
     assert_eq!(e.code(), codes::TOO_LONG);
-    assert!(matches!(
-        tx.send(4, me, b""),
-        Err(Error::BadChannel { ch: 4, count: 4 })
-    ));
+    let e = tx.send(4, me, b"").unwrap_err();
+    assert!(matches!(e, Error::BadChannel { ch: 4, count: 4 }), "{e:?}");
+    // The range as exanet.h writes it: channels 0 to 3.
+    assert_eq!(e.to_string(), "channel 4 does not exist (0..3)");
+    assert_eq!(e.code(), codes::BAD_CHANNEL);
     // A GVAS of another protection domain.
     let foreign = Gvas::new(Pdid(PDID + 1), NodeId(0), 0, exanet::MAILBOX_WINDOW).unwrap();
     let e = tx.send(0, foreign, b"").unwrap_err();
@@ -232,10 +233,14 @@ fn bad_requests_are_refused_client_side() {
     let mem = ep.register(8192).unwrap();
     let page = ep.rdma_page().unwrap();
     let dst = ep.addr(NodeId(NODE_ID), RANK, mem.va()).unwrap();
-    assert!(matches!(
-        page.write(32, &mem, 0, dst, 1, None),
-        Err(Error::BadChannel { ch: 32, count: 32 })
-    ));
+    let e = page.write(32, &mem, 0, dst, 1, None).unwrap_err();
+    assert!(
+        matches!(e, Error::BadChannel { ch: 32, count: 32 }),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "channel 32 does not exist (0..31)");
+    let e = page.read(40, dst, &mem, 0, 1).unwrap_err();
+    assert_eq!(e.to_string(), "channel 40 does not exist (0..31)");
     assert!(matches!(
         page.write(0, &mem, 0, dst, 0, None),
         Err(Error::BadLength { .. })
