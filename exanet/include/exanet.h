@@ -46,7 +46,11 @@
  *   - exanet_mailbox_close makes a thread blocked in exanet_recv on that mailbox return
  *     EXANET_EINVAL (within about 100 ms); the other releases take effect for calls in
  *     progress when these return (a copy into a region being freed completes first);
- *   - handles are valid in the process that made them (not across fork).
+ *   - handles are valid in the process that made them (not across fork);
+ *   - one process may attach several times, to the same node or to others: each
+ *     exanet_attach is a workload of its own (its own rank, at most 8 per node, and its own
+ *     handles). The handles of one endpoint cannot be used with another's (a region of
+ *     another endpoint passed to exanet_rdma_write/read is EXANET_EINVAL).
  *
  * Link with -lexanet (libexanet.so, or libexanet.a plus -lpthread -ldl -lm).
  *
@@ -94,18 +98,36 @@ extern "C" {
 #define EXANET_EUNKNOWNTAG    -25  /* tag never posted, or already collected */
 #define EXANET_EINTERNAL      -26  /* bug in the library */
 
-/* NACK reasons (exanet_last_nack_reason) */
+/* NACK reasons (exanet_last_nack_reason after EXANET_ENACKED).
+ *
+ * The NI already retries the transient reasons (page_fault, no_context, crc) by itself,
+ * up to the rack's [ni] max_attempts (default 8), a few milliseconds apart; an operation
+ * ends with EXANET_ENACKED only when the last attempt was NACKed too. Which to retry:
+ *   - transient (1, 2, 3): worth posting again, later: the condition may clear (memory
+ *     gets registered, the receiver opens its mailbox, the link stops corrupting cells).
+ *     So is EXANET_ENETTIMEDOUT (no answer at all: a lossy or cut link, a stopped node);
+ *   - EXANET_NACK_QUEUE_FULL: worth posting again once the receiver has taken messages
+ *     (the NI does not retry it: it is the receiver's pace, not a fault);
+ *   - EXANET_NACK_BAD_ADDRESS, EXANET_NACK_PDID_MISMATCH: never to the same address
+ *     (a wrong address, or a rank of another job); fix the address instead.
+ * The NI uses other reason values among its nodes (e.g. for a block with cells missing,
+ * resent at once); they concern one attempt, never end an operation and are never
+ * returned by exanet_last_nack_reason. */
 #define EXANET_NACK_PAGE_FAULT     1  /* destination memory not registered (transient) */
 #define EXANET_NACK_NO_CONTEXT     2  /* no receiver there (yet), no receive context (transient) */
 #define EXANET_NACK_CRC            3  /* corrupt cell (transient) */
 #define EXANET_NACK_BAD_ADDRESS    4  /* the address makes no sense at the destination */
 #define EXANET_NACK_PDID_MISMATCH  5  /* the destination belongs to another protection domain */
-#define EXANET_NACK_QUEUE_FULL     6  /* the mailbox is full */
+#define EXANET_NACK_QUEUE_FULL     6  /* the mailbox is full (retry after the receiver took some) */
 
 /* Largest message of the packetizer, channels per interface. */
 #define EXANET_MAX_MESSAGE        64
 #define EXANET_PACKETIZER_CHANNELS 4
 #define EXANET_RDMA_CHANNELS      32
+/* Longest RDMA transfer, bytes (4 GiB); longer is EXANET_EBADLENGTH. */
+#define EXANET_MAX_TRANSFER       4294967296ULL
+/* Bytes of the record a completion notification writes at its VA (exanet_rdma_write). */
+#define EXANET_NOTIFICATION_SIZE  16
 
 /* ---- types ---------------------------------------------------------------------- */
 
@@ -151,10 +173,13 @@ typedef struct exanet_notification_t {
 int exanet_attach(const char *rack, const char *node, const char *job_key,
                   exanet_endpoint **out);
 
-/* Detaches: the daemon frees this workload's rank and everything it allocated. Threads
- * inside calls on `ep` return (EXANET_EDISCONNECTED); afterwards `ep` is stale
- * (EXANET_EINVAL) and the endpoint's other handles only return EXANET_EDISCONNECTED until
- * released. NULL or an already detached handle: nothing happens. See "Conventions". */
+/* Detaches and frees the endpoint (as free(3) frees memory): the daemon frees this
+ * workload's rank and everything it allocated, and the library frees the endpoint once
+ * the calls already inside it have returned. Threads inside calls on `ep` return
+ * (EXANET_EDISCONNECTED); afterwards `ep` is stale: passing it to any function is
+ * EXANET_EINVAL (it never reaches freed memory, and the handle is never reused), and the
+ * endpoint's other handles only return EXANET_EDISCONNECTED until released. NULL or an
+ * already detached handle: nothing happens. See "Conventions". */
 void exanet_detach(exanet_endpoint *ep);
 
 /* This attachment's node, rank and PDID. */
@@ -201,8 +226,10 @@ int exanet_mailbox_vi(const exanet_mailbox *m);
 int exanet_send(const exanet_packetizer *p, int ch, const exanet_addr_t *dst,
                 const void *buf, size_t len, uint32_t *tag);
 
-/* Takes the next message of mailbox `m`, waiting up to `timeout_us`. EXANET_EINVAL if the
- * mailbox is closed meanwhile, EXANET_EDISCONNECTED if its endpoint is detached. */
+/* Takes the next message of mailbox `m`, waiting up to `timeout_us`: EXANET_OK and *msg
+ * filled in, or EXANET_ETIMEDOUT if the mailbox is still empty when the time is up
+ * (timeout_us = 0: at once if it is empty now; *msg is then left unchanged). EXANET_EINVAL
+ * if the mailbox is closed meanwhile, EXANET_EDISCONNECTED if its endpoint is detached. */
 int exanet_recv(const exanet_mailbox *m, int64_t timeout_us, exanet_message_t *msg);
 
 /* ---- RDMA ----------------------------------------------------------------------- */
@@ -210,9 +237,24 @@ int exanet_recv(const exanet_mailbox *m, int64_t timeout_us, exanet_message_t *m
 int exanet_rdma_page_open(const exanet_endpoint *ep, exanet_rdma_page **out);
 void exanet_rdma_page_close(exanet_rdma_page *p);
 
-/* RDMA-writes `len` bytes at `offset` of `src` to `*dst` on write channel `ch` (0..31).
- * notify_va: NULL, or a VA of the destination rank where a completion notification is
- * written after the data. Ends when every block is acknowledged. */
+/* RDMA-writes `len` (1..EXANET_MAX_TRANSFER) bytes at `offset` of `src` to `*dst` on write
+ * channel `ch` (0..31). Ends when every block is acknowledged (and the notification, if
+ * any).
+ *
+ * notify_va: NULL, or a VA in the memory of the destination rank (dst->node, dst->rank)
+ * where, after every block of the data was acknowledged, the NI writes a completion
+ * notification: a record of EXANET_NOTIFICATION_SIZE (16) bytes, multi-byte fields
+ * big-endian, no alignment required:
+ *     byte  0      kind: 1 (an RDMA write's notification)
+ *     byte  1      status: 0
+ *     bytes 2..3   0
+ *     bytes 4..7   an id of the transfer at the writer's NI (not the writer's tag)
+ *     bytes 8..15  the transfer's length in bytes (`len`)
+ * The destination's exanet_wait_notification then returns {notify_va, len, writer's node}.
+ * All 16 bytes must lie in one region the destination rank registered (exanet_register);
+ * otherwise the destination NACKs the record with page_fault, the NI retries it, and the
+ * write ends with EXANET_ENACKED (exanet_last_nack_reason() == EXANET_NACK_PAGE_FAULT)
+ * although its data was written. */
 int exanet_rdma_write(const exanet_rdma_page *p, uint8_t ch, const exanet_region *src,
                       uint64_t offset, const exanet_addr_t *dst, uint64_t len,
                       const uint64_t *notify_va, uint32_t *tag);
@@ -236,7 +278,9 @@ int exanet_forget(const exanet_endpoint *ep, uint32_t tag);
 /* Processes pending completions without waiting; returns how many (>= 0). */
 int exanet_poll(const exanet_endpoint *ep);
 
-/* Waits up to `timeout_us` for a completion notification. */
+/* Waits up to `timeout_us` for a completion notification of an RDMA write into this
+ * rank's memory (see exanet_rdma_write for the record written at its VA):
+ * EXANET_ETIMEDOUT if none came. */
 int exanet_wait_notification(const exanet_endpoint *ep, int64_t timeout_us,
                              exanet_notification_t *out);
 

@@ -558,7 +558,7 @@ impl Packetizer {
         self.shared.check_dst(dst)
     }
 
-    /// Sends `data` (<= 64 bytes) to `dst` on channel `ch` (0..4). A mailbox destination
+    /// Sends `data` (<= 64 bytes) to `dst` on channel `ch` (0..=3). A mailbox destination
     /// comes from [`Endpoint::mailbox_addr`]. Completes when the destination ACKs (or NACKs,
     /// or never answers): [`Endpoint::wait`]. [`Error::ChannelBusy`] while the channel's
     /// previous message is in flight.
@@ -698,9 +698,13 @@ impl RdmaPage {
         Ok(())
     }
 
-    /// RDMA-writes `len` bytes at `offset` of `src` to `dst`, on write channel `ch`
-    /// (0..32). With `notify`, a completion notification is written at that VA of the
-    /// destination rank once the data is there. Completes when every block is ACKed.
+    /// RDMA-writes `len` (1..=[`crate::MAX_TRANSFER`]) bytes at `offset` of `src` to `dst`,
+    /// on write channel `ch` (0..=31). With `notify`, once every block is ACKed the NI
+    /// writes a completion notification at that VA of the destination rank: 16 bytes (kind
+    /// 1, status 0, two zero bytes, the writer's transfer id as a big-endian u32, the
+    /// length as a big-endian u64), which must lie in memory that rank registered (else the
+    /// write ends NACKed `page_fault`, its data written). Completes when every block and
+    /// the notification are ACKed.
     pub fn write(
         &self,
         ch: u8,
@@ -735,8 +739,8 @@ impl RdmaPage {
             .map(Tag)
     }
 
-    /// RDMA-reads `len` bytes at `src` into `dst` at `offset`, on read channel `ch`
-    /// (0..32). Completes when the data is in `dst`.
+    /// RDMA-reads `len` (1..=[`crate::MAX_TRANSFER`]) bytes at `src` into `dst` at
+    /// `offset`, on read channel `ch` (0..=31). Completes when the data is in `dst`.
     pub fn read(
         &self,
         ch: u8,
