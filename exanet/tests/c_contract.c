@@ -1,0 +1,193 @@
+/*
+ * What exanet.h promises, checked from C against a real rack (run by c_contract.rs):
+ *   c_contract RACK NODE_A NODE_B
+ * Prints "ok <check>" per check passed, "FAIL <check>: ..." and exits 1 at the first that
+ * does not hold.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exanet.h"
+
+#define T_US 20000000 /* 20 s: waits that must succeed, on a loaded machine */
+
+static void fail(const char *check, const char *fmt, long a, long b) {
+    printf("FAIL %s: ", check);
+    printf(fmt, a, b);
+    printf(" (last error: %s)\n", exanet_last_error());
+    fflush(stdout);
+    exit(1);
+}
+
+#define CHECK(check, cond)                                                                   \
+    do {                                                                                     \
+        if (!(cond)) fail(check, "%ld %ld: " #cond, 0, 0);                                   \
+    } while (0)
+#define EXPECT(check, got, want)                                                             \
+    do {                                                                                     \
+        long g_ = (long)(got), w_ = (long)(want);                                            \
+        if (g_ != w_) fail(check, "got %ld, want %ld: " #got, g_, w_);                       \
+    } while (0)
+
+static void ok(const char *check) {
+    printf("ok %s\n", check);
+    fflush(stdout);
+}
+
+static uint64_t be(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s RACK NODE_A NODE_B\n", argv[0]);
+        return 2;
+    }
+    const char *rack = argv[1];
+    exanet_endpoint *a = NULL, *a2 = NULL, *b = NULL;
+
+    /* One process attaches several times: to the same node (another rank) and another. */
+    EXPECT("attach", exanet_attach(rack, argv[2], NULL, &a), EXANET_OK);
+    EXPECT("attach", exanet_attach(rack, argv[2], NULL, &a2), EXANET_OK);
+    EXPECT("attach", exanet_attach(rack, argv[3], NULL, &b), EXANET_OK);
+    exanet_info_t ia, ia2, ib;
+    EXPECT("attach", exanet_info(a, &ia), EXANET_OK);
+    EXPECT("attach", exanet_info(a2, &ia2), EXANET_OK);
+    EXPECT("attach", exanet_info(b, &ib), EXANET_OK);
+    EXPECT("attach", ia.node_id, ia2.node_id);
+    CHECK("attach", ia.rank != ia2.rank);
+    CHECK("attach", ia.node_id != ib.node_id);
+    ok("attach_several_times");
+
+    /* Both attachments of the process work: a2 sends to a's mailbox. */
+    exanet_mailbox *mb = NULL;
+    exanet_packetizer *tx = NULL;
+    EXPECT("messages", exanet_mailbox_open(a, 4, &mb), EXANET_OK);
+    EXPECT("messages", exanet_packetizer_open(a2, &tx), EXANET_OK);
+
+    /* exanet_recv on an empty mailbox: EXANET_ETIMEDOUT, at once with 0, and *msg kept. */
+    exanet_message_t msg;
+    memset(&msg, 0xAB, sizeof msg);
+    EXPECT("recv_empty", exanet_recv(mb, 0, &msg), EXANET_ETIMEDOUT);
+    EXPECT("recv_empty", exanet_recv(mb, 1000, &msg), EXANET_ETIMEDOUT);
+    for (size_t i = 0; i < sizeof msg; i++) EXPECT("recv_empty", ((uint8_t *)&msg)[i], 0xAB);
+    ok("recv_empty_mailbox_times_out");
+
+    exanet_addr_t to_a = exanet_mailbox_addr(ia.node_id, ia.rank, (uint8_t)exanet_mailbox_vi(mb));
+    uint32_t tag = 0;
+    EXPECT("messages", exanet_send(tx, 0, &to_a, "two", 3, &tag), EXANET_OK);
+    EXPECT("messages", exanet_wait(a2, tag, T_US), EXANET_OK);
+    EXPECT("messages", exanet_recv(mb, T_US, &msg), EXANET_OK);
+    EXPECT("messages", msg.len, 3);
+    CHECK("messages", memcmp(msg.payload, "two", 3) == 0);
+    EXPECT("messages", msg.src_rank, ia2.rank);
+    ok("two_attachments_of_one_process_talk");
+
+    /* A channel that does not exist: the message says which do. */
+    EXPECT("bad_channel", exanet_send(tx, 7, &to_a, "x", 1, &tag), EXANET_EBADCHANNEL);
+    CHECK("bad_channel", strstr(exanet_last_error(), "channel 7 does not exist (0..3)") != NULL);
+    ok("bad_channel_names_0..3");
+
+    /* RDMA write with a completion notification into registered memory. */
+    const uint64_t len = 100000, data_len = 1 << 20;
+    exanet_region *src = NULL, *dst = NULL;
+    exanet_rdma_page *page = NULL;
+    EXPECT("notify", exanet_register(a, data_len, &src), EXANET_OK);
+    EXPECT("notify", exanet_register(b, data_len + 4096, &dst), EXANET_OK);
+    EXPECT("notify", exanet_rdma_page_open(a, &page), EXANET_OK);
+    uint8_t *buf = malloc(len);
+    CHECK("notify", buf != NULL);
+    for (uint64_t i = 0; i < len; i++) buf[i] = (uint8_t)(i * 7 + 3);
+    EXPECT("notify", exanet_region_write(src, 0, buf, len), EXANET_OK);
+    exanet_addr_t to_b = {ib.node_id, ib.rank, exanet_region_va(dst)};
+    /* Not aligned: the record needs none. */
+    uint64_t note_va = exanet_region_va(dst) + data_len + 5;
+    EXPECT("notify", exanet_rdma_write(page, 0, src, 0, &to_b, len, &note_va, &tag), EXANET_OK);
+    EXPECT("notify", exanet_wait(a, tag, T_US), EXANET_OK);
+    uint8_t *back = malloc(len);
+    CHECK("notify", back != NULL);
+    EXPECT("notify", exanet_region_read(dst, 0, back, len), EXANET_OK);
+    CHECK("notify", memcmp(buf, back, len) == 0);
+    exanet_notification_t note;
+    EXPECT("notify", exanet_wait_notification(b, T_US, &note), EXANET_OK);
+    EXPECT("notify", note.va, note_va);
+    EXPECT("notify", note.len, len);
+    EXPECT("notify", note.src_node, ia.node_id);
+    ok("notification_delivered");
+    /* The record at its VA: EXANET_NOTIFICATION_SIZE bytes, as exanet_rdma_write says. */
+    uint8_t rec[EXANET_NOTIFICATION_SIZE + 2];
+    EXPECT("record", exanet_region_read(dst, data_len + 4, rec, sizeof rec), EXANET_OK);
+    EXPECT("record", rec[0], 0);                            /* the byte before: untouched */
+    EXPECT("record", rec[1], 1);                            /* kind: an RDMA write's */
+    EXPECT("record", rec[2], 0);                            /* status */
+    EXPECT("record", be(rec + 3, 2), 0);                    /* zero */
+    CHECK("record", be(rec + 5, 4) != 0);                   /* the transfer's id */
+    EXPECT("record", be(rec + 9, 8), len);                  /* length, big-endian */
+    EXPECT("record", rec[EXANET_NOTIFICATION_SIZE + 1], 0); /* the byte after: untouched */
+    ok("notification_record_layout");
+
+    /* A notification VA outside registered memory: the write ends NACKed page_fault. */
+    uint64_t hole = exanet_region_va(dst) + data_len + 4096 - 8; /* 8 of 16 bytes inside */
+    memset(back, 0, len);
+    EXPECT("notify_unregistered", exanet_region_write(dst, 0, back, len), EXANET_OK);
+    EXPECT("notify_unregistered",
+           exanet_rdma_write(page, 1, src, 0, &to_b, len, &hole, &tag), EXANET_OK);
+    EXPECT("notify_unregistered", exanet_wait(a, tag, T_US), EXANET_ENACKED);
+    EXPECT("notify_unregistered", exanet_last_nack_reason(), EXANET_NACK_PAGE_FAULT);
+    /* ...although its data was written. */
+    EXPECT("notify_unregistered", exanet_region_read(dst, 0, back, len), EXANET_OK);
+    CHECK("notify_unregistered", memcmp(buf, back, len) == 0);
+    EXPECT("notify_unregistered", exanet_wait_notification(b, 0, &note), EXANET_ETIMEDOUT);
+    ok("notification_outside_registered_memory_nacked_page_fault");
+
+    /* The longest transfer: 4 GiB; one byte more is EXANET_EBADLENGTH. */
+    EXPECT("max_transfer",
+           exanet_rdma_write(page, 2, src, 0, &to_b, EXANET_MAX_TRANSFER + 1, NULL, &tag),
+           EXANET_EBADLENGTH);
+    EXPECT("max_transfer",
+           exanet_rdma_read(page, 2, &to_b, src, 0, EXANET_MAX_TRANSFER + 1, &tag),
+           EXANET_EBADLENGTH);
+    ok("longer_than_max_transfer_is_ebadlength");
+
+    /* A region of another endpoint (of the same process) is refused. */
+    EXPECT("foreign_region", exanet_rdma_write(page, 3, dst, 0, &to_b, 1, NULL, &tag),
+           EXANET_EINVAL);
+    ok("region_of_another_endpoint_einval");
+
+    EXPECT("poll", exanet_poll(a) >= 0, 1);
+    ok("poll");
+
+    /* exanet_detach frees the endpoint: its handle is stale afterwards, never reused, and
+     * its other handles report the detach until released. */
+    exanet_detach(a);
+    EXPECT("detach", exanet_poll(a), EXANET_EINVAL);
+    CHECK("detach", strstr(exanet_last_error(), "stale endpoint handle") != NULL);
+    EXPECT("detach", exanet_info(a, &ia), EXANET_EINVAL);
+    EXPECT("detach", exanet_recv(mb, 0, &msg), EXANET_EDISCONNECTED);
+    EXPECT("detach", exanet_rdma_write(page, 0, src, 0, &to_b, 1, NULL, &tag),
+           EXANET_EDISCONNECTED);
+    exanet_detach(a); /* again: nothing happens */
+    exanet_endpoint *a3 = NULL;
+    EXPECT("detach", exanet_attach(rack, argv[2], NULL, &a3), EXANET_OK);
+    CHECK("detach", a3 != a);
+    EXPECT("detach", exanet_poll(a), EXANET_EINVAL);
+    EXPECT("detach", exanet_poll(a3) >= 0, 1);
+    ok("detach_frees_the_endpoint");
+
+    exanet_mailbox_close(mb);
+    exanet_rdma_page_close(page);
+    exanet_region_free(src);
+    exanet_packetizer_close(tx);
+    exanet_region_free(dst);
+    exanet_detach(a3);
+    exanet_detach(a2);
+    exanet_detach(b);
+    free(buf);
+    free(back);
+    printf("done\n");
+    return 0;
+}
