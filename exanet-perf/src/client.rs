@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, NodeId, Packetizer, RdmaPage, Tag};
 use serde_json::json;
 
+use crate::progress::Progress;
 use crate::stats::{summarize, Row};
 use crate::wire::{self, Msg};
 
@@ -17,6 +18,10 @@ pub struct Options {
     pub json: bool,
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// No plan and no progress on stderr.
+    pub quiet: bool,
+    /// How often progress is shown on stderr.
+    pub progress: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -196,10 +201,28 @@ pub fn pingpong(ep: &Endpoint, o: &Options, sizes: &[u64]) -> Result<(), String>
     }
     let iterations = o.iterations.unwrap_or(10_000);
     let warmup = o.warmup.unwrap_or((iterations / 10).clamp(1, 1000));
+    let mut progress = Progress::new(o.quiet, o.progress);
+    progress.say(&format!(
+        "pingpong with {}:{} mailbox {}: sizes {} B, {iterations} round trips each (+{warmup} \
+         warmup), every echo compared with what was sent",
+        o.peer.0,
+        o.peer.1,
+        o.peer_mailbox,
+        list(sizes)
+    ));
     let c = Conn::open(ep, o, wire::BENCH_PINGPONG, 0)?;
-    let r = pingpong_sizes(&c, o, sizes, iterations, warmup);
+    let r = pingpong_sizes(&c, o, sizes, iterations, warmup, &mut progress);
     c.bye();
     r
+}
+
+/// `0, 8, 64`.
+fn list(sizes: &[u64]) -> String {
+    sizes
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn pingpong_sizes(
@@ -208,6 +231,7 @@ fn pingpong_sizes(
     sizes: &[u64],
     iterations: u64,
     warmup: u64,
+    progress: &mut Progress,
 ) -> Result<(), String> {
     let mut header = false;
     for &size in sizes {
@@ -245,7 +269,15 @@ fn pingpong_sizes(
             if i >= warmup {
                 samples.push(rtt / 2);
             }
+            progress.tick(|| {
+                format!(
+                    "pingpong {size} B: {}/{} round trips",
+                    i + 1,
+                    warmup + iterations
+                )
+            });
         }
+        progress.clear();
         Row {
             bench: "pingpong",
             size,
@@ -271,6 +303,9 @@ pub fn rdma(ep: &Endpoint, o: &RdmaOptions) -> Result<(), String> {
     }
     let window = u64::from(o.window.unwrap_or(1));
     let buffer = max.checked_mul(window).ok_or("sizes x window overflow")?;
+    let counts = Counts::of(o);
+    let mut progress = Progress::new(o.common.quiet, o.common.progress);
+    progress.say(&plan(o, &counts));
     let c = Conn::open(ep, &o.common, wire::BENCH_RDMA, buffer)?;
     let r = (|| {
         let local = ep
@@ -278,17 +313,105 @@ pub fn rdma(ep: &Endpoint, o: &RdmaOptions) -> Result<(), String> {
             .map_err(|e| format!("registering {buffer} B: {e}"))?;
         let page = ep.rdma_page().map_err(|e| format!("RDMA page: {e}"))?;
         let mut header = false;
+        let mut verified = Vec::new();
         for &size in &o.sizes {
-            let row = match o.window {
-                None => rdma_lat(&c, o, &page, &local, size)?,
-                Some(w) => rdma_bw(&c, o, &page, &local, size, u64::from(w))?,
+            let (row, n) = match o.window {
+                None => rdma_lat(&c, o, &page, &local, size, &counts, &mut progress)?,
+                Some(w) => rdma_bw(
+                    &c,
+                    o,
+                    &page,
+                    &local,
+                    size,
+                    u64::from(w),
+                    &counts,
+                    &mut progress,
+                )?,
             };
+            progress.clear();
             row.print(o.common.json, &mut header);
+            verified.push((size, n));
+        }
+        if o.verify {
+            let line = verified_line(&verified, o.window);
+            if o.common.json {
+                progress.say(&line);
+            } else {
+                println!("{line}");
+            }
         }
         Ok(())
     })();
     c.bye();
     r
+}
+
+/// Transfers per size: measured and warmup.
+struct Counts {
+    iterations: u64,
+    warmup: u64,
+}
+
+impl Counts {
+    fn of(o: &RdmaOptions) -> Counts {
+        match o.window {
+            None => {
+                let iterations = o.common.iterations.unwrap_or(100);
+                let warmup = o.common.warmup.unwrap_or((iterations / 10).clamp(1, 10));
+                Counts { iterations, warmup }
+            }
+            Some(w) => Counts {
+                iterations: o.common.iterations.unwrap_or(64),
+                warmup: o.common.warmup.unwrap_or(u64::from(w)),
+            },
+        }
+    }
+}
+
+/// What an RDMA run will do, said before it starts.
+fn plan(o: &RdmaOptions, n: &Counts) -> String {
+    let (bench, pace) = match o.window {
+        None => ("rdma-lat", "one at a time".to_string()),
+        Some(w) => ("rdma-bw", format!("{w} in flight")),
+    };
+    let verify = match (o.verify, o.window) {
+        (false, _) => "not verified (--verify compares the bytes)".to_string(),
+        (true, None) => "every transfer compared byte for byte (not timed)".to_string(),
+        (true, Some(w)) => format!(
+            "after each size, the last transfer into each of the {w} slots compared byte \
+             for byte (not timed)"
+        ),
+    };
+    format!(
+        "{bench} {} with {}:{} mailbox {}: sizes {} B, {} transfers each (+{} warmup), {pace}{}; {verify}",
+        format!("{:?}", o.op).to_lowercase(),
+        o.common.peer.0,
+        o.common.peer.1,
+        o.common.peer_mailbox,
+        list(&o.sizes),
+        n.iterations,
+        n.warmup,
+        if o.notify { ", with notifications" } else { "" },
+    )
+}
+
+/// "verified N transfers byte for byte (SIZE B: n, ...)".
+fn verified_line(per_size: &[(u64, u64)], window: Option<u8>) -> String {
+    let total: u64 = per_size.iter().map(|&(_, n)| n).sum();
+    let sizes: Vec<String> = per_size
+        .iter()
+        .map(|(size, n)| format!("{size} B: {n}"))
+        .collect();
+    format!(
+        "verified {total} transfer{} byte for byte ({}){}",
+        if total == 1 { "" } else { "s" },
+        sizes.join(", "),
+        if window.is_some() {
+            "; a bandwidth run compares the last transfer into each slot"
+        } else {
+            ""
+        }
+    )
 }
 
 fn post(
@@ -342,11 +465,15 @@ fn seed_of(size: u64, i: u64) -> u64 {
     (size << 24) ^ i ^ 0x5EED
 }
 
-fn extras(o: &RdmaOptions, c: &Conn<'_>) -> Vec<(&'static str, serde_json::Value)> {
+/// The fields of an RDMA row beyond the summary. `verified_transfers`: how many transfers
+/// of this size were compared byte for byte (0 without `--verify`); `verified`: whether
+/// any was (kept for scripts that read it; it no longer just echoes `--verify`).
+fn extras(o: &RdmaOptions, c: &Conn<'_>, verified: u64) -> Vec<(&'static str, serde_json::Value)> {
     let mut v = vec![
         ("op", json!(format!("{:?}", o.op).to_lowercase())),
         ("peer", json!(c.server_name)),
-        ("verified", json!(o.verify)),
+        ("verified_transfers", json!(verified)),
+        ("verified", json!(verified > 0)),
     ];
     if let Some(w) = o.window {
         v.push(("window", json!(w)));
@@ -354,15 +481,18 @@ fn extras(o: &RdmaOptions, c: &Conn<'_>) -> Vec<(&'static str, serde_json::Value
     v
 }
 
+/// One row of rdma-lat, and how many transfers were compared.
 fn rdma_lat(
     c: &Conn<'_>,
     o: &RdmaOptions,
     page: &RdmaPage,
     local: &MemoryRegion,
     size: u64,
-) -> Result<Row, String> {
-    let iterations = o.common.iterations.unwrap_or(100);
-    let warmup = o.common.warmup.unwrap_or((iterations / 10).clamp(1, 10));
+    n: &Counts,
+    progress: &mut Progress,
+) -> Result<(Row, u64), String> {
+    let (iterations, warmup) = (n.iterations, n.warmup);
+    let mut verified = 0u64;
     if o.op == Op::Write && !o.verify {
         fill_local(local, 0, size, seed_of(size, 0))?;
     }
@@ -392,22 +522,34 @@ fn rdma_lat(
                 })?,
                 Op::Read => check_local(local, 0, size, seed)?,
             }
+            verified += 1;
         }
         if i >= warmup {
             samples.push(t);
         }
+        progress.tick(|| {
+            format!(
+                "{size} B: {}/{} transfers{}",
+                i + 1,
+                warmup + iterations,
+                if o.verify { ", each verified" } else { "" }
+            )
+        });
     }
     let summary = summarize(&samples);
     let gbps = (summary.p50 > 0.0).then(|| size as f64 * 8.0 / (summary.p50 * 1e3));
-    Ok(Row {
+    let row = Row {
         bench: "rdma-lat",
         size,
         summary,
         gbps,
-        extra: extras(o, c),
-    })
+        extra: extras(o, c, verified),
+    };
+    Ok((row, verified))
 }
 
+/// One row of rdma-bw, and how many transfers were compared.
+#[allow(clippy::too_many_arguments)]
 fn rdma_bw(
     c: &Conn<'_>,
     o: &RdmaOptions,
@@ -415,9 +557,11 @@ fn rdma_bw(
     local: &MemoryRegion,
     size: u64,
     window: u64,
-) -> Result<Row, String> {
-    let iterations = o.common.iterations.unwrap_or(64);
-    let warmup = o.common.warmup.unwrap_or(window);
+    n: &Counts,
+    progress: &mut Progress,
+) -> Result<(Row, u64), String> {
+    let (iterations, warmup) = (n.iterations, n.warmup);
+    let total = warmup + iterations;
     // Slot s (channel s) always carries the pattern of seed `seed_of(size, s)`.
     for s in 0..window {
         let seed = seed_of(size, s);
@@ -431,29 +575,34 @@ fn rdma_bw(
             Op::Read => {}
         }
     }
-    let run = |count: u64, samples: &mut Vec<Duration>| -> Result<Duration, String> {
-        let mut inflight: VecDeque<(Tag, Instant)> = VecDeque::new();
-        let (mut posted, mut done) = (0u64, 0u64);
-        let start = Instant::now();
-        while done < count {
-            while inflight.len() < window as usize && posted < count {
-                // FIFO completion order: op k reuses the slot of op k - window, done.
-                let slot = posted % window;
-                let tag = post(c, o, page, local, slot as u8, slot * size, size)?;
-                inflight.push_back((tag, Instant::now()));
-                posted += 1;
+    let mut run =
+        |count: u64, before: u64, samples: &mut Vec<Duration>| -> Result<Duration, String> {
+            let mut inflight: VecDeque<(Tag, Instant)> = VecDeque::new();
+            let (mut posted, mut done) = (0u64, 0u64);
+            let start = Instant::now();
+            while done < count {
+                while inflight.len() < window as usize && posted < count {
+                    // FIFO completion order: op k reuses the slot of op k - window, done.
+                    let slot = posted % window;
+                    let tag = post(c, o, page, local, slot as u8, slot * size, size)?;
+                    inflight.push_back((tag, Instant::now()));
+                    posted += 1;
+                }
+                if let Some((tag, t0)) = inflight.pop_front() {
+                    wait(c, tag, size, o)?;
+                    samples.push(t0.elapsed());
+                    done += 1;
+                    progress.tick(|| format!("{size} B: {}/{total} transfers", before + done));
+                }
             }
-            if let Some((tag, t0)) = inflight.pop_front() {
-                wait(c, tag, size, o)?;
-                samples.push(t0.elapsed());
-                done += 1;
-            }
-        }
-        Ok(start.elapsed())
-    };
-    run(warmup, &mut Vec::new())?;
+            Ok(start.elapsed())
+        };
+    run(warmup, 0, &mut Vec::new())?;
     let mut samples = Vec::with_capacity(iterations as usize);
-    let elapsed = run(iterations, &mut samples)?;
+    let elapsed = run(iterations, warmup, &mut samples)?;
+    // Every transfer into slot s carries the same bytes: what the slots hold at the end
+    // is the last transfer into each (those of the measured run only).
+    let mut verified = 0u64;
     if o.verify {
         for s in 0..window.min(iterations) {
             let seed = seed_of(size, s);
@@ -465,14 +614,16 @@ fn rdma_bw(
                 })?,
                 Op::Read => check_local(local, s * size, size, seed)?,
             }
+            verified += 1;
         }
     }
     let gbps = (size * iterations) as f64 * 8.0 / elapsed.as_secs_f64() / 1e9;
-    Ok(Row {
+    let row = Row {
         bench: "rdma-bw",
         size,
         summary: summarize(&samples),
         gbps: Some(gbps),
-        extra: extras(o, c),
-    })
+        extra: extras(o, c, verified),
+    };
+    Ok((row, verified))
 }

@@ -23,7 +23,15 @@
 //!   completion.
 //!
 //! `--json` prints one JSON object per size, with at least `size`, `iterations`,
-//! `p50_us`, `p99_us` and (RDMA) `gbps`.
+//! `p50_us`, `p99_us` and (RDMA) `gbps`, `verified_transfers` (how many transfers of that
+//! size were compared byte for byte: with `--verify`, every one of rdma-lat, warmup
+//! included, and the last one into each of the window's slots for rdma-bw; 0 without).
+//! Without `--json`, a table, and with `--verify` a line `verified N transfers byte for
+//! byte (...)`.
+//!
+//! A client says on stderr what it will do (peer, sizes, counts, whether it verifies)
+//! before it starts, and shows how far it got every `--progress-ms` (2 s) while it runs;
+//! `--quiet` silences both. stdout carries only results.
 //!
 //! # Rendezvous protocol
 //!
@@ -54,6 +62,7 @@
 //! Exit status: 0 success, 1 runtime failure, 2 bad usage.
 
 mod client;
+mod progress;
 mod server;
 mod stats;
 mod wire;
@@ -166,6 +175,12 @@ struct Common {
     /// How long to keep trying to reach the server, milliseconds
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// Show progress on stderr this often while running, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
+    progress_ms: u64,
+    /// Say nothing on stderr but errors (no plan, no progress)
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +297,8 @@ fn common(c: &Common) -> client::Options {
         json: c.json,
         timeout: Duration::from_millis(c.timeout_ms),
         connect_timeout: Duration::from_millis(c.connect_timeout_ms),
+        quiet: c.quiet,
+        progress: Duration::from_millis(c.progress_ms),
     }
 }
 

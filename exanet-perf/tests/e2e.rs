@@ -27,6 +27,12 @@ fn server(rack: &Rack, node: &str, sessions: u32) -> (Proc, String) {
 
 /// Runs a client on `node`; its stdout parsed as JSON lines.
 fn client(rack: &Rack, node: &str, args: &[&str]) -> Vec<Value> {
+    client_with_stderr(rack, node, args).0
+}
+
+/// Runs a client on `node`; its stdout parsed as JSON lines (every line must be one), and
+/// its stderr.
+fn client_with_stderr(rack: &Rack, node: &str, args: &[&str]) -> (Vec<Value>, String) {
     let (ok, out, err) = rack::run(
         {
             let mut c = rack.workload(&perf(), node);
@@ -36,9 +42,25 @@ fn client(rack: &Rack, node: &str, args: &[&str]) -> Vec<Value> {
         Duration::from_secs(300),
     );
     assert!(ok, "exanet-perf {args:?} failed:\n{out}\n{err}");
-    out.lines()
+    let rows = out
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
+        .collect();
+    (rows, err)
+}
+
+/// Runs a client on `node` without `--json`: (stdout, stderr).
+fn client_text(rack: &Rack, node: &str, args: &[&str]) -> (String, String) {
+    let (ok, out, err) = rack::run(
+        {
+            let mut c = rack.workload(&perf(), node);
+            c.args(args);
+            c
+        },
+        Duration::from_secs(300),
+    );
+    assert!(ok, "exanet-perf {args:?} failed:\n{out}\n{err}");
+    (out, err)
 }
 
 fn num(v: &Value, k: &str) -> f64 {
@@ -50,7 +72,8 @@ fn num(v: &Value, k: &str) -> f64 {
 #[test]
 fn pingpong_and_rdma_pairs_report_json() {
     let rack = Rack::up("perf", "2x1x1");
-    let (srv, ready) = server(&rack, "M1QBF3", 5);
+    // Sessions: pingpong, 2 x (rdma-lat, rdma-bw), an unverified run, a human-readable one.
+    let (srv, ready) = server(&rack, "M1QBF3", 7);
     assert!(
         ready.contains("node=M1QBF3") && ready.contains("mailbox=0"),
         "{ready}"
@@ -83,7 +106,8 @@ fn pingpong_and_rdma_pairs_report_json() {
     }
 
     for op in ["write", "read"] {
-        let rows = client(
+        // Progress every tick (--progress-ms 0), on stderr only: stdout stays JSON lines.
+        let (rows, err) = client_with_stderr(
             &rack,
             "M1QAF2",
             &[
@@ -97,17 +121,45 @@ fn pingpong_and_rdma_pairs_report_json() {
                 "4K,64K,1M",
                 "--iterations",
                 "3",
+                "--warmup",
+                "2",
                 "--verify",
                 "--json",
+                "--progress-ms",
+                "0",
             ],
         );
         assert_eq!(rows.len(), 3, "{rows:?}");
         for r in &rows {
+            // rdma-lat compares every transfer, warmup included: 2 + 3.
+            assert_eq!(num(r, "verified_transfers"), 5.0, "{r}");
             assert_eq!(r["verified"], Value::Bool(true));
             assert_eq!(r["op"], op);
             assert!(num(r, "gbps") > 0.0, "{r}");
             eprintln!("{r}");
         }
+        // The plan first, then progress up to the last transfer of each size, then the
+        // count.
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!(
+                "exanet-perf: rdma-lat {op} with M1QBF3:0 mailbox 0: sizes 4096, 65536, \
+                 1048576 B, 3 transfers each (+2 warmup), one at a time; every transfer \
+                 compared byte for byte"
+            )),
+            "{err}"
+        );
+        for size in [4096, 65536, 1048576] {
+            let last = format!("exanet-perf: {size} B: 5/5 transfers, each verified (");
+            assert!(err.lines().any(|l| l.starts_with(&last)), "{last}\n{err}");
+        }
+        assert!(
+            err.contains(
+                "exanet-perf: verified 15 transfers byte for byte (4096 B: 5, 65536 B: 5, \
+                 1048576 B: 5)"
+            ),
+            "{err}"
+        );
         let rows = client(
             &rack,
             "M1QAF2",
@@ -131,13 +183,76 @@ fn pingpong_and_rdma_pairs_report_json() {
         );
         assert_eq!(rows.len(), 2, "{rows:?}");
         for r in &rows {
+            // rdma-bw compares what its 4 slots hold at the end: the last transfer into
+            // each.
+            assert_eq!(num(r, "verified_transfers"), 4.0, "{r}");
             assert_eq!(num(r, "window"), 4.0);
             assert!(num(r, "gbps") > 0.0, "{r}");
             assert!(num(r, "p99_us") >= num(r, "p50_us"));
             eprintln!("{r}");
         }
     }
-    // Five sessions ended: the server exits on its own.
+    // Without --verify nothing is compared, and the row says so.
+    let rows = client(
+        &rack,
+        "M1QAF2",
+        &[
+            "rdma-lat",
+            "run",
+            "--peer",
+            "M1QBF3",
+            "--sizes",
+            "4K",
+            "--iterations",
+            "3",
+            "--json",
+            "--quiet",
+        ],
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(num(&rows[0], "verified_transfers"), 0.0, "{}", rows[0]);
+    assert_eq!(rows[0]["verified"], Value::Bool(false));
+    // The table, and a line saying how many transfers were verified.
+    let (out, err) = client_text(
+        &rack,
+        "M1QAF2",
+        &[
+            "rdma-bw",
+            "run",
+            "--peer",
+            "M1QBF3",
+            "--sizes",
+            "4K,16K",
+            "--iterations",
+            "2",
+            "--window",
+            "3",
+            "--verify",
+        ],
+    );
+    assert!(
+        out.lines().any(|l| l
+            .split_whitespace()
+            .eq(["size", "iters", "min_us", "p50_us", "p99_us", "mean_us", "gbps"])),
+        "{out}"
+    );
+    // 2 transfers per size, so 2 of the 3 slots hold one.
+    assert!(
+        out.contains(
+            "verified 4 transfers byte for byte (4096 B: 2, 16384 B: 2); a bandwidth run \
+             compares the last transfer into each slot"
+        ),
+        "{out}"
+    );
+    assert!(
+        err.starts_with(
+            "exanet-perf: rdma-bw write with M1QBF3:0 mailbox 0: sizes 4096, 16384 B, 2 \
+             transfers each (+3 warmup), 3 in flight; after each size, the last transfer \
+             into each of the 3 slots compared"
+        ),
+        "{err}"
+    );
+    // Seven sessions ended: the server exits on its own.
     let (ok, out, err) = srv.finish(Duration::from_secs(30));
     assert!(ok, "server failed:\n{out}\n{err}");
 }
