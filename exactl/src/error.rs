@@ -91,6 +91,22 @@ pub enum CliError {
     #[error("{node}: {source}")]
     Control { node: String, source: ControlError },
 
+    /// A node of a local rack whose daemon process is gone (not asked: it cannot answer).
+    #[error("{node}: {} ({why})", crate::live::NOT_RUNNING)]
+    NotRunning { node: String, why: String },
+
+    /// Every daemon process of a local rack is gone.
+    #[error(
+        "rack {name:?} at {dir} is not running: none of its {nodes} daemon processes is alive \
+         (`exactl rack up` starts it)",
+        dir = .dir.display()
+    )]
+    RackNotRunning {
+        name: String,
+        dir: PathBuf,
+        nodes: usize,
+    },
+
     #[error("{node}: the daemon refused the request: {message}")]
     Refused { node: String, message: String },
 

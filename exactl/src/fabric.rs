@@ -9,18 +9,35 @@ use exanet_proto::{NodeId, Shape};
 use exanetd::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
 use exanetd::control_client::ControlClient;
 
+use crate::live::RackLiveness;
+
 /// One node's answer to `status`, or why there was none.
 pub type Answer = Result<NodeStatus, String>;
 
 /// Asks every node of the rack for its status, `timeout` per node, all at once. The
-/// answers are indexed by node id.
+/// answers are indexed by node id. A node of a local rack whose process is gone is not
+/// asked: its answer is "process not running" at once.
 pub fn query_all(client: &ControlClient, timeout: Duration) -> Vec<Answer> {
+    query_live(client, &RackLiveness::of(client.rack()), timeout)
+}
+
+/// [`query_all`] with the liveness already looked at.
+pub fn query_live(client: &ControlClient, live: &RackLiveness, timeout: Duration) -> Vec<Answer> {
     let shape = client.rack().shape();
-    let reqs = shape.node_ids().map(|id| (id, Request::Status)).collect();
-    client
-        .request_all(reqs, timeout)
-        .into_iter()
-        .map(status_answer)
+    let reqs = shape
+        .node_ids()
+        .filter(|id| live.gone(*id).is_none())
+        .map(|id| (id, Request::Status))
+        .collect();
+    let mut asked = client.request_all(reqs, timeout).into_iter();
+    shape
+        .node_ids()
+        .map(|id| match live.message(id) {
+            Some(m) => Err(m),
+            None => asked
+                .next()
+                .map_or_else(|| Err("no answer".to_string()), status_answer),
+        })
         .collect()
 }
 

@@ -25,6 +25,7 @@ mod deploy;
 mod error;
 mod fabric;
 mod link_cmd;
+mod live;
 mod node_cmd;
 mod ping;
 mod process;

@@ -11,6 +11,7 @@ use exanetd::rack::Rack;
 
 use crate::error::{CliError, Result};
 use crate::fabric;
+use crate::live::{RackLiveness, NOT_RUNNING};
 
 #[derive(Clone, Debug)]
 pub struct PingOptions {
@@ -36,6 +37,22 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
     // The daemon sends the probes one after the other, each waiting up to timeout_ms.
     let wait = Duration::from_millis(opts.timeout_ms.saturating_mul(u64::from(opts.count)))
         .saturating_add(Duration::from_secs(5));
+    // A node of a local rack whose process is gone neither sends nor answers a probe:
+    // say so at once rather than after the probes' time.
+    let live = RackLiveness::of(&rack);
+    for (id, role) in [(src, "send"), (dst, "answer")] {
+        if let Some(why) = live.gone(id) {
+            let rack_state = if live.all_gone() {
+                "; no daemon of the rack runs (`exactl rack up` starts it)"
+            } else {
+                ""
+            };
+            return Err(CliError::Failed(format!(
+                "{}: {NOT_RUNNING} ({why}); it cannot {role} probes{rack_state}",
+                shape.display(id)
+            )));
+        }
+    }
     let client = crate::control::client(&rack)
         .map_err(|e| CliError::Failed(format!("cannot ask {src_name}: {e}")))?;
     let report = match client.request(src, &req, wait) {

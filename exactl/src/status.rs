@@ -12,19 +12,36 @@ use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Answer, Health, LinkView};
+use crate::live::RackLiveness;
 
 /// How long one node may take to answer `status`.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// `exactl status`. Fails (exit 1) after printing when some node does not answer.
+/// `exactl status`. Fails (exit 1) after printing when some node does not answer. A local
+/// rack whose daemon processes are all gone is reported in one line, at once (as JSON: every
+/// node unreachable, "process not running").
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
+    let live = RackLiveness::of(&rack);
+    if live.all_gone() && !as_json {
+        return Err(not_running(&rack));
+    }
     // Without operator credentials no daemon can be asked; the rack is still shown, every
-    // node unreachable for that reason.
-    let answers = match crate::control::client(&rack) {
-        Ok(client) => fabric::query_all(&client, QUERY_TIMEOUT),
-        Err(e) => vec![Err(e.to_string()); shape.nodes() as usize],
+    // node unreachable for that reason (or because its process is gone).
+    let answers = if live.all_gone() {
+        shape
+            .node_ids()
+            .map(|id| Err(live.message(id).unwrap_or_default()))
+            .collect()
+    } else {
+        match crate::control::client(&rack) {
+            Ok(client) => fabric::query_live(&client, &live, QUERY_TIMEOUT),
+            Err(e) => shape
+                .node_ids()
+                .map(|id| Err(live.message(id).unwrap_or_else(|| e.to_string())))
+                .collect(),
+        }
     };
     let views = fabric::link_views(&shape, &answers);
     let out = if as_json {
@@ -37,16 +54,31 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     };
     print!("{out}");
     let silent = answers.iter().filter(|a| a.is_err()).count();
+    let gone = live.gone_count();
     match silent {
         0 => Ok(()),
+        _ if live.all_gone() => Err(not_running(&rack)),
         n if n == answers.len() => Err(CliError::Failed(format!(
             "no daemon of the rack at {} answers (is it up? `exactl rack up` starts it)",
             dir.display()
+        ))),
+        n if gone > 0 => Err(CliError::Failed(format!(
+            "{n} of {} nodes did not answer ({gone} with no process running)",
+            answers.len()
         ))),
         n => Err(CliError::Failed(format!(
             "{n} of {} nodes did not answer",
             answers.len()
         ))),
+    }
+}
+
+/// The one line for a local rack none of whose daemon processes is alive.
+pub fn not_running(rack: &Rack) -> CliError {
+    CliError::RackNotRunning {
+        name: rack.file.name.clone(),
+        dir: rack.dir.clone(),
+        nodes: rack.shape().nodes() as usize,
     }
 }
 
