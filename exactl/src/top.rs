@@ -118,11 +118,11 @@ pub struct NiRates {
 
 impl NiRates {
     pub fn nacks_sent_total(&self) -> f64 {
-        self.nacks_sent.values().sum()
+        shown(self.nacks_sent.values().sum())
     }
 
     pub fn nacks_received_total(&self) -> f64 {
-        self.nacks_received.values().sum()
+        shown(self.nacks_received.values().sum())
     }
 
     /// What the node table is sorted by.
@@ -176,7 +176,7 @@ impl Frame {
             .iter()
             .filter_map(|r| r.rates.as_ref())
             .map(f)
-            .sum()
+            .fold(0.0, |a, b| a + b)
     }
 
     fn ni_total(&self, f: impl Fn(&NiRates) -> f64) -> f64 {
@@ -184,7 +184,7 @@ impl Frame {
             .iter()
             .filter_map(|r| r.ni.as_ref())
             .map(f)
-            .sum()
+            .fold(0.0, |a, b| a + b)
     }
 }
 
@@ -359,8 +359,19 @@ pub fn compute(shape: &Shape, prev: &[Answer], cur: &[Answer], seconds: f64) -> 
     }
 }
 
+/// `v`, with negative zero (what summing nothing gives) and the rounding noise of float
+/// deltas below zero made 0, so a quiet rack never shows `-0`.
+fn shown(v: f64) -> f64 {
+    if v.is_finite() && v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
 /// `1.5 MB/s`, `980 B/s`: decimal units like the rates of `exactl link set`.
 fn bytes_per_s(v: f64) -> String {
+    let v = shown(v);
     let (v, unit) = if v >= 1e9 {
         (v / 1e9, "GB/s")
     } else if v >= 1e6 {
@@ -418,7 +429,7 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
         f.links_up,
         f.links,
         bytes_per_s(f.total(|r| r.tx_bytes)),
-        f.total(|r| r.stall),
+        shown(f.total(|r| r.stall)),
         count_per_s(f.ni_total(|n| n.retransmissions)),
         count_per_s(f.ni_total(|n| n.nacks_sent_total())),
         count_per_s(f.total(|r| r.dropped + r.corrupted)),
@@ -438,8 +449,8 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
             r.kind,
             r.state,
             or_dash(rt, |x| bytes_per_s(x.tx_bytes)),
-            or_dash(rt, |x| format!("{:.1}%", x.utilization * 100.0)),
-            or_dash(rt, |x| format!("{:.3}", x.stall)),
+            or_dash(rt, |x| format!("{:.1}%", shown(x.utilization * 100.0))),
+            or_dash(rt, |x| format!("{:.3}", shown(x.stall))),
             or_dash(rt, |x| count_per_s(x.dropped)),
             or_dash(rt, |x| count_per_s(x.corrupted)),
             r.queue_bytes,
@@ -594,6 +605,9 @@ const CLEAR: &str = "\x1b[H\x1b[2J";
 pub fn run(dir: &Path, args: &TopArgs) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
+    if crate::live::RackLiveness::of(&rack).all_gone() {
+        return Err(crate::status::not_running(&rack));
+    }
     let client = crate::control::client(&rack)?;
     // A silent node costs this much per refresh; never more than the interval itself
     // (within reason), so a paused daemon does not freeze the view.
@@ -874,6 +888,29 @@ mod tests {
                 .iter()
                 .all(|r| r.rates.as_ref().unwrap().tx_bytes.is_finite()));
         }
+    }
+
+    /// Issue 10: a rack with nothing to sum showed `tx -0 B/s, stalls -0.000` (a sum of no
+    /// f64 is negative zero).
+    #[test]
+    fn never_negative_zero() {
+        let s = shape();
+        let none: Vec<Answer> = (0..4).map(|_| Err("gone".to_string())).collect();
+        let idle = healthy_rack(&s);
+        for (prev, cur) in [(&none, &none), (&idle, &idle)] {
+            let f = compute(&s, prev, cur, 1.0);
+            let text = render("t", &s, &f, 20);
+            assert!(!text.contains("-0"), "{text}");
+            assert!(text.contains("tx 0 B/s, stalls 0.000 s/s"), "{text}");
+            let v = to_json(&f, 20);
+            for (k, t) in v["totals"].as_object().unwrap() {
+                let t = t.as_f64().unwrap();
+                assert!(t == 0.0 && t.is_sign_positive(), "{k}: {t}");
+            }
+        }
+        assert_eq!(bytes_per_s(-0.0), "0 B/s");
+        assert_eq!(bytes_per_s(-1e-12), "0 B/s");
+        assert_eq!(format!("{:.3}", shown(-0.0)), "0.000");
     }
 
     #[test]
