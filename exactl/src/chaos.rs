@@ -33,11 +33,9 @@ use exanetd::rack::{Deploy, Rack};
 
 use crate::error::{CliError, Result};
 use crate::fabric;
-use crate::link_cmd::{self, Dir, Direction, FaultChange};
+use crate::link_cmd::{self, describe_change, Dir, Direction, FaultChange};
 use crate::node_cmd::{self, NodeOp};
-use crate::units::{
-    format_duration, format_percent, format_rate, parse_duration, parse_percent, parse_rate,
-};
+use crate::units::{format_duration, parse_duration, parse_percent, parse_rate};
 
 /// `exactl chaos run` options.
 #[derive(clap::Args, Debug)]
@@ -959,34 +957,6 @@ pub fn expand(plan: &Plan, shape: &Shape, seed: u64, file: &str) -> Result<Timel
         actions,
         skipped,
     })
-}
-
-/// `delay 1ms, loss 5%`: the changed faults in `exactl link set` words.
-fn describe_change(c: &FaultChange) -> String {
-    let mut parts = Vec::new();
-    if let Some(v) = c.delay_ns {
-        parts.push(format!("delay {}", format_duration(v)));
-    }
-    if let Some(v) = c.jitter_ns {
-        parts.push(format!("jitter {}", format_duration(v)));
-    }
-    if let Some(v) = c.rate_bps {
-        parts.push(if v == 0 {
-            "rate off".to_string()
-        } else {
-            format!("rate {}", format_rate(v))
-        });
-    }
-    if let Some(v) = c.loss {
-        parts.push(format!("loss {}", format_percent(v)));
-    }
-    if let Some(v) = c.corrupt {
-        parts.push(format!("corrupt {}", format_percent(v)));
-    }
-    if let Some(v) = c.down {
-        parts.push(if v { "down" } else { "up" }.to_string());
-    }
-    parts.join(", ")
 }
 
 /// What an action does, in words (`restored` is what an undo set back, when known).

@@ -20,6 +20,7 @@ use serde_json::json;
 
 use crate::error::{CliError, Result};
 use crate::fabric;
+use crate::live::RackLiveness;
 use crate::units::{format_duration, format_percent, format_rate};
 
 /// How long a daemon may take to answer.
@@ -140,7 +141,7 @@ pub fn current_faults(
         .into_iter()
         .collect();
     let reqs = senders.iter().map(|n| (*n, Request::Status)).collect();
-    let answers = client.request_all(reqs, TIMEOUT);
+    let mut answers = crate::control::request_live(client, reqs, TIMEOUT);
     let mut out = Vec::new();
     for d in dirs {
         let i = senders.iter().position(|n| *n == d.from).unwrap_or(0);
@@ -159,12 +160,15 @@ pub fn current_faults(
                     answer: format!("{other:?}"),
                 })
             }
-            Some(Err(e)) => {
-                return Err(CliError::Failed(format!(
-                    "{}: {}",
-                    shape.display(d.from),
-                    fabric::short_control_error(e)
-                )))
+            Some(Err(_)) => {
+                return Err(match answers.swap_remove(i) {
+                    Err(CliError::Control { node, source }) => CliError::Failed(format!(
+                        "{node}: {}",
+                        fabric::short_control_error(&source)
+                    )),
+                    Err(e) => e,
+                    Ok(_) => CliError::Failed(format!("{}: no answer", shape.display(d.from))),
+                })
             }
             None => return Err(CliError::Failed("no answer".into())),
         };
@@ -245,7 +249,98 @@ pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChan
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let dirs = directions(&shape, a, b, which)?;
     let client = crate::control::client(&rack)?;
-    change_links(&client, &dirs, change, None)
+    let after: Vec<(Direction, LinkFaults)> = current_faults(&client, &dirs)?
+        .into_iter()
+        .map(|(d, now)| (d, change.apply(now)))
+        .collect();
+    set_faults(&client, after.clone(), None)?;
+    println!("{}", set_line(&shape, &dirs, change, &after));
+    Ok(())
+}
+
+/// What `link set` changed, in one line: `M1QAF1 -> M1QAF2: delay 200us, loss 1% (both
+/// directions)`, and what else stays in force on the link when it kept other faults.
+pub fn set_line(
+    shape: &Shape,
+    dirs: &[Direction],
+    change: &FaultChange,
+    after: &[(Direction, LinkFaults)],
+) -> String {
+    let Some(first) = dirs.first() else {
+        return String::new();
+    };
+    let scope = if dirs.len() > 1 {
+        "both directions"
+    } else {
+        "this direction only"
+    };
+    let mut line = format!(
+        "{} -> {}: {} ({scope})",
+        shape.display(first.from),
+        shape.display(first.to),
+        describe_change(change)
+    );
+    // Faults the command did not name and that stay set.
+    let named_only = change.apply(LinkFaults::default());
+    if after.iter().any(|(_, f)| *f != named_only) {
+        let _ = write!(line, "; in force now: {}", in_force(shape, after));
+    }
+    line
+}
+
+/// `delay 200us, loss 1%` when every direction has the same faults, else each direction's.
+fn in_force(shape: &Shape, faults: &[(Direction, LinkFaults)]) -> String {
+    let words = |f: &LinkFaults| {
+        let w = fault_words(f);
+        if w.is_empty() {
+            "none".to_string()
+        } else {
+            w.join(", ")
+        }
+    };
+    match faults {
+        [(_, f), rest @ ..] if rest.iter().all(|(_, g)| g == f) => words(f),
+        _ => faults
+            .iter()
+            .map(|(d, f)| {
+                format!(
+                    "{}->{} {}",
+                    shape.display(d.from),
+                    shape.display(d.to),
+                    words(f)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+/// `delay 1ms, loss 5%`: the changed faults in `exactl link set` words.
+pub fn describe_change(c: &FaultChange) -> String {
+    let mut parts = Vec::new();
+    if let Some(v) = c.delay_ns {
+        parts.push(format!("delay {}", format_duration(v)));
+    }
+    if let Some(v) = c.jitter_ns {
+        parts.push(format!("jitter {}", format_duration(v)));
+    }
+    if let Some(v) = c.rate_bps {
+        parts.push(if v == 0 {
+            "rate off".to_string()
+        } else {
+            format!("rate {}", format_rate(v))
+        });
+    }
+    if let Some(v) = c.loss {
+        parts.push(format!("loss {}", format_percent(v)));
+    }
+    if let Some(v) = c.corrupt {
+        parts.push(format!("corrupt {}", format_percent(v)));
+    }
+    if let Some(v) = c.down {
+        parts.push(if v { "down" } else { "up" }.to_string());
+    }
+    parts.join(", ")
 }
 
 /// `exactl link clear A B` (or every link with `all`).
@@ -256,15 +351,32 @@ pub fn clear(dir: &Path, ends: Option<(NodeName, NodeName)>) -> Result<()> {
     match ends {
         Some((a, b)) => {
             let dirs = directions(&shape, a, b, Dir::Both)?;
-            let clear = dirs.into_iter().map(|d| (d, LinkFaults::default()));
-            set_faults(&client, clear.collect(), None)
+            let before = current_faults(&client, &dirs)?;
+            let clear = dirs.iter().map(|d| (*d, LinkFaults::default()));
+            set_faults(&client, clear.collect(), None)?;
+            let was = if before.iter().all(|(_, f)| f.is_clear()) {
+                "nothing was set".to_string()
+            } else {
+                format!("removed {}", in_force(&shape, &before))
+            };
+            println!(
+                "{} -> {}: faults cleared, {was} (both directions)",
+                shape.display(dirs[0].from),
+                shape.display(dirs[0].to)
+            );
+            Ok(())
         }
         None => {
             let reqs = shape
                 .node_ids()
                 .map(|id| (id, Request::LinkClear))
                 .collect();
-            crate::control::all_ok(&client, reqs, TIMEOUT, "link_clear")
+            crate::control::all_ok(&client, reqs, TIMEOUT, "link_clear")?;
+            println!(
+                "every link: faults cleared at all {} nodes (cut links are up again)",
+                shape.nodes()
+            );
+            Ok(())
         }
     }
 }
@@ -278,9 +390,20 @@ struct Row<'a> {
 /// `exactl link show`.
 pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
-    let client = crate::control::client(&rack)?;
-    let answers = fabric::query_all(&client, TIMEOUT);
+    let live = RackLiveness::of(&rack);
+    if live.all_gone() && !as_json {
+        return Err(crate::status::not_running(&rack));
+    }
     let shape = rack.shape();
+    let answers: Vec<fabric::Answer> = if live.all_gone() {
+        shape
+            .node_ids()
+            .map(|id| Err(live.message(id).unwrap_or_default()))
+            .collect()
+    } else {
+        let client = crate::control::client(&rack)?;
+        fabric::query_live(&client, &live, TIMEOUT)
+    };
     let mut rows = Vec::new();
     let mut silent = Vec::new();
     for (id, a) in shape.node_ids().zip(&answers) {
@@ -320,21 +443,43 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
                 .map_err(|e| CliError::Failed(e.to_string()))?
         );
     } else {
-        print!("{}", render(&rows));
+        print!(
+            "{}",
+            render(&rows, answers.len() - silent.len(), answers.len())
+        );
     }
-    if silent.is_empty() {
-        Ok(())
-    } else {
-        Err(CliError::Failed(format!(
-            "{} nodes did not answer: {}",
-            silent.len(),
-            silent.first().cloned().unwrap_or_default()
-        )))
+    if live.all_gone() {
+        return Err(crate::status::not_running(&rack));
+    }
+    match silent.len() {
+        0 => Ok(()),
+        n if n == answers.len() => Err(CliError::Failed(format!(
+            "no daemon of the rack at {} answers, so no link could be shown (is it up? \
+             `exactl rack up` starts it): {}",
+            dir.display(),
+            silent[0]
+        ))),
+        n => Err(CliError::Failed(format!(
+            "{n} of {} nodes did not answer, so their ends of links are not shown: {}{}",
+            answers.len(),
+            silent[..n.min(3)].join("; "),
+            if n > 3 { "; ..." } else { "" }
+        ))),
     }
 }
 
 /// The faults of one direction in the words of the command line.
 pub fn describe(f: &LinkFaults) -> String {
+    let parts = fault_words(f);
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// `["down", "delay 200us", "loss 0.1%"]`: each fault set, in command-line words.
+fn fault_words(f: &LinkFaults) -> Vec<String> {
     let mut parts = Vec::new();
     if f.down {
         parts.push("down".to_string());
@@ -354,45 +499,87 @@ pub fn describe(f: &LinkFaults) -> String {
     if f.corrupt != 0.0 {
         parts.push(format!("corrupt {}", format_percent(f.corrupt)));
     }
-    if parts.is_empty() {
-        "-".into()
-    } else {
-        parts.join(" ")
-    }
+    parts
 }
 
-fn render(rows: &[Row<'_>]) -> String {
+/// The table of `link show`: `answered` of `nodes` nodes reported the rows. Columns are
+/// as wide as their widest cell (at least as wide as they always were), so long fault
+/// text does not push the counters out of line.
+fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
     let mut out = String::new();
     if rows.is_empty() {
-        out.push_str(
-            "no link has faults set or injected (`exactl link show --all` lists every link)\n",
-        );
+        if answered == nodes {
+            out.push_str(
+                "no link has faults set or injected (`exactl link show --all` lists every link)\n",
+            );
+        } else if answered > 0 {
+            let _ = writeln!(
+                out,
+                "no link end at the {answered} of {nodes} nodes that answered has faults set \
+                 or injected (the others could not be asked)"
+            );
+        }
         return out;
     }
-    let _ = writeln!(
-        out,
-        "{:<16} {:<5} {:<40} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "LINK", "STATE", "FAULTS", "DROPPED", "CORRUPTED", "DELAYED", "HELD", "RX_BAD"
-    );
-    for r in rows {
-        let f = r.l.faults.unwrap_or_default();
-        let st = r.l.fault_stats;
-        let _ = writeln!(
-            out,
-            "{:<16} {:<5} {:<40} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            format!("{}->{}", r.from, r.l.peer),
-            match (r.l.admin_down, r.l.state) {
-                (true, _) => "cut",
-                (false, exanetd::control::LinkState::Up) => "up",
-                (false, exanetd::control::LinkState::Down) => "down",
-            },
-            describe(&f),
-            st.dropped_cells,
-            st.corrupted_cells,
-            st.delayed_frames,
-            r.l.held_bytes,
-            r.l.rx_corrupt_cells,
-        );
+    let headers = [
+        "LINK",
+        "STATE",
+        "FAULTS",
+        "DROPPED",
+        "CORRUPTED",
+        "DELAYED",
+        "HELD",
+        "RX_BAD",
+    ];
+    let min = [16, 5, 40, 9, 9, 9, 9, 9];
+    let right = [false, false, false, true, true, true, true, true];
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let f = r.l.faults.unwrap_or_default();
+            let st = r.l.fault_stats;
+            [
+                format!("{}->{}", r.from, r.l.peer),
+                match (r.l.admin_down, r.l.state) {
+                    (true, _) => "cut",
+                    (false, exanetd::control::LinkState::Up) => "up",
+                    (false, exanetd::control::LinkState::Down) => "down",
+                }
+                .to_string(),
+                describe(&f),
+                st.dropped_cells.to_string(),
+                st.corrupted_cells.to_string(),
+                st.delayed_frames.to_string(),
+                r.l.held_bytes.to_string(),
+                r.l.rx_corrupt_cells.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = min;
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut line = |row: &[&str]| {
+        let mut l = String::new();
+        for (i, c) in row.iter().enumerate() {
+            let w = widths[i];
+            if i > 0 {
+                l.push(' ');
+            }
+            if right[i] {
+                let _ = write!(l, "{c:>w$}");
+            } else {
+                let _ = write!(l, "{c:<w$}");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&headers);
+    for row in &cells {
+        line(&row.each_ref().map(String::as_str));
     }
     out
 }
@@ -465,8 +652,41 @@ pub fn partition(dir: &Path, side: &[String], from: &[String]) -> Result<()> {
         },
         None,
     )?;
-    eprintln!("exactl: cut {} links", dirs.len() / 2);
+    let upper = |v: &[String]| v.join(",").to_ascii_uppercase();
+    let other = if from.is_empty() {
+        "the rest of the rack".to_string()
+    } else {
+        upper(from)
+    };
+    println!(
+        "cut {} between {} and {other}: {}",
+        links_phrase(dirs.len() / 2),
+        upper(side),
+        link_list(&shape, &dirs)
+    );
     Ok(())
+}
+
+/// `1 link`, `3 links`.
+fn links_phrase(n: usize) -> String {
+    format!("{n} link{}", if n == 1 { "" } else { "s" })
+}
+
+/// `M1QAF1<->M1QAF4, M1QAF2<->M1QAF4` (each link once; the first 6, then how many more).
+fn link_list(shape: &Shape, dirs: &[Direction]) -> String {
+    let links: BTreeSet<(NodeId, NodeId)> = dirs
+        .iter()
+        .map(|d| (d.from.min(d.to), d.from.max(d.to)))
+        .collect();
+    let mut names: Vec<String> = links
+        .iter()
+        .take(6)
+        .map(|(a, b)| format!("{}<->{}", shape.display(*a), shape.display(*b)))
+        .collect();
+    if links.len() > 6 {
+        names.push(format!("and {} more", links.len() - 6));
+    }
+    names.join(", ")
 }
 
 /// `exactl heal`: sets every cut link up again, keeping its other faults.
@@ -487,10 +707,22 @@ pub fn heal(dir: &Path) -> Result<()> {
             up.push((Direction { from: id, to: peer }, faults));
         }
     }
-    let n = up.len();
+    let dirs: Vec<Direction> = up.iter().map(|(d, _)| *d).collect();
     set_faults(&client, up, None)?;
     let unanswered = answers.iter().filter(|a| a.is_err()).count();
-    eprintln!("exactl: set {n} cut link ends up");
+    if dirs.is_empty() {
+        println!("no link was cut: nothing to heal");
+    } else {
+        let links: BTreeSet<(NodeId, NodeId)> = dirs
+            .iter()
+            .map(|d| (d.from.min(d.to), d.from.max(d.to)))
+            .collect();
+        println!(
+            "healed {}: {} (their other faults stay)",
+            links_phrase(links.len()),
+            link_list(&shape, &dirs)
+        );
+    }
     if unanswered > 0 {
         return Err(CliError::Failed(format!(
             "{unanswered} nodes did not answer; links they cut stay cut"
@@ -585,6 +817,130 @@ mod tests {
         assert!(e.to_string().contains("both sides"), "{e}");
         let e = partition_directions(&s, &["M1QAF2".into()], &["M1QBF3".into()]).unwrap_err();
         assert!(e.to_string().contains("no link joins"), "{e}");
+    }
+
+    /// Issue 10: `link set` said nothing of what it changed.
+    #[test]
+    fn set_says_what_it_changed_in_one_line() {
+        let s = shape();
+        let both = directions(&s, n("M1QAF1"), n("M1QAF2"), Dir::Both).unwrap();
+        let change = FaultChange {
+            delay_ns: Some(200_000),
+            loss: Some(0.01),
+            ..Default::default()
+        };
+        let after: Vec<_> = both
+            .iter()
+            .map(|d| (*d, change.apply(LinkFaults::default())))
+            .collect();
+        assert_eq!(
+            set_line(&s, &both, &change, &after),
+            "M1QAF1 -> M1QAF2: delay 200us, loss 1% (both directions)"
+        );
+        // Faults it did not name stay, and the line says so.
+        let one = directions(&s, n("M1QAF1"), n("M1QAF2"), Dir::BtoA).unwrap();
+        let rate = FaultChange {
+            rate_bps: Some(100_000_000),
+            ..Default::default()
+        };
+        let kept = LinkFaults {
+            delay_ns: 200_000,
+            ..Default::default()
+        };
+        let after = vec![(one[0], rate.apply(kept))];
+        let line = set_line(&s, &one, &rate, &after);
+        assert_eq!(
+            line,
+            "M1QAF2 -> M1QAF1: rate 100Mbit (this direction only); in force now: \
+             delay 200us, rate 100Mbit"
+        );
+        let off = FaultChange {
+            rate_bps: Some(0),
+            down: Some(false),
+            ..Default::default()
+        };
+        let after: Vec<_> = both.iter().map(|d| (*d, LinkFaults::default())).collect();
+        assert_eq!(
+            set_line(&s, &both, &off, &after),
+            "M1QAF1 -> M1QAF2: rate off, up (both directions)"
+        );
+        // Directions that differ are named one by one.
+        let after = vec![(both[0], kept), (both[1], LinkFaults::default())];
+        assert!(
+            in_force(&s, &after) == "M1QAF1->M1QAF2 delay 200us; M1QAF2->M1QAF1 none",
+            "{}",
+            in_force(&s, &after)
+        );
+    }
+
+    fn status_link(peer: &str, faults: LinkFaults) -> LinkStatus {
+        let mut l: LinkStatus = serde_json::from_value(json!({
+            "port": "f2", "peer": peer, "kind": "qfdb", "gbps": 16, "state": "up",
+            "sessions": 1, "tx_cells": 0, "tx_bytes": 0, "rx_cells": 0, "rx_bytes": 0,
+            "stall_seconds": 0.0, "queue_cells": 0, "queue_bytes": 0, "in_flight_bytes": 0,
+        }))
+        .unwrap();
+        l.faults = Some(faults);
+        l.fault_stats.dropped_cells = 123_456;
+        l
+    }
+
+    /// Issue 10: a fault text longer than 40 characters pushed its row's counters right.
+    #[test]
+    fn show_keeps_columns_aligned_with_long_fault_text() {
+        let long = LinkFaults {
+            delay_ns: 1_500_000,
+            jitter_ns: 250_000,
+            rate_bps: 1_500_000_000,
+            loss: 0.125,
+            corrupt: 0.001,
+            ..Default::default()
+        };
+        let short = LinkFaults {
+            loss: 0.01,
+            ..Default::default()
+        };
+        let (a, b) = (status_link("M1QAF2", long), status_link("M1QAF1", short));
+        let rows = [
+            Row {
+                from: "M1QAF1".into(),
+                l: &a,
+            },
+            Row {
+                from: "M1QAF2".into(),
+                l: &b,
+            },
+        ];
+        let text = render(&rows, 4, 4);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(describe(&long).len() > 40, "{}", describe(&long));
+        // Right-aligned counters end every line at the same column, and each column
+        // starts where its header does.
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{text}");
+        let col = lines[0].find("DROPPED").unwrap();
+        for l in &lines[1..] {
+            assert_eq!(&l[col - 2..col + 7], "   123456", "{text}");
+        }
+        // A short fault text keeps the layout it always had.
+        let text = render(&rows[1..], 4, 4);
+        assert!(
+            text.starts_with(&format!(
+                "{:<16} {:<5} {:<40} {:>9}",
+                "LINK", "STATE", "FAULTS", "DROPPED"
+            )),
+            "{text}"
+        );
+    }
+
+    /// Issue 10: `link show` said "no link has faults" also when it could not ask.
+    #[test]
+    fn show_claims_no_faults_only_for_nodes_that_answered() {
+        assert!(render(&[], 4, 4).starts_with("no link has faults set or injected"));
+        let partial = render(&[], 3, 4);
+        assert!(partial.contains("3 of 4 nodes that answered"), "{partial}");
+        assert!(!partial.contains("no link has faults"), "{partial}");
+        assert_eq!(render(&[], 0, 4), "");
     }
 
     #[test]

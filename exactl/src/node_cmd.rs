@@ -51,7 +51,9 @@ pub fn run(dir: &Path, op: NodeOp, name: NodeName) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     let id = shape.id_of(name)?;
-    apply(&rack, op, id)?;
+    let done = apply(&rack, op, id)?;
+    // What changed, on stdout; how the restarted node rejoined follows on stderr.
+    println!("{}: {done}", shape.display(id));
     if op == NodeOp::Restart {
         let took = wait_rejoined(&rack, id, REJOIN_TIMEOUT)?;
         eprintln!(
@@ -63,8 +65,9 @@ pub fn run(dir: &Path, op: NodeOp, name: NodeName) -> Result<()> {
     Ok(())
 }
 
-/// Carries out `op` on node `id` without waiting for any consequence.
-pub fn apply(rack: &Rack, op: NodeOp, id: NodeId) -> Result<()> {
+/// Carries out `op` on node `id` without waiting for any consequence; what was done, in
+/// a few words (`killed (SIGKILL to pid 1234)`).
+pub fn apply(rack: &Rack, op: NodeOp, id: NodeId) -> Result<String> {
     let node = rack.shape().display(id);
     match rack.file.deploy.clone().unwrap_or(Deploy::Local) {
         Deploy::Local => local(rack, op, &node),
@@ -76,7 +79,7 @@ pub fn apply(rack: &Rack, op: NodeOp, id: NodeId) -> Result<()> {
     }
 }
 
-fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<()> {
+fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
     let layout: Layout = rack.layout();
     let dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
     let running = match process::read_pid_file(&layout.pid_file(&node), node, &dir) {
@@ -88,27 +91,39 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<()> {
             .map_err(|e| CliError::Failed(format!("cannot signal {node} (pid {}): {e}", d.pid)))
     };
     match (op, running) {
-        (NodeOp::Pause, Some(d)) => signal(libc::SIGSTOP, &d),
-        (NodeOp::Resume, Some(d)) => signal(libc::SIGCONT, &d),
+        (NodeOp::Pause, Some(d)) => {
+            signal(libc::SIGSTOP, &d)?;
+            Ok(format!("paused (SIGSTOP to pid {})", d.pid))
+        }
+        (NodeOp::Resume, Some(d)) => {
+            signal(libc::SIGCONT, &d)?;
+            Ok(format!("resumed (SIGCONT to pid {})", d.pid))
+        }
         (NodeOp::Kill, Some(d)) => {
             signal(libc::SIGKILL, &d)?;
             wait_gone(&d);
             let _ = process::remove_if_present(&layout.pid_file(&node));
-            Ok(())
+            Ok(format!("killed (SIGKILL to pid {})", d.pid))
         }
         (NodeOp::Restart, running) => {
+            let mut stopped = "it was not running".to_string();
             if let Some(d) = running {
                 // A paused daemon cannot act on SIGTERM.
                 let _ = process::signal(d.pid, libc::SIGCONT);
                 signal(libc::SIGTERM, &d)?;
+                stopped = format!("pid {} stopped", d.pid);
                 if !wait_gone(&d) && process::is_our_daemon(d.pid, node, &dir) {
                     let _ = process::signal(d.pid, libc::SIGKILL);
                     wait_gone(&d);
+                    stopped = format!("pid {} killed after SIGTERM", d.pid);
                 }
             }
             let binary = process::daemon_binary()?;
-            process::spawn_daemon(&binary, &layout, &dir, node)?;
-            Ok(())
+            let child = process::spawn_daemon(&binary, &layout, &dir, node)?;
+            Ok(format!(
+                "restarted ({stopped}; new daemon pid {})",
+                child.id()
+            ))
         }
         (op, None) => Err(CliError::Failed(format!(
             "{node} is not running here (no live daemon behind {}); nothing to {}",
@@ -144,7 +159,7 @@ pub fn compose_command() -> Command {
     }
 }
 
-fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Result<()> {
+fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Result<String> {
     let path: PathBuf = rack.dir.join(file);
     let verb = match op {
         NodeOp::Pause => "pause",
@@ -168,7 +183,13 @@ fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Re
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    Ok(())
+    let done = match op {
+        NodeOp::Pause => "paused",
+        NodeOp::Resume => "resumed",
+        NodeOp::Kill => "killed",
+        NodeOp::Restart => "restarted",
+    };
+    Ok(format!("{done} (compose {verb} of its container)"))
 }
 
 /// Waits until node `id` answers and reports every one of its links up.
