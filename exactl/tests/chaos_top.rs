@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{assert_usage_error, daemon_binary, rack_toml, text, Scratch, EXACTL};
+use common::{assert_usage_error, daemon_or_skip, rack_toml, text, Scratch};
 use serde_json::Value;
 
 /// Writes a plan file into the scratch directory and returns its path.
@@ -216,8 +216,7 @@ fn wait_all_up(s: &Scratch, within: Duration) -> Value {
 
 #[test]
 fn top_and_chaos_on_a_running_rack() {
-    let Some(_) = daemon_binary() else {
-        eprintln!("skipped: no exanetd next to {EXACTL}; build it (cargo build -p exanetd) or set EXANET_DAEMON");
+    let Some(_) = daemon_or_skip("top_and_chaos_on_a_running_rack") else {
         return;
     };
     let t0 = Instant::now();

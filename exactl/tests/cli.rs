@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{assert_usage_error, daemon_binary, rack_toml, text, Scratch, EXACTL};
+use common::{assert_usage_error, daemon_or_skip, rack_toml, rack_toml_free_ports, text, Scratch};
 
 #[test]
 fn bad_shapes_are_refused_and_nothing_is_written() {
@@ -165,7 +165,7 @@ fn commands_on_a_missing_rack() {
 
 #[test]
 fn a_rack_that_is_not_running_is_a_runtime_failure() {
-    let s = Scratch::new("stopped").with_rack_file(&rack_toml("1x1x1"));
+    let s = Scratch::new("stopped").with_rack_file(&rack_toml_free_ports("1x1x1"));
     let out = s.exactl(&["status", "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
@@ -175,21 +175,45 @@ fn a_rack_that_is_not_running_is_a_runtime_failure() {
         .as_array()
         .unwrap()
         .iter()
-        .all(|n| n["reachable"] == false));
+        .all(|n| n["reachable"] == false
+            && n["error"].as_str().unwrap().contains("process not running")));
     assert!(v["links"]
         .as_array()
         .unwrap()
         .iter()
         .all(|l| l["state"] == "down"));
+    // Said in one line, not a table of unreachable nodes (issue 10).
+    for args in [
+        vec!["status"],
+        vec!["link", "show"],
+        vec!["top", "--count", "1"],
+    ] {
+        let out = s.exactl(&args);
+        assert_not_running_line(&out, &args);
+    }
     let out = s.exactl(&["ping", "M1QAF1", "M1QAF2"]);
     assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("M1QAF1"),
-        "{}",
-        text(&out.stderr)
+        err.contains("M1QAF1: process not running") && err.lines().count() == 1,
+        "{err}"
     );
     let out = s.exactl(&["rack", "down"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Exit 1, nothing on stdout, one line on stderr saying the rack is not running.
+#[track_caller]
+fn assert_not_running_line(out: &std::process::Output, args: &[&str]) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    assert!(
+        err.contains("is not running: none of its 4 daemon processes is alive"),
+        "{args:?}: {err}"
+    );
+    assert!(!err.contains("unreachable"), "{args:?}: {err}");
 }
 
 #[test]
@@ -243,8 +267,7 @@ fn processes_of(dir: &Path) -> Vec<String> {
 
 #[test]
 fn smoke_one_qfdb_up_status_ping_down() {
-    let Some(_) = daemon_binary() else {
-        eprintln!("skipped: no exanetd next to {EXACTL}; build it (cargo build -p exanetd) or set EXANET_DAEMON");
+    let Some(_) = daemon_or_skip("smoke_one_qfdb_up_status_ping_down") else {
         return;
     };
     let mut s = Scratch::new("smoke");
@@ -419,4 +442,119 @@ fn fault_commands_refuse_bad_input_before_asking_any_daemon() {
     }
     // Nothing was created beside the rack file: no certificates, no run directory.
     assert!(!s.dir.join("tls").exists() && !s.dir.join("run").exists());
+}
+
+/// A killed node and a stopped rack are reported at once and briefly; every command that
+/// changes something says what, in one line (issue 10, operator experience).
+#[test]
+fn changes_are_told_and_dead_daemons_are_named_at_once() {
+    let Some(_) = daemon_or_skip("changes_are_told_and_dead_daemons_are_named_at_once") else {
+        return;
+    };
+    let mut s = Scratch::new("gone");
+    s.daemons = true;
+    let out = s.exactl(&["rack", "up", "--shape", "1x1x1", "--timeout", "30"]);
+    assert!(out.status.success(), "rack up: {}", text(&out.stderr));
+    let said = |args: &[&str]| -> String {
+        let out = s.exactl(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        let line = text(&out.stdout);
+        assert_eq!(line.lines().count(), 1, "{args:?}: {line:?}");
+        line.trim_end().to_string()
+    };
+
+    assert_eq!(
+        said(&["link", "set", "M1QAF1", "M1QAF2", "--delay", "200us", "--loss", "1%"]),
+        "M1QAF1 -> M1QAF2: delay 200us, loss 1% (both directions)"
+    );
+    assert_eq!(
+        said(&["link", "set", "M1QAF1", "M1QAF2", "--dir", "A-B", "--rate", "12.5MB/s"]),
+        "M1QAF1 -> M1QAF2: rate 100Mbit (this direction only); in force now: delay 200us, \
+         rate 100Mbit, loss 1%"
+    );
+    let line = said(&["link", "clear", "M1QAF1", "M1QAF2"]);
+    assert!(
+        line.starts_with("M1QAF1 -> M1QAF2: faults cleared, removed M1QAF1->M1QAF2 delay 200us, rate 100Mbit, loss 1%; M1QAF2->M1QAF1 delay 200us, loss 1%"),
+        "{line}"
+    );
+    assert_eq!(
+        said(&["partition", "M1QAF4"]),
+        "cut 3 links between M1QAF4 and the rest of the rack: M1QAF1<->M1QAF4, \
+         M1QAF2<->M1QAF4, M1QAF3<->M1QAF4"
+    );
+    assert!(said(&["heal"]).starts_with("healed 3 links: M1QAF1<->M1QAF4"));
+    assert_eq!(said(&["heal"]), "no link was cut: nothing to heal");
+    assert!(said(&["link", "clear", "--all"]).contains("faults cleared at all 4 nodes"));
+    let pid2 = std::fs::read_to_string(s.dir.join("run/M1QAF2.pid")).unwrap();
+    let pid2 = pid2.trim();
+    assert_eq!(
+        said(&["node", "pause", "M1QAF2"]),
+        format!("M1QAF2: paused (SIGSTOP to pid {pid2})")
+    );
+    assert_eq!(
+        said(&["node", "resume", "M1QAF2"]),
+        format!("M1QAF2: resumed (SIGCONT to pid {pid2})")
+    );
+    let pid3 = std::fs::read_to_string(s.dir.join("run/M1QAF3.pid")).unwrap();
+    assert_eq!(
+        said(&["node", "kill", "M1QAF3"]),
+        format!("M1QAF3: killed (SIGKILL to pid {})", pid3.trim())
+    );
+
+    // The killed node: "process not running", at once, from every command that asks it.
+    let out = s.exactl(&["status"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let f3: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("M1QAF3 ") && !l.contains("<->"))
+        .collect();
+    assert_eq!(f3.len(), 1, "{stdout}");
+    assert!(f3[0].contains("process not running"), "{stdout}");
+    assert!(stdout.contains("3/4 nodes answering"), "{stdout}");
+    assert!(!stdout.contains("unreachable"), "{stdout}");
+    assert!(
+        stderr.trim_end() == "exactl: 1 of 4 nodes did not answer (1 with no process running)",
+        "{stderr}"
+    );
+    for (src, dst, role) in [("M1QAF3", "M1QAF1", "send"), ("M1QAF1", "M1QAF3", "answer")] {
+        let out = s.exactl(&["ping", src, dst]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("M1QAF3: process not running")
+                && err.contains(&format!("cannot {role} probes")),
+            "{err}"
+        );
+    }
+    let out = s.exactl(&["link", "show"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stdout.contains("no link has faults"), "{stdout}");
+    assert!(
+        stderr.contains("1 of 4 nodes did not answer")
+            && stderr.contains("M1QAF3: process not running"),
+        "{stderr}"
+    );
+    let out = s.exactl(&["link", "set", "M1QAF3", "M1QAF1", "--loss", "1%"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("M1QAF3: process not running"), "{err}");
+
+    // The whole rack stopped: one line.
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    s.daemons = false;
+    for args in [
+        vec!["status"],
+        vec!["link", "show"],
+        vec!["top", "--count", "1"],
+    ] {
+        assert_not_running_line(&s.exactl(&args), &args);
+    }
+    let out = s.exactl(&["ping", "M1QAF1", "M1QAF2"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("M1QAF1: process not running"), "{err}");
 }

@@ -73,9 +73,38 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Setting it to `1` lets the tests that run real daemons skip when there is no daemon
+/// binary (instead of failing).
+pub const ALLOW_SKIP_ENV: &str = "EXANET_ALLOW_SKIP";
+
+/// The daemon binary for a test that runs real daemons. Without one the test fails (a
+/// test that returns early would pass without testing anything), unless
+/// `EXANET_ALLOW_SKIP=1`: then it returns `None` after saying on the test process's stderr,
+/// which the test runner shows even for a passing test, that `test` was skipped.
+#[track_caller]
+pub fn daemon_or_skip(test: &str) -> Option<PathBuf> {
+    if let Some(d) = daemon_binary() {
+        return Some(d);
+    }
+    let why = format!(
+        "no exanetd next to {EXACTL}: build it first (`cargo build -p exanetd`, or `cargo \
+         build --workspace`) or set EXANET_DAEMON to one"
+    );
+    if std::env::var(ALLOW_SKIP_ENV).is_ok_and(|v| v == "1") {
+        use std::io::Write as _;
+        // Straight to the process's stderr: the harness captures eprintln! of passing tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: {why} ({ALLOW_SKIP_ENV}=1)"
+        );
+        return None;
+    }
+    panic!("{why}; or set {ALLOW_SKIP_ENV}=1 to skip the tests that need it");
+}
+
 /// The daemon binary: `$EXANET_DAEMON`, else `exanetd` next to exactl.
 pub fn daemon_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("EXANET_DAEMON") {
+    if let Some(p) = std::env::var_os("EXANET_DAEMON").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     let p = Path::new(EXACTL).parent()?.join("exanetd");
@@ -105,6 +134,41 @@ pub fn rack_toml(shape: &str) -> String {
         }
     }
     s
+}
+
+/// A rack file of `shape` on 127.0.0.1 with ports that were free a moment ago (UDP for
+/// the links, TCP for the metrics), for a rack that is not running: a fixed port could be
+/// held by another test's daemon, and exactl would then ask it.
+#[allow(dead_code)] // used by some of the test files that include this module
+pub fn rack_toml_free_ports(shape: &str) -> String {
+    let text = rack_toml(shape);
+    let mut held = Vec::new();
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut port = |udp: bool| -> u16 {
+            let addr = if udp {
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                let a = s.local_addr().unwrap();
+                held.push(Box::new(s) as Box<dyn std::any::Any>);
+                a
+            } else {
+                let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let a = s.local_addr().unwrap();
+                held.push(Box::new(s) as Box<dyn std::any::Any>);
+                a
+            };
+            addr.port()
+        };
+        if line.starts_with("link = ") {
+            out.push_str(&format!("link = \"127.0.0.1:{}\"\n", port(true)));
+        } else if line.starts_with("metrics = ") {
+            out.push_str(&format!("metrics = \"127.0.0.1:{}\"\n", port(false)));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Exit code 2, nothing on stdout, and exactly one line on stderr that contains every
