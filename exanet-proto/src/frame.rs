@@ -4,7 +4,7 @@
 //!
 //! | frame | bytes |
 //! |---|---|
-//! | Hello  | `0x48`, version u8, node u32, port u8, shape X u16, Y u16, Z u16, rack u64, grant VC0 u32, grant VC1 u32 (29 B) |
+//! | Hello  | `0x48`, version u8, node u32, port u8, shape X u16, Y u16, Z u16, rack u64, grant u32 per VC, VC0 first (37 B) |
 //! | Cell   | `0x10 + vc`, length u16, the cell ([`crate::cell`]) |
 //! | Credit | `0x20 + vc`, bytes u32 |
 //!
@@ -20,11 +20,12 @@ use crate::routing::{Vc, NVCS};
 use crate::shape::{NodeId, Shape};
 use crate::topology::Port;
 
-pub const VERSION: u8 = 1;
+/// 2: four VCs (answers in a class of their own).
+pub const VERSION: u8 = 2;
 const TAG_HELLO: u8 = 0x48;
 const TAG_CELL: u8 = 0x10;
 const TAG_CREDIT: u8 = 0x20;
-pub const HELLO_LEN: usize = 29;
+pub const HELLO_LEN: usize = 21 + 4 * NVCS;
 
 /// The first frame each end sends on a new link session: who it is, which port of it this
 /// link is, which rack it belongs to, and how much buffer (per VC) the peer may fill.
@@ -98,8 +99,9 @@ pub fn encode_hello(h: &Hello, out: &mut BytesMut) {
     out.put_u16(h.shape.1);
     out.put_u16(h.shape.2);
     out.put_u64(h.rack);
-    out.put_u32(h.grant[0]);
-    out.put_u32(h.grant[1]);
+    for g in h.grant {
+        out.put_u32(g);
+    }
 }
 
 /// Bytes of framing before a cell: the tag (with the VC) and the cell's length.
@@ -172,7 +174,7 @@ fn parse(mut b: Bytes) -> Result<Frame, FrameError> {
             let port_idx = b.get_u8();
             let shape = (b.get_u16(), b.get_u16(), b.get_u16());
             let rack = b.get_u64();
-            let grant = [b.get_u32(), b.get_u32()];
+            let grant: [u32; NVCS] = std::array::from_fn(|_| b.get_u32());
             match Port::from_index(port_idx as usize) {
                 Some(port) => Ok(Frame::Hello(Hello {
                     version,
@@ -289,7 +291,13 @@ mod tests {
             Bytes::from(vec![7u8; 100]),
         )
         .unwrap();
-        let hello = Hello::new(NodeId(2), Port::Qfdb(4), &shape, 99, [1000, 2000]);
+        let hello = Hello::new(
+            NodeId(2),
+            Port::Qfdb(4),
+            &shape,
+            99,
+            [1000, 2000, 3000, 4000],
+        );
         let mut out = BytesMut::new();
         encode_hello(&hello, &mut out);
         encode_cell(Vc::ONE, &cell, &mut out).unwrap();

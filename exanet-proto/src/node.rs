@@ -307,19 +307,21 @@ impl Node {
     /// Feeds the switch's injection queue from the outbox and the load generator.
     fn fill(&mut self, now: Instant) {
         self.ni.refill(now, self.mem.as_ref());
-        while let Some(c) = self.ni.poll_cell() {
-            if !self.switch.can_inject(c.wire_len()) {
-                self.ni.unpoll_cell(c);
-                break;
-            }
-            self.ni.injected(&c, now);
-            match self.switch.inject(c, now) {
-                Ok(()) => self.stats.injected_cells += 1,
-                Err(e) => self.count_error(e.kind()),
+        for answers in [true, false] {
+            while let Some(c) = self.ni.poll_cell_of(answers) {
+                if !self.switch.can_inject(c.kind, c.wire_len()) {
+                    self.ni.unpoll_cell(c);
+                    break;
+                }
+                self.ni.injected(&c, now);
+                match self.switch.inject(c, now) {
+                    Ok(()) => self.stats.injected_cells += 1,
+                    Err(e) => self.count_error(e.kind()),
+                }
             }
         }
         while let Some(c) = self.outbox.front() {
-            if !self.switch.can_inject(c.wire_len()) {
+            if !self.switch.can_inject(c.kind, c.wire_len()) {
                 return;
             }
             let c = self.outbox.pop_front().expect("front exists");
@@ -332,7 +334,7 @@ impl Node {
             return;
         };
         let wire = crate::cell::OVERHEAD + load.payload_len;
-        while load.remaining > 0 && self.switch.can_inject(wire) {
+        while load.remaining > 0 && self.switch.can_inject(CellType::Load, wire) {
             // Payloads are carved from a shared arena: one allocation per many cells.
             if load.arena.capacity() < load.payload_len {
                 load.arena = BytesMut::zeroed(LOAD_ARENA);

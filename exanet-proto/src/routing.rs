@@ -27,21 +27,57 @@
 //! NI is the last step and depends on nothing in the fabric, so a receiver that stops
 //! draining causes backpressure, not deadlock. `tests/rack_sim.rs` checks this by
 //! saturating whole racks.
+//!
+//! # Two classes
+//! Answers (ACK and NACK cells) travel in a class of virtual channels of their own, VC2
+//! and VC3, laid out exactly as VC0 and VC1 are for everything else: the same route, the
+//! same dateline. The argument above holds within each class, and no buffer of one class
+//! waits on the other: an NI takes in a cell whatever answer it produces (its answers
+//! queue in the NI), and answers are delivered like any cell. So an answer never queues
+//! behind data on its way back, and a loaded link cannot starve it (the switch also
+//! serves answers first; they are small and at most one per message or block). Deliveries
+//! to the node's own NI share one channel: the NI consumes them as they come.
 
 use thiserror::Error;
 
+use crate::cell::CellType;
 use crate::shape::{Coord, NodeId, Shape};
 use crate::topology::{Dir, Port};
 
-/// A virtual channel on a link. Only torus links use VC1.
+/// A virtual channel on a link: bit 0 is the dateline VC (only torus links use it), bit 1
+/// the class (set for answers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Vc(pub u8);
 
-pub const NVCS: usize = 2;
+pub const NVCS: usize = 4;
 
 impl Vc {
     pub const ZERO: Vc = Vc(0);
     pub const ONE: Vc = Vc(1);
+    const ANSWER: u8 = 2;
+
+    /// The channel a cell of `kind` is injected on: VC0 of its class.
+    pub fn injection(kind: CellType) -> Vc {
+        if matches!(kind, CellType::Ack | CellType::Nack) {
+            Vc(Vc::ANSWER)
+        } else {
+            Vc::ZERO
+        }
+    }
+
+    /// Whether this is a channel of the answer class.
+    pub const fn is_answer(self) -> bool {
+        self.0 & Vc::ANSWER != 0
+    }
+
+    /// Whether this is the channel a ring uses after its dateline.
+    pub fn past_dateline(self) -> bool {
+        self.0 & 1 != 0
+    }
+
+    fn class(self) -> u8 {
+        self.0 & Vc::ANSWER
+    }
 }
 
 /// Where a cell goes next.
@@ -60,7 +96,8 @@ pub enum RouteError {
 }
 
 /// The next hop for a cell at `here` bound for `dst`, which arrived on `(in_port, in_vc)`
-/// (`Port::Local` for a cell the node injects itself).
+/// (`Port::Local` and [`Vc::injection`], which gives the class, for a cell the node
+/// injects itself).
 pub fn route(
     shape: &Shape,
     here: NodeId,
@@ -81,16 +118,17 @@ pub fn route(
             vc: Vc::ZERO,
         });
     }
+    let class = in_vc.class();
     if h.same_qfdb(&d) {
         return Ok(Hop {
             port: Port::Qfdb(d.fpga as u8),
-            vc: Vc::ZERO,
+            vc: Vc(class),
         });
     }
     if h.fpga != 1 {
         return Ok(Hop {
             port: Port::Qfdb(1),
-            vc: Vc::ZERO,
+            vc: Vc(class),
         });
     }
     Ok(torus_hop(shape, &h, &d, in_port, in_vc))
@@ -116,10 +154,10 @@ fn torus_hop(shape: &Shape, h: &Coord, d: &Coord, in_port: Port, in_vc: Vc) -> H
         Dir::Minus => from == 0,
     };
     let continuing = matches!(in_port, Port::Torus(pd, _) if pd as usize == dim);
-    let vc = if crosses_dateline || (continuing && in_vc == Vc::ONE) {
-        Vc::ONE
+    let vc = if crosses_dateline || (continuing && in_vc.past_dateline()) {
+        Vc(in_vc.class() | 1)
     } else {
-        Vc::ZERO
+        Vc(in_vc.class())
     };
     Hop {
         port: Port::Torus(dim as u8, dir),
@@ -130,8 +168,18 @@ fn torus_hop(shape: &Shape, h: &Coord, d: &Coord, in_port: Port, in_vc: Vc) -> H
 /// The whole path from `src` to `dst` as the nodes visited (both ends included) and the
 /// hop taken out of each node but the last.
 pub fn path(shape: &Shape, src: NodeId, dst: NodeId) -> Result<Vec<(NodeId, Hop)>, RouteError> {
+    path_from(shape, src, dst, Vc::ZERO)
+}
+
+/// [`path`] for a cell injected on `vc` (which gives its class).
+fn path_from(
+    shape: &Shape,
+    src: NodeId,
+    dst: NodeId,
+    vc: Vc,
+) -> Result<Vec<(NodeId, Hop)>, RouteError> {
     let mut out = Vec::new();
-    let (mut here, mut in_port, mut in_vc) = (src, Port::Local, Vc::ZERO);
+    let (mut here, mut in_port, mut in_vc) = (src, Port::Local, vc);
     // Longest dimension-order path: 2 intra hops plus half of each ring.
     let limit = 4 + (shape.x() + shape.y() + shape.z()) as usize;
     loop {
@@ -152,6 +200,29 @@ pub fn path(shape: &Shape, src: NodeId, dst: NodeId) -> Result<Vec<(NodeId, Hop)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_take_the_data_route_in_their_own_class() {
+        let s = Shape::PROTOTYPE;
+        let answer = Vc::injection(CellType::Ack);
+        assert!(answer.is_answer() && !Vc::injection(CellType::Write).is_answer());
+        for src in (0..s.nodes()).step_by(3) {
+            for dst in (0..s.nodes()).step_by(5) {
+                let (src, dst) = (NodeId(src), NodeId(dst));
+                let data = path(&s, src, dst).unwrap();
+                let ans = path_from(&s, src, dst, answer).unwrap();
+                assert_eq!(data.len(), ans.len());
+                for ((n, d), (m, a)) in data.iter().zip(&ans) {
+                    assert_eq!((n, d.port), (m, a.port));
+                    if d.port == Port::Local {
+                        assert_eq!(a.vc, Vc::ZERO, "deliveries share one channel");
+                    } else {
+                        assert_eq!(a.vc, Vc(d.vc.0 | 2), "{src} -> {dst} at {n}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn ring_of_four_goes_the_short_way_and_ties_plus() {

@@ -80,7 +80,7 @@ pub enum SwitchError {
     },
     #[error("local injection queue is full")]
     Full,
-    #[error("cell arrived on port {0} with VC1, which that port does not use")]
+    #[error("cell arrived on port {0} on a dateline VC, which only torus ports use")]
     WrongVc(Port),
     #[error("probe cell arrived with a corrupt payload")]
     CorruptProbe,
@@ -159,13 +159,27 @@ pub struct Switch {
     stats: [PortStats; NPORTS],
     next_input: usize,
     /// Bit `i` set when input queue `i` holds cells: arbitration visits only those.
-    occupied: u32,
+    occupied: u64,
     forwarded: u64,
 }
 
 fn slot(port: Port, vc: Vc) -> usize {
     port.index() * NVCS + vc.0 as usize
 }
+
+/// The input queues of the answer class, as bits of [`Switch::occupied`].
+const ANSWER_INPUTS: u64 = {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < NPORTS * NVCS {
+        if Vc((i % NVCS) as u8).is_answer() {
+            m |= 1 << i;
+        }
+        i += 1;
+    }
+    m
+};
+const _: () = assert!(NPORTS * NVCS <= 64, "occupied is a u64 bitmap");
 
 impl Switch {
     pub fn new(shape: Shape, node: NodeId, cfg: SwitchConfig) -> Result<Switch, SwitchError> {
@@ -310,7 +324,7 @@ impl Switch {
             self.refund(port, vc, len)?;
             return Err(SwitchError::CorruptProbe);
         }
-        if vc == Vc::ONE && !matches!(port, Port::Torus(..)) {
+        if vc.past_dateline() && !matches!(port, Port::Torus(..)) {
             self.refund(port, vc, len)?;
             return Err(SwitchError::WrongVc(port));
         }
@@ -354,7 +368,7 @@ impl Switch {
     fn enqueue(&mut self, s: usize, hop: Hop, cell: Cell, len: u32) {
         let input = &mut self.inputs[s];
         input.bytes += len;
-        self.occupied |= 1 << s;
+        self.occupied |= 1u64 << s;
         input.q.push_back(Queued {
             hop,
             cell,
@@ -366,26 +380,22 @@ impl Switch {
         st.peak_queue_bytes = st.peak_queue_bytes.max(total);
     }
 
-    /// Room for a cell of `wire_len` bytes in the NI's injection queue?
-    pub fn can_inject(&self, wire_len: usize) -> bool {
-        let i = &self.inputs[slot(Port::Local, Vc::ZERO)];
+    /// Room for a cell of `kind` and `wire_len` bytes in the NI's injection queue of its
+    /// class?
+    pub fn can_inject(&self, kind: CellType, wire_len: usize) -> bool {
+        let i = &self.inputs[slot(Port::Local, Vc::injection(kind))];
         i.bytes as usize + wire_len <= i.cap as usize
     }
 
     /// The node's NI injects a cell.
     pub fn inject(&mut self, cell: Cell, _now: Instant) -> Result<(), SwitchError> {
         let len = cell.wire_len() as u32;
-        if !self.can_inject(len as usize) {
+        if !self.can_inject(cell.kind, len as usize) {
             return Err(SwitchError::Full);
         }
-        let hop = route(
-            &self.shape,
-            self.node,
-            cell.dst.node(),
-            Port::Local,
-            Vc::ZERO,
-        )?;
-        self.enqueue(slot(Port::Local, Vc::ZERO), hop, cell, len);
+        let vc = Vc::injection(cell.kind);
+        let hop = route(&self.shape, self.node, cell.dst.node(), Port::Local, vc)?;
+        self.enqueue(slot(Port::Local, vc), hop, cell, len);
         Ok(())
     }
 
@@ -416,13 +426,23 @@ impl Switch {
         o.credits = (o.credits + bytes).min(self.cfg.local_window);
     }
 
-    /// The next cell to send, choosing round-robin among inputs whose head cell's output
-    /// has credit. Cells for `Port::Local` are deliveries to the node's NI.
+    /// The next cell to send: answers first, then round-robin among inputs whose head
+    /// cell's output has credit. Cells for `Port::Local` are deliveries to the node's NI.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let n = self.inputs.len();
-        let below = (1u32 << self.next_input) - 1;
-        // Occupied inputs from next_input upwards, then those below it: round-robin.
-        let order = [self.occupied & !below, self.occupied & below];
+        let below = (1u64 << self.next_input) - 1;
+        // Occupied inputs from next_input upwards, then those below it: round-robin,
+        // within answers and then within the rest.
+        let (answers, rest) = (
+            self.occupied & ANSWER_INPUTS,
+            self.occupied & !ANSWER_INPUTS,
+        );
+        let order = [
+            answers & !below,
+            answers & below,
+            rest & !below,
+            rest & below,
+        ];
         for mut bits in order {
             while bits != 0 {
                 let i = bits.trailing_zeros() as usize;
@@ -462,7 +482,7 @@ impl Switch {
         input.bytes -= q.charged;
         input.owed += q.charged;
         if input.q.is_empty() {
-            self.occupied &= !(1 << i);
+            self.occupied &= !(1u64 << i);
         }
         self.next_input = (i + 1) % n;
         let from = Port::from_index(i / NVCS).expect("valid input index");
@@ -552,5 +572,76 @@ impl Switch {
     /// The capacity of each input queue of `port` (per VC).
     pub fn input_capacity(&self, port: Port) -> u32 {
         self.inputs[slot(port, Vc::ZERO)].cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::gvas::Gvas;
+
+    fn cell(kind: CellType, dst: NodeId, len: usize) -> Cell {
+        let g = Gvas::new(crate::gvas::Pdid(1), dst, 0, 0).unwrap();
+        Cell::new(g, kind, NodeId(1), Bytes::from(vec![7u8; len])).unwrap()
+    }
+
+    /// An ACK that comes in behind data on the same link, bound for the same output,
+    /// leaves first, and leaves even while the data has no credit to go on.
+    #[test]
+    fn answers_pass_data_queued_ahead_of_them() {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let here = shape.parse_node("M1QAF1").unwrap();
+        let far = shape.parse_node("M1QBF1").unwrap();
+        let mut sw = Switch::new(shape, here, SwitchConfig::default()).unwrap();
+        let now = Instant::ZERO;
+        let torus = sw
+            .link_ports()
+            .find(|p| matches!(p, Port::Torus(..)))
+            .unwrap();
+        let from = Port::Qfdb(2);
+        for p in [from, torus] {
+            sw.link_up(p).unwrap();
+        }
+        sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], now).unwrap();
+        // The far end has room for answers only: the data stalls.
+        sw.peer_grant(torus, [0, 0, DEFAULT_WINDOW, DEFAULT_WINDOW], now)
+            .unwrap();
+        for _ in 0..100 {
+            sw.receive(from, Vc::ZERO, cell(CellType::Write, far, 256), now)
+                .unwrap();
+        }
+        let ack = cell(CellType::Ack, far, 8);
+        sw.receive(from, Vc::injection(CellType::Ack), ack.clone(), now)
+            .unwrap();
+        let t = sw.poll_transmit(now).expect("the answer goes");
+        assert_eq!((t.port, t.cell.kind), (torus, CellType::Ack));
+        assert!(t.vc.is_answer());
+        assert_eq!(sw.poll_transmit(now), None, "data without credit stays");
+        // With credit, the data follows in order, round-robin as before.
+        sw.credit(torus, Vc::ZERO, DEFAULT_WINDOW, now).unwrap();
+        let t = sw.poll_transmit(now).unwrap();
+        assert_eq!((t.cell.kind, t.vc), (CellType::Write, Vc::ZERO));
+    }
+
+    /// A cell on a dateline VC of the answer class from a port that has no dateline is
+    /// refused like one on VC1, and its credit comes back.
+    #[test]
+    fn dateline_vcs_of_either_class_only_on_torus_ports() {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let here = shape.parse_node("M1QAF1").unwrap();
+        let mut sw = Switch::new(shape, here, SwitchConfig::default()).unwrap();
+        let now = Instant::ZERO;
+        sw.link_up(Port::Qfdb(2)).unwrap();
+        for vc in [Vc(1), Vc(3)] {
+            let c = cell(CellType::Ack, NodeId(2), 8);
+            let len = c.wire_len() as u32;
+            assert_eq!(
+                sw.receive(Port::Qfdb(2), vc, c, now),
+                Err(SwitchError::WrongVc(Port::Qfdb(2)))
+            );
+            assert_eq!(sw.poll_credit(), Some((Port::Qfdb(2), vc, len)));
+        }
     }
 }

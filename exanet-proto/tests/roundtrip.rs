@@ -81,7 +81,7 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             any_port(),
             any::<(u16, u16, u16)>(),
             any::<u64>(),
-            any::<[u32; 2]>(),
+            any::<[u32; 4]>(),
             any::<u8>()
         )
             .prop_map(|(node, port, shape, rack, grant, version)| {
@@ -94,8 +94,8 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                     grant,
                 })
             }),
-        (0u8..2, any_cell()).prop_map(|(vc, c)| Frame::Cell(Vc(vc), c)),
-        (0u8..2, any::<u32>()).prop_map(|(vc, n)| Frame::Credit(Vc(vc), n)),
+        (0u8..4, any_cell()).prop_map(|(vc, c)| Frame::Cell(Vc(vc), c)),
+        (0u8..4, any::<u32>()).prop_map(|(vc, n)| Frame::Credit(Vc(vc), n)),
     ]
 }
 

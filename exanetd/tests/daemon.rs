@@ -179,7 +179,13 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
         let mut out = BytesMut::new();
         frame::encode_hello(
-            &Hello::new(NodeId(0), Port::Qfdb(2), &shape, rack.digest(), [65536, 0]),
+            &Hello::new(
+                NodeId(0),
+                Port::Qfdb(2),
+                &shape,
+                rack.digest(),
+                [65536, 0, 65536, 0],
+            ),
             &mut out,
         );
         // A cell for M1QAF2 itself, then the same cell with a flipped payload bit.

@@ -251,7 +251,11 @@ pub(crate) fn backoff(base_ns: u64, attempt: u8) -> u64 {
 /// The cells and events produced while handling one input.
 #[derive(Default)]
 pub struct Out {
+    /// Everything but answers.
     pub cells: VecDeque<Cell>,
+    /// ACKs and NACKs: injected ahead of `cells`, into a class of virtual channels of
+    /// their own (see [`crate::routing`]), so they never wait behind data.
+    pub answers: VecDeque<Cell>,
     pub events: VecDeque<NiEvent>,
 }
 
@@ -317,7 +321,7 @@ pub(crate) fn answer_with(
         }
         None => stats.acks_sent += 1,
     }
-    out.cells.push_back(c);
+    out.answers.push_back(c);
 }
 
 impl Ni {
@@ -613,9 +617,21 @@ impl Ni {
             .refill(now, &self.cfg, mem, &mut self.out, &mut self.stats);
     }
 
-    /// The next cell to inject. The NI stamps its node as the source of every cell.
+    /// The next cell to inject, answers first. The NI stamps its node as the source of
+    /// every cell.
     pub fn poll_cell(&mut self) -> Option<Cell> {
-        let mut c = self.out.cells.pop_front()?;
+        self.poll_cell_of(true).or_else(|| self.poll_cell_of(false))
+    }
+
+    /// The next answer (`answers`) or other cell to inject: each class has its own
+    /// injection queue, so a full data queue does not hold answers back.
+    pub fn poll_cell_of(&mut self, answers: bool) -> Option<Cell> {
+        let q = if answers {
+            &mut self.out.answers
+        } else {
+            &mut self.out.cells
+        };
+        let mut c = q.pop_front()?;
         c.src = self.node;
         Some(c)
     }
@@ -627,12 +643,16 @@ impl Ni {
 
     /// Puts back a cell that could not be injected yet, keeping its place.
     pub fn unpoll_cell(&mut self, c: Cell) {
-        self.out.cells.push_front(c);
+        if crate::routing::Vc::injection(c.kind).is_answer() {
+            self.out.answers.push_front(c);
+        } else {
+            self.out.cells.push_front(c);
+        }
     }
 
     /// True when cells wait to be injected.
     pub fn has_output(&self) -> bool {
-        !self.out.cells.is_empty()
+        !self.out.cells.is_empty() || !self.out.answers.is_empty()
     }
 
     pub fn poll_event(&mut self) -> Option<NiEvent> {
