@@ -66,7 +66,7 @@ impl RackLiveness {
             .map(|id| {
                 let node = shape.display(id);
                 let entry = rack.entry(id);
-                let link = local_link_addr(&entry.link, entry.listen.as_deref());
+                let link = || local_link_addr(&entry.link, entry.listen.as_deref());
                 node_liveness(&layout.pid_file(&node), &node, &dir, link, sockets.as_ref())
             })
             .collect();
@@ -105,7 +105,7 @@ fn node_liveness(
     pid_file: &Path,
     node: &str,
     rack_dir: &Path,
-    link: Option<SocketAddr>,
+    link: impl FnOnce() -> Option<SocketAddr>,
     sockets: Option<&UdpPorts>,
 ) -> Liveness {
     let had_pid = match std::fs::read_to_string(pid_file) {
@@ -119,7 +119,10 @@ fn node_liveness(
         // No pid file, or one exactl cannot read (then the port decides).
         Err(_) => None,
     };
-    let (Some(addr), Some(sockets)) = (link, sockets) else {
+    let Some(sockets) = sockets else {
+        return Liveness::Unknown;
+    };
+    let Some(addr) = link() else {
         return Liveness::Unknown;
     };
     if sockets.holds(addr) {
@@ -127,7 +130,7 @@ fn node_liveness(
     }
     Liveness::Gone(match had_pid {
         Some(pid) => format!("pid {pid} exited"),
-        None => format!("nothing holds its link port {addr}"),
+        None => format!("no pid file, and nothing holds its link port {addr}"),
     })
 }
 
@@ -284,7 +287,7 @@ mod tests {
         };
         let sockets = UdpPorts::read().unwrap();
         let live = |link: Option<SocketAddr>, sockets: Option<&UdpPorts>| {
-            node_liveness(&pid_file, "M1QAF1", &dir, link, sockets)
+            node_liveness(&pid_file, "M1QAF1", &dir, || link, sockets)
         };
         // No pid file, nothing on the port: gone, saying why.
         let l = live(Some(free_addr), Some(&sockets));

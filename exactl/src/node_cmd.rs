@@ -126,7 +126,8 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
             ))
         }
         (op, None) => Err(CliError::Failed(format!(
-            "{node} is not running here (no live daemon behind {}); nothing to {}",
+            "{node}: {} here (no live daemon behind {}); nothing to {}",
+            crate::live::NOT_RUNNING,
             layout.pid_file(&node).display(),
             op.label()
         ))),
