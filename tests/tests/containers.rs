@@ -551,7 +551,15 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
             Duration::from_secs(60),
         )
         .unwrap();
+        // Exit 1 is also what a ping that could not ask its source node gets: require
+        // that the probes went out and none came back.
         assert_eq!(r.code(), Some(1), "{why}: {}", r.describe());
+        assert!(
+            r.stdout
+                .contains(&format!("{count} probes sent, 0 received, 100% loss")),
+            "{why}: {}",
+            r.describe()
+        );
     };
     let st = must(exactl(&["status", "--json"]), Duration::from_secs(60)).json();
     let reachable = st["nodes"]
@@ -797,8 +805,18 @@ fn swarm_stack_deploys_the_rack_and_pings_across_it() {
         .iter()
         .filter_map(|n| n.as_str())
         .collect();
-    assert_eq!(path.first(), Some(&"M1QAF1"), "{v}");
-    assert_eq!(path.last(), Some(&"M2QBF4"), "{v}");
+    // Every node of the dimension-order route answered on the way, in order.
+    let shape: exanet_proto::Shape = "2x2x1".parse().unwrap();
+    let (src, dst) = (
+        shape.parse_node("M1QAF1").unwrap(),
+        shape.parse_node("M2QBF4").unwrap(),
+    );
+    let want: Vec<String> = exanet_proto::routing::path(&shape, src, dst)
+        .unwrap()
+        .iter()
+        .map(|(n, _)| shape.display(*n).to_string())
+        .collect();
+    assert_eq!(path, want, "{v}");
     drop(swarm);
     assert_eq!(swarm_state(), before, "the swarm is left as it was");
     if !gwbridge_existed {
