@@ -106,10 +106,16 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Ar
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
-                Err(e) => {
+                Err(e) if is_tls_refusal(&e) => {
                     // Certificates not from the rack CA end up here.
                     warn!(%remote, error = %e, "refused incoming link");
                     node.count_error("tls_refused");
+                    return;
+                }
+                Err(e) => {
+                    // A handshake that was reset or timed out (a restarted peer's dead
+                    // run, a dialer that gave up) refused nothing: no alarm for it.
+                    debug!(%remote, error = %e, "incoming handshake abandoned");
                     return;
                 }
             };
@@ -123,6 +129,17 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Ar
             }
         });
     }
+}
+
+/// Whether a failed handshake was a TLS refusal, by either end: QUIC carries TLS alerts as
+/// the crypto error codes 0x100..=0x1ff (RFC 9001 §4.8).
+fn is_tls_refusal(e: &quinn::ConnectionError) -> bool {
+    let code = match e {
+        quinn::ConnectionError::TransportError(t) => t.code,
+        quinn::ConnectionError::ConnectionClosed(c) => c.error_code,
+        _ => return false,
+    };
+    (0x100..=0x1ff).contains(&u64::from(code))
 }
 
 async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), String> {

@@ -79,6 +79,10 @@ fn restarted_neighbour_rejoins() {
             assert!(l.sessions >= 2, "{survivor}: no reconnect counted: {l:?}");
         }
     }
+    for n in ALL {
+        let s = r.status(n).unwrap();
+        assert_eq!(s.errors.get("tls_refused"), None, "{n}: {:?}", s.errors);
+    }
 }
 
 /// A node that crashes and restarts is back with all its neighbours well before their
@@ -113,6 +117,12 @@ fn crashed_neighbour_is_rejoined_before_the_idle_timeout() {
             "the crashed node's dialing neighbours did not reconnect within {limit:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Connections of the dead run that end in a reset or a timeout are no certificate
+    // refusal: a healthy rack that lost a node shows no TLS alarm.
+    for n in ALL {
+        let s = r.status(n).unwrap();
+        assert_eq!(s.errors.get("tls_refused"), None, "{n}: {:?}", s.errors);
     }
 }
 
