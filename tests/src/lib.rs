@@ -583,8 +583,17 @@ mod tests {
     fn this_process_is_never_listed() {
         let me = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
         let first = String::from_utf8_lossy(me.split(|&b| b == 0).next().unwrap()).into_owned();
-        assert!(processes_mentioning(&[first])
-            .iter()
-            .all(|p| p.pid != std::process::id() as i32));
+        // A child that mentions this test binary too: it is listed, this process is not
+        // (with nobody else mentioning it, "never listed" would hold of an empty list).
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 30; :", &first])
+            .spawn()
+            .unwrap();
+        let listed = processes_mentioning(&[first]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let pids: Vec<i32> = listed.iter().map(|p| p.pid).collect();
+        assert!(pids.contains(&(child.id() as i32)), "{listed:?}");
+        assert!(!pids.contains(&(std::process::id() as i32)), "{listed:?}");
     }
 }
