@@ -1144,3 +1144,139 @@ fn lost_cells_are_resent_alone_and_lossy_links_heal() {
         }
     }
 }
+
+/// Sends `payload` from rank 0 of `src` on packetizer (`pk`, channel 0) to `to` and runs
+/// the rack until it is answered: the channel's final state.
+fn send_one(sim: &mut Sim, src: NodeId, pk: u8, to: Gvas, payload: &[u8]) -> ChannelState {
+    let now = sim.now();
+    let (ni, _) = sim.node_mut(src).ni_mut();
+    ni.send_message(0, pk, 0, to, payload, now).unwrap();
+    run_quiet(sim);
+    sim.node_mut(src)
+        .ni_mut()
+        .0
+        .packetizer
+        .state(0, pk, 0)
+        .unwrap()
+}
+
+/// A counted mailbox (issue 10, defect 1): a message popped by the daemon into a
+/// workload's ring still counts against the capacity until the workload's count says it
+/// took it. Capacities 1 and 4; the reader pops everything at once and takes nothing: the
+/// capacity-th+1 message is NACKed `queue_full`, 2000 more too; each message taken lets
+/// exactly one more in; every ACKed message is popped exactly once, in order.
+#[test]
+fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let mut sim = rack("1x1x1", 23, Faults::default());
+    let (src, dst) = (NodeId(0), NodeId(2));
+    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let mut n = 0u32;
+    for cap in [1usize, 4] {
+        // The reader's count starts anywhere: the NI counts from its value at allocation.
+        let taken = Arc::new(AtomicU64::new(u64::MAX - 2));
+        let count = {
+            let taken = taken.clone();
+            Box::new(move || taken.load(Ordering::Acquire))
+        };
+        let mb = sim
+            .node_mut(dst)
+            .ni_mut()
+            .0
+            .mailboxes
+            .alloc_counted(0, cap, count)
+            .unwrap();
+        let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
+        let mut acked = Vec::new();
+        let mut popped = Vec::new();
+        let pop_all = |sim: &mut Sim, popped: &mut Vec<u32>| {
+            let ni = sim.node_mut(dst).ni_mut().0;
+            while let Some(m) = ni.mailboxes.pop(0, mb).unwrap() {
+                popped.push(u32::from_be_bytes(m.payload[..].try_into().unwrap()));
+            }
+        };
+        for _ in 0..cap + 2000 {
+            match send_one(&mut sim, src, pk, to, &n.to_be_bytes()) {
+                ChannelState::Acked => acked.push(n),
+                ChannelState::Nacked(NackReason::QueueFull) => {}
+                other => panic!("capacity {cap}: message {n} ended {other:?}"),
+            }
+            n += 1;
+            pop_all(&mut sim, &mut popped);
+        }
+        assert_eq!(
+            acked.len(),
+            cap,
+            "capacity {cap}: ACKed {:?}...",
+            &acked[..acked.len().min(8)]
+        );
+        let ni = sim.node_mut(dst).ni_mut().0;
+        assert_eq!(ni.mailboxes.len(0, mb).unwrap(), 0);
+        assert_eq!(ni.mailboxes.unread(0, mb).unwrap(), cap);
+        for round in 0..5 {
+            taken.fetch_add(1, Ordering::Release);
+            assert_eq!(
+                send_one(&mut sim, src, pk, to, &n.to_be_bytes()),
+                ChannelState::Acked,
+                "capacity {cap}, round {round}: refused after the reader took one"
+            );
+            acked.push(n);
+            n += 1;
+            assert_eq!(
+                send_one(&mut sim, src, pk, to, &n.to_be_bytes()),
+                ChannelState::Nacked(NackReason::QueueFull),
+                "capacity {cap}, round {round}: accepted past the capacity"
+            );
+            n += 1;
+            pop_all(&mut sim, &mut popped);
+        }
+        assert_eq!(popped, acked, "capacity {cap}: lost or duplicated");
+    }
+}
+
+/// A reader that claims to have taken more than it was given (or anything at all) only
+/// lets more messages through its own path: the NI never queues more than the capacity
+/// for it, and never takes back what it handed out.
+#[test]
+fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
+    let mut sim = rack("1x1x1", 29, Faults::default());
+    let (src, dst) = (NodeId(1), NodeId(3));
+    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let cap = 3;
+    // Claims a new, huge count every time it is asked.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = {
+        let asked = asked.clone();
+        Box::new(move || asked.fetch_add(1 << 40, std::sync::atomic::Ordering::Relaxed) ^ 0x5555)
+    };
+    let mb = sim
+        .node_mut(dst)
+        .ni_mut()
+        .0
+        .mailboxes
+        .alloc_counted(0, cap, count)
+        .unwrap();
+    let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
+    let mut acked = 0;
+    for i in 0..200u32 {
+        if send_one(&mut sim, src, pk, to, &i.to_be_bytes()) == ChannelState::Acked {
+            acked += 1;
+        }
+        let ni = sim.node_mut(dst).ni_mut().0;
+        assert!(ni.mailboxes.len(0, mb).unwrap() <= cap, "message {i}");
+    }
+    // Nothing popped: the lie does not make room in the NI's own queue.
+    assert_eq!(acked, cap);
+    // Popped, the lie lets the next ones in (the reader's loss, bounded by its ring).
+    let ni = sim.node_mut(dst).ni_mut().0;
+    while ni.mailboxes.pop(0, mb).unwrap().is_some() {}
+    assert_eq!(
+        send_one(&mut sim, src, pk, to, b"next"),
+        ChannelState::Acked
+    );
+    assert_eq!(
+        sim.node_mut(dst).ni_mut().0.mailboxes.len(0, mb).unwrap(),
+        1
+    );
+}

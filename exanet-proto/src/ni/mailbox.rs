@@ -3,6 +3,17 @@
 //! refused when the interface has no owner on that rank (no receive context) or its
 //! queue is full, and a retransmitted copy of a message already queued is acknowledged
 //! again but not queued twice.
+//!
+//! # Capacity
+//! A mailbox of capacity N holds N unread messages. A mailbox allocated with
+//! [`Mailboxes::alloc`] is read by [`Mailboxes::pop`]: a popped message is read. One
+//! allocated with [`Mailboxes::alloc_counted`] is read further away (the daemon pops
+//! messages into a workload's completion ring, and the workload takes them later): a popped
+//! message still counts against the capacity until the reader's [`ConsumedCount`] says it
+//! was taken. The count is asked only when the mailbox looks full, and it is not trusted:
+//! a reader that claims more than it was given is taken to have read what it was given, so
+//! whatever it claims, the NI's queue never holds more than the capacity, and a reader that
+//! lies only lets more messages into its own, bounded, path.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -23,10 +34,58 @@ pub struct Message {
     pub payload: Bytes,
 }
 
+/// How many messages the reader of a mailbox has taken so far: a count only the reader
+/// advances (the daemon reads it from memory its workload writes). It may wrap, and may lie.
+pub trait ConsumedCount: Send + Sync {
+    fn consumed(&self) -> u64;
+}
+
+impl<F: Fn() -> u64 + Send + Sync> ConsumedCount for F {
+    fn consumed(&self) -> u64 {
+        self()
+    }
+}
+
+/// The reader of a counted mailbox: what it was given and what it said it took.
+struct Reader {
+    count: Box<dyn ConsumedCount>,
+    /// The count when the mailbox was allocated.
+    base: u64,
+    /// Messages popped (handed to the reader) since then.
+    handed: u64,
+    /// Of those, the ones the reader took, as far as the NI knows (<= `handed`).
+    taken: u64,
+}
+
 struct Vi {
     owner: u8,
     capacity: usize,
     queue: VecDeque<Message>,
+    reader: Option<Reader>,
+}
+
+impl Vi {
+    /// Messages that count against the capacity: queued, or handed and not taken yet.
+    fn unread(&self) -> usize {
+        let out = self.reader.as_ref().map_or(0, |r| r.handed - r.taken);
+        self.queue.len() + usize::try_from(out).unwrap_or(usize::MAX)
+    }
+
+    /// Asks the reader what it took. Never beyond what it was handed, never backwards.
+    fn refresh(&mut self) {
+        if let Some(r) = &mut self.reader {
+            let said = r.count.consumed().wrapping_sub(r.base).min(r.handed);
+            r.taken = r.taken.max(said);
+        }
+    }
+
+    fn full(&mut self) -> bool {
+        if self.unread() < self.capacity {
+            return false;
+        }
+        self.refresh();
+        self.unread() >= self.capacity
+    }
 }
 
 pub struct Mailboxes {
@@ -52,7 +111,36 @@ impl Mailboxes {
     }
 
     /// Gives a free mailbox interface with room for `capacity` messages to `rank`.
+    /// Popping a message reads it.
     pub fn alloc(&mut self, rank: u8, capacity: usize) -> Result<u8, NiError> {
+        self.alloc_with(rank, capacity, None)
+    }
+
+    /// Gives a free mailbox interface with room for `capacity` unread messages to `rank`,
+    /// whose reader says through `count` how many it took: a popped message counts until
+    /// then (see the module's documentation).
+    pub fn alloc_counted(
+        &mut self,
+        rank: u8,
+        capacity: usize,
+        count: Box<dyn ConsumedCount>,
+    ) -> Result<u8, NiError> {
+        let base = count.consumed();
+        let reader = Reader {
+            count,
+            base,
+            handed: 0,
+            taken: 0,
+        };
+        self.alloc_with(rank, capacity, Some(reader))
+    }
+
+    fn alloc_with(
+        &mut self,
+        rank: u8,
+        capacity: usize,
+        reader: Option<Reader>,
+    ) -> Result<u8, NiError> {
         let vi = self
             .vis
             .iter()
@@ -62,6 +150,7 @@ impl Mailboxes {
             owner: rank,
             capacity: capacity.max(1),
             queue: VecDeque::new(),
+            reader,
         });
         Ok(vi as u8)
     }
@@ -94,13 +183,28 @@ impl Mailboxes {
         }
     }
 
-    /// The oldest message of the interface (the reader moves the head).
+    /// The oldest message of the interface (the reader moves the head). For a counted
+    /// mailbox it is handed to the reader, and counts until the reader says it took it.
     pub fn pop(&mut self, rank: u8, vi: u8) -> Result<Option<Message>, NiError> {
-        Ok(self.vi_mut(rank, vi)?.queue.pop_front())
+        let v = self.vi_mut(rank, vi)?;
+        let m = v.queue.pop_front();
+        if let (Some(_), Some(r)) = (&m, &mut v.reader) {
+            r.handed += 1;
+        }
+        Ok(m)
     }
 
+    /// Messages in the NI's queue (not popped yet).
     pub fn len(&mut self, rank: u8, vi: u8) -> Result<usize, NiError> {
         Ok(self.vi_mut(rank, vi)?.queue.len())
+    }
+
+    /// Messages that count against the capacity: queued, or popped and not taken by the
+    /// reader yet (asked now).
+    pub fn unread(&mut self, rank: u8, vi: u8) -> Result<usize, NiError> {
+        let v = self.vi_mut(rank, vi)?;
+        v.refresh();
+        Ok(v.unread())
     }
 
     pub(crate) fn deliver(
@@ -126,7 +230,7 @@ impl Mailboxes {
         if self.seen.contains_key(&key) {
             return Ok(());
         }
-        if v.queue.len() >= v.capacity {
+        if v.full() {
             return Err(NackReason::QueueFull);
         }
         v.queue.push_back(Message {
