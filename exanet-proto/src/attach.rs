@@ -20,13 +20,30 @@
 //! No request carries descriptors; a request that comes with some is refused (and the
 //! descriptors closed).
 //! 3. `alloc {kind}` -> `allocated {index}` for a packetizer interface, a mailbox
-//!    (with its capacity) or an RDMA page; `free {kind, index}`.
+//!    (with its capacity; `generation` says which allocation it is) or an RDMA page;
+//!    `free {kind, index}`.
 //!
 //! # Data plane: two rings in shared memory
 //! The command ring (workload -> daemon) carries [`Command`]s, the completion ring
 //! (daemon -> workload) carries [`Completion`]s; both use 128-byte slots, encoded here
 //! byte by byte (all integers big-endian). Nothing read from a ring is trusted: every
 //! field is checked and a bad command earns an error completion.
+//!
+//! # Mailbox capacity: the consumed counters
+//! A mailbox of capacity N holds N unread messages: a message counts from its arrival until
+//! the workload takes it, wherever it waits meanwhile (the NI's queue, the completion ring,
+//! the workload's own queue); then the NI NACKs `queue_full`. The workload says what it
+//! took in the ring region: at `consumed_offset` ([`Reply::Attached`]) are
+//! [`crate::ni::MAILBOX_VIS`] 64-bit counters in host byte order, 8-byte aligned, one per
+//! mailbox interface; the workload adds one to mailbox `vi`'s counter (atomically, with
+//! release ordering) each time it takes a message of that mailbox, before handing it to
+//! the program. The daemon reads a counter only when the mailbox looks full, counting from
+//! its value when the mailbox was allocated, and believes no more than it handed out: a
+//! workload that writes anything else there only changes what its own mailboxes accept.
+//!
+//! Each mailbox allocation has a generation ([`Reply::Allocated`]), carried by each of its
+//! messages ([`Completion::Message`]): a message of a mailbox freed since (still in the
+//! ring when it was freed) is not one of a new mailbox given the same index.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -39,7 +56,12 @@ pub const SLOT: usize = 128;
 pub const INLINE: usize = 64;
 /// 2: doorbells are socket-pair ends instead of eventfds, and registered memory is made by
 /// the daemon (`register` carries no descriptor, `registered` carries the memfd).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: mailbox capacity counts until the workload takes a message: the consumed counters
+/// (`attached.consumed_offset`) and mailbox generations (`allocated.generation`, in each
+/// message completion).
+pub const PROTOCOL_VERSION: u32 = 3;
+/// Bytes of the consumed counters: one u64 per mailbox interface.
+pub const CONSUMED_LEN: usize = crate::ni::MAILBOX_VIS * 8;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -91,6 +113,8 @@ pub enum Reply {
         /// Offsets of the two rings in the region.
         command_offset: u64,
         completion_offset: u64,
+        /// Offset of the consumed counters in the region ([`CONSUMED_LEN`] bytes).
+        consumed_offset: u64,
         region_len: u64,
         nodes: u32,
     },
@@ -102,6 +126,9 @@ pub enum Reply {
     },
     Allocated {
         index: u8,
+        /// Of a mailbox: which allocation of this session it is (its messages carry it).
+        #[serde(default)]
+        generation: u32,
     },
     Ok,
     Error {
@@ -260,9 +287,10 @@ pub enum Completion {
     },
     /// A command was refused before anything was sent.
     Refused { tag: u32, status: u8, code: u8 },
-    /// A message arrived in mailbox `vi`.
+    /// A message arrived in mailbox `vi`, allocation `generation`.
     Message {
         vi: u8,
+        generation: u32,
         src_node: u32,
         src_rank: u8,
         payload: Vec<u8>,
@@ -430,7 +458,7 @@ impl Command {
 /// | 1 | vi / page |
 /// | 2 | channel |
 /// | 3 | status ([`status`]) |
-/// | 4..8 | tag (sent, rdma, refused) |
+/// | 4..8 | tag (sent, rdma, refused) or mailbox generation (message) |
 /// | 8 | NACK reason (sent, rdma) or refusal code (refused) |
 /// | 9 | bit 0: read (rdma) |
 /// | 12..16 | source node (message, notified) |
@@ -481,6 +509,7 @@ impl Completion {
             }
             Completion::Message {
                 vi,
+                generation,
                 src_node,
                 src_rank,
                 payload,
@@ -488,6 +517,7 @@ impl Completion {
                 let n = payload.len().min(INLINE);
                 b[0] = EV_MESSAGE;
                 b[1] = *vi;
+                put_u32(&mut b, 4, *generation);
                 put_u32(&mut b, 12, *src_node);
                 b[16] = *src_rank;
                 b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
@@ -535,6 +565,7 @@ impl Completion {
                 }
                 Completion::Message {
                     vi: b[1],
+                    generation: get_u32(b, 4),
                     src_node: get_u32(b, 12),
                     src_rank: b[16],
                     payload: b[64..64 + n].to_vec(),
@@ -658,6 +689,7 @@ mod tests {
             },
             Completion::Message {
                 vi: 5,
+                generation: 0xDEAD_BEEF,
                 src_node: 77,
                 src_rank: 1,
                 payload: vec![1; 64],

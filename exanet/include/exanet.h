@@ -214,7 +214,10 @@ int exanet_region_read(const exanet_region *r, uint64_t offset, void *dst, size_
 int exanet_packetizer_open(const exanet_endpoint *ep, exanet_packetizer **out);
 void exanet_packetizer_close(exanet_packetizer *p);
 
-/* Allocates a mailbox holding up to `capacity` (>= 1) messages in the NI. */
+/* Allocates a mailbox holding up to `capacity` (1..65536; more is taken as 65536) unread
+ * messages: a message counts from its arrival until exanet_recv returns it (whether it
+ * waits in the NI or already in this process), and once `capacity` messages are unread
+ * the next one is NACKed EXANET_NACK_QUEUE_FULL. */
 int exanet_mailbox_open(const exanet_endpoint *ep, uint32_t capacity, exanet_mailbox **out);
 void exanet_mailbox_close(exanet_mailbox *m);
 /* Its index (0..63): what senders put in exanet_mailbox_addr. Negative on error. */

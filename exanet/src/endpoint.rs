@@ -13,7 +13,9 @@ use exanet_shm::{Doorbell, Region, Ring};
 
 use crate::config::{read_shape, socket_path, Config};
 use crate::control::Control;
-use crate::engine::{Chan, Info, Message, Notification, Shared, Stats, RING_SLOT_SIZE, VA_LIMIT};
+use crate::engine::{
+    counters_fit, Chan, Info, Message, Notification, Shared, Stats, RING_SLOT_SIZE, VA_LIMIT,
+};
 use crate::error::{Error, Result};
 
 /// Largest ring region accepted from the daemon.
@@ -103,6 +105,7 @@ impl Endpoint {
             completion_slots: cpl_slots,
             command_offset: cmd_off,
             completion_offset: cpl_off,
+            consumed_offset,
             region_len,
             nodes,
         } = reply
@@ -124,6 +127,11 @@ impl Endpoint {
         }
         if region_len == 0 || region_len > MAX_RING_REGION {
             return Err(bad(format!("ring region of {region_len} bytes")));
+        }
+        if !counters_fit(consumed_offset, region_len) {
+            return Err(bad(format!(
+                "consumed counters at {consumed_offset} in a region of {region_len} bytes"
+            )));
         }
         let fds: [_; 3] = fds
             .try_into()
@@ -164,6 +172,7 @@ impl Endpoint {
             nodes,
             shape,
             control_timeout: r.control_timeout,
+            consumed_offset: consumed_offset as usize,
         };
         Ok(Endpoint {
             shared: Arc::new(Shared::new(
@@ -336,7 +345,10 @@ impl Endpoint {
         })
     }
 
-    /// Allocates a mailbox with room for `capacity` messages in the NI.
+    /// Allocates a mailbox with room for `capacity` (1..=65536; more is taken as 65536)
+    /// unread messages: a message counts from its arrival until [`Mailbox::recv`] or
+    /// [`Mailbox::try_recv`] returns it, and once `capacity` are unread the next is NACKed
+    /// [`NackReason::QueueFull`](crate::NackReason::QueueFull).
     pub fn mailbox(&self, capacity: u32) -> Result<Mailbox> {
         if capacity == 0 {
             return Err(Error::BadLength {
@@ -344,16 +356,17 @@ impl Endpoint {
                 why: "a mailbox holds at least one message",
             });
         }
-        let vi = self.shared.alloc(Resource::Mailbox, Some(capacity))?;
+        let (vi, generation) = self.shared.alloc_mailbox(capacity)?;
         let info = &self.shared.info;
         let mailbox = Mailbox {
             shared: Arc::clone(&self.shared),
             vi,
+            generation,
             capacity,
             // Cannot fail: `alloc` checked the index, attaching checked node id and rank.
             addr: self.shared.mailbox_gvas(info.node_id, info.rank, vi)?,
         };
-        self.shared.open_mailbox(vi);
+        self.shared.open_mailbox(vi, generation, capacity);
         Ok(mailbox)
     }
 
@@ -604,6 +617,7 @@ impl Packetizer {
 pub struct Mailbox {
     shared: Arc<Shared>,
     vi: u8,
+    generation: u32,
     capacity: u32,
     addr: Gvas,
 }
@@ -611,7 +625,7 @@ pub struct Mailbox {
 impl Drop for Mailbox {
     fn drop(&mut self) {
         let _ = self.shared.free(Resource::Mailbox, self.vi);
-        self.shared.close_mailbox(self.vi);
+        self.shared.close_mailbox(self.vi, self.generation);
     }
 }
 

@@ -10,17 +10,24 @@
 //! command ring's lock, never waits for the leader.
 //!
 //! Lock order: `cpl` (leader) -> `state` -> `cmd`; `ctrl` alone.
+//!
+//! # Mailboxes
+//! A mailbox of capacity N holds N unread messages end to end: the daemon counts a message
+//! until this library says it was taken (`exanet_proto::attach`'s consumed counters), so
+//! its queue here never holds more than N. A message is counted as taken when `recv`
+//! hands it out, or when it is dropped.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, CONSUMED_LEN, SLOT};
 use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
 use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
 use exanet_proto::shape::{NodeId, Shape};
-use exanet_shm::{Consumer, Doorbell, Producer, RingError, WaitError, Waiter};
+use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, WaitError, Waiter};
+use std::sync::Arc;
 
 use crate::control::Control;
 use crate::error::{Error, OpError, Result};
@@ -113,7 +120,8 @@ pub struct Stats {
     pub notifications: u64,
     /// Operation completions naming a tag this endpoint does not know (ignored).
     pub unexpected: u64,
-    /// Messages dropped: for a mailbox this endpoint does not own, beyond the stray limit.
+    /// Messages dropped: of a mailbox closed meanwhile, or for a mailbox this endpoint does
+    /// not own beyond the stray limit.
     pub dropped_messages: u64,
     /// Notifications dropped because nobody collected them.
     pub dropped_notifications: u64,
@@ -123,14 +131,42 @@ pub struct Stats {
     pub sleeps: u64,
 }
 
+/// The client side of an open mailbox.
+#[derive(Debug, Default)]
+struct Inbox {
+    /// Which allocation of the session it is (its messages carry it).
+    generation: u32,
+    capacity: usize,
+    queue: VecDeque<Message>,
+}
+
+/// Where this workload counts the messages it took from each mailbox: in the ring region,
+/// read by the daemon.
+struct Counters {
+    region: Arc<Region>,
+    offset: usize,
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counters at {:#x}", self.offset)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
     tags: HashMap<u32, TagState>,
     next_tag: u32,
     busy: HashMap<Chan, u32>,
-    mailboxes: HashMap<u8, VecDeque<Message>>,
-    strays: HashMap<u8, VecDeque<Message>>,
+    mailboxes: HashMap<u8, Inbox>,
+    /// Messages of a mailbox whose allocation reply is not processed yet, with their
+    /// generation.
+    strays: HashMap<u8, VecDeque<(u32, Message)>>,
     stray_count: usize,
+    /// The last generation closed of each mailbox index: its messages still in the ring
+    /// are dropped, not given to a new mailbox of the same index.
+    closed: HashMap<u8, u32>,
+    counters: Option<Counters>,
     notifications: VecDeque<Notification>,
     events: u64,
     polling: bool,
@@ -195,6 +231,28 @@ impl State {
         }
     }
 
+    /// Tells the daemon that a message of mailbox `vi` was taken (handed out or dropped):
+    /// it no longer counts against the mailbox's capacity.
+    fn took(&self, vi: u8) {
+        if let Some(c) = &self.counters {
+            if let Ok(n) = c.region.atomic_u64(c.offset + usize::from(vi) * 8) {
+                n.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// The next message of mailbox `vi`, counted as taken.
+    fn take(&mut self, vi: u8) -> Result<Option<Message>> {
+        let m = match self.mailboxes.get_mut(&vi) {
+            Some(inbox) => inbox.queue.pop_front(),
+            None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
+        };
+        if m.is_some() {
+            self.took(vi);
+        }
+        Ok(m)
+    }
+
     fn dispatch(&mut self, c: Completion) {
         self.events += 1;
         self.stats.completions += 1;
@@ -221,6 +279,7 @@ impl State {
             }
             Completion::Message {
                 vi,
+                generation,
                 src_node,
                 src_rank,
                 payload,
@@ -231,16 +290,36 @@ impl State {
                     src_rank,
                     payload,
                 };
-                if let Some(q) = self.mailboxes.get_mut(&vi) {
-                    self.stats.messages += 1;
-                    q.push_back(m);
-                } else if self.stray_count < MAX_STRAYS {
-                    // Possibly for a mailbox whose allocation reply is being processed by
-                    // another thread right now: kept, and adopted by the allocation.
-                    self.stray_count += 1;
-                    self.strays.entry(vi).or_default().push_back(m);
-                } else {
-                    self.stats.dropped_messages += 1;
+                let closed = self.closed.get(&vi).is_some_and(|g| generation <= *g);
+                match self.mailboxes.get_mut(&vi) {
+                    Some(inbox) if inbox.generation == generation => {
+                        if inbox.queue.len() < inbox.capacity {
+                            self.stats.messages += 1;
+                            inbox.queue.push_back(m);
+                        } else {
+                            // Never from a daemon that counts; kept bounded all the same.
+                            self.stats.dropped_messages += 1;
+                            self.took(vi);
+                        }
+                    }
+                    // Of a mailbox closed since: the daemon forgot it with the mailbox.
+                    _ if closed => self.stats.dropped_messages += 1,
+                    Some(inbox) if generation < inbox.generation => {
+                        self.stats.dropped_messages += 1
+                    }
+                    _ if self.stray_count < MAX_STRAYS => {
+                        // Possibly for a mailbox whose allocation reply is being processed
+                        // by another thread right now: kept, and adopted by the allocation.
+                        self.stray_count += 1;
+                        self.strays
+                            .entry(vi)
+                            .or_default()
+                            .push_back((generation, m));
+                    }
+                    _ => {
+                        self.stats.dropped_messages += 1;
+                        self.took(vi);
+                    }
                 }
             }
             Completion::Notified { va, src_node, len } => {
@@ -269,6 +348,16 @@ pub(crate) struct Info {
     pub nodes: u32,
     pub shape: std::result::Result<Shape, String>,
     pub control_timeout: Duration,
+    /// Where the consumed counters are in the ring region (checked to fit).
+    pub consumed_offset: usize,
+}
+
+/// Whether the consumed counters fit a ring region of `region_len` bytes at `offset`.
+pub(crate) fn counters_fit(offset: u64, region_len: u64) -> bool {
+    offset % 8 == 0
+        && offset
+            .checked_add(CONSUMED_LEN as u64)
+            .is_some_and(|end| end <= region_len)
 }
 
 /// The completion ring's reader, owned by the leader.
@@ -317,10 +406,17 @@ impl Shared {
         to_daemon: Doorbell,
         ctrl: Control,
     ) -> Shared {
+        let counters = Counters {
+            region: Arc::clone(cpl.region()),
+            offset: info.consumed_offset,
+        };
         Shared {
             info,
             spin_ns: AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                counters: Some(counters),
+                ..State::default()
+            }),
             cv: Condvar::new(),
             cmd: Mutex::new(cmd),
             cpl: Mutex::new(Poller {
@@ -414,8 +510,8 @@ impl Shared {
             Resource::RdmaPage => ("RDMA page allocation", RDMA_PAGES),
         };
         match self.control(op, &Request::Alloc { kind, capacity }, &[])? {
-            Reply::Allocated { index } if usize::from(index) < limit => Ok(index),
-            Reply::Allocated { index } => Err(Error::Protocol(format!(
+            Reply::Allocated { index, .. } if usize::from(index) < limit => Ok(index),
+            Reply::Allocated { index, .. } => Err(Error::Protocol(format!(
                 "{op}: the daemon gave index {index}, outside 0..{limit}"
             ))),
             other => Err(Error::Protocol(format!("{op}: unexpected reply {other:?}"))),
@@ -429,20 +525,70 @@ impl Shared {
         }
     }
 
-    /// Creates the client-side queue of mailbox `vi`, adopting what already arrived for it.
-    pub(crate) fn open_mailbox(&self, vi: u8) {
+    /// Allocates a mailbox of `capacity`: its index and generation.
+    pub(crate) fn alloc_mailbox(&self, capacity: u32) -> Result<(u8, u32)> {
+        let op = "mailbox allocation";
+        let kind = Resource::Mailbox;
+        let req = Request::Alloc {
+            kind,
+            capacity: Some(capacity),
+        };
+        match self.control(op, &req, &[])? {
+            Reply::Allocated { index, generation } if usize::from(index) < MAILBOX_VIS => {
+                Ok((index, generation))
+            }
+            Reply::Allocated { index, .. } => Err(Error::Protocol(format!(
+                "{op}: the daemon gave index {index}, outside 0..{MAILBOX_VIS}"
+            ))),
+            other => Err(Error::Protocol(format!("{op}: unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Creates the client-side queue of mailbox `vi` (allocation `generation`, room for
+    /// `capacity` messages), adopting what already arrived for it.
+    pub(crate) fn open_mailbox(&self, vi: u8, generation: u32, capacity: u32) {
         let mut st = lock(&self.state);
         let early = st.strays.remove(&vi).unwrap_or_default();
         st.stray_count -= early.len();
-        st.stats.messages += early.len() as u64;
-        st.mailboxes.insert(vi, early);
+        let mut inbox = Inbox {
+            generation,
+            capacity: capacity.try_into().unwrap_or(usize::MAX),
+            queue: VecDeque::new(),
+        };
+        for (g, m) in early {
+            if g == generation && inbox.queue.len() < inbox.capacity {
+                st.stats.messages += 1;
+                inbox.queue.push_back(m);
+            } else {
+                // Of an earlier mailbox of this index, or more than it may hold.
+                st.stats.dropped_messages += 1;
+                if g == generation {
+                    st.took(vi);
+                }
+            }
+        }
+        st.mailboxes.insert(vi, inbox);
     }
 
-    pub(crate) fn close_mailbox(&self, vi: u8) {
+    /// Forgets mailbox `vi` of allocation `generation` (freed): its messages still in the
+    /// ring will be dropped.
+    pub(crate) fn close_mailbox(&self, vi: u8, generation: u32) {
         let mut st = lock(&self.state);
-        st.mailboxes.remove(&vi);
-        if let Some(q) = st.strays.remove(&vi) {
-            st.stray_count -= q.len();
+        if st
+            .mailboxes
+            .get(&vi)
+            .is_some_and(|m| m.generation == generation)
+        {
+            st.mailboxes.remove(&vi);
+        }
+        let last = st.closed.entry(vi).or_default();
+        *last = (*last).max(generation);
+        if let Some(q) = st.strays.get_mut(&vi) {
+            let before = q.len();
+            q.retain(|(g, _)| *g > generation);
+            let gone = before - q.len();
+            st.stray_count -= gone;
+            st.stats.dropped_messages += gone as u64;
         }
     }
 
@@ -622,17 +768,14 @@ impl Shared {
     }
 
     pub(crate) fn recv(&self, vi: u8, timeout: Option<Duration>) -> Result<Option<Message>> {
-        self.drive(timeout, None, |st| match st.mailboxes.get_mut(&vi) {
-            Some(q) => Ok(q.pop_front()),
-            None => Err(Error::Broken(format!("mailbox {vi} is not open"))),
-        })
+        self.drive(timeout, None, |st| st.take(vi))
     }
 
     pub(crate) fn queued(&self, vi: u8) -> usize {
         lock(&self.state)
             .mailboxes
             .get(&vi)
-            .map_or(0, VecDeque::len)
+            .map_or(0, |m| m.queue.len())
     }
 
     pub(crate) fn notification(&self, timeout: Option<Duration>) -> Result<Option<Notification>> {

@@ -439,3 +439,95 @@ fn a_workload_killed_mid_transfer_frees_its_rank() {
     let e = Endpoint::attach_to(&rack.dir, "M1QAF2", None).unwrap_err();
     assert!(matches!(e, Error::AttachRefused(_)), "{e:?}");
 }
+
+/// Sends message number `i` (its 8 bytes) to `to` and returns how it ended: `Ok` when ACKed,
+/// the NACK reason otherwise.
+fn send_numbered(
+    ep: &Endpoint,
+    tx: &exanet::Packetizer,
+    to: exanet::Gvas,
+    i: u64,
+) -> Result<(), NackReason> {
+    let t = tx.send(0, to, &i.to_be_bytes()).unwrap();
+    match ep.wait(t, T) {
+        Ok(()) => Ok(()),
+        Err(e) => match e.op_error() {
+            Some(OpError::Nacked {
+                reason: Some(r), ..
+            }) => Err(r),
+            _ => panic!("message {i}: {e:?}"),
+        },
+    }
+}
+
+/// A mailbox of capacity N holds N unread messages, end to end (issue 10, defect 1): a
+/// message counts against it from its arrival until the workload takes it, wherever it
+/// waits meanwhile (the NI's queue, the completion ring, the library's queue). Of 6000
+/// messages to a receiver that only polls, exactly N are ACKed and the rest NACKed
+/// `queue_full`; the library holds at most N; each one taken lets exactly one more in;
+/// nothing is lost or delivered twice.
+#[test]
+fn mailbox_capacity_holds_until_the_receiver_takes_messages() {
+    let rack = Rack::up("cap", "1x1x1");
+    let a = Endpoint::attach_to(&rack.dir, "M1QAF1", None).unwrap();
+    let b = Endpoint::attach_to(&rack.dir, "M1QAF3", None).unwrap();
+    let tx = a.packetizer().unwrap();
+    let mut next = 0u64;
+    for cap in [1u32, 4] {
+        let inbox = b.mailbox(cap).unwrap();
+        let to = a.mailbox_addr(b.node_id(), b.rank(), inbox.vi()).unwrap();
+        let mut acked = Vec::new();
+        let mut full = 0;
+        let sends = if cap == 1 { 6000 } else { 600 };
+        for k in 0..sends {
+            match send_numbered(&a, &tx, to, next) {
+                Ok(()) => acked.push(next),
+                Err(NackReason::QueueFull) => full += 1,
+                Err(r) => panic!("capacity {cap}: message {next} NACKed {r:?}"),
+            }
+            next += 1;
+            // The receiver only polls: its completions are processed, nothing is taken.
+            if k % 50 == 0 {
+                b.poll().unwrap();
+                assert!(
+                    inbox.queued() <= cap as usize,
+                    "capacity {cap}: the library holds {} messages",
+                    inbox.queued()
+                );
+            }
+        }
+        assert_eq!(
+            (acked.len(), full),
+            (cap as usize, sends - cap as usize),
+            "capacity {cap}: ACKed {:?}...",
+            &acked[..acked.len().min(8)]
+        );
+        // Each message taken makes room for exactly one more.
+        let mut got = Vec::new();
+        for round in 0..3 {
+            let m = inbox.recv(T).unwrap();
+            got.push(u64::from_be_bytes(m.payload.try_into().unwrap()));
+            assert_eq!(
+                send_numbered(&a, &tx, to, next),
+                Ok(()),
+                "capacity {cap}, round {round}: refused after the receiver took one"
+            );
+            acked.push(next);
+            next += 1;
+            assert_eq!(
+                send_numbered(&a, &tx, to, next),
+                Err(NackReason::QueueFull),
+                "capacity {cap}, round {round}: accepted past the capacity"
+            );
+            next += 1;
+        }
+        // What is left: exactly the rest of the ACKed messages, in order, once.
+        while got.len() < acked.len() {
+            let m = inbox.recv(T).unwrap();
+            got.push(u64::from_be_bytes(m.payload.try_into().unwrap()));
+        }
+        assert_eq!(got, acked, "capacity {cap}");
+        b.poll().unwrap();
+        assert!(inbox.try_recv().unwrap().is_none(), "capacity {cap}");
+    }
+}

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use exanet_proto::attach::{self, status, Command, Completion, Reply, Request, Resource};
+use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::ni::{ChannelState, MemFault, Memory, NiError, NiEvent, TransferId, RANKS};
 use exanet_proto::Pdid;
 use exanet_shm::{Consumer, Doorbell, PeerCredentials, Producer, Region, Ring, Waiter};
@@ -190,10 +191,16 @@ pub struct Session {
     limits: Limits,
     job_limits: Limits,
     completions: Producer,
+    /// The region of the rings, and where in it the workload counts what it took from
+    /// each mailbox (`attach`'s consumed counters).
+    rings: Arc<Region>,
+    consumed_offset: usize,
     /// The daemon's end of the daemon -> workload doorbell.
     to_workload: Doorbell,
     backlog: VecDeque<[u8; attach::SLOT]>,
-    mailboxes: Vec<u8>,
+    /// Mailboxes held, with their generation; and the last generation given.
+    mailboxes: Vec<(u8, u32)>,
+    mailbox_generation: u32,
     /// Posted sends and transfers: the workload's tag and when the NI took the command.
     send_tags: HashMap<(u8, u8), (u32, Instant)>,
     rdma_tags: HashMap<TransferId, (u32, Instant)>,
@@ -219,6 +226,21 @@ impl Session {
 
     fn has_room(&mut self) -> bool {
         self.backlog.is_empty() && self.completions.free().is_ok_and(|n| n > 0)
+    }
+}
+
+/// A mailbox's consumed counter in a session's ring region: written by the workload, read
+/// (never trusted: see `exanet_proto::ni::mailbox`) when the mailbox looks full.
+struct ShmCount {
+    region: Arc<Region>,
+    offset: usize,
+}
+
+impl ConsumedCount for ShmCount {
+    fn consumed(&self) -> u64 {
+        self.region
+            .atomic_u64(self.offset)
+            .map_or(0, |c| c.load(Ordering::Acquire))
     }
 }
 
@@ -289,7 +311,7 @@ pub fn drain_mailboxes(core: &mut crate::node::Core, rank: u8) {
     };
     s.flush();
     let vis = s.mailboxes.clone();
-    for vi in vis {
+    for (vi, generation) in vis {
         loop {
             let Some(Some(s)) = core.sessions.get_mut(rank as usize) else {
                 return;
@@ -306,6 +328,7 @@ pub fn drain_mailboxes(core: &mut crate::node::Core, rank: u8) {
             };
             s.push(&Completion::Message {
                 vi,
+                generation,
                 src_node: m.src.0,
                 src_rank: m.src_rank,
                 payload: m.payload.to_vec(),
@@ -744,7 +767,11 @@ fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
     let cmd_ring = Ring::new(0, COMMAND_SLOTS, RING_SLOT).map_err(|x| e(&x))?;
     let cpl_offset = cmd_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
     let cpl_ring = Ring::new(cpl_offset, COMPLETION_SLOTS, RING_SLOT).map_err(|x| e(&x))?;
-    let region = Arc::new(Region::create("exanet-rings", cpl_ring.end()).map_err(|x| e(&x))?);
+    let consumed_offset = cpl_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
+    let region = Arc::new(
+        Region::create("exanet-rings", consumed_offset + attach::CONSUMED_LEN)
+            .map_err(|x| e(&x))?,
+    );
     cmd_ring.init(&region).map_err(|x| e(&x))?;
     cpl_ring.init(&region).map_err(|x| e(&x))?;
     let command = cmd_ring.consumer(region.clone()).map_err(|x| e(&x))?;
@@ -783,9 +810,12 @@ fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
         limits: who.limits,
         job_limits: who.job_limits,
         completions,
+        rings: Arc::clone(&region),
+        consumed_offset,
         to_workload,
         backlog: VecDeque::new(),
         mailboxes: Vec::new(),
+        mailbox_generation: 0,
         send_tags: HashMap::new(),
         rdma_tags: HashMap::new(),
     });
@@ -802,6 +832,7 @@ fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
             completion_slots: COMPLETION_SLOTS,
             command_offset: 0,
             completion_offset: cpl_offset as u64,
+            consumed_offset: consumed_offset as u64,
             region_len: region.len() as u64,
             nodes,
         },
@@ -892,12 +923,23 @@ fn handle_request(
             let mut core = node.lock();
             let q = quota_kind(kind);
             reserve(&mut core, rank, q, 1)?;
+            // Where the workload counts what it takes from each mailbox.
+            let counters = match core.sessions.get(rank as usize) {
+                Some(Some(s)) => (Arc::clone(&s.rings), s.consumed_offset),
+                _ => return Err(format!("rank {rank} is not attached")),
+            };
             let (ni, _) = core.node.ni_mut();
             let index = match kind {
                 Resource::Packetizer => ni.packetizer.alloc(rank),
                 Resource::Mailbox => {
-                    let cap = capacity.unwrap_or(64).clamp(1, 65_536) as usize;
-                    ni.mailboxes.alloc(rank, cap)
+                    let cap = capacity.unwrap_or(64).clamp(1, MAX_MAILBOX_CAPACITY) as usize;
+                    let (region, base) = counters;
+                    ni.mailboxes.alloc_counted(rank, cap, |vi| {
+                        Box::new(ShmCount {
+                            region,
+                            offset: base + usize::from(vi) * 8,
+                        })
+                    })
                 }
                 Resource::RdmaPage => ni.rdma.alloc_page(rank),
             };
@@ -908,12 +950,15 @@ fn handle_request(
                     return Err(e.to_string());
                 }
             };
+            let mut generation = 0;
             if kind == Resource::Mailbox {
                 if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-                    s.mailboxes.push(index);
+                    s.mailbox_generation = s.mailbox_generation.wrapping_add(1);
+                    generation = s.mailbox_generation;
+                    s.mailboxes.push((index, generation));
                 }
             }
-            Ok((Reply::Allocated { index }, None))
+            Ok((Reply::Allocated { index, generation }, None))
         }
         Request::Free { kind, index } => {
             let mut core = node.lock();
@@ -927,13 +972,16 @@ fn handle_request(
             give_back(&mut core, rank, quota_kind(kind), 1);
             if kind == Resource::Mailbox {
                 if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-                    s.mailboxes.retain(|v| *v != index);
+                    s.mailboxes.retain(|(v, _)| *v != index);
                 }
             }
             Ok((Reply::Ok, None))
         }
     }
 }
+
+/// Largest mailbox capacity (a larger request gets this).
+const MAX_MAILBOX_CAPACITY: u32 = 65_536;
 
 fn quota_kind(r: Resource) -> Kind {
     match r {

@@ -269,6 +269,7 @@ fn victim_loop(
             m,
             Completion::Message {
                 vi: mb,
+                generation: 1,
                 src_node: NODE_ID.0,
                 src_rank: good.rank,
                 payload: round.to_be_bytes().to_vec()

@@ -70,6 +70,7 @@ fn messages_and_rdma_between_attached_workloads() {
         m,
         Completion::Message {
             vi: mb,
+            generation: 1,
             src_node: 0,
             src_rank: a.rank,
             payload: b"hello F3".to_vec()
@@ -191,7 +192,7 @@ fn pdid_is_the_jobs_not_the_workloads() {
 fn hostile_and_dying_workloads_do_not_disturb_others() {
     let r = rack("ni-hostile");
     let mut good = attach(&r, "M1QAF1", None).unwrap();
-    let peer = attach(&r, "M1QAF2", None).unwrap();
+    let mut peer = attach(&r, "M1QAF2", None).unwrap();
     let mb = peer.alloc(Resource::Mailbox);
     let pk = good.alloc(Resource::Packetizer);
     let dst = mailbox_gvas(Pdid(0), NodeId(1), peer.rank, mb).unwrap();
@@ -309,6 +310,12 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                 }
             ),
             "{c:?}"
+        );
+        // The peer takes each message: its mailbox holds 16 unread.
+        let m = peer.wait("message", |c| matches!(c, Completion::Message { .. }));
+        assert!(
+            matches!(&m, Completion::Message { payload, .. } if *payload == i.to_be_bytes()),
+            "{m:?}"
         );
     }
     let s = r.status("M1QAF1").unwrap();
@@ -491,7 +498,7 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
     make_blocking(&evil.from_daemon);
     make_blocking(&evil.to_daemon);
     let mut good = attach(&r, "M1QAF1", Some("alice-key")).unwrap();
-    let peer = attach(&r, "M1QAF2", Some("alice-key")).unwrap();
+    let mut peer = attach(&r, "M1QAF2", Some("alice-key")).unwrap();
     let victim = attach(&r, "M1QAF2", None).unwrap();
     let mb_evil = victim.alloc(Resource::Mailbox);
     let mb_good = peer.alloc(Resource::Mailbox);
@@ -550,6 +557,12 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
                 }
             ),
             "{c:?}"
+        );
+        // The peer takes each message: its mailbox holds 16 unread.
+        let m = peer.wait("message", |c| matches!(c, Completion::Message { .. }));
+        assert!(
+            matches!(&m, Completion::Message { payload, .. } if *payload == i.to_be_bytes()),
+            "{m:?}"
         );
         let t = Instant::now();
         assert!(

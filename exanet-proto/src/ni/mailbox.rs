@@ -113,33 +113,35 @@ impl Mailboxes {
     /// Gives a free mailbox interface with room for `capacity` messages to `rank`.
     /// Popping a message reads it.
     pub fn alloc(&mut self, rank: u8, capacity: usize) -> Result<u8, NiError> {
-        self.alloc_with(rank, capacity, None)
+        self.alloc_with(rank, capacity, |_| None)
     }
 
     /// Gives a free mailbox interface with room for `capacity` unread messages to `rank`,
-    /// whose reader says through `count` how many it took: a popped message counts until
-    /// then (see the module's documentation).
+    /// whose reader says through the count `count` makes for the interface's index how
+    /// many it took: a popped message counts until then (see the module's documentation).
     pub fn alloc_counted(
         &mut self,
         rank: u8,
         capacity: usize,
-        count: Box<dyn ConsumedCount>,
+        count: impl FnOnce(u8) -> Box<dyn ConsumedCount>,
     ) -> Result<u8, NiError> {
-        let base = count.consumed();
-        let reader = Reader {
-            count,
-            base,
-            handed: 0,
-            taken: 0,
-        };
-        self.alloc_with(rank, capacity, Some(reader))
+        self.alloc_with(rank, capacity, |vi| {
+            let count = count(vi);
+            let base = count.consumed();
+            Some(Reader {
+                count,
+                base,
+                handed: 0,
+                taken: 0,
+            })
+        })
     }
 
     fn alloc_with(
         &mut self,
         rank: u8,
         capacity: usize,
-        reader: Option<Reader>,
+        reader: impl FnOnce(u8) -> Option<Reader>,
     ) -> Result<u8, NiError> {
         let vi = self
             .vis
@@ -150,7 +152,7 @@ impl Mailboxes {
             owner: rank,
             capacity: capacity.max(1),
             queue: VecDeque::new(),
-            reader,
+            reader: reader(vi as u8),
         });
         Ok(vi as u8)
     }

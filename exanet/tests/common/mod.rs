@@ -1,10 +1,11 @@
 //! A fake node daemon speaking the attach protocol, for tests that need no rack: it attaches
-//! one workload at a time, keeps its registered memory and mailboxes, and answers commands
-//! as a one-node NI would (or misbehaves, on request).
+//! one workload at a time, keeps its registered memory and mailboxes (each holding its
+//! capacity of unread messages, as the workload's consumed counters say), and answers
+//! commands as a one-node NI would (or misbehaves, on request).
 
 #![allow(dead_code)]
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::attach::{status, Command, Completion, Reply, Request, Resource, SLOT};
+use exanet_proto::attach::{
+    status, Command, Completion, Reply, Request, Resource, CONSUMED_LEN, SLOT,
+};
 use exanet_proto::ni::{NackReason, MAILBOX_WINDOW};
 use exanet_shm::{recv_fds, send_fds, Doorbell, Producer, Region, Ring, Waiter};
 
@@ -57,9 +60,22 @@ impl Drop for Fake {
     }
 }
 
+/// A mailbox: its generation, capacity, the messages handed to the workload, and its
+/// consumed counter when it was allocated.
+struct FakeBox {
+    generation: u32,
+    capacity: u64,
+    handed: u64,
+    base: u64,
+}
+
 struct Mem {
     regions: Vec<(u32, u64, Region)>,
-    mailboxes: HashSet<u8>,
+    mailboxes: HashMap<u8, FakeBox>,
+    /// The ring region and where its consumed counters are.
+    rings: Arc<Region>,
+    consumed_offset: usize,
+    next_generation: u32,
     next_va: u64,
     next_vi: u8,
     next_pkt: u8,
@@ -67,6 +83,13 @@ struct Mem {
 }
 
 impl Mem {
+    fn consumed(&self, vi: u8) -> u64 {
+        self.rings
+            .atomic_u64(self.consumed_offset + usize::from(vi) * 8)
+            .unwrap()
+            .load(Ordering::Acquire)
+    }
+
     fn find(&self, va: u64, len: u64) -> Option<(&Region, usize)> {
         self.regions.iter().find_map(|(_, base, r)| {
             let off = va.checked_sub(*base)?;
@@ -161,7 +184,8 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
     attaches.fetch_add(1, Ordering::Relaxed);
     let cmd_ring = Ring::new(0, 256, 256).unwrap();
     let cpl_ring = Ring::new(cmd_ring.end(), 1024, 256).unwrap();
-    let region = Arc::new(Region::create("fake-rings", cpl_ring.end()).unwrap());
+    let consumed_offset = cpl_ring.end().div_ceil(64) * 64;
+    let region = Arc::new(Region::create("fake-rings", consumed_offset + CONSUMED_LEN).unwrap());
     cmd_ring.init(&region).unwrap();
     cpl_ring.init(&region).unwrap();
     let mut commands = cmd_ring.consumer(region.clone()).unwrap();
@@ -180,6 +204,7 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
             completion_slots: 1024,
             command_offset: 0,
             completion_offset: cmd_ring.end() as u64,
+            consumed_offset: consumed_offset as u64,
             region_len: region.len() as u64,
             nodes: 8,
         },
@@ -192,7 +217,10 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
     drop((to_workload_peer, from_workload_peer));
     let mem = Arc::new(Mutex::new(Mem {
         regions: Vec::new(),
-        mailboxes: HashSet::new(),
+        mailboxes: HashMap::new(),
+        rings: region.clone(),
+        consumed_offset,
+        next_generation: 0,
         next_va: VA_BASE,
         next_vi: 0,
         next_pkt: 0,
@@ -293,12 +321,24 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
                 m.regions.retain(|(id, _, _)| *id != region);
                 Reply::Ok
             }
-            Request::Alloc { kind, .. } => {
+            Request::Alloc { kind, capacity } => {
+                let mut generation = 0;
                 let index = match kind {
                     Resource::Mailbox => {
                         let vi = m.next_vi;
                         m.next_vi += 1;
-                        m.mailboxes.insert(vi);
+                        m.next_generation += 1;
+                        generation = m.next_generation;
+                        let base = m.consumed(vi);
+                        m.mailboxes.insert(
+                            vi,
+                            FakeBox {
+                                generation,
+                                capacity: u64::from(capacity.unwrap_or(64).max(1)),
+                                handed: 0,
+                                base,
+                            },
+                        );
                         vi
                     }
                     Resource::Packetizer => {
@@ -310,7 +350,7 @@ fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches
                         m.next_page - 1
                     }
                 };
-                Reply::Allocated { index }
+                Reply::Allocated { index, generation }
             }
             Request::Free { kind, index } => {
                 if kind == Resource::Mailbox {
@@ -342,7 +382,7 @@ impl Out {
 }
 
 fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
-    let m = mem.lock().unwrap();
+    let mut m = mem.lock().unwrap();
     match cmd {
         Command::Send {
             tag,
@@ -374,12 +414,19 @@ fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
             let va = dst.va();
             if va & MAILBOX_WINDOW == MAILBOX_WINDOW {
                 let mvi = (va & 0xFF) as u8;
-                if !m.mailboxes.contains(&mvi) {
+                let consumed = m.consumed(mvi);
+                let Some(b) = m.mailboxes.get_mut(&mvi) else {
                     return vec![sent(status::NACKED, NackReason::NoContext as u8)];
+                };
+                let taken = consumed.wrapping_sub(b.base).min(b.handed);
+                if b.handed - taken >= b.capacity {
+                    return vec![sent(status::NACKED, NackReason::QueueFull as u8)];
                 }
+                b.handed += 1;
                 vec![
                     Completion::Message {
                         vi: mvi,
+                        generation: b.generation,
                         src_node: NODE_ID,
                         src_rank: RANK,
                         payload,

@@ -26,9 +26,11 @@ pub struct Workload {
     pub to_daemon: Doorbell,
     /// The workload's end of the daemon -> workload doorbell (the tests never wait on it).
     pub from_daemon: OwnedFd,
-    /// Offsets of the command and completion rings in `region`.
+    /// Offsets of the command and completion rings in `region`, and of the counters of
+    /// messages taken from each mailbox.
     pub command_offset: usize,
     pub completion_offset: usize,
+    pub consumed_offset: usize,
     pub got: Vec<Completion>,
 }
 
@@ -90,6 +92,7 @@ pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
         completion_slots,
         command_offset,
         completion_offset,
+        consumed_offset,
         ..
     } = reply
     else {
@@ -118,6 +121,7 @@ pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
         from_daemon,
         command_offset: command_offset as usize,
         completion_offset: completion_offset as usize,
+        consumed_offset: consumed_offset as usize,
         got: Vec::new(),
     })
 }
@@ -156,7 +160,7 @@ impl Workload {
         )
         .0
         {
-            Reply::Allocated { index } => index,
+            Reply::Allocated { index, .. } => index,
             other => panic!("{other:?}"),
         }
     }
@@ -191,6 +195,15 @@ impl Workload {
         self.commands.wake_consumer(&self.to_daemon).unwrap();
     }
 
+    /// Says that the workload took a message of mailbox `vi` (so that it no longer counts
+    /// against the mailbox's capacity); [`Workload::wait`] does when it returns one.
+    pub fn took(&self, vi: u8) {
+        self.region
+            .atomic_u64(self.consumed_offset + usize::from(vi) * 8)
+            .unwrap()
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
     /// Moves what the completion ring holds into `got`.
     pub fn poll(&mut self) {
         let mut buf = [0u8; 256];
@@ -209,7 +222,11 @@ impl Workload {
         let t0 = Instant::now();
         loop {
             if let Some(i) = self.got.iter().position(&f) {
-                return Some(self.got.remove(i));
+                let c = self.got.remove(i);
+                if let Completion::Message { vi, .. } = c {
+                    self.took(vi);
+                }
+                return Some(c);
             }
             let before = self.got.len();
             self.poll();
