@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use exanet_proto::attach::{self, status, Command, Completion, Reply, Request, Resource};
@@ -62,6 +62,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_CONNECTIONS_PER_USER: usize = 16;
 /// Longest pause of the accept loop after a failed accept (e.g. out of descriptors).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest wait of an attach for the teardown of sessions whose workload is gone (a
+/// teardown waits on nothing the workload does, so this is only a safety net).
+const REAP_WAIT: Duration = Duration::from_secs(5);
 
 /// Memory registered by the ranks of this node: what the NI reads and writes.
 #[derive(Clone, Default)]
@@ -201,6 +204,10 @@ pub struct Session {
     /// Mailboxes held, with their generation; and the last generation given.
     mailboxes: Vec<(u8, u32)>,
     mailbox_generation: u32,
+    /// A copy of the control connection, to tell that the workload is gone before the
+    /// session's own thread has noticed; and the end of its teardown.
+    conn: OwnedFd,
+    ended: Arc<Ended>,
     /// Posted sends and transfers: the workload's tag and when the NI took the command.
     send_tags: HashMap<(u8, u8), (u32, Instant)>,
     rdma_tags: HashMap<TransferId, (u32, Instant)>,
@@ -241,6 +248,74 @@ impl ConsumedCount for ShmCount {
         self.region
             .atomic_u64(self.offset)
             .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+}
+
+/// The end of a session's teardown, which an attach may wait for.
+#[derive(Default)]
+pub struct Ended {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Ended {
+    fn wait_until(&self, deadline: std::time::Instant) -> bool {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = self
+                .cv
+                .wait_timeout(done, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Marks a session's teardown over when dropped (also when its thread panics).
+struct EndedGuard(Arc<Ended>);
+
+impl Drop for EndedGuard {
+    fn drop(&mut self) {
+        *self.0.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0.cv.notify_all();
+    }
+}
+
+/// Whether the peer of a connection is gone (closed it, or shut down its sending side).
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that lives across the call, for an open descriptor; no waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Waits until the sessions whose workload is gone (their connection hung up: the process
+/// exited or was killed) have been torn down, so that their ranks and holdings are free
+/// before a new attach picks a rank: a workload restarted at once gets the rank it had.
+fn reap_dead(node: &NodeHandle) {
+    let dead: Vec<Arc<Ended>> = {
+        let core = node.lock();
+        core.sessions
+            .iter()
+            .flatten()
+            .filter(|s| hung_up(&s.conn))
+            .map(|s| Arc::clone(&s.ended))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + REAP_WAIT;
+    for e in dead {
+        if !e.wait_until(deadline) {
+            warn!("a dead workload's session is not torn down yet");
+        }
     }
 }
 
@@ -640,7 +715,17 @@ fn serve_session(
             jobs.len() + usize::from(!jobs.contains_key("default"))
         }),
     };
-    let attached = match attach_rank(&node, who) {
+    let conn_copy = match conn.try_clone() {
+        Ok(c) => OwnedFd::from(c),
+        Err(e) => {
+            error(&conn, &node, "workload_refused", e.to_string());
+            return;
+        }
+    };
+    let ended = Arc::new(Ended::default());
+    let _ended = EndedGuard(Arc::clone(&ended));
+    reap_dead(&node);
+    let attached = match attach_rank(&node, who, conn_copy, ended) {
         Ok(a) => a,
         Err(e) => {
             error(&conn, &node, "workload_refused", e);
@@ -762,7 +847,12 @@ struct Attached {
 }
 
 /// Takes a free rank for `who`, within its job's quota, and makes its rings and doorbells.
-fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
+fn attach_rank(
+    node: &NodeHandle,
+    who: Who,
+    conn: OwnedFd,
+    ended: Arc<Ended>,
+) -> Result<Attached, String> {
     let e = |x: &dyn std::fmt::Display| x.to_string();
     let cmd_ring = Ring::new(0, COMMAND_SLOTS, RING_SLOT).map_err(|x| e(&x))?;
     let cpl_offset = cmd_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
@@ -816,6 +906,8 @@ fn attach_rank(node: &NodeHandle, who: Who) -> Result<Attached, String> {
         backlog: VecDeque::new(),
         mailboxes: Vec::new(),
         mailbox_generation: 0,
+        conn,
+        ended,
         send_tags: HashMap::new(),
         rdma_tags: HashMap::new(),
     });

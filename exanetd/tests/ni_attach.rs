@@ -674,3 +674,25 @@ fn descriptors_with_requests_are_closed_and_silent_connections_cut() {
         String::from_utf8_lossy(&buf)
     );
 }
+
+/// A workload that dies (its connection closed without a word: no detach) gives its rank
+/// back before the next attach is answered (issue 10, defect 4): a server restarted at once
+/// gets the rank its clients address. Twenty times in a row, each holding interfaces and
+/// memory that its teardown must free.
+#[test]
+fn a_dead_workloads_rank_goes_to_the_next_attach_at_once() {
+    let r = rack("rank-reuse");
+    for round in 0..20 {
+        let w = attach(&r, "M1QAF2", None)
+            .unwrap_or_else(|e| panic!("round {round}: attach refused: {e}"));
+        assert_eq!(
+            w.rank, 0,
+            "round {round}: the previous workload's rank 0 was not given back first"
+        );
+        w.alloc(Resource::Mailbox);
+        w.alloc(Resource::Packetizer);
+        let _mem = w.register(1 << 16);
+        // Abruptly: everything the workload held is closed at once, as when it is killed.
+        drop(w);
+    }
+}
