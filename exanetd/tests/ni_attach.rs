@@ -696,3 +696,100 @@ fn a_dead_workloads_rank_goes_to_the_next_attach_at_once() {
         drop(w);
     }
 }
+
+/// A workload that lies in its consumed counters (claims to have taken every message of a
+/// capacity-1 mailbox, and reads nothing) only hurts itself: the daemon hands it no more
+/// than its completion ring holds plus the mailbox's capacity, NACKs the rest
+/// `queue_full`, and goes on serving others (issue 10, defect 1).
+#[test]
+fn a_workload_lying_about_what_it_took_only_hurts_itself() {
+    let r = rack("consumed-lie");
+    let mut sender = attach(&r, "M1QAF1", None).unwrap();
+    let liar = attach(&r, "M1QAF2", None).unwrap();
+    let mb = match request(
+        &liar.conn,
+        &Request::Alloc {
+            kind: Resource::Mailbox,
+            capacity: Some(1),
+        },
+        &[],
+    )
+    .0
+    {
+        Reply::Allocated { index, .. } => index,
+        other => panic!("{other:?}"),
+    };
+    let counter = liar
+        .region
+        .atomic_u64(liar.consumed_offset + usize::from(mb) * 8)
+        .unwrap();
+    let pk = sender.alloc(Resource::Packetizer);
+    let dst = mailbox_gvas(Pdid(0), NodeId(1), liar.rank, mb).unwrap();
+    let ring = exanetd::ni_service::COMPLETION_SLOTS as usize;
+    let (mut acked, mut full) = (0usize, 0usize);
+    for i in 0..(ring + 1000) as u32 {
+        // A new lie every time: far ahead, backwards, anything.
+        counter.store(
+            u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            std::sync::atomic::Ordering::Release,
+        );
+        sender.post(&Command::Send {
+            tag: i,
+            vi: pk,
+            ch: (i % 4) as u8,
+            dst,
+            payload: i.to_be_bytes().to_vec(),
+        });
+        let c = sender.wait(
+            "sent",
+            |c| matches!(c, Completion::Sent { tag, .. } if *tag == i),
+        );
+        match c {
+            Completion::Sent {
+                status: status::OK, ..
+            } => acked += 1,
+            Completion::Sent {
+                status: status::NACKED,
+                reason: 6,
+                ..
+            } => full += 1,
+            other => panic!("message {i}: {other:?}"),
+        }
+    }
+    eprintln!("{acked} ACKed, {full} NACKed queue_full");
+    assert!(
+        acked <= ring + 1,
+        "{acked} ACKed: the daemon held more than its bound"
+    );
+    assert!(full >= 999, "{full}");
+    // Others on the liar's node are served.
+    let mut other = attach(&r, "M1QAF2", None).unwrap();
+    let mb2 = other.alloc(Resource::Mailbox);
+    sender.post(&Command::Send {
+        tag: 1 << 20,
+        vi: pk,
+        ch: 0,
+        dst: mailbox_gvas(Pdid(0), NodeId(1), other.rank, mb2).unwrap(),
+        payload: b"served".to_vec(),
+    });
+    let c = sender.wait(
+        "sent",
+        |c| matches!(c, Completion::Sent { tag, .. } if *tag == 1 << 20),
+    );
+    assert!(
+        matches!(
+            c,
+            Completion::Sent {
+                status: status::OK,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let m = other.wait("message", |c| matches!(c, Completion::Message { .. }));
+    assert!(
+        matches!(&m, Completion::Message { payload, .. } if payload.as_slice() == b"served"),
+        "{m:?}"
+    );
+    drop(liar);
+}
