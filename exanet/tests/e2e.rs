@@ -530,4 +530,37 @@ fn mailbox_capacity_holds_until_the_receiver_takes_messages() {
         b.poll().unwrap();
         assert!(inbox.try_recv().unwrap().is_none(), "capacity {cap}");
     }
+    // A mailbox freed with messages unread (in the NI or the completion ring): a new
+    // mailbox given the same index starts empty, and holds its own capacity.
+    let old = b.mailbox(2).unwrap();
+    let to = a.mailbox_addr(b.node_id(), b.rank(), old.vi()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(send_numbered(&a, &tx, to, next), Ok(()));
+        next += 1;
+    }
+    let vi = old.vi();
+    drop(old);
+    let new = b.mailbox(2).unwrap();
+    assert_eq!(new.vi(), vi, "the freed index is the first free one");
+    for k in 0..3 {
+        let r = send_numbered(&a, &tx, to, next + k);
+        assert_eq!(
+            r,
+            if k < 2 {
+                Ok(())
+            } else {
+                Err(NackReason::QueueFull)
+            }
+        );
+    }
+    for k in 0..2 {
+        let m = new.recv(T).unwrap();
+        assert_eq!(
+            m.payload,
+            (next + k).to_be_bytes(),
+            "a freed mailbox's message"
+        );
+    }
+    b.poll().unwrap();
+    assert!(new.try_recv().unwrap().is_none());
 }
