@@ -532,6 +532,86 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
     out
 }
 
+// --- Helpers of tests/tests/real_fabric.rs: one request to a daemon's control socket,
+// a node's metrics, the RSS of a process.
+
+impl TestRack {
+    /// One JSON request on `run/<NODE>.sock` (the daemon's local control socket; requests
+    /// and answers are documented in `exanetd/src/control.rs`) and its one-line answer.
+    /// A daemon that does not answer within `timeout` (e.g. one that is paused) is an error.
+    pub fn control(
+        &self,
+        node: &str,
+        request: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        use std::io::BufRead;
+        let path = self.run_dir().join(format!("{node}.sock"));
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
+        s.set_read_timeout(Some(timeout))
+            .and_then(|()| s.set_write_timeout(Some(timeout)))
+            .map_err(|e| e.to_string())?;
+        let mut line = request.to_string();
+        line.push('\n');
+        s.write_all(line.as_bytes())
+            .map_err(|e| format!("cannot send {request} to {node}: {e}"))?;
+        let mut answer = String::new();
+        std::io::BufReader::new(s)
+            .read_line(&mut answer)
+            .map_err(|e| format!("no answer from {node} to {request}: {e}"))?;
+        serde_json::from_str(&answer)
+            .map_err(|e| format!("answer of {node} to {request} is not JSON ({e}): {answer:?}"))
+    }
+
+    /// `{"op":"status"}` of one node (its `NodeStatus`, with `"result":"status"`).
+    pub fn node_status(&self, node: &str, timeout: Duration) -> Result<serde_json::Value, String> {
+        let v = self.control(node, &serde_json::json!({"op": "status"}), timeout)?;
+        if v["result"] != "status" {
+            return Err(format!("{node} answered status with {v}"));
+        }
+        Ok(v)
+    }
+
+    /// The samples `node` exports at `/metrics` whose `node` label is `node`.
+    pub fn node_metrics(&self, node: &str, timeout: Duration) -> Result<Vec<Sample>, String> {
+        let r = http_get(&self.metrics_addr(node), "/metrics", timeout)?;
+        if r.status != 200 {
+            return Err(format!("GET /metrics of {node}: HTTP {}", r.status));
+        }
+        Ok(parse_prometheus(&r.body)
+            .into_iter()
+            .filter(|s| s.label("node") == Some(node))
+            .collect())
+    }
+
+    /// The pid in `run/<NODE>.pid` (the local daemon of `node`), if there is one.
+    pub fn daemon_pid(&self, node: &str) -> Option<i32> {
+        let text = std::fs::read_to_string(self.run_dir().join(format!("{node}.pid"))).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
+}
+
+/// Sum of the values of `name` over the samples whose labels include all of `labels`.
+pub fn metric_sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Resident set size of process `pid` in KiB (`VmRSS` of /proc/PID/status).
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
