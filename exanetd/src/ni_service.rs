@@ -45,6 +45,19 @@ const MAX_REQUEST: usize = 4096;
 /// Registered memory starts here in each rank's VA space, each region 2 MiB aligned.
 const VA_BASE: u64 = 1 << 30;
 const VA_ALIGN: u64 = 2 << 20;
+
+/// Where a rank's first region goes: a random 2 MiB boundary in the lower half of the VA
+/// space below the mailbox window (the upper half leaves room to grow). A rank is reused
+/// at once by the next workload, and a restarted daemon hands the same ranks out again,
+/// while senders may still be retrying blocks meant for the previous workload: at the
+/// same address those would land in the new workload's memory and complete "OK". At a
+/// random one they fault (NACK page_fault) unless they hit the new regions by chance,
+/// which is their share of ~223 GiB.
+fn first_region_va() -> u64 {
+    use rand::Rng;
+    let slots = (exanet_proto::ni::MAILBOX_WINDOW - VA_BASE) / 2 / VA_ALIGN;
+    VA_BASE + rand::thread_rng().gen_range(0..slots) * VA_ALIGN
+}
 /// Completions queued for a workload whose ring is full, beyond which its commands wait.
 const MAX_BACKLOG: usize = 1024;
 /// Queued completions past which peers' notifications are no longer relayed to a workload
@@ -101,7 +114,7 @@ impl ShmMemory {
                 .iter()
                 .map(|r| r.va + r.region.len() as u64)
                 .max()
-                .unwrap_or(VA_BASE)
+                .unwrap_or_else(first_region_va)
                 .div_ceil(VA_ALIGN)
                 * VA_ALIGN;
             if va + region.len() as u64 > exanet_proto::ni::MAILBOX_WINDOW {

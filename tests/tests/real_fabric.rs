@@ -892,7 +892,7 @@ fn an_endpoint_daemon_restarting_with_transfers_in_flight() {
         "the old endpoint at {bn} still registers memory"
     );
     // A new workload at once, while the writes meant for the old one may still be retried:
-    // its first region is where the old one's was.
+    // its first region is placed afresh, not where the old one's was.
     let b2 = Endpoint::attach_to(&rack.dir, bn, None)
         .unwrap_or_else(|e| panic!("attach to the restarted {bn}: {e}"));
     let fresh = b2.register(RS_LEN * RS_WRITES).unwrap();
