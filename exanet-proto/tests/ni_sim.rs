@@ -974,8 +974,15 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
     }
     // The server did have a served read to remember and forget: the loop above ran, and
     // what it remembered is gone.
-    assert!(wakes > 0, "the server had no timer to follow: the test shows nothing");
-    assert_eq!(server.poll_timeout(), None, "the server never forgets the read");
+    assert!(
+        wakes > 0,
+        "the server had no timer to follow: the test shows nothing"
+    );
+    assert_eq!(
+        server.poll_timeout(),
+        None,
+        "the server never forgets the read"
+    );
 }
 
 /// A message NACKed for a CRC error is sent again, and that resend counts as a
