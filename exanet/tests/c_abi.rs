@@ -449,30 +449,18 @@ fn compile(dir: &Path, src: &str) -> (bool, String, PathBuf) {
     let file = dir.join("probe.c");
     std::fs::write(&file, src).unwrap();
     let exe = dir.join("probe");
-    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
-    cc.args([
-        "-std=c11",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-pedantic-errors",
-        "-I",
-    ])
-    .arg(header().parent().unwrap())
-    .arg(&file)
-    .arg(rack::exanet_lib())
-    .args([
-        "-lpthread",
-        "-ldl",
-        "-lm",
-        "-lrt",
-        "-lutil",
-        "-lgcc_s",
-        "-o",
-    ])
-    .arg(&exe);
-    let (ok, out, err) = rack::run(cc, Duration::from_secs(120));
-    (ok, format!("{out}{err}"), exe)
+    let (ok, out) = rack::compile_c(
+        &file,
+        &exe,
+        &[
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic-errors",
+        ],
+    );
+    (ok, out, exe)
 }
 
 fn scratch(tag: &str) -> PathBuf {

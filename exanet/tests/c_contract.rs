@@ -18,23 +18,12 @@ fn build() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("exanet-c-contract-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("c_contract");
-    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
-    cc.args(["-std=c11", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c_contract.c"))
-        .arg(rack::exanet_lib())
-        .args([
-            "-lpthread",
-            "-ldl",
-            "-lm",
-            "-lrt",
-            "-lutil",
-            "-lgcc_s",
-            "-o",
-        ])
-        .arg(&exe);
-    let (ok, out, err) = rack::run(cc, Duration::from_secs(120));
-    assert!(ok, "compiling c_contract.c failed:\n{out}\n{err}");
+    let (ok, out) = rack::compile_c(
+        &manifest.join("tests/c_contract.c"),
+        &exe,
+        &["-std=c11", "-g", "-Wall", "-Wextra", "-Werror"],
+    );
+    assert!(ok, "compiling c_contract.c failed:\n{out}");
     exe
 }
 

@@ -21,24 +21,21 @@ fn build(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("exanet-c-release-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join(name);
-    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
-    cc.args(["-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-pthread"])
-        .args(["-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c_release.c"))
-        .arg(rack::exanet_lib())
-        .args([
-            "-lpthread",
-            "-ldl",
-            "-lm",
-            "-lrt",
-            "-lutil",
-            "-lgcc_s",
-            "-o",
-        ])
-        .arg(&exe);
-    let (ok, out, err) = rack::run(cc, Duration::from_secs(120));
-    assert!(ok, "compiling c_release.c failed:\n{out}\n{err}");
+    let (ok, out) = rack::compile_c(
+        &manifest.join("tests/c_release.c"),
+        &exe,
+        &[
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-g",
+            "-O1",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ],
+    );
+    assert!(ok, "compiling c_release.c failed:\n{out}");
     exe
 }
 

@@ -58,6 +58,32 @@ pub fn exanet_lib() -> PathBuf {
         .unwrap_or_else(|| panic!("libexanet.a not found in {} or its deps/", dir.display()))
 }
 
+/// Compiles the C program `src` against `include/exanet.h` and this build's static
+/// library into `exe`, with `flags` (standard, warnings...) before the sources; (success,
+/// compiler output).
+pub fn compile_c(src: &Path, exe: &Path, flags: &[&str]) -> (bool, String) {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
+    cc.args(flags)
+        .arg("-I")
+        .arg(manifest.join("include"))
+        .arg(src)
+        .arg(exanet_lib())
+        // What the Rust standard library in libexanet.a needs from the system.
+        .args([
+            "-lpthread",
+            "-ldl",
+            "-lm",
+            "-lrt",
+            "-lutil",
+            "-lgcc_s",
+            "-o",
+        ])
+        .arg(exe);
+    let (ok, out, err) = run(cc, Duration::from_secs(120));
+    (ok, format!("{out}{err}"))
+}
+
 /// Runs `cmd` to completion with a time limit; (success, stdout, stderr).
 pub fn run(mut cmd: Command, limit: Duration) -> (bool, String, String) {
     let shown = format!("{cmd:?}");
