@@ -612,6 +612,17 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
         .ok()
 }
 
+/// `len` bytes that differ with `seed` and along their length: data a test writes and
+/// compares, where a shift, a stale copy or another transfer's bytes would show.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| {
+            let x = i.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            (x ^ (x >> 8) ^ (x >> 19) ^ (x >> 31)) as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

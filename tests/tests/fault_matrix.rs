@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, parse_prometheus, TestRack};
+use exanet_tests::{http_get, parse_prometheus, pattern, TestRack};
 
 const SHAPE: &str = "2x1x1";
 /// The link the traffic crosses, and the workloads' nodes at either side of it.
@@ -29,15 +29,6 @@ const DST: &str = "M1QBF3";
 const LEN: u64 = 64 << 10;
 /// Long enough for an operation to exhaust its retries under any fault here.
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let x = i.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            (x ^ (x >> 8) ^ (x >> 19) ^ (x >> 31)) as u8
-        })
-        .collect()
-}
 
 /// The two workloads and their resources.
 struct World {

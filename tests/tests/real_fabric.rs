@@ -25,7 +25,7 @@ use exanet_proto::cell::MAX_CELL;
 use exanet_proto::routing::{self, Vc};
 use exanet_proto::topology::Port;
 use exanet_proto::{Coord, NodeId, Shape};
-use exanet_tests::{metric_sum, rss_kib, Sample, TestRack};
+use exanet_tests::{metric_sum, pattern, rss_kib, Sample, TestRack};
 use serde_json::{json, Value};
 
 const HTTP: Duration = Duration::from_secs(10);
@@ -35,15 +35,6 @@ const CONTROL: Duration = Duration::from_secs(10);
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let x = i.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            (x ^ (x >> 8) ^ (x >> 19) ^ (x >> 31)) as u8
-        })
-        .collect()
 }
 
 /// An operation's error must be the NI's verdict (timed out, NACKed), with its reason.

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, run_with_timeout, Run, TestRack};
+use exanet_tests::{http_get, pattern, run_with_timeout, Run, TestRack};
 use serde_json::Value;
 
 const SHAPE: &str = "2x2x1";
@@ -607,15 +607,6 @@ impl Drop for StopOnDrop {
 }
 
 // --- Traffic between the hosts.
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let x = i.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            (x ^ (x >> 8) ^ (x >> 19) ^ (x >> 31)) as u8
-        })
-        .collect()
-}
 
 /// What traffic came to.
 #[derive(Debug, Default)]
