@@ -30,6 +30,7 @@ fn build() -> PathBuf {
 #[test]
 fn the_header_contract_holds_from_c() {
     let exe = build();
+    let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
     let rack = Rack::up("cc", "2x1x1");
     let mut c = Command::new(&exe);
     c.arg(&rack.dir)
@@ -56,5 +57,4 @@ fn the_header_contract_holds_from_c() {
         "{out}\n{err}"
     );
     assert_eq!(out.lines().last(), Some("done"), "{out}");
-    let _ = std::fs::remove_file(exe);
 }

@@ -18,7 +18,7 @@ use common::{Behavior, Fake, NODE};
 /// tests/c_release.c, built as `name` in a directory of this test process.
 fn build(name: &str) -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("exanet-c-release-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("exanet-c-release-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join(name);
     let (ok, out) = rack::compile_c(
@@ -98,6 +98,7 @@ fn race_command(exe: &Path, lo: &Fake, silent: &Fake, iterations: usize) -> Comm
 #[test]
 fn c_release_races_with_calls_in_progress() {
     let exe = build("c_release");
+    let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
     let lo = Fake::start("rel-lo", Behavior::Loopback);
     let silent = Fake::start("rel-si", Behavior::Silent);
     let out = race(
@@ -121,6 +122,7 @@ fn c_release_races_under_valgrind() {
         return;
     }
     let exe = build("c_release_vg");
+    let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
     let lo = Fake::start("rel-vg-lo", Behavior::Loopback);
     let silent = Fake::start("rel-vg-si", Behavior::Silent);
     let inner = race_command(&exe, &lo, &silent, 12);
@@ -143,6 +145,7 @@ fn c_release_races_under_valgrind() {
 #[test]
 fn c_detach_frees_the_rank_of_a_waiting_endpoint() {
     let exe = build("c_release_ranks");
+    let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
     let rack = rack::Rack::up("rel", "1x1x1");
     let mut c = Command::new(&exe);
     c.arg("ranks")

@@ -58,6 +58,15 @@ pub fn exanet_lib() -> PathBuf {
         .unwrap_or_else(|| panic!("libexanet.a not found in {} or its deps/", dir.display()))
 }
 
+/// A scratch directory, removed when dropped (when the test ends, failed or not).
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Compiles the C program `src` against `include/exanet.h` and this build's static
 /// library into `exe`, with `flags` (standard, warnings...) before the sources; (success,
 /// compiler output).
