@@ -623,6 +623,72 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The messages one test sends to one mailbox, each carrying its sequence number in its
+/// first 8 bytes: what checks that every ACKed message is delivered, none twice, none
+/// corrupt.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Messages sent, by sequence number: what any copy received must equal.
+    pub sent: std::collections::HashMap<u64, Vec<u8>>,
+    /// Messages whose send was ACKed: each must be delivered.
+    pub acked: std::collections::HashSet<u64>,
+    /// Messages delivered: each at most once.
+    pub delivered: std::collections::HashSet<u64>,
+}
+
+impl Ledger {
+    /// A 64-byte message numbered `seq` (its bytes drawn from `seed`), recorded as sent.
+    pub fn message(&mut self, seq: u64, seed: u64) -> Vec<u8> {
+        let mut p = pattern(seed, 64);
+        p[..8].copy_from_slice(&seq.to_le_bytes());
+        self.sent.insert(seq, p.clone());
+        p
+    }
+
+    /// Takes every message waiting in `inbox`, checking each against what was sent under
+    /// its number; how many there were.
+    #[track_caller]
+    pub fn drain(&mut self, inbox: &exanet::Mailbox) -> u32 {
+        let mut n = 0;
+        while let Some(m) = inbox.try_recv().unwrap() {
+            assert_eq!(m.payload.len(), 64, "a message arrived cut");
+            let seq = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+            let want = self
+                .sent
+                .get(&seq)
+                .unwrap_or_else(|| panic!("a message arrived with a corrupt sequence number"));
+            assert_eq!(&m.payload, want, "message {seq} arrived corrupt");
+            assert!(
+                self.delivered.insert(seq),
+                "message {seq} was delivered twice"
+            );
+            n += 1;
+        }
+        n
+    }
+
+    /// Drains `inbox` until every message ACKed so far has been delivered, for at most
+    /// `limit`: the destination queues a message before it answers, but its workload learns
+    /// of it through its own daemon, so that takes a moment. How many were taken.
+    #[track_caller]
+    pub fn assert_acked_delivered(&mut self, inbox: &exanet::Mailbox, limit: Duration) -> u32 {
+        let deadline = Instant::now() + limit;
+        let mut n = 0;
+        loop {
+            n += self.drain(inbox);
+            let missing: Vec<_> = self.acked.difference(&self.delivered).collect();
+            if missing.is_empty() {
+                return n;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "messages ACKed but never delivered: {missing:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

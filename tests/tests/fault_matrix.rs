@@ -14,11 +14,11 @@
 //! Needs `exactl` and `exanetd` built with the same profile (`cargo test --workspace`
 //! builds them).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, parse_prometheus, pattern, TestRack};
+use exanet_tests::{http_get, parse_prometheus, pattern, Ledger, TestRack};
 
 const SHAPE: &str = "2x1x1";
 /// The link the traffic crosses, and the workloads' nodes at either side of it.
@@ -43,12 +43,8 @@ struct World {
     inbox: Mailbox,
     inbox_addr: Gvas,
     seq: u64,
-    /// Messages sent, by sequence number: what any copy received must equal.
-    sent: HashMap<u64, Vec<u8>>,
-    /// Messages whose send was ACKed: each must be delivered.
-    acked: HashSet<u64>,
-    /// Messages delivered: each at most once.
-    delivered: HashSet<u64>,
+    /// Every message sent, ACKed and delivered.
+    ledger: Ledger,
 }
 
 /// What one operation came to.
@@ -109,9 +105,7 @@ impl World {
             inbox,
             inbox_addr,
             seq: 0,
-            sent: HashMap::new(),
-            acked: HashSet::new(),
-            delivered: HashSet::new(),
+            ledger: Ledger::default(),
         }
     }
 
@@ -153,14 +147,12 @@ impl World {
     /// One 64-byte mailbox message carrying its sequence number.
     fn message(&mut self, t: &mut Tally) {
         self.seq += 1;
-        let mut p = pattern(self.seq, 64);
-        p[..8].copy_from_slice(&self.seq.to_le_bytes());
-        self.sent.insert(self.seq, p.clone());
+        let p = self.ledger.message(self.seq, self.seq);
         let tag = self.tx.send(0, self.inbox_addr, &p).unwrap();
         match self.a.wait(tag, WAIT) {
             Ok(()) => {
                 t.ok += 1;
-                self.acked.insert(self.seq);
+                self.ledger.acked.insert(self.seq);
             }
             Err(e) => *t.failed.entry(reason(e)).or_default() += 1,
         }
@@ -169,40 +161,15 @@ impl World {
 
     /// Checks every message that arrived against what was sent under its number.
     fn drain(&mut self, t: &mut Tally) {
-        while let Some(m) = self.inbox.try_recv().unwrap() {
-            assert_eq!(m.payload.len(), 64, "a message arrived cut");
-            let seq = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
-            let want = self
-                .sent
-                .get(&seq)
-                .unwrap_or_else(|| panic!("a message arrived with a corrupt sequence number"));
-            assert_eq!(&m.payload, want, "message {seq} arrived corrupt");
-            assert!(
-                self.delivered.insert(seq),
-                "message {seq} was delivered twice"
-            );
-            t.received += 1;
-        }
+        t.received += self.ledger.drain(&self.inbox);
     }
 
-    /// Every message ACKed so far has been delivered. The destination queues a message
-    /// before it answers, but its workload learns of it through its own daemon, so allow
-    /// that a moment.
+    /// Every message ACKed so far has been delivered.
     #[track_caller]
     fn assert_acked_delivered(&mut self, t: &mut Tally) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            self.drain(t);
-            let missing: Vec<_> = self.acked.difference(&self.delivered).collect();
-            if missing.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "messages ACKed but never delivered: {missing:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        t.received += self
+            .ledger
+            .assert_acked_delivered(&self.inbox, Duration::from_secs(10));
     }
 
     fn traffic(&mut self, rdma: u32, messages: u32) -> Tally {

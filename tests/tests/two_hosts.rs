@@ -35,7 +35,7 @@
 //! default route); the namespaces have no default route; everything is removed at the
 //! end, also when the test fails.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, pattern, run_with_timeout, Run, TestRack};
+use exanet_tests::{http_get, pattern, run_with_timeout, Ledger, Run, TestRack};
 use serde_json::Value;
 
 const SHAPE: &str = "2x2x1";
@@ -658,12 +658,8 @@ struct Workloads {
     inbox_addr: Gvas,
     next_slot: u64,
     seq: u64,
-    /// Messages sent, by sequence number: what any copy received must equal.
-    sent: HashMap<u64, Vec<u8>>,
-    /// Messages whose send was ACKed: each must be delivered.
-    acked: HashSet<u64>,
-    /// Messages delivered: each at most once.
-    delivered: HashSet<u64>,
+    /// Every message sent, ACKed and delivered.
+    ledger: Ledger,
     /// Transfers that did not complete: whatever of them arrived late must be right.
     unfinished: Vec<Landed>,
 }
@@ -698,9 +694,7 @@ impl Workloads {
             inbox_addr,
             next_slot: 0,
             seq: 0,
-            sent: HashMap::new(),
-            acked: HashSet::new(),
-            delivered: HashSet::new(),
+            ledger: Ledger::default(),
             unfinished: Vec::new(),
         }
     }
@@ -801,14 +795,14 @@ impl Workloads {
     /// One 64-byte message from A to B's mailbox, carrying its sequence number.
     fn message(&mut self, t: &mut Tally) {
         self.seq += 1;
-        let mut p = pattern(self.seq.wrapping_add(1 << 40), 64);
-        p[..8].copy_from_slice(&self.seq.to_le_bytes());
-        self.sent.insert(self.seq, p.clone());
+        let p = self
+            .ledger
+            .message(self.seq, self.seq.wrapping_add(1 << 40));
         let tag = self.tx.send(0, self.inbox_addr, &p).unwrap();
         match self.a.wait(tag, WAIT) {
             Ok(()) => {
                 t.ok += 1;
-                self.acked.insert(self.seq);
+                self.ledger.acked.insert(self.seq);
             }
             Err(e) => *t.failed.entry(reason(e)).or_default() += 1,
         }
@@ -817,39 +811,15 @@ impl Workloads {
 
     /// Checks every message that arrived against what was sent under its number.
     fn drain(&mut self, t: &mut Tally) {
-        while let Some(m) = self.inbox.try_recv().unwrap() {
-            assert_eq!(m.payload.len(), 64, "a message arrived cut");
-            let seq = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
-            let want = self
-                .sent
-                .get(&seq)
-                .unwrap_or_else(|| panic!("a message arrived with a corrupt sequence number"));
-            assert_eq!(&m.payload, want, "message {seq} arrived corrupt");
-            assert!(
-                self.delivered.insert(seq),
-                "message {seq} was delivered twice"
-            );
-            t.received += 1;
-        }
+        t.received += self.ledger.drain(&self.inbox);
     }
 
-    /// Every message ACKed so far has been delivered (allowing its delivery a moment to
-    /// reach the workload through its daemon).
+    /// Every message ACKed so far has been delivered.
     #[track_caller]
     fn assert_acked_delivered(&mut self, t: &mut Tally) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            self.drain(t);
-            let missing: Vec<_> = self.acked.difference(&self.delivered).collect();
-            if missing.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "messages ACKed but never delivered: {missing:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        t.received += self
+            .ledger
+            .assert_acked_delivered(&self.inbox, Duration::from_secs(20));
     }
 
     /// `rounds` of RDMA (from the reserved slots if need be) and `messages` messages.
@@ -1137,19 +1107,19 @@ fn rack_over_two_hosts_survives_a_host_partition() {
     // (A message of the cut may arrive among these: more is fine, each once.)
     assert!(after.received >= 20, "{after:?}");
     w.assert_acked_delivered(&mut during);
-    let lost_unacked = w.sent.len() - w.delivered.len();
+    let lost_unacked = w.ledger.sent.len() - w.ledger.delivered.len();
     // A message the NI gave up on may still arrive: its cells waited in a switch for the
     // link and went out when it came back (at most once, as checked).
-    let failed_delivered = w.delivered.difference(&w.acked).count();
+    let failed_delivered = w.ledger.delivered.difference(&w.ledger.acked).count();
     let (landed, cells) = w.assert_unfinished_clean();
     eprintln!(
         "after the recovery: {after:?}; {} messages sent, {} ACKed, {} delivered once each \
          ({failed_delivered} of them reported timed out; {lost_unacked} not delivered, none \
          of them ACKed); {} transfers unfinished, {landed} of their {cells} cells landed \
          late, all intact",
-        w.sent.len(),
-        w.acked.len(),
-        w.delivered.len(),
+        w.ledger.sent.len(),
+        w.ledger.acked.len(),
+        w.ledger.delivered.len(),
         w.unfinished.len()
     );
     drop(w);
