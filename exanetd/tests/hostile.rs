@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::mailbox_gvas;
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanetd::rack::{write_rack_file, Job, Layout};
+use exanetd::rack::Layout;
 use support::raw::{attach, attach_within, daemon_threads, make_blocking, try_request, Workload};
 use support::TestRack;
 
@@ -40,25 +40,8 @@ const VICTIM_KEY: &str = "alice-key";
 const STATUS_BOUND: Duration = Duration::from_secs(5);
 
 fn rack(tag: &str) -> TestRack {
-    let mut r = TestRack::new(tag, "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
     // Debug logs of tens of thousands of refused commands would only slow the machine.
-    r.log_level = "info".into();
-    let mut f = r.rack().file.clone();
-    f.jobs.insert(
-        "alice".into(),
-        Job {
-            key: Some(VICTIM_KEY.into()),
-            pdid: 42,
-            ..Job::default()
-        },
-    );
-    write_rack_file(&r.dir, &f).unwrap();
-    r.start_all();
-    r.wait_links_up(
-        &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
-        Duration::from_secs(20),
-    );
-    r
+    support::two_job_rack(tag, env!("CARGO_BIN_EXE_exanetd"), VICTIM_KEY, "info")
 }
 
 fn attach_path(r: &TestRack, node: &str) -> PathBuf {

@@ -10,28 +10,12 @@ use std::time::{Duration, Instant};
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::mailbox_gvas;
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanetd::rack::{write_rack_file, Job, Layout};
+use exanetd::rack::Layout;
 use support::raw::{attach, daemon_fds, make_blocking, request};
 use support::TestRack;
 
 fn rack(tag: &str) -> TestRack {
-    let mut r = TestRack::new(tag, "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
-    let mut f = r.rack().file.clone();
-    f.jobs.insert(
-        "alice".into(),
-        Job {
-            key: Some("alice-key".into()),
-            pdid: 42,
-            ..Job::default()
-        },
-    );
-    write_rack_file(&r.dir, &f).unwrap();
-    r.start_all();
-    r.wait_links_up(
-        &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
-        Duration::from_secs(20),
-    );
-    r
+    support::two_job_rack(tag, env!("CARGO_BIN_EXE_exanetd"), "alice-key", "debug")
 }
 
 #[test]

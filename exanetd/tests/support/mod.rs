@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::Shape;
 use exanetd::control::{request, LinkState, NodeStatus, Request, Response};
-use exanetd::rack::{write_rack_file, Layout, Rack, RackFile};
+use exanetd::rack::{write_rack_file, Job, Layout, Rack, RackFile};
 
 pub struct TestRack {
     pub dir: PathBuf,
@@ -160,6 +160,29 @@ impl TestRack {
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.children.get(name).map(Child::id)
     }
+}
+
+/// A running 1x1x1 rack, every link up, with a second job `alice` (PDID 42, admitted by
+/// `alice_key`) beside the default one: a node's workloads of two jobs side by side.
+pub fn two_job_rack(tag: &str, daemon: &str, alice_key: &str, log_level: &str) -> TestRack {
+    let mut r = TestRack::new(tag, "1x1x1", daemon);
+    r.log_level = log_level.into();
+    let mut f = r.rack().file.clone();
+    f.jobs.insert(
+        "alice".into(),
+        Job {
+            key: Some(alice_key.into()),
+            pdid: 42,
+            ..Job::default()
+        },
+    );
+    write_rack_file(&r.dir, &f).unwrap();
+    r.start_all();
+    r.wait_links_up(
+        &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
+        Duration::from_secs(20),
+    );
+    r
 }
 
 pub fn signal(pid: u32, sig: i32) {
