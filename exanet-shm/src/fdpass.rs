@@ -115,6 +115,12 @@ pub fn peer_credentials(stream: &UnixStream) -> std::io::Result<PeerCredentials>
     Ok(PeerCredentials { pid, uid, gid })
 }
 
+/// Whether the peer of `stream` is gone (closed it or shut down its sending side), asked
+/// without waiting: a dead workload's connection, before its session thread notices.
+pub fn peer_hung_up(stream: &impl AsFd) -> bool {
+    crate::sys::peer_hung_up(stream.as_fd())
+}
+
 /// This process's effective user id, to compare [`PeerCredentials::uid`] with.
 pub fn effective_uid() -> u32 {
     crate::sys::effective_uid()

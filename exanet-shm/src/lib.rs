@@ -84,7 +84,7 @@ mod sys;
 
 pub use doorbell::{Doorbell, Waiter};
 pub use fdpass::{
-    effective_uid, peer_credentials, recv_fds, send_fds, FdPassError, PeerCredentials,
+    effective_uid, peer_credentials, peer_hung_up, recv_fds, send_fds, FdPassError, PeerCredentials,
 };
 #[cfg(target_has_atomic = "64")]
 pub use region::SharedU64;

@@ -173,6 +173,20 @@ pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io
     Ok(n > 0)
 }
 
+/// Whether the peer of the stream `fd` is gone: it closed the connection or shut down its
+/// sending side (`POLLRDHUP`, `POLLHUP` or `POLLERR` now, without waiting).
+pub(crate) fn peer_hung_up(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid `pollfd` that lives across the call (nfds = 1 matches);
+    // a zero timeout never waits; `fd` is borrowed, so it is open.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 // --- shared mappings -------------------------------------------------------------------------
 
 /// A `MAP_SHARED`, read-write mapping of a whole file, unmapped on drop.

@@ -299,18 +299,6 @@ impl Drop for EndedGuard {
     }
 }
 
-/// Whether the peer of a connection is gone (closed it, or shut down its sending side).
-fn hung_up(fd: &OwnedFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one pollfd that lives across the call, for an open descriptor; no waiting.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
-}
-
 /// Waits until the sessions whose workload is gone (their connection hung up: the process
 /// exited or was killed) have been torn down, so that their ranks and holdings are free
 /// before a new attach picks a rank: a workload restarted at once gets the rank it had.
@@ -320,7 +308,7 @@ fn reap_dead(node: &NodeHandle) {
         core.sessions
             .iter()
             .flatten()
-            .filter(|s| hung_up(&s.conn))
+            .filter(|s| exanet_shm::peer_hung_up(&s.conn))
             .map(|s| Arc::clone(&s.ended))
             .collect()
     };
