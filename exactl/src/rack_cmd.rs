@@ -188,15 +188,15 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
                 .collect()
         }
         None => {
-            let avail = ephemeral_ports();
-            // Leave the system most of its ephemeral range.
+            let avail = port_pool().len() as u32;
+            // Leave the host most of the pool.
             if 2 * n > avail / 2 {
                 return Err(CliError::BadValue {
                     what: "--shape",
                     value: shape.to_string(),
                     message: format!(
                         "a local rack of {n} nodes needs {} ports, too many to pick from the \
-                         {avail} ephemeral ports; give --base-port",
+                         {avail} ports below the ephemeral range; give --base-port",
                         2 * n
                     ),
                 });
@@ -286,41 +286,47 @@ fn port_of(addr: &str) -> Option<u32> {
     addr.rsplit_once(':')?.1.parse().ok()
 }
 
-/// How many ephemeral ports the kernel hands out (`ip_local_port_range`).
-fn ephemeral_ports() -> u32 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+/// Where a local rack's ports are drawn from: below the kernel's ephemeral range
+/// (`ip_local_port_range`, 32768 when it cannot be read). A port the kernel handed out for
+/// a bind to port 0 and that was let go is the next ephemeral port anyone (another rack's
+/// dialing endpoint, a test's client socket) may get before the daemon binds it; a port
+/// under the range is taken only by whoever names it.
+fn port_pool() -> std::ops::Range<u16> {
+    let floor = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|t| {
-            let mut it = t.split_whitespace().map(|v| v.parse::<u32>().ok());
-            let (lo, hi) = (it.next()??, it.next()??);
-            hi.checked_sub(lo).map(|d| d + 1)
-        })
-        .unwrap_or(28232)
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+        .max(4096);
+    (floor / 3).max(1024)..floor
 }
 
-/// Picks `n` (UDP link, TCP metrics) port pairs on 127.0.0.1 that are free right now: the
-/// kernel chooses each by a bind to port 0, which is then released. All ports differ.
+/// Picks `n` (UDP link, TCP metrics) port pairs on 127.0.0.1 that are free right now, at
+/// random from [`port_pool`] (a bind tells whether one is free). All ports differ.
 fn pick_free_ports(n: usize) -> std::io::Result<Vec<(u16, u16)>> {
+    use std::hash::BuildHasher;
+    let pool = port_pool();
+    // RandomState is seeded per process: racks picking at once draw different ports.
+    let hasher = std::collections::hash_map::RandomState::new();
     let mut seen = HashSet::with_capacity(2 * n);
     let mut out = Vec::with_capacity(n);
+    let mut draw = 0u64;
     let mut pick = |tcp: bool| -> std::io::Result<u16> {
-        for _ in 0..64 {
-            let port = if tcp {
-                TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-                    .local_addr()?
-                    .port()
+        for _ in 0..4096 {
+            draw += 1;
+            let port = pool.start + (hasher.hash_one(draw) % pool.len() as u64) as u16;
+            let free = if tcp {
+                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
             } else {
-                UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?
-                    .local_addr()?
-                    .port()
+                UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
             };
-            if seen.insert(port) {
+            if free && seen.insert(port) {
                 return Ok(port);
             }
         }
-        Err(std::io::Error::other(
-            "the kernel keeps handing out ports already picked",
-        ))
+        Err(std::io::Error::other(format!(
+            "no free port found in {}..{} (below the ephemeral range)",
+            pool.start, pool.end
+        )))
     };
     for _ in 0..n {
         let link = pick(false)?;
@@ -737,7 +743,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), 80);
-        assert!(all.iter().all(|&p| p != 0));
+        assert!(all.iter().all(|p| port_pool().contains(p)), "{all:?}");
     }
 
     #[test]
