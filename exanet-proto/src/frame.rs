@@ -124,6 +124,9 @@ pub fn encode_raw_cell(vc: Vc, wire: &[u8], out: &mut BytesMut) {
     out.put_slice(wire);
 }
 
+/// Bytes of a credit frame: the tag (with the VC) and the credit.
+pub const CREDIT_FRAME_LEN: usize = 5;
+
 pub fn encode_credit(vc: Vc, bytes: u32, out: &mut BytesMut) {
     out.put_u8(TAG_CREDIT + vc.0);
     out.put_u32(bytes);

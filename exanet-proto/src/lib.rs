@@ -13,6 +13,8 @@
 //! - [`cell`]: the cell wire format; [`frame`]: link framing between switches;
 //! - [`switch`]: input queues, arbitration and credit flow control;
 //! - [`fault`]: fault injection and shaping on one direction of a link;
+//! - [`link`]: the sending end of one link direction, which both the daemon and the
+//!   simulator send through;
 //! - [`rng`]: the seeded generator behind simulated jitter and injected faults;
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
 //! - [`sim`]: a whole rack in simulated time.
@@ -22,6 +24,7 @@ pub mod cell;
 pub mod fault;
 pub mod frame;
 pub mod gvas;
+pub mod link;
 pub mod ni;
 pub mod node;
 pub mod probe;

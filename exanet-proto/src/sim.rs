@@ -7,12 +7,13 @@
 //! fixed latency plus seeded jitter; credit frames take the latency but no bandwidth.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use bytes::BytesMut;
 
 use crate::cell::{Cell, HEADER_LEN};
-use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
+use crate::fault::{flip_bit, FaultError, FaultStats, LinkFaults};
+use crate::link::{Departure, LinkSender};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
 use crate::shape::{NodeId, Shape};
@@ -57,14 +58,17 @@ enum Ev {
     },
     /// The node's NI timer.
     Timer { node: NodeId },
-    /// A cell lost on the wire or refused by the receiver's CRC check: its credit is
-    /// returned when it would have arrived.
-    Lost {
+    /// A cell refused by the receiver's CRC check: the receiver refunds its credit.
+    Refused {
         node: NodeId,
         port: Port,
         vc: Vc,
         bytes: u32,
     },
+    /// Frames the faults of a link direction held back fall due.
+    Release { node: NodeId, port: Port },
+    /// The credit of cells the faults of a link direction dropped goes back to its output.
+    Owed { node: NodeId, port: Port },
 }
 
 /// Why per-link faults cannot be set.
@@ -111,9 +115,13 @@ pub struct Sim {
     /// The NI timer each node has scheduled.
     timer_at: Vec<Option<Instant>>,
     faults: Faults,
-    /// The fault injectors of link directions given faults, by (node, port): the same
-    /// wrapper each daemon puts on its links.
-    injectors: HashMap<(NodeId, Port), FaultInjector>,
+    /// Every link direction's sending end, by node and port: the same one each daemon
+    /// sends through, so the operator's faults act here as they do on a real rack.
+    senders: Vec<Vec<LinkSender>>,
+    /// The release event each link direction has scheduled for its held frames.
+    release_at: HashMap<(NodeId, Port), Instant>,
+    /// Link directions with an `Ev::Owed` scheduled.
+    owed_pending: HashSet<(NodeId, Port)>,
 }
 
 /// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
@@ -159,7 +167,15 @@ impl Sim {
             processed: 0,
             timer_at: vec![None; n],
             faults: Faults::default(),
-            injectors: HashMap::new(),
+            senders: (0..n as u64)
+                .map(|i| {
+                    (0..NPORTS as u64)
+                        .map(|p| LinkSender::new(cfg.seed ^ (i << 8 | p)))
+                        .collect()
+                })
+                .collect(),
+            release_at: HashMap::new(),
+            owed_pending: HashSet::new(),
         };
         for l in links(&shape) {
             let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
@@ -189,18 +205,94 @@ impl Sim {
             return Err(LinkFaultError::Down);
         }
         let port = port_to(&self.shape, from, to).ok_or(LinkFaultError::NotLinked { from, to })?;
-        let mut fi = FaultInjector::new(seed);
-        fi.set(faults, self.now)?;
-        self.injectors.insert((from, port), fi);
+        let now = self.now;
+        let s = self.sender(from, port);
+        s.reseed(seed);
+        s.set_faults(faults, now)?;
+        // Clearing a shaping fault releases held frames at once.
+        self.schedule_release(from, port);
         Ok(())
     }
 
-    /// What the injector on `from`'s link to `to` has done (zero if it has none).
+    /// What the faults on `from`'s link to `to` have done (zero if it has none).
     pub fn link_fault_stats(&self, from: NodeId, to: NodeId) -> FaultStats {
         port_to(&self.shape, from, to)
-            .and_then(|p| self.injectors.get(&(from, p)))
-            .map(FaultInjector::stats)
+            .map(|p| self.senders[from.0 as usize][p.index()].stats())
             .unwrap_or_default()
+    }
+
+    fn sender(&mut self, node: NodeId, port: Port) -> &mut LinkSender {
+        &mut self.senders[node.0 as usize][port.index()]
+    }
+
+    /// Makes sure a release event is due when the first frame held on (`node`, `port`) is.
+    fn schedule_release(&mut self, node: NodeId, port: Port) {
+        let Some(due) = self.sender(node, port).poll_at() else {
+            return;
+        };
+        if self
+            .release_at
+            .get(&(node, port))
+            .is_some_and(|&t| t <= due)
+        {
+            return;
+        }
+        self.release_at.insert((node, port), due);
+        self.schedule(due.max(self.now), Ev::Release { node, port });
+    }
+
+    /// Puts a frame that leaves `node` on `port` now on the link: cells are serialised at
+    /// the link's rate and arrive after its latency (plus jitter), in order; credits take
+    /// the latency but no bandwidth.
+    fn transmit(&mut self, node: NodeId, port: Port, d: Departure) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
+        let now = self.now;
+        let (i, p) = (node.0 as usize, port.index());
+        let (vc, received) = match d {
+            Departure::Credit { vc, bytes } => {
+                let ev = Ev::Credit {
+                    node: peer,
+                    port: peer_port,
+                    vc,
+                    bytes,
+                };
+                self.schedule(now + self.cfg.latency_ns, ev);
+                return;
+            }
+            Departure::Cell { vc, ref cell, .. } => (vc, (cell.wire_len(), d.received_cell())),
+        };
+        let (len, received) = received;
+        let gbps = match port {
+            Port::Torus(..) => LinkKind::TorusX.gbps(),
+            _ => LinkKind::IntraQfdb.gbps(),
+        };
+        let ser = (len as u64 * 8).div_ceil(u64::from(gbps));
+        let start = self.busy_until[i][p].max(now);
+        self.busy_until[i][p] = start + ser;
+        let jitter = self.rng.below(self.cfg.jitter_ns + 1);
+        let mut at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
+        self.last_arrival[i][p] = at;
+        if self.chance(self.faults.reorder) {
+            at = at + 1 + self.rng.below(self.faults.reorder_ns);
+        }
+        let ev = match received {
+            Some(Ok((vc, cell))) => Ev::Cell {
+                node: peer,
+                port: peer_port,
+                vc,
+                cell,
+            },
+            Some(Err(bytes)) => Ev::Refused {
+                node: peer,
+                port: peer_port,
+                vc,
+                bytes,
+            },
+            None => return,
+        };
+        self.schedule(at, ev);
     }
 
     fn chance(&mut self, p: f64) -> bool {
@@ -272,65 +364,25 @@ impl Sim {
     fn pump(&mut self, id: NodeId) {
         let now = self.now;
         let i = id.0 as usize;
+        let mut touched = [false; NPORTS];
         while let Some(t) = self.nodes[i].poll_transmit(now) {
-            let Some((peer, peer_port)) = neighbour(&self.shape, id, t.port) else {
-                continue;
-            };
-            let gbps = match t.port {
-                Port::Torus(..) => LinkKind::TorusX.gbps(),
-                _ => LinkKind::IntraQfdb.gbps(),
-            };
-            let len = t.cell.wire_len();
-            let ser = (len as u64 * 8).div_ceil(u64::from(gbps));
-            let p = t.port.index();
-            let mut cell = Some(t.cell);
-            // The operator's faults on this link direction: the cell's fate, and how long
-            // the injector holds it before the link's own timing applies.
-            let mut hold = 0;
-            if let Some(fi) = self.injectors.get_mut(&(id, t.port)) {
-                match fi.cell_fate(len) {
-                    CellFate::Pass => {}
-                    CellFate::Drop => cell = None,
-                    CellFate::Corrupt { bit } => cell = cell.and_then(|c| flip_and_decode(&c, bit)),
-                }
-                hold = fi.release_at(now, len + crate::frame::CELL_FRAME_HEADER) - now;
+            touched[t.port.index()] = true;
+            if let Some(d) = self.senders[i][t.port.index()].send_cell(now, t.vc, t.cell) {
+                self.transmit(id, t.port, d);
             }
-            let start = self.busy_until[i][p].max(now + hold);
-            self.busy_until[i][p] = start + ser;
-            let jitter = self.rng.below(self.cfg.jitter_ns + 1);
-            let mut at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
-            self.last_arrival[i][p] = at;
-            if self.chance(self.faults.reorder) {
-                at = at + 1 + self.rng.below(self.faults.reorder_ns);
-            }
-            let ev = match cell {
-                Some(cell) => Ev::Cell {
-                    node: peer,
-                    port: peer_port,
-                    vc: t.vc,
-                    cell,
-                },
-                None => Ev::Lost {
-                    node: peer,
-                    port: peer_port,
-                    vc: t.vc,
-                    bytes: len as u32,
-                },
-            };
-            self.schedule(at, ev);
         }
         while let Some((port, vc, bytes)) = self.nodes[i].poll_credit() {
-            if let Some((peer, peer_port)) = neighbour(&self.shape, id, port) {
-                let at = now + self.cfg.latency_ns;
-                self.schedule(
-                    at,
-                    Ev::Credit {
-                        node: peer,
-                        port: peer_port,
-                        vc,
-                        bytes,
-                    },
-                );
+            touched[port.index()] = true;
+            if let Some(d) = self.senders[i][port.index()].send_credit(now, vc, bytes) {
+                self.transmit(id, port, d);
+            }
+        }
+        for port in Port::all().filter(|p| touched[p.index()]) {
+            self.schedule_release(id, port);
+            if self.senders[i][port.index()].owes() && self.owed_pending.insert((id, port)) {
+                // Handed back as a credit frame from the far end would be: a link latency
+                // later, and not from inside this loop (see `LinkSender::send_cell`).
+                self.schedule(now + self.cfg.latency_ns, Ev::Owed { node: id, port });
             }
         }
         while let Some(e) = self.nodes[i].poll_event() {
@@ -408,13 +460,34 @@ impl Sim {
                 self.fire_timer(node);
                 node
             }
-            Ev::Lost {
+            Ev::Refused {
                 node,
                 port,
                 vc,
                 bytes,
             } => {
                 let _ = self.nodes[node.0 as usize].refund(port, vc, bytes);
+                node
+            }
+            Ev::Release { node, port } => {
+                self.release_at.remove(&(node, port));
+                while let Some(d) = self.sender(node, port).poll(now) {
+                    self.transmit(node, port, d);
+                }
+                self.schedule_release(node, port);
+                node
+            }
+            Ev::Owed { node, port } => {
+                self.owed_pending.remove(&(node, port));
+                if let Some(owed) = self.sender(node, port).take_owed() {
+                    for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
+                        if let Err(e) =
+                            self.nodes[node.0 as usize].credit(port, Vc(vc as u8), n, now)
+                        {
+                            self.errors.push((node, e));
+                        }
+                    }
+                }
                 node
             }
         };

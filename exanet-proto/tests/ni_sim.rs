@@ -861,7 +861,9 @@ fn operator_link_faults_are_recovered_and_reproducible() {
             crc_nacks,
         )
     };
-    let (r1, ab, ba, crc) = run(5);
+    // The return direction carries only ACKs (about one fault in expectation): a seed
+    // whose draws hit it too.
+    let (r1, ab, ba, crc) = run(2);
     assert!(ab.dropped_cells > 0 && ab.corrupted_cells > 0, "{ab:?}");
     assert!(ba.dropped_cells + ba.corrupted_cells > 0, "{ba:?}");
     assert!(ab.delayed_frames > 0 && ab.delay_ns >= ab.delayed_frames * 20_000);
@@ -869,7 +871,7 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         crc > 0,
         "no payload corruption was caught by the destination"
     );
-    let (r2, ab2, ba2, crc2) = run(5);
+    let (r2, ab2, ba2, crc2) = run(2);
     assert_eq!(
         (&r1, ab, ba, crc),
         (&r2, ab2, ba2, crc2),

@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use exanet_proto::fault::{flip_bit, CellFate, FaultError, FaultInjector, LinkFaults};
+use exanet_proto::fault::{FaultError, LinkFaults};
 use exanet_proto::frame::{self, Frame, Hello};
+use exanet_proto::link::{Departure, LinkSender};
 use exanet_proto::node::NodeStats;
 use exanet_proto::topology::{neighbour, node_links, NPORTS};
 use exanet_proto::{
-    Cell, CellError, Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape, Vc,
+    CellError, Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape, Vc,
 };
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
@@ -36,56 +37,23 @@ pub struct LinkSlot {
     pub sessions: u64,
     /// The QUIC connection of the current session, for its transport statistics.
     conn: Option<quinn::Connection>,
-    /// Faults injected on what this node sends over the link.
-    faults: FaultInjector,
+    /// What this node sends over the link passes through here: the operator's faults, the
+    /// frames they hold back, the credit of cells they lost.
+    sender: LinkSender,
     /// Cut by the operator: no session is started until it is set up again.
     admin_down: bool,
     /// Wakes the dialer waiting for the operator to set the link up again.
     pub up_wake: Arc<Notify>,
     /// Cells from the peer refused as undecodable (CRC errors and the like).
     pub rx_corrupt_cells: u64,
-    /// Credit of cells the injector dropped, by VC, owed back to this end's output.
-    lost_credit: [u32; exanet_proto::routing::NVCS],
 }
 
 impl LinkSlot {
-    /// Puts a cell on this link's wire: straight into the writer's buffer, or through the
-    /// fault injector while it is not idle (see [`exanet_proto::fault`]).
-    fn send_cell(&mut self, now: Instant, vc: Vc, cell: &Cell) -> Result<(), CellError> {
-        if self.faults.is_idle() {
-            return frame::encode_cell(vc, cell, &mut self.out);
-        }
-        let len = cell.wire_len();
-        let fate = self.faults.cell_fate(len);
-        if fate == CellFate::Drop {
-            // Lost on the wire: the link-level credit comes back, but only when the
-            // link's writer next runs. Handing it back from the pump would let the pump
-            // drop cells for as long as there are any (a load generator has millions),
-            // holding the core the whole time.
-            let owed = &mut self.lost_credit[usize::from(vc.0)];
-            *owed = owed.saturating_add(len as u32);
-            return Ok(());
-        }
-        let mut buf = BytesMut::with_capacity(frame::CELL_FRAME_HEADER + len);
-        frame::encode_cell(vc, cell, &mut buf)?;
-        if let CellFate::Corrupt { bit } = fate {
-            // Only the cell flips, never the framing: a cut frame length would
-            // desynchronise the whole link, which is not a bit error.
-            flip_bit(&mut buf[frame::CELL_FRAME_HEADER..], bit);
-        }
-        self.faults.send(now, buf.freeze());
-        Ok(())
-    }
-
-    /// Puts a credit on this link's wire. Credits ride the same wire as cells: delayed and
-    /// rate-limited with them, never lost (link-level flow control is reliable).
-    fn send_credit(&mut self, now: Instant, vc: Vc, bytes: u32) {
-        if self.faults.is_idle() {
-            frame::encode_credit(vc, bytes, &mut self.out);
-        } else {
-            let mut buf = BytesMut::with_capacity(8);
-            frame::encode_credit(vc, bytes, &mut buf);
-            self.faults.send(now, buf.freeze());
+    /// Writes what leaves the sender now into the writer's buffer.
+    fn put(&mut self, d: Option<Departure>) -> Result<(), CellError> {
+        match d {
+            Some(d) => d.encode(&mut self.out),
+            None => Ok(()),
         }
     }
 }
@@ -137,7 +105,8 @@ impl Core {
             match self.slots[i].as_mut().filter(|s| s.session.is_some()) {
                 Some(slot) => {
                     woken[i] = true;
-                    if let Err(e) = slot.send_cell(now, t.vc, &t.cell) {
+                    let d = slot.sender.send_cell(now, t.vc, t.cell);
+                    if let Err(e) = slot.put(d) {
                         // Cells in the core were validated on the way in; a bug.
                         warn!(error = %e, "dropping unencodable cell");
                         self.node.count_error("encode");
@@ -153,7 +122,8 @@ impl Core {
         while let Some((port, vc, bytes)) = self.node.poll_credit() {
             let i = port.index();
             if let Some(slot) = self.slots[i].as_mut().filter(|s| s.session.is_some()) {
-                slot.send_credit(now, vc, bytes);
+                let d = slot.sender.send_credit(now, vc, bytes);
+                let _ = slot.put(d);
                 woken[i] = true;
             }
         }
@@ -290,11 +260,8 @@ impl Core {
         slot.session = None;
         slot.conn = None;
         slot.out.clear();
-        // Frames held by delay or rate were on the wire: lost with it.
-        slot.faults.discard_held();
-        // So is the credit of cells the injector dropped: the next session starts from
-        // its peer's grant, and handing this back on top would overrun the peer's queue.
-        slot.lost_credit = [0; exanet_proto::routing::NVCS];
+        // Held frames and owed credit were on the wire: lost with it.
+        slot.sender.reset();
         if let Some(w) = slot.wake.take() {
             w.notify_one();
         }
@@ -308,21 +275,21 @@ impl Core {
         if slot.session != Some(sid) {
             return None;
         }
-        let lost = std::mem::take(&mut slot.lost_credit);
-        if lost.iter().any(|&n| n > 0) {
-            for (vc, &n) in lost.iter().enumerate().filter(|(_, n)| **n > 0) {
+        if let Some(owed) = slot.sender.take_owed() {
+            for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
                 let _ = self.node.credit(port, Vc(vc as u8), n, now);
             }
             self.pump(now);
         }
         let slot = self.slot(port)?;
-        let mut out = slot.out.split();
-        while let Some(f) = slot.faults.poll(now) {
-            out.extend_from_slice(&f);
+        while let Some(d) = slot.sender.poll(now) {
+            if let Err(e) = d.encode(&mut slot.out) {
+                warn!(error = %e, "dropping unencodable held cell");
+            }
         }
         Some(Output {
-            bytes: out.freeze(),
-            next_due: slot.faults.poll_at(),
+            bytes: slot.out.split().freeze(),
+            next_due: slot.sender.poll_at(),
         })
     }
 
@@ -340,9 +307,9 @@ impl Core {
             return Ok(());
         };
         if let Some(seed) = seed {
-            slot.faults.reseed(seed);
+            slot.sender.reseed(seed);
         }
-        slot.faults.set(faults, now)?;
+        slot.sender.set_faults(faults, now)?;
         let was_down = std::mem::replace(&mut slot.admin_down, faults.down);
         if faults.down && !was_down {
             if let (Some(sid), Some(conn)) = (slot.session, slot.conn.clone()) {
@@ -506,13 +473,12 @@ impl NodeHandle {
                 sessions: 0,
                 conn: None,
                 // Each link direction draws its own faults; a fault plan reseeds them.
-                faults: FaultInjector::new(
+                sender: LinkSender::new(
                     u64::from(id.0) << 8 | port.index() as u64 ^ 0x5eed_0000_0000,
                 ),
                 admin_down: false,
                 up_wake: Arc::new(Notify::new()),
                 rx_corrupt_cells: 0,
-                lost_credit: [0; exanet_proto::routing::NVCS],
             });
         }
         Ok(Arc::new(NodeHandle {
@@ -639,9 +605,9 @@ impl NodeHandle {
                     queue_bytes: u64::from(sw.queue_bytes(p)),
                     in_flight_bytes: u64::from(sw.in_flight(p)),
                     admin_down: s.admin_down,
-                    faults: (!s.faults.faults().is_clear()).then(|| *s.faults.faults()),
-                    fault_stats: s.faults.stats(),
-                    held_bytes: s.faults.held_bytes() as u64,
+                    faults: (!s.sender.faults().is_clear()).then(|| *s.sender.faults()),
+                    fault_stats: s.sender.stats(),
+                    held_bytes: s.sender.held_bytes() as u64,
                     rx_corrupt_cells: s.rx_corrupt_cells,
                     quic: s.conn.as_ref().map(|c| {
                         let st = c.stats();
