@@ -73,19 +73,25 @@ pub enum FaultError {
 
 impl LinkFaults {
     pub fn validate(&self) -> Result<(), FaultError> {
-        for (what, value) in [("loss", self.loss), ("corrupt", self.corrupt)] {
-            // NaN fails `contains` too.
-            if !(0.0..=1.0).contains(&value) {
-                return Err(FaultError::Probability { what, value });
+        // Probabilities first, then times, then the rate: the order errors were always
+        // reported in when several settings are wrong at once.
+        for unit in [FaultUnit::Probability, FaultUnit::Duration, FaultUnit::Rate] {
+            for kind in FaultKind::ALL.iter().filter(|k| k.unit() == unit) {
+                let what = kind.name();
+                match kind.get(self) {
+                    // NaN fails `contains` too.
+                    FaultValue::Probability(value) if !(0.0..=1.0).contains(&value) => {
+                        return Err(FaultError::Probability { what, value });
+                    }
+                    FaultValue::Duration(ns) if ns > MAX_DELAY_NS => {
+                        return Err(FaultError::TooLong { what, ns });
+                    }
+                    FaultValue::Rate(bps) if bps != 0 && bps < MIN_RATE_BPS => {
+                        return Err(FaultError::RateTooLow { bps });
+                    }
+                    _ => {}
+                }
             }
-        }
-        for (what, ns) in [("delay", self.delay_ns), ("jitter", self.jitter_ns)] {
-            if ns > MAX_DELAY_NS {
-                return Err(FaultError::TooLong { what, ns });
-            }
-        }
-        if self.rate_bps != 0 && self.rate_bps < MIN_RATE_BPS {
-            return Err(FaultError::RateTooLow { bps: self.rate_bps });
         }
         Ok(())
     }
@@ -97,7 +103,236 @@ impl LinkFaults {
 
     /// Frames are held back (delay, jitter or rate).
     pub fn shapes(&self) -> bool {
-        self.delay_ns != 0 || self.jitter_ns != 0 || self.rate_bps != 0
+        FaultKind::ALL
+            .iter()
+            .any(|k| k.unit().shapes() && !k.get(self).is_clear())
+    }
+}
+
+/// How the value of a fault kind is stored, written and exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultUnit {
+    /// Nanoseconds (`u64`); written `200us`, `1.5ms`; exported in seconds.
+    Duration,
+    /// Bits per second (`u64`, 0 leaves the link unshaped); written `100Mbit` or
+    /// `12.5MB/s`; exported in bytes per second.
+    Rate,
+    /// A probability 0..=1 (`f64`); written as a percentage, `0.1%`; exported as a ratio.
+    Probability,
+    /// On or off (`bool`): the kind's flag sets it, its off flag clears it.
+    Switch,
+}
+
+impl FaultUnit {
+    /// A fault of this unit holds frames back, so the injector cannot pass them at once.
+    pub fn shapes(self) -> bool {
+        matches!(self, FaultUnit::Duration | FaultUnit::Rate)
+    }
+}
+
+/// The value of one fault kind, in its unit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FaultValue {
+    Duration(u64),
+    Rate(u64),
+    Probability(f64),
+    Switch(bool),
+}
+
+impl FaultValue {
+    pub fn unit(self) -> FaultUnit {
+        match self {
+            FaultValue::Duration(_) => FaultUnit::Duration,
+            FaultValue::Rate(_) => FaultUnit::Rate,
+            FaultValue::Probability(_) => FaultUnit::Probability,
+            FaultValue::Switch(_) => FaultUnit::Switch,
+        }
+    }
+
+    /// The value of a clear link.
+    pub fn is_clear(self) -> bool {
+        match self {
+            FaultValue::Duration(v) | FaultValue::Rate(v) => v == 0,
+            FaultValue::Probability(p) => p == 0.0,
+            FaultValue::Switch(on) => !on,
+        }
+    }
+
+    /// The value in the unit a metric carries: seconds, bytes per second, a ratio, 0 or 1.
+    pub fn metric_value(self) -> f64 {
+        match self {
+            FaultValue::Duration(ns) => ns as f64 / 1e9,
+            FaultValue::Rate(bps) => bps as f64 / 8.0,
+            FaultValue::Probability(p) => p,
+            FaultValue::Switch(on) => f64::from(u8::from(on)),
+        }
+    }
+}
+
+/// A value given to a fault kind of another unit (a `loss` of 5 ms).
+#[derive(Debug, Error, PartialEq)]
+#[error("{kind} takes a {want:?} value, not {got:?}", kind = kind.name())]
+pub struct FaultUnitMismatch {
+    pub kind: FaultKind,
+    pub want: FaultUnit,
+    pub got: FaultValue,
+}
+
+/// Declares every fault kind once: the enum, its table and the accessors of its
+/// [`LinkFaults`] field. Each entry gives
+/// - `name`: the word for it everywhere an operator sees it: `exactl link set --NAME`, the
+///   key of a fault plan's `set = { NAME = ... }`, the word `exactl link show` prints;
+/// - `field` of [`LinkFaults`] and its `unit` (which decides parser, display, range check
+///   and metric conversion);
+/// - `help`: the one-line help of the command-line flag;
+/// - `off`: an extra flag (and its help) that clears the fault, where a zero value could
+///   not be typed or would read wrongly (`--no-rate`, `--up`);
+/// - `metric`: the `setting` label of the `exanet_link_fault_setting` gauge, if exported.
+macro_rules! fault_kinds {
+    ($(
+        $(#[doc = $doc:literal])*
+        $kind:ident {
+            name: $name:literal,
+            field: $field:ident,
+            unit: $unit:ident,
+            help: $help:literal,
+            off: $off:expr,
+            metric: $metric:expr $(,)?
+        }
+    )*) => {
+        /// One kind of fault a link direction can be given. [`FaultKind::ALL`] is the
+        /// table every tool walks (exactl's `link set` flags, fault plans and `link show`,
+        /// exanetd's metrics), so a new kind is declared here once and appears in all of
+        /// them; only what the kind does to cells is written by hand (in the injector).
+        ///
+        /// ```
+        /// use exanet_proto::fault::{FaultKind, FaultValue, LinkFaults};
+        /// let mut f = LinkFaults::default();
+        /// FaultKind::Loss.set(&mut f, FaultValue::Probability(0.01)).unwrap();
+        /// for k in FaultKind::ALL {
+        ///     if let Some(setting) = k.metric() {
+        ///         let _gauge = (setting, k.get(&f).metric_value());
+        ///     }
+        /// }
+        /// assert_eq!(FaultKind::Loss.name(), "loss");
+        /// ```
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum FaultKind {
+            $( $(#[doc = $doc])* $kind, )*
+        }
+
+        impl FaultKind {
+            /// Every kind, in the order they are listed to operators.
+            pub const ALL: &'static [FaultKind] = &[$(FaultKind::$kind),*];
+            /// How many kinds there are (the size of a per-kind array).
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The operator's word for it: command-line flag, plan key, display word.
+            pub fn name(self) -> &'static str {
+                match self { $(FaultKind::$kind => $name,)* }
+            }
+
+            pub fn unit(self) -> FaultUnit {
+                match self { $(FaultKind::$kind => FaultUnit::$unit,)* }
+            }
+
+            /// The help line of its command-line flag.
+            pub fn help(self) -> &'static str {
+                match self { $(FaultKind::$kind => $help,)* }
+            }
+
+            /// The flag that clears it and that flag's help, if it has one.
+            pub fn off_flag(self) -> Option<(&'static str, &'static str)> {
+                match self { $(FaultKind::$kind => $off,)* }
+            }
+
+            /// The `setting` label of its gauge in exanetd's metrics, if exported.
+            pub fn metric(self) -> Option<&'static str> {
+                match self { $(FaultKind::$kind => $metric,)* }
+            }
+
+            /// Its value in `faults`.
+            pub fn get(self, faults: &LinkFaults) -> FaultValue {
+                match self { $(FaultKind::$kind => FaultValue::$unit(faults.$field),)* }
+            }
+
+            /// Sets its value in `faults`; a value of another unit changes nothing.
+            pub fn set(
+                self,
+                faults: &mut LinkFaults,
+                value: FaultValue,
+            ) -> Result<(), FaultUnitMismatch> {
+                match (self, value) {
+                    $((FaultKind::$kind, FaultValue::$unit(v)) => {
+                        faults.$field = v;
+                        Ok(())
+                    })*
+                    _ => Err(FaultUnitMismatch { kind: self, want: self.unit(), got: value }),
+                }
+            }
+
+            /// The kind an operator's word names (any case).
+            pub fn from_name(name: &str) -> Option<FaultKind> {
+                Self::ALL.iter().copied().find(|k| k.name().eq_ignore_ascii_case(name))
+            }
+        }
+    };
+}
+
+fault_kinds! {
+    /// Added to every frame's departure.
+    Delay {
+        name: "delay",
+        field: delay_ns,
+        unit: Duration,
+        help: "Added to every frame, e.g. 200us, 1.5ms (0 removes it)",
+        off: None,
+        metric: Some("delay_seconds"),
+    }
+    /// A uniform extra delay per frame, up to the value (frames stay in order).
+    Jitter {
+        name: "jitter",
+        field: jitter_ns,
+        unit: Duration,
+        help: "Uniform extra delay up to this much per frame (links stay FIFO)",
+        off: None,
+        metric: Some("jitter_seconds"),
+    }
+    /// The serialisation rate of the link.
+    Rate {
+        name: "rate",
+        field: rate_bps,
+        unit: Rate,
+        help: "Link rate in bits (100Mbit, 1Gbit, 100Mbps) or bytes per second (12.5MB/s, 1GiB/s)",
+        off: Some(("no-rate", "Remove a rate limit")),
+        metric: Some("rate_bytes_per_second"),
+    }
+    /// Cells lost on the wire.
+    Loss {
+        name: "loss",
+        field: loss,
+        unit: Probability,
+        help: "Share of cells lost, e.g. 0.1%, 30%",
+        off: None,
+        metric: Some("loss_ratio"),
+    }
+    /// Cells with one bit flipped.
+    Corrupt {
+        name: "corrupt",
+        field: corrupt,
+        unit: Probability,
+        help: "Share of cells with a flipped bit, e.g. 1%",
+        off: None,
+        metric: Some("corrupt_ratio"),
+    }
+    /// The link is cut: its session ends and neither end reconnects.
+    Down {
+        name: "down",
+        field: down,
+        unit: Switch,
+        help: "Cut the link: its session ends and neither end reconnects until --up",
+        off: Some(("up", "Restore a cut link")),
+        metric: None,
     }
 }
 
@@ -459,6 +694,29 @@ mod tests {
         assert_eq!(fi.discard_held(), 1);
         assert_eq!(fi.held_bytes(), 0);
         assert_eq!(fi.poll(Instant(10_000)), None);
+    }
+
+    #[test]
+    fn every_kind_reads_and_writes_its_own_field() {
+        let mut f = LinkFaults::default();
+        for (i, k) in FaultKind::ALL.iter().enumerate() {
+            let v = match k.unit() {
+                FaultUnit::Duration => FaultValue::Duration(1_000 + i as u64),
+                FaultUnit::Rate => FaultValue::Rate(1_000 + i as u64),
+                FaultUnit::Probability => FaultValue::Probability(i as f64 / 100.0),
+                FaultUnit::Switch => FaultValue::Switch(true),
+            };
+            k.set(&mut f, v).unwrap();
+            assert_eq!(k.get(&f), v, "{k:?}");
+            assert_eq!(FaultKind::from_name(&k.name().to_uppercase()), Some(*k));
+        }
+        // Each kind wrote a field of its own: none was overwritten by a later one.
+        assert!(FaultKind::ALL.iter().all(|k| !k.get(&f).is_clear()));
+        let e = FaultKind::Loss
+            .set(&mut f, FaultValue::Duration(5))
+            .unwrap_err();
+        assert!(e.to_string().contains("loss"), "{e}");
+        assert_eq!(FaultKind::COUNT, FaultKind::ALL.len());
     }
 
     #[test]
