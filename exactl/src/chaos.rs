@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use exanet_proto::fault::LinkFaults;
+use exanet_proto::fault::{FaultKind, FaultUnit, FaultValue, LinkFaults};
 use exanet_proto::rng::SplitMix64;
 use exanet_proto::{topology, NodeId, NodeName, Shape};
 use exanetd::control_client::ControlClient;
@@ -35,7 +35,9 @@ use crate::error::{CliError, Result};
 use crate::fabric;
 use crate::link_cmd::{self, describe_change, Dir, Direction, FaultChange};
 use crate::node_cmd::{self, NodeOp};
-use crate::units::{format_duration, parse_duration, parse_percent, parse_rate};
+use crate::units::{
+    format_duration, one_of, parse_duration, parse_fault, plan_example, range_example,
+};
 
 /// `exactl chaos run` options.
 #[derive(clap::Args, Debug)]
@@ -111,11 +113,8 @@ pub struct RandomBlock {
     pub hold: u64,
     /// Candidate links, each as its two ends.
     pub links: Vec<(NodeId, NodeId)>,
-    pub delay: Span<u64>,
-    pub jitter: Span<u64>,
-    pub rate: Span<u64>,
-    pub loss: Span<f64>,
-    pub corrupt: Span<f64>,
+    /// What to draw, by [`FaultKind::index`].
+    pub spans: [Span<FaultValue>; FaultKind::COUNT],
 }
 
 /// What a value is, for error messages.
@@ -217,9 +216,33 @@ impl<'a> Ctx<'a> {
 
 const PLAN_KEYS: &[&str] = &["name", "duration", "step", "random"];
 const STEP_KEYS: &[&str] = &["at", "for", "link", "set", "node", "action", "partition"];
-const SET_KEYS: &[&str] = &["delay", "jitter", "rate", "loss", "corrupt", "dir", "down"];
 const RANDOM_KEYS: &[&str] = &["from", "until", "every", "links", "set", "for"];
-const RANDOM_SET_KEYS: &[&str] = &["delay", "jitter", "rate", "loss", "corrupt"];
+
+/// The keys of a step's `set`: every fault kind and `dir`, which goes with the kinds that
+/// can be set on one direction (switches cut or restore the whole link).
+fn set_keys() -> Vec<&'static str> {
+    let (switches, values): (Vec<FaultKind>, Vec<FaultKind>) = FaultKind::ALL
+        .iter()
+        .partition(|k| k.unit() == FaultUnit::Switch);
+    values
+        .iter()
+        .map(|k| k.name())
+        .chain(["dir"])
+        .chain(switches.iter().map(|k| k.name()))
+        .collect()
+}
+
+/// The kinds a random block can draw: all but switches (a drawn cut would be a partition).
+fn random_kinds() -> impl Iterator<Item = FaultKind> {
+    FaultKind::ALL
+        .iter()
+        .copied()
+        .filter(|k| k.unit() != FaultUnit::Switch)
+}
+
+fn names(kinds: impl Iterator<Item = FaultKind>) -> Vec<&'static str> {
+    kinds.map(|k| k.name()).collect()
+}
 
 /// Reads and checks a plan. `file` names it in errors; `shape` is the rack's.
 pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
@@ -375,10 +398,7 @@ fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<Step> {
             );
             What::Faults {
                 dirs,
-                change: FaultChange {
-                    down: Some(true),
-                    ..Default::default()
-                },
+                change: FaultChange::one(FaultKind::Down, FaultValue::Switch(true))?,
                 label,
                 partition: true,
             }
@@ -428,36 +448,35 @@ fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What
         }
     };
     let sctx = ctx.nested("set");
-    sctx.keys(
-        set,
-        SET_KEYS,
-        "use delay, jitter, rate, loss, corrupt, dir or down",
-    )?;
-    let pct = |k: &str| -> Result<Option<f64>> {
-        match sctx.str(set, k, "\"5%\"")? {
-            None => Ok(None),
-            Some(s) => parse_percent(s)
-                .map(Some)
-                .map_err(|e| sctx.err(format!("{k}: {e}"))),
+    let keys = set_keys();
+    sctx.keys(set, &keys, &format!("use {}", one_of(&keys)))?;
+    let mut change = FaultChange::default();
+    for k in FaultKind::ALL {
+        let name = k.name();
+        let value = match k.unit() {
+            FaultUnit::Switch => match set.get(name) {
+                None => None,
+                Some(toml::Value::Boolean(b)) => Some(FaultValue::Switch(*b)),
+                Some(v) => {
+                    return Err(sctx.err(format!("{name} must be true or false, not {}", kind(v))))
+                }
+            },
+            unit => match sctx.str(set, name, plan_example(unit))? {
+                None => None,
+                Some(s) => {
+                    Some(parse_fault(unit, s).map_err(|e| sctx.err(format!("{name}: {e}")))?)
+                }
+            },
+        };
+        if let Some(v) = value {
+            change = change.with(*k, v)?;
         }
-    };
-    let change = FaultChange {
-        delay_ns: sctx.duration(set, "delay")?,
-        jitter_ns: sctx.duration(set, "jitter")?,
-        rate_bps: match sctx.str(set, "rate", "\"100Mbit\"")? {
-            None => None,
-            Some(s) => Some(parse_rate(s).map_err(|e| sctx.err(format!("rate: {e}")))?),
-        },
-        loss: pct("loss")?,
-        corrupt: pct("corrupt")?,
-        down: match set.get("down") {
-            None => None,
-            Some(toml::Value::Boolean(b)) => Some(*b),
-            Some(v) => return Err(sctx.err(format!("down must be true or false, not {}", kind(v)))),
-        },
-    };
+    }
     if change.is_empty() {
-        return Err(sctx.err("nothing to set: give delay, jitter, rate, loss, corrupt or down"));
+        return Err(sctx.err(format!(
+            "nothing to set: give {}",
+            one_of(&names(FaultKind::ALL.iter().copied()))
+        )));
     }
     // What the daemons would refuse (a 20 s delay, a 10 bit/s rate) is refused here.
     change
@@ -471,8 +490,13 @@ fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What
         Some(s) => Dir::parse(s, &da, &db)
             .map_err(|_| sctx.err(format!("dir {s:?}: use both, {da}-{db} or {db}-{da}")))?,
     };
-    if change.down.is_some() && dir != Dir::Both {
-        return Err(sctx.err("down cuts or restores the whole link; it cannot take dir"));
+    if let Some((k, _)) = change.iter().find(|(k, _)| k.unit() == FaultUnit::Switch) {
+        if dir != Dir::Both {
+            return Err(sctx.err(format!(
+                "{} cuts or restores the whole link; it cannot take dir",
+                k.name()
+            )));
+        }
     }
     let dirs = link_cmd::directions(shape, a, b, dir).map_err(|e| ctx.err(format!("link: {e}")))?;
     let label = match dir {
@@ -489,18 +513,13 @@ fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What
 }
 
 /// `"1%..10%"` or `"5%"` (the same value every time).
-fn span<T: PartialOrd + Copy>(
-    ctx: &Ctx<'_>,
-    key: &str,
-    s: &str,
-    parse: impl Fn(&str) -> std::result::Result<T, String>,
-) -> Result<(T, T)> {
+fn span(ctx: &Ctx<'_>, key: &str, s: &str, unit: FaultUnit) -> Result<(FaultValue, FaultValue)> {
     let (lo, hi) = match s.split_once("..") {
         Some((lo, hi)) => (lo, hi),
         None => (s, s),
     };
-    let lo = parse(lo.trim()).map_err(|e| ctx.err(format!("{key}: {e}")))?;
-    let hi = parse(hi.trim()).map_err(|e| ctx.err(format!("{key}: {e}")))?;
+    let parse = |v: &str| parse_fault(unit, v.trim()).map_err(|e| ctx.err(format!("{key}: {e}")));
+    let (lo, hi) = (parse(lo)?, parse(hi)?);
     if hi < lo {
         return Err(ctx.err(format!("{key} {s:?}: the range ends below its start")));
     }
@@ -578,39 +597,30 @@ fn parse_random(
         }
     };
     let sctx = ctx.nested("set");
+    let drawn = names(random_kinds());
     sctx.keys(
         set,
-        RANDOM_SET_KEYS,
-        "random faults draw delay, jitter, rate, loss or corrupt, on both directions",
+        &drawn,
+        &format!("random faults draw {}, on both directions", one_of(&drawn)),
     )?;
-    let get = |k: &str, example: &str| sctx.str(set, k, example);
-    let dur = |k: &str| -> Result<Span<u64>> {
-        get(k, "\"0ms..2ms\"")?
-            .map(|s| span(&sctx, k, s, parse_duration))
-            .transpose()
-    };
-    let pct = |k: &str| -> Result<Span<f64>> {
-        get(k, "\"1%..10%\"")?
-            .map(|s| span(&sctx, k, s, parse_percent))
-            .transpose()
-    };
+    let mut spans = [None; FaultKind::COUNT];
+    for k in random_kinds() {
+        let unit = k.unit();
+        if let Some(s) = sctx.str(set, k.name(), range_example(unit))? {
+            spans[k.index()] = Some(span(&sctx, k.name(), s, unit)?);
+        }
+    }
     let block = RandomBlock {
         from,
         until,
         every,
         hold,
         links,
-        delay: dur("delay")?,
-        jitter: dur("jitter")?,
-        rate: get("rate", "\"100Mbit..1Gbit\"")?
-            .map(|s| span(&sctx, "rate", s, parse_rate))
-            .transpose()?,
-        loss: pct("loss")?,
-        corrupt: pct("corrupt")?,
+        spans,
     };
-    let (lo, hi) = (block.change_at(false), block.change_at(true));
+    let (lo, hi) = (block.change_at(false)?, block.change_at(true)?);
     if lo.is_empty() {
-        return Err(sctx.err("nothing to draw: give delay, jitter, rate, loss or corrupt"));
+        return Err(sctx.err(format!("nothing to draw: give {}", one_of(&drawn))));
     }
     for c in [lo, hi] {
         c.apply(LinkFaults::default())
@@ -621,22 +631,25 @@ fn parse_random(
 }
 
 impl RandomBlock {
-    /// The change with every range at its low (or high) end, to check the bounds.
-    fn change_at(&self, high: bool) -> FaultChange {
-        fn pick<T: Copy>(s: Span<T>, high: bool) -> Option<T> {
-            s.map(|(lo, hi)| if high { hi } else { lo })
-        }
-        FaultChange {
-            delay_ns: pick(self.delay, high),
-            jitter_ns: pick(self.jitter, high),
-            rate_bps: pick(self.rate, high),
-            loss: pick(self.loss, high),
-            corrupt: pick(self.corrupt, high),
-            down: None,
-        }
+    /// What the block draws for `kind`, as its low and high ends.
+    pub fn span(&self, kind: FaultKind) -> Span<FaultValue> {
+        self.spans[kind.index()]
     }
 
-    fn draw(&self, rng: &mut SplitMix64) -> FaultChange {
+    /// The change with every range at its low (or high) end, to check the bounds.
+    fn change_at(&self, high: bool) -> Result<FaultChange> {
+        let mut c = FaultChange::default();
+        for k in FaultKind::ALL {
+            if let Some((lo, hi)) = self.span(*k) {
+                c = c.with(*k, if high { hi } else { lo })?;
+            }
+        }
+        Ok(c)
+    }
+
+    /// One draw of every span, in table order (the order fixes which draw of the seed's
+    /// stream each kind gets, so it must not change for a plan to replay).
+    fn draw(&self, rng: &mut SplitMix64) -> Result<FaultChange> {
         // Grids keep drawn values printable exactly: whole microseconds, kbit/s and
         // thousandths of a percent (what `format_*` print back).
         fn whole(rng: &mut SplitMix64, (lo, hi): (u64, u64), step: u64) -> u64 {
@@ -652,14 +665,25 @@ impl RandomBlock {
             let k = rng.below((b - a).max(0.0) as u64 + 1) as f64;
             ((a + k) / 1e5).clamp(lo, hi)
         }
-        FaultChange {
-            delay_ns: self.delay.map(|s| whole(rng, s, 1_000)),
-            jitter_ns: self.jitter.map(|s| whole(rng, s, 1_000)),
-            rate_bps: self.rate.map(|s| whole(rng, s, 1_000)),
-            loss: self.loss.map(|s| share(rng, s)),
-            corrupt: self.corrupt.map(|s| share(rng, s)),
-            down: None,
+        let mut c = FaultChange::default();
+        for k in FaultKind::ALL {
+            let v = match self.span(*k) {
+                None => continue,
+                Some((FaultValue::Duration(lo), FaultValue::Duration(hi))) => {
+                    FaultValue::Duration(whole(rng, (lo, hi), 1_000))
+                }
+                Some((FaultValue::Rate(lo), FaultValue::Rate(hi))) => {
+                    FaultValue::Rate(whole(rng, (lo, hi), 1_000))
+                }
+                Some((FaultValue::Probability(lo), FaultValue::Probability(hi))) => {
+                    FaultValue::Probability(share(rng, (lo, hi)))
+                }
+                // Switches are not drawn, and a span's ends share the kind's unit.
+                Some((lo, _)) => lo,
+            };
+            c = c.with(*k, v)?;
         }
+        Ok(c)
     }
 }
 
@@ -743,17 +767,7 @@ fn phase(item: &Item, undo: bool) -> u8 {
 }
 
 fn fault_keys(c: &FaultChange) -> Vec<&'static str> {
-    [
-        ("delay", c.delay_ns.is_some()),
-        ("jitter", c.jitter_ns.is_some()),
-        ("rate", c.rate_bps.is_some()),
-        ("loss", c.loss.is_some()),
-        ("corrupt", c.corrupt.is_some()),
-        ("down", c.down.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect()
+    c.iter().map(|(k, _)| k.name()).collect()
 }
 
 fn secs(ns: u64) -> String {
@@ -910,7 +924,7 @@ pub fn expand(plan: &Plan, shape: &Shape, seed: u64, file: &str) -> Result<Timel
                     partition: false,
                 },
             };
-            let keys_only = block.change_at(false);
+            let keys_only = block.change_at(false)?;
             let free: Vec<(NodeId, NodeId)> = block
                 .links
                 .iter()
@@ -924,7 +938,7 @@ pub fn expand(plan: &Plan, shape: &Shape, seed: u64, file: &str) -> Result<Timel
                 *skipped.entry(b + 1).or_insert(0) += 1;
             } else {
                 let (x, y) = free[rng.below(free.len() as u64) as usize];
-                let change = block.draw(&mut rng);
+                let change = block.draw(&mut rng)?;
                 items.push(candidate(x, y, change));
             }
             t = t.saturating_add(block.every);
@@ -1093,14 +1107,12 @@ enum Applied {
 
 /// The change that sets back what `change` changed, from the values `before` it.
 fn restore_of(change: &FaultChange, before: &LinkFaults) -> FaultChange {
-    FaultChange {
-        delay_ns: change.delay_ns.map(|_| before.delay_ns),
-        jitter_ns: change.jitter_ns.map(|_| before.jitter_ns),
-        rate_bps: change.rate_bps.map(|_| before.rate_bps),
-        loss: change.loss.map(|_| before.loss),
-        corrupt: change.corrupt.map(|_| before.corrupt),
-        down: change.down.map(|_| before.down),
+    let mut back = FaultChange::default();
+    for (k, _) in change.iter() {
+        // `before` holds every kind in its own unit, so `with` takes it.
+        back = back.with(k, k.get(before)).unwrap_or(back);
     }
+    back
 }
 
 /// Waits until node `id` answers again after a restart (its links rejoin by themselves).
@@ -1437,6 +1449,8 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link_cmd::change_of;
+    use FaultKind::{Delay, Down, Jitter, Loss, Rate};
 
     fn shape() -> Shape {
         "2x1x1".parse().unwrap()
@@ -1509,9 +1523,9 @@ mod tests {
         assert_eq!(dirs.len(), 2);
         assert_eq!(label, "M1QAF1<->M1QBF1");
         assert!(!partition);
-        assert_eq!(change.delay_ns, Some(1_000_000));
-        assert_eq!(change.loss, Some(0.05));
-        assert_eq!(change.jitter_ns, None);
+        assert_eq!(change.get(Delay), Some(FaultValue::Duration(1_000_000)));
+        assert_eq!(change.get(Loss), Some(FaultValue::Probability(0.05)));
+        assert_eq!(change.get(Jitter), None);
         assert_eq!(p.steps[0].hold, Some(10_000_000_000));
         assert_eq!(
             p.steps[1].what,
@@ -1531,11 +1545,17 @@ mod tests {
         };
         // M1QAF1-M1QBF1 is the only link between the sides.
         assert_eq!(dirs.len(), 2);
-        assert_eq!(change.down, Some(true));
+        assert_eq!(change.get(Down), Some(FaultValue::Switch(true)));
         let r = &p.randoms[0];
         assert_eq!(r.links.len(), topology::links(&s).len());
-        assert_eq!(r.loss, Some((0.01, 0.1)));
-        assert_eq!(r.delay, Some((0, 2_000_000)));
+        assert_eq!(
+            r.span(Loss),
+            Some((FaultValue::Probability(0.01), FaultValue::Probability(0.1)))
+        );
+        assert_eq!(
+            r.span(Delay),
+            Some((FaultValue::Duration(0), FaultValue::Duration(2_000_000)))
+        );
         assert_eq!((r.every, r.hold), (2_000_000_000, 1_000_000_000));
     }
 
@@ -1592,8 +1612,12 @@ mod tests {
             let What::Faults { change, .. } = &r.what else {
                 panic!()
             };
-            let loss = change.loss.unwrap();
-            let delay = change.delay_ns.unwrap();
+            let Some(FaultValue::Probability(loss)) = change.get(Loss) else {
+                panic!("{change:?}")
+            };
+            let Some(FaultValue::Duration(delay)) = change.get(Delay) else {
+                panic!("{change:?}")
+            };
             assert!((0.01..=0.1).contains(&loss), "{loss}");
             assert!(delay <= 2_000_000 && delay % 1_000 == 0, "{delay}");
             assert_eq!(r.end.unwrap() - r.start, 1_000_000_000);
@@ -1990,7 +2014,10 @@ mod tests {
             let What::Faults { change, .. } = &i.what else {
                 panic!()
             };
-            assert!((1_000_000..=2_000_000).contains(&change.rate_bps.unwrap()));
+            let Some(FaultValue::Rate(rate)) = change.get(Rate) else {
+                panic!("{change:?}")
+            };
+            assert!((1_000_000..=2_000_000).contains(&rate));
             assert_eq!(
                 i.end.unwrap() - i.start,
                 1_000_000_000,
@@ -2008,7 +2035,9 @@ mod tests {
         )
         .unwrap();
         match &p.steps[0].what {
-            What::Faults { change, .. } => assert_eq!(change.rate_bps, Some(100_000_000)),
+            What::Faults { change, .. } => {
+                assert_eq!(change.get(Rate), Some(FaultValue::Rate(100_000_000)))
+            }
             w => panic!("{w:?}"),
         }
     }
@@ -2021,19 +2050,17 @@ mod tests {
             rate_bps: 1_000_000,
             ..Default::default()
         };
-        let change = FaultChange {
-            loss: Some(0.5),
-            down: Some(true),
-            ..Default::default()
-        };
+        let change = change_of(&[
+            (Loss, FaultValue::Probability(0.5)),
+            (Down, FaultValue::Switch(true)),
+        ]);
         let back = restore_of(&change, &before);
         assert_eq!(
             back,
-            FaultChange {
-                loss: Some(0.2),
-                down: Some(false),
-                ..Default::default()
-            }
+            change_of(&[
+                (Loss, FaultValue::Probability(0.2)),
+                (Down, FaultValue::Switch(false)),
+            ])
         );
         // Applied over what the step left, the undo gives back exactly the start.
         assert_eq!(back.apply(change.apply(before)), before);

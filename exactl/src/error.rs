@@ -30,6 +30,10 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
 
+    /// A fault given a value of another kind's unit.
+    #[error(transparent)]
+    FaultUnit(#[from] exanet_proto::fault::FaultUnitMismatch),
+
     #[error("{what} {value}: {message}")]
     BadValue {
         what: &'static str,
@@ -129,6 +133,7 @@ impl CliError {
             | CliError::RackFile(_)
             | CliError::Node(_)
             | CliError::BadValue { .. }
+            | CliError::FaultUnit(_)
             | CliError::Usage(_)
             | CliError::SettingMismatch { .. } => EXIT_USAGE,
             _ => EXIT_FAILURE,

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use exanet_proto::fault::LinkFaults;
+use exanet_proto::fault::{FaultKind, FaultUnit, FaultUnitMismatch, FaultValue, LinkFaults};
 use exanet_proto::{NodeId, NodeName, Shape};
 use exanetd::control::{LinkStatus, NodeStatus, Request, Response};
 use exanetd::control_client::ControlClient;
@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::error::{CliError, Result};
 use crate::fabric;
 use crate::live::RackLiveness;
-use crate::units::{format_duration, format_percent, format_rate};
+use crate::units::{fault_words as words_of, one_of};
 
 /// How long a daemon may take to answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,42 +56,132 @@ impl Dir {
     }
 }
 
-/// The faults a command changes; `None` keeps what is set.
+/// The faults a command changes, by kind; a kind not named keeps what is set.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct FaultChange {
-    pub delay_ns: Option<u64>,
-    pub jitter_ns: Option<u64>,
-    pub rate_bps: Option<u64>,
-    pub loss: Option<f64>,
-    pub corrupt: Option<f64>,
-    pub down: Option<bool>,
-}
+pub struct FaultChange([Option<FaultValue>; FaultKind::COUNT]);
 
 impl FaultChange {
+    /// This change, also setting `kind` to `value` (a value of another unit than the
+    /// kind's is refused, so [`apply`](Self::apply) never meets one).
+    pub fn with(
+        mut self,
+        kind: FaultKind,
+        value: FaultValue,
+    ) -> std::result::Result<FaultChange, FaultUnitMismatch> {
+        if value.unit() != kind.unit() {
+            return Err(FaultUnitMismatch {
+                kind,
+                want: kind.unit(),
+                got: value,
+            });
+        }
+        self.0[kind.index()] = Some(value);
+        Ok(self)
+    }
+
+    /// A change of `kind` alone.
+    pub fn one(
+        kind: FaultKind,
+        value: FaultValue,
+    ) -> std::result::Result<FaultChange, FaultUnitMismatch> {
+        FaultChange::default().with(kind, value)
+    }
+
+    pub fn get(&self, kind: FaultKind) -> Option<FaultValue> {
+        self.0[kind.index()]
+    }
+
+    /// The kinds it changes with their new values, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (FaultKind, FaultValue)> + '_ {
+        FaultKind::ALL
+            .iter()
+            .filter_map(|k| self.get(*k).map(|v| (*k, v)))
+    }
+
     pub fn is_empty(&self) -> bool {
         *self == FaultChange::default()
     }
 
     pub fn apply(&self, mut f: LinkFaults) -> LinkFaults {
-        if let Some(v) = self.delay_ns {
-            f.delay_ns = v;
-        }
-        if let Some(v) = self.jitter_ns {
-            f.jitter_ns = v;
-        }
-        if let Some(v) = self.rate_bps {
-            f.rate_bps = v;
-        }
-        if let Some(v) = self.loss {
-            f.loss = v;
-        }
-        if let Some(v) = self.corrupt {
-            f.corrupt = v;
-        }
-        if let Some(v) = self.down {
-            f.down = v;
+        for (k, v) in self.iter() {
+            // `with` let only values of the kind's unit in, so this cannot fail.
+            let _ = k.set(&mut f, v);
         }
         f
+    }
+}
+
+/// The fault flags of `exactl link set`, one per [`FaultKind`] (and one more for a kind
+/// with an off flag), so a kind added to the table is a flag without a change here.
+/// Rates refuse `0`/`off` (use `--no-rate`), so a typo never unshapes a link.
+#[derive(Debug, Default)]
+pub struct FaultFlags(pub FaultChange);
+
+impl clap::FromArgMatches for FaultFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let mut change = FaultChange::default();
+        for k in FaultKind::ALL {
+            let off = k
+                .off_flag()
+                .is_some_and(|(off, _)| m.get_flag(off))
+                .then_some(match k.unit() {
+                    FaultUnit::Duration => FaultValue::Duration(0),
+                    FaultUnit::Rate => FaultValue::Rate(0),
+                    FaultUnit::Probability => FaultValue::Probability(0.0),
+                    FaultUnit::Switch => FaultValue::Switch(false),
+                });
+            let on = match k.unit() {
+                FaultUnit::Switch => m.get_flag(k.name()).then_some(FaultValue::Switch(true)),
+                _ => m.get_one::<FaultValue>(k.name()).copied(),
+            };
+            if let Some(v) = on.or(off) {
+                change = change.with(*k, v).map_err(|e| {
+                    clap::Error::raw(clap::error::ErrorKind::ValueValidation, e.to_string())
+                })?;
+            }
+        }
+        Ok(FaultFlags(change))
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for FaultFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction};
+        for k in FaultKind::ALL {
+            let unit = k.unit();
+            let mut arg = Arg::new(k.name()).long(k.name()).help(k.help());
+            arg = match unit {
+                FaultUnit::Switch => arg.action(ArgAction::SetTrue),
+                _ => arg
+                    .value_name(crate::units::value_name(unit))
+                    .value_parser(move |s: &str| crate::units::parse_fault(unit, s))
+                    .allow_hyphen_values(true),
+            };
+            if let Some((off, help)) = k.off_flag() {
+                cmd = cmd.arg(arg.conflicts_with(off));
+                cmd = cmd.arg(
+                    Arg::new(off)
+                        .long(off)
+                        .help(help)
+                        .action(ArgAction::SetTrue),
+                );
+            } else {
+                cmd = cmd.arg(arg);
+            }
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -232,15 +322,30 @@ pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChan
         &shape.display(shape.id_of(b)?),
     )?;
     if change.is_empty() {
-        return Err(CliError::Usage(
-            "nothing to set: give --delay, --jitter, --rate, --loss, --corrupt, --down or --up"
-                .into(),
-        ));
+        let flags: Vec<String> = FaultKind::ALL
+            .iter()
+            .flat_map(|k| {
+                let off = (k.unit() == FaultUnit::Switch)
+                    .then(|| k.off_flag().map(|(off, _)| format!("--{off}")))
+                    .flatten();
+                std::iter::once(format!("--{}", k.name())).chain(off)
+            })
+            .collect();
+        return Err(CliError::Usage(format!(
+            "nothing to set: give {}",
+            one_of(&flags)
+        )));
     }
-    if change.down.is_some() && which != Dir::Both {
-        return Err(CliError::Usage(
-            "--down and --up cut or restore the whole link; they cannot take --dir".into(),
-        ));
+    if let Some((k, _)) = change.iter().find(|(k, _)| k.unit() == FaultUnit::Switch) {
+        if which != Dir::Both {
+            let off = k
+                .off_flag()
+                .map_or(String::new(), |(o, _)| format!(" and --{o}"));
+            return Err(CliError::Usage(format!(
+                "--{}{off} cut or restore the whole link; they cannot take --dir",
+                k.name()
+            )));
+        }
     }
     // Values out of the injector's range are wrong whatever is set already.
     change
@@ -317,30 +422,10 @@ fn in_force(shape: &Shape, faults: &[(Direction, LinkFaults)]) -> String {
 
 /// `delay 1ms, loss 5%`: the changed faults in `exactl link set` words.
 pub fn describe_change(c: &FaultChange) -> String {
-    let mut parts = Vec::new();
-    if let Some(v) = c.delay_ns {
-        parts.push(format!("delay {}", format_duration(v)));
-    }
-    if let Some(v) = c.jitter_ns {
-        parts.push(format!("jitter {}", format_duration(v)));
-    }
-    if let Some(v) = c.rate_bps {
-        parts.push(if v == 0 {
-            "rate off".to_string()
-        } else {
-            format!("rate {}", format_rate(v))
-        });
-    }
-    if let Some(v) = c.loss {
-        parts.push(format!("loss {}", format_percent(v)));
-    }
-    if let Some(v) = c.corrupt {
-        parts.push(format!("corrupt {}", format_percent(v)));
-    }
-    if let Some(v) = c.down {
-        parts.push(if v { "down" } else { "up" }.to_string());
-    }
-    parts.join(", ")
+    c.iter()
+        .map(|(k, v)| words_of(k, v))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `exactl link clear A B` (or every link with `all`).
@@ -480,28 +565,19 @@ pub fn describe(f: &LinkFaults) -> String {
     }
 }
 
-/// `["down", "delay 200us", "loss 0.1%"]`: each fault set, in command-line words.
+/// `["down", "delay 200us", "loss 0.1%"]`: each fault set, in command-line words; a
+/// cut first, since it overrides the rest.
 fn fault_words(f: &LinkFaults) -> Vec<String> {
-    let mut parts = Vec::new();
-    if f.down {
-        parts.push("down".to_string());
-    }
-    if f.delay_ns != 0 {
-        parts.push(format!("delay {}", format_duration(f.delay_ns)));
-    }
-    if f.jitter_ns != 0 {
-        parts.push(format!("jitter {}", format_duration(f.jitter_ns)));
-    }
-    if f.rate_bps != 0 {
-        parts.push(format!("rate {}", format_rate(f.rate_bps)));
-    }
-    if f.loss != 0.0 {
-        parts.push(format!("loss {}", format_percent(f.loss)));
-    }
-    if f.corrupt != 0.0 {
-        parts.push(format!("corrupt {}", format_percent(f.corrupt)));
-    }
-    parts
+    let (switches, values): (Vec<FaultKind>, Vec<FaultKind>) = FaultKind::ALL
+        .iter()
+        .partition(|k| k.unit() == FaultUnit::Switch);
+    switches
+        .into_iter()
+        .chain(values)
+        .map(|k| (k, k.get(f)))
+        .filter(|(_, v)| !v.is_clear())
+        .map(|(k, v)| words_of(k, v))
+        .collect()
 }
 
 /// The table of `link show`: `answered` of `nodes` nodes reported the rows. Columns are
@@ -648,10 +724,7 @@ pub fn partition(dir: &Path, side: &[String], from: &[String]) -> Result<()> {
     change_links(
         &client,
         &dirs,
-        &FaultChange {
-            down: Some(true),
-            ..Default::default()
-        },
+        &FaultChange::one(FaultKind::Down, FaultValue::Switch(true))?,
         None,
     )?;
     let upper = |v: &[String]| v.join(",").to_ascii_uppercase();
@@ -734,8 +807,16 @@ pub fn heal(dir: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
+pub(crate) fn change_of(values: &[(FaultKind, FaultValue)]) -> FaultChange {
+    values
+        .iter()
+        .fold(FaultChange::default(), |c, (k, v)| c.with(*k, *v).unwrap())
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use FaultKind::{Delay, Down, Loss, Rate};
 
     fn shape() -> Shape {
         "2x2x1".parse().unwrap()
@@ -780,11 +861,10 @@ mod tests {
             loss: 0.1,
             ..Default::default()
         };
-        let c = FaultChange {
-            loss: Some(0.0),
-            rate_bps: Some(100_000_000),
-            ..Default::default()
-        };
+        let c = change_of(&[
+            (Loss, FaultValue::Probability(0.0)),
+            (Rate, FaultValue::Rate(100_000_000)),
+        ]);
         let after = c.apply(before);
         assert_eq!(after.delay_ns, 1_000_000);
         assert_eq!(after.loss, 0.0);
@@ -826,11 +906,10 @@ mod tests {
     fn set_says_what_it_changed_in_one_line() {
         let s = shape();
         let both = directions(&s, n("M1QAF1"), n("M1QAF2"), Dir::Both).unwrap();
-        let change = FaultChange {
-            delay_ns: Some(200_000),
-            loss: Some(0.01),
-            ..Default::default()
-        };
+        let change = change_of(&[
+            (Delay, FaultValue::Duration(200_000)),
+            (Loss, FaultValue::Probability(0.01)),
+        ]);
         let after: Vec<_> = both
             .iter()
             .map(|d| (*d, change.apply(LinkFaults::default())))
@@ -841,10 +920,7 @@ mod tests {
         );
         // Faults it did not name stay, and the line says so.
         let one = directions(&s, n("M1QAF1"), n("M1QAF2"), Dir::BtoA).unwrap();
-        let rate = FaultChange {
-            rate_bps: Some(100_000_000),
-            ..Default::default()
-        };
+        let rate = change_of(&[(Rate, FaultValue::Rate(100_000_000))]);
         let kept = LinkFaults {
             delay_ns: 200_000,
             ..Default::default()
@@ -856,11 +932,10 @@ mod tests {
             "M1QAF2 -> M1QAF1: rate 100Mbit (this direction only); in force now: \
              delay 200us, rate 100Mbit"
         );
-        let off = FaultChange {
-            rate_bps: Some(0),
-            down: Some(false),
-            ..Default::default()
-        };
+        let off = change_of(&[
+            (Rate, FaultValue::Rate(0)),
+            (Down, FaultValue::Switch(false)),
+        ]);
         let after: Vec<_> = both.iter().map(|d| (*d, LinkFaults::default())).collect();
         assert_eq!(
             set_line(&s, &both, &off, &after),

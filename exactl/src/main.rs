@@ -112,30 +112,9 @@ struct LinkSetArgs {
     /// Direction the faults apply to: both, A-B or B-A (node names work too)
     #[arg(long, value_name = "DIR", default_value = "both")]
     dir: String,
-    /// Added to every frame, e.g. 200us, 1.5ms (0 removes it)
-    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, allow_hyphen_values = true)]
-    delay: Option<u64>,
-    /// Uniform extra delay up to this much per frame (links stay FIFO)
-    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration, allow_hyphen_values = true)]
-    jitter: Option<u64>,
-    /// Link rate in bits (100Mbit, 1Gbit, 100Mbps) or bytes per second (12.5MB/s, 1GiB/s)
-    #[arg(long, value_name = "RATE", value_parser = parse_rate_or_off, conflicts_with = "no_rate", allow_hyphen_values = true)]
-    rate: Option<u64>,
-    /// Remove a rate limit
-    #[arg(long)]
-    no_rate: bool,
-    /// Share of cells lost, e.g. 0.1%, 30%
-    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent, allow_hyphen_values = true)]
-    loss: Option<f64>,
-    /// Share of cells with a flipped bit, e.g. 1%
-    #[arg(long, value_name = "PERCENT", value_parser = units::parse_percent, allow_hyphen_values = true)]
-    corrupt: Option<f64>,
-    /// Cut the link: its session ends and neither end reconnects until --up
-    #[arg(long, conflicts_with = "up")]
-    down: bool,
-    /// Restore a cut link
-    #[arg(long)]
-    up: bool,
+    /// One flag per fault kind, from exanet_proto::fault::FaultKind
+    #[command(flatten)]
+    faults: link_cmd::FaultFlags,
 }
 
 #[derive(Debug, Args)]
@@ -305,11 +284,6 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     s.parse::<Shape>().map_err(|e| e.to_string())
 }
 
-/// A rate; `0`/`off` are refused here (use --no-rate), so a typo never unshapes a link.
-fn parse_rate_or_off(s: &str) -> Result<u64, String> {
-    units::parse_rate(s)
-}
-
 fn parse_node_name(s: &str) -> Result<NodeName, String> {
     s.parse::<NodeName>().map_err(|e| e.to_string())
 }
@@ -379,18 +353,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             a.a,
             a.b,
             &a.dir,
-            &link_cmd::FaultChange {
-                delay_ns: a.delay,
-                jitter_ns: a.jitter,
-                rate_bps: if a.no_rate { Some(0) } else { a.rate },
-                loss: a.loss,
-                corrupt: a.corrupt,
-                down: match (a.down, a.up) {
-                    (true, _) => Some(true),
-                    (_, true) => Some(false),
-                    _ => None,
-                },
-            },
+            &a.faults.0,
         ),
         Command::Link(LinkCommand::Clear(a)) => link_cmd::clear(&dir, a.a.zip(a.b)),
         Command::Link(LinkCommand::Show(a)) => link_cmd::show(&dir, a.json, a.all),

@@ -6,6 +6,8 @@
 //! half a percent or half of all cells, and a wrong guess would silently run a different
 //! experiment.
 
+use exanet_proto::fault::{FaultKind, FaultUnit, FaultValue};
+
 /// Parses a duration into nanoseconds: a number with `ns`, `us` (or `µs`), `ms`, `s` or
 /// `m`. `0` alone is allowed, since it is zero in every unit.
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -192,6 +194,87 @@ fn trim(v: f64) -> String {
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     s.to_string()
+}
+
+/// A fault value as operators write it, in the unit of its kind (`exactl link set` flags
+/// and fault plans). A switch has no text form: it is a flag or a plan's `true`/`false`.
+pub fn parse_fault(unit: FaultUnit, s: &str) -> Result<FaultValue, String> {
+    match unit {
+        FaultUnit::Duration => parse_duration(s).map(FaultValue::Duration),
+        FaultUnit::Rate => parse_rate(s).map(FaultValue::Rate),
+        FaultUnit::Probability => parse_percent(s).map(FaultValue::Probability),
+        FaultUnit::Switch => Err(format!("{s:?}: this fault is set with true or false")),
+    }
+}
+
+/// A fault value as it was written: `200us`, `100Mbit`, `0.1%`; a rate of 0 is `off`
+/// (an unshaped link, not a link that sends nothing).
+pub fn format_fault(v: FaultValue) -> String {
+    match v {
+        FaultValue::Duration(ns) => format_duration(ns),
+        FaultValue::Rate(0) => "off".into(),
+        FaultValue::Rate(bps) => format_rate(bps),
+        FaultValue::Probability(p) => format_percent(p),
+        FaultValue::Switch(on) => if on { "on" } else { "off" }.into(),
+    }
+}
+
+/// A fault in command-line words: `delay 200us`, `rate off`, `down`, `up`.
+pub fn fault_words(kind: FaultKind, v: FaultValue) -> String {
+    match v {
+        FaultValue::Switch(true) => kind.name().to_string(),
+        FaultValue::Switch(false) => match kind.off_flag() {
+            Some((off, _)) => off.to_string(),
+            None => format!("no {}", kind.name()),
+        },
+        v => format!("{} {}", kind.name(), format_fault(v)),
+    }
+}
+
+/// The placeholder of a flag taking a value of `unit`.
+pub fn value_name(unit: FaultUnit) -> &'static str {
+    match unit {
+        FaultUnit::Duration => "DURATION",
+        FaultUnit::Rate => "RATE",
+        FaultUnit::Probability => "PERCENT",
+        FaultUnit::Switch => "BOOL",
+    }
+}
+
+/// A value of `unit` as a fault plan writes it, for error messages.
+pub fn plan_example(unit: FaultUnit) -> &'static str {
+    match unit {
+        FaultUnit::Duration => "\"1.5s\" (a number needs its unit)",
+        FaultUnit::Rate => "\"100Mbit\"",
+        FaultUnit::Probability => "\"5%\"",
+        FaultUnit::Switch => "true",
+    }
+}
+
+/// A range of `unit` as a fault plan's random block writes it, for error messages.
+pub fn range_example(unit: FaultUnit) -> &'static str {
+    match unit {
+        FaultUnit::Duration => "\"0ms..2ms\"",
+        FaultUnit::Rate => "\"100Mbit..1Gbit\"",
+        FaultUnit::Probability => "\"1%..10%\"",
+        FaultUnit::Switch => "true",
+    }
+}
+
+/// `a, b or c`.
+pub fn one_of<S: AsRef<str>>(words: &[S]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => one.as_ref().to_string(),
+        [init @ .., last] => format!(
+            "{} or {}",
+            init.iter()
+                .map(AsRef::as_ref)
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.as_ref()
+        ),
+    }
 }
 
 #[cfg(test)]

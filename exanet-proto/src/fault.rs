@@ -130,8 +130,8 @@ impl FaultUnit {
     }
 }
 
-/// The value of one fault kind, in its unit.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The value of one fault kind, in its unit (values of one unit order as numbers).
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
 pub enum FaultValue {
     Duration(u64),
     Rate(u64),
@@ -226,6 +226,11 @@ macro_rules! fault_kinds {
             pub const ALL: &'static [FaultKind] = &[$(FaultKind::$kind),*];
             /// How many kinds there are (the size of a per-kind array).
             pub const COUNT: usize = Self::ALL.len();
+
+            /// Its place in [`FaultKind::ALL`] (for per-kind arrays).
+            pub fn index(self) -> usize {
+                self as usize
+            }
 
             /// The operator's word for it: command-line flag, plan key, display word.
             pub fn name(self) -> &'static str {
