@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::gvas::{Gvas, GVAS_LEN};
+use crate::ni::{RdmaRead, RdmaWrite, SendMessage};
 
 /// Ring slot size for commands and completions.
 pub const SLOT: usize = 128;
@@ -139,33 +140,23 @@ pub enum Reply {
 /// What a workload asks of its NI (one command ring slot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Send `payload` (<= 64 B) from packetizer interface `vi`, channel `ch`, to `dst`.
-    Send {
-        tag: u32,
-        vi: u8,
-        ch: u8,
-        dst: Gvas,
-        payload: Vec<u8>,
-    },
-    /// RDMA write `len` bytes at this rank's `src_va` to `dst`, notifying at `notify`.
-    Write {
-        tag: u32,
-        page: u8,
-        ch: u8,
-        src_va: u64,
-        dst: Gvas,
-        len: u64,
-        notify: Option<u64>,
-    },
-    /// RDMA read `len` bytes at `src` into this rank's `dst_va`.
-    Read {
-        tag: u32,
-        page: u8,
-        ch: u8,
-        src: Gvas,
-        dst_va: u64,
-        len: u64,
-    },
+    /// Send a packetizer message.
+    Send { tag: u32, op: SendMessage },
+    /// An RDMA write from this rank's memory.
+    Write { tag: u32, op: RdmaWrite },
+    /// An RDMA read into this rank's memory.
+    Read { tag: u32, op: RdmaRead },
+}
+
+impl Command {
+    /// The tag the workload gave the command, echoed in its completion.
+    pub fn tag(&self) -> u32 {
+        match self {
+            Command::Send { tag, .. } | Command::Write { tag, .. } | Command::Read { tag, .. } => {
+                *tag
+            }
+        }
+    }
 }
 
 /// Status codes of completions.
@@ -355,10 +346,13 @@ impl Command {
         match self {
             Command::Send {
                 tag,
-                vi,
-                ch,
-                dst,
-                payload,
+                op:
+                    SendMessage {
+                        vi,
+                        ch,
+                        dst,
+                        payload,
+                    },
             } => {
                 let n = payload.len().min(INLINE);
                 b[0] = OP_SEND;
@@ -371,12 +365,15 @@ impl Command {
             }
             Command::Write {
                 tag,
-                page,
-                ch,
-                src_va,
-                dst,
-                len,
-                notify,
+                op:
+                    RdmaWrite {
+                        page,
+                        ch,
+                        src_va,
+                        dst,
+                        len,
+                        notify,
+                    },
             } => {
                 b[0] = OP_WRITE;
                 b[1] = *page;
@@ -390,11 +387,14 @@ impl Command {
             }
             Command::Read {
                 tag,
-                page,
-                ch,
-                src,
-                dst_va,
-                len,
+                op:
+                    RdmaRead {
+                        page,
+                        ch,
+                        src,
+                        dst_va,
+                        len,
+                    },
             } => {
                 b[0] = OP_READ;
                 b[1] = *page;
@@ -422,28 +422,34 @@ impl Command {
                 }
                 Ok(Command::Send {
                     tag,
-                    vi: b[1],
-                    ch: b[2],
-                    dst: get_gvas(b, 8),
-                    payload: b[64..64 + n].to_vec(),
+                    op: SendMessage {
+                        vi: b[1],
+                        ch: b[2],
+                        dst: get_gvas(b, 8),
+                        payload: b[64..64 + n].to_vec(),
+                    },
                 })
             }
             OP_WRITE => Ok(Command::Write {
                 tag,
-                page: b[1],
-                ch: b[2],
-                src_va: get_u64(b, 24),
-                dst: get_gvas(b, 8),
-                len: get_u64(b, 32),
-                notify: (b[3] & 1 != 0).then(|| get_u64(b, 40)),
+                op: RdmaWrite {
+                    page: b[1],
+                    ch: b[2],
+                    src_va: get_u64(b, 24),
+                    dst: get_gvas(b, 8),
+                    len: get_u64(b, 32),
+                    notify: (b[3] & 1 != 0).then(|| get_u64(b, 40)),
+                },
             }),
             OP_READ => Ok(Command::Read {
                 tag,
-                page: b[1],
-                ch: b[2],
-                src: get_gvas(b, 8),
-                dst_va: get_u64(b, 24),
-                len: get_u64(b, 32),
+                op: RdmaRead {
+                    page: b[1],
+                    ch: b[2],
+                    src: get_gvas(b, 8),
+                    dst_va: get_u64(b, 24),
+                    len: get_u64(b, 32),
+                },
             }),
             op => Err((tag, SlotError::Opcode(op))),
         }
@@ -640,27 +646,33 @@ mod tests {
         let cmds = [
             Command::Send {
                 tag: 7,
-                vi: 1,
-                ch: 3,
-                dst: g,
-                payload: b"hello".to_vec(),
+                op: SendMessage {
+                    vi: 1,
+                    ch: 3,
+                    dst: g,
+                    payload: b"hello".to_vec(),
+                },
             },
             Command::Write {
                 tag: 8,
-                page: 2,
-                ch: 31,
-                src_va: 0x1000,
-                dst: g,
-                len: 1 << 22,
-                notify: Some(0x40),
+                op: RdmaWrite {
+                    page: 2,
+                    ch: 31,
+                    src_va: 0x1000,
+                    dst: g,
+                    len: 1 << 22,
+                    notify: Some(0x40),
+                },
             },
             Command::Read {
                 tag: 9,
-                page: 15,
-                ch: 0,
-                src: g,
-                dst_va: 0x2000,
-                len: 5,
+                op: RdmaRead {
+                    page: 15,
+                    ch: 0,
+                    src: g,
+                    dst_va: 0x2000,
+                    len: 5,
+                },
             },
         ];
         for c in cmds {

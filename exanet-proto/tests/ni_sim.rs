@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 
 use exanet_proto::ni::{
-    mailbox_gvas, ChannelState, Failure, NackReason, NiConfig, NiEvent, TransferId, VecMemory,
+    mailbox_gvas, ChannelState, Failure, NackReason, NiConfig, NiEvent, RdmaRead, RdmaWrite,
+    SendMessage, TransferId, VecMemory,
 };
 use exanet_proto::node::NodeEvent;
 use exanet_proto::sim::{Faults, Sim, SimConfig, SimRng};
@@ -89,7 +90,6 @@ fn write_mem(sim: &mut Sim, node: NodeId, va: u64, data: &[u8]) {
 /// Posts an RDMA write of `len` random bytes from `src`'s source buffer of channel `ch`
 /// to `src`'s window for that channel on `dst`, `off` bytes in. Returns the transfer and
 /// what must land where: (destination node, VA, bytes).
-#[allow(clippy::too_many_arguments)]
 fn post_write(
     sim: &mut Sim,
     rng: &mut SimRng,
@@ -98,8 +98,8 @@ fn post_write(
     dst: NodeId,
     len: u64,
     off: u64,
-    now: Instant,
 ) -> (TransferId, (NodeId, u64, Vec<u8>)) {
+    let now = sim.now();
     let src_va = SRC_VA + u64::from(ch) * WINDOW;
     let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
     write_mem(sim, src, src_va, &data);
@@ -107,7 +107,19 @@ fn post_write(
     let g = Gvas::new(PDID, dst, 0, dst_va).unwrap();
     let (ni, mem) = sim.node_mut(src).ni_mut();
     let id = ni
-        .rdma_write(0, 0, ch, src_va, g, len, None, now, mem)
+        .rdma_write(
+            0,
+            &RdmaWrite {
+                page: 0,
+                ch,
+                src_va,
+                dst: g,
+                len,
+                notify: None,
+            },
+            now,
+            mem,
+        )
         .unwrap();
     (id, (dst, dst_va, data))
 }
@@ -139,7 +151,6 @@ fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
     for wave in 0..25 {
         // Every node writes on every channel to a random other node: its own window there.
         let mut expect: HashMap<(NodeId, TransferId), (NodeId, u64, Vec<u8>)> = HashMap::new();
-        let now = sim.now();
         for &src in &nodes {
             for ch in 0..CHANNELS {
                 let dst = loop {
@@ -151,7 +162,7 @@ fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
                 // Odd lengths and offsets exercise short first cells and block edges.
                 let len = 1 + rng.below(WINDOW - 600);
                 let off = rng.below(WINDOW - len);
-                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, off, now);
+                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, off);
                 expect.insert((src, id), posted);
             }
         }
@@ -215,12 +226,14 @@ fn a_late_copy_never_overwrites_newer_data() {
         let (ni, mem) = sim.node_mut(src).ni_mut();
         ni.rdma_write(
             0,
-            0,
-            0,
-            SRC_VA,
-            Gvas::new(PDID, dst, 0, dst_va).unwrap(),
-            len,
-            None,
+            &RdmaWrite {
+                page: 0,
+                ch: 0,
+                src_va: SRC_VA,
+                dst: Gvas::new(PDID, dst, 0, dst_va).unwrap(),
+                len,
+                notify: None,
+            },
             now,
             mem,
         )
@@ -272,12 +285,14 @@ fn pdid_mismatch_never_delivers_and_is_counted() {
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
     ni.rdma_write(
         0,
-        0,
-        0,
-        SRC_VA,
-        Gvas::new(Pdid(9), dst, 1, DST_VA).unwrap(),
-        1000,
-        None,
+        &RdmaWrite {
+            page: 0,
+            ch: 0,
+            src_va: SRC_VA,
+            dst: Gvas::new(Pdid(9), dst, 1, DST_VA).unwrap(),
+            len: 1000,
+            notify: None,
+        },
         now,
         m,
     )
@@ -303,8 +318,20 @@ fn page_faults_are_retried_then_reported() {
     let g = Gvas::new(PDID, dst, 0, 0x7000_0000).unwrap();
     let now = sim.now();
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
-    ni.rdma_write(0, 0, 0, SRC_VA, g, 5000, None, now, m)
-        .unwrap();
+    ni.rdma_write(
+        0,
+        &RdmaWrite {
+            page: 0,
+            ch: 0,
+            src_va: SRC_VA,
+            dst: g,
+            len: 5000,
+            notify: None,
+        },
+        now,
+        m,
+    )
+    .unwrap();
     run_quiet(&mut sim);
     let r = rdma_results(&sim.take_events());
     assert_eq!(r.len(), 1);
@@ -324,8 +351,20 @@ fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
     let now = sim.now();
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
     // 4 GiB from a source of which only CHANNELS * WINDOW bytes are registered.
-    ni.rdma_write(0, 0, 0, SRC_VA, g, 1 << 32, None, now, m)
-        .unwrap();
+    ni.rdma_write(
+        0,
+        &RdmaWrite {
+            page: 0,
+            ch: 0,
+            src_va: SRC_VA,
+            dst: g,
+            len: 1 << 32,
+            notify: None,
+        },
+        now,
+        m,
+    )
+    .unwrap();
     assert_eq!(ni.rdma.active(), 0, "no transfer state is kept for it");
     assert!(ni.poll_cell().is_none(), "nothing is sent for it");
     run_quiet(&mut sim);
@@ -334,8 +373,20 @@ fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
     assert_eq!(r[0].2, Err(Failure::LocalFault));
     // The channel is free again at once.
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
-    ni.rdma_write(0, 0, 0, SRC_VA, g, 4096, None, now, m)
-        .unwrap();
+    ni.rdma_write(
+        0,
+        &RdmaWrite {
+            page: 0,
+            ch: 0,
+            src_va: SRC_VA,
+            dst: g,
+            len: 4096,
+            notify: None,
+        },
+        now,
+        m,
+    )
+    .unwrap();
     run_quiet(&mut sim);
     assert_eq!(rdma_results(&sim.take_events())[0].2, Ok(()));
 }
@@ -356,8 +407,20 @@ fn a_transfer_keeps_only_its_window_whatever_its_length() {
     let g = Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap();
     let now = sim.now();
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
-    ni.rdma_write(1, page, 0, big, g, 1 << 32, None, now, m)
-        .unwrap();
+    ni.rdma_write(
+        1,
+        &RdmaWrite {
+            page,
+            ch: 0,
+            src_va: big,
+            dst: g,
+            len: 1 << 32,
+            notify: None,
+        },
+        now,
+        m,
+    )
+    .unwrap();
     let window = cfg().window_blocks;
     assert_eq!(ni.rdma.active(), 1);
     assert!(
@@ -410,13 +473,37 @@ fn one_rank_cannot_take_the_whole_rdma_engine() {
         let off = u64::from(ch) * MIB;
         let g = Gvas::new(PDID, dst, 0, DST_VA + off).unwrap();
         ids.push(
-            ni.rdma_write(0, 0, ch, SRC_VA + off, g, MIB, None, now, m)
-                .unwrap(),
+            ni.rdma_write(
+                0,
+                &RdmaWrite {
+                    page: 0,
+                    ch,
+                    src_va: SRC_VA + off,
+                    dst: g,
+                    len: MIB,
+                    notify: None,
+                },
+                now,
+                m,
+            )
+            .unwrap(),
         );
     }
     let g = Gvas::new(PDID, dst, 0, DST_VA + 8 * MIB).unwrap();
     let other = ni
-        .rdma_write(1, page1, 0, SRC_VA, g, MIB, None, now, m)
+        .rdma_write(
+            1,
+            &RdmaWrite {
+                page: page1,
+                ch: 0,
+                src_va: SRC_VA,
+                dst: g,
+                len: MIB,
+                notify: None,
+            },
+            now,
+            m,
+        )
         .unwrap();
     let (mut most, mut other_ran) = (0, false);
     let start = sim.now();
@@ -461,11 +548,13 @@ fn a_read_of_unregistered_memory_is_refused_when_asked() {
     // 4 GiB from an address the server never registered.
     ni.rdma_read(
         0,
-        0,
-        0,
-        Gvas::new(PDID, server, 0, 0x70_0000_0000).unwrap(),
-        DST_VA,
-        1 << 32,
+        &RdmaRead {
+            page: 0,
+            ch: 0,
+            src: Gvas::new(PDID, server, 0, 0x70_0000_0000).unwrap(),
+            dst_va: DST_VA,
+            len: 1 << 32,
+        },
         now,
     )
     .unwrap();
@@ -507,11 +596,13 @@ fn rdma_read_with_faults_returns_the_remote_bytes() {
         let id = ni
             .rdma_read(
                 0,
-                0,
-                (round % 8) as u8,
-                Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
-                into,
-                len,
+                &RdmaRead {
+                    page: 0,
+                    ch: (round % 8) as u8,
+                    src: Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
+                    dst_va: into,
+                    len,
+                },
                 now,
             )
             .unwrap();
@@ -549,10 +640,12 @@ fn packetizer_messages_reach_mailboxes_exactly_once() {
                 let (ni, _) = sim.node_mut(src).ni_mut();
                 ni.send_message(
                     0,
-                    pk,
-                    ch,
-                    mailbox_gvas(PDID, dst, 0, mb).unwrap(),
-                    msg.as_bytes(),
+                    &SendMessage {
+                        vi: pk,
+                        ch,
+                        dst: mailbox_gvas(PDID, dst, 0, mb).unwrap(),
+                        payload: msg.as_bytes().to_vec(),
+                    },
                     now,
                 )
                 .unwrap();
@@ -592,12 +685,30 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
     sim.node_mut(src)
         .ni_mut()
         .0
-        .send_message(0, pk, 0, g, b"one", now)
+        .send_message(
+            0,
+            &SendMessage {
+                vi: pk,
+                ch: 0,
+                dst: g,
+                payload: b"one".to_vec(),
+            },
+            now,
+        )
         .unwrap();
     sim.node_mut(src)
         .ni_mut()
         .0
-        .send_message(0, pk, 1, g, b"two", now)
+        .send_message(
+            0,
+            &SendMessage {
+                vi: pk,
+                ch: 1,
+                dst: g,
+                payload: b"two".to_vec(),
+            },
+            now,
+        )
         .unwrap();
     run_quiet(&mut sim);
     let states: Vec<ChannelState> = (0..2)
@@ -620,10 +731,12 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
     other
         .send_message(
             1,
-            pk1,
-            0,
-            mailbox_gvas(PDID, dst, 0, mb).unwrap(),
-            b"x",
+            &SendMessage {
+                vi: pk1,
+                ch: 0,
+                dst: mailbox_gvas(PDID, dst, 0, mb).unwrap(),
+                payload: b"x".to_vec(),
+            },
             now,
         )
         .unwrap();
@@ -657,11 +770,13 @@ fn large_unaligned_read_across_qfdbs() {
     let id = ni
         .rdma_read(
             0,
-            0,
-            2,
-            Gvas::new(PDID, server, 0, SRC_VA + 16383).unwrap(),
-            DST_VA + 5,
-            len,
+            &RdmaRead {
+                page: 0,
+                ch: 2,
+                src: Gvas::new(PDID, server, 0, SRC_VA + 16383).unwrap(),
+                dst_va: DST_VA + 5,
+                len,
+            },
             now,
         )
         .unwrap();
@@ -697,11 +812,13 @@ fn a_failed_served_read_writes_nothing_more_into_the_reader() {
     let (ni, _) = sim.node_mut(reader).ni_mut();
     ni.rdma_read(
         0,
-        0,
-        0,
-        Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
-        DST_VA,
-        48 * 1024,
+        &RdmaRead {
+            page: 0,
+            ch: 0,
+            src: Gvas::new(PDID, server, 0, SRC_VA).unwrap(),
+            dst_va: DST_VA,
+            len: 48 * 1024,
+        },
         now,
     )
     .unwrap();
@@ -726,12 +843,14 @@ fn a_restarted_ni_is_not_taken_for_its_previous_run() {
         let (ni, m) = sim.node_mut(src).ni_mut();
         ni.rdma_write(
             0,
-            0,
-            0,
-            SRC_VA,
-            Gvas::new(PDID, dst, 0, DST_VA).unwrap(),
-            4096,
-            None,
+            &RdmaWrite {
+                page: 0,
+                ch: 0,
+                src_va: SRC_VA,
+                dst: Gvas::new(PDID, dst, 0, DST_VA).unwrap(),
+                len: 4096,
+                notify: None,
+            },
             now,
             m,
         )
@@ -770,10 +889,12 @@ fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
     let pk = ni.packetizer.alloc(0).unwrap();
     ni.send_message(
         0,
-        pk,
-        2,
-        mailbox_gvas(PDID, NodeId(1), 0, 0).unwrap(),
-        b"x",
+        &SendMessage {
+            vi: pk,
+            ch: 2,
+            dst: mailbox_gvas(PDID, NodeId(1), 0, 0).unwrap(),
+            payload: b"x".to_vec(),
+        },
         now,
     )
     .unwrap();
@@ -825,14 +946,13 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         sim.set_link_faults(b, a, f, seed ^ 1).unwrap();
         let mut rng = SimRng::new(99);
         let mut expect = HashMap::new();
-        let now = sim.now();
         let srcs = ["M1QAF2", "M1QAF3", "M1QAF4"].map(|n| shape.parse_node(n).unwrap());
         let dsts = ["M1QBF2", "M1QBF3", "M1QBF4"].map(|n| shape.parse_node(n).unwrap());
         for (i, &src) in srcs.iter().enumerate() {
             for ch in 0..CHANNELS {
                 let dst = dsts[(i + ch as usize) % dsts.len()];
                 let len = WINDOW - rng.below(1000);
-                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, 0, now);
+                let (id, posted) = post_write(&mut sim, &mut rng, src, ch, dst, len, 0);
                 expect.insert((src, id), posted);
             }
         }
@@ -921,11 +1041,13 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
     reader
         .rdma_read(
             0,
-            0,
-            0,
-            Gvas::new(PDID, server_id, 0, SRC_VA).unwrap(),
-            DST_VA,
-            4096,
+            &RdmaRead {
+                page: 0,
+                ch: 0,
+                src: Gvas::new(PDID, server_id, 0, SRC_VA).unwrap(),
+                dst_va: DST_VA,
+                len: 4096,
+            },
             now,
         )
         .unwrap();
@@ -1009,10 +1131,19 @@ fn packetizer_resends_after_crc_nacks_are_counted() {
     let pk = sim.node_mut(a).ni_mut().0.packetizer.alloc(0).unwrap();
     for i in 0..200u32 {
         let now = sim.now();
-        let msg = vec![i as u8; 64];
+        let msg = [i as u8; 64];
         let (ni, _) = sim.node_mut(a).ni_mut();
-        ni.send_message(0, pk, 0, mailbox_gvas(PDID, b, 0, mb).unwrap(), &msg, now)
-            .unwrap();
+        ni.send_message(
+            0,
+            &SendMessage {
+                vi: pk,
+                ch: 0,
+                dst: mailbox_gvas(PDID, b, 0, mb).unwrap(),
+                payload: msg.to_vec(),
+            },
+            now,
+        )
+        .unwrap();
         run_quiet(&mut sim);
         for (_, _, e) in sim.take_events() {
             if let NodeEvent::Ni(NiEvent::Packetizer { state, .. }) = e {
@@ -1082,7 +1213,19 @@ fn heal_run(loss: f64, seed: u64, max_attempts: u8) -> Healed {
             let g = Gvas::new(PDID, dst, 0, DST_VA + off).unwrap();
             let (ni, m) = sim.node_mut(src).ni_mut();
             let id = ni
-                .rdma_write(0, 0, ch, SRC_VA + off, g, LEN, None, now, m)
+                .rdma_write(
+                    0,
+                    &RdmaWrite {
+                        page: 0,
+                        ch,
+                        src_va: SRC_VA + off,
+                        dst: g,
+                        len: LEN,
+                        notify: None,
+                    },
+                    now,
+                    m,
+                )
                 .unwrap();
             expect.insert(id, (DST_VA + off, data));
         }
@@ -1159,7 +1302,17 @@ fn lost_cells_are_resent_alone_and_lossy_links_heal() {
 fn send_one(sim: &mut Sim, src: NodeId, pk: u8, to: Gvas, payload: &[u8]) -> ChannelState {
     let now = sim.now();
     let (ni, _) = sim.node_mut(src).ni_mut();
-    ni.send_message(0, pk, 0, to, payload, now).unwrap();
+    ni.send_message(
+        0,
+        &SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: to,
+            payload: payload.to_vec(),
+        },
+        now,
+    )
+    .unwrap();
     run_quiet(sim);
     sim.node_mut(src)
         .ni_mut()

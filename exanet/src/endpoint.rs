@@ -7,7 +7,7 @@ use std::time::Duration;
 use exanet_proto::attach::{Command, Reply, Request, Resource, PROTOCOL_VERSION};
 use exanet_proto::gvas::{Gvas, Pdid};
 use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
-use exanet_proto::ni::{CHANNELS, MAX_MESSAGE, RANKS};
+use exanet_proto::ni::{RdmaRead, RdmaWrite, SendMessage, CHANNELS, MAX_MESSAGE, RANKS};
 use exanet_proto::shape::{NodeId, Shape};
 use exanet_shm::{Doorbell, Region, Ring};
 
@@ -582,10 +582,12 @@ impl Packetizer {
         self.shared
             .post(Chan::Packetizer { vi, ch }, |tag| Command::Send {
                 tag,
-                vi,
-                ch,
-                dst,
-                payload: data.to_vec(),
+                op: SendMessage {
+                    vi,
+                    ch,
+                    dst,
+                    payload: data.to_vec(),
+                },
             })
             .map(Tag)
     }
@@ -601,10 +603,12 @@ impl Packetizer {
                 CHANNELS as u8,
                 |tag, ch| Command::Send {
                     tag,
-                    vi,
-                    ch,
-                    dst,
-                    payload: data.to_vec(),
+                    op: SendMessage {
+                        vi,
+                        ch,
+                        dst,
+                        payload: data.to_vec(),
+                    },
                 },
             )
             .map(Tag)
@@ -743,12 +747,14 @@ impl RdmaPage {
         self.shared
             .post(Chan::RdmaWrite { page, ch }, |tag| Command::Write {
                 tag,
-                page,
-                ch,
-                src_va,
-                dst,
-                len,
-                notify,
+                op: RdmaWrite {
+                    page,
+                    ch,
+                    src_va,
+                    dst,
+                    len,
+                    notify,
+                },
             })
             .map(Tag)
     }
@@ -771,11 +777,13 @@ impl RdmaPage {
         self.shared
             .post(Chan::RdmaRead { page, ch }, |tag| Command::Read {
                 tag,
-                page,
-                ch,
-                src,
-                dst_va,
-                len,
+                op: RdmaRead {
+                    page,
+                    ch,
+                    src,
+                    dst_va,
+                    len,
+                },
             })
             .map(Tag)
     }

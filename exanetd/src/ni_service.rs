@@ -1200,37 +1200,16 @@ fn execute(
     };
     let (ni, mem) = core.node.ni_mut();
     let res: Result<Posted, (u32, NiError)> = match cmd {
-        Command::Send {
-            tag,
-            vi,
-            ch,
-            dst,
-            payload,
-        } => ni
-            .send_message(rank, vi, ch, dst, &payload, now)
-            .map(|()| (tag, None, Some((vi, ch))))
+        Command::Send { tag, op } => ni
+            .send_message(rank, &op, now)
+            .map(|()| (tag, None, Some((op.vi, op.ch))))
             .map_err(|e| (tag, e)),
-        Command::Write {
-            tag,
-            page,
-            ch,
-            src_va,
-            dst,
-            len,
-            notify,
-        } => ni
-            .rdma_write(rank, page, ch, src_va, dst, len, notify, now, mem)
+        Command::Write { tag, op } => ni
+            .rdma_write(rank, &op, now, mem)
             .map(|id| (tag, Some(id), None))
             .map_err(|e| (tag, e)),
-        Command::Read {
-            tag,
-            page,
-            ch,
-            src,
-            dst_va,
-            len,
-        } => ni
-            .rdma_read(rank, page, ch, src, dst_va, len, now)
+        Command::Read { tag, op } => ni
+            .rdma_read(rank, &op, now)
             .map(|id| (tag, Some(id), None))
             .map_err(|e| (tag, e)),
     };

@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{status, Command as Cmd, Completion, Resource};
-use exanet_proto::ni::{mailbox_gvas, NackReason};
+use exanet_proto::ni::{mailbox_gvas, NackReason, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
 use exanetd::rack::{write_rack_file, Job, Layout};
 use support::raw::attach_at;
@@ -482,10 +482,12 @@ fn role_a(layout: &Layout) {
     let pk = a.alloc(Resource::Packetizer);
     a.post(&Cmd::Send {
         tag: 1,
-        vi: pk,
-        ch: 0,
-        dst: mailbox_gvas(Pdid(B_PDID), B_NODE_ID, b_rank as u8, b_mb as u8).unwrap(),
-        payload: b"from A".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(B_PDID), B_NODE_ID, b_rank as u8, b_mb as u8).unwrap(),
+            payload: b"from A".to_vec(),
+        },
     });
     let c = a.wait("send", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(pdid_nack(&c), "A's message to B: {c:?}");
@@ -497,23 +499,27 @@ fn role_a(layout: &Layout) {
     let target = Gvas::new(Pdid(B_PDID), B_NODE_ID, b_rank as u8, b_va).unwrap();
     a.post(&Cmd::Write {
         tag: 2,
-        page,
-        ch: 0,
-        src_va,
-        dst: target,
-        len: 64 << 10,
-        notify: Some(b_va + (512 << 10)),
+        op: RdmaWrite {
+            page,
+            ch: 0,
+            src_va,
+            dst: target,
+            len: 64 << 10,
+            notify: Some(b_va + (512 << 10)),
+        },
     });
     let c = a.wait("write", |c| matches!(c, Completion::Rdma { tag: 2, .. }));
     assert!(pdid_nack(&c), "A's RDMA write into B: {c:?}");
     println!("A-WRITE-NACKED {c:?}");
     a.post(&Cmd::Read {
         tag: 3,
-        page,
-        ch: 0,
-        src: target,
-        dst_va: src_va,
-        len: 64 << 10,
+        op: RdmaRead {
+            page,
+            ch: 0,
+            src: target,
+            dst_va: src_va,
+            len: 64 << 10,
+        },
     });
     let c = a.wait("read", |c| matches!(c, Completion::Rdma { tag: 3, .. }));
     let mut back = vec![0u8; MEM];

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
-use exanet_proto::ni::mailbox_gvas;
+use exanet_proto::ni::{mailbox_gvas, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
 use exanetd::rack::Layout;
 use support::raw::{attach, attach_within, daemon_threads, make_blocking, try_request, Workload};
@@ -196,12 +196,14 @@ fn victim_loop(
         let remote = Gvas::new(Pdid(0), PEER_ID, peer.rank, dst_va + off).unwrap();
         good.post(&Command::Write {
             tag,
-            page,
-            ch: 0,
-            src_va,
-            dst: remote,
-            len: len as u64,
-            notify: None,
+            op: RdmaWrite {
+                page,
+                ch: 0,
+                src_va,
+                dst: remote,
+                len: len as u64,
+                notify: None,
+            },
         });
         let c = good.wait(
             "victim write",
@@ -216,11 +218,13 @@ fn victim_loop(
         );
         good.post(&Command::Read {
             tag: tag + 1,
-            page,
-            ch: 1,
-            src: remote,
-            dst_va: src_va + (512 << 10),
-            len: len as u64,
+            op: RdmaRead {
+                page,
+                ch: 1,
+                src: remote,
+                dst_va: src_va + (512 << 10),
+                len: len as u64,
+            },
         });
         let c = good.wait(
             "victim read",
@@ -235,10 +239,12 @@ fn victim_loop(
         );
         good.post(&Command::Send {
             tag: tag + 2,
-            vi: pk,
-            ch: (round % 4) as u8,
-            dst: mbox,
-            payload: round.to_be_bytes().to_vec(),
+            op: SendMessage {
+                vi: pk,
+                ch: (round % 4) as u8,
+                dst: mbox,
+                payload: round.to_be_bytes().to_vec(),
+            },
         });
         let c = good.wait(
             "victim send",
@@ -275,10 +281,12 @@ fn assert_attacker_freed(r: &TestRack, after: &str) {
     let pk = w.alloc(Resource::Packetizer);
     w.post(&Command::Send {
         tag: 7,
-        vi: pk,
-        ch: 0,
-        dst: mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap(),
-        payload: b"served".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap(),
+            payload: b"served".to_vec(),
+        },
     });
     let c = w.wait("sent", |c| matches!(c, Completion::Sent { tag: 7, .. }));
     assert!(
@@ -478,12 +486,14 @@ fn hole_punching_and_truncation_of_registered_memory() {
         let tag = writes * 2;
         peer.post(&Command::Write {
             tag,
-            page,
-            ch: 0,
-            src_va: psrc_va,
-            dst: target,
-            len: len as u64,
-            notify: None,
+            op: RdmaWrite {
+                page,
+                ch: 0,
+                src_va: psrc_va,
+                dst: target,
+                len: len as u64,
+                notify: None,
+            },
         });
         let c = peer.wait(
             "write",
@@ -493,11 +503,13 @@ fn hole_punching_and_truncation_of_registered_memory() {
         writes += 1;
         peer.post(&Command::Read {
             tag: tag + 1,
-            page,
-            ch: 1,
-            src: target,
-            dst_va: psrc_va + len as u64,
-            len: len as u64,
+            op: RdmaRead {
+                page,
+                ch: 1,
+                src: target,
+                dst_va: psrc_va + len as u64,
+                len: len as u64,
+            },
         });
         let c = peer.wait(
             "read",
@@ -526,12 +538,14 @@ fn hole_punching_and_truncation_of_registered_memory() {
     // Holes stop: a write arrives whole, and reads back whole.
     peer.post(&Command::Write {
         tag: 1000,
-        page,
-        ch: 0,
-        src_va: psrc_va,
-        dst: target,
-        len: len as u64,
-        notify: None,
+        op: RdmaWrite {
+            page,
+            ch: 0,
+            src_va: psrc_va,
+            dst: target,
+            len: len as u64,
+            notify: None,
+        },
     });
     let c = peer.wait("write", |c| matches!(c, Completion::Rdma { tag: 1000, .. }));
     assert!(ok(&c), "{c:?}");
@@ -1011,34 +1025,40 @@ fn garbage_commands_and_scribbled_rings() {
             "4 GiB write from 1 MiB of registered memory",
             Command::Write {
                 tag: 100,
-                page,
-                ch: 2,
-                src_va: eva,
-                dst: hdst,
-                len: 1 << 32,
-                notify: Some(hva),
+                op: RdmaWrite {
+                    page,
+                    ch: 2,
+                    src_va: eva,
+                    dst: hdst,
+                    len: 1 << 32,
+                    notify: Some(hva),
+                },
             },
         ),
         (
             "4 GiB read of 1 MiB of the peer's memory",
             Command::Read {
                 tag: 101,
-                page,
-                ch: 3,
-                src: hdst,
-                dst_va: eva,
-                len: 1 << 32,
+                op: RdmaRead {
+                    page,
+                    ch: 3,
+                    src: hdst,
+                    dst_va: eva,
+                    len: 1 << 32,
+                },
             },
         ),
         (
             "4 GiB read into unregistered memory",
             Command::Read {
                 tag: 102,
-                page,
-                ch: 4,
-                src: hdst,
-                dst_va: 0x40_0000_0000 - (1 << 32),
-                len: 1 << 32,
+                op: RdmaRead {
+                    page,
+                    ch: 4,
+                    src: hdst,
+                    dst_va: 0x40_0000_0000 - (1 << 32),
+                    len: 1 << 32,
+                },
             },
         ),
     ] {
@@ -1123,10 +1143,12 @@ fn garbage_commands_and_scribbled_rings() {
         for i in 0..300u32 {
             let c = Command::Send {
                 tag: i,
-                vi: pk,
-                ch: (i % 4) as u8,
-                dst: own,
-                payload: vec![1; 8],
+                op: SendMessage {
+                    vi: pk,
+                    ch: (i % 4) as u8,
+                    dst: own,
+                    payload: vec![1; 8],
+                },
             };
             let _ = w.commands.push(&c.encode());
             let _ = w.to_daemon.ring();

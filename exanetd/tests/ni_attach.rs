@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
-use exanet_proto::ni::mailbox_gvas;
+use exanet_proto::ni::{mailbox_gvas, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
 use exanetd::rack::Layout;
 use support::raw::{attach, daemon_fds, make_blocking, request};
@@ -33,10 +33,12 @@ fn messages_and_rdma_between_attached_workloads() {
     let dst = mailbox_gvas(Pdid(0), NodeId(2), b.rank, mb).unwrap();
     a.post(&Command::Send {
         tag: 11,
-        vi: pk,
-        ch: 0,
-        dst,
-        payload: b"hello F3".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst,
+            payload: b"hello F3".to_vec(),
+        },
     });
     let c = a.wait("sent", |c| matches!(c, Completion::Sent { tag: 11, .. }));
     assert!(
@@ -70,12 +72,14 @@ fn messages_and_rdma_between_attached_workloads() {
     let page = a.alloc(Resource::RdmaPage);
     a.post(&Command::Write {
         tag: 21,
-        page,
-        ch: 3,
-        src_va,
-        dst: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
-        len: len as u64,
-        notify: Some(dst_va + (900 << 10)),
+        op: RdmaWrite {
+            page,
+            ch: 3,
+            src_va,
+            dst: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
+            len: len as u64,
+            notify: Some(dst_va + (900 << 10)),
+        },
     });
     let c = a.wait("rdma", |c| matches!(c, Completion::Rdma { tag: 21, .. }));
     assert!(
@@ -104,11 +108,13 @@ fn messages_and_rdma_between_attached_workloads() {
 
     a.post(&Command::Read {
         tag: 31,
-        page,
-        ch: 0,
-        src: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
-        dst_va: src_va + (512 << 10),
-        len: len as u64,
+        op: RdmaRead {
+            page,
+            ch: 0,
+            src: Gvas::new(Pdid(0), NodeId(2), b.rank, dst_va + 1).unwrap(),
+            dst_va: src_va + (512 << 10),
+            len: len as u64,
+        },
     });
     let c = a.wait("read", |c| matches!(c, Completion::Rdma { tag: 31, .. }));
     assert!(
@@ -142,10 +148,12 @@ fn pdid_is_the_jobs_not_the_workloads() {
     // Alice writes the default job's PDID into the GVAS: the NI stamps hers anyway.
     alice.post(&Command::Send {
         tag: 1,
-        vi: pk,
-        ch: 1,
-        dst: mailbox_gvas(Pdid(1), NodeId(3), other.rank, mb).unwrap(),
-        payload: b"intrusion".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 1,
+            dst: mailbox_gvas(Pdid(1), NodeId(3), other.rank, mb).unwrap(),
+            payload: b"intrusion".to_vec(),
+        },
     });
     let c = alice.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(
@@ -203,33 +211,39 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
             78,
             Command::Send {
                 tag: 78,
-                vi: 63,
-                ch: 9,
-                dst,
-                payload: vec![],
+                op: SendMessage {
+                    vi: 63,
+                    ch: 9,
+                    dst,
+                    payload: vec![],
+                },
             },
         ),
         (
             79,
             Command::Write {
                 tag: 79,
-                page: 200,
-                ch: 0,
-                src_va: 0,
-                dst,
-                len: 1,
-                notify: None,
+                op: RdmaWrite {
+                    page: 200,
+                    ch: 0,
+                    src_va: 0,
+                    dst,
+                    len: 1,
+                    notify: None,
+                },
             },
         ),
         (
             80,
             Command::Read {
                 tag: 80,
-                page: 0,
-                ch: 0,
-                src: dst,
-                dst_va: u64::MAX,
-                len: u64::MAX,
+                op: RdmaRead {
+                    page: 0,
+                    ch: 0,
+                    src: dst,
+                    dst_va: u64::MAX,
+                    len: u64::MAX,
+                },
             },
         ),
     ] {
@@ -264,22 +278,26 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
         let page = dying.alloc(Resource::RdmaPage);
         dying.post(&Command::Write {
             tag: 5,
-            page,
-            ch: 0,
-            src_va: va,
-            dst: Gvas::new(Pdid(0), NodeId(1), peer.rank, 0x7777_0000).unwrap(),
-            len: 4 << 20,
-            notify: None,
+            op: RdmaWrite {
+                page,
+                ch: 0,
+                src_va: va,
+                dst: Gvas::new(Pdid(0), NodeId(1), peer.rank, 0x7777_0000).unwrap(),
+                len: 4 << 20,
+                notify: None,
+            },
         });
     }
     // Everyone else carries on.
     for i in 0..20u32 {
         good.post(&Command::Send {
             tag: 100 + i,
-            vi: pk,
-            ch: (i % 4) as u8,
-            dst,
-            payload: i.to_be_bytes().to_vec(),
+            op: SendMessage {
+                vi: pk,
+                ch: (i % 4) as u8,
+                dst,
+                payload: i.to_be_bytes().to_vec(),
+            },
         });
         let c = good.wait(
             "sent",
@@ -402,10 +420,12 @@ fn a_workload_that_never_reads_completions_is_held_back() {
     let pk = good.alloc(Resource::Packetizer);
     good.post(&Command::Send {
         tag: 1,
-        vi: pk,
-        ch: 0,
-        dst: mailbox_gvas(Pdid(0), NodeId(0), good.rank, mb).unwrap(),
-        payload: b"still here".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(0), NodeId(0), good.rank, mb).unwrap(),
+            payload: b"still here".to_vec(),
+        },
     });
     let c = good.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(
@@ -439,12 +459,14 @@ fn notifications_to_a_workload_that_never_reads_are_bounded() {
         while let Some(ch) = free.pop().filter(|_| tag < total) {
             a.post(&Command::Write {
                 tag,
-                page,
-                ch,
-                src_va,
-                dst,
-                len: 8,
-                notify: Some(dst_va + 4096),
+                op: RdmaWrite {
+                    page,
+                    ch,
+                    src_va,
+                    dst,
+                    len: 8,
+                    notify: Some(dst_va + 4096),
+                },
             });
             tag += 1;
         }
@@ -505,10 +527,12 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
                 while let Ok(Some(_)) = evil.completions.pop(&mut buf) {}
                 let c = Command::Send {
                     tag: posted as u32,
-                    vi: pk_evil,
-                    ch: (posted % 4) as u8,
-                    dst: dst_evil,
-                    payload: vec![0xAB; 8],
+                    op: SendMessage {
+                        vi: pk_evil,
+                        ch: (posted % 4) as u8,
+                        dst: dst_evil,
+                        payload: vec![0xAB; 8],
+                    },
                 };
                 if evil.commands.push(&c.encode()).is_ok() {
                     posted += 1;
@@ -523,10 +547,12 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
     for i in 0..50u32 {
         good.post(&Command::Send {
             tag: 1000 + i,
-            vi: pk_good,
-            ch: (i % 4) as u8,
-            dst: dst_good,
-            payload: i.to_be_bytes().to_vec(),
+            op: SendMessage {
+                vi: pk_good,
+                ch: (i % 4) as u8,
+                dst: dst_good,
+                payload: i.to_be_bytes().to_vec(),
+            },
         });
         let c = good.wait(
             "sent",
@@ -719,10 +745,12 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
         );
         sender.post(&Command::Send {
             tag: i,
-            vi: pk,
-            ch: (i % 4) as u8,
-            dst,
-            payload: i.to_be_bytes().to_vec(),
+            op: SendMessage {
+                vi: pk,
+                ch: (i % 4) as u8,
+                dst,
+                payload: i.to_be_bytes().to_vec(),
+            },
         });
         let c = sender.wait(
             "sent",
@@ -751,10 +779,12 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
     let mb2 = other.alloc(Resource::Mailbox);
     sender.post(&Command::Send {
         tag: 1 << 20,
-        vi: pk,
-        ch: 0,
-        dst: mailbox_gvas(Pdid(0), NodeId(1), other.rank, mb2).unwrap(),
-        payload: b"served".to_vec(),
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(0), NodeId(1), other.rank, mb2).unwrap(),
+            payload: b"served".to_vec(),
+        },
     });
     let c = sender.wait(
         "sent",

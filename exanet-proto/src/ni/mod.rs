@@ -16,6 +16,7 @@
 
 pub mod mailbox;
 pub mod memory;
+pub mod op;
 pub mod packetizer;
 pub mod rdma;
 
@@ -30,6 +31,7 @@ use crate::time::Instant;
 
 pub use mailbox::{Mailboxes, Message, MAILBOX_VIS};
 pub use memory::{MemFault, Memory, VecMemory};
+pub use op::{RdmaRead, RdmaWrite, SendMessage};
 pub use packetizer::{ChannelState, Packetizer, CHANNELS, MAX_MESSAGE, PACKETIZER_VIS};
 pub use rdma::{RdmaEngine, TransferId, BLOCK_SIZE, RDMA_PAGES};
 
@@ -397,25 +399,22 @@ impl Ni {
         Ok(dst.with_pdid(pdid))
     }
 
-    /// Sends up to 64 B from packetizer channel (`vi`, `ch`) to `dst`. The PDID the cell
-    /// carries is the rank's, whatever `dst` says.
+    /// Sends `op`'s message (up to 64 B) from one of the rank's packetizer channels. The
+    /// PDID the cell carries is the rank's, whatever `op.dst` says.
     pub fn send_message(
         &mut self,
         rank: u8,
-        vi: u8,
-        ch: u8,
-        dst: Gvas,
-        payload: &[u8],
+        op: &SendMessage,
         now: Instant,
     ) -> Result<(), NiError> {
-        let dst = self.stamp(rank, dst)?;
+        let dst = self.stamp(rank, op.dst)?;
         self.packetizer.send(
             self.node,
             rank,
-            vi,
-            ch,
+            op.vi,
+            op.ch,
             dst,
-            payload,
+            &op.payload,
             now + self.cfg.retransmit_ns,
             &mut self.out,
         )?;
@@ -423,32 +422,26 @@ impl Ni {
         Ok(())
     }
 
-    /// Posts an RDMA write of `len` bytes from the rank's `src_va` to `dst`, with an
-    /// optional completion notification written at `notify` (a VA of the destination rank).
-    #[allow(clippy::too_many_arguments)]
+    /// Posts `op`, an RDMA write from the rank's memory, with its optional completion
+    /// notification.
     pub fn rdma_write(
         &mut self,
         rank: u8,
-        page: u8,
-        ch: u8,
-        src_va: u64,
-        dst: Gvas,
-        len: u64,
-        notify: Option<u64>,
+        op: &RdmaWrite,
         now: Instant,
         mem: &dyn Memory,
     ) -> Result<TransferId, NiError> {
-        let dst = self.stamp(rank, dst)?;
+        let dst = self.stamp(rank, op.dst)?;
         self.rdma.post_write(
             self.node,
             &self.cfg,
             rank,
-            page,
-            ch,
-            src_va,
+            op.page,
+            op.ch,
+            op.src_va,
             dst,
-            len,
-            notify,
+            op.len,
+            op.notify,
             now,
             mem,
             &mut self.out,
@@ -456,28 +449,23 @@ impl Ni {
         )
     }
 
-    /// Posts an RDMA read of `len` bytes from `src` (remote) into the rank's `dst_va`.
-    #[allow(clippy::too_many_arguments)]
+    /// Posts `op`, an RDMA read from remote memory into the rank's.
     pub fn rdma_read(
         &mut self,
         rank: u8,
-        page: u8,
-        ch: u8,
-        src: Gvas,
-        dst_va: u64,
-        len: u64,
+        op: &RdmaRead,
         now: Instant,
     ) -> Result<TransferId, NiError> {
-        let src = self.stamp(rank, src)?;
+        let src = self.stamp(rank, op.src)?;
         self.rdma.post_read(
             self.node,
             &self.cfg,
             rank,
-            page,
-            ch,
+            op.page,
+            op.ch,
             src,
-            dst_va,
-            len,
+            op.dst_va,
+            op.len,
             now,
             &mut self.out,
         )

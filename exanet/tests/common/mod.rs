@@ -17,7 +17,7 @@ use std::time::Duration;
 use exanet_proto::attach::{
     status, Command, Completion, Reply, Request, Resource, CONSUMED_LEN, SLOT,
 };
-use exanet_proto::ni::{NackReason, MAILBOX_WINDOW};
+use exanet_proto::ni::{NackReason, RdmaRead, RdmaWrite, SendMessage, MAILBOX_WINDOW};
 use exanet_shm::{recv_fds, send_fds, Doorbell, Producer, Region, Ring, Waiter};
 
 /// What the fake does with commands.
@@ -386,10 +386,13 @@ fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
     match cmd {
         Command::Send {
             tag,
-            vi,
-            ch,
-            dst,
-            payload,
+            op:
+                SendMessage {
+                    vi,
+                    ch,
+                    dst,
+                    payload,
+                },
         } => {
             if ch >= 4 {
                 return vec![Completion::Refused {
@@ -439,12 +442,15 @@ fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
         }
         Command::Write {
             tag,
-            page,
-            ch,
-            src_va,
-            dst,
-            len,
-            notify,
+            op:
+                RdmaWrite {
+                    page,
+                    ch,
+                    src_va,
+                    dst,
+                    len,
+                    notify,
+                },
         } => {
             let rdma = |st: u8, reason: u8| Completion::Rdma {
                 tag,
@@ -479,11 +485,14 @@ fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
         }
         Command::Read {
             tag,
-            page,
-            ch,
-            src,
-            dst_va,
-            len,
+            op:
+                RdmaRead {
+                    page,
+                    ch,
+                    src,
+                    dst_va,
+                    len,
+                },
         } => {
             let rdma = |st: u8, reason: u8| Completion::Rdma {
                 tag,
