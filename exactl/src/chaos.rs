@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use exanet_proto::fault::{FaultKind, FaultUnit, FaultValue, LinkFaults};
 use exanet_proto::rng::SplitMix64;
 use exanet_proto::{topology, NodeId, NodeName, Shape};
-use exanetd::control_client::ControlClient;
-use exanetd::rack::{Deploy, Rack};
+use exanet_rack::control_client::ControlClient;
+use exanet_rack::rack::{Deploy, Rack};
 
 use crate::error::{CliError, Result};
 use crate::fabric;

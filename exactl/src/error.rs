@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use exanet_proto::NameError;
-use exanetd::control::ControlError;
-use exanetd::rack::RackError;
-use exanetd::tls::TlsError;
+use exanet_rack::control::ControlError;
+use exanet_rack::rack::RackError;
+use exanet_rack::tls::TlsError;
 use thiserror::Error;
 
 /// Exit code for bad input: bad arguments, names, shapes, rack files.
@@ -17,7 +17,7 @@ pub const EXIT_FAILURE: u8 = 1;
 #[derive(Debug, Error)]
 pub enum CliError {
     // ---- bad input (exit 2) ----
-    #[error("no rack at {dir}: {file} does not exist (create and start one with `exactl rack up`)", file = .dir.join(exanetd::rack::RACK_FILE).display(), dir = .dir.display())]
+    #[error("no rack at {dir}: {file} does not exist (create and start one with `exactl rack up`)", file = .dir.join(exanet_rack::rack::RACK_FILE).display(), dir = .dir.display())]
     NoRack { dir: PathBuf },
 
     #[error(transparent)]
@@ -45,7 +45,7 @@ pub enum CliError {
         "the rack at {dir} was created with {setting} {existing}, not {requested}; \
          to change it run `exactl rack down` and remove {file} (or use another --rack DIR)",
         dir = .dir.display(),
-        file = .dir.join(exanetd::rack::RACK_FILE).display()
+        file = .dir.join(exanet_rack::rack::RACK_FILE).display()
     )]
     SettingMismatch {
         dir: PathBuf,

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use exanet_proto::topology::{self, Link};
 use exanet_proto::{NodeId, Shape};
-use exanetd::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
-use exanetd::control_client::ControlClient;
+use exanet_rack::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
+use exanet_rack::control_client::ControlClient;
 
 use crate::live::RackLiveness;
 

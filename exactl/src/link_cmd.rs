@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use exanet_proto::fault::{FaultKind, FaultUnit, FaultUnitMismatch, FaultValue, LinkFaults};
 use exanet_proto::{NodeId, NodeName, Shape};
-use exanetd::control::{LinkStatus, NodeStatus, Request, Response};
-use exanetd::control_client::ControlClient;
-use exanetd::rack::Rack;
+use exanet_rack::control::{LinkStatus, NodeStatus, Request, Response};
+use exanet_rack::control_client::ControlClient;
+use exanet_rack::rack::Rack;
 use serde_json::json;
 
 use crate::error::{CliError, Result};
@@ -620,8 +620,8 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
                 format!("{}->{}", r.from, r.l.peer),
                 match (r.l.admin_down, r.l.state) {
                     (true, _) => "cut",
-                    (false, exanetd::control::LinkState::Up) => "up",
-                    (false, exanetd::control::LinkState::Down) => "down",
+                    (false, exanet_rack::control::LinkState::Up) => "up",
+                    (false, exanet_rack::control::LinkState::Down) => "down",
                 }
                 .to_string(),
                 describe(&f),

@@ -23,7 +23,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::Path;
 
 use exanet_proto::NodeId;
-use exanetd::rack::{Deploy, Rack};
+use exanet_rack::rack::{Deploy, Rack};
 
 use crate::process::{self, PidFile};
 

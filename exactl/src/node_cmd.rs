@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exanet_proto::{NodeId, NodeName};
-use exanetd::rack::{Deploy, Layout, Rack};
+use exanet_rack::rack::{Deploy, Layout, Rack};
 
 use crate::error::{CliError, Result};
 use crate::fabric;

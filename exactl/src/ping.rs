@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use exanet_proto::{routing, NodeId, NodeName, Shape};
-use exanetd::control::{PingReport, Request, Response};
-use exanetd::rack::Rack;
+use exanet_rack::control::{PingReport, Request, Response};
+use exanet_rack::rack::Rack;
 
 use crate::error::{CliError, Result};
 use crate::fabric;

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use exanetd::rack::Layout;
+use exanet_rack::rack::Layout;
 
 use crate::error::{CliError, Result};
 

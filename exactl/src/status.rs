@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use exanet_proto::topology;
 use exanet_proto::{NodeId, Shape};
-use exanetd::control::{LinkState, LinkStatus};
-use exanetd::rack::Rack;
+use exanet_rack::control::{LinkState, LinkStatus};
+use exanet_rack::rack::Rack;
 use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
@@ -425,7 +425,7 @@ fn duration(secs: f64) -> String {
 mod tests {
     use super::*;
     use crate::fabric::tests::healthy_rack;
-    use exanetd::rack::RackFile;
+    use exanet_rack::rack::RackFile;
 
     fn rack(shape: &str) -> Rack {
         let shape: Shape = shape.parse().unwrap();
@@ -533,7 +533,7 @@ mod tests {
         let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
         assert!(!text.contains("workloads:"), "{text}");
         if let Ok(st) = &mut answers[1] {
-            st.ni.workloads.push(exanetd::control::WorkloadStatus {
+            st.ni.workloads.push(exanet_rack::control::WorkloadStatus {
                 rank: 3,
                 job: "alice".into(),
                 pdid: 42,

@@ -18,8 +18,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use exanet_proto::{NodeId, Shape};
-use exanetd::control::{LinkState, LinkStatus, NiStatus, NodeStatus};
-use exanetd::rack::Rack;
+use exanet_rack::control::{LinkState, LinkStatus, NiStatus, NodeStatus};
+use exanet_rack::rack::Rack;
 use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};

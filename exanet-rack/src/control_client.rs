@@ -1,4 +1,4 @@
-//! The operator's side of the control API over QUIC (see [`crate::control_server`]):
+//! The operator's side of the control API over QUIC (served by exanetd's `control_server`):
 //! what `exactl` uses to reach every daemon of a rack, wherever it runs (local processes,
 //! containers, other hosts). It presents the operator certificate of the rack directory
 //! (`tls/exactl.pem`) and checks that each daemon holds its node's certificate.

@@ -70,6 +70,8 @@ use thiserror::Error;
 
 pub const RACK_FILE: &str = "rack.toml";
 pub const DEFAULT_RACK_DIR: &str = "exanet-rack";
+/// The environment variable naming the rack directory when no `--rack` does.
+pub const ENV_RACK: &str = "EXANET_RACK";
 
 #[derive(Debug, Error)]
 pub enum RackError {
@@ -589,10 +591,24 @@ pub fn rack_dir(flag: Option<&Path>) -> PathBuf {
     if let Some(p) = flag {
         return p.to_path_buf();
     }
-    match std::env::var_os("EXANET_RACK") {
+    match std::env::var_os(ENV_RACK) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(DEFAULT_RACK_DIR),
     }
+}
+
+/// The `shape = "XxYxZ"` of a rack file's text, without checking the rest: a workload
+/// needs only the shape, and must not fail on settings only the daemon reads.
+pub fn parse_shape(text: &str) -> Result<Shape, String> {
+    let v: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| e.message().to_string())?;
+    let s = v
+        .get("shape")
+        .ok_or("no `shape` key")?
+        .as_str()
+        .ok_or("`shape` is not a string")?;
+    s.parse::<Shape>().map_err(|e| e.to_string())
 }
 
 /// The DNS name a node's certificate is issued for.

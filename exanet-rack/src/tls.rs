@@ -19,7 +19,7 @@ use crate::rack::{dns_name, Layout};
 
 /// ALPN of exanet links, so that nothing else speaking QUIC is mistaken for a peer.
 pub const ALPN: &[u8] = b"exanet-link/1";
-/// ALPN of the control API on the same endpoint (see [`crate::control_server`]).
+/// ALPN of the control API on the same endpoint (served by exanetd's `control_server`).
 pub const ALPN_CONTROL: &[u8] = b"exanet-control/1";
 /// The identity the control API accepts: the operator certificate `tls/exactl.pem`,
 /// signed by the rack CA like the nodes' but for this name, which no node has. A node's

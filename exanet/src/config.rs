@@ -14,19 +14,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exanet_proto::Shape;
+use exanet_rack::rack::Layout;
 
 use crate::error::{Error, Result};
 
 pub use exanet_shm::doorbell::DEFAULT_SPIN;
 
-pub const ENV_RACK: &str = "EXANET_RACK";
 pub const ENV_NODE: &str = "EXANET_NODE";
 pub const ENV_JOB_KEY: &str = "EXANET_JOB_KEY";
 pub const ENV_SPIN_US: &str = "EXANET_SPIN_US";
-/// The rack directory when neither an argument nor `EXANET_RACK` names one.
-pub const DEFAULT_RACK_DIR: &str = "exanet-rack";
-/// The rack file inside the rack directory.
-pub const RACK_FILE: &str = "rack.toml";
+/// The rack directory when neither an argument nor `EXANET_RACK` names one, and the rack
+/// file inside it: the daemon's, from exanet-rack.
+pub use exanet_rack::rack::{DEFAULT_RACK_DIR, ENV_RACK, RACK_FILE};
 /// How long a control request (attach, register, alloc, free) may take by default.
 pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest spin budget accepted from `EXANET_SPIN_US` (one second).
@@ -81,17 +80,15 @@ pub fn spin_from_env() -> Result<Duration> {
     }
 }
 
-/// The rack directory: `explicit`, else `EXANET_RACK`, else `./exanet-rack`.
+/// The rack directory: `explicit`, else `EXANET_RACK`, else `./exanet-rack` (as exactl
+/// and the daemon find it).
 pub fn rack_dir(explicit: Option<&Path>) -> PathBuf {
-    explicit
-        .map(Path::to_path_buf)
-        .or_else(|| env(ENV_RACK).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RACK_DIR))
+    exanet_rack::rack::rack_dir(explicit)
 }
 
-/// The attach socket of `node` in `rack_dir`: `<rack>/run/<NODE>.ni`.
+/// The attach socket of `node` in `rack_dir`: where the daemon's layout puts it.
 pub fn socket_path(rack_dir: &Path, node: &str) -> PathBuf {
-    rack_dir.join("run").join(format!("{node}.ni"))
+    Layout::new(rack_dir).attach_socket(&node)
 }
 
 impl Config {
@@ -132,7 +129,7 @@ impl Config {
 
 /// Reads the rack's shape from `<rack_dir>/rack.toml` (only the `shape` key is looked at).
 pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
-    let path = rack_dir.join(RACK_FILE);
+    let path = Layout::new(rack_dir).rack_file();
     let text = std::fs::read_to_string(&path).map_err(|e| Error::RackFile {
         path: path.clone(),
         message: e.to_string(),
@@ -142,13 +139,5 @@ pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
 
 /// The `shape = "XxYxZ"` of a rack file's text.
 pub fn parse_shape(text: &str) -> Result<Shape, String> {
-    let v: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| e.message().to_string())?;
-    let s = v
-        .get("shape")
-        .ok_or("no `shape` key")?
-        .as_str()
-        .ok_or("`shape` is not a string")?;
-    s.parse::<Shape>().map_err(|e| e.to_string())
+    exanet_rack::rack::parse_shape(text)
 }

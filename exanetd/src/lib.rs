@@ -2,10 +2,12 @@
 //! neighbours over QUIC, exposes metrics and a control socket, and feeds everything it
 //! hears into the sans-IO core, carrying out what the core returns.
 //!
-//! The rack file, TLS material and the control protocol are shared with `exactl`.
+//! The rack file, TLS material, quotas and the control protocol live in exanet-rack,
+//! shared with `exactl` and the client library; they are re-exported under their old
+//! names so `crate::rack` and `exanetd::rack` keep meaning what they always did.
 
-pub mod control;
-pub mod control_client;
+pub use exanet_rack::{control, control_client, quota, rack, tls};
+
 pub mod control_server;
 pub mod daemon;
 pub mod http;
@@ -14,6 +16,5 @@ pub mod metrics;
 pub mod ni_service;
 pub mod node;
 pub mod precise_timer;
-pub mod quota;
-pub mod rack;
-pub mod tls;
+pub mod session;
+pub mod shm_memory;

@@ -26,7 +26,7 @@
 use std::path::Path;
 
 use exanet_proto::Shape;
-use exanetd::rack::Deploy;
+use exanet_rack::rack::Deploy;
 
 use super::yaml::{flow, int, render, s, MapBuilder, Yaml};
 use super::{
@@ -620,7 +620,7 @@ fn prometheus_config(name: &str, targets: &[String]) -> String {
 mod tests {
     use super::super::{assert_committed, text, LINK_PORT};
     use super::*;
-    use exanetd::rack::{Rack, RackFile};
+    use exanet_rack::rack::{Rack, RackFile};
     use serde_yaml::Value;
 
     fn opts(shape: &str) -> ComposeOptions {

@@ -20,7 +20,7 @@
 use std::path::Path;
 
 use exanet_proto::Shape;
-use exanetd::rack::Deploy;
+use exanet_rack::rack::Deploy;
 
 use super::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};
 use super::{
@@ -368,7 +368,7 @@ pub fn run(out: &Path, opts: &K8sOptions) -> Result<()> {
 mod tests {
     use super::super::{assert_committed, text};
     use super::*;
-    use exanetd::rack::{Rack, RackFile};
+    use exanet_rack::rack::{Rack, RackFile};
     use serde::Deserialize;
     use serde_yaml::Value;
     use std::collections::BTreeMap;
