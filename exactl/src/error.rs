@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use exanet_deploy::DeployError;
 use exanet_proto::NameError;
 use exanet_rack::control::ControlError;
 use exanet_rack::rack::RackError;
@@ -145,6 +146,36 @@ impl CliError {
             action,
             path: path.into(),
             source,
+        }
+    }
+}
+
+impl From<DeployError> for CliError {
+    /// The generators' errors, in the same words and with the same exit codes as when they
+    /// were exactl's own.
+    fn from(e: DeployError) -> Self {
+        match e {
+            DeployError::BadValue {
+                what,
+                value,
+                message,
+            } => CliError::BadValue {
+                what,
+                value,
+                message,
+            },
+            DeployError::Render(m) => CliError::Failed(m),
+            DeployError::Io {
+                action,
+                path,
+                source,
+            } => CliError::Io {
+                action,
+                path,
+                source,
+            },
+            DeployError::Rack(e) => e.into(),
+            DeployError::Tls(e) => CliError::Tls(e),
         }
     }
 }

@@ -21,7 +21,6 @@
 
 mod chaos;
 mod control;
-mod deploy;
 mod error;
 mod fabric;
 mod link_cmd;
@@ -39,6 +38,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use exanet_deploy as deploy;
 use exanet_proto::{NodeName, Shape};
 
 use crate::error::{CliError, EXIT_USAGE};
@@ -302,7 +302,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             },
         ),
         Command::Rack(RackCommand::Down(a)) => rack_cmd::down(&dir, Duration::from_secs(a.timeout)),
-        Command::Rack(RackCommand::Pki) => deploy::pki(&dir),
+        Command::Rack(RackCommand::Pki) => say(deploy::pki(&dir)),
         Command::Rack(RackCommand::Compose(a)) => {
             let subnet = a.subnet.parse().map_err(|message| CliError::BadValue {
                 what: "--subnet",
@@ -312,7 +312,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let out = a
                 .out
                 .unwrap_or_else(|| PathBuf::from(format!("exanet-{}", a.shape)));
-            deploy::compose::run(
+            say(deploy::compose::run(
                 &out,
                 &deploy::compose::ComposeOptions {
                     shape: a.shape,
@@ -322,20 +322,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     prometheus: a.prometheus,
                     grafana: a.grafana,
                 },
-            )
+            ))
         }
         Command::Rack(RackCommand::K8s(a)) => {
             let out = a
                 .out
                 .unwrap_or_else(|| PathBuf::from(format!("exanet-{}-k8s", a.shape)));
-            deploy::k8s::run(
+            say(deploy::k8s::run(
                 &out,
                 &deploy::k8s::K8sOptions {
                     shape: a.shape,
                     name: a.name,
                     image: a.image,
                 },
-            )
+            ))
         }
         Command::Status(a) => status::run(&dir, a.json),
         Command::Ping(a) => ping::run(
@@ -348,13 +348,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 json: a.json,
             },
         ),
-        Command::Link(LinkCommand::Set(a)) => link_cmd::set(
-            &dir,
-            a.a,
-            a.b,
-            &a.dir,
-            &a.faults.0,
-        ),
+        Command::Link(LinkCommand::Set(a)) => link_cmd::set(&dir, a.a, a.b, &a.dir, &a.faults.0),
         Command::Link(LinkCommand::Clear(a)) => link_cmd::clear(&dir, a.a.zip(a.b)),
         Command::Link(LinkCommand::Show(a)) => link_cmd::show(&dir, a.json, a.all),
         Command::Node(op) => {
@@ -371,6 +365,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Top(a) => top::run(&dir, &a),
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
     }
+}
+
+/// Prints the report of a generator (what it wrote, how to start it) when it succeeded.
+fn say(report: exanet_deploy::error::Result<String>) -> Result<(), CliError> {
+    println!("{}", report?);
+    Ok(())
 }
 
 /// A clap usage error folded onto one line: the problem, then the usage it violated.

@@ -22,12 +22,12 @@ use std::path::Path;
 use exanet_proto::Shape;
 use exanet_rack::rack::Deploy;
 
-use super::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};
-use super::{
+use crate::error::Result;
+use crate::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};
+use crate::{
     check_options, rack_file, rack_name, rack_toml, write_files, GenFile, LINK_PORT, METRICS_PORT,
     RACK_GITIGNORE, RACK_MOUNT,
 };
-use crate::error::Result;
 
 /// Where the ConfigMap (rack.toml, nodes) is mounted whole in the pod.
 const CONFIG_MOUNT: &str = "/etc/exanet";
@@ -47,7 +47,7 @@ impl K8sOptions {
         K8sOptions {
             shape,
             name: None,
-            image: super::DEFAULT_IMAGE.to_string(),
+            image: crate::DEFAULT_IMAGE.to_string(),
         }
     }
     pub fn name(&self) -> String {
@@ -348,10 +348,11 @@ fn port(name: &str, number: u16, protocol: &str, container: bool) -> Yaml {
         .build()
 }
 
-pub fn run(out: &Path, opts: &K8sOptions) -> Result<()> {
+/// Generates and writes; returns what was made and how to deploy it.
+pub fn run(out: &Path, opts: &K8sOptions) -> Result<String> {
     let files = generate(opts)?;
     write_files(out, &files)?;
-    println!(
+    Ok(format!(
         "wrote Kubernetes rack {:?} ({}, {} pods) to {}\n\
          deploy: exactl --rack {}/rack rack pki && kubectl apply -k {}",
         opts.name(),
@@ -360,14 +361,13 @@ pub fn run(out: &Path, opts: &K8sOptions) -> Result<()> {
         out.display(),
         out.display(),
         out.display()
-    );
-    Ok(())
+    ))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{assert_committed, text};
     use super::*;
+    use crate::{assert_committed, text};
     use exanet_rack::rack::{Rack, RackFile};
     use serde::Deserialize;
     use serde_yaml::Value;
@@ -479,8 +479,8 @@ mod tests {
     fn bad_options_are_usage_errors() {
         let mut o = K8sOptions::new("2x2x1".parse().unwrap());
         o.name = Some("UPPER".into());
-        assert_eq!(generate(&o).unwrap_err().exit_code(), 2);
+        assert!(generate(&o).unwrap_err().is_bad_input());
         let o = K8sOptions::new("10x10x10".parse().unwrap());
-        assert_eq!(generate(&o).unwrap_err().exit_code(), 2);
+        assert!(generate(&o).unwrap_err().is_bad_input());
     }
 }

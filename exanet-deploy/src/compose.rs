@@ -28,12 +28,12 @@ use std::path::Path;
 use exanet_proto::Shape;
 use exanet_rack::rack::Deploy;
 
-use super::yaml::{flow, int, render, s, MapBuilder, Yaml};
-use super::{
+use crate::error::{DeployError, Result};
+use crate::yaml::{flow, int, render, s, MapBuilder, Yaml};
+use crate::{
     check_options, grafana, rack_file, rack_name, rack_toml, write_files, GenFile, Subnet,
     METRICS_PORT, RACK_GITIGNORE, RACK_MOUNT,
 };
-use crate::error::{CliError, Result};
 
 /// Default compose network: a /16 in 10/8 unlikely to be in use (docker's own pools are
 /// 172.17+/16 and 192.168/20s).
@@ -71,7 +71,7 @@ impl ComposeOptions {
             shape,
             name: None,
             subnet: DEFAULT_SUBNET.parse().expect("the default subnet is valid"),
-            image: super::DEFAULT_IMAGE.to_string(),
+            image: crate::DEFAULT_IMAGE.to_string(),
             prometheus: false,
             grafana: false,
         }
@@ -92,7 +92,7 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
     let name = opts.name();
     check_options(&name, opts.shape, &opts.image)?;
     if opts.grafana && !opts.prometheus {
-        return Err(CliError::BadValue {
+        return Err(DeployError::BadValue {
             what: "--grafana",
             value: "without --prometheus".into(),
             message: "Grafana's dashboards read the rack's Prometheus; add --prometheus".into(),
@@ -107,7 +107,7 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
         while prefix > 8 && (1u64 << (32 - u32::from(prefix))) / 2 < need {
             prefix -= 1;
         }
-        return Err(CliError::BadValue {
+        return Err(DeployError::BadValue {
             what: "--subnet",
             value: opts.subnet.to_string(),
             message: format!(
@@ -195,12 +195,12 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
     Ok(files)
 }
 
-/// Generates and writes; prints what was made and how to start it.
-pub fn run(out: &Path, opts: &ComposeOptions) -> Result<()> {
+/// Generates and writes; returns what was made and how to start it.
+pub fn run(out: &Path, opts: &ComposeOptions) -> Result<String> {
     let files = generate(opts)?;
     write_files(out, &files)?;
     let name = opts.name();
-    println!(
+    Ok(format!(
         "wrote compose rack {name:?} ({}, {} nodes, network {}) to {}: {} files\n\
          start: cd {} && docker-compose up -d   (or: docker compose up -d)\n\
          swarm: cd {}/swarm && docker stack deploy -c docker-stack.yml {name}",
@@ -211,8 +211,7 @@ pub fn run(out: &Path, opts: &ComposeOptions) -> Result<()> {
         files.len(),
         out.display(),
         out.display()
-    );
-    Ok(())
+    ))
 }
 
 /// `COMPOSE_PARALLEL_LIMIT` for a rack of `nodes`: above the number of services (nodes,
@@ -618,8 +617,8 @@ fn prometheus_config(name: &str, targets: &[String]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{assert_committed, text, LINK_PORT};
     use super::*;
+    use crate::{assert_committed, text, LINK_PORT};
     use exanet_rack::rack::{Rack, RackFile};
     use serde_yaml::Value;
 
@@ -761,7 +760,7 @@ mod tests {
         ];
         for (o, what) in cases {
             let e = generate(&o).unwrap_err();
-            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(e.is_bad_input(), "{e}");
             let text = e.to_string();
             assert!(text.contains(what) && !text.contains('\n'), "{text}");
             // run() checks the same way and so writes nothing.

@@ -18,9 +18,9 @@ use exanet_proto::topology::LinkKind;
 use exanet_proto::{Coord, NodeId, Shape};
 use serde_json::{json, Value};
 
-use super::yaml::{render, s, MapBuilder, Yaml};
-use super::GenFile;
-use crate::error::{CliError, Result};
+use crate::error::{DeployError, Result};
+use crate::yaml::{render, s, MapBuilder, Yaml};
+use crate::GenFile;
 
 pub const DATASOURCE_UID: &str = "exanet-prometheus";
 /// Where the compose file mounts the dashboards in the Grafana container.
@@ -69,7 +69,7 @@ pub fn files(shape: Shape, rack: &str) -> Result<Vec<GenFile>> {
     let json_text = |v: &Value| -> Result<String> {
         serde_json::to_string_pretty(v)
             .map(|t| t + "\n")
-            .map_err(|e| CliError::Failed(format!("cannot render a dashboard: {e}")))
+            .map_err(|e| DeployError::Render(format!("cannot render a dashboard: {e}")))
     };
     Ok(vec![
         GenFile::new(

@@ -11,9 +11,12 @@
 //! cannot be honoured, so bad input leaves the output directory as it was.
 
 pub mod compose;
+pub mod error;
 pub mod grafana;
 pub mod k8s;
 pub mod yaml;
+
+pub use error::DeployError;
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -22,7 +25,7 @@ use std::path::{Path, PathBuf};
 use exanet_proto::Shape;
 use exanet_rack::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
 
-use crate::error::{CliError, Result};
+use crate::error::Result;
 
 /// UDP port of every node's QUIC link endpoint inside its container or pod. One node per
 /// network namespace, so every node uses the same ports.
@@ -147,7 +150,7 @@ pub fn check_options(name: &str, shape: Shape, image: &str) -> Result<()> {
 /// Checks the shape of a generated rack.
 pub fn check_shape(shape: Shape) -> Result<()> {
     if shape.nodes() > MAX_NODES {
-        return Err(CliError::BadValue {
+        return Err(DeployError::BadValue {
             what: "--shape",
             value: shape.to_string(),
             message: format!(
@@ -174,7 +177,7 @@ pub fn check_name(what: &'static str, name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(CliError::BadValue {
+        Err(DeployError::BadValue {
             what,
             value: format!("{name:?}"),
             message: "must be 1 to 40 lower-case letters, digits or '-', starting with a letter \
@@ -195,7 +198,7 @@ pub fn check_image(image: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(CliError::BadValue {
+        Err(DeployError::BadValue {
             what: "--image",
             value: format!("{image:?}"),
             message: "is not an image reference (such as exanet:latest or \
@@ -208,7 +211,7 @@ pub fn check_image(image: &str) -> Result<()> {
 /// The rack file's text with a header saying where it came from.
 pub fn rack_toml(file: &RackFile, header: &str) -> Result<String> {
     // Validate exactly as the daemons will, so a generated rack never fails to load.
-    Rack::new(Path::new("."), file.clone()).map_err(|message| CliError::BadValue {
+    Rack::new(Path::new("."), file.clone()).map_err(|message| DeployError::BadValue {
         what: "generated rack file",
         value: file.name.clone(),
         message,
@@ -256,14 +259,15 @@ pub fn rack_file(
 }
 
 fn toml_text(file: &RackFile) -> Result<String> {
-    toml::to_string(file).map_err(|e| CliError::Failed(format!("cannot render the rack file: {e}")))
+    toml::to_string(file)
+        .map_err(|e| DeployError::Render(format!("cannot render the rack file: {e}")))
 }
 
 /// Writes generated files under `out`, creating directories. Files outside the list (the
 /// rack's certificates, logs) are left alone.
 pub fn write_files(out: &Path, files: &[GenFile]) -> Result<()> {
     if out.exists() && !out.is_dir() {
-        return Err(CliError::BadValue {
+        return Err(DeployError::BadValue {
             what: "--out",
             value: out.display().to_string(),
             message: "exists and is not a directory".into(),
@@ -273,30 +277,30 @@ pub fn write_files(out: &Path, files: &[GenFile]) -> Result<()> {
         let path = out.join(&f.path);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
-                .map_err(|e| CliError::io("create the directory", parent, e))?;
+                .map_err(|e| DeployError::io("create the directory", parent, e))?;
         }
-        std::fs::write(&path, &f.text).map_err(|e| CliError::io("write", &path, e))?;
+        std::fs::write(&path, &f.text).map_err(|e| DeployError::io("write", &path, e))?;
     }
     Ok(())
 }
 
 /// `exactl rack pki`: creates the rack CA if missing and a certificate for every node of
 /// the rack file that has none. Idempotent: a rack whose certificates exist is unchanged.
-pub fn pki(dir: &Path) -> Result<()> {
+/// Returns what was done, for the operator.
+pub fn pki(dir: &Path) -> Result<String> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let layout = Layout::new(dir);
     let issued = exanet_rack::tls::ensure_rack_pki(&layout, &names)?;
     // `issued` counts the operator's certificate too (exactl's, for the control API).
-    println!(
+    Ok(format!(
         "rack {:?}: {issued} certificate(s) issued; {} has the CA and the certificates of \
          all {} nodes and the operator",
         rack.file.name,
         layout.tls_dir().display(),
         names.len()
-    );
-    Ok(())
+    ))
 }
 
 /// The `.gitignore` placed in a generated rack directory: certificates and keys are made
@@ -359,7 +363,7 @@ mod tests {
         assert!(check_name("--name", "exanet-2x2x1").is_ok());
         for bad in ["", "Exanet", "1rack", "rack-", "a_b", &"a".repeat(41)] {
             let e = check_name("--name", bad).unwrap_err();
-            assert_eq!(e.exit_code(), 2);
+            assert!(e.is_bad_input());
             assert!(!e.to_string().contains('\n'));
         }
         assert!(check_image("registry.example:5000/exanet:1.0").is_ok());
@@ -373,7 +377,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!("exactl-pki-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         // No rack file: bad input.
-        assert_eq!(pki(&d).unwrap_err().exit_code(), 2);
+        assert!(pki(&d).unwrap_err().is_bad_input());
         std::fs::create_dir_all(&d).unwrap();
         let shape: Shape = "1x1x1".parse().unwrap();
         let file = RackFile::loopback("t", shape, |id| (20000 + id.0 as u16, 21000 + id.0 as u16));
