@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
-use super::{NackReason, NiConfig, NiError, NiEvent, Out, MAILBOX_WINDOW};
+use super::{Ctx, NackReason, NiConfig, NiError, NiEvent, MAILBOX_WINDOW};
 use crate::cell::Cell;
 use crate::shape::NodeId;
 use crate::time::Instant;
@@ -209,13 +209,7 @@ impl Mailboxes {
         Ok(v.unread())
     }
 
-    pub(crate) fn deliver(
-        &mut self,
-        cell: &Cell,
-        now: Instant,
-        _cfg: &NiConfig,
-        out: &mut Out,
-    ) -> Result<(), NackReason> {
+    pub(crate) fn deliver(&mut self, cx: &mut Ctx, cell: &Cell) -> Result<(), NackReason> {
         let vi = cell.dst.va() & !MAILBOX_WINDOW;
         if vi >= MAILBOX_VIS as u64 {
             return Err(NackReason::BadAddress);
@@ -240,9 +234,9 @@ impl Mailboxes {
             src_rank: cell.src_rank,
             payload: cell.payload.clone(),
         });
-        self.seen.insert(key, now);
-        self.seen_order.push_back((now, key));
-        out.events.push_back(NiEvent::Mailbox { rank, vi });
+        self.seen.insert(key, cx.now);
+        self.seen_order.push_back((cx.now, key));
+        cx.out.events.push_back(NiEvent::Mailbox { rank, vi });
         Ok(())
     }
 

@@ -22,6 +22,7 @@ pub mod rdma;
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
 use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
@@ -278,52 +279,65 @@ pub struct Ni {
     pub stats: NiStats,
 }
 
-/// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns, for
-/// RDMA cells).
-pub(crate) fn answer(
-    me: NodeId,
-    cell: &Cell,
-    nack: Option<NackReason>,
-    out: &mut Out,
-    stats: &mut NiStats,
-) {
-    answer_with(me, cell, nack, rdma::answer_payload(cell), out, stats);
+/// What the parts of the NI borrow while they handle one input: this node, the
+/// configuration, the time, and where the cells, events and counts they produce go.
+pub(crate) struct Ctx<'a> {
+    pub(crate) me: NodeId,
+    pub(crate) cfg: &'a NiConfig,
+    pub(crate) now: Instant,
+    pub(crate) out: &'a mut Out,
+    pub(crate) stats: &'a mut NiStats,
 }
 
-/// [`answer`] with the payload given.
-pub(crate) fn answer_with(
-    me: NodeId,
-    cell: &Cell,
-    nack: Option<NackReason>,
-    payload: bytes::Bytes,
-    out: &mut Out,
-    stats: &mut NiStats,
-) {
-    let Ok(dst) = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0) else {
-        return;
-    };
-    let kind = if nack.is_some() {
-        CellType::Nack
-    } else {
-        CellType::Ack
-    };
-    let Ok(mut c) = Cell::new(dst, kind, me, payload) else {
-        return;
-    };
-    c.src_rank = cell.dst.rank();
-    c.txn = cell.txn;
-    c.seq = cell.seq;
-    match nack {
-        Some(r) => {
-            c.aux = r as u8;
-            stats.nacks_sent[r as usize] += 1;
-            if r == NackReason::PdidMismatch {
-                stats.pdid_violations += 1;
-            }
-        }
-        None => stats.acks_sent += 1,
+impl Ctx<'_> {
+    /// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns,
+    /// for RDMA cells).
+    pub(crate) fn answer(&mut self, cell: &Cell, nack: Option<NackReason>) {
+        self.answer_with(cell, nack, rdma::answer_payload(cell));
     }
-    out.answers.push_back(c);
+
+    /// [`Ctx::answer`] with the payload given.
+    pub(crate) fn answer_with(&mut self, cell: &Cell, nack: Option<NackReason>, payload: Bytes) {
+        let Ok(dst) = Gvas::new(cell.dst.pdid(), cell.src, cell.src_rank, 0) else {
+            return;
+        };
+        let kind = if nack.is_some() {
+            CellType::Nack
+        } else {
+            CellType::Ack
+        };
+        let Ok(mut c) = Cell::new(dst, kind, self.me, payload) else {
+            return;
+        };
+        c.src_rank = cell.dst.rank();
+        c.txn = cell.txn;
+        c.seq = cell.seq;
+        match nack {
+            Some(r) => {
+                c.aux = r as u8;
+                self.stats.nacks_sent[r as usize] += 1;
+                if r == NackReason::PdidMismatch {
+                    self.stats.pdid_violations += 1;
+                }
+            }
+            None => self.stats.acks_sent += 1,
+        }
+        self.out.answers.push_back(c);
+    }
+}
+
+/// The [`Ctx`] of an input to `$ni` at `$now`, borrowing only the fields it names so that
+/// the NI's parts stay free to be driven with it.
+macro_rules! cx {
+    ($ni:expr, $now:expr) => {
+        &mut Ctx {
+            me: $ni.node,
+            cfg: &$ni.cfg,
+            now: $now,
+            out: &mut $ni.out,
+            stats: &mut $ni.stats,
+        }
+    };
 }
 
 impl Ni {
@@ -368,8 +382,7 @@ impl Ni {
         self.ranks[rank as usize] = None;
         self.packetizer.detach(rank, &mut self.out);
         self.mailboxes.detach(rank);
-        self.rdma
-            .detach(rank, now, &self.cfg, &mut self.out, &mut self.stats);
+        self.rdma.detach(cx!(self, now), rank);
         Ok(())
     }
 
@@ -408,16 +421,7 @@ impl Ni {
         now: Instant,
     ) -> Result<(), NiError> {
         let dst = self.stamp(rank, op.dst)?;
-        self.packetizer.send(
-            self.node,
-            rank,
-            op.vi,
-            op.ch,
-            dst,
-            &op.payload,
-            now + self.cfg.retransmit_ns,
-            &mut self.out,
-        )?;
+        self.packetizer.send(cx!(self, now), rank, op, dst)?;
         self.stats.messages_sent += 1;
         Ok(())
     }
@@ -431,22 +435,11 @@ impl Ni {
         now: Instant,
         mem: &dyn Memory,
     ) -> Result<TransferId, NiError> {
-        let dst = self.stamp(rank, op.dst)?;
-        self.rdma.post_write(
-            self.node,
-            &self.cfg,
-            rank,
-            op.page,
-            op.ch,
-            op.src_va,
-            dst,
-            op.len,
-            op.notify,
-            now,
-            mem,
-            &mut self.out,
-            &mut self.stats,
-        )
+        let op = RdmaWrite {
+            dst: self.stamp(rank, op.dst)?,
+            ..*op
+        };
+        self.rdma.post_write(cx!(self, now), rank, &op, mem)
     }
 
     /// Posts `op`, an RDMA read from remote memory into the rank's.
@@ -456,29 +449,20 @@ impl Ni {
         op: &RdmaRead,
         now: Instant,
     ) -> Result<TransferId, NiError> {
-        let src = self.stamp(rank, op.src)?;
-        self.rdma.post_read(
-            self.node,
-            &self.cfg,
-            rank,
-            op.page,
-            op.ch,
-            src,
-            op.dst_va,
-            op.len,
-            now,
-            &mut self.out,
-        )
+        let op = RdmaRead {
+            src: self.stamp(rank, op.src)?,
+            ..*op
+        };
+        self.rdma.post_read(cx!(self, now), rank, &op)
     }
 
     /// A cell addressed to this node arrived.
     pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
-        let me = self.node;
         if cell.is_corrupt() {
             // The payload failed its end-to-end CRC: refuse it so the sender sends again.
             // A corrupt answer is dropped; its sender's timer covers it.
             if !matches!(cell.kind, CellType::Ack | CellType::Nack) {
-                self.refuse(&cell, NackReason::Crc);
+                cx!(self, now).answer(&cell, Some(NackReason::Crc));
             }
             return;
         }
@@ -493,89 +477,39 @@ impl Ni {
                     None
                 };
                 if cell.txn & rdma::TXN_RDMA != 0 {
-                    self.rdma.on_answer(
-                        &cell,
-                        nack,
-                        now,
-                        &self.cfg,
-                        mem,
-                        &mut self.out,
-                        &mut self.stats,
-                    );
+                    self.rdma.on_answer(cx!(self, now), &cell, nack, mem);
                 } else {
-                    self.packetizer.on_answer(
-                        &cell,
-                        nack,
-                        now,
-                        &self.cfg,
-                        &mut self.out,
-                        &mut self.stats,
-                    );
+                    self.packetizer.on_answer(cx!(self, now), &cell, nack);
                 }
             }
             _ => {
                 let rank = cell.dst.rank();
                 let Some(pdid) = self.pdid(rank) else {
-                    self.refuse(&cell, NackReason::NoContext);
+                    cx!(self, now).answer(&cell, Some(NackReason::NoContext));
                     return;
                 };
                 if cell.dst.pdid() != pdid {
-                    self.refuse(&cell, NackReason::PdidMismatch);
+                    cx!(self, now).answer(&cell, Some(NackReason::PdidMismatch));
                     return;
                 }
                 match cell.kind {
                     CellType::Write if cell.txn & rdma::TXN_RDMA == 0 => {
                         self.stats.messages_received += 1;
                         let r = if cell.dst.va() & MAILBOX_WINDOW == MAILBOX_WINDOW {
-                            self.mailboxes.deliver(&cell, now, &self.cfg, &mut self.out)
+                            self.mailboxes.deliver(cx!(self, now), &cell)
                         } else {
                             mem.write(rank, cell.dst.va(), &cell.payload)
                                 .map_err(|_| NackReason::PageFault)
                         };
-                        answer(me, &cell, r.err(), &mut self.out, &mut self.stats);
+                        cx!(self, now).answer(&cell, r.err());
                     }
-                    CellType::Write => self.rdma.on_data(
-                        me,
-                        &cell,
-                        now,
-                        &self.cfg,
-                        mem,
-                        &mut self.out,
-                        &mut self.stats,
-                    ),
-                    CellType::ReadRequest => self.rdma.on_read_request(
-                        me,
-                        &cell,
-                        now,
-                        &self.cfg,
-                        mem,
-                        &mut self.out,
-                        &mut self.stats,
-                    ),
-                    CellType::Notify => self.rdma.on_notify(
-                        me,
-                        &cell,
-                        now,
-                        &self.cfg,
-                        mem,
-                        &mut self.out,
-                        &mut self.stats,
-                    ),
+                    CellType::Write => self.rdma.on_data(cx!(self, now), &cell, mem),
+                    CellType::ReadRequest => self.rdma.on_read_request(cx!(self, now), &cell, mem),
+                    CellType::Notify => self.rdma.on_notify(cx!(self, now), &cell, mem),
                     _ => {}
                 }
             }
         }
-    }
-
-    /// NACKs `cell` back to its sender.
-    fn refuse(&mut self, cell: &Cell, reason: NackReason) {
-        answer(
-            self.node,
-            cell,
-            Some(reason),
-            &mut self.out,
-            &mut self.stats,
-        );
     }
 
     /// The earliest time at which [`Ni::handle_timeout`] has work.
@@ -592,17 +526,14 @@ impl Ni {
 
     /// Retransmits, retries and expiries due at `now`.
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
-        self.packetizer
-            .on_timeout(now, &self.cfg, &mut self.out, &mut self.stats);
-        self.rdma
-            .on_timeout(now, &self.cfg, mem, &mut self.out, &mut self.stats);
+        self.packetizer.on_timeout(cx!(self, now));
+        self.rdma.on_timeout(cx!(self, now), mem);
         self.mailboxes.expire(now, &self.cfg);
     }
 
     /// Lets the RDMA engine put more blocks on the wire (call when the fabric has room).
     pub fn refill(&mut self, now: Instant, mem: &dyn Memory) {
-        self.rdma
-            .refill(now, &self.cfg, mem, &mut self.out, &mut self.stats);
+        self.rdma.refill(cx!(self, now), mem);
     }
 
     /// The next cell to inject, answers first. The NI stamps its node as the source of

@@ -5,10 +5,9 @@
 
 use bytes::Bytes;
 
-use super::{NackReason, NiError, NiEvent, NiStats, Out};
+use super::{Ctx, NackReason, NiError, NiEvent, Out, SendMessage};
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
 use crate::gvas::Gvas;
-use crate::shape::NodeId;
 use crate::time::Instant;
 
 pub const PACKETIZER_VIS: usize = 64;
@@ -36,13 +35,13 @@ struct Channel {
 impl Channel {
     /// Sends the message in flight again, as a new attempt of the same txn (so that the
     /// receiver recognises a duplicate of a delivered message), and counts it.
-    fn resend(&mut self, now: Instant, cfg: &super::NiConfig, out: &mut Out, stats: &mut NiStats) {
+    fn resend(&mut self, cx: &mut Ctx) {
         self.attempts += 1;
-        self.deadline = Some(now + super::backoff(cfg.retransmit_ns, self.attempts));
+        self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
         if let Some(cell) = &mut self.cell {
             cell.seq = cell.seq.wrapping_add(1);
-            out.cells.push_back(cell.clone());
-            stats.retransmissions += 1;
+            cx.out.cells.push_back(cell.clone());
+            cx.stats.retransmissions += 1;
         }
     }
 }
@@ -161,18 +160,18 @@ impl Packetizer {
         Ok(self.channels[idx(vi, ch)].state)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Sends `op` for `rank` to `dst`, its destination as the NI stamped it.
     pub(crate) fn send(
         &mut self,
-        me: NodeId,
+        cx: &mut Ctx,
         rank: u8,
-        vi: u8,
-        ch: u8,
+        op: &SendMessage,
         dst: Gvas,
-        payload: &[u8],
-        deadline: Instant,
-        out: &mut Out,
     ) -> Result<(), NiError> {
+        let SendMessage {
+            vi, ch, payload, ..
+        } = op;
+        let (vi, ch) = (*vi, *ch);
         self.check(rank, vi, ch)?;
         if payload.len() > MAX_MESSAGE {
             return Err(NiError::TooLong(payload.len()));
@@ -185,17 +184,17 @@ impl Packetizer {
             });
         }
         c.counter = (c.counter + 1) & 0x7F_FFFF;
-        let mut cell = Cell::new(dst, CellType::Write, me, Bytes::copy_from_slice(payload))
+        let mut cell = Cell::new(dst, CellType::Write, cx.me, Bytes::copy_from_slice(payload))
             .expect("a message fits a cell");
         cell.txn = (u32::from(vi) << 25) | (u32::from(ch) << 23) | c.counter;
         cell.src_rank = rank;
         cell.flags = FLAG_FIRST | FLAG_LAST;
         c.state = ChannelState::Ongoing;
         c.attempts = 1;
-        if c.deadline.replace(deadline).is_none() {
+        if c.deadline.replace(cx.now + cx.cfg.retransmit_ns).is_none() {
             self.timed += 1;
         }
-        out.cells.push_back(cell.clone());
+        cx.out.cells.push_back(cell.clone());
         c.cell = Some(cell);
         Ok(())
     }
@@ -215,15 +214,7 @@ impl Packetizer {
         });
     }
 
-    pub(crate) fn on_answer(
-        &mut self,
-        ans: &Cell,
-        nack: Option<NackReason>,
-        now: Instant,
-        cfg: &super::NiConfig,
-        out: &mut Out,
-        stats: &mut NiStats,
-    ) {
+    pub(crate) fn on_answer(&mut self, cx: &mut Ctx, ans: &Cell, nack: Option<NackReason>) {
         let vi = (ans.txn >> 25) & 0x3F;
         let ch = (ans.txn >> 23) & 0x3;
         let i = idx(vi as u8, ch as u8);
@@ -238,16 +229,16 @@ impl Packetizer {
             return;
         }
         let c = &mut self.channels[i];
-        if nack == Some(NackReason::Crc) && c.attempts < cfg.max_attempts {
+        if nack == Some(NackReason::Crc) && c.attempts < cx.cfg.max_attempts {
             // Damaged on the way: the message itself is fine, send it again.
-            c.resend(now, cfg, out, stats);
+            c.resend(cx);
             return;
         }
         let state = match nack {
             None => ChannelState::Acked,
             Some(r) => ChannelState::Nacked(r),
         };
-        self.finish(i, state, out);
+        self.finish(i, state, cx.out);
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -257,27 +248,21 @@ impl Packetizer {
         self.channels.iter().filter_map(|c| c.deadline).min()
     }
 
-    pub(crate) fn on_timeout(
-        &mut self,
-        now: Instant,
-        cfg: &super::NiConfig,
-        out: &mut Out,
-        stats: &mut NiStats,
-    ) {
+    pub(crate) fn on_timeout(&mut self, cx: &mut Ctx) {
         if self.timed == 0 {
             return;
         }
         for i in 0..self.channels.len() {
             let c = &mut self.channels[i];
-            if c.deadline.is_none_or(|d| d > now) {
+            if c.deadline.is_none_or(|d| d > cx.now) {
                 continue;
             }
-            if c.attempts >= cfg.max_attempts {
-                stats.timeouts += 1;
-                self.finish(i, ChannelState::TimedOut, out);
+            if c.attempts >= cx.cfg.max_attempts {
+                cx.stats.timeouts += 1;
+                self.finish(i, ChannelState::TimedOut, cx.out);
                 continue;
             }
-            c.resend(now, cfg, out, stats);
+            c.resend(cx);
         }
     }
 }
