@@ -317,16 +317,7 @@ pub fn rdma(ep: &Endpoint, o: &RdmaOptions) -> Result<(), String> {
         for &size in &o.sizes {
             let (row, n) = match o.window {
                 None => rdma_lat(&c, o, &page, &local, size, &counts, &mut progress)?,
-                Some(w) => rdma_bw(
-                    &c,
-                    o,
-                    &page,
-                    &local,
-                    size,
-                    u64::from(w),
-                    &counts,
-                    &mut progress,
-                )?,
+                Some(_) => rdma_bw(&c, o, &page, &local, size, &counts, &mut progress)?,
             };
             progress.clear();
             row.print(o.common.json, &mut header);
@@ -548,18 +539,18 @@ fn rdma_lat(
     Ok((row, verified))
 }
 
-/// One row of rdma-bw, and how many transfers were compared.
-#[allow(clippy::too_many_arguments)]
+/// One row of rdma-bw (`o.window` transfers in flight), and how many transfers were
+/// compared.
 fn rdma_bw(
     c: &Conn<'_>,
     o: &RdmaOptions,
     page: &RdmaPage,
     local: &MemoryRegion,
     size: u64,
-    window: u64,
     n: &Counts,
     progress: &mut Progress,
 ) -> Result<(Row, u64), String> {
+    let window = u64::from(o.window.unwrap_or(1));
     let (iterations, warmup) = (n.iterations, n.warmup);
     let total = warmup + iterations;
     // Slot s (channel s) always carries the pattern of seed `seed_of(size, s)`.

@@ -802,18 +802,9 @@ impl Rng {
     }
 }
 
-/// A command slot: opcode, index, channel, tag, a GVAS of raw bytes, VAs and a length.
-#[allow(clippy::too_many_arguments)]
-fn raw_slot(
-    op: u8,
-    index: u8,
-    ch: u8,
-    tag: u32,
-    gvas: [u8; 10],
-    va: u64,
-    len: u64,
-    extra: u64,
-) -> [u8; SLOT] {
+/// A command slot: opcode, index, channel, tag, a GVAS of raw bytes, a VA and a length
+/// (no notification).
+fn raw_slot(op: u8, index: u8, ch: u8, tag: u32, gvas: [u8; 10], va: u64, len: u64) -> [u8; SLOT] {
     let mut b = [0u8; SLOT];
     b[0] = op;
     b[1] = index;
@@ -822,7 +813,6 @@ fn raw_slot(
     b[8..18].copy_from_slice(&gvas);
     b[24..32].copy_from_slice(&va.to_be_bytes());
     b[32..40].copy_from_slice(&len.to_be_bytes());
-    b[40..48].copy_from_slice(&extra.to_be_bytes());
     b
 }
 
@@ -933,62 +923,62 @@ fn garbage_commands_and_scribbled_rings() {
     let mut cases: Vec<(&str, [u8; SLOT], u8)> = vec![
         (
             "send on interface 255",
-            raw_slot(1, 255, 0, 1, mbox, 0, 0, 0),
+            raw_slot(1, 255, 0, 1, mbox, 0, 0),
             refusal::NO_SUCH,
         ),
         (
             "send on channel 200",
-            raw_slot(1, pk, 200, 2, mbox, 0, 0, 0),
+            raw_slot(1, pk, 200, 2, mbox, 0, 0),
             refusal::NO_SUCH,
         ),
         (
             "write on page 255",
-            raw_slot(2, 255, 0, 3, dst, eva, 64, 0),
+            raw_slot(2, 255, 0, 3, dst, eva, 64),
             refusal::NO_SUCH,
         ),
         (
             "write on channel 255",
-            raw_slot(2, page, 255, 4, dst, eva, 64, 0),
+            raw_slot(2, page, 255, 4, dst, eva, 64),
             refusal::NO_SUCH,
         ),
         (
             "read on page 200",
-            raw_slot(3, 200, 0, 5, dst, eva, 64, 0),
+            raw_slot(3, 200, 0, 5, dst, eva, 64),
             refusal::NO_SUCH,
         ),
         (
             "write of 0 bytes",
-            raw_slot(2, page, 0, 6, dst, eva, 0, 0),
+            raw_slot(2, page, 0, 6, dst, eva, 0),
             refusal::BAD_LENGTH,
         ),
         (
             "write of 4 GiB + 1",
-            raw_slot(2, page, 0, 7, dst, eva, (1 << 32) + 1, 0),
+            raw_slot(2, page, 0, 7, dst, eva, (1 << 32) + 1),
             refusal::BAD_LENGTH,
         ),
         (
             "write of 2^64-1 bytes",
-            raw_slot(2, page, 0, 8, dst, u64::MAX - 10, u64::MAX, 0),
+            raw_slot(2, page, 0, 8, dst, u64::MAX - 10, u64::MAX),
             refusal::BAD_LENGTH,
         ),
         (
             "read of 2^64-1 bytes",
-            raw_slot(3, page, 0, 9, dst, eva, u64::MAX, 0),
+            raw_slot(3, page, 0, 9, dst, eva, u64::MAX),
             refusal::BAD_LENGTH,
         ),
         (
             "read into VA 2^64-16",
-            raw_slot(3, page, 0, 10, dst, u64::MAX - 15, 64, 0),
+            raw_slot(3, page, 0, 10, dst, u64::MAX - 15, 64),
             refusal::BAD_RANGE,
         ),
         (
             "write to a node outside the rack",
-            raw_slot(2, page, 0, 11, far, eva, 64, 0),
+            raw_slot(2, page, 0, 11, far, eva, 64),
             refusal::BAD_DESTINATION,
         ),
     ];
     // A send whose inline length says 64 KiB is malformed, not refused.
-    let mut long_send = raw_slot(1, pk, 0, 12, mbox, 0, 0, 0);
+    let mut long_send = raw_slot(1, pk, 0, 12, mbox, 0, 0);
     long_send[18..20].copy_from_slice(&u16::MAX.to_be_bytes());
     cases.push(("send of a 64 KiB inline payload", long_send, 0));
     for (what, slot, code) in &cases {
