@@ -344,18 +344,9 @@ fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<Step> {
             let id = ctx.node(shape, "node", name)?;
             let action = ctx
                 .str(t, "action", "\"pause\"")?
-                .ok_or_else(|| ctx.err("`action` is missing (pause, resume, kill or restart)"))?;
-            let op = match action.to_ascii_lowercase().as_str() {
-                "pause" => NodeOp::Pause,
-                "resume" => NodeOp::Resume,
-                "kill" => NodeOp::Kill,
-                "restart" => NodeOp::Restart,
-                _ => {
-                    return Err(ctx.err(format!(
-                        "action {action:?}: use pause, resume, kill or restart"
-                    )))
-                }
-            };
+                .ok_or_else(|| ctx.err(format!("`action` is missing ({})", NodeOp::choices())))?;
+            let op = NodeOp::from_label(action)
+                .ok_or_else(|| ctx.err(format!("action {action:?}: use {}", NodeOp::choices())))?;
             if hold.is_some() && matches!(op, NodeOp::Resume | NodeOp::Restart) {
                 return Err(ctx.err(format!(
                     "`for` undoes a pause or a kill; {} has nothing to undo",

@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::error::{CliError, Result};
 use crate::fabric;
 use crate::live::RackLiveness;
+use crate::table::{Column, Table};
 use crate::units::{fault_words as words_of, one_of};
 
 /// How long a daemon may take to answer.
@@ -599,66 +600,36 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
         }
         return out;
     }
-    let headers = [
-        "LINK",
-        "STATE",
-        "FAULTS",
-        "DROPPED",
-        "CORRUPTED",
-        "DELAYED",
-        "HELD",
-        "RX_BAD",
+    let columns = vec![
+        Column::left("LINK").min(16),
+        Column::left("STATE").min(5),
+        Column::left("FAULTS").min(40),
+        Column::right("DROPPED").min(9),
+        Column::right("CORRUPTED").min(9),
+        Column::right("DELAYED").min(9),
+        Column::right("HELD").min(9),
+        Column::right("RX_BAD").min(9),
     ];
-    let min = [16, 5, 40, 9, 9, 9, 9, 9];
-    let right = [false, false, false, true, true, true, true, true];
-    let cells: Vec<[String; 8]> = rows
-        .iter()
-        .map(|r| {
-            let f = r.l.faults.unwrap_or_default();
-            let st = r.l.fault_stats;
-            [
-                format!("{}->{}", r.from, r.l.peer),
-                match (r.l.admin_down, r.l.state) {
-                    (true, _) => "cut",
-                    (false, exanet_rack::control::LinkState::Up) => "up",
-                    (false, exanet_rack::control::LinkState::Down) => "down",
-                }
-                .to_string(),
-                describe(&f),
-                st.dropped_cells.to_string(),
-                st.corrupted_cells.to_string(),
-                st.delayed_frames.to_string(),
-                r.l.held_bytes.to_string(),
-                r.l.rx_corrupt_cells.to_string(),
-            ]
-        })
-        .collect();
-    let mut widths = min;
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut line = |row: &[&str]| {
-        let mut l = String::new();
-        for (i, c) in row.iter().enumerate() {
-            let w = widths[i];
-            if i > 0 {
-                l.push(' ');
+    let cells = rows.iter().map(|r| {
+        let f = r.l.faults.unwrap_or_default();
+        let st = r.l.fault_stats;
+        vec![
+            format!("{}->{}", r.from, r.l.peer),
+            match (r.l.admin_down, r.l.state) {
+                (true, _) => "cut",
+                (false, exanet_rack::control::LinkState::Up) => "up",
+                (false, exanet_rack::control::LinkState::Down) => "down",
             }
-            if right[i] {
-                let _ = write!(l, "{c:>w$}");
-            } else {
-                let _ = write!(l, "{c:<w$}");
-            }
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(&headers);
-    for row in &cells {
-        line(&row.each_ref().map(String::as_str));
-    }
+            .to_string(),
+            describe(&f),
+            st.dropped_cells.to_string(),
+            st.corrupted_cells.to_string(),
+            st.delayed_frames.to_string(),
+            r.l.held_bytes.to_string(),
+            r.l.rx_corrupt_cells.to_string(),
+        ]
+    });
+    out.push_str(&Table::new(columns).rows(cells).render());
     out
 }
 

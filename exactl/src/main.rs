@@ -30,6 +30,7 @@ mod ping;
 mod process;
 mod rack_cmd;
 mod status;
+mod table;
 mod top;
 mod units;
 
@@ -75,7 +76,7 @@ enum Command {
     Link(LinkCommand),
     /// Pause, resume, kill or restart a node's daemon
     #[command(subcommand)]
-    Node(NodeCommand),
+    Node(node_cmd::NodeCommand),
     /// Cut every link between two sets of nodes (NODES from the rest of the rack by default)
     Partition(PartitionArgs),
     /// Set every cut link up again (other faults stay)
@@ -136,24 +137,6 @@ struct LinkShowArgs {
     /// Print one JSON object
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-enum NodeCommand {
-    /// Freeze the node's daemon (SIGSTOP / docker pause)
-    Pause(NodeArgs),
-    /// Let a paused daemon run again
-    Resume(NodeArgs),
-    /// Kill the daemon without warning (a crash)
-    Kill(NodeArgs),
-    /// Stop the daemon if it runs, start a fresh one and wait until it rejoins
-    Restart(NodeArgs),
-}
-
-#[derive(Debug, Args)]
-struct NodeArgs {
-    #[arg(value_name = "NAME", value_parser = parse_node_name)]
-    name: NodeName,
 }
 
 #[derive(Debug, Args)]
@@ -351,15 +334,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Link(LinkCommand::Set(a)) => link_cmd::set(&dir, a.a, a.b, &a.dir, &a.faults.0),
         Command::Link(LinkCommand::Clear(a)) => link_cmd::clear(&dir, a.a.zip(a.b)),
         Command::Link(LinkCommand::Show(a)) => link_cmd::show(&dir, a.json, a.all),
-        Command::Node(op) => {
-            let (op, a) = match op {
-                NodeCommand::Pause(a) => (node_cmd::NodeOp::Pause, a),
-                NodeCommand::Resume(a) => (node_cmd::NodeOp::Resume, a),
-                NodeCommand::Kill(a) => (node_cmd::NodeOp::Kill, a),
-                NodeCommand::Restart(a) => (node_cmd::NodeOp::Restart, a),
-            };
-            node_cmd::run(&dir, op, a.name)
-        }
+        Command::Node(c) => node_cmd::run(&dir, c.op, c.name),
         Command::Partition(a) => link_cmd::partition(&dir, &a.nodes, &a.from),
         Command::Heal => link_cmd::heal(&dir),
         Command::Top(a) => top::run(&dir, &a),

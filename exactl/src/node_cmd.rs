@@ -31,6 +31,10 @@ pub enum NodeOp {
 }
 
 impl NodeOp {
+    /// Every operation, in the order they are offered (`exactl node --help`, plans).
+    pub const ALL: [NodeOp; 4] = [NodeOp::Pause, NodeOp::Resume, NodeOp::Kill, NodeOp::Restart];
+
+    /// Its word: the `exactl node` subcommand and a plan's `action`.
     pub fn label(self) -> &'static str {
         match self {
             NodeOp::Pause => "pause",
@@ -38,6 +42,89 @@ impl NodeOp {
             NodeOp::Kill => "kill",
             NodeOp::Restart => "restart",
         }
+    }
+
+    /// The help line of its subcommand.
+    pub fn help(self) -> &'static str {
+        match self {
+            NodeOp::Pause => "Freeze the node's daemon (SIGSTOP / docker pause)",
+            NodeOp::Resume => "Let a paused daemon run again",
+            NodeOp::Kill => "Kill the daemon without warning (a crash)",
+            NodeOp::Restart => {
+                "Stop the daemon if it runs, start a fresh one and wait until it rejoins"
+            }
+        }
+    }
+
+    /// The operation a word names (any case).
+    pub fn from_label(s: &str) -> Option<NodeOp> {
+        NodeOp::ALL
+            .into_iter()
+            .find(|op| op.label().eq_ignore_ascii_case(s))
+    }
+
+    /// `pause, resume, kill or restart`, for messages.
+    pub fn choices() -> String {
+        crate::units::one_of(&NodeOp::ALL.map(NodeOp::label))
+    }
+}
+
+/// `exactl node OP NAME`: one subcommand per [`NodeOp`], built from [`NodeOp::ALL`].
+#[derive(Debug)]
+pub struct NodeCommand {
+    pub op: NodeOp,
+    pub name: NodeName,
+}
+
+impl clap::FromArgMatches for NodeCommand {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        use clap::error::ErrorKind;
+        let (word, sub) = m
+            .subcommand()
+            .ok_or_else(|| clap::Error::raw(ErrorKind::MissingSubcommand, "give an operation"))?;
+        let op = NodeOp::from_label(word).ok_or_else(|| {
+            clap::Error::raw(
+                ErrorKind::InvalidSubcommand,
+                format!("no operation {word:?}"),
+            )
+        })?;
+        let name = sub
+            .get_one::<NodeName>("name")
+            .copied()
+            .ok_or_else(|| clap::Error::raw(ErrorKind::MissingRequiredArgument, "give NAME"))?;
+        Ok(NodeCommand { op, name })
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Subcommand for NodeCommand {
+    fn augment_subcommands(mut cmd: clap::Command) -> clap::Command {
+        for op in NodeOp::ALL {
+            cmd = cmd.subcommand(
+                clap::Command::new(op.label()).about(op.help()).arg(
+                    clap::Arg::new("name")
+                        .value_name("NAME")
+                        .required(true)
+                        .value_parser(|s: &str| s.parse::<NodeName>().map_err(|e| e.to_string())),
+                ),
+            );
+        }
+        cmd
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_subcommands(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        NodeOp::from_label(name).is_some()
     }
 }
 

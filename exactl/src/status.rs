@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Answer, Health, LinkView};
 use crate::live::RackLiveness;
+use crate::table::{Column, Table};
 
 /// How long one node may take to answer `status`.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -352,36 +353,21 @@ fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
     )
 }
 
-/// Columns padded to their widest cell; `right[i]` right-aligns column i.
-fn table(headers: &[&str], right: &[bool], rows: Vec<Vec<String>>) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::new();
-        for (i, c) in cells.enumerate() {
-            let w = widths.get(i).copied().unwrap_or(0);
-            if i > 0 {
-                s.push_str("  ");
-            }
-            if right.get(i).copied().unwrap_or(false) {
-                let _ = write!(s, "{c:>w$}");
+/// Columns padded to their widest cell, two blanks apart; `right[i]` right-aligns
+/// column i.
+fn table(headers: &[&'static str], right: &[bool], rows: Vec<Vec<String>>) -> String {
+    let columns = headers
+        .iter()
+        .zip(right)
+        .map(|(h, r)| {
+            if *r {
+                Column::right(h)
             } else {
-                let _ = write!(s, "{c:<w$}");
+                Column::left(h)
             }
-        }
-        s.truncate(s.trim_end().len());
-        s.push('\n');
-        s
-    };
-    let mut out = line(&mut headers.iter().copied());
-    for r in &rows {
-        out.push_str(&line(&mut r.iter().map(String::as_str)));
-    }
-    out
+        })
+        .collect();
+    Table::new(columns).with_gap(2).rows(rows).render()
 }
 
 /// `0`, `512B`, `2.5K`, `1.2M`, `3.4G` (binary units).

@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Answer, Health};
 use crate::link_cmd::describe;
+use crate::table::{Column, Table};
 
 /// Shortest refresh interval: faster, the status queries themselves become the load.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -435,28 +436,34 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
         count_per_s(f.total(|r| r.dropped + r.corrupted)),
     );
     out.push('\n');
-    let _ = writeln!(
-        out,
-        "{:<16} {:<7} {:<4} {:>11} {:>6} {:>8} {:>9} {:>8} {:>9}  FAULTS",
-        "LINK", "KIND", "STATE", "TX", "UTIL", "STALL", "DROPPED/s", "CORRUPT/s", "QUEUE"
-    );
-    for r in f.link_rows.iter().take(limit) {
+    let links = Table::new(vec![
+        Column::left("LINK").min(16),
+        Column::left("KIND").min(7),
+        Column::left("STATE").min(4),
+        Column::right("TX").min(11),
+        Column::right("UTIL").min(6),
+        Column::right("STALL").min(8),
+        Column::right("DROPPED/s").min(9),
+        Column::right("CORRUPT/s").min(8),
+        Column::right("QUEUE").min(9),
+        Column::left("FAULTS").gap(2),
+    ])
+    .rows(f.link_rows.iter().take(limit).map(|r| {
         let rt = r.rates.as_ref();
-        let _ = writeln!(
-            out,
-            "{:<16} {:<7} {:<4} {:>11} {:>6} {:>8} {:>9} {:>8} {:>9}  {}",
+        vec![
             format!("{}->{}", r.from, r.to),
-            r.kind,
-            r.state,
+            r.kind.to_string(),
+            r.state.to_string(),
             or_dash(rt, |x| bytes_per_s(x.tx_bytes)),
             or_dash(rt, |x| format!("{:.1}%", shown(x.utilization * 100.0))),
             or_dash(rt, |x| format!("{:.3}", shown(x.stall))),
             or_dash(rt, |x| count_per_s(x.dropped)),
             or_dash(rt, |x| count_per_s(x.corrupted)),
-            r.queue_bytes,
-            r.faults.as_deref().unwrap_or("-"),
-        );
-    }
+            r.queue_bytes.to_string(),
+            r.faults.as_deref().unwrap_or("-").to_string(),
+        ]
+    }));
+    out.push_str(&links.render());
     if f.link_rows.len() > limit {
         let _ = writeln!(out, "({} more link directions)", f.link_rows.len() - limit);
     }
@@ -478,30 +485,36 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
     if troubled.is_empty() {
         out.push_str("no node retransmits, times out or NACKs\n");
     } else {
-        let _ = writeln!(
-            out,
-            "{:<8} {:>7} {:>7} {:>9} {:>9} {:>7}  NACK REASONS (sent; received)",
-            "NODE", "RETX/s", "TMO/s", "NACK_TX/s", "NACK_RX/s", "PDID"
-        );
-        for (n, ni) in troubled.iter().take(limit) {
-            let _ = writeln!(
-                out,
-                "{:<8} {:>7} {:>7} {:>9} {:>9} {:>7}  {}; {}{}",
-                n.node,
+        let nodes = Table::new(vec![
+            Column::left("NODE").min(8),
+            Column::right("RETX/s").min(7),
+            Column::right("TMO/s").min(7),
+            Column::right("NACK_TX/s").min(9),
+            Column::right("NACK_RX/s").min(9),
+            Column::right("PDID").min(7),
+            Column::left("NACK REASONS (sent; received)").gap(2),
+        ])
+        .rows(troubled.iter().take(limit).map(|(n, ni)| {
+            vec![
+                n.node.clone(),
                 count_per_s(ni.retransmissions),
                 count_per_s(ni.timeouts),
                 count_per_s(ni.nacks_sent_total()),
                 count_per_s(ni.nacks_received_total()),
-                ni.pdid_violations_total,
-                or_empty(reasons(&ni.nacks_sent)),
-                or_empty(reasons(&ni.nacks_received)),
-                if n.state == NodeState::Restarted {
-                    " (restarted)"
-                } else {
-                    ""
-                },
-            );
-        }
+                ni.pdid_violations_total.to_string(),
+                format!(
+                    "{}; {}{}",
+                    or_empty(reasons(&ni.nacks_sent)),
+                    or_empty(reasons(&ni.nacks_received)),
+                    if n.state == NodeState::Restarted {
+                        " (restarted)"
+                    } else {
+                        ""
+                    }
+                ),
+            ]
+        }));
+        out.push_str(&nodes.render());
         if troubled.len() > limit {
             let _ = writeln!(out, "({} more nodes)", troubled.len() - limit);
         }
