@@ -168,10 +168,7 @@ impl Packetizer {
         op: &SendMessage,
         dst: Gvas,
     ) -> Result<(), NiError> {
-        let SendMessage {
-            vi, ch, payload, ..
-        } = op;
-        let (vi, ch) = (*vi, *ch);
+        let (vi, ch, payload) = (op.vi, op.ch, &op.payload);
         self.check(rank, vi, ch)?;
         if payload.len() > MAX_MESSAGE {
             return Err(NiError::TooLong(payload.len()));

@@ -25,12 +25,12 @@
 //! remote read is `1 | 1 | counter 30`.
 //!
 //! The engine has two halves, as a QUIC stream has a send and a receive side: the
-//! [`initiator`] owns what this node sends (its channels, posted writes and reads, the
-//! writes that serve remote reads, their windows, timers and repairs) and the [`target`]
-//! what it receives (blocks being reassembled, finished blocks and served requests
-//! remembered, notifications). They meet only here: data arriving for a read keeps that
-//! read alive, a "read done" notification ends it, and a read request the target accepts
-//! becomes a write the initiator sends.
+//! initiator (`initiator.rs`) owns what this node sends (its channels, posted writes and
+//! reads, the writes that serve remote reads, their windows, timers and repairs) and the
+//! target (`target.rs`) what it receives (blocks being reassembled, finished blocks and
+//! served requests remembered, notifications). They meet only here: data arriving for a
+//! read keeps that read alive, a "read done" notification ends it, and a read request the
+//! target accepts becomes a write the initiator sends.
 
 mod initiator;
 mod target;
