@@ -17,6 +17,8 @@
 //!   simulator send through;
 //! - [`rng`]: the seeded generator behind simulated jitter and injected faults;
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
+//! - [`workload`]: the NI's service to attached workloads (the attach protocol is
+//!   [`attach`]);
 //! - [`sim`]: a whole rack in simulated time.
 
 pub mod attach;
@@ -35,6 +37,7 @@ pub mod sim;
 pub mod switch;
 pub mod time;
 pub mod topology;
+pub mod workload;
 
 pub use cell::{Cell, CellError, CellType};
 pub use gvas::{Gvas, GvasError, Pdid};

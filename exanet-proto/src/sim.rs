@@ -14,12 +14,14 @@ use bytes::BytesMut;
 use crate::cell::{Cell, HEADER_LEN};
 use crate::fault::{flip_bit, FaultError, FaultStats, LinkFaults};
 use crate::link::{Departure, LinkSender};
+use crate::ni::{Memory, Ni};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
 use crate::shape::{NodeId, Shape};
 use crate::switch::{SwitchConfig, SwitchError};
 use crate::time::Instant;
 use crate::topology::{links, neighbour, port_to, LinkKind, Port, NPORTS};
+use crate::workload::{Finished, Relayed, WorkloadService};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -122,6 +124,11 @@ pub struct Sim {
     release_at: HashMap<(NodeId, Port), Instant>,
     /// Link directions with an `Ev::Owed` scheduled.
     owed_pending: HashSet<(NodeId, Port)>,
+    /// Each node's service to the workloads attached through it: the NI events of their
+    /// ranks become their completions, as on a daemon, instead of [`Sim::take_events`].
+    workloads: Vec<WorkloadService>,
+    /// Operations of attached workloads that ended, by node.
+    finished: Vec<(NodeId, Finished)>,
 }
 
 /// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
@@ -176,6 +183,10 @@ impl Sim {
                 .collect(),
             release_at: HashMap::new(),
             owed_pending: HashSet::new(),
+            workloads: (0..n as u64)
+                .map(|i| WorkloadService::new(cfg.seed ^ i.rotate_left(32)))
+                .collect(),
+            finished: Vec::new(),
         };
         for l in links(&shape) {
             let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
@@ -325,6 +336,18 @@ impl Sim {
         std::mem::take(&mut self.events)
     }
 
+    /// Node `id`'s service to attached workloads, with the NI and memory it serves them
+    /// with; call [`Sim::kick`] after giving it work.
+    pub fn workloads(&mut self, id: NodeId) -> (&mut WorkloadService, &mut Ni, &dyn Memory) {
+        let (ni, mem) = self.nodes[id.0 as usize].ni_mut();
+        (&mut self.workloads[id.0 as usize], ni, mem)
+    }
+
+    /// Operations of attached workloads that ended since the last call, by node.
+    pub fn take_finished(&mut self) -> Vec<(NodeId, Finished)> {
+        std::mem::take(&mut self.finished)
+    }
+
     /// Errors the nodes' switches returned (credit overruns, bad routes, ...).
     pub fn errors(&self) -> &[(NodeId, SwitchError)] {
         &self.errors
@@ -386,6 +409,20 @@ impl Sim {
             }
         }
         while let Some(e) = self.nodes[i].poll_event() {
+            let e = match e {
+                NodeEvent::Ni(ev) => {
+                    let (ni, _) = self.nodes[i].ni_mut();
+                    match self.workloads[i].on_event(ni, ev, now) {
+                        Relayed::NotAttached(ev) => NodeEvent::Ni(ev),
+                        Relayed::Queued(f) => {
+                            self.finished.extend(f.map(|f| (id, f)));
+                            continue;
+                        }
+                        Relayed::NotRelayed => continue,
+                    }
+                }
+                e => e,
+            };
             self.events.push((id, now, e));
         }
         if let Some(t) = self.nodes[i].poll_timeout() {

@@ -1,4 +1,7 @@
-//! Workloads attach here (protocol: `exanet_proto::attach`). Each attached workload is a
+//! Workloads attach here (protocol: `exanet_proto::attach`). This is the I/O shell around
+//! the core's workload service (`exanet_proto::workload`), which decides what a command
+//! does, which completion an NI event becomes and where memory goes: here are the socket,
+//! the shared memory, the threads, quotas and credentials. Each attached workload is a
 //! session on one rank: a control connection (the attach socket, blocking, on its own
 //! thread; its closing detaches the rank) and a command-ring thread that waits on the
 //! workload's doorbell, spinning briefly after activity, and feeds commands into the core.
@@ -16,25 +19,24 @@
 //! connection, process or job may hold is bounded (`crate::quota`), and a session's
 //! teardown frees all of it whatever the workload did.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::attach::{self, status, Command, Completion, Reply, Request, Resource};
-use exanet_proto::ni::mailbox::ConsumedCount;
-use exanet_proto::ni::{ChannelState, MemFault, Memory, NiError, NiEvent, TransferId, RANKS};
+use exanet_proto::attach::{self, Command, Reply, Request, Resource};
+use exanet_proto::workload::ServiceError;
 use exanet_proto::Pdid;
-use exanet_shm::{Consumer, Doorbell, PeerCredentials, Producer, Region, Ring, Waiter};
+use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Waiter};
 use tracing::{debug, info, warn};
 
-use crate::metrics::Op;
-use crate::node::NodeHandle;
+use crate::node::{Core, NodeHandle};
 use crate::quota::{self, Holding, Kind, Limits};
-use exanet_proto::Instant;
+use crate::session::{Ended, EndedGuard, Session, ShmRing};
+use crate::shm_memory::ShmMemory;
 
 /// Ring slot size: a 128-byte message plus the ring's length prefix, rounded up.
 const RING_SLOT: u32 = 256;
@@ -42,29 +44,6 @@ pub const COMMAND_SLOTS: u32 = 256;
 pub const COMPLETION_SLOTS: u32 = 1024;
 /// Longest control request line.
 const MAX_REQUEST: usize = 4096;
-/// Registered memory starts here in each rank's VA space, each region 2 MiB aligned.
-const VA_BASE: u64 = 1 << 30;
-const VA_ALIGN: u64 = 2 << 20;
-
-/// Where a rank's first region goes: a random 2 MiB boundary in the lower half of the VA
-/// space below the mailbox window (the upper half leaves room to grow). A rank is reused
-/// at once by the next workload, and a restarted daemon hands the same ranks out again,
-/// while senders may still be retrying blocks meant for the previous workload: at the
-/// same address those would land in the new workload's memory and complete "OK". At a
-/// random one they fault (NACK page_fault) unless they hit the new regions by chance,
-/// which is their share of ~223 GiB.
-fn first_region_va() -> u64 {
-    use rand::Rng;
-    let slots = (exanet_proto::ni::MAILBOX_WINDOW - VA_BASE) / 2 / VA_ALIGN;
-    VA_BASE + rand::thread_rng().gen_range(0..slots) * VA_ALIGN
-}
-/// Completions queued for a workload whose ring is full, beyond which its commands wait.
-const MAX_BACKLOG: usize = 1024;
-/// Queued completions past which peers' notifications are no longer relayed to a workload
-/// that does not read its ring (the notification is in its memory all the same).
-const MAX_NOTIFY_BACKLOG: usize = 4096;
-/// Most memory regions one rank may register.
-const MAX_REGIONS: usize = 64;
 /// Time a new connection has to send its whole attach request (a client that dribbles it
 /// byte by byte would otherwise hold a thread and a descriptor for hours).
 const ATTACH_DEADLINE: Duration = Duration::from_secs(5);
@@ -78,226 +57,6 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait of an attach for the teardown of sessions whose workload is gone (a
 /// teardown waits on nothing the workload does, so this is only a safety net).
 const REAP_WAIT: Duration = Duration::from_secs(5);
-
-/// Memory registered by the ranks of this node: what the NI reads and writes.
-#[derive(Clone, Default)]
-pub struct ShmMemory {
-    ranks: Arc<RwLock<Vec<Vec<Registered>>>>,
-}
-
-#[derive(Clone)]
-struct Registered {
-    id: u32,
-    va: u64,
-    region: Arc<Region>,
-}
-
-impl ShmMemory {
-    pub fn new() -> ShmMemory {
-        ShmMemory {
-            ranks: Arc::new(RwLock::new(vec![Vec::new(); RANKS])),
-        }
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut Vec<Vec<Registered>>) -> T) -> T {
-        let mut g = self.ranks.write().unwrap_or_else(|p| p.into_inner());
-        f(&mut g)
-    }
-
-    fn register(&self, rank: u8, region: Region) -> Result<(u32, u64), String> {
-        self.with(|ranks| {
-            let list = &mut ranks[rank as usize];
-            if list.len() >= MAX_REGIONS {
-                return Err(format!("rank {rank} already has {MAX_REGIONS} regions"));
-            }
-            let va = list
-                .iter()
-                .map(|r| r.va + r.region.len() as u64)
-                .max()
-                .unwrap_or_else(first_region_va)
-                .div_ceil(VA_ALIGN)
-                * VA_ALIGN;
-            if va + region.len() as u64 > exanet_proto::ni::MAILBOX_WINDOW {
-                return Err("no VA space left below the mailbox window".into());
-            }
-            let id = list.iter().map(|r| r.id + 1).max().unwrap_or(1);
-            list.push(Registered {
-                id,
-                va,
-                region: Arc::new(region),
-            });
-            Ok((id, va))
-        })
-    }
-
-    /// Forgets region `id` of `rank`; its length, if it had one.
-    fn unregister(&self, rank: u8, id: u32) -> Option<u64> {
-        let gone = self.with(|ranks| {
-            let list = &mut ranks[rank as usize];
-            let i = list.iter().position(|r| r.id == id)?;
-            Some(list.remove(i))
-        })?;
-        Some(release(gone))
-    }
-
-    /// Forgets every region of `rank`.
-    fn clear(&self, rank: u8) {
-        let gone = self.with(|ranks| std::mem::take(&mut ranks[rank as usize]));
-        for r in gone {
-            release(r);
-        }
-    }
-
-    fn find(&self, rank: u8, va: u64, len: usize) -> Option<(Arc<Region>, usize)> {
-        let g = self.ranks.read().unwrap_or_else(|p| p.into_inner());
-        let list = g.get(rank as usize)?;
-        list.iter().find_map(|r| {
-            let off = va.checked_sub(r.va)? as usize;
-            (off.checked_add(len)? <= r.region.len()).then(|| (r.region.clone(), off))
-        })
-    }
-}
-
-/// The daemon made the memory and allocated its pages; the workload may still map it after
-/// the daemon stops serving it, so give the pages back: what the workload keeps from then on
-/// is its own allocation, not the daemon's (which would let register/unregister loops pile
-/// up memory outside every quota).
-fn release(r: Registered) -> u64 {
-    let len = r.region.len() as u64;
-    if let Err(e) = r.region.discard() {
-        debug!(error = %e, "cannot give a region's pages back");
-    }
-    len
-}
-
-impl Memory for ShmMemory {
-    fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
-        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
-    }
-
-    fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: buf.len(),
-        };
-        let (r, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
-        r.read(off, buf).map_err(|_| fault)
-    }
-
-    fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: data.len(),
-        };
-        let (r, off) = self.find(rank, va, data.len()).ok_or(fault)?;
-        r.write(off, data).map_err(|_| fault)
-    }
-}
-
-/// The daemon's half of an attached workload, kept in the core.
-pub struct Session {
-    /// Who attached: the job joined and the process (`SO_PEERCRED`).
-    pub job: String,
-    pub pdid: u16,
-    pub peer: PeerCredentials,
-    /// What it holds, and what it and its job may hold.
-    pub holding: Holding,
-    limits: Limits,
-    job_limits: Limits,
-    completions: Producer,
-    /// The region of the rings, and where in it the workload counts what it took from
-    /// each mailbox (`attach`'s consumed counters).
-    rings: Arc<Region>,
-    consumed_offset: usize,
-    /// The daemon's end of the daemon -> workload doorbell.
-    to_workload: Doorbell,
-    backlog: VecDeque<[u8; attach::SLOT]>,
-    /// Mailboxes held, with their generation; and the last generation given.
-    mailboxes: Vec<(u8, u32)>,
-    mailbox_generation: u32,
-    /// A copy of the control connection, to tell that the workload is gone before the
-    /// session's own thread has noticed; and the end of its teardown.
-    conn: OwnedFd,
-    ended: Arc<Ended>,
-    /// Posted sends and transfers: the workload's tag and when the NI took the command.
-    send_tags: HashMap<(u8, u8), (u32, Instant)>,
-    rdma_tags: HashMap<TransferId, (u32, Instant)>,
-}
-
-impl Session {
-    /// Queues a completion for the workload (in order, behind any backlog).
-    fn push(&mut self, c: &Completion) {
-        self.backlog.push_back(c.encode());
-        self.flush();
-    }
-
-    /// Moves backlog into the ring while it has room and rings the workload if asleep.
-    fn flush(&mut self) {
-        while let Some(slot) = self.backlog.front() {
-            if self.completions.push(slot).is_err() {
-                break;
-            }
-            self.backlog.pop_front();
-        }
-        let _ = self.completions.wake_consumer(&self.to_workload);
-    }
-
-    fn has_room(&mut self) -> bool {
-        self.backlog.is_empty() && self.completions.free().is_ok_and(|n| n > 0)
-    }
-}
-
-/// A mailbox's consumed counter in a session's ring region: written by the workload, read
-/// (never trusted: see `exanet_proto::ni::mailbox`) when the mailbox looks full.
-struct ShmCount {
-    region: Arc<Region>,
-    offset: usize,
-}
-
-impl ConsumedCount for ShmCount {
-    fn consumed(&self) -> u64 {
-        self.region
-            .atomic_u64(self.offset)
-            .map_or(0, |c| c.load(Ordering::Acquire))
-    }
-}
-
-/// The end of a session's teardown, which an attach may wait for.
-#[derive(Default)]
-pub struct Ended {
-    done: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Ended {
-    fn wait_until(&self, deadline: std::time::Instant) -> bool {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        while !*done {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            done = self
-                .cv
-                .wait_timeout(done, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
-    }
-}
-
-/// Marks a session's teardown over when dropped (also when its thread panics).
-struct EndedGuard(Arc<Ended>);
-
-impl Drop for EndedGuard {
-    fn drop(&mut self) {
-        *self.0.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.0.cv.notify_all();
-    }
-}
 
 /// Waits until the sessions whose workload is gone (their connection hung up: the process
 /// exited or was killed) have been torn down, so that their ranks and holdings are free
@@ -316,99 +75,6 @@ fn reap_dead(node: &NodeHandle) {
     for e in dead {
         if !e.wait_until(deadline) {
             warn!("a dead workload's session is not torn down yet");
-        }
-    }
-}
-
-/// Relays an NI event to the session of its rank (called from the core's pump).
-pub fn deliver(core: &mut crate::node::Core, ev: NiEvent, now: Instant) {
-    let rank = match &ev {
-        NiEvent::Packetizer { rank, .. }
-        | NiEvent::Mailbox { rank, .. }
-        | NiEvent::Rdma { rank, .. }
-        | NiEvent::Notified { rank, .. } => *rank,
-    };
-    let Some(Some(s)) = core.sessions.get_mut(rank as usize) else {
-        return;
-    };
-    match ev {
-        NiEvent::Packetizer { vi, ch, state, .. } => {
-            let (tag, posted) = s.send_tags.remove(&(vi, ch)).unwrap_or((0, now));
-            let ok = matches!(state, ChannelState::Acked);
-            core.latency.observe(Op::Send, ok, now.since(posted));
-            let Some((st, reason)) = status::of_send(state) else {
-                return;
-            };
-            s.push(&Completion::Sent {
-                tag,
-                vi,
-                ch,
-                status: st,
-                reason,
-            });
-        }
-        NiEvent::Rdma { id, result, .. } => {
-            let (tag, posted) = s.rdma_tags.remove(&id).unwrap_or((0, now));
-            let op = if id.read { Op::Read } else { Op::Write };
-            core.latency.observe(op, result.is_ok(), now.since(posted));
-            let (st, reason) = status::of_transfer(result);
-            s.push(&Completion::Rdma {
-                tag,
-                page: id.page,
-                ch: id.ch,
-                read: id.read,
-                status: st,
-                reason,
-            });
-        }
-        NiEvent::Notified { va, src, len, .. } => {
-            // Everything else a workload is told about is bounded by what it posted;
-            // notifications are posted by its peers. The notification itself is already
-            // in its memory, so past a bound the ring copy is dropped, and counted.
-            if s.backlog.len() >= MAX_NOTIFY_BACKLOG {
-                core.node.count_error("notification_not_relayed");
-                return;
-            }
-            s.push(&Completion::Notified {
-                va,
-                src_node: src.0,
-                len,
-            })
-        }
-        NiEvent::Mailbox { .. } => drain_mailboxes(core, rank),
-    }
-}
-
-/// Moves queued mailbox messages of `rank` into its completion ring while there is room.
-/// Messages stay in the NI's queue (which NACKs when full) until the ring takes them.
-pub fn drain_mailboxes(core: &mut crate::node::Core, rank: u8) {
-    let Some(Some(s)) = core.sessions.get_mut(rank as usize) else {
-        return;
-    };
-    s.flush();
-    let vis = s.mailboxes.clone();
-    for (vi, generation) in vis {
-        loop {
-            let Some(Some(s)) = core.sessions.get_mut(rank as usize) else {
-                return;
-            };
-            if !s.has_room() {
-                return;
-            }
-            let (ni, _) = core.node.ni_mut();
-            let Ok(Some(m)) = ni.mailboxes.pop(rank, vi) else {
-                break;
-            };
-            let Some(Some(s)) = core.sessions.get_mut(rank as usize) else {
-                return;
-            };
-            s.push(&Completion::Message {
-                vi,
-                generation,
-                src_node: m.src.0,
-                src_rank: m.src_rank,
-                payload: m.payload.to_vec(),
-            });
         }
     }
 }
@@ -815,8 +481,8 @@ fn serve_session(
         let now = node.now();
         let mut core = node.lock();
         core.sessions[rank as usize] = None;
-        let (ni, _) = core.node.ni_mut();
-        let _ = ni.detach(rank, now);
+        let (svc, ni, _) = core.workloads();
+        svc.detach(ni, rank, now);
         core.pump(now);
         // Under the core lock, so that a workload attaching to this rank right after
         // cannot have its fresh registrations erased.
@@ -887,12 +553,17 @@ fn attach_rank(
         core.node.count_error("quota_refused");
         return Err(x.to_string());
     }
-    let rank = (0..RANKS as u8)
-        .find(|r| core.sessions[*r as usize].is_none())
-        .ok_or_else(|| format!("all {RANKS} ranks of {} are taken", node.name))?;
     let pdid = who.pdid;
-    let (ni, _) = core.node.ni_mut();
-    ni.attach(rank, Pdid(pdid)).map_err(|x| e(&x))?;
+    let ring = ShmRing {
+        completions,
+        to_workload,
+        rings: Arc::clone(&region),
+        consumed_offset,
+    };
+    let (svc, ni, _) = core.workloads();
+    let rank = svc
+        .attach(ni, Pdid(pdid), Box::new(ring))
+        .map_err(|x| format!("{x} on {}", node.name))?;
     core.sessions[rank as usize] = Some(Session {
         job: who.job,
         pdid,
@@ -900,17 +571,8 @@ fn attach_rank(
         holding: Holding::default(),
         limits: who.limits,
         job_limits: who.job_limits,
-        completions,
-        rings: Arc::clone(&region),
-        consumed_offset,
-        to_workload,
-        backlog: VecDeque::new(),
-        mailboxes: Vec::new(),
-        mailbox_generation: 0,
         conn,
         ended,
-        send_tags: HashMap::new(),
-        rdma_tags: HashMap::new(),
     });
     let nodes = node.rack.shape().nodes();
     Ok(Attached {
@@ -937,7 +599,7 @@ fn attach_rank(
 }
 
 /// Takes `n` of `kind` for `rank` if it and its job stay within their limits.
-fn reserve(core: &mut crate::node::Core, rank: u8, kind: Kind, n: u64) -> Result<(), String> {
+fn reserve(core: &mut Core, rank: u8, kind: Kind, n: u64) -> Result<(), String> {
     let Some(Some(me)) = core.sessions.get(rank as usize) else {
         return Err(format!("rank {rank} is not attached"));
     };
@@ -968,7 +630,7 @@ fn reserve(core: &mut crate::node::Core, rank: u8, kind: Kind, n: u64) -> Result
 }
 
 /// Gives back `n` of `kind` that `rank` held.
-fn give_back(core: &mut crate::node::Core, rank: u8, kind: Kind, n: u64) {
+fn give_back(core: &mut Core, rank: u8, kind: Kind, n: u64) {
     if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
         me.holding.add(kind, -(n as i64));
     }
@@ -996,85 +658,59 @@ fn handle_request(
                     let fd = region.try_clone_fd().map_err(|e| e.to_string())?;
                     Ok((region, fd))
                 })
-                .and_then(|(region, fd)| Ok((mem.register(rank, region)?, fd)));
+                .and_then(|(region, fd)| {
+                    // Placed and mapped under one lock: the NI sees the region where the
+                    // service says it is, or not at all.
+                    let mut core = node.lock();
+                    let (svc, _, _) = core.workloads();
+                    let placed = svc.place_region(rank, len).map_err(|e| e.to_string())?;
+                    mem.insert(rank, placed, region);
+                    Ok((placed, fd))
+                });
             match made {
-                Ok(((region, va), fd)) => Ok((Reply::Registered { region, va }, Some(fd))),
+                Ok((placed, fd)) => Ok((
+                    Reply::Registered {
+                        region: placed.id,
+                        va: placed.va,
+                    },
+                    Some(fd),
+                )),
                 Err(e) => {
                     give_back(&mut node.lock(), rank, Kind::RegisteredBytes, len);
                     Err(e)
                 }
             }
         }
-        Request::Unregister { region } => match mem.unregister(rank, region) {
-            Some(len) => {
-                give_back(&mut node.lock(), rank, Kind::RegisteredBytes, len);
-                Ok((Reply::Ok, None))
-            }
-            None => Err(format!("rank {rank} has no region {region}")),
-        },
+        Request::Unregister { region } => {
+            let mut core = node.lock();
+            let (svc, _, _) = core.workloads();
+            svc.unregister(rank, region).map_err(|e| e.to_string())?;
+            let len = mem.remove(rank, region).unwrap_or(0);
+            give_back(&mut core, rank, Kind::RegisteredBytes, len);
+            Ok((Reply::Ok, None))
+        }
         Request::Alloc { kind, capacity } => {
             let mut core = node.lock();
             let q = quota_kind(kind);
             reserve(&mut core, rank, q, 1)?;
-            // Where the workload counts what it takes from each mailbox.
-            let counters = match core.sessions.get(rank as usize) {
-                Some(Some(s)) => (Arc::clone(&s.rings), s.consumed_offset),
-                _ => return Err(format!("rank {rank} is not attached")),
-            };
-            let (ni, _) = core.node.ni_mut();
-            let index = match kind {
-                Resource::Packetizer => ni.packetizer.alloc(rank),
-                Resource::Mailbox => {
-                    let cap = capacity.unwrap_or(64).clamp(1, MAX_MAILBOX_CAPACITY) as usize;
-                    let (region, base) = counters;
-                    ni.mailboxes.alloc_counted(rank, cap, |vi| {
-                        Box::new(ShmCount {
-                            region,
-                            offset: base + usize::from(vi) * 8,
-                        })
-                    })
-                }
-                Resource::RdmaPage => ni.rdma.alloc_page(rank),
-            };
-            let index = match index {
-                Ok(i) => i,
+            let (svc, ni, _) = core.workloads();
+            match svc.alloc(ni, rank, kind, capacity) {
+                Ok((index, generation)) => Ok((Reply::Allocated { index, generation }, None)),
                 Err(e) => {
                     give_back(&mut core, rank, q, 1);
-                    return Err(e.to_string());
-                }
-            };
-            let mut generation = 0;
-            if kind == Resource::Mailbox {
-                if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-                    s.mailbox_generation = s.mailbox_generation.wrapping_add(1);
-                    generation = s.mailbox_generation;
-                    s.mailboxes.push((index, generation));
+                    Err(e.to_string())
                 }
             }
-            Ok((Reply::Allocated { index, generation }, None))
         }
         Request::Free { kind, index } => {
             let mut core = node.lock();
-            let (ni, _) = core.node.ni_mut();
-            match kind {
-                Resource::Packetizer => ni.packetizer.free(rank, index),
-                Resource::Mailbox => ni.mailboxes.free(rank, index),
-                Resource::RdmaPage => ni.rdma.free_page(rank, index),
-            }
-            .map_err(|e| e.to_string())?;
+            let (svc, ni, _) = core.workloads();
+            svc.free(ni, rank, kind, index).map_err(|e| e.to_string())?;
             give_back(&mut core, rank, quota_kind(kind), 1);
-            if kind == Resource::Mailbox {
-                if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-                    s.mailboxes.retain(|(v, _)| *v != index);
-                }
-            }
             Ok((Reply::Ok, None))
         }
     }
 }
-
-/// Largest mailbox capacity (a larger request gets this).
-const MAX_MAILBOX_CAPACITY: u32 = 65_536;
 
 fn quota_kind(r: Resource) -> Kind {
     match r {
@@ -1099,16 +735,7 @@ fn serve_ring(
         // A workload that does not read its completions is not served further commands
         // until it does: its command ring fills and it is held back, instead of the
         // daemon queueing completions for it without bound.
-        let held_back = {
-            let mut core = node.lock();
-            match core.sessions.get_mut(rank as usize) {
-                Some(Some(s)) => {
-                    s.flush();
-                    s.backlog.len() >= MAX_BACKLOG
-                }
-                _ => false,
-            }
-        };
+        let held_back = node.lock().workloads().0.held_back(rank);
         if held_back {
             let _ = bell.wait(Some(Duration::from_millis(5)));
             continue;
@@ -1134,9 +761,16 @@ fn serve_ring(
             let now = node.now();
             let mut core = node.lock();
             for c in batch.drain(..) {
-                execute(&mut core, rank, c, now);
+                let (svc, ni, mem) = core.workloads();
+                if let Err(e) = svc.execute(ni, mem, rank, c, now) {
+                    debug!(rank, error = %e, "command refused");
+                    core.node.count_error(match e {
+                        ServiceError::Malformed(_) => "workload_malformed",
+                        _ => "workload_refused_command",
+                    });
+                }
             }
-            drain_mailboxes(&mut core, rank);
+            core.drain(rank);
             core.pump(now);
             continue;
         }
@@ -1148,8 +782,7 @@ fn serve_ring(
         }
         {
             // Room may have appeared in the completion ring.
-            let mut core = node.lock();
-            drain_mailboxes(&mut core, rank);
+            node.lock().drain(rank);
         }
         let timeout = Some(Duration::from_millis(20));
         match ring.wait_readable(&waiter, &bell, timeout) {
@@ -1167,67 +800,6 @@ fn serve_ring(
                 node.count_error("workload_ring");
                 return;
             }
-        }
-    }
-}
-
-/// A command the NI took: its tag, and what its completion will be keyed by.
-type Posted = (u32, Option<TransferId>, Option<(u8, u8)>);
-
-fn execute(
-    core: &mut crate::node::Core,
-    rank: u8,
-    c: Result<Command, (u32, attach::SlotError)>,
-    now: exanet_proto::Instant,
-) {
-    let refuse = |core: &mut crate::node::Core, tag: u32, st: u8, code: u8| {
-        if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-            s.push(&Completion::Refused {
-                tag,
-                status: st,
-                code,
-            });
-        }
-    };
-    let cmd = match c {
-        Ok(c) => c,
-        Err((tag, e)) => {
-            debug!(rank, error = %e, "malformed command");
-            core.node.count_error("workload_malformed");
-            refuse(core, tag, status::MALFORMED, 0);
-            return;
-        }
-    };
-    let (ni, mem) = core.node.ni_mut();
-    let res: Result<Posted, (u32, NiError)> = match cmd {
-        Command::Send { tag, op } => ni
-            .send_message(rank, &op, now)
-            .map(|()| (tag, None, Some((op.vi, op.ch))))
-            .map_err(|e| (tag, e)),
-        Command::Write { tag, op } => ni
-            .rdma_write(rank, &op, now, mem)
-            .map(|id| (tag, Some(id), None))
-            .map_err(|e| (tag, e)),
-        Command::Read { tag, op } => ni
-            .rdma_read(rank, &op, now)
-            .map(|id| (tag, Some(id), None))
-            .map_err(|e| (tag, e)),
-    };
-    match res {
-        Ok((tag, id, send)) => {
-            if let Some(Some(s)) = core.sessions.get_mut(rank as usize) {
-                if let Some(id) = id {
-                    s.rdma_tags.insert(id, (tag, now));
-                }
-                if let Some(k) = send {
-                    s.send_tags.insert(k, (tag, now));
-                }
-            }
-        }
-        Err((tag, e)) => {
-            debug!(rank, error = %e, "command refused");
-            core.node.count_error("workload_refused_command");
-            refuse(core, tag, status::REFUSED, attach::refusal::of(&e));
         }
     }
 }

@@ -20,8 +20,14 @@ use exanet_proto::{
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
+use exanet_proto::ni::{Memory, Ni};
+use exanet_proto::workload::{OpKind, Relayed, WorkloadService};
+
 use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
+use crate::metrics::Op;
 use crate::rack::Rack;
+use crate::session::Session;
+use crate::shm_memory::ShmMemory;
 use exanet_proto::ni::NackReason;
 
 /// One port's link: who is at the other end and the state of the current session.
@@ -60,8 +66,11 @@ impl LinkSlot {
 
 pub struct Core {
     pub node: Node,
-    /// Workloads attached to the NI, by rank.
-    pub sessions: Vec<Option<crate::ni_service::Session>>,
+    /// The NI's service to attached workloads: their commands, completions and memory
+    /// placement.
+    workloads: WorkloadService,
+    /// What the daemon keeps of each attached workload beside it, by rank.
+    pub sessions: Vec<Option<Session>>,
     /// The NI deadline the timer task sleeps towards.
     pub timer_armed: Option<Instant>,
     timer_wake: Arc<Notify>,
@@ -136,7 +145,21 @@ impl Core {
                 }
                 NodeEvent::LoadSent => debug!("load generator done"),
                 NodeEvent::LoadDelivered { .. } => {}
-                NodeEvent::Ni(ev) => crate::ni_service::deliver(self, ev, now),
+                NodeEvent::Ni(ev) => {
+                    let (ni, _) = self.node.ni_mut();
+                    match self.workloads.on_event(ni, ev, now) {
+                        Relayed::Queued(Some(f)) => {
+                            let op = match f.op {
+                                OpKind::Send => Op::Send,
+                                OpKind::Write => Op::Write,
+                                OpKind::Read => Op::Read,
+                            };
+                            self.latency.observe(op, f.ok, f.latency_ns);
+                        }
+                        Relayed::Queued(None) | Relayed::NotAttached(_) => {}
+                        Relayed::NotRelayed => self.node.count_error("notification_not_relayed"),
+                    }
+                }
             }
         }
         // A sooner NI deadline than the timer task sleeps towards: wake it to re-arm.
@@ -153,6 +176,19 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// The workload service, with the NI and memory it serves the workloads with.
+    pub fn workloads(&mut self) -> (&mut WorkloadService, &mut Ni, &mut (dyn Memory + Send)) {
+        let (ni, mem) = self.node.ni_mut();
+        (&mut self.workloads, ni, mem)
+    }
+
+    /// Moves what `rank`'s completion ring has room for into it (call it when the
+    /// workload may have made room).
+    pub fn drain(&mut self, rank: u8) {
+        let (svc, ni, _) = self.workloads();
+        svc.drain(ni, rank);
     }
 
     fn slot(&mut self, port: Port) -> Option<&mut LinkSlot> {
@@ -424,7 +460,7 @@ pub struct NodeHandle {
     /// How long workload command rings are polled after activity before sleeping.
     pub spin: Duration,
     /// The ranks' registered memory, shared with the NI.
-    pub memory: crate::ni_service::ShmMemory,
+    pub memory: ShmMemory,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -456,7 +492,7 @@ impl NodeHandle {
                 d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(20)
             });
         node.set_ni_config(ni);
-        let memory = crate::ni_service::ShmMemory::new();
+        let memory = ShmMemory::new();
         node.set_memory(Box::new(memory.clone()));
         let timer_wake = Arc::new(Notify::new());
         let mut slots: Vec<Option<LinkSlot>> = (0..NPORTS).map(|_| None).collect();
@@ -484,6 +520,9 @@ impl NodeHandle {
         Ok(Arc::new(NodeHandle {
             core: Mutex::new(Core {
                 node,
+                // Seeded afresh per run: where a rank's memory goes must differ from the
+                // previous run's (see `WorkloadService::place_region`).
+                workloads: WorkloadService::new(rand::random()),
                 sessions: (0..exanet_proto::ni::RANKS).map(|_| None).collect(),
                 timer_armed: None,
                 timer_wake: timer_wake.clone(),

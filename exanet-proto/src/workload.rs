@@ -1,0 +1,492 @@
+//! The NI's service to the workloads attached to one node, as a state machine: which rank
+//! each holds, command slots decoded and dispatched to the NI, NI events turned into the
+//! completions a workload reads (matched to the tags it gave), mailbox messages moved into
+//! its completion ring as room appears, and where its registered memory goes in its VA
+//! space. The attach protocol is [`crate::attach`]; this is what serves it.
+//!
+//! The daemon wraps it in sockets, shared memory and threads (`exanetd`'s `ni_service`);
+//! the simulator ([`crate::sim`]) and the tests drive the same service directly, so a
+//! workload behaves the same on a real rack and in a simulated one. What a workload may
+//! hold (quotas) and who may attach are the daemon's: they depend on the rack file and
+//! on process credentials.
+//!
+//! Nothing a workload sends is trusted: a slot that does not decode, a command the NI
+//! refuses, an index it does not hold all become a completion or error naming why, and
+//! what the service queues for a workload is bounded whatever the workload or its peers do.
+
+use std::collections::{HashMap, VecDeque};
+
+use thiserror::Error;
+
+use crate::attach::{self, status, Command, Completion, Resource, SlotError};
+use crate::gvas::Pdid;
+use crate::ni::mailbox::ConsumedCount;
+use crate::ni::{ChannelState, Memory, Ni, NiError, NiEvent, TransferId, MAILBOX_WINDOW, RANKS};
+use crate::rng::SplitMix64;
+use crate::time::Instant;
+
+/// Completions queued for a workload whose ring is full, beyond which its commands wait
+/// (see [`WorkloadService::held_back`]).
+pub const MAX_BACKLOG: usize = 1024;
+/// Queued completions past which peers' notifications are no longer relayed to a workload
+/// that does not read its ring (the notification is in its memory all the same).
+pub const MAX_NOTIFY_BACKLOG: usize = 4096;
+/// Most memory regions one rank may register.
+pub const MAX_REGIONS: usize = 64;
+/// Largest mailbox capacity (a larger request gets this).
+pub const MAX_MAILBOX_CAPACITY: u32 = 65_536;
+/// Mailbox capacity when the workload names none.
+pub const DEFAULT_MAILBOX_CAPACITY: u32 = 64;
+/// Registered memory starts here in each rank's VA space, each region 2 MiB aligned.
+pub const VA_BASE: u64 = 1 << 30;
+pub const VA_ALIGN: u64 = 2 << 20;
+
+/// A workload's completion ring, as the service needs it: the daemon's is a ring in
+/// shared memory with a doorbell, a test's a queue.
+pub trait CompletionRing: Send {
+    /// Puts one encoded completion into the ring; false when the ring is full.
+    fn push(&mut self, slot: &[u8; attach::SLOT]) -> bool;
+    /// Whether the ring has room for one more completion.
+    fn has_room(&mut self) -> bool;
+    /// Completions were pushed: wake the workload if it sleeps.
+    fn wake(&mut self);
+    /// Where the workload counts the messages it took from mailbox `vi` (read, never
+    /// trusted: see [`crate::ni::mailbox`]).
+    fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount>;
+}
+
+/// The kind of a finished operation, for latency metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Send,
+    Write,
+    Read,
+}
+
+/// A workload's operation ended: how long it took from command to completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub op: OpKind,
+    pub ok: bool,
+    pub latency_ns: u64,
+}
+
+/// What became of an NI event handed to the service.
+#[derive(Debug, PartialEq)]
+pub enum Relayed {
+    /// Queued for its workload; an operation of the workload's may have finished.
+    Queued(Option<Finished>),
+    /// A peer's notification not relayed to a workload that does not read its ring.
+    NotRelayed,
+    /// No workload of this service holds the event's rank.
+    NotAttached(NiEvent),
+}
+
+/// Why the service refused a request.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ServiceError {
+    #[error("rank {0} is not attached")]
+    NotAttached(u8),
+    #[error("all {RANKS} ranks are taken")]
+    RanksTaken,
+    #[error("rank {rank} already has {MAX_REGIONS} regions")]
+    TooManyRegions { rank: u8 },
+    #[error("cannot register {0} bytes")]
+    BadLength(u64),
+    #[error("no VA space left below the mailbox window for {len} bytes")]
+    NoVaSpace { len: u64 },
+    #[error("rank {rank} has no region {id}")]
+    NoRegion { rank: u8, id: u32 },
+    #[error("malformed command slot: {0}")]
+    Malformed(SlotError),
+    #[error(transparent)]
+    Ni(#[from] NiError),
+}
+
+impl ServiceError {
+    /// The label the daemon counts this refusal under.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ServiceError::Malformed(_) => "workload_malformed",
+            ServiceError::RanksTaken => "workload_refused",
+            _ => "workload_request",
+        }
+    }
+}
+
+/// A region of registered memory: where it is in its rank's VA space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub id: u32,
+    pub va: u64,
+    pub len: u64,
+}
+
+struct Workload {
+    ring: Box<dyn CompletionRing>,
+    /// Completions the ring had no room for, in order.
+    backlog: VecDeque<[u8; attach::SLOT]>,
+    /// Mailboxes held, with their generation; and the last generation given.
+    mailboxes: Vec<(u8, u32)>,
+    generation: u32,
+    /// Posted sends and transfers: the workload's tag and when the NI took the command.
+    send_tags: HashMap<(u8, u8), (u32, Instant)>,
+    rdma_tags: HashMap<TransferId, (u32, Instant)>,
+    regions: Vec<Placed>,
+}
+
+impl Workload {
+    /// Queues a completion (in order, behind any backlog).
+    fn push(&mut self, c: &Completion) {
+        self.backlog.push_back(c.encode());
+        self.flush();
+    }
+
+    /// Moves backlog into the ring while it has room and wakes the workload.
+    fn flush(&mut self) {
+        while let Some(slot) = self.backlog.front() {
+            if !self.ring.push(slot) {
+                break;
+            }
+            self.backlog.pop_front();
+        }
+        self.ring.wake();
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.backlog.is_empty() && self.ring.has_room()
+    }
+}
+
+/// The service of one node's NI to its attached workloads (see the module documentation).
+pub struct WorkloadService {
+    ranks: Vec<Option<Workload>>,
+    /// Draws where each rank's first region goes (see [`WorkloadService::place_region`]).
+    rng: SplitMix64,
+}
+
+impl WorkloadService {
+    /// A service with no workload; `seed` draws where registered memory goes.
+    pub fn new(seed: u64) -> WorkloadService {
+        WorkloadService {
+            ranks: (0..RANKS).map(|_| None).collect(),
+            rng: SplitMix64::new(seed),
+        }
+    }
+
+    pub fn is_attached(&self, rank: u8) -> bool {
+        self.ranks
+            .get(usize::from(rank))
+            .is_some_and(Option::is_some)
+    }
+
+    /// How many workloads are attached.
+    pub fn attached(&self) -> usize {
+        self.ranks.iter().flatten().count()
+    }
+
+    fn workload(&mut self, rank: u8) -> Result<&mut Workload, ServiceError> {
+        self.ranks
+            .get_mut(usize::from(rank))
+            .and_then(Option::as_mut)
+            .ok_or(ServiceError::NotAttached(rank))
+    }
+
+    /// Gives a workload of job `pdid` the lowest free rank, whose completions go to `ring`.
+    pub fn attach(
+        &mut self,
+        ni: &mut Ni,
+        pdid: Pdid,
+        ring: Box<dyn CompletionRing>,
+    ) -> Result<u8, ServiceError> {
+        let rank = (0..RANKS as u8)
+            .find(|r| !self.is_attached(*r))
+            .ok_or(ServiceError::RanksTaken)?;
+        ni.attach(rank, pdid)?;
+        self.ranks[usize::from(rank)] = Some(Workload {
+            ring,
+            backlog: VecDeque::new(),
+            mailboxes: Vec::new(),
+            generation: 0,
+            send_tags: HashMap::new(),
+            rdma_tags: HashMap::new(),
+            regions: Vec::new(),
+        });
+        Ok(rank)
+    }
+
+    /// The workload on `rank` is gone: the NI forgets it (its transfers end, its
+    /// resources are free) and so does the service. False when nothing was attached.
+    pub fn detach(&mut self, ni: &mut Ni, rank: u8, now: Instant) -> bool {
+        let Some(slot) = self.ranks.get_mut(usize::from(rank)) else {
+            return false;
+        };
+        if slot.take().is_none() {
+            return false;
+        }
+        let _ = ni.detach(rank, now);
+        true
+    }
+
+    /// The regions `rank` has registered.
+    pub fn regions(&self, rank: u8) -> &[Placed] {
+        self.ranks
+            .get(usize::from(rank))
+            .and_then(Option::as_ref)
+            .map_or(&[], |w| &w.regions)
+    }
+
+    /// Places a new region of `len` bytes in `rank`'s VA space: right after its last one,
+    /// 2 MiB aligned; the first at a random 2 MiB boundary in the lower half of the space
+    /// below the mailbox window. A rank is reused at once by the next workload, and a
+    /// restarted daemon hands the same ranks out again, while senders may still be
+    /// retrying blocks meant for the previous workload: at the same address those would
+    /// land in the new workload's memory and complete "OK". At a random one they fault
+    /// (NACK page_fault) unless they hit the new regions by chance, their share of
+    /// ~223 GiB.
+    pub fn place_region(&mut self, rank: u8, len: u64) -> Result<Placed, ServiceError> {
+        if len == 0 || len > MAILBOX_WINDOW {
+            return Err(ServiceError::BadLength(len));
+        }
+        let slots = (MAILBOX_WINDOW - VA_BASE) / 2 / VA_ALIGN;
+        let first = VA_BASE + self.rng.below(slots) * VA_ALIGN;
+        let w = self.workload(rank)?;
+        if w.regions.len() >= MAX_REGIONS {
+            return Err(ServiceError::TooManyRegions { rank });
+        }
+        let va = w
+            .regions
+            .iter()
+            .map(|r| r.va + r.len)
+            .max()
+            .unwrap_or(first)
+            .div_ceil(VA_ALIGN)
+            * VA_ALIGN;
+        if va.checked_add(len).is_none_or(|end| end > MAILBOX_WINDOW) {
+            return Err(ServiceError::NoVaSpace { len });
+        }
+        let id = w.regions.iter().map(|r| r.id + 1).max().unwrap_or(1);
+        let placed = Placed { id, va, len };
+        w.regions.push(placed);
+        Ok(placed)
+    }
+
+    /// Forgets region `id` of `rank`.
+    pub fn unregister(&mut self, rank: u8, id: u32) -> Result<Placed, ServiceError> {
+        let w = self.workload(rank)?;
+        let i = w
+            .regions
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or(ServiceError::NoRegion { rank, id })?;
+        Ok(w.regions.remove(i))
+    }
+
+    /// Gives `rank` an NI resource: its index, and for a mailbox the generation of this
+    /// allocation (messages of an earlier holder of the index carry another).
+    pub fn alloc(
+        &mut self,
+        ni: &mut Ni,
+        rank: u8,
+        kind: Resource,
+        capacity: Option<u32>,
+    ) -> Result<(u8, u32), ServiceError> {
+        let w = self.workload(rank)?;
+        let index = match kind {
+            Resource::Packetizer => ni.packetizer.alloc(rank)?,
+            Resource::RdmaPage => ni.rdma.alloc_page(rank)?,
+            Resource::Mailbox => {
+                let cap = capacity
+                    .unwrap_or(DEFAULT_MAILBOX_CAPACITY)
+                    .clamp(1, MAX_MAILBOX_CAPACITY);
+                let ring = &w.ring;
+                ni.mailboxes
+                    .alloc_counted(rank, cap as usize, |vi| ring.consumed(vi))?
+            }
+        };
+        let mut generation = 0;
+        if kind == Resource::Mailbox {
+            w.generation = w.generation.wrapping_add(1);
+            generation = w.generation;
+            w.mailboxes.push((index, generation));
+        }
+        Ok((index, generation))
+    }
+
+    /// Takes back an NI resource `rank` holds.
+    pub fn free(
+        &mut self,
+        ni: &mut Ni,
+        rank: u8,
+        kind: Resource,
+        index: u8,
+    ) -> Result<(), ServiceError> {
+        let w = self.workload(rank)?;
+        match kind {
+            Resource::Packetizer => ni.packetizer.free(rank, index),
+            Resource::Mailbox => ni.mailboxes.free(rank, index),
+            Resource::RdmaPage => ni.rdma.free_page(rank, index),
+        }?;
+        if kind == Resource::Mailbox {
+            w.mailboxes.retain(|(v, _)| *v != index);
+        }
+        Ok(())
+    }
+
+    /// Carries out one decoded command slot of `rank` (see [`Command::decode`]). What the
+    /// NI takes completes later (see [`on_event`](Self::on_event)); what it refuses, and
+    /// a slot that did not decode, complete at once with the reason, and the error says
+    /// what to count.
+    pub fn execute(
+        &mut self,
+        ni: &mut Ni,
+        mem: &dyn Memory,
+        rank: u8,
+        cmd: Result<Command, (u32, SlotError)>,
+        now: Instant,
+    ) -> Result<(), ServiceError> {
+        let w = self.workload(rank)?;
+        let cmd = match cmd {
+            Ok(c) => c,
+            Err((tag, e)) => {
+                w.push(&Completion::Refused {
+                    tag,
+                    status: status::MALFORMED,
+                    code: 0,
+                });
+                return Err(ServiceError::Malformed(e));
+            }
+        };
+        let (tag, posted) = match cmd {
+            Command::Send { tag, op } => (
+                tag,
+                ni.send_message(rank, &op, now)
+                    .map(|()| w.send_tags.insert((op.vi, op.ch), (tag, now))),
+            ),
+            Command::Write { tag, op } => (
+                tag,
+                ni.rdma_write(rank, &op, now, mem)
+                    .map(|id| w.rdma_tags.insert(id, (tag, now))),
+            ),
+            Command::Read { tag, op } => (
+                tag,
+                ni.rdma_read(rank, &op, now)
+                    .map(|id| w.rdma_tags.insert(id, (tag, now))),
+            ),
+        };
+        match posted {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                w.push(&Completion::Refused {
+                    tag,
+                    status: status::REFUSED,
+                    code: attach::refusal::of(&e),
+                });
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Turns an NI event into its workload's completion.
+    pub fn on_event(&mut self, ni: &mut Ni, ev: NiEvent, now: Instant) -> Relayed {
+        let rank = match &ev {
+            NiEvent::Packetizer { rank, .. }
+            | NiEvent::Mailbox { rank, .. }
+            | NiEvent::Rdma { rank, .. }
+            | NiEvent::Notified { rank, .. } => *rank,
+        };
+        let Ok(w) = self.workload(rank) else {
+            return Relayed::NotAttached(ev);
+        };
+        match ev {
+            NiEvent::Packetizer { vi, ch, state, .. } => {
+                let (tag, posted) = w.send_tags.remove(&(vi, ch)).unwrap_or((0, now));
+                let Some((st, reason)) = status::of_send(state) else {
+                    return Relayed::Queued(None);
+                };
+                w.push(&Completion::Sent {
+                    tag,
+                    vi,
+                    ch,
+                    status: st,
+                    reason,
+                });
+                Relayed::Queued(Some(Finished {
+                    op: OpKind::Send,
+                    ok: matches!(state, ChannelState::Acked),
+                    latency_ns: now.since(posted),
+                }))
+            }
+            NiEvent::Rdma { id, result, .. } => {
+                let (tag, posted) = w.rdma_tags.remove(&id).unwrap_or((0, now));
+                let (st, reason) = status::of_transfer(result);
+                w.push(&Completion::Rdma {
+                    tag,
+                    page: id.page,
+                    ch: id.ch,
+                    read: id.read,
+                    status: st,
+                    reason,
+                });
+                Relayed::Queued(Some(Finished {
+                    op: if id.read { OpKind::Read } else { OpKind::Write },
+                    ok: result.is_ok(),
+                    latency_ns: now.since(posted),
+                }))
+            }
+            NiEvent::Notified { va, src, len, .. } => {
+                // Everything else a workload is told about is bounded by what it posted;
+                // notifications are posted by its peers. The notification itself is
+                // already in its memory, so past a bound the ring copy is dropped.
+                if w.backlog.len() >= MAX_NOTIFY_BACKLOG {
+                    return Relayed::NotRelayed;
+                }
+                w.push(&Completion::Notified {
+                    va,
+                    src_node: src.0,
+                    len,
+                });
+                Relayed::Queued(None)
+            }
+            NiEvent::Mailbox { .. } => {
+                self.drain(ni, rank);
+                Relayed::Queued(None)
+            }
+        }
+    }
+
+    /// Moves `rank`'s backlog, then its queued mailbox messages, into its completion ring
+    /// while the ring has room. Messages stay in the NI's queue (which NACKs when full)
+    /// until the ring takes them. Call it when the workload may have made room.
+    pub fn drain(&mut self, ni: &mut Ni, rank: u8) {
+        let Ok(w) = self.workload(rank) else { return };
+        w.flush();
+        for (vi, generation) in w.mailboxes.clone() {
+            while w.has_room() {
+                let Ok(Some(m)) = ni.mailboxes.pop(rank, vi) else {
+                    break;
+                };
+                w.push(&Completion::Message {
+                    vi,
+                    generation,
+                    src_node: m.src.0,
+                    src_rank: m.src_rank,
+                    payload: m.payload.to_vec(),
+                });
+            }
+        }
+    }
+
+    /// Whether `rank`'s commands should wait: a workload that does not read its
+    /// completions is not served further commands until it does (its command ring fills
+    /// and it is held back) instead of having completions queued for it without bound.
+    pub fn held_back(&mut self, rank: u8) -> bool {
+        match self.workload(rank) {
+            Ok(w) => {
+                w.flush();
+                w.backlog.len() >= MAX_BACKLOG
+            }
+            Err(_) => false,
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! Two workloads on a simulated rack, attached through the same service a daemon runs
+//! (`exanet_proto::workload`): their commands go through the attach protocol's slot
+//! encoding, their completions come back through a completion ring, and the link between
+//! their QFDBs loses cells. RDMA writes with notifications, reads and mailbox messages
+//! must all complete correctly, and the same seed must give the same run.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use exanet_proto::attach::{self, status, Command, Completion, Resource};
+use exanet_proto::fault::LinkFaults;
+use exanet_proto::ni::mailbox::ConsumedCount;
+use exanet_proto::ni::op::{RdmaRead, RdmaWrite, SendMessage};
+use exanet_proto::ni::{mailbox_gvas, MemFault, Memory, VecMemory};
+use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::workload::{CompletionRing, OpKind, Placed};
+use exanet_proto::{Gvas, Instant, NodeId, Pdid, Shape};
+
+const PDID: Pdid = Pdid(42);
+const RING: usize = 64;
+const REGION: u64 = 1 << 20;
+const LEN: u64 = 300_000;
+
+/// A completion ring as a workload's library sees it: a bounded queue, and the counters
+/// through which it says how many messages it took from each mailbox.
+#[derive(Clone)]
+struct Ring {
+    slots: Arc<Mutex<VecDeque<[u8; attach::SLOT]>>>,
+    consumed: Arc<[AtomicU64; 64]>,
+}
+
+impl Default for Ring {
+    fn default() -> Ring {
+        Ring {
+            slots: Arc::default(),
+            consumed: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+}
+
+impl Ring {
+    /// Takes every completion in the ring, counting the messages taken.
+    fn take(&self) -> Vec<Completion> {
+        let slots: Vec<_> = self.slots.lock().unwrap().drain(..).collect();
+        slots
+            .iter()
+            .map(|s| {
+                let c = Completion::decode(s).expect("the service writes decodable slots");
+                if let Completion::Message { vi, .. } = c {
+                    self.consumed[usize::from(vi)].fetch_add(1, Ordering::Release);
+                }
+                c
+            })
+            .collect()
+    }
+}
+
+impl CompletionRing for Ring {
+    fn push(&mut self, slot: &[u8; attach::SLOT]) -> bool {
+        let mut q = self.slots.lock().unwrap();
+        if q.len() >= RING {
+            return false;
+        }
+        q.push_back(*slot);
+        true
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.slots.lock().unwrap().len() < RING
+    }
+
+    fn wake(&mut self) {}
+
+    fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount> {
+        let c = Arc::clone(&self.consumed);
+        Box::new(move || c[usize::from(vi)].load(Ordering::Acquire))
+    }
+}
+
+/// A node's memory shared with the test, which registers what the service places.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<VecMemory>>);
+
+impl Memory for Shared {
+    fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
+        self.0.lock().unwrap().contains(rank, va, len)
+    }
+    fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+        self.0.lock().unwrap().read(rank, va, buf)
+    }
+    fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
+        self.0.lock().unwrap().write(rank, va, data)
+    }
+}
+
+struct Workload {
+    node: NodeId,
+    rank: u8,
+    ring: Ring,
+    mem: Shared,
+    region: Placed,
+    page: u8,
+}
+
+impl Workload {
+    fn attach(sim: &mut Sim, node: NodeId, mem: &Shared) -> Workload {
+        let ring = Ring::default();
+        let (svc, ni, _) = sim.workloads(node);
+        let rank = svc.attach(ni, PDID, Box::new(ring.clone())).unwrap();
+        let region = svc.place_region(rank, REGION).unwrap();
+        assert_eq!(region.va % (2 << 20), 0, "regions are 2 MiB aligned");
+        let (page, _) = svc.alloc(ni, rank, Resource::RdmaPage, None).unwrap();
+        mem.0
+            .lock()
+            .unwrap()
+            .register(rank, region.va, REGION as usize);
+        Workload {
+            node,
+            rank,
+            ring,
+            mem: mem.clone(),
+            region,
+            page,
+        }
+    }
+
+    fn gvas(&self, va: u64) -> Gvas {
+        Gvas::new(PDID, self.node, self.rank, va).unwrap()
+    }
+
+    /// Posts a command as a workload does: through its slot encoding.
+    fn post(&self, sim: &mut Sim, cmd: &Command) {
+        let now = sim.now();
+        let (svc, ni, mem) = sim.workloads(self.node);
+        let _ = svc.execute(ni, mem, self.rank, Command::decode(&cmd.encode()), now);
+        sim.kick(self.node);
+    }
+
+    fn bytes(&self, va: u64, len: u64) -> Vec<u8> {
+        let mut b = vec![0; len as usize];
+        self.mem.read(self.rank, va, &mut b).unwrap();
+        b
+    }
+}
+
+fn run(sim: &mut Sim) {
+    let until = sim.now() + 30_000_000_000;
+    assert!(sim.run_until(until), "the rack did not go quiet");
+}
+
+/// Runs the whole scenario; returns every completion each workload saw, in order.
+fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
+    let shape: Shape = "2x1x1".parse().unwrap();
+    let mut sim = Sim::new(
+        shape,
+        SimConfig {
+            seed,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let (na, nb) = (
+        shape.parse_node("M1QAF2").unwrap(),
+        shape.parse_node("M1QBF3").unwrap(),
+    );
+    let (ma, mb) = (Shared::default(), Shared::default());
+    sim.node_mut(na).set_memory(Box::new(ma.clone()));
+    sim.node_mut(nb).set_memory(Box::new(mb.clone()));
+    // Loss on the torus link between the two QFDBs, both ways: every cell of the path
+    // crosses it.
+    let (f1a, f1b) = (
+        shape.parse_node("M1QAF1").unwrap(),
+        shape.parse_node("M1QBF1").unwrap(),
+    );
+    let loss = LinkFaults {
+        loss: 0.01,
+        ..LinkFaults::default()
+    };
+    sim.set_link_faults(f1a, f1b, loss, seed).unwrap();
+    sim.set_link_faults(f1b, f1a, loss, seed ^ 1).unwrap();
+
+    let a = Workload::attach(&mut sim, na, &ma);
+    let b = Workload::attach(&mut sim, nb, &mb);
+    let (mut seen_a, mut seen_b) = (Vec::new(), Vec::new());
+
+    // An RDMA write with a notification, from a pattern in A's memory into B's.
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 251) as u8).collect();
+    a.mem.clone().write(a.rank, a.region.va, &pattern).unwrap();
+    let notify = b.region.va + REGION - 64;
+    a.post(
+        &mut sim,
+        &Command::Write {
+            tag: 11,
+            op: RdmaWrite {
+                page: a.page,
+                ch: 0,
+                src_va: a.region.va,
+                dst: b.gvas(b.region.va),
+                len: LEN,
+                notify: Some(notify),
+            },
+        },
+    );
+    run(&mut sim);
+    let got_a = a.ring.take();
+    assert!(
+        matches!(
+            got_a[..],
+            [Completion::Rdma {
+                tag: 11,
+                read: false,
+                status: status::OK,
+                ..
+            }]
+        ),
+        "{got_a:?}"
+    );
+    let got_b = b.ring.take();
+    assert!(
+        matches!(got_b[..], [Completion::Notified { va, src_node, len }]
+            if va == notify && src_node == na.0 && len == LEN),
+        "{got_b:?}"
+    );
+    assert!(
+        b.bytes(b.region.va, LEN) == pattern,
+        "the write landed intact"
+    );
+    seen_a.extend(got_a);
+    seen_b.extend(got_b);
+
+    // An RDMA read of it back into another part of A's memory.
+    let back = a.region.va + REGION / 2;
+    a.post(
+        &mut sim,
+        &Command::Read {
+            tag: 12,
+            op: RdmaRead {
+                page: a.page,
+                ch: 1,
+                src: b.gvas(b.region.va),
+                dst_va: back,
+                len: LEN,
+            },
+        },
+    );
+    run(&mut sim);
+    let got_a = a.ring.take();
+    assert!(
+        matches!(
+            got_a[..],
+            [Completion::Rdma {
+                tag: 12,
+                read: true,
+                status: status::OK,
+                ..
+            }]
+        ),
+        "{got_a:?}"
+    );
+    assert!(
+        a.bytes(back, LEN) == pattern,
+        "the read brought it back intact"
+    );
+    seen_a.extend(got_a);
+
+    // Mailbox messages: more than the ring holds, so the service must keep the rest in
+    // the NI's mailbox and move them as B makes room; each delivered once, in order.
+    let (vi, generation) = {
+        let (svc, ni, _) = sim.workloads(nb);
+        svc.alloc(ni, b.rank, Resource::Mailbox, Some(256)).unwrap()
+    };
+    let (avi, _) = {
+        let (svc, ni, _) = sim.workloads(na);
+        svc.alloc(ni, a.rank, Resource::Packetizer, None).unwrap()
+    };
+    let to = mailbox_gvas(PDID, nb, b.rank, vi).unwrap();
+    let total = RING as u32 * 2;
+    let mut delivered = Vec::new();
+    let mut sent = Vec::new();
+    for n in 0..total {
+        a.post(
+            &mut sim,
+            &Command::Send {
+                tag: 100 + n,
+                op: SendMessage {
+                    vi: avi,
+                    ch: (n % 4) as u8,
+                    dst: to,
+                    payload: n.to_le_bytes().to_vec(),
+                },
+            },
+        );
+        if n % 4 == 3 {
+            run(&mut sim);
+            // A reads its ring as it goes, as a workload must: the service holds what
+            // does not fit (in order) until then.
+            sent.extend(a.ring.take());
+            let (svc, ni, _) = sim.workloads(na);
+            svc.drain(ni, a.rank);
+        }
+    }
+    run(&mut sim);
+    sent.extend(a.ring.take());
+    assert_eq!(sent.len(), total as usize, "one completion per send");
+    for c in &sent {
+        assert!(
+            matches!(c, Completion::Sent { status: status::OK, tag, .. } if (100..100 + total).contains(tag)),
+            "{c:?}"
+        );
+    }
+    seen_a.extend(sent);
+    while delivered.len() < total as usize {
+        let got = b.ring.take();
+        assert!(
+            !got.is_empty(),
+            "messages stopped after {}",
+            delivered.len()
+        );
+        for c in &got {
+            match c {
+                Completion::Message {
+                    vi: v,
+                    generation: g,
+                    src_node,
+                    src_rank,
+                    payload,
+                } => {
+                    assert_eq!(
+                        (*v, *g, *src_node, *src_rank),
+                        (vi, generation, na.0, a.rank)
+                    );
+                    delivered.push(u32::from_le_bytes(payload[..4].try_into().unwrap()));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        seen_b.extend(got);
+        // B read its ring: room for more.
+        let (svc, ni, _) = sim.workloads(nb);
+        svc.drain(ni, b.rank);
+    }
+    let mut sorted = delivered.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..total).collect::<Vec<_>>(), "each message once");
+
+    // What a workload gets wrong completes with the reason, and harms nobody.
+    let now = sim.now();
+    let (svc, ni, mem) = sim.workloads(na);
+    let mut junk = [0xffu8; attach::SLOT];
+    junk[1..5].copy_from_slice(&77u32.to_le_bytes());
+    assert!(svc
+        .execute(ni, mem, a.rank, Command::decode(&junk), now)
+        .is_err());
+    let bad_page = Command::Write {
+        tag: 78,
+        op: RdmaWrite {
+            page: a.page + 1,
+            ch: 0,
+            src_va: a.region.va,
+            dst: b.gvas(b.region.va),
+            len: 8,
+            notify: None,
+        },
+    };
+    assert!(svc.execute(ni, mem, a.rank, Ok(bad_page), now).is_err());
+    let refused = a.ring.take();
+    assert!(
+        matches!(
+            refused[..],
+            [
+                Completion::Refused {
+                    status: status::MALFORMED,
+                    ..
+                },
+                Completion::Refused {
+                    tag: 78,
+                    status: status::REFUSED,
+                    ..
+                }
+            ]
+        ),
+        "{refused:?}"
+    );
+    seen_a.extend(refused);
+
+    let finished = sim.take_finished();
+    assert_eq!(
+        finished
+            .iter()
+            .filter(|(_, f)| f.op == OpKind::Send)
+            .count(),
+        total as usize
+    );
+    assert!(finished.iter().all(|(_, f)| f.ok));
+    let dropped =
+        sim.link_fault_stats(f1a, f1b).dropped_cells + sim.link_fault_stats(f1b, f1a).dropped_cells;
+    (seen_a, seen_b, dropped)
+}
+
+#[test]
+fn two_workloads_through_the_attach_service_over_a_lossy_link() {
+    let (a, b, dropped) = scenario(3);
+    assert!(
+        dropped > 0,
+        "the link lost nothing: the test proves no recovery"
+    );
+    let again = scenario(3);
+    assert_eq!((a, b, dropped), again, "same seed, same run");
+}
+
+#[test]
+fn a_detached_rank_is_free_for_the_next_workload_whose_memory_goes_elsewhere() {
+    let shape: Shape = "1x1x1".parse().unwrap();
+    let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
+    let node = NodeId(0);
+    let mem = Shared::default();
+    sim.node_mut(node).set_memory(Box::new(mem.clone()));
+    let first = Workload::attach(&mut sim, node, &mem);
+    let (svc, ni, _) = sim.workloads(node);
+    let first_va = first.region.va;
+    assert!(svc.detach(ni, first.rank, Instant::ZERO));
+    assert!(!svc.detach(ni, first.rank, Instant::ZERO), "detached once");
+    assert!(svc.place_region(first.rank, 4096).is_err());
+    let second = Workload::attach(&mut sim, node, &mem);
+    assert_eq!(second.rank, first.rank, "the rank is free again");
+    // Its memory goes elsewhere, so what was meant for the first workload faults.
+    assert_ne!(second.region.va, first_va);
+}

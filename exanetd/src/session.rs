@@ -1,0 +1,112 @@
+//! An attached workload as the daemon sees it, beside what the workload service
+//! (`exanet_proto::workload`) keeps of it: who attached, what it holds against its quotas,
+//! its control connection, and its completion ring in shared memory.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+
+use exanet_proto::attach;
+use exanet_proto::ni::mailbox::ConsumedCount;
+use exanet_proto::workload::CompletionRing;
+use exanet_shm::{Doorbell, PeerCredentials, Producer, Region};
+
+use crate::quota::{Holding, Limits};
+
+/// The daemon's half of an attached workload, kept in the core by rank.
+pub struct Session {
+    /// Who attached: the job joined and the process (`SO_PEERCRED`).
+    pub job: String,
+    pub pdid: u16,
+    pub peer: PeerCredentials,
+    /// What it holds, and what it and its job may hold.
+    pub holding: Holding,
+    pub limits: Limits,
+    pub job_limits: Limits,
+    /// A copy of the control connection, to tell that the workload is gone before the
+    /// session's own thread has noticed; and the end of its teardown.
+    pub conn: OwnedFd,
+    pub ended: Arc<Ended>,
+}
+
+/// A workload's completion ring in the shared memory the daemon made for it.
+pub struct ShmRing {
+    pub completions: Producer,
+    /// The daemon's end of the daemon -> workload doorbell.
+    pub to_workload: Doorbell,
+    /// The region of the rings, and where in it the workload counts what it took from
+    /// each mailbox (`attach`'s consumed counters).
+    pub rings: Arc<Region>,
+    pub consumed_offset: usize,
+}
+
+impl CompletionRing for ShmRing {
+    fn push(&mut self, slot: &[u8; attach::SLOT]) -> bool {
+        self.completions.push(slot).is_ok()
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.completions.free().is_ok_and(|n| n > 0)
+    }
+
+    fn wake(&mut self) {
+        let _ = self.completions.wake_consumer(&self.to_workload);
+    }
+
+    fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount> {
+        Box::new(ShmCount {
+            region: Arc::clone(&self.rings),
+            offset: self.consumed_offset + usize::from(vi) * 8,
+        })
+    }
+}
+
+/// A mailbox's consumed counter in a session's ring region: written by the workload, read
+/// (never trusted: see `exanet_proto::ni::mailbox`) when the mailbox looks full.
+struct ShmCount {
+    region: Arc<Region>,
+    offset: usize,
+}
+
+impl ConsumedCount for ShmCount {
+    fn consumed(&self) -> u64 {
+        self.region
+            .atomic_u64(self.offset)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+}
+
+/// The end of a session's teardown, which an attach may wait for.
+#[derive(Default)]
+pub struct Ended {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Ended {
+    pub fn wait_until(&self, deadline: std::time::Instant) -> bool {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = self
+                .cv
+                .wait_timeout(done, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Marks a session's teardown over when dropped (also when its thread panics).
+pub struct EndedGuard(pub Arc<Ended>);
+
+impl Drop for EndedGuard {
+    fn drop(&mut self) {
+        *self.0.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0.cv.notify_all();
+    }
+}
