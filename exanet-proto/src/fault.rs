@@ -26,9 +26,6 @@
 //!
 //! Loss and corruption are independent draws; a lost cell is not also counted corrupt.
 
-use std::collections::VecDeque;
-
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -371,10 +368,8 @@ pub struct FaultInjector {
     rng: SplitMix64,
     /// When the emulated wire finishes serialising the last frame given to it.
     busy_until: Instant,
-    /// Release time of the newest held frame: nothing leaves before it (FIFO).
+    /// Release time of the newest frame held back: nothing leaves before it (FIFO).
     last_release: Instant,
-    line: VecDeque<(Instant, Bytes)>,
-    line_bytes: usize,
     stats: FaultStats,
 }
 
@@ -385,22 +380,17 @@ impl FaultInjector {
             rng: SplitMix64::new(seed),
             busy_until: Instant::ZERO,
             last_release: Instant::ZERO,
-            line: VecDeque::new(),
-            line_bytes: 0,
             stats: FaultStats::default(),
         }
     }
 
-    /// Replaces the faults from `now` on. Frames already held keep their place; if the
-    /// new setting no longer shapes, they are all due at once, so clearing a fault takes
-    /// effect immediately rather than after the old delay drains.
+    /// Replaces the faults from `now` on. If the new setting no longer shapes, frames
+    /// leave at once again (the sender releases those it holds: see
+    /// [`crate::link::LinkSender::set_faults`]).
     pub fn set(&mut self, faults: LinkFaults, now: Instant) -> Result<(), FaultError> {
         faults.validate()?;
         self.faults = faults;
         if !faults.shapes() {
-            for (at, _) in self.line.iter_mut() {
-                *at = now;
-            }
             self.last_release = now;
         }
         if faults.rate_bps == 0 {
@@ -422,11 +412,6 @@ impl FaultInjector {
         self.stats
     }
 
-    /// No fault set and nothing held: the sender may bypass the injector.
-    pub fn is_idle(&self) -> bool {
-        self.line.is_empty() && self.faults.is_clear()
-    }
-
     /// Draws the fate of a cell of `len` encoded bytes.
     pub fn cell_fate(&mut self, len: usize) -> CellFate {
         if self.rng.chance(self.faults.loss) {
@@ -441,16 +426,10 @@ impl FaultInjector {
         CellFate::Pass
     }
 
-    /// Hands a frame to the wire at `now`; it leaves when [`poll`](Self::poll) says so.
-    pub fn send(&mut self, now: Instant, frame: Bytes) {
-        let at = self.release_at(now, frame.len());
-        self.line_bytes += frame.len();
-        self.line.push_back((at, frame));
-    }
-
-    /// When a frame of `len` bytes handed over at `now` leaves, accounting for it as
-    /// [`send`](Self::send) does but holding nothing (for a simulator that keeps its own
-    /// event queue).
+    /// When a frame of `len` bytes handed to the wire at `now` leaves: after the rate's
+    /// serialisation behind earlier frames, the delay and a draw of the jitter, and never
+    /// before an earlier frame (the link stays FIFO). The sender holds it until then (see
+    /// [`crate::link::LinkSender`]).
     pub fn release_at(&mut self, now: Instant, len: usize) -> Instant {
         let mut at = now;
         if self.faults.rate_bps != 0 {
@@ -472,36 +451,6 @@ impl FaultInjector {
         }
         at
     }
-
-    /// The next frame due at `now`, in the order they were sent.
-    pub fn poll(&mut self, now: Instant) -> Option<Bytes> {
-        match self.line.front() {
-            Some((at, _)) if *at <= now => {
-                let (_, f) = self.line.pop_front()?;
-                self.line_bytes -= f.len();
-                Some(f)
-            }
-            _ => None,
-        }
-    }
-
-    /// When the next held frame is due.
-    pub fn poll_at(&self) -> Option<Instant> {
-        self.line.front().map(|(at, _)| *at)
-    }
-
-    /// Bytes held back right now.
-    pub fn held_bytes(&self) -> usize {
-        self.line_bytes
-    }
-
-    /// The link went down: what was on the wire is lost.
-    pub fn discard_held(&mut self) -> usize {
-        let n = self.line.len();
-        self.line.clear();
-        self.line_bytes = 0;
-        n
-    }
 }
 
 /// Flips bit `bit` of `bytes` (0 = most significant bit of byte 0); out of range is a no-op.
@@ -515,24 +464,65 @@ pub fn flip_bit(bytes: &mut [u8], bit: usize) {
 mod tests {
     use super::*;
 
-    fn frame(n: usize) -> Bytes {
-        Bytes::from(vec![0u8; n])
-    }
-
-    fn drain(fi: &mut FaultInjector, now: Instant) -> usize {
-        std::iter::from_fn(|| fi.poll(now)).count()
+    #[test]
+    fn a_clear_injector_passes_everything_at_once() {
+        let mut fi = FaultInjector::new(1);
+        assert_eq!(fi.cell_fate(272), CellFate::Pass);
+        assert_eq!(fi.release_at(Instant(5), 10), Instant(5));
+        assert_eq!(fi.stats(), FaultStats::default());
     }
 
     #[test]
-    fn clear_injector_is_idle_and_passes_frames_at_once() {
-        let mut fi = FaultInjector::new(1);
-        assert!(fi.is_idle());
-        assert_eq!(fi.cell_fate(272), CellFate::Pass);
-        fi.send(Instant(5), frame(10));
-        assert!(!fi.is_idle(), "a held frame must not be bypassed");
-        assert_eq!(fi.poll(Instant(5)).map(|f| f.len()), Some(10));
-        assert!(fi.is_idle());
-        assert_eq!(fi.stats(), FaultStats::default());
+    fn delay_and_jitter_hold_frames_and_keep_them_in_order() {
+        let mut fi = FaultInjector::new(3);
+        let f = LinkFaults {
+            delay_ns: 1_000_000,
+            jitter_ns: 500_000,
+            ..Default::default()
+        };
+        fi.set(f, Instant::ZERO).unwrap();
+        let mut last = Instant::ZERO;
+        for i in 0..100u64 {
+            let now = Instant(i * 1_000);
+            let at = fi.release_at(now, 1);
+            assert!(at >= now + 1_000_000, "nothing before the delay");
+            assert!(at >= last, "FIFO despite jitter");
+            assert!(at <= now + 1_500_000 || at == last);
+            last = at;
+        }
+        let st = fi.stats();
+        assert_eq!(st.delayed_frames, 100);
+        assert!(st.delay_ns >= 100 * 1_000_000);
+    }
+
+    #[test]
+    fn rate_spaces_frames_by_their_serialisation_time() {
+        let mut fi = FaultInjector::new(3);
+        // 100 Mbit/s: a 1250-byte frame takes 100 µs.
+        let f = LinkFaults {
+            rate_bps: 100_000_000,
+            ..Default::default()
+        };
+        fi.set(f, Instant::ZERO).unwrap();
+        let at: Vec<u64> = (0..10)
+            .map(|_| fi.release_at(Instant::ZERO, 1250).0)
+            .collect();
+        assert_eq!(at, (1..=10).map(|i| i * 100_000).collect::<Vec<_>>());
+        // An idle wire does not bank credit: a frame sent late still takes its time.
+        assert_eq!(fi.release_at(Instant(5_000_000), 1250), Instant(5_100_000));
+    }
+
+    #[test]
+    fn clearing_lets_frames_leave_at_once_again() {
+        let mut fi = FaultInjector::new(3);
+        let f = LinkFaults {
+            delay_ns: 5_000_000_000,
+            ..Default::default()
+        };
+        fi.set(f, Instant::ZERO).unwrap();
+        assert_eq!(fi.release_at(Instant::ZERO, 1), Instant(5_000_000_000));
+        fi.set(LinkFaults::default(), Instant(10)).unwrap();
+        assert_eq!(fi.release_at(Instant(11), 1), Instant(11));
     }
 
     #[test]
@@ -604,101 +594,6 @@ mod tests {
         }
         let (c, _) = run(43);
         assert_ne!(a, c, "another seed, other fates");
-    }
-
-    #[test]
-    fn delay_holds_frames_and_keeps_them_in_order() {
-        let mut fi = FaultInjector::new(3);
-        fi.set(
-            LinkFaults {
-                delay_ns: 1_000_000,
-                jitter_ns: 500_000,
-                ..Default::default()
-            },
-            Instant::ZERO,
-        )
-        .unwrap();
-        for i in 0..100u8 {
-            fi.send(Instant(u64::from(i) * 1_000), Bytes::from(vec![i]));
-        }
-        assert_eq!(fi.poll(Instant(999_999)), None, "nothing before the delay");
-        let mut got = Vec::new();
-        let mut now = Instant::ZERO;
-        while let Some(at) = fi.poll_at() {
-            assert!(at >= now, "release times never go back");
-            now = at;
-            while let Some(f) = fi.poll(now) {
-                got.push(f[0]);
-            }
-        }
-        assert_eq!(got, (0..100).collect::<Vec<u8>>(), "FIFO despite jitter");
-        assert!(now.0 <= 99_000 + 1_500_000);
-        let st = fi.stats();
-        assert_eq!(st.delayed_frames, 100);
-        assert!(st.delay_ns >= 100 * 1_000_000);
-    }
-
-    #[test]
-    fn rate_spaces_frames_by_their_serialisation_time() {
-        let mut fi = FaultInjector::new(3);
-        // 100 Mbit/s: a 1250-byte frame takes 100 µs.
-        fi.set(
-            LinkFaults {
-                rate_bps: 100_000_000,
-                ..Default::default()
-            },
-            Instant::ZERO,
-        )
-        .unwrap();
-        for _ in 0..10 {
-            fi.send(Instant::ZERO, frame(1250));
-        }
-        assert_eq!(drain(&mut fi, Instant(99_999)), 0);
-        assert_eq!(drain(&mut fi, Instant(100_000)), 1);
-        assert_eq!(drain(&mut fi, Instant(550_000)), 4);
-        assert_eq!(drain(&mut fi, Instant(1_000_000)), 5);
-        // An idle wire does not bank credit: a frame sent late still takes its time.
-        fi.send(Instant(5_000_000), frame(1250));
-        assert_eq!(fi.poll_at(), Some(Instant(5_100_000)));
-    }
-
-    #[test]
-    fn clearing_releases_held_frames_at_once() {
-        let mut fi = FaultInjector::new(3);
-        fi.set(
-            LinkFaults {
-                delay_ns: 5_000_000_000,
-                ..Default::default()
-            },
-            Instant::ZERO,
-        )
-        .unwrap();
-        fi.send(Instant::ZERO, frame(1));
-        fi.send(Instant::ZERO, frame(2));
-        assert_eq!(fi.held_bytes(), 3);
-        fi.set(LinkFaults::default(), Instant(10)).unwrap();
-        assert_eq!(drain(&mut fi, Instant(10)), 2);
-        // New frames after a clear leave at once too.
-        fi.send(Instant(11), frame(1));
-        assert_eq!(drain(&mut fi, Instant(11)), 1);
-        assert!(fi.is_idle());
-    }
-
-    #[test]
-    fn discard_loses_what_is_on_the_wire() {
-        let mut fi = FaultInjector::new(3);
-        fi.set(
-            LinkFaults {
-                delay_ns: 1_000,
-                ..Default::default()
-            },
-            Instant::ZERO,
-        )
-        .unwrap();
-        fi.send(Instant::ZERO, frame(4));
-        assert_eq!(fi.discard_held(), 1);
-        assert_eq!(fi.held_bytes(), 0);
-        assert_eq!(fi.poll(Instant(10_000)), None);
     }
 
     #[test]
