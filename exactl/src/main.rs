@@ -23,9 +23,9 @@ mod chaos;
 mod control;
 mod error;
 mod fabric;
-mod link_cmd;
+mod faults;
 mod live;
-mod node_cmd;
+mod nodes;
 mod ping;
 mod process;
 mod rack_cmd;
@@ -76,7 +76,7 @@ enum Command {
     Link(LinkCommand),
     /// Pause, resume, kill or restart a node's daemon
     #[command(subcommand)]
-    Node(node_cmd::NodeCommand),
+    Node(nodes::NodeCommand),
     /// Cut every link between two sets of nodes (NODES from the rest of the rack by default)
     Partition(PartitionArgs),
     /// Set every cut link up again (other faults stay)
@@ -115,7 +115,7 @@ struct LinkSetArgs {
     dir: String,
     /// One flag per fault kind, from exanet_proto::fault::FaultKind
     #[command(flatten)]
-    faults: link_cmd::FaultFlags,
+    faults: faults::FaultFlags,
 }
 
 #[derive(Debug, Args)]
@@ -331,12 +331,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 json: a.json,
             },
         ),
-        Command::Link(LinkCommand::Set(a)) => link_cmd::set(&dir, a.a, a.b, &a.dir, &a.faults.0),
-        Command::Link(LinkCommand::Clear(a)) => link_cmd::clear(&dir, a.a.zip(a.b)),
-        Command::Link(LinkCommand::Show(a)) => link_cmd::show(&dir, a.json, a.all),
-        Command::Node(c) => node_cmd::run(&dir, c.op, c.name),
-        Command::Partition(a) => link_cmd::partition(&dir, &a.nodes, &a.from),
-        Command::Heal => link_cmd::heal(&dir),
+        Command::Link(LinkCommand::Set(a)) => faults::set(&dir, a.a, a.b, &a.dir, &a.faults.0),
+        Command::Link(LinkCommand::Clear(a)) => faults::clear(&dir, a.a.zip(a.b)),
+        Command::Link(LinkCommand::Show(a)) => faults::show(&dir, a.json, a.all),
+        Command::Node(c) => nodes::run(&dir, c.op, c.name),
+        Command::Partition(a) => faults::partition(&dir, &a.nodes, &a.from),
+        Command::Heal => faults::heal(&dir),
         Command::Top(a) => top::run(&dir, &a),
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
     }

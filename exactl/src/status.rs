@@ -334,7 +334,7 @@ fn link_table(shape: &Shape, views: &[LinkView<'_>]) -> String {
                 {
                     let faults = |e: Option<&LinkStatus>| {
                         e.and_then(|l| l.faults)
-                            .map_or_else(|| "-".to_string(), |f| crate::link_cmd::describe(&f))
+                            .map_or_else(|| "-".to_string(), |f| crate::faults::describe(&f))
                     };
                     match (faults(a), faults(b)) {
                         (x, y) if x == "-" && y == "-" => "-".to_string(),

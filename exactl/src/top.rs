@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Answer, Health};
-use crate::link_cmd::describe;
+use crate::faults::describe;
 use crate::table::{Column, Table};
 
 /// Shortest refresh interval: faster, the status queries themselves become the load.
