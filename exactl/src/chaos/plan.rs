@@ -84,6 +84,250 @@ pub(super) fn usage(file: &str, place: &str, msg: impl std::fmt::Display) -> Cli
     CliError::Usage(format!("{file}: {place}: {msg}"))
 }
 
+// ---------------------------------------------------------------------------------------
+// The file as written: serde types, one per table, that refuse unknown keys and values of
+// the wrong type. Each value type says what it expects (with an example), so serde's own
+// message, turned into operator words by `Ctx::serde`, names the key, what it must be and
+// what it was. The fault kinds of a `set` are the one open-ended table: its keys come from
+// the fault table, so it is read as a table and checked against that.
+
+/// `"1.5s"`: a duration, its unit required.
+#[derive(Clone, Copy, Debug)]
+struct Dur(u64);
+
+impl<'de> serde::Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Dur, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string such as \"1.5s\" (a number needs its unit)")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Dur, E> {
+                parse_duration(s).map(Dur).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Declares a string newtype whose type errors show an example of the value.
+macro_rules! text {
+    ($name:ident, $expecting:literal) => {
+        #[derive(Clone, Debug)]
+        struct $name(String);
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<$name, D::Error> {
+                struct V;
+                impl serde::de::Visitor<'_> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_str<E: serde::de::Error>(
+                        self,
+                        s: &str,
+                    ) -> std::result::Result<$name, E> {
+                        Ok($name(s.to_string()))
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+    };
+}
+
+text!(PlanName, "a string such as \"flaky torus\"");
+text!(NodeText, "a string such as \"M1QBF2\"");
+text!(ActionText, "a string such as \"pause\"");
+
+/// A list of node names (`["M1QAF1", "M1QAF2"]`); `what` it must be is in `E`.
+#[derive(Clone, Debug)]
+struct Names(Vec<String>);
+
+const NAMES: &str = "a list of node names such as [\"M1QAF1\", \"M1QAF2\"]";
+const PARTITION: &str = "one or two lists of nodes, e.g. [[\"M1QAF1\"], [\"M1QBF1\"]] (one list: \
+                         from the rest of the rack)";
+const LINKS: &str = "\"any\" or a list of pairs, e.g. [[\"M1QAF1\", \"M1QAF2\"]]";
+
+/// Reads a list of node-name lists from `seq`; anything else in it is refused as not
+/// being `expecting`.
+fn name_lists<'de, A: serde::de::SeqAccess<'de>>(
+    mut seq: A,
+    expecting: &'static str,
+) -> std::result::Result<Vec<Names>, A::Error> {
+    let mut out = Vec::new();
+    while let Some(v) = seq.next_element::<toml::Value>()? {
+        out.push(names_of(&v).ok_or_else(|| {
+            serde::de::Error::invalid_value(serde::de::Unexpected::Other(kind(&v)), &expecting)
+        })?);
+    }
+    Ok(out)
+}
+
+fn names_of(v: &toml::Value) -> Option<Names> {
+    let toml::Value::Array(items) = v else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|i| i.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .map(Names)
+}
+
+impl<'de> serde::Deserialize<'de> for Names {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Names, D::Error> {
+        let v = toml::Value::deserialize(d)?;
+        names_of(&v).ok_or_else(|| {
+            serde::de::Error::invalid_value(serde::de::Unexpected::Other(kind(&v)), &NAMES)
+        })
+    }
+}
+
+/// `partition = [["A", "B"], ["C"]]`: one side, or two.
+#[derive(Clone, Debug)]
+struct Partition(Vec<Names>);
+
+impl<'de> serde::Deserialize<'de> for Partition {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Partition;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(PARTITION)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> std::result::Result<Partition, A::Error> {
+                let sides = name_lists(seq, PARTITION)?;
+                if !(1..=2).contains(&sides.len()) {
+                    return Err(serde::de::Error::invalid_length(sides.len(), &PARTITION));
+                }
+                Ok(Partition(sides))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// A random block's `links`: every link of the rack, or these.
+#[derive(Clone, Debug)]
+enum Links {
+    Any,
+    Pairs(Vec<Names>),
+}
+
+impl<'de> serde::Deserialize<'de> for Links {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Links;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(LINKS)
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Links, E> {
+                if s.eq_ignore_ascii_case("any") {
+                    Ok(Links::Any)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &LINKS))
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> std::result::Result<Links, A::Error> {
+                let pairs = name_lists(seq, LINKS)?;
+                if pairs.is_empty() {
+                    return Err(serde::de::Error::invalid_length(0, &LINKS));
+                }
+                Ok(Links::Pairs(pairs))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Declares a list of `[[KEY]]` tables whose type error says so.
+macro_rules! tables {
+    ($name:ident, $expecting:literal) => {
+        #[derive(Default)]
+        struct $name(Vec<toml::Table>);
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<$name, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> std::result::Result<$name, A::Error> {
+                        let mut out = Vec::new();
+                        while let Some(t) = seq.next_element::<toml::Table>()? {
+                            out.push(t);
+                        }
+                        Ok($name(out))
+                    }
+                }
+                d.deserialize_seq(V)
+            }
+        }
+    };
+}
+
+tables!(StepTables, "[[step]] tables");
+tables!(RandomTables, "[[random]] tables");
+
+/// The whole file.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanDoc {
+    name: Option<PlanName>,
+    duration: Option<Dur>,
+    /// Read one by one, so an error can name the step.
+    #[serde(default)]
+    step: StepTables,
+    #[serde(default)]
+    random: RandomTables,
+}
+
+/// One `[[step]]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepDoc {
+    at: Option<Dur>,
+    #[serde(rename = "for")]
+    hold: Option<Dur>,
+    link: Option<Names>,
+    set: Option<toml::Value>,
+    node: Option<NodeText>,
+    action: Option<ActionText>,
+    partition: Option<Partition>,
+}
+
+/// One `[[random]]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RandomDoc {
+    from: Option<Dur>,
+    until: Option<Dur>,
+    every: Option<Dur>,
+    links: Option<Links>,
+    set: Option<toml::Value>,
+    #[serde(rename = "for")]
+    hold: Option<Dur>,
+}
+
 /// Where in the file an error is: the file and `step 3`, `random 1` or `plan`.
 pub(super) struct Ctx<'a> {
     file: &'a str,
@@ -103,15 +347,77 @@ impl<'a> Ctx<'a> {
         usage(self.file, &self.place, msg)
     }
 
-    fn keys(&self, t: &toml::Table, allowed: &[&str], hint: &str) -> Result<()> {
-        for k in t.keys() {
-            if !allowed.contains(&k.as_str()) {
-                return Err(self.err(format!("unknown key `{k}` ({hint})")));
-            }
-        }
-        Ok(())
+    /// Reads the table `t` of this place as a `T`; a refusal names the key and says what
+    /// it must be (`hint` lists the keys the table takes).
+    fn serde<T: serde::de::DeserializeOwned>(&self, t: toml::Table, hint: &str) -> Result<T> {
+        T::deserialize(toml::Value::Table(t)).map_err(|e| self.serde_err(&e, hint))
     }
 
+    /// serde's `invalid type: integer `5`, expected a string such as "1.5s"` with its
+    /// `in `at`` becomes `` `at` must be a string such as "1.5s", not a number``; an
+    /// unknown field becomes an unknown key with the keys the table takes; a value's own
+    /// refusal (a bad unit) follows its key.
+    fn serde_err(&self, e: &toml::de::Error, hint: &str) -> CliError {
+        let text = e.to_string();
+        let mut lines = text.lines();
+        let msg = lines.next().unwrap_or_default().trim();
+        let key = lines
+            .find_map(|l| l.trim().strip_prefix("in `")?.strip_suffix('`'))
+            .unwrap_or_default();
+        if let Some(rest) = msg.strip_prefix("unknown field `") {
+            let name = rest.split('`').next().unwrap_or_default();
+            return self.err(format!("unknown key `{name}` ({hint})"));
+        }
+        let got_expected = ["invalid type: ", "invalid value: ", "invalid length "]
+            .iter()
+            .find_map(|p| msg.strip_prefix(p))
+            .and_then(|rest| rest.split_once(", expected "));
+        match got_expected {
+            Some((got, expected)) => {
+                let got = match got.split([' ', '`']).next().unwrap_or_default() {
+                    // The operator's own text is the clearest way to name it.
+                    "string" if got.contains('"') => got.trim_start_matches("string "),
+                    "integer" | "floating" => "a number",
+                    "string" => "a string",
+                    "boolean" => "true/false",
+                    "sequence" => "a list",
+                    "map" => "a table",
+                    _ => got,
+                };
+                let got = if got.chars().all(|c| c.is_ascii_digit()) {
+                    format!("{got} of them")
+                } else {
+                    got.to_string()
+                };
+                self.err(format!("`{key}` must be {expected}, not {got}"))
+            }
+            None if key.is_empty() => self.err(msg),
+            None => self.err(format!("{key}: {msg}")),
+        }
+    }
+
+    fn positive(&self, key: &str, d: Option<Dur>) -> Result<Option<u64>> {
+        match d {
+            Some(Dur(0)) => Err(self.err(format!("{key} must be longer than 0"))),
+            d => Ok(d.map(|d| d.0)),
+        }
+    }
+
+    fn node(&self, shape: &Shape, what: &str, s: &str) -> Result<NodeId> {
+        shape
+            .parse_node(s)
+            .map_err(|e| self.err(format!("{what}: {e}")))
+    }
+
+    /// The keys of a `set` table outside `allowed`.
+    fn keys(&self, t: &toml::Table, allowed: &[&str], hint: &str) -> Result<()> {
+        match t.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(self.err(format!("unknown key `{k}` ({hint})"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The string under `key` of a `set` table.
     fn str<'v>(&self, t: &'v toml::Table, key: &str, example: &str) -> Result<Option<&'v str>> {
         match t.get(key) {
             None => Ok(None),
@@ -122,52 +428,11 @@ impl<'a> Ctx<'a> {
             ))),
         }
     }
-
-    fn duration(&self, t: &toml::Table, key: &str) -> Result<Option<u64>> {
-        match self.str(t, key, "\"1.5s\" (a number needs its unit)")? {
-            None => Ok(None),
-            Some(s) => parse_duration(s)
-                .map(Some)
-                .map_err(|e| self.err(format!("{key}: {e}"))),
-        }
-    }
-
-    fn positive_duration(&self, t: &toml::Table, key: &str) -> Result<Option<u64>> {
-        match self.duration(t, key)? {
-            Some(0) => Err(self.err(format!("{key} must be longer than 0"))),
-            d => Ok(d),
-        }
-    }
-
-    fn node(&self, shape: &Shape, what: &str, s: &str) -> Result<NodeId> {
-        shape
-            .parse_node(s)
-            .map_err(|e| self.err(format!("{what}: {e}")))
-    }
-
-    /// A list of node names (`["M1QAF1", "M1QAF2"]`).
-    fn names(&self, v: &toml::Value, what: &str) -> Result<Vec<String>> {
-        let bad = || {
-            self.err(format!(
-                "{what} must be a list of node names such as [\"M1QAF1\", \"M1QAF2\"]"
-            ))
-        };
-        let toml::Value::Array(items) = v else {
-            return Err(bad());
-        };
-        items
-            .iter()
-            .map(|i| match i {
-                toml::Value::String(s) => Ok(s.clone()),
-                _ => Err(bad()),
-            })
-            .collect()
-    }
 }
 
-pub(super) const PLAN_KEYS: &[&str] = &["name", "duration", "step", "random"];
-pub(super) const STEP_KEYS: &[&str] = &["at", "for", "link", "set", "node", "action", "partition"];
-pub(super) const RANDOM_KEYS: &[&str] = &["from", "until", "every", "links", "set", "for"];
+const PLAN_HINT: &str = "a plan has name, duration, [[step]] and [[random]]";
+const STEP_HINT: &str = "a step has at, for, and link + set, node + action, or partition";
+const RANDOM_HINT: &str = "a random block has from, until, every, links, set and for";
 
 /// The keys of a step's `set`: every fault kind and `dir`, which goes with the kinds that
 /// can be set on one direction (switches cut or restore the whole link).
@@ -209,38 +474,21 @@ pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
         file,
         place: "plan".into(),
     };
-    top.keys(
-        &doc,
-        PLAN_KEYS,
-        "a plan has name, duration, [[step]] and [[random]]",
-    )?;
-    let name = match top.str(&doc, "name", "\"flaky torus\"")? {
-        Some(n) => n.to_string(),
+    let doc: PlanDoc = top.serde(doc, PLAN_HINT)?;
+    let name = match doc.name {
+        Some(n) => n.0,
         None => Path::new(file)
             .file_stem()
             .map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned()),
     };
-    let duration = top.positive_duration(&doc, "duration")?;
-    let tables = |key: &str| -> Result<Vec<&toml::Table>> {
-        match doc.get(key) {
-            None => Ok(Vec::new()),
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    toml::Value::Table(t) => Ok(t),
-                    _ => Err(top.err(format!("`{key}` must be [[{key}]] tables"))),
-                })
-                .collect(),
-            Some(_) => Err(top.err(format!("`{key}` must be [[{key}]] tables"))),
-        }
-    };
+    let duration = top.positive("duration", doc.duration)?;
     let mut steps = Vec::new();
-    for (i, t) in tables("step")?.into_iter().enumerate() {
+    for (i, t) in doc.step.0.into_iter().enumerate() {
         let ctx = Ctx {
             file,
             place: format!("step {}", i + 1),
         };
-        let step = parse_step(&ctx, t, shape)?;
+        let step = parse_step(&ctx, ctx.serde(t, STEP_HINT)?, shape)?;
         if let Some(d) = duration {
             if step.at >= d {
                 return Err(ctx.err(format!(
@@ -253,12 +501,17 @@ pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
         steps.push(step);
     }
     let mut randoms = Vec::new();
-    for (i, t) in tables("random")?.into_iter().enumerate() {
+    for (i, t) in doc.random.0.into_iter().enumerate() {
         let ctx = Ctx {
             file,
             place: format!("random {}", i + 1),
         };
-        randoms.push(parse_random(&ctx, t, shape, duration)?);
+        randoms.push(parse_random(
+            &ctx,
+            ctx.serde(t, RANDOM_HINT)?,
+            shape,
+            duration,
+        )?);
     }
     if steps.is_empty() && randoms.is_empty() {
         return Err(top.err("no [[step]] and no [[random]]: the plan does nothing"));
@@ -271,32 +524,37 @@ pub fn parse_plan(text: &str, file: &str, shape: &Shape) -> Result<Plan> {
     })
 }
 
-pub(super) fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<Step> {
-    ctx.keys(
-        t,
-        STEP_KEYS,
-        "a step has at, for, and link + set, node + action, or partition",
-    )?;
-    let at = ctx
-        .duration(t, "at")?
-        .ok_or_else(|| ctx.err("`at` is missing (when the step happens, e.g. at = \"2s\")"))?;
-    let hold = ctx.positive_duration(t, "for")?;
-    let kinds: Vec<&str> = ["link", "node", "partition"]
-        .into_iter()
-        .filter(|k| t.contains_key(*k))
-        .collect();
+fn parse_step(ctx: &Ctx<'_>, t: StepDoc, shape: &Shape) -> Result<Step> {
+    let at =
+        t.at.ok_or_else(|| ctx.err("`at` is missing (when the step happens, e.g. at = \"2s\")"))?
+            .0;
+    let hold = ctx.positive("for", t.hold)?;
+    let kinds: Vec<&str> = [
+        ("link", t.link.is_some()),
+        ("node", t.node.is_some()),
+        ("partition", t.partition.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, on)| on.then_some(k))
+    .collect();
     let what = match kinds.as_slice() {
-        ["link"] => parse_link_step(ctx, t, shape)?,
+        ["link"] => {
+            if t.action.is_some() {
+                return Err(ctx.err("`action` goes with `node`, not `link`"));
+            }
+            parse_link_step(ctx, t.link.unwrap_or(Names(Vec::new())), t.set, shape)?
+        }
         ["node"] => {
-            if t.get("set").is_some() {
+            if t.set.is_some() {
                 return Err(ctx.err("`set` goes with `link`, not `node`"));
             }
-            let name = ctx.str(t, "node", "\"M1QBF2\"")?.unwrap_or_default();
-            let id = ctx.node(shape, "node", name)?;
-            let action = ctx
-                .str(t, "action", "\"pause\"")?
-                .ok_or_else(|| ctx.err(format!("`action` is missing ({})", NodeOp::choices())))?;
-            let op = NodeOp::from_label(action)
+            let name = t.node.map(|n| n.0).unwrap_or_default();
+            let id = ctx.node(shape, "node", &name)?;
+            let action = t
+                .action
+                .ok_or_else(|| ctx.err(format!("`action` is missing ({})", NodeOp::choices())))?
+                .0;
+            let op = NodeOp::from_label(&action)
                 .ok_or_else(|| ctx.err(format!("action {action:?}: use {}", NodeOp::choices())))?;
             if hold.is_some() && matches!(op, NodeOp::Resume | NodeOp::Restart) {
                 return Err(ctx.err(format!(
@@ -307,25 +565,15 @@ pub(super) fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Resul
             What::Node { id, op }
         }
         ["partition"] => {
-            for k in ["set", "action"] {
-                if t.get(k).is_some() {
-                    return Err(ctx.err(format!("`{k}` does not go with `partition`")));
-                }
+            if t.set.is_some() {
+                return Err(ctx.err("`set` does not go with `partition`"));
             }
-            let sides = match t.get("partition") {
-                Some(toml::Value::Array(s)) if (1..=2).contains(&s.len()) => s,
-                _ => {
-                    return Err(ctx.err(
-                        "partition must be one or two lists of nodes, e.g. \
-                         [[\"M1QAF1\"], [\"M1QBF1\"]] (one list: from the rest of the rack)",
-                    ))
-                }
-            };
-            let side = ctx.names(&sides[0], "partition")?;
-            let from = match sides.get(1) {
-                Some(v) => ctx.names(v, "partition")?,
-                None => Vec::new(),
-            };
+            if t.action.is_some() {
+                return Err(ctx.err("`action` does not go with `partition`"));
+            }
+            let mut sides = t.partition.map(|p| p.0).unwrap_or_default().into_iter();
+            let side = sides.next().map(|n| n.0).unwrap_or_default();
+            let from = sides.next().map(|n| n.0).unwrap_or_default();
             let dirs = faults::partition_directions(shape, &side, &from)
                 .map_err(|e| ctx.err(format!("partition: {e}")))?;
             let upper = |v: &[String]| v.join(",").to_ascii_uppercase();
@@ -357,13 +605,8 @@ pub(super) fn parse_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Resul
 }
 
 /// The two ends of `link = ["A", "B"]`, checked to be linked.
-pub(super) fn link_ends(
-    ctx: &Ctx<'_>,
-    v: &toml::Value,
-    shape: &Shape,
-) -> Result<(NodeName, NodeName)> {
-    let names = ctx.names(v, "link")?;
-    let [a, b] = names.as_slice() else {
+fn link_ends(ctx: &Ctx<'_>, names: &Names, shape: &Shape) -> Result<(NodeName, NodeName)> {
+    let [a, b] = names.0.as_slice() else {
         return Err(ctx.err("link must name its two ends, e.g. [\"M1QAF1\", \"M1QBF1\"]"));
     };
     let parse = |s: &str| -> Result<NodeName> {
@@ -376,16 +619,14 @@ pub(super) fn link_ends(
     Ok((a, b))
 }
 
-pub(super) fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> Result<What> {
-    if t.get("action").is_some() {
-        return Err(ctx.err("`action` goes with `node`, not `link`"));
-    }
-    let (a, b) = link_ends(
-        ctx,
-        t.get("link").unwrap_or(&toml::Value::Boolean(false)),
-        shape,
-    )?;
-    let set = match t.get("set") {
+fn parse_link_step(
+    ctx: &Ctx<'_>,
+    link: Names,
+    set: Option<toml::Value>,
+    shape: &Shape,
+) -> Result<What> {
+    let (a, b) = link_ends(ctx, &link, shape)?;
+    let set = match set {
         Some(toml::Value::Table(s)) => s,
         Some(_) => return Err(ctx.err("set must be a table, e.g. set = { loss = \"5%\" }")),
         None => {
@@ -393,6 +634,7 @@ pub(super) fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> 
                 .err("`set` is missing: what to set on the link, e.g. set = { delay = \"1ms\" }"))
         }
     };
+    let set = &set;
     let sctx = ctx.nested("set");
     let keys = set_keys();
     sctx.keys(set, &keys, &format!("use {}", one_of(&keys)))?;
@@ -459,12 +701,7 @@ pub(super) fn parse_link_step(ctx: &Ctx<'_>, t: &toml::Table, shape: &Shape) -> 
 }
 
 /// `"1%..10%"` or `"5%"` (the same value every time).
-pub(super) fn span(
-    ctx: &Ctx<'_>,
-    key: &str,
-    s: &str,
-    unit: FaultUnit,
-) -> Result<(FaultValue, FaultValue)> {
+fn span(ctx: &Ctx<'_>, key: &str, s: &str, unit: FaultUnit) -> Result<(FaultValue, FaultValue)> {
     let (lo, hi) = match s.split_once("..") {
         Some((lo, hi)) => (lo, hi),
         None => (s, s),
@@ -477,19 +714,14 @@ pub(super) fn span(
     Ok((lo, hi))
 }
 
-pub(super) fn parse_random(
+fn parse_random(
     ctx: &Ctx<'_>,
-    t: &toml::Table,
+    t: RandomDoc,
     shape: &Shape,
     duration: Option<u64>,
 ) -> Result<RandomBlock> {
-    ctx.keys(
-        t,
-        RANDOM_KEYS,
-        "a random block has from, until, every, links, set and for",
-    )?;
-    let from = ctx.duration(t, "from")?.unwrap_or(0);
-    let until = match (ctx.duration(t, "until")?, duration) {
+    let from = t.from.map_or(0, |d| d.0);
+    let until = match (t.until.map(|d| d.0), duration) {
         (Some(u), Some(d)) if u > d => {
             return Err(ctx.err(format!(
                 "until {} is after the plan's duration {}",
@@ -507,7 +739,7 @@ pub(super) fn parse_random(
         return Err(ctx.err("from must be before until"));
     }
     let every = ctx
-        .positive_duration(t, "every")?
+        .positive("every", t.every)?
         .ok_or_else(|| ctx.err("`every` is missing (time between draws, e.g. every = \"2s\")"))?;
     let draws = (until - from).div_ceil(every);
     if draws > MAX_DRAWS {
@@ -518,35 +750,29 @@ pub(super) fn parse_random(
             format_duration(until)
         )));
     }
-    let hold = ctx.positive_duration(t, "for")?.unwrap_or(every);
-    let links = match t.get("links") {
-        None => topology::links(shape).iter().map(|l| (l.a, l.b)).collect(),
-        Some(toml::Value::String(s)) if s.eq_ignore_ascii_case("any") => {
-            topology::links(shape).iter().map(|l| (l.a, l.b)).collect()
-        }
-        Some(toml::Value::Array(pairs)) if !pairs.is_empty() => {
+    let hold = ctx.positive("for", t.hold)?.unwrap_or(every);
+    let links = match t.links.unwrap_or(Links::Any) {
+        Links::Any => topology::links(shape).iter().map(|l| (l.a, l.b)).collect(),
+        Links::Pairs(pairs) => {
             let mut out = Vec::new();
-            for p in pairs {
+            for p in &pairs {
                 let (a, b) = link_ends(ctx, p, shape)?;
                 out.push((shape.id_of(a)?, shape.id_of(b)?));
             }
             out
         }
-        Some(_) => {
-            return Err(ctx
-                .err("links must be \"any\" or a list of pairs, e.g. [[\"M1QAF1\", \"M1QAF2\"]]"))
-        }
     };
     if links.is_empty() {
         return Err(ctx.err("this rack has no links to draw from"));
     }
-    let set = match t.get("set") {
+    let set = match t.set {
         Some(toml::Value::Table(s)) => s,
         _ => {
             return Err(ctx
                 .err("set must be a table of values or ranges, e.g. set = { loss = \"1%..5%\" }"))
         }
     };
+    let set = &set;
     let sctx = ctx.nested("set");
     let drawn = names(random_kinds());
     sctx.keys(

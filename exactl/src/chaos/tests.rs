@@ -268,6 +268,27 @@ fn bad_plans_name_the_file_the_step_and_the_problem() {
     );
     refused("duration = 5\n", "plan", "must be a string");
     refused("duration = \"5\"\n", "plan", "no unit");
+    // Values of the wrong type name the key, what it takes and what it got.
+    refused(
+        "duration = 5\n",
+        "plan",
+        "`duration` must be a string such as \"1.5s\" (a number needs its unit), not a number",
+    );
+    refused(
+        "step = 5\n",
+        "plan",
+        "`step` must be [[step]] tables, not a number",
+    );
+    refused(
+        &step("at = \"1s\"\nnode = \"M1QAF1\"\naction = true"),
+        "step 1",
+        "`action` must be a string such as \"pause\", not true/false",
+    );
+    refused(
+        &step("at = \"1s\"\nlink = [\"M1QAF1\", 3]\nset = { loss = \"1%\" }"),
+        "step 1",
+        "`link` must be a list of node names",
+    );
     refused("a = b\n", "line 1", "invalid string");
     refused(
         "[[step]]\nat = \"1s\"\n[step]\n",
