@@ -99,7 +99,7 @@ fn race_command(exe: &Path, lo: &Fake, silent: &Fake, iterations: usize) -> Comm
 fn c_release_races_with_calls_in_progress() {
     let exe = build("c_release");
     let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
-    let lo = Fake::start("rel-lo", Behavior::Loopback);
+    let lo = Fake::start("rel-lo", Behavior::Serve);
     let silent = Fake::start("rel-si", Behavior::Silent);
     let out = race(
         race_command(&exe, &lo, &silent, 240),
@@ -123,7 +123,7 @@ fn c_release_races_under_valgrind() {
     }
     let exe = build("c_release_vg");
     let _dir = rack::RemoveOnDrop(exe.parent().unwrap().to_path_buf());
-    let lo = Fake::start("rel-vg-lo", Behavior::Loopback);
+    let lo = Fake::start("rel-vg-lo", Behavior::Serve);
     let silent = Fake::start("rel-vg-si", Behavior::Silent);
     let inner = race_command(&exe, &lo, &silent, 12);
     let mut c = Command::new("valgrind");
@@ -171,7 +171,7 @@ fn handles_are_never_reused_and_detach_wakes_every_caller() {
     use std::ffi::{CStr, CString};
     use std::ptr::{null, null_mut};
 
-    let lo = Fake::start("rel-rs", Behavior::Loopback);
+    let lo = Fake::start("rel-rs", Behavior::Serve);
     let rack_dir = CString::new(lo.dir.to_str().unwrap()).unwrap();
     let node = CString::new(NODE).unwrap();
     let attach = || {

@@ -1,4 +1,5 @@
-//! The client library against a fake daemon (tests/common): attach, name resolution,
+//! The client library against a fake daemon (tests/common: the daemon's I/O shell around
+//! the core's workload service and NI, on a simulated rack): attach, name resolution,
 //! messages and RDMA through the rings, completion status mapping, client-side checks, and
 //! a daemon that corrupts the rings or goes away. No rack needed.
 
@@ -19,7 +20,7 @@ fn attach(f: &Fake) -> Endpoint {
 
 #[test]
 fn attach_reports_what_the_daemon_gave_and_resolves_names() {
-    let f = Fake::start("attach", Behavior::Loopback);
+    let f = Fake::start("attach", Behavior::Serve);
     // Lower case is fine: the socket is named after the canonical spelling.
     let ep = Endpoint::attach_to(&f.dir, "m1qaf2", Some(GOOD_KEY)).unwrap();
     assert_eq!(ep.node(), NODE);
@@ -62,7 +63,7 @@ fn attach_reports_what_the_daemon_gave_and_resolves_names() {
 
 #[test]
 fn unknown_job_key_and_missing_daemon_are_typed_errors() {
-    let f = Fake::start("key", Behavior::Loopback);
+    let f = Fake::start("key", Behavior::Serve);
     let e = Endpoint::attach_to(&f.dir, NODE, Some("not-a-job")).unwrap_err();
     assert!(
         matches!(&e, Error::AttachRefused(m) if m.contains("unknown job key")),
@@ -78,7 +79,7 @@ fn unknown_job_key_and_missing_daemon_are_typed_errors() {
 
 #[test]
 fn messages_reach_their_own_mailbox_in_order() {
-    let f = Fake::start("mbox", Behavior::Loopback);
+    let f = Fake::start("mbox", Behavior::Serve);
     let ep = attach(&f);
     let a = ep.mailbox(16).unwrap();
     let b = ep.mailbox(16).unwrap();
@@ -103,7 +104,7 @@ fn messages_reach_their_own_mailbox_in_order() {
             assert_eq!(m.payload, vec![first + 2 * k; 3]);
             assert_eq!(
                 (m.src_node, m.src_rank, m.vi),
-                (NodeId(NODE_ID), RANK, mb.vi())
+                (NodeId(NODE_ID), ep.rank(), mb.vi())
             );
         }
         assert!(mb.try_recv().unwrap().is_none());
@@ -127,10 +128,11 @@ fn messages_reach_their_own_mailbox_in_order() {
 
 #[test]
 fn completion_statuses_map_to_op_errors() {
-    let f = Fake::start("status", Behavior::Loopback);
+    let f = Fake::start("status", Behavior::Serve);
     let ep = attach(&f);
     let tx = ep.packetizer().unwrap();
-    // Another node: NACK no_context (transient).
+    // A rank of another node that nobody attached: NACK no_context (transient), after the
+    // NI's retries.
     let t = tx
         .send(0, ep.mailbox_addr(NodeId(0), 0, 0).unwrap(), b"hi")
         .unwrap();
@@ -145,9 +147,14 @@ fn completion_statuses_map_to_op_errors() {
     );
     assert!(op.transient());
     assert_eq!(e.code(), codes::NACKED);
-    // Not a mailbox: bad address.
+    // A mailbox index past the NI's: bad address.
     let t = tx
-        .send(1, ep.addr(NodeId(NODE_ID), RANK, 0x1000).unwrap(), b"")
+        .send(
+            1,
+            ep.addr(NodeId(NODE_ID), ep.rank(), exanet::MAILBOX_WINDOW | 200)
+                .unwrap(),
+            b"",
+        )
         .unwrap();
     let op = ep.wait(t, T).unwrap_err().op_error().unwrap();
     assert!(matches!(
@@ -158,7 +165,8 @@ fn completion_statuses_map_to_op_errors() {
         }
     ));
     assert!(!op.transient());
-    // A node that never answers: network timeout.
+    // A node whose links lose every cell: network timeout, after every retransmission.
+    f.isolate(5);
     let t = tx
         .send(2, ep.mailbox_addr(NodeId(5), 0, 0).unwrap(), b"")
         .unwrap();
@@ -193,7 +201,7 @@ fn bad_requests_are_refused_client_side() {
     let f = Fake::start("client-side", Behavior::Silent);
     let ep = attach(&f);
     let tx = ep.packetizer().unwrap();
-    let me = ep.mailbox_addr(NodeId(NODE_ID), RANK, 0).unwrap();
+    let me = ep.mailbox_addr(NodeId(NODE_ID), ep.rank(), 0).unwrap();
     let e = tx.send(0, me, &[0; 65]).unwrap_err();
     assert!(matches!(e, Error::PayloadTooLong { len: 65, max: 64 }));
     assert_eq!(e.code(), codes::TOO_LONG);
@@ -232,7 +240,7 @@ fn bad_requests_are_refused_client_side() {
     // RDMA checks.
     let mem = ep.register(8192).unwrap();
     let page = ep.rdma_page().unwrap();
-    let dst = ep.addr(NodeId(NODE_ID), RANK, mem.va()).unwrap();
+    let dst = ep.addr(NodeId(NODE_ID), ep.rank(), mem.va()).unwrap();
     let e = page.write(32, &mem, 0, dst, 1, None).unwrap_err();
     assert!(
         matches!(e, Error::BadChannel { ch: 32, count: 32 }),
@@ -257,7 +265,7 @@ fn bad_requests_are_refused_client_side() {
         page.write(0, &mem, 0, dst, 1, Some(1 << 39)),
         Err(Error::BadAddress(_))
     ));
-    let far = ep.addr(NodeId(NODE_ID), RANK, (1 << 39) - 10).unwrap();
+    let far = ep.addr(NodeId(NODE_ID), ep.rank(), (1 << 39) - 10).unwrap();
     assert!(matches!(
         page.write(0, &mem, 0, far, 100, None),
         Err(Error::BadAddress(_))
@@ -286,29 +294,39 @@ use exanet::Tag;
 
 #[test]
 fn rdma_write_and_read_move_every_byte() {
-    let f = Fake::start("rdma", Behavior::Loopback);
+    let f = Fake::start("rdma", Behavior::Serve);
     let ep = attach(&f);
     let len = 256 * 1024 + 13;
     let a = ep.register(len).unwrap();
     let b = ep.register(len).unwrap();
+    // The NI writes the notification into the destination rank's memory.
+    let flag = ep.register(16).unwrap();
     assert!(a.va() != b.va());
     let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
     a.write(0, &data).unwrap();
     let page = ep.rdma_page().unwrap();
     let dst = b.gvas(0).unwrap();
-    let t = page.write(3, &a, 0, dst, len, Some(b.va())).unwrap();
+    let t = page.write(3, &a, 0, dst, len, Some(flag.va())).unwrap();
     ep.wait(t, T).unwrap();
     assert_eq!(b.to_vec(0, len).unwrap(), data);
     let n = ep.wait_notification(T).unwrap();
-    assert_eq!((n.va, n.len, n.src_node), (b.va(), len, NodeId(NODE_ID)));
+    assert_eq!((n.va, n.len, n.src_node), (flag.va(), len, NodeId(NODE_ID)));
     assert!(ep.try_notification().unwrap().is_none());
+    // As Endpoint::write says: kind 1, status 0, the transfer id, the length (big-endian).
+    let note = flag.to_vec(0, 16).unwrap();
+    assert_eq!(note[..4], [1, 0, 0, 0]);
+    assert_eq!(note[8..], len.to_be_bytes());
     // Read it back into a, shifted by one byte.
     a.write(0, &vec![0; len as usize]).unwrap();
     let t = page.read(3, b.gvas(1).unwrap(), &a, 0, len - 1).unwrap();
     ep.wait(t, T).unwrap();
     assert_eq!(a.to_vec(0, len - 1).unwrap(), data[1..]);
-    // Unregistered destination memory: page fault NACK.
-    let hole = ep.addr(NodeId(NODE_ID), RANK, 1 << 35).unwrap();
+    // Unregistered destination memory (regions follow each other from the first, 2 MiB
+    // aligned; nothing is registered 1 GiB past the last): page fault NACK, after the NI's
+    // retries.
+    let hole = ep
+        .addr(NodeId(NODE_ID), ep.rank(), flag.va() + (1 << 30))
+        .unwrap();
     let t = page.write(0, &a, 0, hole, 10, None).unwrap();
     let op = ep.wait(t, T).unwrap_err().op_error().unwrap();
     assert!(matches!(
@@ -322,7 +340,7 @@ fn rdma_write_and_read_move_every_byte() {
 
 #[test]
 fn threads_share_an_endpoint() {
-    let f = Fake::start("threads", Behavior::Loopback);
+    let f = Fake::start("threads", Behavior::Serve);
     let ep = Arc::new(attach(&f));
     let inbox = Arc::new(ep.mailbox(1024).unwrap());
     let tx = Arc::new(ep.packetizer().unwrap());
@@ -409,20 +427,27 @@ fn a_daemon_that_goes_away_is_noticed() {
 
 #[test]
 fn dropping_the_endpoint_detaches() {
-    let f = Fake::start("detach", Behavior::Loopback);
+    let f = Fake::start("detach", Behavior::Serve);
     let ep = attach(&f);
     let mb = ep.mailbox(4).unwrap();
     drop(ep);
     assert!(matches!(mb.try_recv(), Err(Error::Broken(_))));
-    // The node can be attached again.
+    // The daemon sees the connection close and frees the rank.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.attached() > 0 {
+        assert!(Instant::now() < deadline, "the rank was never freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The node can be attached again, on the same rank.
     let ep = attach(&f);
+    assert_eq!(ep.rank(), RANK);
     ep.packetizer().unwrap();
     assert_eq!(f.attaches.load(std::sync::atomic::Ordering::Relaxed), 2);
 }
 
 #[test]
 fn spin_budget_is_a_setting() {
-    let f = Fake::start("spin", Behavior::Loopback);
+    let f = Fake::start("spin", Behavior::Serve);
     let ep = attach(&f);
     // EXANET_SPIN_US is not set by the test harness; the default applies.
     if std::env::var_os("EXANET_SPIN_US").is_none() {

@@ -1,40 +1,49 @@
-//! A fake node daemon speaking the attach protocol, for tests that need no rack: it attaches
-//! one workload at a time, keeps its registered memory and mailboxes (each holding its
-//! capacity of unread messages, as the workload's consumed counters say), and answers
-//! commands as a one-node NI would (or misbehaves, on request).
+//! A fake node daemon for tests that need no rack: the I/O shell of a daemon (the attach
+//! socket, the ring region and doorbells passed as descriptors, a command-ring thread per
+//! workload) around the real core. It is node M1QAF2 of a 2x1x1 rack simulated in process
+//! (`exanet_proto::sim`): its workload service (`exanet_proto::workload`) and NI decide
+//! what a daemon's decide (ranks, where registered memory goes, NI resources, what a
+//! command does and which completion it ends in), and the rest of the rack answers as a
+//! rack does. Registered memory is shared memory the fake makes, mapped where the service
+//! places it. After each batch of commands the rack runs
+//! forward in simulated time, past the NI's whole retry schedule, so what a batch started
+//! has ended (completed, NACKed or timed out) before the fake looks at its ring again.
+//!
+//! On request it misbehaves instead of serving commands (see [`Behavior`]).
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use exanet_proto::attach::{
-    status, Command, Completion, Reply, Request, Resource, CONSUMED_LEN, SLOT,
-};
-use exanet_proto::ni::{NackReason, RdmaRead, RdmaWrite, SendMessage, MAILBOX_WINDOW};
-use exanet_shm::{recv_fds, send_fds, Doorbell, Producer, Region, Ring, Waiter};
+use exanet_proto::attach::{self, Command, Reply, Request, SlotError, CONSUMED_LEN, SLOT};
+use exanet_proto::fault::LinkFaults;
+use exanet_proto::ni::mailbox::ConsumedCount;
+use exanet_proto::ni::{MemFault, Memory};
+use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::workload::{CompletionRing, Placed};
+use exanet_proto::{NodeId, Pdid, Shape};
+use exanet_shm::{recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Waiter};
 
 /// What the fake does with commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Behavior {
-    /// A one-node NI: messages and RDMA to this node and rank work, other nodes NACK
-    /// (`no_context`), node ids >= 4 time out.
-    Loopback,
+    /// Serves them through the simulated rack, as a daemon does.
+    Serve,
     /// Never completes anything.
     Silent,
-    /// On the first command, writes a completion slot of the wrong size.
+    /// On a command, writes a completion slot of the wrong size.
     ShortSlot,
-    /// On the first command, writes a completion of an unknown kind.
+    /// On a command, writes a completion of an unknown kind.
     UnknownKind,
-    /// On the first command, moves the completion ring's tail far ahead.
+    /// On a command, moves the completion ring's tail far ahead.
     RunawayTail,
-    /// On the first command, closes the connection and stops.
+    /// On a command, closes the connection and stops.
     Die,
 }
 
@@ -42,13 +51,22 @@ pub const PDID: u16 = 7;
 pub const GOOD_KEY: &str = "good-key";
 pub const NODE: &str = "M1QAF2";
 pub const NODE_ID: u32 = 1;
-pub const RANK: u8 = 3;
-const VA_BASE: u64 = 1 << 30;
+/// The rank the first workload attached gets: the service gives the lowest free one.
+pub const RANK: u8 = 0;
+const ME: NodeId = NodeId(NODE_ID);
+/// Simulated time run after each batch of commands: longer than the NI's whole retry
+/// schedule (8 attempts, backing off from 20 ms, ~3.8 s) and its memory of finished
+/// messages (2 s). Only events are simulated, so an idle stretch costs nothing.
+const HORIZON_NS: u64 = 10_000_000_000;
+const RING_SLOT: u32 = 256;
+const COMMAND_SLOTS: u32 = 256;
+const COMPLETION_SLOTS: u32 = 1024;
 
 pub struct Fake {
     pub dir: PathBuf,
     stop: Arc<AtomicBool>,
     pub attaches: Arc<AtomicU32>,
+    core: Arc<Mutex<Core>>,
 }
 
 impl Drop for Fake {
@@ -60,40 +78,119 @@ impl Drop for Fake {
     }
 }
 
-/// A mailbox: its generation, capacity, the messages handed to the workload, and its
-/// consumed counter when it was allocated.
-struct FakeBox {
-    generation: u32,
-    capacity: u64,
-    handed: u64,
-    base: u64,
+/// The simulated rack and the memory node M1QAF2's ranks registered.
+struct Core {
+    sim: Sim,
+    mem: Registered,
 }
 
-struct Mem {
-    regions: Vec<(u32, u64, Region)>,
-    mailboxes: HashMap<u8, FakeBox>,
-    /// The ring region and where its consumed counters are.
-    rings: Arc<Region>,
-    consumed_offset: usize,
-    next_generation: u32,
-    next_va: u64,
-    next_vi: u8,
-    next_pkt: u8,
-    next_page: u8,
-}
-
-impl Mem {
-    fn consumed(&self, vi: u8) -> u64 {
-        self.rings
-            .atomic_u64(self.consumed_offset + usize::from(vi) * 8)
-            .unwrap()
-            .load(Ordering::Acquire)
+impl Core {
+    /// Lets the node act on what it was given, and the rack run until it is quiet or
+    /// [`HORIZON_NS`] has passed.
+    fn run(&mut self) {
+        self.sim.kick(ME);
+        let until = self.sim.now() + HORIZON_NS;
+        self.sim.run_until(until);
+        // Nobody reads these here; keep them from piling up.
+        let _ = (self.sim.take_events(), self.sim.take_finished());
     }
 
-    fn find(&self, va: u64, len: u64) -> Option<(&Region, usize)> {
-        self.regions.iter().find_map(|(_, base, r)| {
-            let off = va.checked_sub(*base)?;
-            (off + len <= r.len() as u64).then_some((r, off as usize))
+    /// Carries out a batch of `rank`'s command slots.
+    fn execute(&mut self, rank: u8, batch: &mut Vec<Result<Command, (u32, SlotError)>>) {
+        let now = self.sim.now();
+        let (svc, ni, mem) = self.sim.workloads(ME);
+        for c in batch.drain(..) {
+            // A refusal is a completion already; the daemon only counts it.
+            let _ = svc.execute(ni, mem, rank, c, now);
+        }
+        svc.drain(ni, rank);
+        self.run();
+    }
+}
+
+/// Memory registered by the node's ranks, as shared memory regions at the VAs the service
+/// placed them (as the daemon's `ShmMemory`).
+#[derive(Clone, Default)]
+struct Registered(Arc<RwLock<Vec<Mapped>>>);
+
+/// A region of a rank, where the service placed it.
+type Mapped = (u8, Placed, Arc<Region>);
+
+impl Registered {
+    fn find(&self, rank: u8, va: u64, len: usize) -> Option<(Arc<Region>, usize)> {
+        self.0.read().unwrap().iter().find_map(|(r, p, region)| {
+            let off = usize::try_from(va.checked_sub(p.va)?).ok()?;
+            (*r == rank && off.checked_add(len)? <= region.len()).then(|| (region.clone(), off))
+        })
+    }
+}
+
+impl Memory for Registered {
+    fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
+    }
+
+    fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
+        let fault = MemFault::Unmapped {
+            rank,
+            va,
+            len: buf.len(),
+        };
+        let (r, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
+        r.read(off, buf).map_err(|_| fault)
+    }
+
+    fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
+        let fault = MemFault::Unmapped {
+            rank,
+            va,
+            len: data.len(),
+        };
+        let (r, off) = self.find(rank, va, data.len()).ok_or(fault)?;
+        r.write(off, data).map_err(|_| fault)
+    }
+}
+
+/// A workload's completion ring in shared memory, with the doorbell that wakes it and its
+/// consumed counters (as the daemon's `ShmRing`); shared between the service and the
+/// misbehaviours of the command-ring thread.
+#[derive(Clone)]
+struct Completions(Arc<Mutex<Out>>);
+
+struct Out {
+    p: Producer,
+    bell: Doorbell,
+    rings: Arc<Region>,
+    consumed_offset: usize,
+}
+
+impl Completions {
+    fn lock(&self) -> MutexGuard<'_, Out> {
+        self.0.lock().unwrap()
+    }
+}
+
+impl CompletionRing for Completions {
+    fn push(&mut self, slot: &[u8; SLOT]) -> bool {
+        self.lock().p.push(slot).is_ok()
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.lock().p.free().is_ok_and(|n| n > 0)
+    }
+
+    fn wake(&mut self) {
+        let o = self.lock();
+        let _ = o.p.wake_consumer(&o.bell);
+    }
+
+    fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount> {
+        let o = self.lock();
+        let (rings, offset) = (o.rings.clone(), o.consumed_offset + usize::from(vi) * 8);
+        Box::new(move || {
+            rings
+                .atomic_u64(offset)
+                .map_or(0, |c| c.load(Ordering::Acquire))
         })
     }
 }
@@ -114,20 +211,25 @@ impl Fake {
             "name = \"fake\"\nshape = \"2x1x1\"\n",
         )
         .unwrap();
+        let shape: Shape = "2x1x1".parse().unwrap();
+        assert_eq!(shape.parse_node(NODE).unwrap(), ME);
+        let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
+        let mem = Registered::default();
+        sim.node_mut(ME).set_memory(Box::new(mem.clone()));
+        let core = Arc::new(Mutex::new(Core { sim, mem }));
         let listener = UnixListener::bind(dir.join("run").join(format!("{NODE}.ni"))).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let attaches = Arc::new(AtomicU32::new(0));
         {
-            let (stop, attaches) = (stop.clone(), attaches.clone());
+            let (stop, attaches, core) = (stop.clone(), attaches.clone(), core.clone());
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
                     let Ok(conn) = conn else { continue };
-                    let stop = stop.clone();
-                    let attaches = attaches.clone();
-                    std::thread::spawn(move || session(conn, behavior, stop, attaches));
+                    let (stop, attaches, core) = (stop.clone(), attaches.clone(), core.clone());
+                    std::thread::spawn(move || session(conn, behavior, core, stop, attaches));
                 }
             });
         }
@@ -135,17 +237,40 @@ impl Fake {
             dir,
             stop,
             attaches,
+            core,
+        }
+    }
+
+    /// How many workloads the node's service has attached.
+    pub fn attached(&self) -> usize {
+        self.core.lock().unwrap().sim.workloads(ME).0.attached()
+    }
+
+    /// Cuts node `id` off the rack: every link to and from it loses every cell (a cut
+    /// link is the daemon's to carry out, not the simulator's).
+    pub fn isolate(&self, id: u32) {
+        let id = NodeId(id);
+        let mut core = self.core.lock().unwrap();
+        let shape = *core.sim.shape();
+        let all = LinkFaults {
+            loss: 1.0,
+            ..LinkFaults::default()
+        };
+        for l in exanet_proto::topology::links(&shape) {
+            if l.a == id || l.b == id {
+                core.sim.set_link_faults(l.a, l.b, all, 1).unwrap();
+                core.sim.set_link_faults(l.b, l.a, all, 2).unwrap();
+            }
         }
     }
 }
 
-fn read_request(conn: &UnixStream) -> Option<(Request, Vec<std::os::fd::OwnedFd>)> {
+fn read_request(conn: &UnixStream) -> Option<Request> {
     let mut line = Vec::new();
-    let mut fds = Vec::new();
     let mut buf = [0u8; 1024];
     loop {
-        let (n, got) = recv_fds(conn, &mut buf, 4).ok()?;
-        fds.extend(got);
+        // No request carries descriptors; any that come are closed.
+        let (n, _fds) = recv_fds(conn, &mut buf, 4).ok()?;
         if n == 0 {
             return None;
         }
@@ -154,7 +279,7 @@ fn read_request(conn: &UnixStream) -> Option<(Request, Vec<std::os::fd::OwnedFd>
             break;
         }
     }
-    Some((serde_json::from_slice(&line).ok()?, fds))
+    serde_json::from_slice(&line).ok()
 }
 
 fn reply(conn: &UnixStream, r: &Reply, fds: &[i32]) {
@@ -163,353 +288,295 @@ fn reply(conn: &UnixStream, r: &Reply, fds: &[i32]) {
     if fds.is_empty() {
         let _ = (&*conn).write_all(&line);
     } else {
-        send_fds(conn, &line, fds).unwrap();
+        let _ = send_fds(conn, &line, fds);
     }
 }
 
-fn session(conn: UnixStream, behavior: Behavior, stop: Arc<AtomicBool>, attaches: Arc<AtomicU32>) {
-    let Some((Request::Attach { job_key, .. }, _)) = read_request(&conn) else {
-        return;
-    };
-    if job_key.as_deref().is_some_and(|k| k != GOOD_KEY) {
-        reply(
-            &conn,
-            &Reply::Error {
-                message: "unknown job key".into(),
-            },
-            &[],
-        );
-        return;
-    }
-    attaches.fetch_add(1, Ordering::Relaxed);
-    let cmd_ring = Ring::new(0, 256, 256).unwrap();
-    let cpl_ring = Ring::new(cmd_ring.end(), 1024, 256).unwrap();
-    let consumed_offset = cpl_ring.end().div_ceil(64) * 64;
+fn refuse(conn: &UnixStream, message: String) {
+    reply(conn, &Reply::Error { message }, &[]);
+}
+
+/// A workload attached: its rank and rings, and the doorbells' ends to hand it.
+struct Attached {
+    rank: u8,
+    region: Arc<Region>,
+    commands: Consumer,
+    completions: Completions,
+    completion_offset: usize,
+    consumed_offset: usize,
+    from_workload: Doorbell,
+    workload_ends: [OwnedFd; 2],
+}
+
+/// Makes a workload's rings and doorbells and attaches it to a free rank.
+fn attach(core: &Mutex<Core>) -> Result<Attached, String> {
+    let cmd_ring = Ring::new(0, COMMAND_SLOTS, RING_SLOT).unwrap();
+    let completion_offset = cmd_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
+    let cpl_ring = Ring::new(completion_offset, COMPLETION_SLOTS, RING_SLOT).unwrap();
+    let consumed_offset = cpl_ring.end().div_ceil(Ring::ALIGN) * Ring::ALIGN;
     let region = Arc::new(Region::create("fake-rings", consumed_offset + CONSUMED_LEN).unwrap());
     cmd_ring.init(&region).unwrap();
     cpl_ring.init(&region).unwrap();
-    let mut commands = cmd_ring.consumer(region.clone()).unwrap();
-    let completions = cpl_ring.producer(region.clone()).unwrap();
+    let commands = cmd_ring.consumer(region.clone()).unwrap();
     let (to_workload, to_workload_peer) = Doorbell::pair().unwrap();
     let (from_workload, from_workload_peer) = Doorbell::pair().unwrap();
-    let from_workload = Arc::new(from_workload);
+    let completions = Completions(Arc::new(Mutex::new(Out {
+        p: cpl_ring.producer(region.clone()).unwrap(),
+        bell: to_workload,
+        rings: region.clone(),
+        consumed_offset,
+    })));
+    let mut core = core.lock().unwrap();
+    let (svc, ni, _) = core.sim.workloads(ME);
+    let rank = svc
+        .attach(ni, Pdid(PDID), Box::new(completions.clone()))
+        .map_err(|x| format!("{x} on {NODE}"))?;
+    Ok(Attached {
+        rank,
+        region,
+        commands,
+        completions,
+        completion_offset,
+        consumed_offset,
+        from_workload,
+        workload_ends: [to_workload_peer.into_fd(), from_workload_peer.into_fd()],
+    })
+}
+
+fn session(
+    conn: UnixStream,
+    behavior: Behavior,
+    core: Arc<Mutex<Core>>,
+    stop: Arc<AtomicBool>,
+    attaches: Arc<AtomicU32>,
+) {
+    let Some(Request::Attach { job_key, .. }) = read_request(&conn) else {
+        return;
+    };
+    if job_key.as_deref().is_some_and(|k| k != GOOD_KEY) {
+        refuse(&conn, "unknown job key".into());
+        return;
+    }
+    let a = match attach(&core) {
+        Ok(a) => a,
+        Err(message) => return refuse(&conn, message),
+    };
+    attaches.fetch_add(1, Ordering::Relaxed);
+    let rank = a.rank;
+    let nodes = core.lock().unwrap().sim.shape().nodes();
     reply(
         &conn,
         &Reply::Attached {
             node: NODE.into(),
             node_id: NODE_ID,
-            rank: RANK,
+            rank,
             pdid: PDID,
-            command_slots: 256,
-            completion_slots: 1024,
+            command_slots: COMMAND_SLOTS,
+            completion_slots: COMPLETION_SLOTS,
             command_offset: 0,
-            completion_offset: cmd_ring.end() as u64,
-            consumed_offset: consumed_offset as u64,
-            region_len: region.len() as u64,
-            nodes: 8,
+            completion_offset: a.completion_offset as u64,
+            consumed_offset: a.consumed_offset as u64,
+            region_len: a.region.len() as u64,
+            nodes,
         },
         &[
-            region.as_raw_fd(),
-            to_workload_peer.as_raw_fd(),
-            from_workload_peer.as_raw_fd(),
+            a.region.as_raw_fd(),
+            a.workload_ends[0].as_raw_fd(),
+            a.workload_ends[1].as_raw_fd(),
         ],
     );
-    drop((to_workload_peer, from_workload_peer));
-    let mem = Arc::new(Mutex::new(Mem {
-        regions: Vec::new(),
-        mailboxes: HashMap::new(),
-        rings: region.clone(),
-        consumed_offset,
-        next_generation: 0,
-        next_va: VA_BASE,
-        next_vi: 0,
-        next_pkt: 0,
-        next_page: 0,
-    }));
-    let done = Arc::new(AtomicBool::new(false));
+    // The workload's ends are its own now: keeping them would hide its exit.
+    drop(a.workload_ends);
     let conn = Arc::new(conn);
-    {
-        let (mem, done, stop, region, conn, bell) = (
-            mem.clone(),
-            done.clone(),
-            stop.clone(),
-            region.clone(),
-            conn.clone(),
-            from_workload.clone(),
-        );
-        let cpl_off = cmd_ring.end();
-        std::thread::spawn(move || {
-            let mut out = Out {
-                p: completions,
-                bell: to_workload,
-            };
-            let waiter = Waiter::new(Duration::from_micros(50));
-            let mut buf = [0u8; 248];
-            while !done.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
-                match commands.pop(&mut buf) {
-                    Ok(Some(n)) => {
-                        let Ok(cmd) = Command::decode(&buf[..n]) else {
-                            out.push(&Completion::Refused {
-                                tag: 0,
-                                status: status::MALFORMED,
-                                code: 0,
-                            });
-                            continue;
-                        };
-                        match behavior {
-                            Behavior::Loopback => {
-                                let cs = loopback(&mem, cmd);
-                                for c in cs {
-                                    out.push(&c);
-                                }
-                            }
-                            Behavior::Silent => {}
-                            Behavior::ShortSlot => {
-                                let _ = out.p.push(&[0x81; 12]);
-                                let _ = out.p.wake_consumer(&out.bell);
-                            }
-                            Behavior::UnknownKind => {
-                                let mut slot = [0u8; SLOT];
-                                slot[0] = 0x99;
-                                let _ = out.p.push(&slot);
-                                let _ = out.p.wake_consumer(&out.bell);
-                            }
-                            Behavior::RunawayTail => {
-                                region
-                                    .atomic_u32(cpl_off + 0x100)
-                                    .unwrap()
-                                    .store(1 << 20, Ordering::Release);
-                                let _ = out.bell.ring();
-                            }
-                            Behavior::Die => {
-                                let _ = conn.shutdown(std::net::Shutdown::Both);
-                                return;
-                            }
-                        }
-                    }
-                    Ok(None) => {
-                        let _ =
-                            commands.wait_readable(&waiter, &bell, Some(Duration::from_millis(20)));
-                    }
-                    Err(_) => return,
-                }
-            }
-        });
-    }
-    // Control requests until the workload goes.
-    while let Some((req, _fds)) = read_request(&conn) {
-        let mut m = mem.lock().unwrap();
-        let mut reply_fds = Vec::new();
-        let r = match req {
-            Request::Attach { .. } => Reply::Error {
-                message: "already attached".into(),
-            },
-            Request::Register { len } => match Region::create("fake-mem", len as usize) {
-                Ok(region) => {
-                    let va = m.next_va;
-                    m.next_va = (va + len).div_ceil(2 << 20) * (2 << 20);
-                    let id = m.regions.len() as u32 + 1;
-                    reply_fds.push(region.try_clone_fd().unwrap());
-                    m.regions.push((id, va, region));
-                    Reply::Registered { region: id, va }
-                }
-                Err(e) => Reply::Error {
-                    message: e.to_string(),
-                },
-            },
-            Request::Unregister { region } => {
-                m.regions.retain(|(id, _, _)| *id != region);
-                Reply::Ok
-            }
-            Request::Alloc { kind, capacity } => {
-                let mut generation = 0;
-                let index = match kind {
-                    Resource::Mailbox => {
-                        let vi = m.next_vi;
-                        m.next_vi += 1;
-                        m.next_generation += 1;
-                        generation = m.next_generation;
-                        let base = m.consumed(vi);
-                        m.mailboxes.insert(
-                            vi,
-                            FakeBox {
-                                generation,
-                                capacity: u64::from(capacity.unwrap_or(64).max(1)),
-                                handed: 0,
-                                base,
-                            },
-                        );
-                        vi
-                    }
-                    Resource::Packetizer => {
-                        m.next_pkt += 1;
-                        m.next_pkt - 1
-                    }
-                    Resource::RdmaPage => {
-                        m.next_page += 1;
-                        m.next_page - 1
-                    }
-                };
-                Reply::Allocated { index, generation }
-            }
-            Request::Free { kind, index } => {
-                if kind == Resource::Mailbox {
-                    m.mailboxes.remove(&index);
-                }
-                Reply::Ok
-            }
+    let done = Arc::new(AtomicBool::new(false));
+    let bell = Arc::new(a.from_workload);
+    let ring_thread = {
+        let ring = RingThread {
+            core: core.clone(),
+            rank,
+            commands: a.commands,
+            bell: bell.clone(),
+            completions: a.completions,
+            tail: (a.region.clone(), a.completion_offset + 0x100),
+            behavior,
+            conn: conn.clone(),
         };
-        drop(m);
-        let raw: Vec<i32> = reply_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let (done, stop) = (done.clone(), stop.clone());
+        std::thread::spawn(move || ring.serve(&done, &stop))
+    };
+    // Control requests until the workload goes.
+    while let Some(req) = read_request(&conn) {
+        let (r, fd) = control(&core, rank, req);
+        let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
         reply(&conn, &r, &raw);
     }
+    // The workload is gone: free everything it held.
     done.store(true, Ordering::Release);
+    let _ = bell.shutdown();
+    let _ = ring_thread.join();
+    let mut core = core.lock().unwrap();
+    let now = core.sim.now();
+    let (svc, ni, _) = core.sim.workloads(ME);
+    svc.detach(ni, rank, now);
+    core.run();
+    core.mem.0.write().unwrap().retain(|(r, _, _)| *r != rank);
 }
 
-struct Out {
-    p: Producer,
-    bell: Doorbell,
-}
-
-impl Out {
-    fn push(&mut self, c: &Completion) {
-        while let Err(exanet_shm::RingError::Full) = self.p.push(&c.encode()) {
-            let _ = self.p.wake_consumer(&self.bell);
-            std::thread::sleep(Duration::from_micros(100));
+/// Answers a control request of `rank` (with the descriptor of a registered region).
+fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd>) {
+    let error = |message: String| (Reply::Error { message }, None);
+    let mut core = core.lock().unwrap();
+    let core = &mut *core;
+    let (svc, ni, _) = core.sim.workloads(ME);
+    match req {
+        Request::Attach { .. } => error("already attached".into()),
+        Request::Register { len } => {
+            let made = Region::create("fake-mem", len as usize)
+                .map_err(|e| e.to_string())
+                .and_then(|r| {
+                    let fd = r.try_clone_fd().map_err(|e| e.to_string())?;
+                    Ok((r, fd))
+                });
+            let (region, fd) = match made {
+                Ok(x) => x,
+                Err(e) => return error(e),
+            };
+            match svc.place_region(rank, len) {
+                Ok(placed) => {
+                    core.mem
+                        .0
+                        .write()
+                        .unwrap()
+                        .push((rank, placed, Arc::new(region)));
+                    (
+                        Reply::Registered {
+                            region: placed.id,
+                            va: placed.va,
+                        },
+                        Some(fd),
+                    )
+                }
+                Err(e) => error(e.to_string()),
+            }
         }
-        let _ = self.p.wake_consumer(&self.bell);
+        Request::Unregister { region } => match svc.unregister(rank, region) {
+            Ok(_) => {
+                core.mem
+                    .0
+                    .write()
+                    .unwrap()
+                    .retain(|(r, p, _)| (*r, p.id) != (rank, region));
+                (Reply::Ok, None)
+            }
+            Err(e) => error(e.to_string()),
+        },
+        Request::Alloc { kind, capacity } => match svc.alloc(ni, rank, kind, capacity) {
+            Ok((index, generation)) => (Reply::Allocated { index, generation }, None),
+            Err(e) => error(e.to_string()),
+        },
+        Request::Free { kind, index } => match svc.free(ni, rank, kind, index) {
+            Ok(()) => (Reply::Ok, None),
+            Err(e) => error(e.to_string()),
+        },
     }
 }
 
-fn loopback(mem: &Mutex<Mem>, cmd: Command) -> Vec<Completion> {
-    let mut m = mem.lock().unwrap();
-    match cmd {
-        Command::Send {
-            tag,
-            op:
-                SendMessage {
-                    vi,
-                    ch,
-                    dst,
-                    payload,
-                },
-        } => {
-            if ch >= 4 {
-                return vec![Completion::Refused {
-                    tag,
-                    status: status::REFUSED,
-                    code: 5,
-                }];
+/// The thread that takes a workload's commands from its command ring.
+struct RingThread {
+    core: Arc<Mutex<Core>>,
+    rank: u8,
+    commands: Consumer,
+    /// The workload -> daemon doorbell.
+    bell: Arc<Doorbell>,
+    completions: Completions,
+    /// The ring region and where the completion ring's tail is in it.
+    tail: (Arc<Region>, usize),
+    behavior: Behavior,
+    conn: Arc<UnixStream>,
+}
+
+impl RingThread {
+    fn serve(mut self, done: &AtomicBool, stop: &AtomicBool) {
+        let waiter = Waiter::new(Duration::from_micros(50));
+        let mut buf = vec![0u8; self.commands.max_message_len()];
+        let mut batch = Vec::new();
+        while !done.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+            // A workload that does not read its completions waits until it does.
+            if self.lock().sim.workloads(ME).0.held_back(self.rank) {
+                let _ = self.bell.wait(Some(Duration::from_millis(5)));
+                continue;
             }
-            let sent = |st: u8, reason: u8| Completion::Sent {
-                tag,
-                vi,
-                ch,
-                status: st,
-                reason,
-            };
-            if dst.node().0 >= 4 {
-                return vec![sent(status::TIMED_OUT, 0)];
-            }
-            if dst.node().0 != NODE_ID || dst.rank() != RANK {
-                return vec![sent(status::NACKED, NackReason::NoContext as u8)];
-            }
-            let va = dst.va();
-            if va & MAILBOX_WINDOW == MAILBOX_WINDOW {
-                let mvi = (va & 0xFF) as u8;
-                let consumed = m.consumed(mvi);
-                let Some(b) = m.mailboxes.get_mut(&mvi) else {
-                    return vec![sent(status::NACKED, NackReason::NoContext as u8)];
-                };
-                let taken = consumed.wrapping_sub(b.base).min(b.handed);
-                if b.handed - taken >= b.capacity {
-                    return vec![sent(status::NACKED, NackReason::QueueFull as u8)];
+            loop {
+                match self.commands.pop(&mut buf) {
+                    Ok(Some(n)) => batch.push(Command::decode(&buf[..n])),
+                    Ok(None) => break,
+                    // A corrupt command ring: stop reading it.
+                    Err(_) => return,
                 }
-                b.handed += 1;
-                vec![
-                    Completion::Message {
-                        vi: mvi,
-                        generation: b.generation,
-                        src_node: NODE_ID,
-                        src_rank: RANK,
-                        payload,
-                    },
-                    sent(status::OK, 0),
-                ]
-            } else {
-                vec![sent(status::NACKED, NackReason::BadAddress as u8)]
+                if batch.len() >= 64 {
+                    break;
+                }
+            }
+            if !batch.is_empty() {
+                if !self.on_batch(&mut batch) {
+                    return;
+                }
+                continue;
+            }
+            {
+                // Room may have appeared in the completion ring.
+                let mut core = self.lock();
+                let (svc, ni, _) = core.sim.workloads(ME);
+                svc.drain(ni, self.rank);
+            }
+            let timeout = Some(Duration::from_millis(20));
+            if self
+                .commands
+                .wait_readable(&waiter, &self.bell, timeout)
+                .is_err()
+            {
+                return;
             }
         }
-        Command::Write {
-            tag,
-            op:
-                RdmaWrite {
-                    page,
-                    ch,
-                    src_va,
-                    dst,
-                    len,
-                    notify,
-                },
-        } => {
-            let rdma = |st: u8, reason: u8| Completion::Rdma {
-                tag,
-                page,
-                ch,
-                read: false,
-                status: st,
-                reason,
-            };
-            let Some((src, so)) = m.find(src_va, len) else {
-                return vec![rdma(status::LOCAL_FAULT, 0)];
-            };
-            if dst.node().0 != NODE_ID || dst.rank() != RANK {
-                return vec![rdma(status::NACKED, NackReason::NoContext as u8)];
-            }
-            let Some((d, doff)) = m.find(dst.va(), len) else {
-                return vec![rdma(status::NACKED, NackReason::PageFault as u8)];
-            };
-            let mut data = vec![0u8; len as usize];
-            src.read(so, &mut data).unwrap();
-            d.write(doff, &data).unwrap();
-            let mut out = Vec::new();
-            if let Some(va) = notify {
-                out.push(Completion::Notified {
-                    va,
-                    src_node: NODE_ID,
-                    len,
-                });
-            }
-            out.push(rdma(status::OK, 0));
-            out
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap()
+    }
+
+    /// Serves (or misbehaves on) a batch of commands; false when the thread should stop.
+    fn on_batch(&mut self, batch: &mut Vec<Result<Command, (u32, SlotError)>>) -> bool {
+        if self.behavior == Behavior::Serve {
+            self.lock().execute(self.rank, batch);
+            return true;
         }
-        Command::Read {
-            tag,
-            op:
-                RdmaRead {
-                    page,
-                    ch,
-                    src,
-                    dst_va,
-                    len,
-                },
-        } => {
-            let rdma = |st: u8, reason: u8| Completion::Rdma {
-                tag,
-                page,
-                ch,
-                read: true,
-                status: st,
-                reason,
-            };
-            let (Some((s, so)), Some((d, doff))) = (m.find(src.va(), len), m.find(dst_va, len))
-            else {
-                return vec![rdma(status::NACKED, NackReason::PageFault as u8)];
-            };
-            let mut data = vec![0u8; len as usize];
-            s.read(so, &mut data).unwrap();
-            d.write(doff, &data).unwrap();
-            vec![rdma(status::OK, 0)]
+        batch.clear();
+        let mut o = self.completions.lock();
+        match self.behavior {
+            Behavior::Serve | Behavior::Silent => {}
+            Behavior::ShortSlot => {
+                let _ = o.p.push(&[0x81; 12]);
+                let _ = o.p.wake_consumer(&o.bell);
+            }
+            Behavior::UnknownKind => {
+                let mut slot = [0u8; attach::SLOT];
+                slot[0] = 0x99;
+                let _ = o.p.push(&slot);
+                let _ = o.p.wake_consumer(&o.bell);
+            }
+            Behavior::RunawayTail => {
+                let (region, at) = &self.tail;
+                region
+                    .atomic_u32(*at)
+                    .unwrap()
+                    .store(1 << 20, Ordering::Release);
+                let _ = o.bell.ring();
+            }
+            Behavior::Die => {
+                let _ = self.conn.shutdown(std::net::Shutdown::Both);
+                return false;
+            }
         }
+        true
     }
 }
