@@ -202,3 +202,34 @@ impl From<RackError> for CliError {
 }
 
 pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generators moved to exanet-deploy; their errors keep exactl's words and codes.
+    #[test]
+    fn deploy_errors_keep_their_exit_codes() {
+        let bad = CliError::from(DeployError::BadValue {
+            what: "--name",
+            value: "\"X\"".into(),
+            message: "must be lower-case".into(),
+        });
+        assert_eq!(bad.exit_code(), EXIT_USAGE);
+        assert_eq!(bad.to_string(), "--name \"X\": must be lower-case");
+        let missing = CliError::from(DeployError::Rack(RackError::Read {
+            path: "/r/rack.toml".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        }));
+        assert!(matches!(missing, CliError::NoRack { .. }), "{missing}");
+        let io = CliError::from(DeployError::io(
+            "write",
+            "/o/x",
+            std::io::ErrorKind::PermissionDenied.into(),
+        ));
+        assert_eq!(io.exit_code(), EXIT_FAILURE);
+        assert!(io.to_string().starts_with("cannot write /o/x"), "{io}");
+        let render = CliError::from(DeployError::Render("cannot render".into()));
+        assert_eq!(render.exit_code(), EXIT_FAILURE);
+    }
+}
