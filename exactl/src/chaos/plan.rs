@@ -91,31 +91,12 @@ pub(super) fn usage(file: &str, place: &str, msg: impl std::fmt::Display) -> Cli
 // what it was. The fault kinds of a `set` are the one open-ended table: its keys come from
 // the fault table, so it is read as a table and checked against that.
 
-/// `"1.5s"`: a duration, its unit required.
-#[derive(Clone, Copy, Debug)]
-struct Dur(u64);
-
-impl<'de> serde::Deserialize<'de> for Dur {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Dur, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Dur;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string such as \"1.5s\" (a number needs its unit)")
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Dur, E> {
-                parse_duration(s).map(Dur).map_err(E::custom)
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// Declares a string newtype whose type errors show an example of the value.
-macro_rules! text {
-    ($name:ident, $expecting:literal) => {
+/// Declares a newtype read from a string by `parse`, whose type errors show an example.
+macro_rules! parsed {
+    ($(#[$doc:meta])* $name:ident($ty:ty), $expecting:literal, $parse:expr) => {
+        $(#[$doc])*
         #[derive(Clone, Debug)]
-        struct $name(String);
+        struct $name($ty);
 
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(
@@ -131,7 +112,8 @@ macro_rules! text {
                         self,
                         s: &str,
                     ) -> std::result::Result<$name, E> {
-                        Ok($name(s.to_string()))
+                        let parse: fn(&str) -> std::result::Result<$ty, String> = $parse;
+                        parse(s).map($name).map_err(E::custom)
                     }
                 }
                 d.deserialize_str(V)
@@ -140,9 +122,19 @@ macro_rules! text {
     };
 }
 
-text!(PlanName, "a string such as \"flaky torus\"");
-text!(NodeText, "a string such as \"M1QBF2\"");
-text!(ActionText, "a string such as \"pause\"");
+fn text(s: &str) -> std::result::Result<String, String> {
+    Ok(s.to_string())
+}
+
+parsed!(
+    /// `"1.5s"`: a duration, its unit required.
+    Dur(u64),
+    "a string such as \"1.5s\" (a number needs its unit)",
+    parse_duration
+);
+parsed!(PlanName(String), "a string such as \"flaky torus\"", text);
+parsed!(NodeText(String), "a string such as \"M1QBF2\"", text);
+parsed!(ActionText(String), "a string such as \"pause\"", text);
 
 /// A list of node names (`["M1QAF1", "M1QAF2"]`); `what` it must be is in `E`.
 #[derive(Clone, Debug)]
