@@ -27,6 +27,7 @@ pub mod fault;
 pub mod frame;
 pub mod gvas;
 pub mod link;
+pub mod metric;
 pub mod ni;
 pub mod node;
 pub mod probe;
