@@ -2,50 +2,24 @@
 //! module brings the Prometheus families up to date from a status snapshot, so the hot
 //! path pays nothing for metrics.
 //!
-//! | metric | type | labels |
-//! |---|---|---|
-//! | `exanet_link_cells_total` | counter | node, peer, port, kind, direction (tx/rx) |
-//! | `exanet_link_bytes_total` | counter | node, peer, port, kind, direction |
-//! | `exanet_link_stall_seconds_total` | counter: time an output had a cell but no credit | node, peer, port, kind |
-//! | `exanet_link_queue_cells` | gauge: cells queued at this node's input from the link | node, peer, port, kind |
-//! | `exanet_link_queue_bytes` | gauge | node, peer, port, kind |
-//! | `exanet_link_in_flight_bytes` | gauge: sent, credit not yet returned | node, peer, port, kind |
-//! | `exanet_link_up` | gauge 0/1 | node, peer, port, kind |
-//! | `exanet_link_sessions_total` | counter: link sessions established (reconnects + 1) | node, peer, port, kind |
-//! | `exanet_link_admin_down` | gauge 0/1: cut by the operator | node, peer, port, kind |
-//! | `exanet_link_faults_injected_total` | counter: cells this node's injector dropped or corrupted | node, peer, port, kind, fault (drop/corrupt) |
-//! | `exanet_link_fault_delayed_frames_total` | counter: frames held back by delay, jitter or rate | node, peer, port, kind |
-//! | `exanet_link_fault_delay_seconds_total` | counter: total time frames were held back | node, peer, port, kind |
-//! | `exanet_link_fault_held_bytes` | gauge: bytes held back right now | node, peer, port, kind |
-//! | `exanet_link_fault_setting` | gauge: the faults set (delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio) | node, peer, port, kind, setting |
-//! | `exanet_link_rx_corrupt_cells_total` | counter: cells from the link refused as undecodable (CRC) | node, peer, port, kind |
-//! | `exanet_node_cells_forwarded_total` | counter: link-to-link | node |
-//! | `exanet_node_cells_injected_total` | counter: by the node's NI | node |
-//! | `exanet_node_cells_delivered_total` | counter: to the node's NI | node |
-//! | `exanet_node_errors_total` | counter | node, kind |
-//! | `exanet_node_uptime_seconds` | gauge | node |
-//! | `exanet_ni_attached_workloads` | gauge | node |
-//! | `exanet_ni_messages_total` | counter: packetizer messages | node, direction (tx/rx) |
-//! | `exanet_ni_acks_total` | counter | node, direction |
-//! | `exanet_ni_nacks_total` | counter | node, direction, reason |
-//! | `exanet_ni_retransmissions_total` | counter: messages and RDMA blocks sent again | node |
-//! | `exanet_ni_timeouts_total` | counter: waits for an answer that expired | node |
-//! | `exanet_ni_pdid_violations_total` | counter: cells refused for their PDID | node |
-//! | `exanet_ni_rdma_blocks_total` | counter | node, direction |
-//! | `exanet_ni_rdma_transfers_total` | counter: RDMA transfers ended | node, result (ok/failed) |
-//! | `exanet_ni_completion_latency_seconds` | histogram: command to completion | node, op (send/rdma_write/rdma_read), result (ok/failed) |
-//!
-//! Error kinds of `exanet_node_errors_total` include `tls_refused` (a peer or operator
-//! without a certificate of the rack CA), `control_refused` (a rack certificate other
-//! than the operator's on the control API), `link_admin_down` (a neighbour dialing a cut
-//! link), the frame and cell decoding errors, and the workload interface's refusals.
+//! The families (name, help, type, labels) are declared once, in exanet-proto's catalog
+//! [`exanet_proto::metric::Family`], whose documentation is the table of every metric;
+//! this module registers each family of the catalog and says where its values come from.
+//! The NI's counters reach their families through [`exanet_proto::metric::NI_COUNTERS`],
+//! and the fault settings through the fault-kind table ([`FaultKind::metric`]), so
+//! neither is listed here.
 
+use exanet_proto::fault::FaultKind;
+use exanet_proto::metric::{Family, MetricType, NiCountMut, Number, LATENCY_BUCKETS, NI_COUNTERS};
+use exanet_proto::ni::{NackReason, NiStats};
+use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec,
     IntGaugeVec, Opts, Registry,
 };
+use tracing::warn;
 
-use crate::control::{LinkState, NodeStatus};
+use crate::control::{LinkState, NiStatus, NodeStatus};
 
 /// A workload operation whose latency is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,23 +39,20 @@ pub struct Latency {
     bound: [[Histogram; 2]; 3],
 }
 
-/// From 5 µs (a message to the node itself) to 10 s (a transfer retried to its limit).
-const LATENCY_BUCKETS: &[f64] = &[
-    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+/// The histogram family of the catalog's `family`.
+fn histogram(family: Family) -> prometheus::Result<HistogramVec> {
+    let spec = family.spec();
+    HistogramVec::new(
+        HistogramOpts::new(spec.name, spec.help).buckets(LATENCY_BUCKETS.to_vec()),
+        spec.labels,
+    )
+}
 
 impl Latency {
     pub fn new(node: &str) -> Latency {
-        let family = HistogramVec::new(
-            HistogramOpts::new(
-                "exanet_ni_completion_latency_seconds",
-                "Time from a workload's command to its completion, by operation and result",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["node", "op", "result"],
-        )
-        .expect("valid metric");
+        // The catalog's declaration is static data checked by this module's tests
+        // (`every_family_registers`), so this cannot fail at run time.
+        let family = histogram(Family::NiCompletionLatency).expect("valid catalog histogram");
         let bind = |op: &str| {
             [
                 family.with_label_values(&[node, op, "failed"]),
@@ -101,48 +72,94 @@ impl Latency {
     }
 }
 
-pub struct Metrics {
-    registry: Registry,
-    link_cells: IntCounterVec,
-    link_bytes: IntCounterVec,
-    link_stall: CounterVec,
-    link_queue_cells: IntGaugeVec,
-    link_queue_bytes: IntGaugeVec,
-    link_in_flight: IntGaugeVec,
-    link_up: IntGaugeVec,
-    link_sessions: IntCounterVec,
-    link_faults: IntCounterVec,
-    link_fault_delayed: IntCounterVec,
-    link_fault_delay: CounterVec,
-    link_admin_down: IntGaugeVec,
-    link_rx_corrupt: IntCounterVec,
-    link_held: IntGaugeVec,
-    link_setting: GaugeVec,
-    forwarded: IntCounterVec,
-    injected: IntCounterVec,
-    delivered: IntCounterVec,
-    errors: IntCounterVec,
-    uptime: GaugeVec,
-    ni_attached: IntGaugeVec,
-    ni_messages: IntCounterVec,
-    ni_acks: IntCounterVec,
-    ni_nacks: IntCounterVec,
-    ni_retrans: IntCounterVec,
-    ni_timeouts: IntCounterVec,
-    ni_pdid: IntCounterVec,
-    ni_blocks: IntCounterVec,
-    ni_transfers: IntCounterVec,
+/// One registered family, of the Prometheus type its declaration asks for.
+#[derive(Clone)]
+enum Handle {
+    IntCounter(IntCounterVec),
+    Counter(CounterVec),
+    IntGauge(IntGaugeVec),
+    Gauge(GaugeVec),
+    /// Observed by the core as completions happen, not set at scrape time.
+    Histogram(HistogramVec),
 }
 
-const LINK: &[&str] = &["node", "peer", "port", "kind"];
-const LINK_DIR: &[&str] = &["node", "peer", "port", "kind", "direction"];
-const LINK_FAULT: &[&str] = &["node", "peer", "port", "kind", "fault"];
-const LINK_SETTING: &[&str] = &["node", "peer", "port", "kind", "setting"];
+impl Handle {
+    fn new(family: Family) -> prometheus::Result<Handle> {
+        let spec = family.spec();
+        let opts = || Opts::new(spec.name, spec.help);
+        Ok(match (spec.kind, spec.number) {
+            (MetricType::Counter, Number::Int) => {
+                Handle::IntCounter(IntCounterVec::new(opts(), spec.labels)?)
+            }
+            (MetricType::Counter, Number::Float) => {
+                Handle::Counter(CounterVec::new(opts(), spec.labels)?)
+            }
+            (MetricType::Gauge, Number::Int) => {
+                Handle::IntGauge(IntGaugeVec::new(opts(), spec.labels)?)
+            }
+            (MetricType::Gauge, Number::Float) => {
+                Handle::Gauge(GaugeVec::new(opts(), spec.labels)?)
+            }
+            (MetricType::Histogram, _) => Handle::Histogram(histogram(family)?),
+        })
+    }
 
-fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
-    r.register(Box::new(c.clone()))
-        .expect("metric names are unique and valid");
-    c
+    fn collector(&self) -> Box<dyn prometheus::core::Collector> {
+        match self {
+            Handle::IntCounter(c) => Box::new(c.clone()),
+            Handle::Counter(c) => Box::new(c.clone()),
+            Handle::IntGauge(c) => Box::new(c.clone()),
+            Handle::Gauge(c) => Box::new(c.clone()),
+            Handle::Histogram(c) => Box::new(c.clone()),
+        }
+    }
+}
+
+/// A value read from the status, in the number it is kept in there.
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Int(u64),
+    Float(f64),
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Value::Int(v)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Float(v)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::Int(u64::from(v))
+    }
+}
+
+impl Value {
+    fn int(self) -> u64 {
+        match self {
+            Value::Int(v) => v,
+            Value::Float(v) => v as u64,
+        }
+    }
+
+    fn float(self) -> f64 {
+        match self {
+            Value::Int(v) => v as f64,
+            Value::Float(v) => v,
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// By [`Family::index`]; `None` for a family that could not be registered.
+    families: Vec<Option<Handle>>,
 }
 
 /// Raises a counter to `value` (counters only go up; a lower value is ignored).
@@ -162,178 +179,66 @@ fn raise_f64(c: &prometheus::Counter, value: f64) {
 }
 
 impl Metrics {
-    /// The daemon's metrics; `latency` is the core's histogram family, observed as
-    /// completions happen and exported with the rest.
+    /// The daemon's metrics, one family per entry of the catalog; `latency` is the core's
+    /// histogram family, observed as completions happen and exported with the rest.
     pub fn new(latency: &HistogramVec) -> Metrics {
-        let r = Registry::new();
-        reg(&r, latency.clone());
-        let cv = |name: &str, help: &str, labels: &[&str]| {
-            reg(
-                &r,
-                CounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
+        let registry = Registry::new();
+        let is_latency = |f: Family| {
+            latency
+                .desc()
+                .first()
+                .is_some_and(|d| d.fq_name == f.name())
         };
-        let icv = |name: &str, help: &str, labels: &[&str]| {
-            reg(
-                &r,
-                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
-        };
-        let igv = |name: &str, help: &str, labels: &[&str]| {
-            reg(
-                &r,
-                IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
-        };
-        let gv = |name: &str, help: &str, labels: &[&str]| {
-            reg(
-                &r,
-                GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
-        };
-        Metrics {
-            link_cells: icv(
-                "exanet_link_cells_total",
-                "Cells carried by the link",
-                LINK_DIR,
-            ),
-            link_bytes: icv(
-                "exanet_link_bytes_total",
-                "Bytes (cell headers, payloads and footers) carried by the link",
-                LINK_DIR,
-            ),
-            link_stall: cv(
-                "exanet_link_stall_seconds_total",
-                "Time the link's output had a cell to send but no flow-control credit",
-                LINK,
-            ),
-            link_queue_cells: igv(
-                "exanet_link_queue_cells",
-                "Cells from the link queued at this node's switch input",
-                LINK,
-            ),
-            link_queue_bytes: igv(
-                "exanet_link_queue_bytes",
-                "Bytes from the link queued at this node's switch input",
-                LINK,
-            ),
-            link_in_flight: igv(
-                "exanet_link_in_flight_bytes",
-                "Bytes sent on the link whose credit has not come back",
-                LINK,
-            ),
-            link_up: igv("exanet_link_up", "1 when the link session is up", LINK),
-            link_sessions: icv(
-                "exanet_link_sessions_total",
-                "Link sessions established (1 + reconnects)",
-                LINK,
-            ),
-            link_faults: icv(
-                "exanet_link_faults_injected_total",
-                "Cells this node's fault injector dropped or corrupted on the link (fault: drop, corrupt)",
-                LINK_FAULT,
-            ),
-            link_fault_delayed: icv(
-                "exanet_link_fault_delayed_frames_total",
-                "Frames held back by the link's delay, jitter or rate setting",
-                LINK,
-            ),
-            link_fault_delay: cv(
-                "exanet_link_fault_delay_seconds_total",
-                "Total time frames were held back by the link's delay, jitter or rate setting",
-                LINK,
-            ),
-            link_admin_down: igv(
-                "exanet_link_admin_down",
-                "1 when the operator has cut the link",
-                LINK,
-            ),
-            link_rx_corrupt: icv(
-                "exanet_link_rx_corrupt_cells_total",
-                "Cells from the link refused as undecodable (header or footer CRC errors, bad headers)",
-                LINK,
-            ),
-            link_held: igv(
-                "exanet_link_fault_held_bytes",
-                "Bytes held back by the link's delay or rate setting right now",
-                LINK,
-            ),
-            link_setting: gv(
-                "exanet_link_fault_setting",
-                "Faults set on what this node sends over the link (setting: delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio)",
-                LINK_SETTING,
-            ),
-            forwarded: icv(
-                "exanet_node_cells_forwarded_total",
-                "Cells switched from one link to another",
-                &["node"],
-            ),
-            injected: icv(
-                "exanet_node_cells_injected_total",
-                "Cells injected by the node's network interface",
-                &["node"],
-            ),
-            delivered: icv(
-                "exanet_node_cells_delivered_total",
-                "Cells delivered to the node's network interface",
-                &["node"],
-            ),
-            errors: icv(
-                "exanet_node_errors_total",
-                "Errors by kind (malformed cells, refused peers, ...)",
-                &["node", "kind"],
-            ),
-            uptime: gv(
-                "exanet_node_uptime_seconds",
-                "Seconds since the daemon started",
-                &["node"],
-            ),
-            ni_attached: igv(
-                "exanet_ni_attached_workloads",
-                "Workloads attached to the node's NI",
-                &["node"],
-            ),
-            ni_messages: icv(
-                "exanet_ni_messages_total",
-                "Packetizer messages sent (tx) and received (rx)",
-                &["node", "direction"],
-            ),
-            ni_acks: icv(
-                "exanet_ni_acks_total",
-                "ACKs sent (tx) and received (rx)",
-                &["node", "direction"],
-            ),
-            ni_nacks: icv(
-                "exanet_ni_nacks_total",
-                "NACKs sent (tx) and received (rx) by reason",
-                &["node", "direction", "reason"],
-            ),
-            ni_retrans: icv(
-                "exanet_ni_retransmissions_total",
-                "Messages and RDMA blocks sent again",
-                &["node"],
-            ),
-            ni_timeouts: icv(
-                "exanet_ni_timeouts_total",
-                "Waits for an answer that expired",
-                &["node"],
-            ),
-            ni_pdid: icv(
-                "exanet_ni_pdid_violations_total",
-                "Cells refused because their PDID is not the destination's",
-                &["node"],
-            ),
-            ni_blocks: icv(
-                "exanet_ni_rdma_blocks_total",
-                "RDMA blocks sent (tx) and received complete (rx)",
-                &["node", "direction"],
-            ),
-            ni_transfers: icv(
-                "exanet_ni_rdma_transfers_total",
-                "RDMA transfers ended, by result",
-                &["node", "result"],
-            ),
-            registry: r,
+        let families = Family::ALL
+            .iter()
+            .map(|&f| {
+                let handle = if is_latency(f) {
+                    Ok(Handle::Histogram(latency.clone()))
+                } else {
+                    Handle::new(f)
+                };
+                // A family that cannot be registered is left out of the exposition rather
+                // than taking the daemon down; the catalog's tests keep this from happening.
+                match handle.and_then(|h| registry.register(h.collector()).map(|()| h)) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        warn!(family = f.name(), error = %e, "metric family not exported");
+                        None
+                    }
+                }
+            })
+            .collect();
+        Metrics { registry, families }
+    }
+
+    /// Brings the series `labels` of `family` to `value`: a counter is raised to it, a
+    /// gauge set to it.
+    fn put(&self, family: Family, labels: &[&str], value: impl Into<Value>) {
+        let value = value.into();
+        // A label count other than the family's is a bug of this module that the tests
+        // catch; at run time the series is skipped.
+        match self.families.get(family.index()) {
+            Some(Some(Handle::IntCounter(c))) => {
+                if let Ok(c) = c.get_metric_with_label_values(labels) {
+                    raise(&c, value.int());
+                }
+            }
+            Some(Some(Handle::Counter(c))) => {
+                if let Ok(c) = c.get_metric_with_label_values(labels) {
+                    raise_f64(&c, value.float());
+                }
+            }
+            Some(Some(Handle::IntGauge(c))) => {
+                if let Ok(c) = c.get_metric_with_label_values(labels) {
+                    c.set(i64::try_from(value.int()).unwrap_or(i64::MAX));
+                }
+            }
+            Some(Some(Handle::Gauge(c))) => {
+                if let Ok(c) = c.get_metric_with_label_values(labels) {
+                    c.set(value.float());
+                }
+            }
+            Some(Some(Handle::Histogram(_)) | None) | None => {}
         }
     }
 
@@ -342,115 +247,285 @@ impl Metrics {
         let n = s.node.as_str();
         for l in &s.links {
             let base = [n, l.peer.as_str(), l.port.as_str(), l.kind.as_str()];
+            let with = |last: &'static str| [base[0], base[1], base[2], base[3], last];
             for (dir, cells, bytes) in [
                 ("tx", l.tx_cells, l.tx_bytes),
                 ("rx", l.rx_cells, l.rx_bytes),
             ] {
-                let lv = [base[0], base[1], base[2], base[3], dir];
-                raise(&self.link_cells.with_label_values(&lv), cells);
-                raise(&self.link_bytes.with_label_values(&lv), bytes);
+                self.put(Family::LinkCells, &with(dir), cells);
+                self.put(Family::LinkBytes, &with(dir), bytes);
             }
-            raise_f64(&self.link_stall.with_label_values(&base), l.stall_seconds);
-            self.link_queue_cells
-                .with_label_values(&base)
-                .set(l.queue_cells as i64);
-            self.link_queue_bytes
-                .with_label_values(&base)
-                .set(l.queue_bytes as i64);
-            self.link_in_flight
-                .with_label_values(&base)
-                .set(l.in_flight_bytes as i64);
-            self.link_up
-                .with_label_values(&base)
-                .set(i64::from(l.state == LinkState::Up));
-            raise(&self.link_sessions.with_label_values(&base), l.sessions);
+            self.put(Family::LinkStall, &base, l.stall_seconds);
+            self.put(Family::LinkQueueCells, &base, l.queue_cells);
+            self.put(Family::LinkQueueBytes, &base, l.queue_bytes);
+            self.put(Family::LinkInFlight, &base, l.in_flight_bytes);
+            self.put(Family::LinkUp, &base, l.state == LinkState::Up);
+            self.put(Family::LinkSessions, &base, l.sessions);
             let fs = &l.fault_stats;
             for (fault, v) in [("drop", fs.dropped_cells), ("corrupt", fs.corrupted_cells)] {
-                let lv = [base[0], base[1], base[2], base[3], fault];
-                raise(&self.link_faults.with_label_values(&lv), v);
+                self.put(Family::LinkFaultsInjected, &with(fault), v);
             }
-            raise(
-                &self.link_fault_delayed.with_label_values(&base),
-                fs.delayed_frames,
-            );
-            raise_f64(
-                &self.link_fault_delay.with_label_values(&base),
-                fs.delay_ns as f64 / 1e9,
-            );
-            self.link_admin_down
-                .with_label_values(&base)
-                .set(i64::from(l.admin_down));
-            raise(
-                &self.link_rx_corrupt.with_label_values(&base),
-                l.rx_corrupt_cells,
-            );
-            self.link_held
-                .with_label_values(&base)
-                .set(l.held_bytes as i64);
+            self.put(Family::LinkFaultDelayedFrames, &base, fs.delayed_frames);
+            self.put(Family::LinkFaultDelay, &base, fs.delay_ns as f64 / 1e9);
+            self.put(Family::LinkAdminDown, &base, l.admin_down);
+            self.put(Family::LinkRxCorrupt, &base, l.rx_corrupt_cells);
+            self.put(Family::LinkFaultHeld, &base, l.held_bytes);
             let f = l.faults.unwrap_or_default();
-            for (setting, v) in [
-                ("delay_seconds", f.delay_ns as f64 / 1e9),
-                ("jitter_seconds", f.jitter_ns as f64 / 1e9),
-                ("rate_bytes_per_second", f.rate_bps as f64 / 8.0),
-                ("loss_ratio", f.loss),
-                ("corrupt_ratio", f.corrupt),
-            ] {
-                let lv = [base[0], base[1], base[2], base[3], setting];
-                self.link_setting.with_label_values(&lv).set(v);
+            for kind in FaultKind::ALL {
+                if let Some(setting) = kind.metric() {
+                    let v = kind.get(&f).metric_value();
+                    self.put(Family::LinkFaultSetting, &with(setting), v);
+                }
             }
         }
-        raise(&self.forwarded.with_label_values(&[n]), s.forwarded_cells);
-        raise(&self.injected.with_label_values(&[n]), s.injected_cells);
-        raise(&self.delivered.with_label_values(&[n]), s.delivered_cells);
+        self.put(Family::NodeForwarded, &[n], s.forwarded_cells);
+        self.put(Family::NodeInjected, &[n], s.injected_cells);
+        self.put(Family::NodeDelivered, &[n], s.delivered_cells);
         for (kind, v) in &s.errors {
-            raise(&self.errors.with_label_values(&[n, kind.as_str()]), *v);
+            self.put(Family::NodeErrors, &[n, kind.as_str()], *v);
         }
-        self.uptime.with_label_values(&[n]).set(s.uptime_seconds);
-        let ni = &s.ni;
-        self.ni_attached
-            .with_label_values(&[n])
-            .set(i64::from(ni.attached));
-        for (dir, msgs, acks, nacks, blocks) in [
-            (
-                "tx",
-                ni.messages_sent,
-                ni.acks_sent,
-                &ni.nacks_sent,
-                ni.rdma_blocks_sent,
-            ),
-            (
-                "rx",
-                ni.messages_received,
-                ni.acks_received,
-                &ni.nacks_received,
-                ni.rdma_blocks_received,
-            ),
-        ] {
-            raise(&self.ni_messages.with_label_values(&[n, dir]), msgs);
-            raise(&self.ni_acks.with_label_values(&[n, dir]), acks);
-            raise(&self.ni_blocks.with_label_values(&[n, dir]), blocks);
-            for (reason, v) in nacks {
-                raise(
-                    &self.ni_nacks.with_label_values(&[n, dir, reason.as_str()]),
-                    *v,
-                );
-            }
+        self.put(Family::NodeUptime, &[n], s.uptime_seconds);
+        self.put(Family::NiAttached, &[n], u64::from(s.ni.attached));
+        for sample in ni_stats(&s.ni).samples() {
+            let mut labels = vec![n];
+            labels.extend(sample.labels);
+            self.put(sample.family, &labels, sample.value);
         }
-        raise(&self.ni_retrans.with_label_values(&[n]), ni.retransmissions);
-        raise(&self.ni_timeouts.with_label_values(&[n]), ni.timeouts);
-        raise(&self.ni_pdid.with_label_values(&[n]), ni.pdid_violations);
-        raise(
-            &self.ni_transfers.with_label_values(&[n, "ok"]),
-            ni.rdma_transfers_done,
-        );
-        raise(
-            &self.ni_transfers.with_label_values(&[n, "failed"]),
-            ni.rdma_transfers_failed,
-        );
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding into a Vec cannot fail");
         String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+}
+
+/// The NI's counters back from the status report, which carries them under their
+/// [`NiStats`] field names (NACK counts as maps by reason label). Going through the names
+/// rather than field by field is what keeps a new NI counter from needing an edit here;
+/// the test `status_carries_every_exported_ni_counter` catches a counter the status
+/// report lacks.
+fn ni_stats(ni: &NiStatus) -> NiStats {
+    let mut stats = NiStats::default();
+    let Ok(serde_json::Value::Object(status)) = serde_json::to_value(ni) else {
+        return stats;
+    };
+    for c in NI_COUNTERS {
+        match ((c.get_mut)(&mut stats), status.get(c.field)) {
+            (NiCountMut::One(v), Some(json)) => *v = json.as_u64().unwrap_or(0),
+            (NiCountMut::ByReason(counts), Some(serde_json::Value::Object(by_reason))) => {
+                // The keys are `NackReason::label`s, the status being built from them.
+                for r in NackReason::all() {
+                    if let (Some(slot), Some(n)) = (
+                        counts.get_mut(r as usize),
+                        by_reason.get(r.label()).and_then(|v| v.as_u64()),
+                    ) {
+                        *slot = n;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{LinkStatus, NiStatus};
+    use exanet_proto::fault::{FaultStats, LinkFaults};
+
+    /// A status in which every value the exporter reads is distinct and non-zero.
+    fn sample() -> NodeStatus {
+        let link = |port: &str, peer: &str, base: u64| LinkStatus {
+            port: port.into(),
+            peer: peer.into(),
+            kind: "qfdb".into(),
+            gbps: 10,
+            state: LinkState::Up,
+            sessions: base + 1,
+            tx_cells: base + 2,
+            tx_bytes: base + 3,
+            rx_cells: base + 4,
+            rx_bytes: base + 5,
+            stall_seconds: 0.25,
+            queue_cells: base + 6,
+            queue_bytes: base + 7,
+            in_flight_bytes: base + 8,
+            admin_down: true,
+            faults: Some(LinkFaults {
+                delay_ns: 1_500_000,
+                jitter_ns: 250_000,
+                rate_bps: 8_000_000,
+                loss: 0.125,
+                corrupt: 0.0625,
+                down: true,
+            }),
+            fault_stats: FaultStats {
+                dropped_cells: base + 9,
+                corrupted_cells: base + 10,
+                delayed_frames: base + 11,
+                delay_ns: 3_000_000_000,
+            },
+            held_bytes: base + 12,
+            rx_corrupt_cells: base + 13,
+            quic: None,
+        };
+        let mut errors = std::collections::BTreeMap::new();
+        errors.insert("tls_refused".to_string(), 3);
+        errors.insert("bad_cell".to_string(), 4);
+        let mut nacks_sent = std::collections::BTreeMap::new();
+        nacks_sent.insert("page_fault".to_string(), 21);
+        nacks_sent.insert("crc".to_string(), 22);
+        let mut nacks_received = std::collections::BTreeMap::new();
+        nacks_received.insert("no_context".to_string(), 23);
+        NodeStatus {
+            node: "M1QAF2".into(),
+            id: 1,
+            shape: "1x1x1".into(),
+            pid: 42,
+            uptime_seconds: 12.5,
+            links: vec![link("f1", "M1QAF1", 100), link("f4", "M1QAF4", 200)],
+            forwarded_cells: 31,
+            injected_cells: 32,
+            delivered_cells: 33,
+            load_tx_cells: 34,
+            load_rx_cells: 35,
+            load_rx_bytes: 36,
+            errors,
+            ni: NiStatus {
+                attached: 2,
+                messages_sent: 41,
+                messages_received: 42,
+                acks_sent: 43,
+                acks_received: 44,
+                nacks_sent,
+                nacks_received,
+                retransmissions: 45,
+                timeouts: 46,
+                pdid_violations: 47,
+                rdma_blocks_sent: 48,
+                rdma_blocks_received: 49,
+                rdma_transfers_done: 50,
+                rdma_transfers_failed: 51,
+                duplicates: 52,
+                stale_cells: 53,
+                workloads: Vec::new(),
+            },
+        }
+    }
+
+    fn rendered() -> String {
+        let lat = Latency::new("M1QAF2");
+        lat.observe(Op::Write, true, 30_000);
+        let m = Metrics::new(lat.family());
+        // Twice: the second scrape raises counters to the same values, changing nothing.
+        m.render(&sample());
+        m.render(&sample())
+    }
+
+    #[test]
+    fn every_family_registers() {
+        let lat = Latency::new("M1QAF2");
+        let m = Metrics::new(lat.family());
+        for f in Family::ALL {
+            assert!(
+                m.families[f.index()].is_some(),
+                "{} not registered",
+                f.name()
+            );
+        }
+    }
+
+    #[test]
+    fn exposition_lists_exactly_the_catalog() {
+        let out = rendered();
+        let mut exported: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        exported.sort_unstable();
+        let mut catalog: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+        catalog.sort_unstable();
+        assert_eq!(exported, catalog);
+        for f in Family::ALL {
+            let spec = f.spec();
+            let help = format!("# HELP {} {}\n", spec.name, spec.help);
+            let ty = format!("# TYPE {} {}\n", spec.name, spec.kind.as_str());
+            assert!(out.contains(&help), "{help}");
+            assert!(out.contains(&ty), "{ty}");
+        }
+    }
+
+    #[test]
+    fn series_carry_the_status_values() {
+        let out = rendered();
+        for line in [
+            r#"exanet_link_cells_total{direction="tx",kind="qfdb",node="M1QAF2",peer="M1QAF4",port="f4"} 202"#,
+            r#"exanet_link_stall_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1"} 0.25"#,
+            r#"exanet_link_up{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1"} 1"#,
+            r#"exanet_link_admin_down{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1"} 1"#,
+            r#"exanet_link_faults_injected_total{fault="corrupt",kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1"} 110"#,
+            r#"exanet_link_fault_delay_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1"} 3"#,
+            r#"exanet_link_fault_setting{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1",setting="delay_seconds"} 0.0015"#,
+            r#"exanet_link_fault_setting{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1",setting="rate_bytes_per_second"} 1000000"#,
+            r#"exanet_link_fault_setting{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1",setting="corrupt_ratio"} 0.0625"#,
+            r#"exanet_node_errors_total{kind="tls_refused",node="M1QAF2"} 3"#,
+            r#"exanet_node_uptime_seconds{node="M1QAF2"} 12.5"#,
+            r#"exanet_ni_attached_workloads{node="M1QAF2"} 2"#,
+            r#"exanet_ni_messages_total{direction="rx",node="M1QAF2"} 42"#,
+            r#"exanet_ni_acks_total{direction="tx",node="M1QAF2"} 43"#,
+            r#"exanet_ni_nacks_total{direction="tx",node="M1QAF2",reason="crc"} 22"#,
+            r#"exanet_ni_nacks_total{direction="rx",node="M1QAF2",reason="no_context"} 23"#,
+            r#"exanet_ni_retransmissions_total{node="M1QAF2"} 45"#,
+            r#"exanet_ni_timeouts_total{node="M1QAF2"} 46"#,
+            r#"exanet_ni_pdid_violations_total{node="M1QAF2"} 47"#,
+            r#"exanet_ni_rdma_blocks_total{direction="rx",node="M1QAF2"} 49"#,
+            r#"exanet_ni_rdma_transfers_total{node="M1QAF2",result="failed"} 51"#,
+            r#"exanet_ni_completion_latency_seconds_count{node="M1QAF2",op="rdma_write",result="ok"} 1"#,
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line}");
+        }
+        // NACK reasons that never happened have no series, and the down switch, which
+        // has no metric setting in the fault-kind table, is not a setting.
+        assert!(!out.contains(r#"direction="rx",node="M1QAF2",reason="crc""#));
+        assert!(!out.contains(r#"setting="down"#));
+    }
+
+    /// What keeps a new NI counter from needing an edit here: the status report must carry
+    /// every exported counter under its field name, in its shape.
+    #[test]
+    fn status_carries_every_exported_ni_counter() {
+        let serde_json::Value::Object(status) =
+            serde_json::to_value(NiStatus::default()).expect("status serialises")
+        else {
+            panic!("NiStatus is not a JSON object");
+        };
+        let mut stats = NiStats::default();
+        for c in NI_COUNTERS {
+            let shape_ok = match ((c.get_mut)(&mut stats), status.get(c.field)) {
+                (NiCountMut::One(_), Some(v)) => v.is_u64(),
+                (NiCountMut::ByReason(_), Some(v)) => v.is_object(),
+                (_, None) => false,
+            };
+            assert!(
+                shape_ok,
+                "exanet-rack's NiStatus lacks the NI counter `{}` (or has it in another \
+                 shape): add it there and in exanetd's ni_status",
+                c.field
+            );
+        }
+    }
+
+    #[test]
+    fn ni_counters_come_back_from_the_status() {
+        let st = ni_stats(&sample().ni);
+        assert_eq!(st.messages_sent, 41);
+        assert_eq!(st.rdma_transfers_failed, 51);
+        assert_eq!(st.nacks_sent[NackReason::Crc as usize], 22);
+        assert_eq!(st.nacks_sent[NackReason::PageFault as usize], 21);
+        assert_eq!(st.nacks_received[NackReason::NoContext as usize], 23);
+        assert_eq!(st.nacks_received[NackReason::Crc as usize], 0);
     }
 }
