@@ -1,12 +1,17 @@
 //! The catalog of the metric families a node exports, as plain data: name, help, type,
 //! labels. The daemon registers its Prometheus families by walking [`Family::ALL`], the
-//! dashboards name families through [`Family::name`], and the NI's counters reach their
-//! families through [`NI_COUNTERS`], so a family is declared here once and nowhere else.
+//! dashboards name families through [`Family::name`], and the NI's counters are declared
+//! here with the family each feeds ([`NiStats`], [`NI_COUNTERS`]), so a family is declared
+//! once and a new NI counter is one line here plus the place that counts it.
 //!
 //! Nothing here depends on Prometheus: the core only counts, and an exporter turns the
 //! counts into whatever format it serves.
 
-use crate::ni::{NackReason, NiStats, REASONS};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::ni::{NackReason, REASONS};
 
 /// How a family's values behave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,26 +245,6 @@ impl<'a> From<&'a [u64; REASONS]> for NiCount<'a> {
     }
 }
 
-/// One [`NiStats`] field, to write (for an exporter that rebuilds the counters from a
-/// status report).
-#[derive(Debug, PartialEq, Eq)]
-pub enum NiCountMut<'a> {
-    One(&'a mut u64),
-    ByReason(&'a mut [u64; REASONS]),
-}
-
-impl<'a> From<&'a mut u64> for NiCountMut<'a> {
-    fn from(v: &'a mut u64) -> Self {
-        NiCountMut::One(v)
-    }
-}
-
-impl<'a> From<&'a mut [u64; REASONS]> for NiCountMut<'a> {
-    fn from(v: &'a mut [u64; REASONS]) -> Self {
-        NiCountMut::ByReason(v)
-    }
-}
-
 /// Where one [`NiStats`] field is exported.
 #[derive(Clone, Copy, Debug)]
 pub struct NiCounter {
@@ -270,7 +255,6 @@ pub struct NiCounter {
     /// reason).
     pub labels: &'static [&'static str],
     pub get: for<'a> fn(&'a NiStats) -> NiCount<'a>,
-    pub get_mut: for<'a> fn(&'a mut NiStats) -> NiCountMut<'a>,
 }
 
 /// One series of an NI counter: its family, its label values after `node`, its count.
@@ -281,37 +265,110 @@ pub struct NiSample {
     pub value: u64,
 }
 
-macro_rules! ni_counters {
-    ($( $field:ident => $family:ident [$($value:literal),*]; )*) => {
-        /// Every exported [`NiStats`] field and the family it feeds, declared once. A field
-        /// not listed here (`stale_cells`, `duplicates`) is shown by `exactl` but not
-        /// exported.
+/// Declares the NI's counters once: the [`NiStats`] fields and, for each exported one,
+/// the family and label values it feeds ([`NI_COUNTERS`]).
+macro_rules! ni_stats {
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident: $ty:ty $(=> $family:ident [$($value:literal),*])?;
+    )*) => {
+        /// Counters of the NI, for metrics. Serialised as the daemon's status report
+        /// carries them (`NiStatus`): each under its field name, NACK counts as a map from
+        /// [`NackReason::label`] to the count of the reasons that happened.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct NiStats {
+            $( $(#[doc = $doc])* #[serde(with = "tally")] pub $field: $ty, )*
+        }
+
+        /// Every exported [`NiStats`] field and the family it feeds.
         pub const NI_COUNTERS: &[NiCounter] = &[
-            $(NiCounter {
+            $($(NiCounter {
                 field: stringify!($field),
                 family: Family::$family,
                 labels: &[$($value),*],
                 get: |s| NiCount::from(&s.$field),
-                get_mut: |s| NiCountMut::from(&mut s.$field),
-            },)*
+            },)?)*
         ];
     };
 }
 
-ni_counters! {
-    messages_sent => NiMessages["tx"];
-    messages_received => NiMessages["rx"];
-    acks_sent => NiAcks["tx"];
-    acks_received => NiAcks["rx"];
-    nacks_sent => NiNacks["tx"];
-    nacks_received => NiNacks["rx"];
-    retransmissions => NiRetransmissions[];
-    timeouts => NiTimeouts[];
-    pdid_violations => NiPdidViolations[];
-    rdma_blocks_sent => NiRdmaBlocks["tx"];
-    rdma_blocks_received => NiRdmaBlocks["rx"];
-    rdma_transfers_done => NiRdmaTransfers["ok"];
-    rdma_transfers_failed => NiRdmaTransfers["failed"];
+ni_stats! {
+    messages_sent: u64 => NiMessages["tx"];
+    messages_received: u64 => NiMessages["rx"];
+    acks_sent: u64 => NiAcks["tx"];
+    /// Indexed by [`NackReason`] code.
+    nacks_sent: [u64; REASONS] => NiNacks["tx"];
+    acks_received: u64 => NiAcks["rx"];
+    /// Indexed by [`NackReason`] code.
+    nacks_received: [u64; REASONS] => NiNacks["rx"];
+    retransmissions: u64 => NiRetransmissions[];
+    timeouts: u64 => NiTimeouts[];
+    pdid_violations: u64 => NiPdidViolations[];
+    rdma_blocks_sent: u64 => NiRdmaBlocks["tx"];
+    rdma_blocks_received: u64 => NiRdmaBlocks["rx"];
+    rdma_transfers_done: u64 => NiRdmaTransfers["ok"];
+    rdma_transfers_failed: u64 => NiRdmaTransfers["failed"];
+    /// RDMA cells or answers for a block no longer awaited (shown by `exactl`, not
+    /// exported).
+    stale_cells: u64;
+    /// RDMA blocks received again after they were complete (not exported).
+    duplicates: u64;
+}
+
+/// How a counter field is written in the status report.
+trait Tally: Sized {
+    fn put<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error>;
+    fn take<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
+}
+
+impl Tally for u64 {
+    fn put<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(*self)
+    }
+
+    fn take<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        u64::deserialize(d)
+    }
+}
+
+impl Tally for [u64; REASONS] {
+    fn put<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let by_label: BTreeMap<&str, u64> = NiCount::ByReason(self)
+            .samples()
+            .into_iter()
+            .filter_map(|(label, n)| Some((label?, n)))
+            .collect();
+        by_label.serialize(s)
+    }
+
+    fn take<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let by_label = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut counts = [0; REASONS];
+        for (label, n) in by_label {
+            let slot = NackReason::all()
+                .find(|r| r.label() == label)
+                .and_then(|r| counts.get_mut(r as usize))
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown NACK reason {label}")))?;
+            *slot = n;
+        }
+        Ok(counts)
+    }
+}
+
+/// `#[serde(with)]` for every [`NiStats`] field, whichever its shape.
+mod tally {
+    use serde::{Deserializer, Serializer};
+
+    use super::Tally;
+
+    pub fn serialize<T: Tally, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        v.put(s)
+    }
+
+    pub fn deserialize<'de, T: Tally, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        T::take(d)
+    }
 }
 
 impl NiCount<'_> {

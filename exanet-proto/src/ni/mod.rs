@@ -179,25 +179,8 @@ pub enum NiEvent {
     },
 }
 
-/// Counters of the NI, for metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NiStats {
-    pub messages_sent: u64,
-    pub messages_received: u64,
-    pub acks_sent: u64,
-    pub nacks_sent: [u64; REASONS],
-    pub acks_received: u64,
-    pub nacks_received: [u64; REASONS],
-    pub retransmissions: u64,
-    pub timeouts: u64,
-    pub pdid_violations: u64,
-    pub rdma_blocks_sent: u64,
-    pub rdma_blocks_received: u64,
-    pub rdma_transfers_done: u64,
-    pub rdma_transfers_failed: u64,
-    pub stale_cells: u64,
-    pub duplicates: u64,
-}
+/// Counters of the NI, declared in the metric catalog with the family each one feeds.
+pub use crate::metric::NiStats;
 
 /// Timing and sizing of the NI protocols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
