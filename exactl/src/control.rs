@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use exanet_control::control::{Request, Response};
+use exanet_control::control_client::ControlClient;
+use exanet_control::rack::Rack;
 use exanet_proto::NodeId;
-use exanet_rack::control::{Request, Response};
-use exanet_rack::control_client::ControlClient;
-use exanet_rack::rack::Rack;
 
 use crate::error::{CliError, Result};
 use crate::live::RackLiveness;
@@ -16,7 +16,7 @@ pub fn client(rack: &Rack) -> Result<ControlClient> {
     ControlClient::new(rack).map_err(|e| {
         CliError::Failed(format!(
             "{e} (the operator certificate is {}; `exactl rack up` or `exactl rack pki` creates it)",
-            rack.layout().node_cert(&exanet_rack::tls::OPERATOR).display()
+            rack.layout().node_cert(&exanet_control::tls::OPERATOR).display()
         ))
     })
 }

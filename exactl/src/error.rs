@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
+use exanet_control::control::ControlError;
+use exanet_control::rack::RackError;
+use exanet_control::tls::TlsError;
 use exanet_deploy::DeployError;
 use exanet_proto::NameError;
-use exanet_rack::control::ControlError;
-use exanet_rack::rack::RackError;
-use exanet_rack::tls::TlsError;
 use thiserror::Error;
 
 /// Exit code for bad input: bad arguments, names, shapes, rack files.
@@ -15,10 +15,13 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code for runtime failures: a daemon that does not answer, a rack that does not come up.
 pub const EXIT_FAILURE: u8 = 1;
 
+/// The phrase every command uses for a node whose process is gone.
+pub const NOT_RUNNING: &str = "process not running";
+
 #[derive(Debug, Error)]
 pub enum CliError {
     // ---- bad input (exit 2) ----
-    #[error("no rack at {dir}: {file} does not exist (create and start one with `exactl rack up`)", file = .dir.join(exanet_rack::rack::RACK_FILE).display(), dir = .dir.display())]
+    #[error("no rack at {dir}: {file} does not exist (create and start one with `exactl rack up`)", file = .dir.join(exanet_control::rack::RACK_FILE).display(), dir = .dir.display())]
     NoRack { dir: PathBuf },
 
     #[error(transparent)]
@@ -46,7 +49,7 @@ pub enum CliError {
         "the rack at {dir} was created with {setting} {existing}, not {requested}; \
          to change it run `exactl rack down` and remove {file} (or use another --rack DIR)",
         dir = .dir.display(),
-        file = .dir.join(exanet_rack::rack::RACK_FILE).display()
+        file = .dir.join(exanet_control::rack::RACK_FILE).display()
     )]
     SettingMismatch {
         dir: PathBuf,
@@ -97,7 +100,7 @@ pub enum CliError {
     Control { node: String, source: ControlError },
 
     /// A node of a local rack whose daemon process is gone (not asked: it cannot answer).
-    #[error("{node}: {} ({why})", crate::live::NOT_RUNNING)]
+    #[error("{node}: {} ({why})", NOT_RUNNING)]
     NotRunning { node: String, why: String },
 
     /// Every daemon process of a local rack is gone.

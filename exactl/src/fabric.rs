@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use exanet_control::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
+use exanet_control::control_client::ControlClient;
 use exanet_proto::topology::{self, Link};
 use exanet_proto::{NodeId, Shape};
-use exanet_rack::control::{self, LinkState, LinkStatus, NodeStatus, Request, Response};
-use exanet_rack::control_client::ControlClient;
 
 use crate::live::RackLiveness;
 

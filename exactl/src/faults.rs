@@ -11,11 +11,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use exanet_control::control::{LinkStatus, NodeStatus, Request, Response};
+use exanet_control::control_client::ControlClient;
+use exanet_control::rack::Rack;
 use exanet_proto::fault::{FaultKind, FaultUnit, FaultUnitMismatch, FaultValue, LinkFaults};
 use exanet_proto::{NodeId, NodeName, Shape};
-use exanet_rack::control::{LinkStatus, NodeStatus, Request, Response};
-use exanet_rack::control_client::ControlClient;
-use exanet_rack::rack::Rack;
 use serde_json::json;
 
 use crate::error::{CliError, Result};
@@ -480,7 +480,7 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
     let live = RackLiveness::of(&rack);
     if live.all_gone() && !as_json {
-        return Err(crate::status::not_running(&rack));
+        return Err(crate::live::not_running(&rack));
     }
     let shape = rack.shape();
     let answers: Vec<fabric::Answer> = if live.all_gone() {
@@ -537,7 +537,7 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
         );
     }
     if live.all_gone() {
-        return Err(crate::status::not_running(&rack));
+        return Err(crate::live::not_running(&rack));
     }
     match silent.len() {
         0 => Ok(()),
@@ -617,8 +617,8 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
             format!("{}->{}", r.from, r.l.peer),
             match (r.l.admin_down, r.l.state) {
                 (true, _) => "cut",
-                (false, exanet_rack::control::LinkState::Up) => "up",
-                (false, exanet_rack::control::LinkState::Down) => "down",
+                (false, exanet_control::control::LinkState::Up) => "up",
+                (false, exanet_control::control::LinkState::Down) => "down",
             }
             .to_string(),
             describe(&f),

@@ -22,9 +22,10 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::Path;
 
+use exanet_control::rack::{Deploy, Rack};
 use exanet_proto::NodeId;
-use exanet_rack::rack::{Deploy, Rack};
 
+use crate::error::{CliError, NOT_RUNNING};
 use crate::process::{self, PidFile};
 
 /// What is known of one node's daemon process without asking it.
@@ -43,9 +44,6 @@ pub enum Liveness {
 pub struct RackLiveness {
     pub nodes: Vec<Liveness>,
 }
-
-/// The phrase every command uses for a node whose process is gone.
-pub const NOT_RUNNING: &str = "process not running";
 
 impl RackLiveness {
     /// Looks at the rack's pid files and this host's UDP sockets (nothing is asked).
@@ -219,6 +217,15 @@ fn parse_proc_addr(field: &str) -> Option<SocketAddr> {
         _ => return None,
     };
     Some(SocketAddr::new(ip, port))
+}
+
+/// The one line for a local rack none of whose daemon processes is alive.
+pub fn not_running(rack: &Rack) -> CliError {
+    CliError::RackNotRunning {
+        name: rack.file.name.clone(),
+        dir: rack.dir.clone(),
+        nodes: rack.shape().nodes() as usize,
+    }
 }
 
 #[cfg(test)]

@@ -272,7 +272,7 @@ fn parse_node_name(s: &str) -> Result<NodeName, String> {
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    let dir = exanet_rack::rack::rack_dir(cli.rack.as_deref());
+    let dir = exanet_control::rack::rack_dir(cli.rack.as_deref());
     match cli.command {
         Command::Rack(RackCommand::Up(a)) => rack_cmd::up(
             &dir,

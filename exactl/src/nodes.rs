@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use exanet_control::rack::{Deploy, Layout, Rack};
 use exanet_proto::{NodeId, NodeName};
-use exanet_rack::rack::{Deploy, Layout, Rack};
 
 use crate::error::{CliError, Result};
 use crate::fabric;
@@ -214,7 +214,7 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
         }
         (op, None) => Err(CliError::Failed(format!(
             "{node}: {} here (no live daemon behind {}); nothing to {}",
-            crate::live::NOT_RUNNING,
+            crate::error::NOT_RUNNING,
             layout.pid_file(&node).display(),
             op.label()
         ))),

@@ -5,13 +5,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use exanet_control::control::{PingReport, Request, Response};
+use exanet_control::rack::Rack;
 use exanet_proto::{routing, NodeId, NodeName, Shape};
-use exanet_rack::control::{PingReport, Request, Response};
-use exanet_rack::rack::Rack;
 
+use crate::error::NOT_RUNNING;
 use crate::error::{CliError, Result};
 use crate::fabric;
-use crate::live::{RackLiveness, NOT_RUNNING};
+use crate::live::RackLiveness;
 
 #[derive(Clone, Debug)]
 pub struct PingOptions {

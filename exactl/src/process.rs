@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use exanet_rack::rack::Layout;
+use exanet_control::rack::Layout;
 
 use crate::error::{CliError, Result};
 

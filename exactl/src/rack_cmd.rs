@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
+use exanet_control::control::{Request, Response};
+use exanet_control::control_client::ControlClient;
+use exanet_control::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
 use exanet_proto::switch::{DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape};
-use exanet_rack::control::{Request, Response};
-use exanet_rack::control_client::ControlClient;
-use exanet_rack::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Health};
@@ -76,7 +76,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         );
     }
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
-    let issued = exanet_rack::tls::ensure_rack_pki(&layout, &names)?;
+    let issued = exanet_control::tls::ensure_rack_pki(&layout, &names)?;
     if issued > 0 {
         eprintln!("exactl: issued {issued} TLS certificates (nodes and the operator's)");
     }
@@ -461,7 +461,7 @@ fn failure_report(
     if !down.is_empty() {
         let _ = writeln!(s, "  links not up ({}):", down.len());
         for v in down.iter().take(REPORT_LIMIT) {
-            let end = |e: Option<&exanet_rack::control::LinkStatus>, node: NodeId| match e {
+            let end = |e: Option<&exanet_control::control::LinkStatus>, node: NodeId| match e {
                 Some(l) => format!("{} says {:?}", shape.display(node), l.state).to_lowercase(),
                 None => format!("{} does not answer", shape.display(node)),
             };

@@ -4,10 +4,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use exanet_control::control::{LinkState, LinkStatus};
+use exanet_control::rack::Rack;
 use exanet_proto::topology;
 use exanet_proto::{NodeId, Shape};
-use exanet_rack::control::{LinkState, LinkStatus};
-use exanet_rack::rack::Rack;
 use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
@@ -26,7 +26,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     let shape = rack.shape();
     let live = RackLiveness::of(&rack);
     if live.all_gone() && !as_json {
-        return Err(not_running(&rack));
+        return Err(crate::live::not_running(&rack));
     }
     // Without operator credentials no daemon can be asked; the rack is still shown, every
     // node unreachable for that reason (or because its process is gone).
@@ -58,7 +58,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     let gone = live.gone_count();
     match silent {
         0 => Ok(()),
-        _ if live.all_gone() => Err(not_running(&rack)),
+        _ if live.all_gone() => Err(crate::live::not_running(&rack)),
         n if n == answers.len() => Err(CliError::Failed(format!(
             "no daemon of the rack at {} answers (is it up? `exactl rack up` starts it)",
             dir.display()
@@ -71,15 +71,6 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
             "{n} of {} nodes did not answer",
             answers.len()
         ))),
-    }
-}
-
-/// The one line for a local rack none of whose daemon processes is alive.
-pub fn not_running(rack: &Rack) -> CliError {
-    CliError::RackNotRunning {
-        name: rack.file.name.clone(),
-        dir: rack.dir.clone(),
-        nodes: rack.shape().nodes() as usize,
     }
 }
 
@@ -411,7 +402,7 @@ fn duration(secs: f64) -> String {
 mod tests {
     use super::*;
     use crate::fabric::tests::healthy_rack;
-    use exanet_rack::rack::RackFile;
+    use exanet_control::rack::RackFile;
 
     fn rack(shape: &str) -> Rack {
         let shape: Shape = shape.parse().unwrap();
@@ -519,17 +510,19 @@ mod tests {
         let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
         assert!(!text.contains("workloads:"), "{text}");
         if let Ok(st) = &mut answers[1] {
-            st.ni.workloads.push(exanet_rack::control::WorkloadStatus {
-                rank: 3,
-                job: "alice".into(),
-                pdid: 42,
-                pid: 4242,
-                uid: 1001,
-                rdma_pages: 2,
-                packetizers: 1,
-                mailboxes: 5,
-                registered_bytes: 64 << 20,
-            });
+            st.ni
+                .workloads
+                .push(exanet_control::control::WorkloadStatus {
+                    rank: 3,
+                    job: "alice".into(),
+                    pdid: 42,
+                    pid: 4242,
+                    uid: 1001,
+                    rdma_pages: 2,
+                    packetizers: 1,
+                    mailboxes: 5,
+                    registered_bytes: 64 << 20,
+                });
         }
         let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
         let row = text

@@ -17,9 +17,9 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use exanet_control::control::{LinkState, LinkStatus, NiStatus, NodeStatus};
+use exanet_control::rack::Rack;
 use exanet_proto::{NodeId, Shape};
-use exanet_rack::control::{LinkState, LinkStatus, NiStatus, NodeStatus};
-use exanet_rack::rack::Rack;
 use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
@@ -619,7 +619,7 @@ pub fn run(dir: &Path, args: &TopArgs) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     if crate::live::RackLiveness::of(&rack).all_gone() {
-        return Err(crate::status::not_running(&rack));
+        return Err(crate::live::not_running(&rack));
     }
     let client = crate::control::client(&rack)?;
     // A silent node costs this much per refresh; never more than the interval itself

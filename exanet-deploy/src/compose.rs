@@ -26,7 +26,7 @@
 use std::path::Path;
 
 use exanet_proto::Shape;
-use exanet_rack::rack::Deploy;
+use exanet_control::rack::Deploy;
 
 use crate::error::{DeployError, Result};
 use crate::yaml::{flow, int, render, s, MapBuilder, Yaml};
@@ -619,7 +619,7 @@ fn prometheus_config(name: &str, targets: &[String]) -> String {
 mod tests {
     use super::*;
     use crate::{assert_committed, text, LINK_PORT};
-    use exanet_rack::rack::{Rack, RackFile};
+    use exanet_control::rack::{Rack, RackFile};
     use serde_yaml::Value;
 
     fn opts(shape: &str) -> ComposeOptions {

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use exanet_rack::rack::RackError;
-use exanet_rack::tls::TlsError;
+use exanet_control::rack::RackError;
+use exanet_control::tls::TlsError;
 use thiserror::Error;
 
 #[derive(Debug, Error)]

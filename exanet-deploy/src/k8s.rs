@@ -20,7 +20,7 @@
 use std::path::Path;
 
 use exanet_proto::Shape;
-use exanet_rack::rack::Deploy;
+use exanet_control::rack::Deploy;
 
 use crate::error::Result;
 use crate::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};
@@ -368,7 +368,7 @@ pub fn run(out: &Path, opts: &K8sOptions) -> Result<String> {
 mod tests {
     use super::*;
     use crate::{assert_committed, text};
-    use exanet_rack::rack::{Rack, RackFile};
+    use exanet_control::rack::{Rack, RackFile};
     use serde::Deserialize;
     use serde_yaml::Value;
     use std::collections::BTreeMap;

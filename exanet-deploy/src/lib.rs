@@ -23,7 +23,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use exanet_proto::Shape;
-use exanet_rack::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
+use exanet_control::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
 
 use crate::error::Result;
 
@@ -292,7 +292,7 @@ pub fn pki(dir: &Path) -> Result<String> {
     let shape = rack.shape();
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let layout = Layout::new(dir);
-    let issued = exanet_rack::tls::ensure_rack_pki(&layout, &names)?;
+    let issued = exanet_control::tls::ensure_rack_pki(&layout, &names)?;
     // `issued` counts the operator's certificate too (exactl's, for the control API).
     Ok(format!(
         "rack {:?}: {issued} certificate(s) issued; {} has the CA and the certificates of \
@@ -381,7 +381,7 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let shape: Shape = "1x1x1".parse().unwrap();
         let file = RackFile::loopback("t", shape, |id| (20000 + id.0 as u16, 21000 + id.0 as u16));
-        exanet_rack::rack::write_rack_file(&d, &file).unwrap();
+        exanet_control::rack::write_rack_file(&d, &file).unwrap();
         pki(&d).unwrap();
         let layout = Layout::new(&d);
         let cert = layout.node_cert(&"M1QAF3");

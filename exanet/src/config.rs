@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exanet_proto::Shape;
-use exanet_rack::rack::Layout;
+use exanet_control::rack::Layout;
 
 use crate::error::{Error, Result};
 
@@ -25,7 +25,7 @@ pub const ENV_JOB_KEY: &str = "EXANET_JOB_KEY";
 pub const ENV_SPIN_US: &str = "EXANET_SPIN_US";
 /// The rack directory when neither an argument nor `EXANET_RACK` names one, and the rack
 /// file inside it: the daemon's, from exanet-rack.
-pub use exanet_rack::rack::{DEFAULT_RACK_DIR, ENV_RACK, RACK_FILE};
+pub use exanet_control::rack::{DEFAULT_RACK_DIR, ENV_RACK, RACK_FILE};
 /// How long a control request (attach, register, alloc, free) may take by default.
 pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest spin budget accepted from `EXANET_SPIN_US` (one second).
@@ -83,7 +83,7 @@ pub fn spin_from_env() -> Result<Duration> {
 /// The rack directory: `explicit`, else `EXANET_RACK`, else `./exanet-rack` (as exactl
 /// and the daemon find it).
 pub fn rack_dir(explicit: Option<&Path>) -> PathBuf {
-    exanet_rack::rack::rack_dir(explicit)
+    exanet_control::rack::rack_dir(explicit)
 }
 
 /// The attach socket of `node` in `rack_dir`: where the daemon's layout puts it.
@@ -139,5 +139,5 @@ pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
 
 /// The `shape = "XxYxZ"` of a rack file's text.
 pub fn parse_shape(text: &str) -> Result<Shape, String> {
-    exanet_rack::rack::parse_shape(text)
+    exanet_control::rack::parse_shape(text)
 }

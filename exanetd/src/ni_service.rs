@@ -359,7 +359,7 @@ fn serve_session(
         error(&conn, &node, "workload_refused", "unknown job key".into());
         return;
     };
-    if !quota::may_join(&job, peer.uid, peer.gid, daemon_uid) {
+    if !job.may_join(peer.uid, peer.gid, daemon_uid) {
         error(
             &conn,
             &node,
@@ -375,7 +375,15 @@ fn serve_session(
         job: job_name.to_string(),
         pdid: job.pdid,
         peer,
-        limits: Limits::for_rank(node.rack.file.ni.as_ref()),
+        limits: Limits::for_rank(
+            &node
+                .rack
+                .file
+                .ni
+                .as_ref()
+                .map(|ni| ni.rank_quota())
+                .unwrap_or_default(),
+        ),
         // The default job is there even when the rack file does not name it.
         job_limits: Limits::for_job(&job.quota, {
             let jobs = &node.rack.file.jobs;

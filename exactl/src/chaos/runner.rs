@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use exanet_control::control_client::ControlClient;
+use exanet_control::rack::{Deploy, Rack};
 use exanet_proto::fault::LinkFaults;
 use exanet_proto::NodeId;
-use exanet_rack::control_client::ControlClient;
-use exanet_rack::rack::{Deploy, Rack};
 
 use super::plan::{parse_plan, What};
 use super::timeline::{derive, describe_action, expand, render_timeline, secs, Item, Timeline};

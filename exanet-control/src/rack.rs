@@ -68,6 +68,8 @@ use exanet_proto::{NodeId, Shape, SwitchConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::quota::{JobQuota, RankQuota};
+
 pub const RACK_FILE: &str = "rack.toml";
 pub const DEFAULT_RACK_DIR: &str = "exanet-rack";
 /// The environment variable naming the rack directory when no `--rack` does.
@@ -232,23 +234,6 @@ pub struct Job {
     pub quota: JobQuota,
 }
 
-/// What one job may hold on one node; absent fields keep the defaults
-/// ([`crate::quota::JOB_DEFAULTS`]), which leave a share of every NI resource to other jobs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JobQuota {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_ranks: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_rdma_pages: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_packetizers: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_mailboxes: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_registered_mib: Option<u64>,
-}
-
 /// The rack's NI protocol settings; absent fields keep their defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +255,30 @@ pub struct NiSettings {
     pub rank_max_mailboxes: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_max_registered_mib: Option<u64>,
+}
+
+impl Job {
+    /// Who may attach to this job: its `uid`/`gid` lists, or, with neither, the daemon's
+    /// own user and root (what the owner-only socket allowed before jobs could name
+    /// users).
+    pub fn may_join(&self, peer_uid: u32, peer_gid: u32, daemon_uid: u32) -> bool {
+        if self.uid.is_empty() && self.gid.is_empty() {
+            return peer_uid == daemon_uid || peer_uid == 0;
+        }
+        self.uid.contains(&peer_uid) || self.gid.contains(&peer_gid)
+    }
+}
+
+impl NiSettings {
+    /// The `rank_max_*` settings: what one attached process may hold.
+    pub fn rank_quota(&self) -> RankQuota {
+        RankQuota {
+            max_rdma_pages: self.rank_max_rdma_pages,
+            max_packetizers: self.rank_max_packetizers,
+            max_mailboxes: self.rank_max_mailboxes,
+            max_registered_mib: self.rank_max_registered_mib,
+        }
+    }
 }
 
 /// PDID of the default job when the rack file names none.
@@ -387,7 +396,7 @@ impl Rack {
             crate::quota::Limits::check_job(&job.quota).map_err(|e| format!("job {name}: {e}"))?;
         }
         if let Some(ni) = &file.ni {
-            crate::quota::Limits::check_rank(ni).map_err(|e| format!("ni.{e}"))?;
+            crate::quota::Limits::check_rank(&ni.rank_quota()).map_err(|e| format!("ni.{e}"))?;
         }
         let shape = file.shape;
         let mut nodes: Vec<Option<NodeEntry>> = vec![None; shape.nodes() as usize];
@@ -710,5 +719,22 @@ mod tests {
         assert!(e.contains("32 blocks"), "{e}");
         let e = with_jobs("[ni]\nrank_window_blocks = 0\n").unwrap_err();
         assert!(e.contains("1..=65536"), "{e}");
+    }
+
+    #[test]
+    fn who_may_join() {
+        let open = Job::default();
+        assert!(open.may_join(500, 500, 500));
+        assert!(open.may_join(0, 0, 500));
+        assert!(!open.may_join(1001, 1001, 500));
+        let alice = Job {
+            uid: vec![1001],
+            gid: vec![2000],
+            ..Job::default()
+        };
+        assert!(alice.may_join(1001, 1, 500));
+        assert!(alice.may_join(7, 2000, 500));
+        assert!(!alice.may_join(500, 500, 500));
+        assert!(!alice.may_join(0, 0, 500));
     }
 }

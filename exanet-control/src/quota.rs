@@ -11,9 +11,36 @@
 
 use std::fmt;
 
-use crate::rack::{JobQuota, NiSettings};
+use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1 << 20;
+
+/// What one job may hold on one node; absent fields keep the defaults
+/// ([`JOB_DEFAULTS`]), which leave a share of every NI resource to other jobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobQuota {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ranks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rdma_pages: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_packetizers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mailboxes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_registered_mib: Option<u64>,
+}
+
+/// `[ni] rank_max_*` in the rack file: what one attached process may hold; absent fields
+/// keep [`RANK_DEFAULTS`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankQuota {
+    pub max_rdma_pages: Option<u32>,
+    pub max_packetizers: Option<u32>,
+    pub max_mailboxes: Option<u32>,
+    pub max_registered_mib: Option<u64>,
+}
 
 /// What a job or a rank may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,16 +138,15 @@ impl Limits {
     }
 
     /// A rank's limits: `[ni] rank_max_*` over [`RANK_DEFAULTS`].
-    pub fn for_rank(ni: Option<&NiSettings>) -> Limits {
+    pub fn for_rank(q: &RankQuota) -> Limits {
         let d = RANK_DEFAULTS;
-        let Some(ni) = ni else { return d };
         Limits {
             ranks: 1,
-            rdma_pages: ni.rank_max_rdma_pages.unwrap_or(d.rdma_pages),
-            packetizers: ni.rank_max_packetizers.unwrap_or(d.packetizers),
-            mailboxes: ni.rank_max_mailboxes.unwrap_or(d.mailboxes),
-            registered_bytes: ni
-                .rank_max_registered_mib
+            rdma_pages: q.max_rdma_pages.unwrap_or(d.rdma_pages),
+            packetizers: q.max_packetizers.unwrap_or(d.packetizers),
+            mailboxes: q.max_mailboxes.unwrap_or(d.mailboxes),
+            registered_bytes: q
+                .max_registered_mib
                 .map_or(d.registered_bytes, |m| m.saturating_mul(MIB)),
         }
     }
@@ -132,8 +158,8 @@ impl Limits {
     }
 
     /// `[ni] rank_max_*` are within what a node has.
-    pub fn check_rank(ni: &NiSettings) -> Result<(), String> {
-        Limits::for_rank(Some(ni)).within_node("rank_max_", false)
+    pub fn check_rank(q: &RankQuota) -> Result<(), String> {
+        Limits::for_rank(q).within_node("rank_max_", false)
     }
 
     /// Every limit is at most what a node has; `prefix` names the settings in errors.
@@ -283,15 +309,6 @@ pub fn digests_equal(theirs: Option<&[u8; 32]>, presented: &[u8; 32]) -> bool {
     })
 }
 
-/// Who may attach to a job: its `uid`/`gid` lists, or, with neither, the daemon's own user
-/// and root (what the owner-only socket allowed before jobs could name users).
-pub fn may_join(job: &crate::rack::Job, peer_uid: u32, peer_gid: u32, daemon_uid: u32) -> bool {
-    if job.uid.is_empty() && job.gid.is_empty() {
-        return peer_uid == daemon_uid || peer_uid == 0;
-    }
-    job.uid.contains(&peer_uid) || job.gid.contains(&peer_gid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,23 +382,5 @@ mod tests {
         assert!(digests_equal(Some(&d), &d));
         assert!(!digests_equal(Some(&key_digest("tesT")), &d));
         assert!(!digests_equal(None, &d));
-    }
-
-    #[test]
-    fn who_may_join() {
-        use crate::rack::Job;
-        let open = Job::default();
-        assert!(may_join(&open, 500, 500, 500));
-        assert!(may_join(&open, 0, 0, 500));
-        assert!(!may_join(&open, 1001, 1001, 500));
-        let alice = Job {
-            uid: vec![1001],
-            gid: vec![2000],
-            ..Job::default()
-        };
-        assert!(may_join(&alice, 1001, 1, 500));
-        assert!(may_join(&alice, 7, 2000, 500));
-        assert!(!may_join(&alice, 500, 500, 500));
-        assert!(!may_join(&alice, 0, 0, 500));
     }
 }
