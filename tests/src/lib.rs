@@ -537,7 +537,7 @@ pub fn parse_prometheus(text: &str) -> Vec<Sample> {
 
 impl TestRack {
     /// One JSON request on `run/<NODE>.sock` (the daemon's local control socket; requests
-    /// and answers are documented in `exanetd/src/control.rs`) and its one-line answer.
+    /// and answers are documented in `exanet-control/src/control.rs`) and its one-line answer.
     /// A daemon that does not answer within `timeout` (e.g. one that is paused) is an error.
     pub fn control(
         &self,
