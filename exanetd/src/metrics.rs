@@ -395,9 +395,9 @@ mod tests {
                 rdma_blocks_received: 49,
                 rdma_transfers_done: 50,
                 rdma_transfers_failed: 51,
-                duplicates: 52,
-                stale_cells: 53,
-                workloads: Vec::new(),
+                // Counters added later read as zero here rather than needing this test
+                // edited for each.
+                ..NiStatus::default()
             },
         }
     }
