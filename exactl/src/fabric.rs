@@ -48,7 +48,7 @@ pub fn query_one(client: &ControlClient, id: NodeId, timeout: Duration) -> Answe
 
 fn status_answer(r: std::result::Result<Response, control::ControlError>) -> Answer {
     match r {
-        Ok(Response::Status(st)) => Ok(st),
+        Ok(Response::Status(st)) => Ok(*st),
         Ok(Response::Error { message }) => Err(format!("daemon error: {message}")),
         Ok(other) => Err(format!("unexpected answer to status: {other:?}")),
         Err(e) => Err(short_control_error(&e)),

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use exanet_control::control::{LinkState, LinkStatus, NiStatus, NodeStatus};
 use exanet_control::rack::Rack;
+use exanet_proto::ni::{NackReason, REASONS};
 use exanet_proto::{NodeId, Shape};
 use serde_json::{json, Value};
 
@@ -245,21 +246,19 @@ fn link_rates(prev: Option<&LinkStatus>, cur: &LinkStatus, dt: f64) -> LinkRates
     }
 }
 
-fn by_reason(
-    prev: &BTreeMap<String, u64>,
-    cur: &BTreeMap<String, u64>,
-    dt: f64,
-) -> BTreeMap<String, f64> {
-    cur.iter()
-        .map(|(k, &v)| {
-            let d = delta(prev.get(k).copied().unwrap_or(0), v);
-            (k.clone(), d as f64 / dt)
+/// Rates of NACKs by reason label, leaving out the reasons that did not move.
+fn by_reason(prev: &[u64; REASONS], cur: &[u64; REASONS], dt: f64) -> BTreeMap<String, f64> {
+    NackReason::all()
+        .map(|r| {
+            let i = r as usize;
+            (r.label().to_string(), delta(prev[i], cur[i]) as f64 / dt)
         })
         .filter(|(_, r)| *r > 0.0)
         .collect()
 }
 
 fn ni_rates(prev: &NiStatus, cur: &NiStatus, dt: f64) -> NiRates {
+    let (prev, cur) = (&prev.counters, &cur.counters);
     let per_s = |p: u64, c: u64| delta(p, c) as f64 / dt;
     NiRates {
         retransmissions: per_s(prev.retransmissions, cur.retransmissions),
@@ -773,16 +772,15 @@ mod tests {
         let mut cur = prev.clone();
         {
             let ni = &mut cur[1].as_mut().unwrap().ni;
-            ni.retransmissions = 10;
-            ni.timeouts = 2;
-            ni.nacks_sent.insert("crc".into(), 4);
-            ni.nacks_sent.insert("queue_full".into(), 0);
+            ni.counters.retransmissions = 10;
+            ni.counters.timeouts = 2;
+            ni.counters.nacks_sent[NackReason::Crc as usize] = 4;
         }
         {
             let ni = &mut cur[3].as_mut().unwrap().ni;
-            ni.retransmissions = 100;
-            ni.nacks_received.insert("page_fault".into(), 6);
-            ni.pdid_violations = 3;
+            ni.counters.retransmissions = 100;
+            ni.counters.nacks_received[NackReason::PageFault as usize] = 6;
+            ni.counters.pdid_violations = 3;
         }
         let f = compute(&s, &prev, &cur, 2.0);
         let f2 = f.node_rows[1].ni.as_ref().unwrap();
@@ -814,7 +812,7 @@ mod tests {
         for a in &mut prev {
             let st = a.as_mut().unwrap();
             st.uptime_seconds = 100.0;
-            st.ni.retransmissions = 1_000_000;
+            st.ni.counters.retransmissions = 1_000_000;
             for l in &mut st.links {
                 l.tx_bytes = 1_000_000_000;
                 l.stall_seconds = 50.0;
@@ -828,7 +826,7 @@ mod tests {
             let st = cur[1].as_mut().unwrap();
             st.pid += 1;
             st.uptime_seconds = 0.5;
-            st.ni.retransmissions = 3;
+            st.ni.counters.retransmissions = 3;
             for l in &mut st.links {
                 l.tx_bytes = 2560;
                 l.stall_seconds = 0.0;

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exanet_proto::fault::{FaultStats, LinkFaults};
+use exanet_proto::metric::NiStats;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -57,7 +58,8 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
-    Status(NodeStatus),
+    /// Boxed: a status is far larger than every other answer.
+    Status(Box<NodeStatus>),
     Ping(PingReport),
     Ok,
     Error { message: String },
@@ -143,23 +145,10 @@ pub struct NodeStatus {
 #[serde(default)]
 pub struct NiStatus {
     pub attached: u32,
-    pub messages_sent: u64,
-    pub messages_received: u64,
-    pub acks_sent: u64,
-    pub acks_received: u64,
-    /// NACKs by reason (`page_fault`, `no_context`, `crc`, `bad_address`,
-    /// `pdid_mismatch`, `queue_full`).
-    pub nacks_sent: BTreeMap<String, u64>,
-    pub nacks_received: BTreeMap<String, u64>,
-    pub retransmissions: u64,
-    pub timeouts: u64,
-    pub pdid_violations: u64,
-    pub rdma_blocks_sent: u64,
-    pub rdma_blocks_received: u64,
-    pub rdma_transfers_done: u64,
-    pub rdma_transfers_failed: u64,
-    pub duplicates: u64,
-    pub stale_cells: u64,
+    /// The NI's counters, each under its own name (NACKs as a map from reason to count):
+    /// declared once, in exanet-proto's metric catalog, with the family each feeds.
+    #[serde(flatten)]
+    pub counters: NiStats,
     /// Who is attached, by rank, and what each holds.
     pub workloads: Vec<WorkloadStatus>,
 }

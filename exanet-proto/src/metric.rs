@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::ni::{NackReason, REASONS};
+use crate::ni::nack::{NackReason, REASONS};
 
 /// How a family's values behave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

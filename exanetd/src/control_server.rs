@@ -146,7 +146,7 @@ async fn execute(req: Request, node: &NodeHandle, shutdown: &Notify) -> Response
     let shape = node.rack.shape();
     let err = |message: String| Response::Error { message };
     match req {
-        Request::Status => Response::Status(node.status()),
+        Request::Status => Response::Status(Box::new(node.status())),
         Request::Ping {
             dst,
             count,

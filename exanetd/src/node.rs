@@ -28,7 +28,6 @@ use crate::metrics::Op;
 use crate::rack::Rack;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
-use exanet_proto::ni::NackReason;
 
 /// One port's link: who is at the other end and the state of the current session.
 pub struct LinkSlot {
@@ -399,32 +398,9 @@ pub enum SessionRefused {
 }
 
 fn ni_status(core: &Core) -> NiStatus {
-    let st = &core.node.ni().stats;
-    let by_reason = |v: &[u64; exanet_proto::ni::REASONS]| {
-        NackReason::all()
-            .filter_map(|r| {
-                let n = v[r as usize];
-                (n > 0).then(|| (r.label().to_string(), n))
-            })
-            .collect()
-    };
     NiStatus {
         attached: core.sessions.iter().filter(|s| s.is_some()).count() as u32,
-        messages_sent: st.messages_sent,
-        messages_received: st.messages_received,
-        acks_sent: st.acks_sent,
-        acks_received: st.acks_received,
-        nacks_sent: by_reason(&st.nacks_sent),
-        nacks_received: by_reason(&st.nacks_received),
-        retransmissions: st.retransmissions,
-        timeouts: st.timeouts,
-        pdid_violations: st.pdid_violations,
-        rdma_blocks_sent: st.rdma_blocks_sent,
-        rdma_blocks_received: st.rdma_blocks_received,
-        rdma_transfers_done: st.rdma_transfers_done,
-        rdma_transfers_failed: st.rdma_transfers_failed,
-        duplicates: st.duplicates,
-        stale_cells: st.stale_cells,
+        counters: core.node.ni().stats.clone(),
         workloads: core
             .sessions
             .iter()

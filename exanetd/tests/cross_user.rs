@@ -300,7 +300,7 @@ fn jobs_of_different_users_are_isolated() {
         "status does not show B: {:?}",
         s.ni.workloads
     );
-    let nacks_before = s.ni.nacks_sent.get("pdid_mismatch").copied().unwrap_or(0);
+    let nacks_before = s.ni.counters.nacks_sent[exanet_proto::ni::NackReason::PdidMismatch as usize];
 
     let a = spawn_as(&exe, USERS[0], "a", &r.dir, &[("EXANET_XU_B", ready)]);
     let mut a = a;
@@ -341,9 +341,9 @@ fn jobs_of_different_users_are_isolated() {
     );
 
     let s = r.status(B_NODE).unwrap();
-    let nacks = s.ni.nacks_sent.get("pdid_mismatch").copied().unwrap_or(0);
+    let nacks = s.ni.counters.nacks_sent[exanet_proto::ni::NackReason::PdidMismatch as usize];
     eprintln!("{B_NODE}: pdid_mismatch NACKs sent {nacks_before} -> {nacks}");
-    assert!(nacks >= nacks_before + 2, "{:?}", s.ni.nacks_sent);
+    assert!(nacks >= nacks_before + 2, "{:?}", s.ni.counters.nacks_sent);
     let s = r.status(A_NODE).unwrap();
     assert!(
         s.errors.get("workload_user_refused").copied().unwrap_or(0) >= 3,

@@ -177,7 +177,7 @@ fn pdid_is_the_jobs_not_the_workloads() {
         );
     }
     let s = r.status("M1QAF4").unwrap();
-    assert!(s.ni.pdid_violations >= 1, "{s:?}");
+    assert!(s.ni.counters.pdid_violations >= 1, "{s:?}");
 }
 
 #[test]
@@ -596,7 +596,7 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
     assert!(posted > 50, "the attack did not run ({posted} commands)");
     assert!(worst < Duration::from_secs(5), "status took {worst:?}");
     let s = r.status("M1QAF1").unwrap();
-    assert!(s.ni.messages_sent > status_before.ni.messages_sent + 50);
+    assert!(s.ni.counters.messages_sent > status_before.ni.counters.messages_sent + 50);
     // The attacker leaves: its rank is freed.
     let evil_rank = evil.rank;
     drop(evil);

@@ -87,7 +87,7 @@ impl TestRack {
 
     pub fn status(&self, name: &str) -> Option<NodeStatus> {
         match request(&self.sock(name), &Request::Status, Duration::from_secs(2)) {
-            Ok(Response::Status(s)) => Some(s),
+            Ok(Response::Status(s)) => Some(*s),
             _ => None,
         }
     }
