@@ -62,7 +62,9 @@ pub enum Response {
     Status(Box<NodeStatus>),
     Ping(PingReport),
     Ok,
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

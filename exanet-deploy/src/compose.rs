@@ -25,8 +25,8 @@
 
 use std::path::Path;
 
-use exanet_proto::Shape;
 use exanet_control::rack::Deploy;
+use exanet_proto::Shape;
 
 use crate::error::{DeployError, Result};
 use crate::yaml::{flow, int, render, s, MapBuilder, Yaml};

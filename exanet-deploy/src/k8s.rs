@@ -19,8 +19,8 @@
 
 use std::path::Path;
 
-use exanet_proto::Shape;
 use exanet_control::rack::Deploy;
+use exanet_proto::Shape;
 
 use crate::error::Result;
 use crate::yaml::{flow, int, render, render_all, s, MapBuilder, Yaml};

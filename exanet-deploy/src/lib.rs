@@ -22,8 +22,8 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use exanet_proto::Shape;
 use exanet_control::rack::{Deploy, Layout, NodeEntry, Rack, RackFile};
+use exanet_proto::Shape;
 
 use crate::error::Result;
 

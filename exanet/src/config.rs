@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use exanet_proto::Shape;
 use exanet_control::rack::Layout;
+use exanet_proto::Shape;
 
 use crate::error::{Error, Result};
 

@@ -300,7 +300,8 @@ fn jobs_of_different_users_are_isolated() {
         "status does not show B: {:?}",
         s.ni.workloads
     );
-    let nacks_before = s.ni.counters.nacks_sent[exanet_proto::ni::NackReason::PdidMismatch as usize];
+    let nacks_before =
+        s.ni.counters.nacks_sent[exanet_proto::ni::NackReason::PdidMismatch as usize];
 
     let a = spawn_as(&exe, USERS[0], "a", &r.dir, &[("EXANET_XU_B", ready)]);
     let mut a = a;
