@@ -49,7 +49,10 @@ for round in $(seq "$rounds"); do
     gbps=$(printf '%s\n' "$out" | sed -n 's/^throughput.*cells: \([0-9.]*\) Gb\/s payload.*/\1/p' | head -1)
     rtt=$(printf '%s\n' "$out" | sed -n 's/^probe rtt, 1 hop: p50 \([0-9.]*\) us.*/\1/p' | head -1)
     dir=$(mktemp -d /tmp/exanet-bench-ab.XXXXXX)
-    RUST_LOG=warn "$bin/exactl" --rack "$dir" rack up --shape 2x1x1 --timeout 60 >/dev/null
+    if ! up=$(RUST_LOG=warn "$bin/exactl" --rack "$dir" rack up --shape 2x1x1 --timeout 60 2>&1); then
+      printf '%s\n' "$up" >&2
+      exit 1
+    fi
     "$bin/exanet-perf" --rack "$dir" --node M1QBF3 pingpong serve >/dev/null 2>&1 &
     server=$!
     pp=$("$bin/exanet-perf" --rack "$dir" --node M1QAF2 pingpong run --peer M1QBF3 --quiet \
