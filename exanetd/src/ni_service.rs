@@ -672,7 +672,7 @@ fn handle_request(
                     let mut core = node.lock();
                     let (svc, _, _) = core.workloads();
                     let placed = svc.place_region(rank, len).map_err(|e| e.to_string())?;
-                    mem.insert(rank, placed, region);
+                    mem.insert(rank, placed.va, region);
                     Ok((placed, fd))
                 });
             match made {
@@ -692,8 +692,8 @@ fn handle_request(
         Request::Unregister { region } => {
             let mut core = node.lock();
             let (svc, _, _) = core.workloads();
-            svc.unregister(rank, region).map_err(|e| e.to_string())?;
-            let len = mem.remove(rank, region).unwrap_or(0);
+            let placed = svc.unregister(rank, region).map_err(|e| e.to_string())?;
+            let len = mem.remove(rank, placed.va).unwrap_or(0);
             give_back(&mut core, rank, Kind::RegisteredBytes, len);
             Ok((Reply::Ok, None))
         }

@@ -1,80 +1,68 @@
 //! The memory the ranks of this node registered, as the NI reads and writes it: shared
 //! memory regions the daemon made, at the VAs the workload service placed them
-//! (`exanet_proto::workload::WorkloadService::place_region`).
+//! (`exanet_proto::workload::WorkloadService::place_region`), looked up by the core's
+//! `Regions`.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use exanet_proto::ni::{MemFault, Memory, RANKS};
-use exanet_proto::workload::Placed;
+use exanet_proto::ni::{Backing, BackingFault, MemFault, Memory, Regions};
 use exanet_shm::Region;
 use tracing::debug;
 
-/// Memory registered by the ranks of this node: what the NI reads and writes.
-#[derive(Clone, Default)]
-pub struct ShmMemory {
-    ranks: Arc<RwLock<Vec<Vec<Registered>>>>,
+/// A shared memory region as the NI's backing store.
+pub struct ShmRegion(Region);
+
+impl Backing for ShmRegion {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), BackingFault> {
+        self.0.read(off, buf).map_err(|_| BackingFault)
+    }
+
+    fn write_at(&mut self, off: usize, data: &[u8]) -> Result<(), BackingFault> {
+        self.0.write(off, data).map_err(|_| BackingFault)
+    }
 }
 
-#[derive(Clone)]
-struct Registered {
-    placed: Placed,
-    region: Arc<Region>,
+/// Memory registered by the ranks of this node: what the NI reads and writes. Shared
+/// between the core (the NI's accesses) and the attach threads (registration).
+#[derive(Clone, Default)]
+pub struct ShmMemory {
+    regions: Arc<RwLock<Regions<ShmRegion>>>,
 }
 
 impl ShmMemory {
     pub fn new() -> ShmMemory {
-        ShmMemory {
-            ranks: Arc::new(RwLock::new(vec![Vec::new(); RANKS])),
-        }
+        ShmMemory::default()
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Vec<Vec<Registered>>) -> T) -> T {
-        let mut g = self.ranks.write().unwrap_or_else(|p| p.into_inner());
-        f(&mut g)
+    fn read_guard(&self) -> RwLockReadGuard<'_, Regions<ShmRegion>> {
+        self.regions.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Maps `region` at the place the service gave it in `rank`'s VA space.
-    pub fn insert(&self, rank: u8, placed: Placed, region: Region) {
-        self.with(|ranks| {
-            if let Some(list) = ranks.get_mut(usize::from(rank)) {
-                list.push(Registered {
-                    placed,
-                    region: Arc::new(region),
-                });
-            }
-        })
+    fn write_guard(&self) -> RwLockWriteGuard<'_, Regions<ShmRegion>> {
+        self.regions.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Unmaps region `id` of `rank`; its length, if it had one.
-    pub fn remove(&self, rank: u8, id: u32) -> Option<u64> {
-        let gone = self.with(|ranks| {
-            let list = ranks.get_mut(usize::from(rank))?;
-            let i = list.iter().position(|r| r.placed.id == id)?;
-            Some(list.remove(i))
-        })?;
+    /// Maps `region` at `va` of `rank`, where the service placed it.
+    pub fn insert(&self, rank: u8, va: u64, region: Region) {
+        self.write_guard().insert(rank, va, ShmRegion(region));
+    }
+
+    /// Unmaps the region at `va` of `rank`; its length, if there was one.
+    pub fn remove(&self, rank: u8, va: u64) -> Option<u64> {
+        let gone = self.write_guard().remove(rank, va)?;
         Some(release(gone))
     }
 
     /// Unmaps every region of `rank`.
     pub fn clear(&self, rank: u8) {
-        let gone = self.with(|ranks| {
-            ranks
-                .get_mut(usize::from(rank))
-                .map(std::mem::take)
-                .unwrap_or_default()
-        });
+        let gone = self.write_guard().clear(rank);
         for r in gone {
             release(r);
         }
-    }
-
-    fn find(&self, rank: u8, va: u64, len: usize) -> Option<(Arc<Region>, usize)> {
-        let g = self.ranks.read().unwrap_or_else(|p| p.into_inner());
-        let list = g.get(usize::from(rank))?;
-        list.iter().find_map(|r| {
-            let off = usize::try_from(va.checked_sub(r.placed.va)?).ok()?;
-            (off.checked_add(len)? <= r.region.len()).then(|| (r.region.clone(), off))
-        })
     }
 }
 
@@ -82,9 +70,9 @@ impl ShmMemory {
 /// the daemon stops serving it, so give the pages back: what the workload keeps from then on
 /// is its own allocation, not the daemon's (which would let register/unregister loops pile
 /// up memory outside every quota).
-fn release(r: Registered) -> u64 {
-    let len = r.region.len() as u64;
-    if let Err(e) = r.region.discard() {
+fn release(r: ShmRegion) -> u64 {
+    let len = r.0.len() as u64;
+    if let Err(e) = r.0.discard() {
         debug!(error = %e, "cannot give a region's pages back");
     }
     len
@@ -92,26 +80,16 @@ fn release(r: Registered) -> u64 {
 
 impl Memory for ShmMemory {
     fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
-        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
+        self.read_guard().contains(rank, va, len)
     }
 
     fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: buf.len(),
-        };
-        let (r, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
-        r.read(off, buf).map_err(|_| fault)
+        self.read_guard().read(rank, va, buf)
     }
 
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: data.len(),
-        };
-        let (r, off) = self.find(rank, va, data.len()).ok_or(fault)?;
-        r.write(off, data).map_err(|_| fault)
+        // `Regions::write` takes `&mut` (the simulator's bytes need it). The lock is not
+        // contended: the NI and registrations both run under the core's lock.
+        self.write_guard().write(rank, va, data)
     }
 }

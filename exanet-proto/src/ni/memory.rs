@@ -22,30 +22,90 @@ pub trait Memory {
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault>;
 }
 
-/// Plain in-process memory: regions of bytes per rank. Used by the simulator and tests.
-#[derive(Clone, Debug, Default)]
-pub struct VecMemory {
-    regions: BTreeMap<(u8, u64), Vec<u8>>,
+/// The store behind a region refused an access (a shared memory region the daemon could
+/// not read or write, say).
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+#[error("the memory behind a registered region refused the access")]
+pub struct BackingFault;
+
+/// The bytes behind one registered region: a `Vec` in the simulator, a shared memory
+/// region in the daemon. [`Regions`] checks the range before it calls these.
+pub trait Backing {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Fills `buf` from `off`; an error is a fault of the backing store itself.
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), BackingFault>;
+    fn write_at(&mut self, off: usize, data: &[u8]) -> Result<(), BackingFault>;
 }
 
-impl VecMemory {
-    pub fn new() -> VecMemory {
-        VecMemory::default()
+impl Backing for Vec<u8> {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
 
-    /// Registers `len` zeroed bytes at `va` for `rank` (replacing a region at that VA).
-    pub fn register(&mut self, rank: u8, va: u64, len: usize) {
-        self.regions.insert((rank, va), vec![0; len]);
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), BackingFault> {
+        buf.copy_from_slice(self.get(off..off + buf.len()).ok_or(BackingFault)?);
+        Ok(())
     }
 
-    fn find(&self, rank: u8, va: u64, len: usize) -> Option<(u64, usize)> {
-        let (&(r, base), region) = self.regions.range(..=(rank, va)).next_back()?;
-        let off = va.checked_sub(base)? as usize;
-        (r == rank && off.checked_add(len)? <= region.len()).then_some((base, off))
+    fn write_at(&mut self, off: usize, data: &[u8]) -> Result<(), BackingFault> {
+        self.get_mut(off..off + data.len())
+            .ok_or(BackingFault)?
+            .copy_from_slice(data);
+        Ok(())
     }
 }
 
-impl Memory for VecMemory {
+/// Registered memory as regions placed at VAs of ranks: the lookup (an access must lie
+/// inside one region of its rank) and the fault, the same whatever backs the regions. The
+/// daemon's shared memory and the simulator's plain bytes are both this.
+#[derive(Clone, Debug)]
+pub struct Regions<B> {
+    map: BTreeMap<(u8, u64), B>,
+}
+
+impl<B> Default for Regions<B> {
+    fn default() -> Self {
+        Regions {
+            map: BTreeMap::new(),
+        }
+    }
+}
+
+impl<B: Backing> Regions<B> {
+    /// Maps `region` at `va` of `rank` (replacing a region at that VA).
+    pub fn insert(&mut self, rank: u8, va: u64, region: B) {
+        self.map.insert((rank, va), region);
+    }
+
+    /// Unmaps the region at `va` of `rank`.
+    pub fn remove(&mut self, rank: u8, va: u64) -> Option<B> {
+        self.map.remove(&(rank, va))
+    }
+
+    /// Unmaps every region of `rank`.
+    pub fn clear(&mut self, rank: u8) -> Vec<B> {
+        let vas: Vec<u64> = self
+            .map
+            .range((rank, 0)..=(rank, u64::MAX))
+            .map(|(&(_, va), _)| va)
+            .collect();
+        vas.into_iter()
+            .filter_map(|va| self.map.remove(&(rank, va)))
+            .collect()
+    }
+
+    /// Where `len` bytes from `va` of `rank` lie: the region's key and the offset in it.
+    fn find(&self, rank: u8, va: u64, len: usize) -> Option<((u8, u64), usize)> {
+        let (&(r, base), region) = self.map.range(..=(rank, va)).next_back()?;
+        let off = usize::try_from(va.checked_sub(base)?).ok()?;
+        (r == rank && off.checked_add(len)? <= region.len()).then_some(((r, base), off))
+    }
+}
+
+impl<B: Backing> Memory for Regions<B> {
     fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
         usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
     }
@@ -56,9 +116,9 @@ impl Memory for VecMemory {
             va,
             len: buf.len(),
         };
-        let (base, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
-        buf.copy_from_slice(&self.regions[&(rank, base)][off..off + buf.len()]);
-        Ok(())
+        let (key, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
+        let region = self.map.get(&key).ok_or(fault)?;
+        region.read_at(off, buf).map_err(|_| fault)
     }
 
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
@@ -67,9 +127,22 @@ impl Memory for VecMemory {
             va,
             len: data.len(),
         };
-        let (base, off) = self.find(rank, va, data.len()).ok_or(fault)?;
-        let r = self.regions.get_mut(&(rank, base)).expect("found above");
-        r[off..off + data.len()].copy_from_slice(data);
-        Ok(())
+        let (key, off) = self.find(rank, va, data.len()).ok_or(fault)?;
+        let region = self.map.get_mut(&key).ok_or(fault)?;
+        region.write_at(off, data).map_err(|_| fault)
+    }
+}
+
+/// Plain in-process memory: regions of bytes per rank. Used by the simulator and tests.
+pub type VecMemory = Regions<Vec<u8>>;
+
+impl VecMemory {
+    pub fn new() -> VecMemory {
+        VecMemory::default()
+    }
+
+    /// Registers `len` zeroed bytes at `va` for `rank` (replacing a region at that VA).
+    pub fn register(&mut self, rank: u8, va: u64, len: usize) {
+        self.insert(rank, va, vec![0; len]);
     }
 }

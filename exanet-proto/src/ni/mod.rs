@@ -32,7 +32,7 @@ use crate::shape::NodeId;
 use crate::time::Instant;
 
 pub use mailbox::{Mailboxes, Message, MAILBOX_VIS};
-pub use memory::{MemFault, Memory, VecMemory};
+pub use memory::{Backing, BackingFault, MemFault, Memory, Regions, VecMemory};
 pub use nack::{NackReason, REASONS};
 pub use op::{RdmaRead, RdmaWrite, SendMessage};
 pub use packetizer::{ChannelState, Packetizer, CHANNELS, MAX_MESSAGE, PACKETIZER_VIS};

@@ -18,15 +18,15 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use exanet_proto::attach::{self, Command, Reply, Request, SlotError, CONSUMED_LEN, SLOT};
 use exanet_proto::fault::LinkFaults;
 use exanet_proto::ni::mailbox::ConsumedCount;
-use exanet_proto::ni::{MemFault, Memory};
+use exanet_proto::ni::{Backing, BackingFault, MemFault, Memory, Regions};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::workload::{CompletionRing, Placed};
+use exanet_proto::workload::CompletionRing;
 use exanet_proto::{NodeId, Pdid, Shape};
 use exanet_shm::{recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Waiter};
 
@@ -108,46 +108,35 @@ impl Core {
     }
 }
 
-/// Memory registered by the node's ranks, as shared memory regions at the VAs the service
-/// placed them (as the daemon's `ShmMemory`).
+/// Memory registered by the node's ranks: shared memory regions at the VAs the service
+/// placed them, looked up by the core's `Regions` (as the daemon's `ShmMemory`).
 #[derive(Clone, Default)]
-struct Registered(Arc<RwLock<Vec<Mapped>>>);
+struct Registered(Arc<Mutex<Regions<Shm>>>);
 
-/// A region of a rank, where the service placed it.
-type Mapped = (u8, Placed, Arc<Region>);
+/// A shared memory region as the NI's backing store.
+struct Shm(Region);
 
-impl Registered {
-    fn find(&self, rank: u8, va: u64, len: usize) -> Option<(Arc<Region>, usize)> {
-        self.0.read().unwrap().iter().find_map(|(r, p, region)| {
-            let off = usize::try_from(va.checked_sub(p.va)?).ok()?;
-            (*r == rank && off.checked_add(len)? <= region.len()).then(|| (region.clone(), off))
-        })
+impl Backing for Shm {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), BackingFault> {
+        self.0.read(off, buf).map_err(|_| BackingFault)
+    }
+    fn write_at(&mut self, off: usize, data: &[u8]) -> Result<(), BackingFault> {
+        self.0.write(off, data).map_err(|_| BackingFault)
     }
 }
 
 impl Memory for Registered {
     fn contains(&self, rank: u8, va: u64, len: u64) -> bool {
-        usize::try_from(len).is_ok_and(|len| self.find(rank, va, len).is_some())
+        self.0.lock().unwrap().contains(rank, va, len)
     }
-
     fn read(&self, rank: u8, va: u64, buf: &mut [u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: buf.len(),
-        };
-        let (r, off) = self.find(rank, va, buf.len()).ok_or(fault)?;
-        r.read(off, buf).map_err(|_| fault)
+        self.0.lock().unwrap().read(rank, va, buf)
     }
-
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
-        let fault = MemFault::Unmapped {
-            rank,
-            va,
-            len: data.len(),
-        };
-        let (r, off) = self.find(rank, va, data.len()).ok_or(fault)?;
-        r.write(off, data).map_err(|_| fault)
+        self.0.lock().unwrap().write(rank, va, data)
     }
 }
 
@@ -419,7 +408,7 @@ fn session(
     let (svc, ni, _) = core.sim.workloads(ME);
     svc.detach(ni, rank, now);
     core.run();
-    core.mem.0.write().unwrap().retain(|(r, _, _)| *r != rank);
+    core.mem.0.lock().unwrap().clear(rank);
 }
 
 /// Answers a control request of `rank` (with the descriptor of a registered region).
@@ -445,9 +434,9 @@ fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd
                 Ok(placed) => {
                     core.mem
                         .0
-                        .write()
+                        .lock()
                         .unwrap()
-                        .push((rank, placed, Arc::new(region)));
+                        .insert(rank, placed.va, Shm(region));
                     (
                         Reply::Registered {
                             region: placed.id,
@@ -460,12 +449,8 @@ fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd
             }
         }
         Request::Unregister { region } => match svc.unregister(rank, region) {
-            Ok(_) => {
-                core.mem
-                    .0
-                    .write()
-                    .unwrap()
-                    .retain(|(r, p, _)| (*r, p.id) != (rank, region));
+            Ok(placed) => {
+                core.mem.0.lock().unwrap().remove(rank, placed.va);
                 (Reply::Ok, None)
             }
             Err(e) => error(e.to_string()),
