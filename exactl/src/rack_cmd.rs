@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::{IsTerminal, Write};
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use exanet_control::control::{Request, Response};
 use exanet_control::control_client::ControlClient;
+use exanet_control::ports;
 use exanet_control::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
 use exanet_proto::switch::{DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape};
@@ -188,7 +188,7 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
                 .collect()
         }
         None => {
-            let avail = port_pool().len() as u32;
+            let avail = ports::pool().len() as u32;
             // Leave the host most of the pool.
             if 2 * n > avail / 2 {
                 return Err(CliError::BadValue {
@@ -201,7 +201,7 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
                     ),
                 });
             }
-            pick_free_ports(n as usize).map_err(CliError::Ports)?
+            ports::pick_free(n as usize).map_err(CliError::Ports)?
         }
     };
     let name = opts.name.clone().unwrap_or_else(|| default_rack_name(dir));
@@ -284,56 +284,6 @@ fn check_agrees(dir: &Path, rack: &Rack, opts: &UpOptions) -> Result<()> {
 
 fn port_of(addr: &str) -> Option<u32> {
     addr.rsplit_once(':')?.1.parse().ok()
-}
-
-/// Where a local rack's ports are drawn from: below the kernel's ephemeral range
-/// (`ip_local_port_range`, 32768 when it cannot be read). A port the kernel handed out for
-/// a bind to port 0 and that was let go is the next ephemeral port anyone (another rack's
-/// dialing endpoint, a test's client socket) may get before the daemon binds it; a port
-/// under the range is taken only by whoever names it.
-fn port_pool() -> std::ops::Range<u16> {
-    let floor = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768)
-        .max(4096);
-    (floor / 3).max(1024)..floor
-}
-
-/// Picks `n` (UDP link, TCP metrics) port pairs on 127.0.0.1 that are free right now, at
-/// random from [`port_pool`] (a bind tells whether one is free). All ports differ.
-fn pick_free_ports(n: usize) -> std::io::Result<Vec<(u16, u16)>> {
-    use std::hash::BuildHasher;
-    let pool = port_pool();
-    // RandomState is seeded per process: racks picking at once draw different ports.
-    let hasher = std::collections::hash_map::RandomState::new();
-    let mut seen = HashSet::with_capacity(2 * n);
-    let mut out = Vec::with_capacity(n);
-    let mut draw = 0u64;
-    let mut pick = |tcp: bool| -> std::io::Result<u16> {
-        for _ in 0..4096 {
-            draw += 1;
-            let port = pool.start + (hasher.hash_one(draw) % pool.len() as u64) as u16;
-            let free = if tcp {
-                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
-            } else {
-                UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
-            };
-            if free && seen.insert(port) {
-                return Ok(port);
-            }
-        }
-        Err(std::io::Error::other(format!(
-            "no free port found in {}..{} (below the ephemeral range)",
-            pool.start, pool.end
-        )))
-    };
-    for _ in 0..n {
-        let link = pick(false)?;
-        let metrics = pick(true)?;
-        out.push((link, metrics));
-    }
-    Ok(out)
 }
 
 /// The daemons of the rack that are running: confirmed through their pid files, or (for
@@ -734,16 +684,6 @@ mod tests {
         let d = std::env::temp_dir().join(format!("exactl-unit-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
-    }
-
-    #[test]
-    fn free_ports_are_distinct() {
-        let ports = pick_free_ports(40).unwrap();
-        let mut all: Vec<u16> = ports.iter().flat_map(|&(a, b)| [a, b]).collect();
-        all.sort_unstable();
-        all.dedup();
-        assert_eq!(all.len(), 80);
-        assert!(all.iter().all(|p| port_pool().contains(p)), "{all:?}");
     }
 
     #[test]

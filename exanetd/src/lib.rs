@@ -6,7 +6,7 @@
 //! shared with `exactl` and the client library; they are re-exported under their old
 //! names so `crate::rack` and `exanetd::rack` keep meaning what they always did.
 
-pub use exanet_control::{control, control_client, quota, rack, tls};
+pub use exanet_control::{control, control_client, ports, quota, rack, tls};
 
 pub mod control_server;
 pub mod daemon;

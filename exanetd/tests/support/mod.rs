@@ -6,7 +6,7 @@ pub mod raw;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpStream, UdpSocket};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,25 +23,19 @@ pub struct TestRack {
     children: BTreeMap<String, Child>,
 }
 
-pub fn free_port() -> u16 {
-    // A port free for both UDP and TCP at the moment of asking.
-    loop {
-        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let p = u.local_addr().unwrap().port();
-        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            return p;
-        }
-    }
-}
-
 impl TestRack {
     pub fn new(tag: &str, shape: &str, daemon: &str) -> TestRack {
         let dir = std::env::temp_dir().join(format!("exanetd-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let shape: Shape = shape.parse().unwrap();
+        // Below the ephemeral range: a port let go after a bind to port 0 is the next one
+        // the kernel gives any socket of the tests running beside this one.
+        let mut ports = exanetd::ports::pick_free(shape.nodes() as usize)
+            .expect("free ports")
+            .into_iter();
         let mut file = RackFile::loopback(&format!("test-{tag}"), shape, |_| {
-            (free_port(), free_port())
+            ports.next().expect("one pair per node")
         });
         file.window = 256 * 1024;
         file.local_window = 64 * 1024;
