@@ -728,4 +728,30 @@ mod tests {
         }
         assert_eq!(expressions(&torus).len(), 4 * 3);
     }
+
+    /// The dashboards and the daemon's exporter name the same families: every metric an
+    /// expression reads is a family of exanet-proto's catalog (a histogram's series by
+    /// their suffixes), so a family renamed or dropped there fails here, not in a browser.
+    #[test]
+    fn every_metric_a_dashboard_reads_is_in_the_catalog() {
+        use exanet_proto::metric::{Family, MetricType};
+        let (rack, torus) = dashboards("2x2x1");
+        let mut seen = 0;
+        for e in expressions(&rack).iter().chain(&expressions(&torus)) {
+            let names = e
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("exanet_"));
+            for name in names {
+                seen += 1;
+                let family = Family::from_name(name).or_else(|| {
+                    ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+                        let f = Family::from_name(name.strip_suffix(suffix)?)?;
+                        (f.spec().kind == MetricType::Histogram).then_some(f)
+                    })
+                });
+                assert!(family.is_some(), "{name} (in {e}) is not a catalog family");
+            }
+        }
+        assert!(seen >= 20, "only {seen} metric names found");
+    }
 }
