@@ -14,6 +14,7 @@
 //! exactl [--rack DIR] heal
 //! exactl [--rack DIR] top [--interval D] [--count N] [--limit N] [--json]
 //! exactl [--rack DIR] chaos run PLAN [--seed N] [--dry-run]
+//! exactl [--rack DIR] hosts
 //! ```
 //!
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
@@ -24,6 +25,7 @@ mod control;
 mod error;
 mod fabric;
 mod faults;
+mod hosts;
 mod live;
 mod nodes;
 mod ping;
@@ -86,6 +88,8 @@ enum Command {
     /// Fault plans: faults scheduled over time, reproducible for a seed
     #[command(subcommand)]
     Chaos(ChaosCommand),
+    /// Print the nodes' IP over ExaNet addresses as an /etc/hosts fragment
+    Hosts,
 }
 
 #[derive(Debug, Subcommand)]
@@ -339,6 +343,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Heal => faults::heal(&dir),
         Command::Top(a) => top::run(&dir, &a),
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
+        Command::Hosts => hosts::run(&dir),
     }
 }
 

@@ -123,6 +123,15 @@ fn invalid_rack_files_are_named() {
             "colour",
         ),
         (rack_toml("1x1x1").replace("name = \"t\"\n", ""), "name"),
+        // IP addresses that could route out of the rack, or too few for its nodes.
+        (
+            format!("{}[ip]\nsubnet = \"8.8.8.0/24\"\n", rack_toml("1x1x1")),
+            "not private",
+        ),
+        (
+            format!("{}[ip]\nsubnet = \"10.9.9.0/30\"\n", rack_toml("1x1x1")),
+            "room for 2 nodes",
+        ),
     ];
     for (contents, needle) in &cases {
         let s = Scratch::new("badfile").with_rack_file(contents);
@@ -132,6 +141,7 @@ fn invalid_rack_files_are_named() {
             vec!["ping", "M1QAF1", "M1QAF2"],
             vec!["rack", "up"],
             vec!["rack", "down"],
+            vec!["hosts"],
         ] {
             let out = s.exactl(&args);
             assert_usage_error(&out, &["bad rack file", needle]);

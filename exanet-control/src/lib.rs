@@ -9,6 +9,7 @@
 pub mod control;
 #[cfg(feature = "net")]
 pub mod control_client;
+pub mod ip;
 pub mod ports;
 pub mod quota;
 pub mod rack;

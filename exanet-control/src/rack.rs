@@ -68,6 +68,7 @@ use exanet_proto::{NodeId, Shape, SwitchConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::ip::IpSettings;
 use crate::quota::{JobQuota, RankQuota};
 
 pub const RACK_FILE: &str = "rack.toml";
@@ -141,6 +142,9 @@ pub struct RackFile {
     /// Protection domains workloads may join, by job name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub jobs: BTreeMap<String, Job>,
+    /// IP over ExaNet: the rack's subnet, from which each node's address derives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpSettings>,
     /// What runs the daemons, for the operations that start and stop them (`exactl node`).
     /// Absent: local processes started by `exactl rack up`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,6 +185,7 @@ impl RackFile {
             nodes,
             ni: None,
             jobs: BTreeMap::new(),
+            ip: None,
             deploy: None,
         }
     }
@@ -398,6 +403,8 @@ impl Rack {
         if let Some(ni) = &file.ni {
             crate::quota::Limits::check_rank(&ni.rank_quota()).map_err(|e| format!("ni.{e}"))?;
         }
+        crate::ip::check(crate::ip::subnet(file.ip.as_ref()), &file.shape)
+            .map_err(|e| e.to_string())?;
         let shape = file.shape;
         let mut nodes: Vec<Option<NodeEntry>> = vec![None; shape.nodes() as usize];
         for (name, entry) in &file.nodes {
@@ -429,6 +436,17 @@ impl Rack {
             file,
             nodes: nodes.into_iter().map(|n| n.expect("checked")).collect(),
         })
+    }
+
+    /// The rack's IP subnet (see [`crate::ip`]).
+    pub fn ip_subnet(&self) -> ipnet::Ipv4Net {
+        crate::ip::subnet(self.file.ip.as_ref())
+    }
+
+    /// Node `id`'s IP address; every node of a loaded rack has one (its subnet was
+    /// checked when the rack was loaded).
+    pub fn ip_addr(&self, id: NodeId) -> Option<std::net::Ipv4Addr> {
+        crate::ip::node_addr(self.ip_subnet(), id)
     }
 
     pub fn shape(&self) -> Shape {
