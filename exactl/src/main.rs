@@ -15,6 +15,7 @@
 //! exactl [--rack DIR] top [--interval D] [--count N] [--limit N] [--json]
 //! exactl [--rack DIR] chaos run PLAN [--seed N] [--dry-run]
 //! exactl [--rack DIR] hosts
+//! exactl [--rack DIR] exec NODE [--] CMD [ARGS...]
 //! ```
 //!
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
@@ -23,6 +24,7 @@
 mod chaos;
 mod control;
 mod error;
+mod exec;
 mod fabric;
 mod faults;
 mod hosts;
@@ -90,6 +92,19 @@ enum Command {
     Chaos(ChaosCommand),
     /// Print the nodes' IP over ExaNet addresses as an /etc/hosts fragment
     Hosts,
+    /// Run a command on a node (its workloads attach to that node's daemon)
+    Exec(ExecArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+struct ExecArgs {
+    /// The node, e.g. M1QAF2
+    #[arg(value_name = "NODE", value_parser = parse_node_name)]
+    node: NodeName,
+    /// The command and its arguments (after `--` if they start with a dash)
+    #[arg(value_name = "CMD", required = true, num_args = 1.., allow_hyphen_values = true)]
+    cmd: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -344,6 +359,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Top(a) => top::run(&dir, &a),
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
         Command::Hosts => hosts::run(&dir),
+        Command::Exec(a) => exec::run(&dir, a.node, &a.cmd),
     }
 }
 

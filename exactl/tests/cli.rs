@@ -568,3 +568,47 @@ fn changes_are_told_and_dead_daemons_are_named_at_once() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("M1QAF1: process not running"), "{err}");
 }
+
+/// `exactl exec` stands in for `ssh NODE CMD`: the command gets the node's attach
+/// settings, its stdin, stdout and stderr, and its exit status is exactl's; what cannot
+/// run exits as a shell would (127 not found), and a bad node is a usage error.
+#[test]
+fn exec_runs_a_command_as_the_node_and_passes_its_status_through() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let s = Scratch::new("exec").with_rack_file(&rack_toml("1x1x1"));
+    let out = s.exactl(&[
+        "exec",
+        "m1qaf3",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$EXANET_NODE $EXANET_RACK\"; echo to-stderr >&2; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let dir = s.dir.canonicalize().unwrap();
+    assert_eq!(text(&out.stdout), format!("M1QAF3 {}\n", dir.display()));
+    assert_eq!(text(&out.stderr), "to-stderr\n");
+
+    // As a remote-shell agent calls it: no `--`, the command's own options after it.
+    let mut child = s
+        .command(&["exec", "M1QAF1", "tr", "-d", "l"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "heo");
+
+    let out = s.exactl(&["exec", "M1QAF2", "exanet-no-such-command"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        text(&out.stderr).contains("cannot run exanet-no-such-command on M1QAF2"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_usage_error(&s.exactl(&["exec", "M1QCF1", "true"]), &["M1QCF1"]);
+    assert_usage_error(&s.exactl(&["exec", "M1QAF1"]), &["CMD"]);
+}
