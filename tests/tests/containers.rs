@@ -612,6 +612,26 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
     assert!(r.stderr.contains("rejoined"), "{}", r.describe());
     ping_ok("M2QAF1", victim);
 
+    // A command on a node runs in its container, as that node, with its exit status.
+    let r = run_with_timeout(
+        exactl(&[
+            "exec",
+            "M1QBF2",
+            "--",
+            "sh",
+            "-c",
+            "echo $EXANET_NODE; exit 3",
+        ]),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(
+        (r.code(), r.stdout.trim()),
+        (Some(3), "M1QBF2"),
+        "{}",
+        r.describe()
+    );
+
     drop(prom);
     let t = Instant::now();
     must(
