@@ -333,6 +333,75 @@ fn smoke_one_qfdb_up_status_ping_down() {
     assert!(human.contains("From M1QAF2 to M1QAF3: 1 hop"), "{human}");
     assert!(human.contains("qfdb"), "{human}");
 
+    // Workloads started with `exactl exec` attach to that node's daemon: a pingpong
+    // server on M1QAF4 and its client on M1QAF2, each told its node only by exec.
+    let perf = Path::new(common::EXACTL).with_file_name("exanet-perf");
+    if perf.exists() {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let perf = perf.to_str().unwrap();
+        let mut server = s
+            .command(&[
+                "exec",
+                "M1QAF4",
+                "--",
+                perf,
+                "pingpong",
+                "serve",
+                "--sessions",
+                "1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert!(ready.starts_with("ready node=M1QAF4 "), "{ready}");
+        let out = s.exactl(&[
+            "exec",
+            "M1QAF2",
+            "--",
+            perf,
+            "pingpong",
+            "run",
+            "--peer",
+            "M1QAF4",
+            "--sizes",
+            "8",
+            "--iterations",
+            "20",
+            "--json",
+            "--quiet",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pingpong --json");
+        let peer = r["peer"].as_str().unwrap_or_default();
+        assert!(peer.starts_with("M1QAF4:"), "{r}");
+        assert_eq!(r["iterations"].as_u64(), Some(20), "{r}");
+        // Its one session over, the server exits (killed if it has not within 10 s).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(st) = server.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = server.kill();
+                let _ = server.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.is_some_and(|st| st.success()),
+            "the server did not end with its session: {status:?}"
+        );
+    } else {
+        common::skipped_or_fail("exec of exanet-perf", "no exanet-perf next to exactl");
+    }
+
     let out = s.exactl(&["rack", "down"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(

@@ -102,6 +102,22 @@ pub fn daemon_or_skip(test: &str) -> Option<PathBuf> {
     panic!("{why}; or set {ALLOW_SKIP_ENV}=1 to skip the tests that need it");
 }
 
+/// A part of a test that needs a binary the build did not make: fails, unless
+/// `EXANET_ALLOW_SKIP=1`, then says on stderr that it was skipped (as [`daemon_or_skip`]).
+#[allow(dead_code)] // used by some of the test files that include this module
+#[track_caller]
+pub fn skipped_or_fail(what: &str, why: &str) {
+    if std::env::var(ALLOW_SKIP_ENV).is_ok_and(|v| v == "1") {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {what}: {why} ({ALLOW_SKIP_ENV}=1)"
+        );
+        return;
+    }
+    panic!("{what}: {why}; build the workspace, or set {ALLOW_SKIP_ENV}=1 to skip it");
+}
+
 /// The daemon binary: `$EXANET_DAEMON`, else `exanetd` next to exactl.
 pub fn daemon_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("EXANET_DAEMON").filter(|p| !p.is_empty()) {
