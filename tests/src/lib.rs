@@ -636,7 +636,60 @@ pub struct Ledger {
     pub delivered: std::collections::HashSet<u64>,
 }
 
+/// What a run of operations came to: how many completed, how many failed and why, and how
+/// many messages were received.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub ok: u32,
+    pub failed: std::collections::HashMap<String, u32>,
+    pub received: u32,
+}
+
+impl Tally {
+    pub fn failures(&self) -> u32 {
+        self.failed.values().sum()
+    }
+
+    /// Counts a failed operation by its reason, which must be the network's verdict (a
+    /// timeout or a NACK): any other error is a bug of the test or the library.
+    #[track_caller]
+    pub fn fail(&mut self, e: exanet::Error) {
+        let why = match e {
+            exanet::Error::Op {
+                error: error @ (exanet::OpError::TimedOut | exanet::OpError::Nacked { .. }),
+                ..
+            } => error.to_string(),
+            other => panic!("an operation failed for a reason other than the network's: {other}"),
+        };
+        *self.failed.entry(why).or_default() += 1;
+    }
+}
+
 impl Ledger {
+    /// Sends message `seq` (bytes drawn from `seed`) from `tx` to `to` and waits up to
+    /// `wait` for its ACK, counting the outcome in `t`; an ACKed message must be delivered.
+    pub fn send(
+        &mut self,
+        t: &mut Tally,
+        ep: &exanet::Endpoint,
+        tx: &exanet::Packetizer,
+        to: exanet::Gvas,
+        (seq, seed): (u64, u64),
+        wait: Option<Duration>,
+    ) {
+        let p = self.message(seq, seed);
+        let tag = tx
+            .send(0, to, &p)
+            .expect("a 64-byte message to a mailbox is valid");
+        match ep.wait(tag, wait) {
+            Ok(()) => {
+                t.ok += 1;
+                self.acked.insert(seq);
+            }
+            Err(e) => t.fail(e),
+        }
+    }
+
     /// A 64-byte message numbered `seq` (its bytes drawn from `seed`), recorded as sent.
     pub fn message(&mut self, seq: u64, seed: u64) -> Vec<u8> {
         let mut p = pattern(seed, 64);

@@ -14,11 +14,10 @@
 //! Needs `exactl` and `exanetd` built with the same profile (`cargo test --workspace`
 //! builds them).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, parse_prometheus, pattern, Ledger, TestRack};
+use exanet::{Endpoint, Gvas, Mailbox, MemoryRegion, Packetizer, RdmaPage};
+use exanet_tests::{http_get, parse_prometheus, pattern, Ledger, Tally, TestRack};
 
 const SHAPE: &str = "2x1x1";
 /// The link the traffic crosses, and the workloads' nodes at either side of it.
@@ -48,31 +47,6 @@ struct World {
 }
 
 /// What one operation came to.
-#[derive(Debug, Default)]
-struct Tally {
-    ok: u32,
-    failed: HashMap<String, u32>,
-    received: u32,
-}
-
-impl Tally {
-    fn failures(&self) -> u32 {
-        self.failed.values().sum()
-    }
-}
-
-/// An operation's error must be the NI's verdict, with its reason.
-#[track_caller]
-fn reason(e: Error) -> String {
-    match e {
-        Error::Op {
-            error: error @ (OpError::TimedOut | OpError::Nacked { .. }),
-            ..
-        } => error.to_string(),
-        other => panic!("an operation failed for a reason other than the network's: {other}"),
-    }
-}
-
 impl World {
     fn new() -> World {
         let rack = TestRack::new("faults");
@@ -126,7 +100,7 @@ impl World {
                 );
             }
             Err(e) => {
-                *t.failed.entry(reason(e)).or_default() += 1;
+                t.fail(e);
                 return;
             }
         }
@@ -140,22 +114,16 @@ impl World {
                     "an RDMA read completed with corrupt data"
                 );
             }
-            Err(e) => *t.failed.entry(reason(e)).or_default() += 1,
+            Err(e) => t.fail(e),
         }
     }
 
     /// One 64-byte mailbox message carrying its sequence number.
     fn message(&mut self, t: &mut Tally) {
         self.seq += 1;
-        let p = self.ledger.message(self.seq, self.seq);
-        let tag = self.tx.send(0, self.inbox_addr, &p).unwrap();
-        match self.a.wait(tag, WAIT) {
-            Ok(()) => {
-                t.ok += 1;
-                self.ledger.acked.insert(self.seq);
-            }
-            Err(e) => *t.failed.entry(reason(e)).or_default() += 1,
-        }
+        let to = self.inbox_addr;
+        self.ledger
+            .send(t, &self.a, &self.tx, to, (self.seq, self.seq), WAIT);
         self.drain(t);
     }
 

@@ -35,15 +35,14 @@
 //! default route); the namespaces have no default route; everything is removed at the
 //! end, also when the test fails.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, OpError, Packetizer, RdmaPage};
-use exanet_tests::{http_get, pattern, run_with_timeout, Ledger, Run, TestRack};
+use exanet::{Endpoint, Gvas, Mailbox, MemoryRegion, Packetizer, RdmaPage};
+use exanet_tests::{http_get, pattern, run_with_timeout, Ledger, Run, Tally, TestRack};
 use serde_json::Value;
 
 const SHAPE: &str = "2x2x1";
@@ -609,31 +608,6 @@ impl Drop for StopOnDrop {
 // --- Traffic between the hosts.
 
 /// What traffic came to.
-#[derive(Debug, Default)]
-struct Tally {
-    ok: u32,
-    failed: HashMap<String, u32>,
-    received: u32,
-}
-
-impl Tally {
-    fn failures(&self) -> u32 {
-        self.failed.values().sum()
-    }
-}
-
-/// An operation's error must be the NI's verdict, with its reason.
-#[track_caller]
-fn reason(e: Error) -> String {
-    match e {
-        Error::Op {
-            error: error @ (OpError::TimedOut | OpError::Nacked { .. }),
-            ..
-        } => error.to_string(),
-        other => panic!("an operation failed for a reason other than the network's: {other}"),
-    }
-}
-
 /// Where a transfer went: its region (on the destination) and slot, and what it carried.
 struct Landed {
     what: &'static str,
@@ -745,7 +719,7 @@ impl Workloads {
                         );
                     }
                     Err(e) => {
-                        *t.failed.entry(reason(e)).or_default() += 1;
+                        t.fail(e);
                         self.unfinished.push(Landed {
                             what: "read back",
                             slot: s,
@@ -755,7 +729,7 @@ impl Workloads {
                 }
             }
             Err(e) => {
-                *t.failed.entry(reason(e)).or_default() += 1;
+                t.fail(e);
                 self.unfinished.push(Landed {
                     what: "A -> B",
                     slot: s,
@@ -781,7 +755,7 @@ impl Workloads {
                 );
             }
             Err(e) => {
-                *t.failed.entry(reason(e)).or_default() += 1;
+                t.fail(e);
                 self.unfinished.push(Landed {
                     what: "B -> A",
                     slot: s,
@@ -795,17 +769,15 @@ impl Workloads {
     /// One 64-byte message from A to B's mailbox, carrying its sequence number.
     fn message(&mut self, t: &mut Tally) {
         self.seq += 1;
-        let p = self
-            .ledger
-            .message(self.seq, self.seq.wrapping_add(1 << 40));
-        let tag = self.tx.send(0, self.inbox_addr, &p).unwrap();
-        match self.a.wait(tag, WAIT) {
-            Ok(()) => {
-                t.ok += 1;
-                self.ledger.acked.insert(self.seq);
-            }
-            Err(e) => *t.failed.entry(reason(e)).or_default() += 1,
-        }
+        let to = self.inbox_addr;
+        self.ledger.send(
+            t,
+            &self.a,
+            &self.tx,
+            to,
+            (self.seq, self.seq.wrapping_add(1 << 40)),
+            WAIT,
+        );
         self.drain(t);
     }
 
