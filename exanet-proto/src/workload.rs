@@ -58,9 +58,24 @@ pub trait CompletionRing: Send {
 /// The kind of a finished operation, for latency metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
+    /// A packetizer or mailbox message, until ACKed (or NACKed, or given up).
     Send,
     Write,
     Read,
+}
+
+impl OpKind {
+    /// Every kind, in the order of their indices (`kind as usize`).
+    pub const ALL: [OpKind; 3] = [OpKind::Send, OpKind::Write, OpKind::Read];
+
+    /// The `op` label of the latency family.
+    pub fn label(self) -> &'static str {
+        match self {
+            OpKind::Send => "send",
+            OpKind::Write => "rdma_write",
+            OpKind::Read => "rdma_read",
+        }
+    }
 }
 
 /// A workload's operation ended: how long it took from command to completion.

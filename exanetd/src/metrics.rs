@@ -11,6 +11,7 @@
 
 use exanet_proto::fault::FaultKind;
 use exanet_proto::metric::{Family, MetricType, Number, LATENCY_BUCKETS};
+use exanet_proto::workload::OpKind;
 use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec,
@@ -19,15 +20,6 @@ use prometheus::{
 use tracing::warn;
 
 use crate::control::{LinkState, NodeStatus};
-
-/// A workload operation whose latency is measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// A packetizer or mailbox message, until ACKed (or NACKed, or given up).
-    Send,
-    Write,
-    Read,
-}
 
 /// Completion latency histograms, kept by the core and observed as completions happen
 /// (a histogram cannot be rebuilt from a snapshot at scrape time like the counters).
@@ -58,11 +50,11 @@ impl Latency {
                 family.with_label_values(&[node, op, "ok"]),
             ]
         };
-        let bound = [bind("send"), bind("rdma_write"), bind("rdma_read")];
+        let bound = OpKind::ALL.map(|op| bind(op.label()));
         Latency { family, bound }
     }
 
-    pub fn observe(&self, op: Op, ok: bool, ns: u64) {
+    pub fn observe(&self, op: OpKind, ok: bool, ns: u64) {
         self.bound[op as usize][usize::from(ok)].observe(ns as f64 / 1e9);
     }
 
@@ -393,7 +385,7 @@ mod tests {
 
     fn rendered() -> String {
         let lat = Latency::new("M1QAF2");
-        lat.observe(Op::Write, true, 30_000);
+        lat.observe(OpKind::Write, true, 30_000);
         let m = Metrics::new(lat.family());
         // Twice: the second scrape raises counters to the same values, changing nothing.
         m.render(&sample());

@@ -21,10 +21,9 @@ use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
 use exanet_proto::ni::{Memory, Ni};
-use exanet_proto::workload::{OpKind, Relayed, WorkloadService};
+use exanet_proto::workload::{Relayed, WorkloadService};
 
 use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
-use crate::metrics::Op;
 use crate::rack::Rack;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
@@ -147,14 +146,7 @@ impl Core {
                 NodeEvent::Ni(ev) => {
                     let (ni, _) = self.node.ni_mut();
                     match self.workloads.on_event(ni, ev, now) {
-                        Relayed::Queued(Some(f)) => {
-                            let op = match f.op {
-                                OpKind::Send => Op::Send,
-                                OpKind::Write => Op::Write,
-                                OpKind::Read => Op::Read,
-                            };
-                            self.latency.observe(op, f.ok, f.latency_ns);
-                        }
+                        Relayed::Queued(Some(f)) => self.latency.observe(f.op, f.ok, f.latency_ns),
                         Relayed::Queued(None) | Relayed::NotAttached(_) => {}
                         Relayed::NotRelayed => self.node.count_error("notification_not_relayed"),
                     }
