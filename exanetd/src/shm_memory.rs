@@ -88,8 +88,15 @@ impl Memory for ShmMemory {
     }
 
     fn write(&mut self, rank: u8, va: u64, data: &[u8]) -> Result<(), MemFault> {
-        // `Regions::write` takes `&mut` (the simulator's bytes need it). The lock is not
-        // contended: the NI and registrations both run under the core's lock.
-        self.write_guard().write(rank, va, data)
+        // Shared memory is written through `&self`: the map is only read, so the NI's
+        // writes (one per cell received) take the read lock, as its reads do.
+        let fault = MemFault::Unmapped {
+            rank,
+            va,
+            len: data.len(),
+        };
+        let map = self.read_guard();
+        let (region, off) = map.locate(rank, va, data.len()).ok_or(fault)?;
+        region.0.write(off, data).map_err(|_| fault)
     }
 }

@@ -97,6 +97,14 @@ impl<B: Backing> Regions<B> {
             .collect()
     }
 
+    /// The region holding `len` bytes from `va` of `rank`, and the offset of `va` in it:
+    /// for a backing that can be written through a shared reference (shared memory),
+    /// whose owner need not take `&mut` to write.
+    pub fn locate(&self, rank: u8, va: u64, len: usize) -> Option<(&B, usize)> {
+        let (key, off) = self.find(rank, va, len)?;
+        Some((self.map.get(&key)?, off))
+    }
+
     /// Where `len` bytes from `va` of `rank` lie: the region's key and the offset in it.
     fn find(&self, rank: u8, va: u64, len: usize) -> Option<((u8, u64), usize)> {
         let (&(r, base), region) = self.map.range(..=(rank, va)).next_back()?;
