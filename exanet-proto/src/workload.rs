@@ -263,9 +263,12 @@ impl WorkloadService {
         if len == 0 || len > MAILBOX_WINDOW {
             return Err(ServiceError::BadLength(len));
         }
-        let slots = (MAILBOX_WINDOW - VA_BASE) / 2 / VA_ALIGN;
-        let first = VA_BASE + self.rng.below(slots) * VA_ALIGN;
-        let w = self.workload(rank)?;
+        let rng = &mut self.rng;
+        let w = self
+            .ranks
+            .get_mut(usize::from(rank))
+            .and_then(Option::as_mut)
+            .ok_or(ServiceError::NotAttached(rank))?;
         if w.regions.len() >= MAX_REGIONS {
             return Err(ServiceError::TooManyRegions { rank });
         }
@@ -274,7 +277,10 @@ impl WorkloadService {
             .iter()
             .map(|r| r.va + r.len)
             .max()
-            .unwrap_or(first)
+            .unwrap_or_else(|| {
+                let slots = (MAILBOX_WINDOW - VA_BASE) / 2 / VA_ALIGN;
+                VA_BASE + rng.below(slots) * VA_ALIGN
+            })
             .div_ceil(VA_ALIGN)
             * VA_ALIGN;
         if va.checked_add(len).is_none_or(|end| end > MAILBOX_WINDOW) {

@@ -426,4 +426,17 @@ fn a_detached_rank_is_free_for_the_next_workload_whose_memory_goes_elsewhere() {
     assert_eq!(second.rank, first.rank, "the rank is free again");
     // Its memory goes elsewhere, so what was meant for the first workload faults.
     assert_ne!(second.region.va, first_va);
+    // A rank's next regions follow its first, each on a 2 MiB boundary.
+    let (svc, _, _) = sim.workloads(node);
+    let next = svc.place_region(second.rank, 4096).unwrap();
+    let after = svc.place_region(second.rank, 1).unwrap();
+    assert_eq!(
+        next.va,
+        second.region.va + REGION.div_ceil(2 << 20) * (2 << 20)
+    );
+    assert_eq!(after.va, next.va + (2 << 20));
+    assert_eq!(
+        (next.id, after.id),
+        (second.region.id + 1, second.region.id + 2)
+    );
 }
