@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the exanet image (exanetd, exactl, exanet-perf, the exanet examples) without
+# Builds the exanet image (exanetd, exactl, exanet-ip, exanet-perf, the exanet examples, iperf3) without
 # pulling anything from a registry.
 #
 #   docker/build.sh [TAG]        default tag exanet:latest
@@ -15,13 +15,13 @@ tag=${1:-exanet:latest}
 target=${CARGO_TARGET_DIR:-target}
 ctx=$target/docker-context
 
-cargo build --release -q -p exanetd -p exactl -p exanet-perf
+cargo build --release -q -p exanetd -p exactl -p exanet-perf -p exanet-ip
 # The examples, and libexanet.a for the C one.
 cargo build --release -q -p exanet --lib --examples
 
 rm -rf "$ctx"
 mkdir -p "$ctx/bin"
-for b in exanetd exactl exanet-perf; do
+for b in exanetd exactl exanet-perf exanet-ip; do
   strip -o "$ctx/bin/$b" "$target/release/$b"
 done
 strip -o "$ctx/bin/exanet-pingpong" "$target/release/examples/pingpong"
@@ -50,12 +50,21 @@ else
   fi
 fi
 cp "$busybox" "$ctx/bin/busybox"
+# iperf3 (an unmodified program for IP over ExaNet between containers) from the host's
+# Debian package, with its libraries (mkbase.sh copies what it loads). busybox brings ping.
+extra=()
+if command -v iperf3 >/dev/null 2>&1; then
+  cp "$(command -v iperf3)" "$ctx/bin/iperf3"
+  extra+=("$ctx/bin/iperf3")
+else
+  echo "docker/build.sh: no iperf3 on this host (apt-get install iperf3): the image has none" >&2
+fi
 cp docker/Dockerfile "$ctx/Dockerfile"
 
 base=${EXANET_BASE:-}
 if [ -z "$base" ]; then
   base=exanet-base:bookworm
-  docker/mkbase.sh "$base" "$ctx"/bin/exanet* "$ctx/bin/exactl"
+  docker/mkbase.sh "$base" "$ctx"/bin/exanet* "$ctx/bin/exactl" "${extra[@]}"
 fi
 old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
 # The classic builder needs no registry for a base that is already local.

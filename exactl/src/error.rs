@@ -70,10 +70,10 @@ pub enum CliError {
         total: usize,
     },
 
-    #[error("cannot find the exanetd binary: {0}")]
+    #[error("cannot find {0}")]
     DaemonNotFound(String),
 
-    #[error("cannot start exanetd for {node} ({binary}): {source}", binary = .binary.display())]
+    #[error("cannot start {binary} for {node}: {source}", binary = .binary.display())]
     Spawn {
         node: String,
         binary: PathBuf,

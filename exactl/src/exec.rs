@@ -4,6 +4,8 @@
 //!
 //! On a local rack the command runs on this host with the node's attach settings
 //! (`EXANET_RACK`, `EXANET_NODE`): the workloads it starts attach to that node's daemon.
+//! When the rack runs IP over ExaNet, the command runs in the node's network namespace,
+//! where the node's TUN device and address are its network.
 //! On a compose rack it runs inside the node's container (`compose exec`), whose
 //! environment already names the node.
 
@@ -35,6 +37,10 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
     match rack.file.deploy.clone().unwrap_or(Deploy::Local) {
         Deploy::Local => {
             let rack_dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
+            let ns = crate::ip_service::netns_path(&rack, &name);
+            if ns.exists() {
+                enter_netns(&ns)?;
+            }
             let e = Command::new(program)
                 .args(args)
                 .env("EXANET_RACK", rack_dir)
@@ -65,6 +71,18 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
             "this rack's daemons are not run by exactl ({how}); run commands on {name} there"
         ))),
     }
+}
+
+/// Moves this process into the network namespace at `path` (exactl is single-threaded
+/// here, so the whole process, and the command it becomes, is in it).
+pub fn enter_netns(path: &Path) -> Result<()> {
+    let f = std::fs::File::open(path).map_err(|e| CliError::io("open", path, e))?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+        CliError::Failed(format!(
+            "cannot enter the node's network namespace {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// Says why `program` could not be started and exits as a shell would.

@@ -28,7 +28,9 @@ mod exec;
 mod fabric;
 mod faults;
 mod hosts;
+mod ip_service;
 mod live;
+mod mpirun;
 mod nodes;
 mod ping;
 mod process;
@@ -94,6 +96,33 @@ enum Command {
     Hosts,
     /// Run a command on a node (its workloads attach to that node's daemon)
     Exec(ExecArgs),
+    /// Run an unmodified MPI program (Open MPI) with one rank per node, over IP over ExaNet
+    Mpirun(MpirunArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+struct MpirunArgs {
+    /// The nodes that get a rank, in rank order, e.g. M1QAF1,M1QBF2 [default: every node]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_node_name, conflicts_with = "np")]
+    nodes: Vec<NodeName>,
+    /// One rank on each of the first N nodes (by node id: whole QFDBs in turn)
+    #[arg(long = "np", short = 'n', value_name = "N")]
+    np: Option<u32>,
+    /// The mpirun to run
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "mpirun",
+        env = "EXANET_MPIRUN"
+    )]
+    mpirun: std::ffi::OsString,
+    /// An extra argument for mpirun (repeat for several), e.g. --mpi-arg=--mca --mpi-arg=btl_base_verbose --mpi-arg=30
+    #[arg(long = "mpi-arg", value_name = "ARG", allow_hyphen_values = true)]
+    mpi_args: Vec<std::ffi::OsString>,
+    /// The program and its arguments (after `--` if they start with a dash)
+    #[arg(value_name = "PROGRAM", required = true, num_args = 1.., allow_hyphen_values = true)]
+    program: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -244,6 +273,11 @@ struct UpArgs {
     /// [default: free ports picked at random]
     #[arg(long, value_name = "N")]
     base_port: Option<u16>,
+    /// IP over ExaNet: a network namespace, TUN device and exanet-ip service per node.
+    /// auto: when this machine allows it (root, /dev/net/tun, ip), else say why and go
+    /// on; on: fail without it; off: none
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = rack_cmd::IpMode::Auto, env = "EXANET_RACK_IP")]
+    ip: rack_cmd::IpMode,
     /// Give up when the links are not all up after this many seconds
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
     timeout: u64,
@@ -300,6 +334,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 name: a.name,
                 window: a.window,
                 base_port: a.base_port,
+                ip: a.ip,
                 timeout: Duration::from_secs(a.timeout),
             },
         ),
@@ -360,6 +395,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
         Command::Hosts => hosts::run(&dir),
         Command::Exec(a) => exec::run(&dir, a.node, &a.cmd),
+        Command::Mpirun(a) => {
+            let ranks = match (a.np, a.nodes.is_empty()) {
+                (Some(n), _) => mpirun::Ranks::Count(n),
+                (None, false) => {
+                    let shape = exanet_control::rack::Rack::load(&dir)?.shape();
+                    let ids = a
+                        .nodes
+                        .iter()
+                        .map(|&n| shape.id_of(n))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| CliError::Usage(e.to_string()))?;
+                    mpirun::Ranks::Nodes(ids)
+                }
+                (None, true) => mpirun::Ranks::All,
+            };
+            let code = mpirun::run(&dir, ranks, &a.mpirun, &a.mpi_args, &a.program)?;
+            std::process::exit(code)
+        }
     }
 }
 

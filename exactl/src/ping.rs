@@ -1,5 +1,6 @@
 //! `exactl ping SRC DST`: probes DST from SRC's switch and shows the path hop by hop (like
-//! ibtracert) and the round trips (like ibping).
+//! ibtracert) and the round trips (like ibping), beside the modeled one-way latency of the
+//! path: what the ExaNeSt hardware would take, from the rack's `[model]`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -7,7 +8,9 @@ use std::time::Duration;
 
 use exanet_control::control::{PingReport, Request, Response};
 use exanet_control::rack::Rack;
-use exanet_proto::{routing, NodeId, NodeName, Shape};
+use exanet_proto::model::Model;
+use exanet_proto::probe::ProbeBody;
+use exanet_proto::{cell, routing, NodeId, NodeName, Shape};
 
 use crate::error::NOT_RUNNING;
 use crate::error::{CliError, Result};
@@ -78,12 +81,25 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
             })
         }
     };
+    let modeled = modeled_one_way_ps(&rack.model(), &shape, src, dst);
     if opts.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::Failed(format!("cannot encode the report as JSON: {e}")))?;
+        let encode = |e: serde_json::Error| {
+            CliError::Failed(format!("cannot encode the report as JSON: {e}"))
+        };
+        let mut v = serde_json::to_value(&report).map_err(encode)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "modeled_one_way_ns".into(),
+                modeled.map_or(serde_json::Value::Null, |ps| (ps as f64 / 1000.0).into()),
+            );
+        }
+        let text = serde_json::to_string_pretty(&v).map_err(encode)?;
         println!("{text}");
     } else {
-        print!("{}", render(&shape, src, dst, &report, opts.timeout_ms));
+        print!(
+            "{}",
+            render(&shape, src, dst, &report, opts.timeout_ms, modeled)
+        );
     }
     if report.received == 0 {
         return Err(CliError::Failed(format!(
@@ -94,8 +110,29 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
     Ok(())
 }
 
-/// The human report: the path, hop by hop, then one line per probe and the statistics.
-pub fn render(shape: &Shape, src: NodeId, dst: NodeId, r: &PingReport, timeout_ms: u64) -> String {
+/// Bytes of a probe cell on the wire as its source sends it: header, footer and the probe
+/// body before any hop is recorded (each switch that forwards it appends 4 bytes, a few
+/// nanoseconds a hop at the links' rates, left out here).
+pub fn probe_wire_len() -> usize {
+    cell::OVERHEAD + ProbeBody::new(0).encode().len()
+}
+
+/// The modeled one-way latency, picoseconds, of a probe from `src` to `dst` along the
+/// route the fabric takes, with no queueing (`None` for nodes outside the shape).
+pub fn modeled_one_way_ps(model: &Model, shape: &Shape, src: NodeId, dst: NodeId) -> Option<u64> {
+    model.path_latency(shape, src, dst, probe_wire_len()).ok()
+}
+
+/// The human report: the path, hop by hop, then one line per probe and the statistics,
+/// with the modeled one-way latency of the path (`modeled_ps`) beside the round trips.
+pub fn render(
+    shape: &Shape,
+    src: NodeId,
+    dst: NodeId,
+    r: &PingReport,
+    timeout_ms: u64,
+    modeled_ps: Option<u64>,
+) -> String {
     let mut out = String::new();
     let (src_name, dst_name) = (shape.display(src), shape.display(dst));
     let recorded = !r.path.is_empty();
@@ -157,15 +194,22 @@ pub fn render(shape: &Shape, src: NodeId, dst: NodeId, r: &PingReport, timeout_m
         "{} probes sent, {} received, {loss:.0}% loss (timeout {timeout_ms} ms)",
         r.sent, r.received
     );
+    let modeled = modeled_ps.map(|ps| format!("modeled one-way {:.3} us", ps as f64 / 1e6));
     if let (Some(min), Some(max)) = (
         r.rtts_us.iter().copied().reduce(f64::min),
         r.rtts_us.iter().copied().reduce(f64::max),
     ) {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "rtt min/median/max = {min:.1}/{:.1}/{max:.1} us",
             r.rtt_us
         );
+        if let Some(m) = &modeled {
+            let _ = write!(out, ", {m}");
+        }
+        out.push('\n');
+    } else if let Some(m) = &modeled {
+        let _ = writeln!(out, "{m}");
     }
     out
 }
@@ -249,7 +293,7 @@ mod tests {
             shape.parse_node("M1QAF2").unwrap(),
             shape.parse_node("M1QBF3").unwrap(),
         );
-        let text = render(&shape, s, d, &r, 1000);
+        let text = render(&shape, s, d, &r, 1000, None);
         assert!(
             text.starts_with("From M1QAF2 to M1QBF3: 3 hops\n"),
             "{text}"
@@ -279,11 +323,50 @@ mod tests {
             shape.parse_node("M1QAF1").unwrap(),
             shape.parse_node("M2QBF1").unwrap(),
         );
-        let text = render(&shape, s, d, &r, 200);
+        let text = render(&shape, s, d, &r, 200, None);
         assert!(text.contains("2 hops (expected route"), "{text}");
         assert!(text.contains("torus_y"), "{text}");
         assert!(text.contains("100% loss"), "{text}");
         assert!(!text.contains("rtt min"), "{text}");
+    }
+
+    /// The report's latency model: a torus hop costs a link (~120 ns) and two router
+    /// traversals (~145 ns each), a hop inside a QFDB a link and two 13.3 ns switches.
+    #[test]
+    fn the_modeled_one_way_latency_is_shown_beside_the_round_trip() {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let m = Model::default();
+        let n = |s: &str| shape.parse_node(s).unwrap();
+        let one_way = |a, b| modeled_one_way_ps(&m, &shape, n(a), n(b)).unwrap();
+        // 6 bytes of probe body behind the 32 of header and footer.
+        assert_eq!(probe_wire_len(), 38);
+        let intra = one_way("M1QAF1", "M1QAF2");
+        let torus = one_way("M1QAF1", "M1QBF1");
+        // NI serialisation of 38 B at 19.2 Gb/s, then per element its traversal; the
+        // slowest element's serialisation counts once (cut-through).
+        let ni = m.ni_rate.ps(38);
+        assert_eq!(
+            intra,
+            ni + 2 * m.switch + 120_000 + (m.qfdb_rate.ps(38) - ni)
+        );
+        assert_eq!(
+            torus,
+            ni + 2 * 145_000 + 120_000 + (m.torus_rate.ps(38) - ni)
+        );
+        assert!(torus > intra + 250_000, "{torus} vs {intra}");
+
+        let r = report(&shape, "M1QAF1", "M1QBF1", &[90.0, 100.0, 120.0]);
+        let text = render(&shape, n("M1QAF1"), n("M1QBF1"), &r, 1000, Some(torus));
+        let want = format!(
+            "rtt min/median/max = 90.0/100.0/120.0 us, modeled one-way {:.3} us\n",
+            torus as f64 / 1e6
+        );
+        assert!(text.ends_with(&want), "{text}");
+        assert!(text.contains("modeled one-way 0.440 us"), "{text}");
+        // With no probe back, the model still says what the path would take.
+        let lost = report(&shape, "M1QAF1", "M1QAF2", &[]);
+        let text = render(&shape, n("M1QAF1"), n("M1QAF2"), &lost, 200, Some(intra));
+        assert!(text.ends_with("modeled one-way 0.166 us\n"), "{text}");
     }
 
     #[test]
@@ -291,7 +374,7 @@ mod tests {
         let shape: Shape = "1x1x1".parse().unwrap();
         let mut r = report(&shape, "M1QAF2", "M1QAF2", &[0.5]);
         r.back = vec!["M1QAF2".into(), "M1QAF2".into()];
-        let text = render(&shape, NodeId(1), NodeId(1), &r, 100);
+        let text = render(&shape, NodeId(1), NodeId(1), &r, 100, None);
         assert!(
             text.starts_with("From M1QAF2 to M1QAF2: 0 hops\n"),
             "{text}"
@@ -307,7 +390,7 @@ mod tests {
         r.path = vec!["M1QAF1".into(), "bogus".into(), "M9QZF9".into()];
         r.back = vec!["x".into()];
         r.truncated = true;
-        let text = render(&shape, NodeId(0), NodeId(1), &r, 100);
+        let text = render(&shape, NodeId(0), NodeId(1), &r, 100, None);
         assert!(text.contains("[?] -> bogus"), "{text}");
         assert!(text.contains("truncated"), "{text}");
     }

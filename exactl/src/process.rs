@@ -20,32 +20,38 @@ const DAEMON_NAME: &str = "exanetd";
 /// The daemon binary: `$EXANET_DAEMON`, else `exanetd` next to this executable, else on
 /// `PATH`. The path is made absolute, since daemons run in `/`.
 pub fn daemon_binary() -> Result<PathBuf> {
-    let p = find_daemon_binary()?;
+    helper_binary(DAEMON_ENV, DAEMON_NAME)
+}
+
+/// A program exactl starts (the daemon, the IP service): `$env`, else `name` next to this
+/// executable, else on `PATH`; made absolute, since they run in `/`.
+pub fn helper_binary(env: &str, name: &str) -> Result<PathBuf> {
+    let p = find_binary(env, name)?;
     std::path::absolute(&p).map_err(|e| CliError::io("resolve", p, e))
 }
 
-fn find_daemon_binary() -> Result<PathBuf> {
-    if let Some(v) = std::env::var_os(DAEMON_ENV).filter(|v| !v.is_empty()) {
+fn find_binary(env: &str, name: &str) -> Result<PathBuf> {
+    if let Some(v) = std::env::var_os(env).filter(|v| !v.is_empty()) {
         let p = PathBuf::from(&v);
         return if is_executable(&p) {
             Ok(p)
         } else {
             Err(CliError::DaemonNotFound(format!(
-                "{DAEMON_ENV}={} is not an executable file",
+                "{name}: {env}={} is not an executable file",
                 p.display()
             )))
         };
     }
     let exe = std::env::current_exe().ok();
     if let Some(dir) = exe.as_deref().and_then(Path::parent) {
-        let p = dir.join(DAEMON_NAME);
+        let p = dir.join(name);
         if is_executable(&p) {
             return Ok(p);
         }
     }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
-            let p = dir.join(DAEMON_NAME);
+            let p = dir.join(name);
             if is_executable(&p) {
                 return Ok(p);
             }
@@ -54,10 +60,10 @@ fn find_daemon_binary() -> Result<PathBuf> {
     let beside = exe
         .as_deref()
         .and_then(Path::parent)
-        .map(|d| format!(", not in {}", d.display()))
+        .map(|d| format!(", no {name} in {}", d.display()))
         .unwrap_or_default();
     Err(CliError::DaemonNotFound(format!(
-        "{DAEMON_ENV} is not set{beside}, and not on PATH"
+        "{name}: {env} is not set{beside}, and none on PATH"
     )))
 }
 
@@ -136,8 +142,12 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
 
 /// The last `lines` lines of a daemon's log (at most the last 8 KB of it).
 pub fn log_tail(layout: &Layout, node: &str, lines: usize) -> String {
-    let path = layout.log_file(&node);
-    let Ok(mut f) = std::fs::File::open(&path) else {
+    tail_of(&layout.log_file(&node), lines)
+}
+
+/// The last `lines` non-empty lines of the file at `path`.
+pub fn tail_of(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
         return format!("(no log at {})", path.display());
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);

@@ -39,7 +39,17 @@ pub struct UpOptions {
     pub name: Option<String>,
     pub window: Option<u32>,
     pub base_port: Option<u16>,
+    pub ip: IpMode,
     pub timeout: Duration,
+}
+
+/// Whether `rack up` runs IP over ExaNet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IpMode {
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 /// `exactl rack up`.
@@ -76,6 +86,20 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         );
     }
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
+    // The IP service's key goes into the rack file before the daemons read it.
+    let ip_off = match opts.ip {
+        IpMode::Off => Some("--ip off".to_string()),
+        IpMode::Auto => crate::ip_service::unavailable(),
+        IpMode::On => match crate::ip_service::unavailable() {
+            Some(why) => return Err(CliError::Failed(format!("--ip on: {why}"))),
+            None => None,
+        },
+    };
+    let mut rack = rack;
+    if ip_off.is_none() {
+        rack.ensure_ip_key()
+            .map_err(|e| CliError::io("make the IP service's key", layout.ip_key(), e))?;
+    }
     let issued = exanet_control::tls::ensure_rack_pki(&layout, &names)?;
     if issued > 0 {
         eprintln!("exactl: issued {issued} TLS certificates (nodes and the operator's)");
@@ -112,6 +136,17 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
 
     let links = exanet_proto::topology::links(&shape).len();
     wait_up(&rack, &mut children, start, opts.timeout)?;
+    match &ip_off {
+        None => {
+            crate::ip_service::start(&rack, &abs_dir, opts.timeout)?;
+            eprintln!(
+                "exactl: IP over ExaNet up: {} in namespaces exanet-{}-NODE (`exactl hosts` lists the addresses)",
+                rack.ip_subnet(),
+                rack.file.name
+            );
+        }
+        Some(why) => eprintln!("exactl: IP over ExaNet off: {why}; the rack runs without it"),
+    }
     println!(
         "rack {:?} is up: shape {shape}, {} nodes, {links} links up, {:.1} s ({})",
         rack.file.name,
@@ -584,6 +619,8 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
             }
         }
     }
+    // The IP services first: they are workloads of the daemons.
+    crate::ip_service::stop(&layout, rack.as_ref(), timeout);
     if targets.is_empty() && asked == 0 {
         if let Some(e) = rack_problem {
             return Err(e);

@@ -326,12 +326,19 @@ fn smoke_one_qfdb_up_status_ping_down() {
     assert_eq!(r["hops"], 1);
     assert_eq!(r["path"], serde_json::json!(["M1QAF2", "M1QAF3"]));
     assert!(r["rtt_us"].as_f64().unwrap() > 0.0);
+    // One QFDB link: ~120 ns of link, two switches, the probe's serialisation.
+    let modeled = r["modeled_one_way_ns"]
+        .as_f64()
+        .expect("modeled_one_way_ns");
+    assert!((150.0..200.0).contains(&modeled), "{r:#}");
 
     let out = s.exactl(&["ping", "m1qaf2", "M1QAF3"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let human = text(&out.stdout);
     assert!(human.contains("From M1QAF2 to M1QAF3: 1 hop"), "{human}");
     assert!(human.contains("qfdb"), "{human}");
+    let shown = format!(" us, modeled one-way {:.3} us\n", modeled / 1000.0);
+    assert!(human.contains(&shown), "{human}");
 
     // Workloads started with `exactl exec` attach to that node's daemon: a pingpong
     // server on M1QAF4 and its client on M1QAF2, each told its node only by exec.
@@ -426,6 +433,67 @@ fn smoke_one_qfdb_up_status_ping_down() {
     let out = s.exactl(&["rack", "down"]);
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("nothing was running"));
+}
+
+/// The modeled one-way latency of `exactl ping SRC DST --json` in ns, and the human
+/// report's line with it.
+fn modeled_ping(s: &Scratch, src: &str, dst: &str) -> (f64, String) {
+    let out = s.exactl(&["ping", src, dst, "--count", "1", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ping --json");
+    let ns = r["modeled_one_way_ns"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no modeled_one_way_ns: {r:#}"));
+    let out = s.exactl(&["ping", src, dst, "--count", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("rtt min/median/max"))
+        .unwrap_or_default()
+        .to_string();
+    (ns, line)
+}
+
+/// `exactl ping` shows, beside the measured round trip, the modeled one-way latency of
+/// the path from the rack's `[model]`: a torus hop (a link and two router traversals of
+/// ~145 ns) takes longer than a hop inside a QFDB, and a changed `[model]` changes it.
+#[test]
+fn ping_shows_the_modeled_one_way_latency_of_the_path() {
+    let Some(_) = daemon_or_skip("ping_shows_the_modeled_one_way_latency_of_the_path") else {
+        return;
+    };
+    let mut s = Scratch::new("modeled");
+    s.daemons = true;
+    let out = s.exactl(&["rack", "up", "--shape", "2x1x1", "--timeout", "60"]);
+    assert!(out.status.success(), "rack up: {}", text(&out.stderr));
+
+    let (intra, intra_line) = modeled_ping(&s, "M1QAF1", "M1QAF2");
+    let (torus, torus_line) = modeled_ping(&s, "M1QAF1", "M1QBF1");
+    for (ns, line) in [(intra, &intra_line), (torus, &torus_line)] {
+        let shown = format!(", modeled one-way {:.3} us", ns / 1000.0);
+        assert!(line.ends_with(&shown), "{line:?} for {ns} ns");
+    }
+    // One QFDB link and two 13.3 ns switches; one torus link and two 145 ns routers.
+    assert!((150.0..200.0).contains(&intra), "intra-QFDB {intra} ns");
+    assert!((400.0..480.0).contains(&torus), "torus {torus} ns");
+    assert!(torus > intra + 250.0, "torus {torus} ns, intra {intra} ns");
+
+    // exactl reads the model from the rack file: 1 us more per torus link.
+    let file = s.dir.join("rack.toml");
+    let mut toml = std::fs::read_to_string(&file).unwrap();
+    assert!(!toml.contains("[model]"), "{toml}");
+    toml.push_str("\n[model]\ntorus_link_ns = 1120\n");
+    std::fs::write(&file, toml).unwrap();
+    let (slower, _) = modeled_ping(&s, "M1QAF1", "M1QBF1");
+    assert!(
+        (slower - torus - 1000.0).abs() < 1e-6,
+        "{slower} ns, was {torus} ns"
+    );
+    assert_eq!(modeled_ping(&s, "M1QAF1", "M1QAF2").0, intra);
+
+    let out = s.exactl(&["rack", "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    s.daemons = false;
 }
 
 /// Every fault and failure command refuses bad input with one line and exit code 2,

@@ -108,6 +108,10 @@ pub struct LinkStatus {
     /// Cells from the peer refused as undecodable (bad CRC, bad header).
     #[serde(default)]
     pub rx_corrupt_cells: u64,
+    /// Modeled time this node's output to the link spent sending, seconds: against the
+    /// node's `modeled_time_seconds`, the link's modeled utilization.
+    #[serde(default)]
+    pub modeled_busy_seconds: f64,
     /// Transport statistics of the QUIC connection carrying the link, while it is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<QuicStats>,
@@ -138,6 +142,9 @@ pub struct NodeStatus {
     pub load_rx_cells: u64,
     pub load_rx_bytes: u64,
     pub errors: BTreeMap<String, u64>,
+    /// The node's modeled clock, seconds: the latest modeled time a cell left its switch.
+    #[serde(default)]
+    pub modeled_time_seconds: f64,
     /// The network interface: attached workloads and protocol counters.
     #[serde(default)]
     pub ni: NiStatus,

@@ -7,6 +7,7 @@
 
 use std::net::Ipv4Addr;
 
+use exanet_proto::ip::RackSubnet;
 use exanet_proto::{NodeId, Shape};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,36 @@ pub struct IpSettings {
     /// The rack's subnet (`"10.200.0.0/16"`): node id `n` gets its `n + 1`-th address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<Ipv4Net>,
+    /// The MTU of the nodes' TUN devices ([`DEFAULT_MTU`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// SHA-256 (hex) of the key that admits the IP service to its own job; `exactl rack
+    /// up` makes one (the key itself is in `tls/ip.key`, readable by the rack's owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
+    /// The IP service's protection domain ([`DEFAULT_PDID`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdid: Option<u16>,
+}
+
+/// The IP service's PDID when the rack file names none: the last one, out of the way of
+/// jobs numbered from 1.
+pub const DEFAULT_PDID: u16 = u16::MAX;
+
+/// The job name the IP service's workloads are counted under.
+pub const JOB_NAME: &str = "ip";
+
+/// The IP service's PDID.
+pub fn pdid(settings: Option<&IpSettings>) -> u16 {
+    settings.and_then(|s| s.pdid).unwrap_or(DEFAULT_PDID)
+}
+
+/// The nodes' MTU when the rack file names none (see the README for why this size).
+pub const DEFAULT_MTU: u32 = 65000;
+
+/// The rack's MTU: the file's, else [`DEFAULT_MTU`].
+pub fn mtu(settings: Option<&IpSettings>) -> u32 {
+    settings.and_then(|s| s.mtu).unwrap_or(DEFAULT_MTU)
 }
 
 /// Why the rack's subnet cannot hold its nodes.
@@ -35,6 +66,8 @@ pub enum IpError {
     NotPrivate(Ipv4Net),
     #[error("ip.subnet {subnet} has host bits set: write it as {network}")]
     HostBits { subnet: Ipv4Net, network: Ipv4Net },
+    #[error("ip.mtu {0} is outside 68..=65535 (the smallest IPv4 MTU, the largest IPv4 packet)")]
+    Mtu(u32),
     #[error("ip.subnet {subnet} has room for {room} nodes and the rack has {nodes}: a /{prefix} or wider would do")]
     TooSmall {
         subnet: Ipv4Net,
@@ -85,34 +118,33 @@ pub fn check(subnet: Ipv4Net, shape: &Shape) -> Result<(), IpError> {
     Ok(())
 }
 
-/// Addresses a subnet of prefix `p` gives nodes: all but the network and broadcast ones.
 fn room(p: u8) -> u64 {
-    (1u64 << (32 - u32::from(p.min(32)))).saturating_sub(2)
+    exanet_proto::ip::addr::room(p)
 }
 
 fn room_fits(p: u8, nodes: u32) -> bool {
     room(p) >= u64::from(nodes)
 }
 
+/// The rack's addressing in the core's terms (what the IP service works with).
+pub fn rack_subnet(subnet: Ipv4Net, shape: &Shape) -> RackSubnet {
+    RackSubnet::new(subnet.network(), subnet.prefix_len(), shape.nodes())
+}
+
 /// Node `id`'s address in `subnet` (the network address plus `id + 1`); `None` when the
 /// subnet has no room for it (see [`check`]).
 pub fn node_addr(subnet: Ipv4Net, id: NodeId) -> Option<Ipv4Addr> {
-    let offset = u64::from(id.0) + 1;
-    if offset > room(subnet.prefix_len()) {
-        return None;
-    }
-    let a = u64::from(u32::from(subnet.network())) + offset;
-    u32::try_from(a).ok().map(Ipv4Addr::from)
+    RackSubnet::new(
+        subnet.network(),
+        subnet.prefix_len(),
+        id.0.saturating_add(1),
+    )
+    .node_addr(id)
 }
 
 /// The node whose address `addr` is, if it is one of the rack's.
 pub fn node_of(subnet: Ipv4Net, shape: &Shape, addr: Ipv4Addr) -> Option<NodeId> {
-    if !subnet.contains(&addr) {
-        return None;
-    }
-    let offset = u32::from(addr).checked_sub(u32::from(subnet.network()))?;
-    let id = offset.checked_sub(1)?;
-    (id < shape.nodes() && node_addr(subnet, NodeId(id)) == Some(addr)).then_some(NodeId(id))
+    rack_subnet(subnet, shape).node_of(addr)
 }
 
 #[cfg(test)]

@@ -51,6 +51,23 @@
 //! max_mailboxes = 48
 //! max_registered_mib = 8192
 //!
+//! [model]                       # the modeled hardware (all optional; the report's figures
+//! qfdb_link_gbps = 16.0         # shown): link rates, Gb/s
+//! torus_link_gbps = 10.0
+//! qfdb_link_ns = 120.0          # link latencies, ns
+//! torus_link_ns = 120.0
+//! router_ns = 145.0             # a QFDB router traversal (a torus port involved), ns
+//! switch_ns = 13.333            # any other switch traversal (2 cycles at 150 MHz), ns
+//! ni_gbps = 19.2                # the NI's datapath (128 bit x 150 MHz)
+//! input_buffer = 4096           # bytes per link input and VC
+//! cpu_ni_ns = 125.0             # a CPU <-> NI request
+//! mem_write_ns = 100.0          # the NI writing what arrived to memory
+//! ack_ns = 13.333               # generating a block ACK/NACK
+//! retransmit_ns = 100000.0      # the NI's retransmission timer, modeled
+//! software_ns = 0.0             # software cost per send/receive call
+//! accel_setup_ns = 3000.0       # programming the allreduce accelerator, per operation
+//! compute_scale = 1.0           # share of host compute time counted as modeled time
+//!
 //! [deploy]                      # optional: what runs the daemons (default: local processes)
 //! kind = "compose"              # local | compose | external
 //! project = "exanet-2x2x1"      # compose: the project name
@@ -63,6 +80,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use exanet_proto::model::{Model, ModelError, ModelParams};
 use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape, SwitchConfig};
 use serde::{Deserialize, Serialize};
@@ -87,6 +105,9 @@ pub enum RackError {
     Parse { path: PathBuf, message: String },
     #[error("bad rack file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    /// A `[model]` setting out of range; the message names the field.
+    #[error("bad rack file {path}: {source}")]
+    Model { path: PathBuf, source: ModelError },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -126,7 +147,8 @@ fn default_local_window() -> u32 {
     DEFAULT_LOCAL_WINDOW
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Not `Eq`: `[model]` holds real numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RackFile {
     pub name: String,
@@ -145,6 +167,9 @@ pub struct RackFile {
     /// IP over ExaNet: the rack's subnet, from which each node's address derives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<IpSettings>,
+    /// The modeled hardware: rates, latencies and costs of modeled time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSettings>,
     /// What runs the daemons, for the operations that start and stop them (`exactl node`).
     /// Absent: local processes started by `exactl rack up`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,6 +211,7 @@ impl RackFile {
             ni: None,
             jobs: BTreeMap::new(),
             ip: None,
+            model: None,
             deploy: None,
         }
     }
@@ -262,6 +288,76 @@ pub struct NiSettings {
     pub rank_max_registered_mib: Option<u64>,
 }
 
+/// `[model]` in the rack file: the parameters of the modeled hardware
+/// ([`ModelParams`], whose documentation gives each one's source), in its units (rates in
+/// Gb/s, times in nanoseconds, the input buffer in bytes). Absent fields keep the
+/// report's figures ([`ModelParams::default`]); [`Rack::new`] checks the result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSettings {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qfdb_link_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torus_link_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qfdb_link_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torus_link_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ni_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_buffer: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_ni_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_write_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retransmit_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub software_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accel_setup_ns: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_scale: Option<f64>,
+}
+
+impl ModelSettings {
+    /// The parameters these settings give: each field set, else its default.
+    pub fn params(&self) -> ModelParams {
+        let d = ModelParams::default();
+        ModelParams {
+            qfdb_link_gbps: self.qfdb_link_gbps.unwrap_or(d.qfdb_link_gbps),
+            torus_link_gbps: self.torus_link_gbps.unwrap_or(d.torus_link_gbps),
+            qfdb_link_ns: self.qfdb_link_ns.unwrap_or(d.qfdb_link_ns),
+            torus_link_ns: self.torus_link_ns.unwrap_or(d.torus_link_ns),
+            router_ns: self.router_ns.unwrap_or(d.router_ns),
+            switch_ns: self.switch_ns.unwrap_or(d.switch_ns),
+            ni_gbps: self.ni_gbps.unwrap_or(d.ni_gbps),
+            input_buffer: self.input_buffer.unwrap_or(d.input_buffer),
+            cpu_ni_ns: self.cpu_ni_ns.unwrap_or(d.cpu_ni_ns),
+            mem_write_ns: self.mem_write_ns.unwrap_or(d.mem_write_ns),
+            ack_ns: self.ack_ns.unwrap_or(d.ack_ns),
+            retransmit_ns: self.retransmit_ns.unwrap_or(d.retransmit_ns),
+            software_ns: self.software_ns.unwrap_or(d.software_ns),
+            accel_setup_ns: self.accel_setup_ns.unwrap_or(d.accel_setup_ns),
+            compute_scale: self.compute_scale.unwrap_or(d.compute_scale),
+        }
+    }
+}
+
+impl RackFile {
+    /// The modeled hardware's parameters: `[model]`, defaults where absent.
+    pub fn model_params(&self) -> ModelParams {
+        self.model.unwrap_or_default().params()
+    }
+}
+
 impl Job {
     /// Who may attach to this job: its `uid`/`gid` lists, or, with neither, the daemon's
     /// own user and root (what the owner-only socket allowed before jobs could name
@@ -289,12 +385,18 @@ impl NiSettings {
 /// PDID of the default job when the rack file names none.
 pub const DEFAULT_PDID: u16 = 1;
 
+fn ip_key_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// A validated rack file with its node table keyed by node id.
 #[derive(Clone, Debug)]
 pub struct Rack {
     pub dir: PathBuf,
     pub file: RackFile,
     nodes: Vec<NodeEntry>,
+    /// `[model]`, checked.
+    model: Model,
 }
 
 impl Rack {
@@ -308,14 +410,19 @@ impl Rack {
             path: path.clone(),
             message: e.message().to_string(),
         })?;
+        if let Err(source) = file.model_params().model() {
+            return Err(RackError::Model { path, source });
+        }
         Rack::new(dir, file).map_err(|message| RackError::Invalid { path, message })
     }
 
-    /// Validates a rack file: every node of the shape present exactly once, windows sane.
+    /// Validates a rack file: every node of the shape present exactly once, windows sane,
+    /// the modeled hardware's parameters in range.
     pub fn new(dir: &Path, file: RackFile) -> Result<Rack, String> {
         if file.name.is_empty() {
             return Err("name is empty".into());
         }
+        let model = file.model_params().model().map_err(|e| e.to_string())?;
         for (what, w) in [("window", file.window), ("local_window", file.local_window)] {
             if w < MIN_WINDOW {
                 return Err(format!(
@@ -358,6 +465,23 @@ impl Rack {
         }
         let mut pdids = BTreeMap::new();
         let mut keys = BTreeMap::new();
+        let ip_pdid = crate::ip::pdid(file.ip.as_ref());
+        if ip_pdid == 0 {
+            return Err("ip.pdid: PDID 0 is reserved for the fabric's own cells".into());
+        }
+        let ip_job = crate::ip::JOB_NAME.to_string();
+        pdids.insert(ip_pdid, &ip_job);
+        if file.jobs.contains_key(crate::ip::JOB_NAME) {
+            return Err(format!(
+                "job {}: the name is the IP service's ([ip] in the rack file)",
+                crate::ip::JOB_NAME
+            ));
+        }
+        if let Some(h) = file.ip.as_ref().and_then(|i| i.key_sha256.as_deref()) {
+            if crate::quota::parse_digest(h).is_none() {
+                return Err("ip.key_sha256 is not 64 hex digits".into());
+            }
+        }
         for (name, job) in &file.jobs {
             if job.pdid == 0 {
                 return Err(format!(
@@ -405,6 +529,10 @@ impl Rack {
         }
         crate::ip::check(crate::ip::subnet(file.ip.as_ref()), &file.shape)
             .map_err(|e| e.to_string())?;
+        let mtu = crate::ip::mtu(file.ip.as_ref());
+        if !(68..=65535).contains(&mtu) {
+            return Err(crate::ip::IpError::Mtu(mtu).to_string());
+        }
         let shape = file.shape;
         let mut nodes: Vec<Option<NodeEntry>> = vec![None; shape.nodes() as usize];
         for (name, entry) in &file.nodes {
@@ -435,12 +563,56 @@ impl Rack {
             dir: dir.to_path_buf(),
             file,
             nodes: nodes.into_iter().map(|n| n.expect("checked")).collect(),
+            model,
         })
     }
 
     /// The rack's IP subnet (see [`crate::ip`]).
     pub fn ip_subnet(&self) -> ipnet::Ipv4Net {
         crate::ip::subnet(self.file.ip.as_ref())
+    }
+
+    /// Makes sure the rack has a key for the IP service's job: the key in `tls/ip.key`
+    /// (readable by the rack's owner only) and its SHA-256 in `[ip] key_sha256` of the rack
+    /// file. Returns whether it made one (the rack file was then rewritten: daemons started
+    /// before read the old one).
+    pub fn ensure_ip_key(&mut self) -> std::io::Result<bool> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.layout().ip_key();
+        let have = self.file.ip.as_ref().and_then(|i| i.key_sha256.clone());
+        if let (Some(h), Ok(key)) = (&have, std::fs::read_to_string(&path)) {
+            let d = crate::quota::key_digest(key.trim());
+            if crate::quota::digests_equal(crate::quota::parse_digest(h).as_ref(), &d) {
+                return Ok(false);
+            }
+        }
+        let mut raw = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+            .map_err(|_| std::io::Error::other("no random bytes from the system"))?;
+        let key = ip_key_hex(&raw);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let _ = std::fs::remove_file(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?
+            .write_all(format!("{key}\n").as_bytes())?;
+        let settings = self
+            .file
+            .ip
+            .get_or_insert_with(crate::ip::IpSettings::default);
+        settings.key_sha256 = Some(ip_key_hex(&crate::quota::key_digest(&key)));
+        self.save().map_err(std::io::Error::other)?;
+        Ok(true)
+    }
+
+    /// The MTU of the nodes' TUN devices.
+    pub fn ip_mtu(&self) -> u32 {
+        crate::ip::mtu(self.file.ip.as_ref())
     }
 
     /// Node `id`'s IP address; every node of a loaded rack has one (its subnet was
@@ -461,7 +633,20 @@ impl Rack {
         SwitchConfig {
             window: self.file.window,
             local_window: self.file.local_window,
+            model: self.model,
         }
+    }
+
+    /// The modeled hardware's parameters as the rack file gives them (`[model]`, the
+    /// report's figures where absent).
+    pub fn model_params(&self) -> ModelParams {
+        self.file.model_params()
+    }
+
+    /// The modeled hardware in the units the core computes with, checked when the rack
+    /// was loaded.
+    pub fn model(&self) -> Model {
+        self.model
     }
 
     /// A 64-bit digest of the rack's identity (name and shape), carried in link hellos.
@@ -475,7 +660,8 @@ impl Rack {
         h
     }
 
-    /// The NI configuration the rack file asks for.
+    /// The NI configuration the rack file asks for (its model is the switch
+    /// configuration's: the node gives its NI the same).
     pub fn ni_config(&self) -> exanet_proto::ni::NiConfig {
         let mut c = exanet_proto::ni::NiConfig::default();
         if let Some(ni) = &self.file.ni {
@@ -513,6 +699,24 @@ impl Rack {
             }),
             Some(k) => {
                 let d = crate::quota::key_digest(k);
+                let ip = self.file.ip.as_ref();
+                let ip_key = ip
+                    .and_then(|i| i.key_sha256.as_deref())
+                    .and_then(crate::quota::parse_digest);
+                if crate::quota::digests_equal(ip_key.as_ref(), &d) {
+                    // One service per node, and what it needs: a ring per peer.
+                    return Some((
+                        crate::ip::JOB_NAME,
+                        Cow::Owned(Job {
+                            pdid: crate::ip::pdid(ip),
+                            quota: JobQuota {
+                                max_ranks: Some(1),
+                                ..JobQuota::default()
+                            },
+                            ..Job::default()
+                        }),
+                    ));
+                }
                 self.file.jobs.iter().find_map(|(name, j)| {
                     let theirs = match (&j.key, &j.key_sha256) {
                         (Some(key), _) => Some(crate::quota::key_digest(key)),
@@ -582,6 +786,10 @@ impl Layout {
     }
     pub fn ca_cert(&self) -> PathBuf {
         self.tls_dir().join("ca.pem")
+    }
+    /// The key that admits the IP service to its job (see [`crate::ip`]).
+    pub fn ip_key(&self) -> PathBuf {
+        self.tls_dir().join("ip.key")
     }
     pub fn ca_key(&self) -> PathBuf {
         self.tls_dir().join("ca.key")
@@ -737,6 +945,111 @@ mod tests {
         assert!(e.contains("32 blocks"), "{e}");
         let e = with_jobs("[ni]\nrank_window_blocks = 0\n").unwrap_err();
         assert!(e.contains("1..=65536"), "{e}");
+    }
+
+    fn load_with(extra: &str) -> Result<Rack, RackError> {
+        // Each call its own directory: the tests run in parallel.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("exanet-rack-model-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = toml::to_string(&file("1x1x1")).unwrap();
+        text.push_str(extra);
+        std::fs::write(dir.join(RACK_FILE), text).unwrap();
+        let r = Rack::load(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    #[test]
+    fn an_absent_model_section_gives_the_reports_figures() {
+        let r = load_with("").unwrap();
+        assert_eq!(r.model_params(), ModelParams::default());
+        assert_eq!(r.model(), Model::default());
+        assert_eq!(r.switch_config().model, Model::default());
+        // Default figures in picoseconds: 120 ns links, 145 ns router, 4 KB buffers.
+        let m = r.switch_config().model;
+        assert_eq!(
+            (m.qfdb_link, m.torus_link, m.router),
+            (120_000, 120_000, 145_000)
+        );
+        assert_eq!(m.input_buffer, 4096);
+        // An empty section is the same as none.
+        assert_eq!(load_with("[model]\n").unwrap().model(), Model::default());
+    }
+
+    #[test]
+    fn model_settings_reach_the_switch_and_keep_defaults_elsewhere() {
+        let r = load_with(
+            "[model]\ntorus_link_gbps = 40\nrouter_ns = 200.5\ninput_buffer = 8192\n\
+             software_ns = 350.0\ncompute_scale = 0.5\n",
+        )
+        .unwrap();
+        let p = r.model_params();
+        assert_eq!(p.torus_link_gbps, 40.0);
+        assert_eq!(p.software_ns, 350.0);
+        assert_eq!(p.compute_scale, 0.5);
+        assert_eq!(p.qfdb_link_gbps, ModelParams::default().qfdb_link_gbps);
+        let m = r.switch_config().model;
+        assert_eq!(m, r.model());
+        assert_eq!(m.router, 200_500);
+        assert_eq!(m.input_buffer, 8192);
+        assert_eq!(m.software, 350_000);
+        assert_eq!(m.compute_scale_ppm, 500_000);
+        // 288 B at 40 Gb/s is 57.6 ns; the QFDB links keep 16 Gb/s (144 ns).
+        assert_eq!(m.torus_rate.ps(288), 57_600);
+        assert_eq!(m.qfdb_rate.ps(288), 144_000);
+        assert_eq!(m.qfdb_link, Model::default().qfdb_link);
+        // The section survives a rewrite of the rack file (`ensure_ip_key` saves it).
+        let text = toml::to_string(&r.file).unwrap();
+        let back: RackFile = toml::from_str(&text).unwrap();
+        assert_eq!(back, r.file);
+        assert!(!text.contains("qfdb_link_gbps"), "{text}");
+    }
+
+    #[test]
+    fn bad_model_settings_are_refused_naming_the_field() {
+        for (setting, field) in [
+            ("torus_link_gbps = 0", "[model] torus_link_gbps = 0"),
+            ("qfdb_link_ns = -1.0", "[model] qfdb_link_ns = -1"),
+            ("router_ns = nan", "[model] router_ns = NaN"),
+            ("input_buffer = 100", "[model] input_buffer = 100"),
+            ("compute_scale = -0.5", "[model] compute_scale = -0.5"),
+        ] {
+            let e = load_with(&format!("[model]\n{setting}\n")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    RackError::Model {
+                        source: ModelError::Bad { .. },
+                        ..
+                    }
+                ),
+                "{setting}: {e:?}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains(field), "{setting}: {msg}");
+            assert!(msg.contains(RACK_FILE), "{setting}: {msg}");
+        }
+        // A validated rack from a rack file built in code is checked the same way.
+        let mut f = file("1x1x1");
+        f.model = Some(ModelSettings {
+            ni_gbps: Some(0.0),
+            ..ModelSettings::default()
+        });
+        let e = Rack::new(Path::new("."), f).unwrap_err();
+        assert!(e.contains("[model] ni_gbps = 0"), "{e}");
+        // Typos and wrong types are parse errors naming what is wrong.
+        let e = load_with("[model]\ntorus_gbps = 5\n").unwrap_err();
+        assert!(matches!(e, RackError::Parse { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("torus_gbps") && msg.contains("torus_link_gbps"),
+            "{msg}"
+        );
+        let e = load_with("[model]\nrouter_ns = \"fast\"\n").unwrap_err();
+        assert!(matches!(e, RackError::Parse { .. }), "{e:?}");
     }
 
     #[test]

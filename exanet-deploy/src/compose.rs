@@ -215,9 +215,10 @@ pub fn run(out: &Path, opts: &ComposeOptions) -> Result<String> {
 }
 
 /// `COMPOSE_PARALLEL_LIMIT` for a rack of `nodes`: above the number of services (nodes,
-/// pki, prometheus, grafana), so compose v1's nested parallel execution cannot deadlock.
+/// their IP services, pki, prometheus, grafana), so compose v1's nested parallel execution
+/// cannot deadlock.
 fn parallel_limit(nodes: u32) -> u32 {
-    (nodes + 8).max(64)
+    (2 * nodes + 8).max(64)
 }
 
 fn deploy(name: &str) -> Deploy {
@@ -307,6 +308,38 @@ fn node_service(opts: &ComposeOptions, node: &str) -> MapBuilder {
         .put("environment", node_environment(node))
 }
 
+/// The port a node's IP service serves `/metrics` on (in the node's network namespace).
+pub const IP_METRICS_PORT: u16 = 9701;
+
+/// Node `node`'s IP over ExaNet service: `exanet-ip` in the node container's network
+/// namespace (`network_mode: service:NODE`: the container is the node's namespace), with
+/// what a TUN device needs (`/dev/net/tun`, `NET_ADMIN`), attached to the node's daemon
+/// through the shared rack directory. Restarted when it ends, as it does when its daemon
+/// restarts (its attachment ends with the daemon).
+fn ip_service(opts: &ComposeOptions, node: &str) -> MapBuilder {
+    MapBuilder::new()
+        .put("image", image_ref(opts))
+        .put(
+            "command",
+            flow([
+                "exanet-ip",
+                "--rack",
+                RACK_MOUNT,
+                "--node",
+                node,
+                "--metrics",
+                &format!("0.0.0.0:{IP_METRICS_PORT}"),
+            ]),
+        )
+        .put("network_mode", s(format!("service:{node}")))
+        .put("cap_add", Yaml::List(vec![s("NET_ADMIN")]))
+        .put("devices", Yaml::List(vec![s("/dev/net/tun:/dev/net/tun")]))
+        .put("environment", node_environment(node))
+        .put("volumes", rack_volume())
+        .put("restart", s("unless-stopped"))
+        .put("depends_on", depends_on(node, "service_healthy"))
+}
+
 /// The Prometheus service as compose and swarm both run it: image, command (with `extra`
 /// flags) and volumes, its configuration read from `config` (relative to the compose or
 /// stack file).
@@ -376,6 +409,7 @@ fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<S
                 depends_on("pki", "service_completed_successfully"),
             );
         services.push(node.clone(), svc.build());
+        services.push(format!("{node}-ip"), ip_service(opts, node).build());
         first = false;
     }
     let mut volumes = MapBuilder::new();
@@ -662,9 +696,21 @@ mod tests {
                 Some("service_completed_successfully")
             );
             assert_eq!(svc["restart"].as_str(), Some("unless-stopped"));
+            // Its IP service lives in its network namespace, with a TUN device.
+            let ip = &services[format!("{name}-ip").as_str()];
+            assert_eq!(
+                ip["network_mode"].as_str(),
+                Some(format!("service:{name}").as_str())
+            );
+            assert_eq!(ip["devices"][0].as_str(), Some("/dev/net/tun:/dev/net/tun"));
+            assert_eq!(ip["cap_add"][0].as_str(), Some("NET_ADMIN"));
+            assert_eq!(
+                ip["depends_on"][name.as_str()]["condition"].as_str(),
+                Some("service_healthy")
+            );
         }
-        // 128 nodes + pki + prometheus + grafana, nothing else.
-        assert_eq!(services.len(), 131);
+        // 128 nodes, their IP services, pki, prometheus and grafana, nothing else.
+        assert_eq!(services.len(), 2 * 128 + 3);
         // Prometheus scrapes exactly the metrics addresses of the rack file.
         let prom = yaml(text(&files, "prometheus/prometheus.yml"));
         let targets: std::collections::BTreeSet<String> = prom["scrape_configs"][0]

@@ -250,7 +250,7 @@ fn rack_dashboard(shape: Shape, rack: &str) -> Value {
         timeseries(
             next(),
             "Link traffic, busiest 10 link ends (tx)",
-            grid(0, 4, 12, 8),
+            grid(0, 4, 8, 8),
             "bps",
             vec![target(
                 "A",
@@ -263,7 +263,7 @@ fn rack_dashboard(shape: Shape, rack: &str) -> Value {
         timeseries(
             next(),
             "Flow-control stalls (fraction of time an output waited for credit)",
-            grid(12, 4, 12, 8),
+            grid(8, 4, 8, 8),
             "percentunit",
             vec![target(
                 "A",
@@ -271,6 +271,22 @@ fn rack_dashboard(shape: Shape, rack: &str) -> Value {
                     "sum by (node, port) (rate(exanet_link_stall_seconds_total{{{sel}}}[{ri}]))"
                 ),
                 "{{node}} {{port}}",
+            )],
+        ),
+        timeseries(
+            next(),
+            // Modeled busy time over the node's modeled clock: where the modeled
+            // hardware, not the emulator, is saturated (docs/modeled-time.md).
+            "Modeled link utilization, busiest 10 link ends",
+            grid(16, 4, 8, 8),
+            "percentunit",
+            vec![target(
+                "A",
+                &format!(
+                    "topk(10, sum by (node, port, peer) (rate(exanet_link_modeled_busy_seconds_total{{{sel}}}[{ri}])) \
+                     / on(node) group_left sum by (node) (rate(exanet_node_modeled_time_seconds{{{sel}}}[{ri}])))"
+                ),
+                "{{node}} {{port}} -> {{peer}}",
             )],
         ),
         timeseries(
@@ -716,6 +732,8 @@ mod tests {
         assert!(exprs.len() >= 15, "{exprs:?}");
         for metric in [
             "exanet_link_stall_seconds_total",
+            "exanet_link_modeled_busy_seconds_total",
+            "exanet_node_modeled_time_seconds",
             "exanet_ni_retransmissions_total",
             "exanet_ni_nacks_total",
             "exanet_ni_pdid_violations_total",

@@ -288,7 +288,14 @@ pub fn write_files(out: &Path, files: &[GenFile]) -> Result<()> {
 /// the rack file that has none. Idempotent: a rack whose certificates exist is unchanged.
 /// Returns what was done, for the operator.
 pub fn pki(dir: &Path) -> Result<String> {
-    let rack = Rack::load(dir)?;
+    let mut rack = Rack::load(dir)?;
+    // The IP services' key, in the rack file before the daemons read it.
+    rack.ensure_ip_key()
+        .map_err(|e| crate::error::DeployError::Io {
+            action: "make the IP service's key",
+            path: rack.layout().ip_key(),
+            source: e,
+        })?;
     let shape = rack.shape();
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let layout = Layout::new(dir);

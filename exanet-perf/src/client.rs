@@ -3,11 +3,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use exanet::ModelTime;
 use exanet::{Endpoint, Error, Gvas, Mailbox, MemoryRegion, NodeId, Packetizer, RdmaPage, Tag};
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::stats::{summarize, Row};
+use crate::stats::{summarize, summarize_us, Row};
 use crate::wire::{self, Msg};
 
 pub struct Options {
@@ -237,6 +238,7 @@ fn pingpong_sizes(
     for &size in sizes {
         let mut payload = vec![0u8; size as usize];
         let mut samples = Vec::with_capacity(iterations as usize);
+        let mut modeled = Vec::with_capacity(iterations as usize);
         for i in 0..warmup + iterations {
             // A distinct payload per iteration, so a stale echo is caught.
             let stamp = i.to_be_bytes();
@@ -244,6 +246,7 @@ fn pingpong_sizes(
                 *b = stamp[7 - k % 8] ^ (k as u8);
             }
             let t0 = Instant::now();
+            let m0 = c.ep.clock();
             let tag =
                 c.tx.send_any(c.data, &payload)
                     .map_err(|e| format!("ping: {e}"))?;
@@ -256,6 +259,7 @@ fn pingpong_sizes(
                 e => format!("echo: {e}"),
             })?;
             let rtt = t0.elapsed();
+            let modeled_rtt = us_between(m0, c.ep.clock());
             c.ep.wait(tag, Some(o.timeout))
                 .map_err(|e| format!("ping {i}: {e}"))?;
             if (m.src_node, m.src_rank) != c.server || m.payload != payload {
@@ -268,6 +272,7 @@ fn pingpong_sizes(
             }
             if i >= warmup {
                 samples.push(rtt / 2);
+                modeled.push(modeled_rtt / 2.0);
             }
             progress.tick(|| {
                 format!(
@@ -283,6 +288,8 @@ fn pingpong_sizes(
             size,
             summary: summarize(&samples),
             gbps: None,
+            modeled: Some(summarize_us(modeled)),
+            modeled_gbps: None,
             extra: vec![("peer", json!(c.server_name)), ("one_way", json!(true))],
         }
         .print(o.json, &mut header);
@@ -431,9 +438,15 @@ fn post(
     r.map_err(|e| format!("posting a {size} B {:?}: {e}", o.op))
 }
 
-fn wait(c: &Conn<'_>, tag: Tag, size: u64, o: &RdmaOptions) -> Result<(), String> {
-    c.ep.wait(tag, Some(o.common.timeout))
+/// Waits for a transfer; returns when it completed in modeled time.
+fn wait(c: &Conn<'_>, tag: Tag, size: u64, o: &RdmaOptions) -> Result<ModelTime, String> {
+    c.ep.wait_modeled(tag, Some(o.common.timeout))
         .map_err(|e| format!("{size} B {:?}: {e}", o.op))
+}
+
+/// Picoseconds from `a` to `b` in microseconds.
+fn us_between(a: ModelTime, b: ModelTime) -> f64 {
+    (b - a) as f64 / 1e6
 }
 
 fn fill_local(local: &MemoryRegion, offset: u64, size: u64, seed: u64) -> Result<(), String> {
@@ -488,6 +501,7 @@ fn rdma_lat(
         fill_local(local, 0, size, seed_of(size, 0))?;
     }
     let mut samples = Vec::with_capacity(iterations as usize);
+    let mut modeled = Vec::with_capacity(iterations as usize);
     for i in 0..warmup + iterations {
         let seed = seed_of(size, i);
         if o.verify {
@@ -501,8 +515,9 @@ fn rdma_lat(
             }
         }
         let t0 = Instant::now();
+        let m0 = c.ep.clock();
         let tag = post(c, o, page, local, 0, 0, size)?;
-        wait(c, tag, size, o)?;
+        let done = wait(c, tag, size, o)?;
         let t = t0.elapsed();
         if o.verify {
             match o.op {
@@ -517,6 +532,7 @@ fn rdma_lat(
         }
         if i >= warmup {
             samples.push(t);
+            modeled.push(us_between(m0, done));
         }
         progress.tick(|| {
             format!(
@@ -529,11 +545,15 @@ fn rdma_lat(
     }
     let summary = summarize(&samples);
     let gbps = (summary.p50 > 0.0).then(|| size as f64 * 8.0 / (summary.p50 * 1e3));
+    let modeled = summarize_us(modeled);
+    let modeled_gbps = (modeled.p50 > 0.0).then(|| size as f64 * 8.0 / (modeled.p50 * 1e3));
     let row = Row {
         bench: "rdma-lat",
         size,
         summary,
         gbps,
+        modeled: Some(modeled),
+        modeled_gbps,
         extra: extras(o, c, verified),
     };
     Ok((row, verified))
@@ -566,31 +586,39 @@ fn rdma_bw(
             Op::Read => {}
         }
     }
+    // Samples in host time and in modeled time (us); returns both elapsed times.
+    type Samples = (Vec<Duration>, Vec<f64>);
     let mut run =
-        |count: u64, before: u64, samples: &mut Vec<Duration>| -> Result<Duration, String> {
-            let mut inflight: VecDeque<(Tag, Instant)> = VecDeque::new();
+        |count: u64, before: u64, samples: &mut Samples| -> Result<(Duration, f64), String> {
+            let mut inflight: VecDeque<(Tag, Instant, ModelTime)> = VecDeque::new();
             let (mut posted, mut done) = (0u64, 0u64);
             let start = Instant::now();
+            let modeled_start = c.ep.clock();
             while done < count {
                 while inflight.len() < window as usize && posted < count {
                     // FIFO completion order: op k reuses the slot of op k - window, done.
                     let slot = posted % window;
+                    let m0 = c.ep.clock();
                     let tag = post(c, o, page, local, slot as u8, slot * size, size)?;
-                    inflight.push_back((tag, Instant::now()));
+                    inflight.push_back((tag, Instant::now(), m0));
                     posted += 1;
                 }
-                if let Some((tag, t0)) = inflight.pop_front() {
-                    wait(c, tag, size, o)?;
-                    samples.push(t0.elapsed());
+                if let Some((tag, t0, m0)) = inflight.pop_front() {
+                    let at = wait(c, tag, size, o)?;
+                    samples.0.push(t0.elapsed());
+                    samples.1.push(us_between(m0, at));
                     done += 1;
                     progress.tick(|| format!("{size} B: {}/{total} transfers", before + done));
                 }
             }
-            Ok(start.elapsed())
+            Ok((start.elapsed(), us_between(modeled_start, c.ep.clock())))
         };
-    run(warmup, 0, &mut Vec::new())?;
-    let mut samples = Vec::with_capacity(iterations as usize);
-    let elapsed = run(iterations, warmup, &mut samples)?;
+    run(warmup, 0, &mut (Vec::new(), Vec::new()))?;
+    let mut samples = (
+        Vec::with_capacity(iterations as usize),
+        Vec::with_capacity(iterations as usize),
+    );
+    let (elapsed, modeled_us) = run(iterations, warmup, &mut samples)?;
     // Every transfer into slot s carries the same bytes: what the slots hold at the end
     // is the last transfer into each (those of the measured run only).
     let mut verified = 0u64;
@@ -609,11 +637,15 @@ fn rdma_bw(
         }
     }
     let gbps = (size * iterations) as f64 * 8.0 / elapsed.as_secs_f64() / 1e9;
+    let modeled_gbps =
+        (modeled_us > 0.0).then(|| (size * iterations) as f64 * 8.0 / (modeled_us * 1e3));
     let row = Row {
         bench: "rdma-bw",
         size,
-        summary: summarize(&samples),
+        summary: summarize(&samples.0),
         gbps: Some(gbps),
+        modeled: Some(summarize_us(samples.1)),
+        modeled_gbps,
         extra: extras(o, c, verified),
     };
     Ok((row, verified))

@@ -62,6 +62,7 @@
 //! Exit status: 0 success, 1 runtime failure, 2 bad usage.
 
 mod client;
+mod collective;
 mod progress;
 mod server;
 mod stats;
@@ -116,6 +117,47 @@ enum Bench {
     /// RDMA write or read bandwidth, several transfers in flight
     #[command(subcommand)]
     RdmaBw(RdmaBwRole),
+    /// Allreduce over a group: the NI's accelerator or software (one thread per member)
+    Allreduce(CollArgs),
+    /// Broadcast from a root over a group (binomial tree)
+    Bcast(CollArgs),
+    /// Barrier over a group
+    Barrier(CollArgs),
+}
+
+#[derive(Debug, Args)]
+struct CollArgs {
+    /// Members in rank order: NODE[:RANK],... (this process attaches to each)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_peer, conflicts_with = "qfdbs")]
+    members: Vec<(String, u8)>,
+    /// Members: the nodes of the rack's first N QFDBs, rank 0 each
+    #[arg(long, value_name = "N")]
+    qfdbs: Option<u32>,
+    /// Vector sizes, bytes (K suffix: 1024)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_size, default_value = "8,64,256,1K")]
+    sizes: Vec<u64>,
+    /// Measured iterations per size
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    iterations: u64,
+    /// Unmeasured iterations per size first
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    warmup: u64,
+    /// The NI's allreduce accelerator: on, off (software), or auto
+    #[arg(long, value_enum, default_value_t = collective::Accel::Auto)]
+    accel: collective::Accel,
+    #[arg(long, value_enum, default_value_t = collective::Op::Sum)]
+    op: collective::Op,
+    #[arg(long = "type", value_enum, default_value_t = collective::Type::F64)]
+    ty: collective::Type,
+    /// The broadcast's root (member index)
+    #[arg(long, default_value_t = 0)]
+    root: usize,
+    /// One JSON object per size on stdout
+    #[arg(long)]
+    json: bool,
+    /// Give a collective up after this long, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    timeout_ms: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -259,20 +301,40 @@ fn parse_peer(s: &str) -> Result<(String, u8), String> {
     Ok((name.to_string(), rank))
 }
 
+/// A network benchmark's compute scale: host time between its calls is not modeled
+/// compute (0), unless `EXANET_COMPUTE_SCALE` says otherwise (then the library reads it).
+pub(crate) fn network_benchmark_scale() -> Option<u64> {
+    match std::env::var(exanet::config::ENV_COMPUTE_SCALE) {
+        Ok(v) if !v.is_empty() => None,
+        _ => Some(0),
+    }
+}
+
 fn attach(g: &Global) -> Result<Endpoint, String> {
     let config = Config {
         rack_dir: g.rack.clone(),
         node: g.node.clone(),
         job_key: g.job_key.clone(),
         spin: g.spin_us.map(Duration::from_micros),
+        compute_scale_ppm: network_benchmark_scale(),
         ..Config::default()
     };
     Endpoint::attach_with(&config).map_err(|e| format!("attach: {e}"))
 }
 
 fn run(cli: Cli) -> Result<(), String> {
+    let coll = match &cli.bench {
+        Bench::Allreduce(a) => Some((collective::Kind::Allreduce, a)),
+        Bench::Bcast(a) => Some((collective::Kind::Bcast, a)),
+        Bench::Barrier(a) => Some((collective::Kind::Barrier, a)),
+        _ => None,
+    };
+    if let Some((kind, a)) = coll {
+        return collective::run(&coll_opts(&cli.global, kind, a)?);
+    }
     let ep = attach(&cli.global)?;
     match cli.bench {
+        Bench::Allreduce(_) | Bench::Bcast(_) | Bench::Barrier(_) => unreachable!("run above"),
         Bench::Pingpong(PingRole::Serve(a))
         | Bench::RdmaLat(RdmaLatRole::Serve(a))
         | Bench::RdmaBw(RdmaBwRole::Serve(a)) => server::serve(
@@ -286,6 +348,45 @@ fn run(cli: Cli) -> Result<(), String> {
         Bench::RdmaLat(RdmaLatRole::Run(a)) => client::rdma(&ep, &rdma_opts(&a, None)),
         Bench::RdmaBw(RdmaBwRole::Run(a)) => client::rdma(&ep, &rdma_opts(&a.rdma, Some(a.window))),
     }
+}
+
+fn coll_opts(
+    g: &Global,
+    kind: collective::Kind,
+    a: &CollArgs,
+) -> Result<collective::Options, String> {
+    let members = match a.qfdbs {
+        Some(q) => {
+            let dir = exanet::config::rack_dir(g.rack.as_deref());
+            let shape = exanet::config::read_shape(&dir).map_err(|e| e.to_string())?;
+            if q == 0 || q > shape.qfdbs() {
+                return Err(format!("--qfdbs {q}: the rack has {} QFDBs", shape.qfdbs()));
+            }
+            (0..q * 4)
+                .map(|i| (shape.display(exanet::NodeId(i)), 0))
+                .collect()
+        }
+        None => a.members.clone(),
+    };
+    if members.is_empty() {
+        return Err("give the members: --members NODE[:RANK],... or --qfdbs N".into());
+    }
+    Ok(collective::Options {
+        kind,
+        rack: g.rack.clone(),
+        job_key: g.job_key.clone(),
+        spin: g.spin_us.map(Duration::from_micros),
+        members,
+        sizes: a.sizes.clone(),
+        iterations: a.iterations,
+        warmup: a.warmup,
+        accel: a.accel,
+        op: a.op,
+        ty: a.ty,
+        root: a.root,
+        json: a.json,
+        timeout: Duration::from_millis(a.timeout_ms),
+    })
 }
 
 fn common(c: &Common) -> client::Options {

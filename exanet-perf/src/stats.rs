@@ -25,7 +25,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 pub fn summarize(samples: &[Duration]) -> Summary {
-    let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    summarize_us(samples.iter().map(|d| d.as_secs_f64() * 1e6).collect())
+}
+
+/// Summary of samples already in microseconds (modeled times).
+pub fn summarize_us(mut us: Vec<f64>) -> Summary {
     us.sort_by(f64::total_cmp);
     let n = us.len();
     Summary {
@@ -48,6 +52,9 @@ pub struct Row {
     pub size: u64,
     pub summary: Summary,
     pub gbps: Option<f64>,
+    /// The same measurement in modeled time: what the ExaNeSt hardware would take.
+    pub modeled: Option<Summary>,
+    pub modeled_gbps: Option<f64>,
     pub extra: Vec<(&'static str, Value)>,
 }
 
@@ -70,6 +77,15 @@ impl Row {
         if let Some(g) = self.gbps {
             m.insert("gbps".into(), json!(round3(g)));
         }
+        if let Some(s) = &self.modeled {
+            m.insert("modeled_p50_us".into(), json!(round3(s.p50)));
+            m.insert("modeled_p99_us".into(), json!(round3(s.p99)));
+            m.insert("modeled_min_us".into(), json!(round3(s.min)));
+            m.insert("modeled_max_us".into(), json!(round3(s.max)));
+        }
+        if let Some(g) = self.modeled_gbps {
+            m.insert("modeled_gbps".into(), json!(round3(g)));
+        }
         for (k, v) in &self.extra {
             m.insert((*k).into(), v.clone());
         }
@@ -84,15 +100,29 @@ impl Row {
         if !*header {
             *header = true;
             println!(
-                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                "size", "iters", "min_us", "p50_us", "p99_us", "mean_us", "gbps"
+                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
+                "size",
+                "iters",
+                "min_us",
+                "p50_us",
+                "p99_us",
+                "mean_us",
+                "gbps",
+                "model_p50_us",
+                "model_gbps"
             );
         }
         let s = &self.summary;
         let g = self.gbps.map_or("-".to_string(), |g| format!("{g:.3}"));
+        let mp = self
+            .modeled
+            .map_or("-".to_string(), |m| format!("{:.3}", m.p50));
+        let mg = self
+            .modeled_gbps
+            .map_or("-".to_string(), |g| format!("{g:.3}"));
         println!(
-            "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10}",
-            self.size, s.n, s.min, s.p50, s.p99, s.mean, g
+            "{:>10} {:>10} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>12} {:>12}",
+            self.size, s.n, s.min, s.p50, s.p99, s.mean, g, mp, mg
         );
     }
 }

@@ -102,6 +102,15 @@ fn pingpong_and_rdma_pairs_report_json() {
             num(r, "p50_us") > 0.0 && num(r, "p99_us") >= num(r, "p50_us"),
             "{r}"
         );
+        // Modeled: F2 -> F1 -> torus -> F1 -> F3 with the report's parameters, no
+        // software cost (the rack's default) and no compute (exanet-perf's): about a
+        // microsecond, and the same in every round trip whatever the host did.
+        let m = num(r, "modeled_p50_us");
+        assert!((0.8..1.6).contains(&m), "{r}");
+        assert!(
+            num(r, "modeled_max_us") - num(r, "modeled_min_us") < 0.01 * m,
+            "{r}"
+        );
         eprintln!("{r}");
     }
 
@@ -189,6 +198,9 @@ fn pingpong_and_rdma_pairs_report_json() {
             assert_eq!(num(r, "window"), 4.0);
             assert!(num(r, "gbps") > 0.0, "{r}");
             assert!(num(r, "p99_us") >= num(r, "p50_us"));
+            // One torus link on the path: never above its cell-overhead ceiling.
+            let g = num(r, "modeled_gbps");
+            assert!(g > 0.5 && g <= 10.0 * 256.0 / 288.0, "{r}");
             eprintln!("{r}");
         }
     }
@@ -231,9 +243,17 @@ fn pingpong_and_rdma_pairs_report_json() {
         ],
     );
     assert!(
-        out.lines().any(|l| l
-            .split_whitespace()
-            .eq(["size", "iters", "min_us", "p50_us", "p99_us", "mean_us", "gbps"])),
+        out.lines().any(|l| l.split_whitespace().eq([
+            "size",
+            "iters",
+            "min_us",
+            "p50_us",
+            "p99_us",
+            "mean_us",
+            "gbps",
+            "model_p50_us",
+            "model_gbps"
+        ])),
         "{out}"
     );
     // 2 transfers per size, so 2 of the 3 slots hold one.
@@ -299,4 +319,110 @@ fn a_client_without_a_server_fails_clearly() {
     );
     assert!(!ok);
     assert!(err.contains("refused to attach"), "{err}");
+}
+
+/// Allreduce on the NI's accelerator and in software, broadcast and barrier, over the 8
+/// ranks of a 2x1x1 rack, every result checked by exanet-perf (`verified`).
+#[test]
+fn collectives_on_the_accelerator_and_in_software() {
+    let rack = Rack::up("coll", "2x1x1");
+    let run = |args: &[&str]| -> Vec<Value> {
+        let mut a = args.to_vec();
+        a.extend([
+            "--qfdbs",
+            "2",
+            "--iterations",
+            "5",
+            "--warmup",
+            "1",
+            "--json",
+        ]);
+        client(&rack, "M1QAF1", &a)
+    };
+    for (accel, ops) in [("on", true), ("off", false)] {
+        let rows = run(&["allreduce", "--sizes", "8,256,1K", "--accel", accel]);
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        for (r, size) in rows.iter().zip([8u64, 256, 1024]) {
+            assert_eq!(r["verified"], Value::Bool(true), "{r}");
+            assert_eq!(num(r, "ranks"), 8.0);
+            // 256 B per accelerator operation, each member posts each: 8 ranks x 6 runs.
+            let want = if ops {
+                (size.div_ceil(256) * 8 * 6) as f64
+            } else {
+                0.0
+            };
+            assert_eq!(num(r, "accelerator_ops"), want, "{r}");
+            assert!(num(r, "modeled_p50_us") > 0.5, "{r}");
+            eprintln!("{r}");
+        }
+    }
+    // Integers and min: the software path takes any group (here one QFDB plus one node).
+    let rows = client(
+        &rack,
+        "M1QAF1",
+        &[
+            "allreduce",
+            "--members",
+            "M1QAF1,M1QAF2,M1QAF3,M1QAF4,M1QBF2",
+            "--sizes",
+            "24",
+            "--op",
+            "min",
+            "--type",
+            "i32",
+            "--iterations",
+            "3",
+            "--json",
+        ],
+    );
+    assert_eq!(rows[0]["verified"], Value::Bool(true), "{rows:?}");
+    assert_eq!(num(&rows[0], "accelerator_ops"), 0.0);
+    let rows = run(&["bcast", "--sizes", "1,300", "--root", "5"]);
+    assert!(
+        rows.iter().all(|r| r["verified"] == Value::Bool(true)),
+        "{rows:?}"
+    );
+    let rows = run(&["barrier"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(num(&rows[0], "p50_us") > 0.0);
+    // 1% loss and 0.1% corruption on the torus link between the QFDBs (both directions):
+    // both paths still give every member the right result (exanet-perf checks them).
+    let (ok, out, err) = rack::run(
+        rack.exactl(&[
+            "link",
+            "set",
+            "M1QAF1",
+            "M1QBF1",
+            "--loss",
+            "1%",
+            "--corrupt",
+            "0.1%",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(ok, "link set: {out}\n{err}");
+    for accel in ["on", "off"] {
+        let rows = run(&["allreduce", "--sizes", "256,1K", "--accel", accel]);
+        assert_eq!(rows[0]["verified"], Value::Bool(true), "{rows:?}");
+    }
+    // The accelerator refuses a group it cannot take, with the reason.
+    let (ok, _, err) = rack::run(
+        {
+            let mut c = rack.workload(&perf(), "M1QAF1");
+            c.args([
+                "allreduce",
+                "--members",
+                "M1QAF1,M1QAF2,M1QAF3",
+                "--sizes",
+                "8",
+                "--accel",
+                "on",
+                "--iterations",
+                "1",
+            ]);
+            c
+        },
+        Duration::from_secs(60),
+    );
+    assert!(!ok && err.contains("whole QFDBs"), "{err}");
 }

@@ -88,6 +88,7 @@ fn run_switch(window: u32, payload: usize, budget: Duration) -> SwitchRun {
     let cfg = SwitchConfig {
         window,
         local_window: window,
+        ..SwitchConfig::default()
     };
     let mut sw = Switch::new(shape, here, cfg).unwrap();
     let now = Instant::ZERO;
@@ -118,13 +119,19 @@ fn run_switch(window: u32, payload: usize, budget: Duration) -> SwitchRun {
         // Downstream neighbours take every cell at once and give the credit straight back.
         while let Some(t) = sw.poll_transmit(now) {
             used[t.port.index()] = true;
-            sw.credit(t.port, t.vc, t.cell.wire_len() as u32, now)
-                .unwrap();
+            sw.credit(
+                t.port,
+                t.vc,
+                t.cell.wire_len() as u32,
+                t.cell.stamp.tail,
+                now,
+            )
+            .unwrap();
             black_box(&t.cell);
             cells += 1;
         }
         // Credit for the freed input space goes back upstream.
-        while let Some((p, vc, bytes)) = sw.poll_credit() {
+        while let Some((p, vc, bytes, _)) = sw.poll_credit() {
             let k = feeds
                 .iter()
                 .position(|(fp, fv, _)| (*fp, *fv) == (p, vc))
@@ -271,6 +278,7 @@ fn main() {
                     switch: SwitchConfig {
                         window: 4096,
                         local_window: 4096,
+                        ..SwitchConfig::default()
                     },
                     ..SimConfig::default()
                 },
@@ -281,6 +289,7 @@ fn main() {
                     switch: SwitchConfig {
                         window: 4096,
                         local_window: 4096,
+                        ..SwitchConfig::default()
                     },
                     jitter_ns: 400,
                     ..SimConfig::default()

@@ -49,7 +49,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::gvas::{Gvas, GVAS_LEN};
-use crate::ni::{RdmaRead, RdmaWrite, SendMessage};
+use crate::model::ModelTime;
+use crate::ni::{DataType, RdmaRead, RdmaWrite, ReduceOp, SendMessage};
 
 /// Ring slot size for commands and completions.
 pub const SLOT: usize = 128;
@@ -60,7 +61,7 @@ pub const INLINE: usize = 64;
 /// 3: mailbox capacity counts until the workload takes a message: the consumed counters
 /// (`attached.consumed_offset`) and mailbox generations (`allocated.generation`, in each
 /// message completion).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Bytes of the consumed counters: one u64 per mailbox interface.
 pub const CONSUMED_LEN: usize = crate::ni::MAILBOX_VIS * 8;
 
@@ -71,6 +72,9 @@ pub enum Request {
         version: u32,
         #[serde(default)]
         job_key: Option<String>,
+        /// The rank to attach at (refused if taken); absent: the lowest free one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rank: Option<u8>,
     },
     /// Answered by [`Reply::Registered`] with the memfd of the new memory.
     Register {
@@ -83,6 +87,10 @@ pub enum Request {
         kind: Resource,
         #[serde(default)]
         capacity: Option<u32>,
+        /// The interface wanted (mailboxes only; refused if taken); absent: the lowest
+        /// free one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<u8>,
     },
     Free {
         kind: Resource,
@@ -118,6 +126,11 @@ pub enum Reply {
         consumed_offset: u64,
         region_len: u64,
         nodes: u32,
+        /// The rack's modeled software cost per library call ([`crate::model`]),
+        /// picoseconds, and how much of the time spent outside library calls counts as
+        /// modeled compute, in millionths: the client library's clock follows them.
+        software_ps: u64,
+        compute_scale_ppm: u64,
     },
     /// Sent with one fd: the memfd of the memory, `len` bytes, sealed against any change
     /// of size.
@@ -141,20 +154,80 @@ pub enum Reply {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Send a packetizer message.
-    Send { tag: u32, op: SendMessage },
+    Send {
+        tag: u32,
+        op: SendMessage,
+        /// The workload's modeled clock when it posted the command.
+        at: ModelTime,
+    },
     /// An RDMA write from this rank's memory.
-    Write { tag: u32, op: RdmaWrite },
+    Write {
+        tag: u32,
+        op: RdmaWrite,
+        at: ModelTime,
+    },
     /// An RDMA read into this rank's memory.
-    Read { tag: u32, op: RdmaRead },
+    Read {
+        tag: u32,
+        op: RdmaRead,
+        at: ModelTime,
+    },
+    /// An allreduce on the NI's accelerator.
+    Allreduce {
+        tag: u32,
+        op: AllreducePost,
+        at: ModelTime,
+    },
 }
+
+/// An accelerated allreduce as a workload posts it: the vector at `src_va`, the result to
+/// `dst_va`, and the members in a table at `table_va` of this rank's memory (`count`
+/// entries of [`MEMBER_ENTRY`] bytes: node id u32 big-endian, rank u8, three zero
+/// bytes), as the hardware takes a pointer to its {rank, network address} table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllreducePost {
+    pub id: u32,
+    pub op: ReduceOp,
+    pub ty: DataType,
+    pub len: u16,
+    pub count: u16,
+    pub src_va: u64,
+    pub dst_va: u64,
+    pub table_va: u64,
+}
+
+/// Bytes of one member table entry of an [`AllreducePost`].
+pub const MEMBER_ENTRY: usize = 8;
 
 impl Command {
     /// The tag the workload gave the command, echoed in its completion.
     pub fn tag(&self) -> u32 {
         match self {
-            Command::Send { tag, .. } | Command::Write { tag, .. } | Command::Read { tag, .. } => {
-                *tag
-            }
+            Command::Send { tag, .. }
+            | Command::Write { tag, .. }
+            | Command::Read { tag, .. }
+            | Command::Allreduce { tag, .. } => *tag,
+        }
+    }
+
+    /// The command, posted at modeled time `t`.
+    pub fn posted_at(mut self, t: ModelTime) -> Command {
+        match &mut self {
+            Command::Send { at, .. }
+            | Command::Write { at, .. }
+            | Command::Read { at, .. }
+            | Command::Allreduce { at, .. } => *at = t,
+        }
+        self
+    }
+
+    /// The modeled time the workload posted the command at.
+    pub fn at(&self) -> ModelTime {
+        match self {
+            Command::Send { at, .. }
+            | Command::Write { at, .. }
+            | Command::Read { at, .. }
+            | Command::Allreduce { at, .. } => *at,
         }
     }
 }
@@ -171,6 +244,9 @@ pub mod status {
     pub const REFUSED: u8 = 4;
     /// The command slot could not be decoded.
     pub const MALFORMED: u8 = 5;
+    /// Another member of the collective failed; the reason is its failure code (see
+    /// `ni::allreduce::abort_label`).
+    pub const ABORTED: u8 = 6;
 
     use crate::ni::{ChannelState, Failure};
 
@@ -193,6 +269,7 @@ pub mod status {
             Err(Failure::TimedOut) => (TIMED_OUT, 0),
             Err(Failure::LocalFault) => (LOCAL_FAULT, 0),
             Err(Failure::Detached) => (REFUSED, 0),
+            Err(Failure::Aborted(code)) => (ABORTED, code),
         }
     }
 }
@@ -220,6 +297,8 @@ pub mod refusal {
     pub const BAD_RANGE: u8 = 9;
     /// A destination node outside the rack.
     pub const BAD_DESTINATION: u8 = 10;
+    /// An allreduce the accelerator cannot run (members, vector length, too many).
+    pub const BAD_COLLECTIVE: u8 = 11;
 
     /// The refusal code of a command the NI refused with `e`.
     pub fn of(e: &crate::ni::NiError) -> u8 {
@@ -235,6 +314,7 @@ pub mod refusal {
             NiError::BadLength(_) => BAD_LENGTH,
             NiError::BadRange { .. } => BAD_RANGE,
             NiError::BadDestination(_) => BAD_DESTINATION,
+            NiError::Allreduce(_) => BAD_COLLECTIVE,
         }
     }
 
@@ -251,6 +331,7 @@ pub mod refusal {
             BAD_LENGTH => "bad length",
             BAD_RANGE => "address range out of the VA space",
             BAD_DESTINATION => "destination not in the rack",
+            BAD_COLLECTIVE => "not a collective the accelerator runs",
             _ => "unknown refusal",
         }
     }
@@ -266,6 +347,8 @@ pub enum Completion {
         ch: u8,
         status: u8,
         reason: u8,
+        /// When, in modeled time (every completion carries one).
+        at: ModelTime,
     },
     /// An RDMA write or read ended.
     Rdma {
@@ -275,9 +358,15 @@ pub enum Completion {
         read: bool,
         status: u8,
         reason: u8,
+        at: ModelTime,
     },
     /// A command was refused before anything was sent.
-    Refused { tag: u32, status: u8, code: u8 },
+    Refused {
+        tag: u32,
+        status: u8,
+        code: u8,
+        at: ModelTime,
+    },
     /// A message arrived in mailbox `vi`, allocation `generation`.
     Message {
         vi: u8,
@@ -285,9 +374,36 @@ pub enum Completion {
         src_node: u32,
         src_rank: u8,
         payload: Vec<u8>,
+        at: ModelTime,
+    },
+    /// An accelerated allreduce ended (its result is at its `dst_va` when `status` is OK).
+    Collective {
+        tag: u32,
+        status: u8,
+        reason: u8,
+        at: ModelTime,
     },
     /// A completion notification was written at `va` of this rank.
-    Notified { va: u64, src_node: u32, len: u64 },
+    Notified {
+        va: u64,
+        src_node: u32,
+        len: u64,
+        at: ModelTime,
+    },
+}
+
+impl Completion {
+    /// When the completion happened, in modeled time.
+    pub fn at(&self) -> ModelTime {
+        match self {
+            Completion::Sent { at, .. }
+            | Completion::Rdma { at, .. }
+            | Completion::Refused { at, .. }
+            | Completion::Message { at, .. }
+            | Completion::Collective { at, .. }
+            | Completion::Notified { at, .. } => *at,
+        }
+    }
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -298,16 +414,20 @@ pub enum SlotError {
     Opcode(u8),
     #[error("inline payload of {0} B exceeds {INLINE}")]
     Inline(usize),
+    #[error("unknown {what} {value}")]
+    Field { what: &'static str, value: u8 },
 }
 
 const OP_SEND: u8 = 1;
 const OP_WRITE: u8 = 2;
 const OP_READ: u8 = 3;
+const OP_ALLREDUCE: u8 = 4;
 const EV_SENT: u8 = 0x81;
 const EV_RDMA: u8 = 0x82;
 const EV_REFUSED: u8 = 0x83;
 const EV_MESSAGE: u8 = 0x84;
 const EV_NOTIFIED: u8 = 0x85;
+const EV_COLLECTIVE: u8 = 0x86;
 
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
@@ -339,7 +459,12 @@ fn get_gvas(b: &[u8], at: usize) -> Gvas {
 /// | 24..32 | source VA (write) or destination VA (read) |
 /// | 32..40 | length (write, read) |
 /// | 40..48 | notify VA (write) |
+/// | 48..56 | the workload's modeled clock, picoseconds |
 /// | 64..128 | inline payload (send) |
+///
+/// An allreduce (opcode 4): 1 operation, 2 type, 4..8 tag, 8..12 collective id, 12..14
+/// vector length, 14..16 member count, 24..32 source VA, 32..40 result VA, 40..48 member
+/// table VA, 48..56 clock.
 impl Command {
     pub fn encode(&self) -> [u8; SLOT] {
         let mut b = [0u8; SLOT];
@@ -353,7 +478,9 @@ impl Command {
                         dst,
                         payload,
                     },
+                at,
             } => {
+                put_u64(&mut b, 48, at.0);
                 let n = payload.len().min(INLINE);
                 b[0] = OP_SEND;
                 b[1] = *vi;
@@ -374,7 +501,9 @@ impl Command {
                         len,
                         notify,
                     },
+                at,
             } => {
+                put_u64(&mut b, 48, at.0);
                 b[0] = OP_WRITE;
                 b[1] = *page;
                 b[2] = *ch;
@@ -395,7 +524,9 @@ impl Command {
                         dst_va,
                         len,
                     },
+                at,
             } => {
+                put_u64(&mut b, 48, at.0);
                 b[0] = OP_READ;
                 b[1] = *page;
                 b[2] = *ch;
@@ -403,6 +534,19 @@ impl Command {
                 b[8..18].copy_from_slice(&src.to_bytes());
                 put_u64(&mut b, 24, *dst_va);
                 put_u64(&mut b, 32, *len);
+            }
+            Command::Allreduce { tag, op, at } => {
+                b[0] = OP_ALLREDUCE;
+                b[1] = op.op as u8;
+                b[2] = op.ty as u8;
+                put_u32(&mut b, 4, *tag);
+                put_u32(&mut b, 8, op.id);
+                b[12..14].copy_from_slice(&op.len.to_be_bytes());
+                b[14..16].copy_from_slice(&op.count.to_be_bytes());
+                put_u64(&mut b, 24, op.src_va);
+                put_u64(&mut b, 32, op.dst_va);
+                put_u64(&mut b, 40, op.table_va);
+                put_u64(&mut b, 48, at.0);
             }
         }
         b
@@ -414,6 +558,7 @@ impl Command {
             return Err((0, SlotError::Size(b.len())));
         }
         let tag = get_u32(b, 4);
+        let at = ModelTime(get_u64(b, 48));
         match b[0] {
             OP_SEND => {
                 let n = u16::from_be_bytes([b[18], b[19]]) as usize;
@@ -428,6 +573,7 @@ impl Command {
                         dst: get_gvas(b, 8),
                         payload: b[64..64 + n].to_vec(),
                     },
+                    at,
                 })
             }
             OP_WRITE => Ok(Command::Write {
@@ -440,6 +586,7 @@ impl Command {
                     len: get_u64(b, 32),
                     notify: (b[3] & 1 != 0).then(|| get_u64(b, 40)),
                 },
+                at,
             }),
             OP_READ => Ok(Command::Read {
                 tag,
@@ -450,7 +597,38 @@ impl Command {
                     dst_va: get_u64(b, 24),
                     len: get_u64(b, 32),
                 },
+                at,
             }),
+            OP_ALLREDUCE => {
+                let op = ReduceOp::from_u8(b[1]).ok_or((
+                    tag,
+                    SlotError::Field {
+                        what: "reduce operation",
+                        value: b[1],
+                    },
+                ))?;
+                let ty = DataType::from_u8(b[2]).ok_or((
+                    tag,
+                    SlotError::Field {
+                        what: "data type",
+                        value: b[2],
+                    },
+                ))?;
+                Ok(Command::Allreduce {
+                    tag,
+                    op: AllreducePost {
+                        id: get_u32(b, 8),
+                        op,
+                        ty,
+                        len: u16::from_be_bytes([b[12], b[13]]),
+                        count: u16::from_be_bytes([b[14], b[15]]),
+                        src_va: get_u64(b, 24),
+                        dst_va: get_u64(b, 32),
+                        table_va: get_u64(b, 40),
+                    },
+                    at,
+                })
+            }
             op => Err((tag, SlotError::Opcode(op))),
         }
     }
@@ -472,10 +650,12 @@ impl Command {
 /// | 18..20 | payload length (message) |
 /// | 24..32 | VA (notified) |
 /// | 32..40 | length (notified) |
+/// | 40..48 | modeled time, picoseconds |
 /// | 64..128 | payload (message) |
 impl Completion {
     pub fn encode(&self) -> [u8; SLOT] {
         let mut b = [0u8; SLOT];
+        put_u64(&mut b, 40, self.at().0);
         match self {
             Completion::Sent {
                 tag,
@@ -483,6 +663,7 @@ impl Completion {
                 ch,
                 status,
                 reason,
+                ..
             } => {
                 b[0] = EV_SENT;
                 b[1] = *vi;
@@ -498,6 +679,7 @@ impl Completion {
                 read,
                 status,
                 reason,
+                ..
             } => {
                 b[0] = EV_RDMA;
                 b[1] = *page;
@@ -507,7 +689,9 @@ impl Completion {
                 b[8] = *reason;
                 b[9] = u8::from(*read);
             }
-            Completion::Refused { tag, status, code } => {
+            Completion::Refused {
+                tag, status, code, ..
+            } => {
                 b[0] = EV_REFUSED;
                 b[3] = *status;
                 put_u32(&mut b, 4, *tag);
@@ -519,6 +703,7 @@ impl Completion {
                 src_node,
                 src_rank,
                 payload,
+                ..
             } => {
                 let n = payload.len().min(INLINE);
                 b[0] = EV_MESSAGE;
@@ -529,7 +714,20 @@ impl Completion {
                 b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
                 b[64..64 + n].copy_from_slice(&payload[..n]);
             }
-            Completion::Notified { va, src_node, len } => {
+            Completion::Collective {
+                tag,
+                status,
+                reason,
+                ..
+            } => {
+                b[0] = EV_COLLECTIVE;
+                b[3] = *status;
+                put_u32(&mut b, 4, *tag);
+                b[8] = *reason;
+            }
+            Completion::Notified {
+                va, src_node, len, ..
+            } => {
                 b[0] = EV_NOTIFIED;
                 put_u32(&mut b, 12, *src_node);
                 put_u64(&mut b, 24, *va);
@@ -543,6 +741,7 @@ impl Completion {
         if b.len() != SLOT {
             return Err(SlotError::Size(b.len()));
         }
+        let at = ModelTime(get_u64(b, 40));
         Ok(match b[0] {
             EV_SENT => Completion::Sent {
                 tag: get_u32(b, 4),
@@ -550,6 +749,7 @@ impl Completion {
                 ch: b[2],
                 status: b[3],
                 reason: b[8],
+                at,
             },
             EV_RDMA => Completion::Rdma {
                 tag: get_u32(b, 4),
@@ -558,11 +758,13 @@ impl Completion {
                 read: b[9] & 1 != 0,
                 status: b[3],
                 reason: b[8],
+                at,
             },
             EV_REFUSED => Completion::Refused {
                 tag: get_u32(b, 4),
                 status: b[3],
                 code: b[8],
+                at,
             },
             EV_MESSAGE => {
                 let n = u16::from_be_bytes([b[18], b[19]]) as usize;
@@ -575,12 +777,20 @@ impl Completion {
                     src_node: get_u32(b, 12),
                     src_rank: b[16],
                     payload: b[64..64 + n].to_vec(),
+                    at,
                 }
             }
+            EV_COLLECTIVE => Completion::Collective {
+                tag: get_u32(b, 4),
+                status: b[3],
+                reason: b[8],
+                at,
+            },
             EV_NOTIFIED => Completion::Notified {
                 src_node: get_u32(b, 12),
                 va: get_u64(b, 24),
                 len: get_u64(b, 32),
+                at,
             },
             k => return Err(SlotError::Opcode(k)),
         })
@@ -652,6 +862,7 @@ mod tests {
                     dst: g,
                     payload: b"hello".to_vec(),
                 },
+                at: ModelTime(1),
             },
             Command::Write {
                 tag: 8,
@@ -663,6 +874,7 @@ mod tests {
                     len: 1 << 22,
                     notify: Some(0x40),
                 },
+                at: ModelTime(u64::MAX),
             },
             Command::Read {
                 tag: 9,
@@ -673,9 +885,23 @@ mod tests {
                     dst_va: 0x2000,
                     len: 5,
                 },
+                at: ModelTime(123_456_789),
             },
         ];
-        for c in cmds {
+        for c in cmds.into_iter().chain([Command::Allreduce {
+            tag: 10,
+            op: AllreducePost {
+                id: 0xABCD_0001,
+                op: ReduceOp::Max,
+                ty: DataType::F64,
+                len: 256,
+                count: 1024,
+                src_va: 0x10,
+                dst_va: 0x20,
+                table_va: 0x30,
+            },
+            at: ModelTime(77),
+        }]) {
             assert_eq!(Command::decode(&c.encode()), Ok(c));
         }
         let evs = [
@@ -685,6 +911,7 @@ mod tests {
                 ch: 3,
                 status: status::NACKED,
                 reason: 6,
+                at: ModelTime(1),
             },
             Completion::Rdma {
                 tag: 2,
@@ -693,11 +920,13 @@ mod tests {
                 read: true,
                 status: status::OK,
                 reason: 0,
+                at: ModelTime(2),
             },
             Completion::Refused {
                 tag: 3,
                 status: status::REFUSED,
                 code: 2,
+                at: ModelTime(3),
             },
             Completion::Message {
                 vi: 5,
@@ -705,14 +934,21 @@ mod tests {
                 src_node: 77,
                 src_rank: 1,
                 payload: vec![1; 64],
+                at: ModelTime(4),
             },
             Completion::Notified {
                 va: 0x99,
                 src_node: 3,
                 len: 4096,
+                at: ModelTime(u64::MAX),
             },
         ];
-        for e in evs {
+        for e in evs.into_iter().chain([Completion::Collective {
+            tag: 5,
+            status: status::ABORTED,
+            reason: 0x11,
+            at: ModelTime(9),
+        }]) {
             assert_eq!(Completion::decode(&e.encode()), Ok(e));
         }
     }

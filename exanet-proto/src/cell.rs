@@ -37,6 +37,7 @@ use crc::{Crc, CRC_16_IBM_3740, CRC_8_SMBUS};
 use thiserror::Error;
 
 use crate::gvas::{Gvas, GVAS_LEN};
+use crate::model::Stamp;
 use crate::shape::NodeId;
 
 pub const HEADER_LEN: usize = 16;
@@ -64,6 +65,8 @@ pub enum CellType {
     Notify = 4,
     Ack = 5,
     Nack = 6,
+    /// A step of an accelerated collective (the NI's allreduce accelerator).
+    Collective = 7,
     /// Diagnostic: a probe that records its path, answered by the destination's switch.
     Probe = 0x40,
     /// Diagnostic: the answer to a probe, recording the way back.
@@ -81,6 +84,7 @@ impl CellType {
             4 => CellType::Notify,
             5 => CellType::Ack,
             6 => CellType::Nack,
+            7 => CellType::Collective,
             0x40 => CellType::Probe,
             0x41 => CellType::ProbeReply,
             0x42 => CellType::Load,
@@ -101,6 +105,7 @@ impl CellType {
             CellType::Notify => "notify",
             CellType::Ack => "ack",
             CellType::Nack => "nack",
+            CellType::Collective => "collective",
             CellType::Probe => "probe",
             CellType::ProbeReply => "probe_reply",
             CellType::Load => "load",
@@ -130,6 +135,9 @@ pub struct Cell {
     /// The payload CRC the cell carried when it did not match its payload: the cell is
     /// corrupt and must not be delivered as data.
     pub corrupt_crc: Option<u32>,
+    /// When the cell reaches the input it travels to, in modeled time. Not part of the
+    /// cell's 32 bytes: it rides in the link framing ([`crate::frame`]).
+    pub stamp: Stamp,
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -194,6 +202,7 @@ impl Cell {
             aux: 0,
             payload,
             corrupt_crc: None,
+            stamp: Stamp::default(),
         })
     }
 
@@ -320,6 +329,7 @@ impl Cell {
             aux: f[10],
             payload,
             corrupt_crc: (carried != computed).then_some(carried),
+            stamp: Stamp::default(),
         })
     }
 

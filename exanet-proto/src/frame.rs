@@ -5,8 +5,12 @@
 //! | frame | bytes |
 //! |---|---|
 //! | Hello  | `0x48`, version u8, node u32, port u8, shape X u16, Y u16, Z u16, rack u64, grant u32 per VC, VC0 first (37 B) |
-//! | Cell   | `0x10 + vc`, length u16, the cell ([`crate::cell`]) |
-//! | Credit | `0x20 + vc`, bytes u32 |
+//! | Cell   | `0x10 + vc`, length u16, modeled head u64, modeled tail u64, the cell ([`crate::cell`]) |
+//! | Credit | `0x20 + vc`, bytes u32, modeled time the space was freed u64 |
+//!
+//! Modeled times are picoseconds ([`crate::model`]): when the cell's first and last byte
+//! reach the far end, and when the credited buffer space became free. They travel here,
+//! beside the cell, because the cell's own header and footer model the hardware's.
 //!
 //! A cell frame carries its own length so that a corrupt cell (bad CRC, garbage) is
 //! dropped without losing the framing; only a bad tag or an impossible length is fatal to
@@ -16,12 +20,14 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
 use crate::cell::{Cell, CellError, MAX_CELL, OVERHEAD};
+use crate::model::{ModelTime, Stamp};
 use crate::routing::{Vc, NVCS};
 use crate::shape::{NodeId, Shape};
 use crate::topology::Port;
 
-/// 2: four VCs (answers in a class of their own).
-pub const VERSION: u8 = 2;
+/// 2: four VCs (answers in a class of their own). 3: modeled time in cell and credit
+/// frames.
+pub const VERSION: u8 = 3;
 const TAG_HELLO: u8 = 0x48;
 const TAG_CELL: u8 = 0x10;
 const TAG_CREDIT: u8 = 0x20;
@@ -56,8 +62,10 @@ impl Hello {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     Hello(Hello),
+    /// A cell; its modeled [`Stamp`] is in [`Cell::stamp`].
     Cell(Vc, Cell),
-    Credit(Vc, u32),
+    /// Credit of `bytes` on a VC, freed at a modeled time.
+    Credit(Vc, u32, ModelTime),
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -104,32 +112,41 @@ pub fn encode_hello(h: &Hello, out: &mut BytesMut) {
     }
 }
 
-/// Bytes of framing before a cell: the tag (with the VC) and the cell's length.
-pub const CELL_FRAME_HEADER: usize = 3;
+/// Bytes of framing before a cell: the tag (with the VC), the cell's length and its
+/// modeled stamp.
+pub const CELL_FRAME_HEADER: usize = 3 + 16;
 
-/// Appends a cell frame. `wire` is the encoded cell (see [`Cell::to_bytes`]).
+/// Appends a cell frame, with the cell's stamp.
 pub fn encode_cell(vc: Vc, cell: &Cell, out: &mut BytesMut) -> Result<(), CellError> {
     out.reserve(CELL_FRAME_HEADER + cell.wire_len());
     out.put_u8(TAG_CELL + vc.0);
     out.put_u16(cell.wire_len() as u16);
+    put_stamp(cell.stamp, out);
     cell.encode(out)
+}
+
+fn put_stamp(s: Stamp, out: &mut BytesMut) {
+    out.put_u64(s.head.0);
+    out.put_u64(s.tail.0);
 }
 
 /// Appends a cell frame around already-encoded cell bytes (which may be deliberately
 /// corrupt, e.g. from fault injection).
-pub fn encode_raw_cell(vc: Vc, wire: &[u8], out: &mut BytesMut) {
-    out.reserve(3 + wire.len());
+pub fn encode_raw_cell(vc: Vc, stamp: Stamp, wire: &[u8], out: &mut BytesMut) {
+    out.reserve(CELL_FRAME_HEADER + wire.len());
     out.put_u8(TAG_CELL + vc.0);
     out.put_u16(wire.len() as u16);
+    put_stamp(stamp, out);
     out.put_slice(wire);
 }
 
-/// Bytes of a credit frame: the tag (with the VC) and the credit.
-pub const CREDIT_FRAME_LEN: usize = 5;
+/// Bytes of a credit frame: the tag (with the VC), the credit and when it was freed.
+pub const CREDIT_FRAME_LEN: usize = 5 + 8;
 
-pub fn encode_credit(vc: Vc, bytes: u32, out: &mut BytesMut) {
+pub fn encode_credit(vc: Vc, bytes: u32, freed: ModelTime, out: &mut BytesMut) {
     out.put_u8(TAG_CREDIT + vc.0);
     out.put_u32(bytes);
+    out.put_u64(freed.0);
 }
 
 /// Incremental decoder for one direction of a link. Frames that lie whole inside a pushed
@@ -157,12 +174,12 @@ fn frame_len(b: &[u8]) -> Result<Option<usize>, FrameError> {
             }
             let len = u16::from_be_bytes([b[1], b[2]]) as usize;
             if (OVERHEAD..=MAX_CELL).contains(&len) {
-                Ok(Some(3 + len))
+                Ok(Some(CELL_FRAME_HEADER + len))
             } else {
                 Err(FrameError::BadLength(len))
             }
         }
-        t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => Ok(Some(5)),
+        t if (TAG_CREDIT..TAG_CREDIT + NVCS as u8).contains(&t) => Ok(Some(CREDIT_FRAME_LEN)),
         t => Err(FrameError::BadTag(t)),
     }
 }
@@ -190,12 +207,26 @@ fn parse(mut b: Bytes) -> Result<Frame, FrameError> {
                 None => Err(FrameError::BadPort(port_idx)),
             }
         }
-        t if t >= TAG_CREDIT => Ok(Frame::Credit(Vc(t - TAG_CREDIT), b.get_u32())),
+        t if t >= TAG_CREDIT => {
+            let bytes = b.get_u32();
+            Ok(Frame::Credit(
+                Vc(t - TAG_CREDIT),
+                bytes,
+                ModelTime(b.get_u64()),
+            ))
+        }
         t => {
             b.advance(2);
+            let stamp = Stamp {
+                head: ModelTime(b.get_u64()),
+                tail: ModelTime(b.get_u64()),
+            };
             let vc = Vc(t - TAG_CELL);
             Cell::decode(&b)
-                .map(|c| Frame::Cell(vc, c))
+                .map(|mut c| {
+                    c.stamp = stamp;
+                    Frame::Cell(vc, c)
+                })
                 .map_err(|err| FrameError::Cell {
                     vc,
                     len: b.len() as u32,
@@ -287,13 +318,17 @@ mod tests {
     #[test]
     fn frames_survive_any_split() {
         let shape = Shape::PROTOTYPE;
-        let cell = Cell::new(
+        let mut cell = Cell::new(
             Gvas::new(Pdid(1), NodeId(3), 0, 64).unwrap(),
             CellType::Load,
             NodeId(0),
             Bytes::from(vec![7u8; 100]),
         )
         .unwrap();
+        cell.stamp = Stamp {
+            head: ModelTime(1_234_567),
+            tail: ModelTime(u64::MAX - 1),
+        };
         let hello = Hello::new(
             NodeId(2),
             Port::Qfdb(4),
@@ -304,8 +339,8 @@ mod tests {
         let mut out = BytesMut::new();
         encode_hello(&hello, &mut out);
         encode_cell(Vc::ONE, &cell, &mut out).unwrap();
-        encode_credit(Vc::ZERO, 4096, &mut out);
-        assert_eq!(out.len(), HELLO_LEN + 3 + 132 + 5);
+        encode_credit(Vc::ZERO, 4096, ModelTime(77), &mut out);
+        assert_eq!(out.len(), HELLO_LEN + 19 + 132 + 13);
         for split in 0..out.len() {
             let mut d = FrameDecoder::new();
             d.push(&out[..split]);
@@ -322,7 +357,7 @@ mod tests {
                 vec![
                     Frame::Hello(hello.clone()),
                     Frame::Cell(Vc::ONE, cell.clone()),
-                    Frame::Credit(Vc::ZERO, 4096)
+                    Frame::Credit(Vc::ZERO, 4096, ModelTime(77))
                 ]
             );
         }
@@ -345,9 +380,9 @@ mod tests {
         let mut bad_payload = good.clone();
         bad_payload[20] ^= 0x10;
         let mut out = BytesMut::new();
-        encode_raw_cell(Vc::ZERO, &bad_footer, &mut out);
-        encode_raw_cell(Vc::ZERO, &bad_payload, &mut out);
-        encode_credit(Vc::ONE, 5, &mut out);
+        encode_raw_cell(Vc::ZERO, Stamp::default(), &bad_footer, &mut out);
+        encode_raw_cell(Vc::ZERO, Stamp::default(), &bad_payload, &mut out);
+        encode_credit(Vc::ONE, 5, ModelTime(9), &mut out);
         let mut d = FrameDecoder::new();
         d.push(&out);
         let e = d.next_frame().unwrap().unwrap_err();
@@ -357,7 +392,10 @@ mod tests {
             Frame::Cell(_, c) => assert!(c.is_corrupt()),
             other => panic!("{other:?}"),
         }
-        assert_eq!(d.next_frame().unwrap().unwrap(), Frame::Credit(Vc::ONE, 5));
+        assert_eq!(
+            d.next_frame().unwrap().unwrap(),
+            Frame::Credit(Vc::ONE, 5, ModelTime(9))
+        );
     }
 
     #[test]

@@ -19,15 +19,22 @@
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
 //! - [`workload`]: the NI's service to attached workloads (the attach protocol is
 //!   [`attach`]);
+//! - [`collective`]: software collectives as state machines (barrier, broadcast, reduce, allreduce);
+//! - [`model`]: modeled time, what the ExaNeSt hardware would have taken;
+//! - [`fidelity`]: the report's measurements repeated in modeled time;
 //! - [`sim`]: a whole rack in simulated time.
 
 pub mod attach;
 pub mod cell;
+pub mod collective;
 pub mod fault;
+pub mod fidelity;
 pub mod frame;
 pub mod gvas;
+pub mod ip;
 pub mod link;
 pub mod metric;
+pub mod model;
 pub mod ni;
 pub mod node;
 pub mod probe;

@@ -11,6 +11,7 @@ use bytes::BytesMut;
 use crate::cell::{Cell, CellError};
 use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
 use crate::frame::{self, CELL_FRAME_HEADER, CREDIT_FRAME_LEN};
+use crate::model::ModelTime;
 use crate::routing::{Vc, NVCS};
 use crate::time::Instant;
 
@@ -26,7 +27,12 @@ pub enum Departure {
     },
     /// Link-level credit: never lost (flow control is reliable), but delayed and
     /// rate-limited with the cells it rides beside.
-    Credit { vc: Vc, bytes: u32 },
+    Credit {
+        vc: Vc,
+        bytes: u32,
+        /// When the space was freed, in modeled time.
+        freed: ModelTime,
+    },
 }
 
 impl Departure {
@@ -51,8 +57,8 @@ impl Departure {
                 }
                 Ok(())
             }
-            Departure::Credit { vc, bytes } => {
-                frame::encode_credit(*vc, *bytes, out);
+            Departure::Credit { vc, bytes, freed } => {
+                frame::encode_credit(*vc, *bytes, *freed, out);
                 Ok(())
             }
         }
@@ -81,7 +87,10 @@ impl Departure {
                 flip_bit(&mut b, bit);
                 Some(
                     Cell::decode(&b.freeze())
-                        .map(|c| (vc, c))
+                        .map(|mut c| {
+                            c.stamp = cell.stamp;
+                            (vc, c)
+                        })
                         .map_err(|_| len as u32),
                 )
             }
@@ -168,8 +177,14 @@ impl LinkSender {
     }
 
     /// Hands a credit to the wire at `now` (see [`Departure::Credit`]).
-    pub fn send_credit(&mut self, now: Instant, vc: Vc, bytes: u32) -> Option<Departure> {
-        self.depart(now, Departure::Credit { vc, bytes })
+    pub fn send_credit(
+        &mut self,
+        now: Instant,
+        vc: Vc,
+        bytes: u32,
+        freed: ModelTime,
+    ) -> Option<Departure> {
+        self.depart(now, Departure::Credit { vc, bytes, freed })
     }
 
     fn depart(&mut self, now: Instant, d: Departure) -> Option<Departure> {
@@ -257,7 +272,9 @@ mod tests {
                 flip: None
             })
         );
-        assert!(s.send_credit(Instant::ZERO, Vc(2), 99).is_some());
+        assert!(s
+            .send_credit(Instant::ZERO, Vc(2), 99, ModelTime::ZERO)
+            .is_some());
         assert_eq!(
             (s.held_bytes(), s.poll_at(), s.take_owed()),
             (0, None, None)
@@ -276,7 +293,9 @@ mod tests {
         assert_eq!(s.take_owed(), None, "owed credit is handed back once");
         assert_eq!(s.stats().dropped_cells, 2);
         // Credit is never lost.
-        assert!(s.send_credit(Instant::ZERO, Vc(0), 5).is_some());
+        assert!(s
+            .send_credit(Instant::ZERO, Vc(0), 5, ModelTime::ZERO)
+            .is_some());
     }
 
     #[test]
@@ -285,7 +304,7 @@ mod tests {
         let t0 = Instant::ZERO;
         s.set_faults(faults(|f| f.delay_ns = 1000), t0).unwrap();
         assert_eq!(s.send_cell(t0, Vc(0), cell(1)), None);
-        assert_eq!(s.send_credit(t0 + 10, Vc(0), 64), None);
+        assert_eq!(s.send_credit(t0 + 10, Vc(0), 64, ModelTime::ZERO), None);
         assert_eq!(s.poll_at(), Some(t0 + 1000));
         assert_eq!(s.poll(t0 + 999), None);
         assert!(matches!(s.poll(t0 + 1000), Some(Departure::Cell { .. })));
@@ -322,7 +341,7 @@ mod tests {
             assert!(matches!(d, Departure::Cell { flip: Some(_), .. }));
             let decoded = d.clone().received_cell().unwrap();
             d.encode(&mut wire).unwrap();
-            s.send_credit(Instant::ZERO, Vc(3), 11)
+            s.send_credit(Instant::ZERO, Vc(3), 11, ModelTime(5))
                 .unwrap()
                 .encode(&mut wire)
                 .unwrap();
@@ -338,7 +357,10 @@ mod tests {
                 (got, want) => panic!("stream gave {got:?}, received_cell {want:?}"),
             }
             assert!(
-                matches!(dec.next_frame(), Some(Ok(Frame::Credit(Vc(3), 11)))),
+                matches!(
+                    dec.next_frame(),
+                    Some(Ok(Frame::Credit(Vc(3), 11, ModelTime(5))))
+                ),
                 "the frame after a corrupted cell still decodes"
             );
         }

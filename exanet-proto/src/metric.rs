@@ -131,6 +131,12 @@ families! {
     LinkStall: Counter Float "exanet_link_stall_seconds_total"
         ["node", "peer", "port", "kind"]
         "Time the link's output had a cell to send but no flow-control credit";
+    /// Modeled time ([`crate::model`]), from [`crate::switch::PortStats::modeled_busy_ps`]:
+    /// its increase over that of [`Family::NodeModeledTime`] is the link's modeled
+    /// utilization.
+    LinkModeledBusy: Counter Float "exanet_link_modeled_busy_seconds_total"
+        ["node", "peer", "port", "kind"]
+        "Modeled time the link's output spent sending (modeled utilization: its increase over that of exanet_node_modeled_time_seconds)";
     LinkQueueCells: Gauge Int "exanet_link_queue_cells"
         ["node", "peer", "port", "kind"]
         "Cells from the link queued at this node's switch input";
@@ -190,6 +196,11 @@ families! {
     NodeUptime: Gauge Float "exanet_node_uptime_seconds"
         ["node"]
         "Seconds since the daemon started";
+    /// [`crate::switch::Switch::modeled_now`]: the clock against which
+    /// [`Family::LinkModeledBusy`] is a utilization.
+    NodeModeledTime: Gauge Float "exanet_node_modeled_time_seconds"
+        ["node"]
+        "The node's modeled clock: the latest modeled time a cell left its switch";
     NiAttached: Gauge Int "exanet_ni_attached_workloads"
         ["node"]
         "Workloads attached to the node's NI";
@@ -218,6 +229,12 @@ families! {
     NiRdmaTransfers: Counter Int "exanet_ni_rdma_transfers_total"
         ["node", "result"]
         "RDMA transfers ended, by result";
+    NiAllreduce: Counter Int "exanet_ni_allreduce_total"
+        ["node", "result"]
+        "Allreduces on the NI's accelerator: started, and ended by result";
+    NiAllreduceCells: Counter Int "exanet_ni_allreduce_cells_total"
+        ["node", "direction"]
+        "Accelerator cells sent and received (retransmissions included)";
     /// `op` is `send`, `rdma_write` or `rdma_read`; `result` is `ok` or `failed`.
     NiCompletionLatency: Histogram Float "exanet_ni_completion_latency_seconds"
         ["node", "op", "result"]
@@ -309,6 +326,14 @@ ni_stats! {
     rdma_blocks_received: u64 => NiRdmaBlocks["rx"];
     rdma_transfers_done: u64 => NiRdmaTransfers["ok"];
     rdma_transfers_failed: u64 => NiRdmaTransfers["failed"];
+    allreduce_started: u64 => NiAllreduce["started"];
+    allreduce_done: u64 => NiAllreduce["ok"];
+    allreduce_failed: u64 => NiAllreduce["failed"];
+    allreduce_cells_sent: u64 => NiAllreduceCells["tx"];
+    allreduce_cells_received: u64 => NiAllreduceCells["rx"];
+    /// Accelerator cells that came before their collective was posted and that it did not
+    /// vouch for (not exported).
+    allreduce_early_refused: u64;
     /// RDMA cells or answers for a block no longer awaited (shown by `exactl`, not
     /// exported).
     stale_cells: u64;

@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::cell::{Cell, CellType, MAX_PAYLOAD};
 use crate::gvas::{Gvas, Pdid};
+use crate::model::ModelTime;
 use crate::ni::{Memory, Ni, NiConfig, NiEvent, VecMemory};
 use crate::probe::ProbeBody;
 use crate::routing::{Vc, NVCS};
@@ -105,7 +106,14 @@ impl Node {
     pub fn new(shape: Shape, id: NodeId, cfg: SwitchConfig) -> Result<Node, NodeError> {
         Ok(Node {
             switch: Switch::new(shape, id, cfg)?,
-            ni: Ni::new(id, shape.nodes(), NiConfig::default()),
+            ni: Ni::new(
+                id,
+                shape.nodes(),
+                NiConfig {
+                    model: cfg.model,
+                    ..NiConfig::default()
+                },
+            ),
             mem: Box::new(VecMemory::new()),
             now: Instant::ZERO,
             outbox: VecDeque::new(),
@@ -135,8 +143,13 @@ impl Node {
         (&mut self.ni, self.mem.as_mut())
     }
 
-    /// Replaces the NI's configuration (timers, windows).
+    /// Replaces the NI's configuration (timers, windows). The NI models the same hardware
+    /// as the switch: the node's model is the switch configuration's, whatever `cfg` says.
     pub fn set_ni_config(&mut self, cfg: NiConfig) {
+        let cfg = NiConfig {
+            model: self.switch.config().model,
+            ..cfg
+        };
         self.ni = Ni::new(self.id(), self.switch.shape().nodes(), cfg);
     }
 
@@ -218,14 +231,16 @@ impl Node {
         self.counted(r)
     }
 
+    /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.
     pub fn credit(
         &mut self,
         port: Port,
         vc: Vc,
         bytes: u32,
+        freed: ModelTime,
         now: Instant,
     ) -> Result<(), SwitchError> {
-        let r = self.switch.credit(port, vc, bytes, now);
+        let r = self.switch.credit(port, vc, bytes, freed, now);
         self.counted(r)
     }
 
@@ -308,12 +323,12 @@ impl Node {
     fn fill(&mut self, now: Instant) {
         self.ni.refill(now, self.mem.as_ref());
         for answers in [true, false] {
-            while let Some(c) = self.ni.poll_cell_of(answers) {
+            while let Some(mut c) = self.ni.poll_cell_of(answers) {
                 if !self.switch.can_inject(c.kind, c.wire_len()) {
                     self.ni.unpoll_cell(c);
                     break;
                 }
-                self.ni.injected(&c, now);
+                self.ni.injected(&mut c, now);
                 match self.switch.inject(c, now) {
                     Ok(()) => self.stats.injected_cells += 1,
                     Err(e) => self.count_error(e.kind()),
@@ -459,7 +474,7 @@ impl Node {
         }
     }
 
-    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32)> {
+    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32, ModelTime)> {
         self.switch.poll_credit()
     }
 
@@ -475,5 +490,36 @@ impl Node {
             && self.outbox.is_empty()
             && self.load.is_none()
             && !self.ni.has_output()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelParams;
+
+    /// The NI models the hardware the switch does, from the start and after its
+    /// configuration is replaced.
+    #[test]
+    fn the_ni_takes_the_switch_configurations_model() {
+        let shape: Shape = "1x1x1".parse().unwrap();
+        let model = ModelParams {
+            cpu_ni_ns: 999.0,
+            ..ModelParams::default()
+        }
+        .model()
+        .unwrap();
+        let cfg = SwitchConfig {
+            model,
+            ..SwitchConfig::default()
+        };
+        let mut n = Node::new(shape, NodeId(0), cfg).unwrap();
+        assert_eq!(n.ni().config().model, model);
+        n.set_ni_config(NiConfig {
+            window_blocks: 3,
+            ..NiConfig::default()
+        });
+        assert_eq!(n.ni().config().model, model);
+        assert_eq!(n.ni().config().window_blocks, 3);
     }
 }

@@ -14,6 +14,7 @@ use bytes::BytesMut;
 use crate::cell::{Cell, HEADER_LEN};
 use crate::fault::{flip_bit, FaultError, FaultStats, LinkFaults};
 use crate::link::{Departure, LinkSender};
+use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
@@ -57,6 +58,7 @@ enum Ev {
         port: Port,
         vc: Vc,
         bytes: u32,
+        freed: ModelTime,
     },
     /// The node's NI timer.
     Timer { node: NodeId },
@@ -91,7 +93,9 @@ fn flip_and_decode(cell: &Cell, bit: usize) -> Option<Cell> {
     let mut b = BytesMut::with_capacity(cell.wire_len());
     cell.encode(&mut b).ok()?;
     flip_bit(&mut b, bit);
-    Cell::decode(&b.freeze()).ok()
+    let mut c = Cell::decode(&b.freeze()).ok()?;
+    c.stamp = cell.stamp;
+    Some(c)
 }
 
 /// The simulator's generator (see [`crate::rng`]).
@@ -262,12 +266,13 @@ impl Sim {
         let now = self.now;
         let (i, p) = (node.0 as usize, port.index());
         let (vc, received) = match d {
-            Departure::Credit { vc, bytes } => {
+            Departure::Credit { vc, bytes, freed } => {
                 let ev = Ev::Credit {
                     node: peer,
                     port: peer_port,
                     vc,
                     bytes,
+                    freed,
                 };
                 self.schedule(now + self.cfg.latency_ns, ev);
                 return;
@@ -338,7 +343,7 @@ impl Sim {
 
     /// Node `id`'s service to attached workloads, with the NI and memory it serves them
     /// with; call [`Sim::kick`] after giving it work.
-    pub fn workloads(&mut self, id: NodeId) -> (&mut WorkloadService, &mut Ni, &dyn Memory) {
+    pub fn workloads(&mut self, id: NodeId) -> (&mut WorkloadService, &mut Ni, &mut dyn Memory) {
         let (ni, mem) = self.nodes[id.0 as usize].ni_mut();
         (&mut self.workloads[id.0 as usize], ni, mem)
     }
@@ -394,9 +399,9 @@ impl Sim {
                 self.transmit(id, t.port, d);
             }
         }
-        while let Some((port, vc, bytes)) = self.nodes[i].poll_credit() {
+        while let Some((port, vc, bytes, freed)) = self.nodes[i].poll_credit() {
             touched[port.index()] = true;
-            if let Some(d) = self.senders[i][port.index()].send_credit(now, vc, bytes) {
+            if let Some(d) = self.senders[i][port.index()].send_credit(now, vc, bytes, freed) {
                 self.transmit(id, port, d);
             }
         }
@@ -487,8 +492,9 @@ impl Sim {
                 port,
                 vc,
                 bytes,
+                freed,
             } => {
-                if let Err(e) = self.nodes[node.0 as usize].credit(port, vc, bytes, now) {
+                if let Err(e) = self.nodes[node.0 as usize].credit(port, vc, bytes, freed, now) {
                     self.errors.push((node, e));
                 }
                 node
@@ -518,9 +524,13 @@ impl Sim {
                 self.owed_pending.remove(&(node, port));
                 if let Some(owed) = self.sender(node, port).take_owed() {
                     for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
-                        if let Err(e) =
-                            self.nodes[node.0 as usize].credit(port, Vc(vc as u8), n, now)
-                        {
+                        if let Err(e) = self.nodes[node.0 as usize].credit(
+                            port,
+                            Vc(vc as u8),
+                            n,
+                            ModelTime::ZERO,
+                            now,
+                        ) {
                             self.errors.push((node, e));
                         }
                     }

@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
+use crate::model::{Buffer, Model, ModelTime, Stamp, Timeline};
 use crate::probe;
 use crate::routing::{route, Hop, RouteError, Vc, NVCS};
 use crate::shape::{NodeId, Shape};
@@ -49,6 +50,8 @@ pub struct SwitchConfig {
     pub window: u32,
     /// Bytes of input buffer for the NI's injections, and of delivery buffer towards it.
     pub local_window: u32,
+    /// The modeled hardware: rates, latencies, traversals and the modeled input buffer.
+    pub model: Model,
 }
 
 impl Default for SwitchConfig {
@@ -56,6 +59,7 @@ impl Default for SwitchConfig {
         SwitchConfig {
             window: DEFAULT_WINDOW,
             local_window: DEFAULT_LOCAL_WINDOW,
+            model: Model::default(),
         }
     }
 }
@@ -123,6 +127,9 @@ pub struct PortStats {
     pub stall_ns: u64,
     /// Highest occupancy the input queues of this port reached (bytes, sum over VCs).
     pub peak_queue_bytes: u32,
+    /// Modeled time the output spent sending (picoseconds): with the node's modeled
+    /// clock, the link's modeled utilization.
+    pub modeled_busy_ps: u64,
 }
 
 struct Queued {
@@ -138,6 +145,10 @@ struct Input {
     cap: u32,
     /// Credit freed here and not yet returned upstream.
     owed: u32,
+    /// When the latest of the owed bytes was freed, in modeled time.
+    owed_freed: ModelTime,
+    /// The modeled input buffer, as the cells that left it.
+    modeled: Buffer,
 }
 
 struct Output {
@@ -146,6 +157,8 @@ struct Output {
     outstanding: u32,
     up: bool,
     stalled_since: Option<Instant>,
+    /// The downstream input buffer as this end knows it (see [`Buffer`]).
+    modeled: Buffer,
 }
 
 pub struct Switch {
@@ -157,6 +170,8 @@ pub struct Switch {
     inputs: Vec<Input>,
     outputs: Vec<Output>,
     stats: [PortStats; NPORTS],
+    /// When each output is modeled-busy.
+    busy: Vec<Timeline>,
     next_input: usize,
     /// Bit `i` set when input queue `i` holds cells: arbitration visits only those.
     occupied: u64,
@@ -205,12 +220,15 @@ impl Switch {
                 bytes: 0,
                 cap: if local { cfg.local_window } else { cfg.window },
                 owed: 0,
+                owed_freed: ModelTime::ZERO,
+                modeled: Buffer::default(),
             });
             outputs.push(Output {
                 credits: if local { cfg.local_window } else { 0 },
                 outstanding: 0,
                 up: local,
                 stalled_since: None,
+                modeled: Buffer::default(),
             });
         }
         Ok(Switch {
@@ -221,6 +239,7 @@ impl Switch {
             inputs,
             outputs,
             stats: [PortStats::default(); NPORTS],
+            busy: vec![Timeline::default(); NPORTS],
             next_input: 0,
             occupied: 0,
             forwarded: 0,
@@ -399,12 +418,14 @@ impl Switch {
         Ok(())
     }
 
-    /// Credit returned by the neighbour on `port`.
+    /// Credit returned by the neighbour on `port`, for space freed at `freed` in modeled
+    /// time (zero: credit of cells that never arrived, which held no modeled space).
     pub fn credit(
         &mut self,
         port: Port,
         vc: Vc,
         bytes: u32,
+        freed: ModelTime,
         now: Instant,
     ) -> Result<(), SwitchError> {
         self.check_link_port(port)?;
@@ -412,6 +433,7 @@ impl Switch {
             return Err(SwitchError::NoSuchVc(vc.0));
         }
         let o = &mut self.outputs[slot(port, vc)];
+        o.modeled.learn(bytes, freed);
         // A hostile peer can lie about credit; saturating keeps the arithmetic sound and
         // the damage confined to that peer's own queue.
         o.credits = o.credits.saturating_add(bytes);
@@ -478,6 +500,12 @@ impl Switch {
         o.credits -= need;
         o.outstanding += need;
         let q = self.inputs[i].q.pop_front().expect("head exists");
+        let from = Port::from_index(i / NVCS).expect("valid input index");
+        let mut cell = q.cell;
+        if records {
+            probe::record_hop(&mut cell, self.node);
+        }
+        let busy = self.model_departure(i, from, hop, &mut cell, q.charged);
         let input = &mut self.inputs[i];
         input.bytes -= q.charged;
         input.owed += q.charged;
@@ -485,14 +513,10 @@ impl Switch {
             self.occupied &= !(1u64 << i);
         }
         self.next_input = (i + 1) % n;
-        let from = Port::from_index(i / NVCS).expect("valid input index");
-        let mut cell = q.cell;
-        if records {
-            probe::record_hop(&mut cell, self.node);
-        }
         let st = &mut self.stats[hop.port.index()];
         st.tx_cells += 1;
         st.tx_bytes += u64::from(need);
+        st.modeled_busy_ps += busy;
         if from != Port::Local && hop.port != Port::Local {
             self.forwarded += 1;
         }
@@ -504,9 +528,71 @@ impl Switch {
         })
     }
 
-    /// Credit to return to an upstream neighbour, all that is owed on one (port, VC).
-    /// Call after a batch of work so that returns coalesce.
-    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32)> {
+    /// Modeled time for the cell leaving input `i` (which came in on `from`) by `hop`:
+    /// it leaves once it is in this input's modeled buffer (the upstream could not have
+    /// sent it before the cells ahead freed room), has crossed the switch, the output is
+    /// free and the downstream buffer has room as far as this end knows; it then occupies
+    /// the output for its wire size at the output's rate. Restamps the cell with its
+    /// arrival at the far end and returns the modeled time the output was busy with it.
+    fn model_departure(
+        &mut self,
+        i: usize,
+        from: Port,
+        hop: Hop,
+        cell: &mut Cell,
+        charged: u32,
+    ) -> u64 {
+        let m = &self.cfg.model;
+        let cap = m.input_buffer;
+        let len = cell.wire_len();
+        let input = &mut self.inputs[i];
+        // No room when it arrived: the upstream could not have sent it before room was
+        // freed, and the credit for it went back over the input's link and the cell came
+        // over it.
+        let admit = match input.modeled.room_at(charged, cap, cell.stamp.head) {
+            None => cell.stamp.head,
+            Some(room) => room + 2 * m.latency(from),
+        };
+        let shift = admit.since(cell.stamp.head);
+        let (head, tail) = (cell.stamp.head + shift, cell.stamp.tail + shift);
+        let to = hop.port;
+        let t = m.traversal(from, to);
+        let lat = m.latency(to);
+        let credit = if to == Port::Local {
+            ModelTime::ZERO
+        } else {
+            let o = &self.outputs[slot(to, hop.vc)];
+            match o.modeled.room_at(len as u32, cap, head + t + lat) {
+                None => ModelTime::ZERO,
+                // The credit for that room comes back over the link.
+                Some(r) => r + lat,
+            }
+        };
+        let ser = m.rate(to).ps(len);
+        let start = self.busy[to.index()].reserve((head + t).max(credit), ser);
+        let end = (start + ser).max(tail + t);
+        input.modeled.record(head, end, charged, true);
+        input.owed_freed = input.owed_freed.max(end);
+        cell.stamp = Stamp {
+            head: start + lat,
+            tail: end + lat,
+        };
+        if to != Port::Local {
+            // Until its credit says otherwise, the cell is taken to pass straight through.
+            let o = &mut self.outputs[slot(to, hop.vc)];
+            o.modeled
+                .record(cell.stamp.head, cell.stamp.tail, len as u32, false);
+        }
+        // What the link was busy with: the cell's wire time (a cut-through cell whose tail
+        // comes in slower takes longer to finish, but the link was idle meanwhile, and its
+        // timeline reserved only this).
+        ser
+    }
+
+    /// Credit to return to an upstream neighbour, all that is owed on one (port, VC),
+    /// with the modeled time the latest of it was freed. Call after a batch of work so
+    /// that returns coalesce.
+    pub fn poll_credit(&mut self) -> Option<(Port, Vc, u32, ModelTime)> {
         for (i, input) in self.inputs.iter_mut().enumerate() {
             if input.owed == 0 || i / NVCS == Port::Local.index() {
                 input.owed = 0;
@@ -514,9 +600,22 @@ impl Switch {
             }
             let n = std::mem::take(&mut input.owed);
             let port = Port::from_index(i / NVCS).expect("valid input index");
-            return Some((port, Vc((i % NVCS) as u8), n));
+            // The latest departure of these bytes only: a running maximum would lend one
+            // workload's far-ahead clock to every later credit of the input.
+            let freed = std::mem::take(&mut input.owed_freed);
+            return Some((port, Vc((i % NVCS) as u8), n, freed));
         }
         None
+    }
+
+    /// The latest modeled time this switch has seen a cell leave at: the node's modeled
+    /// clock, against which [`PortStats::modeled_busy_ps`] is a utilization.
+    pub fn modeled_now(&self) -> ModelTime {
+        self.busy
+            .iter()
+            .map(Timeline::busy_until)
+            .max()
+            .unwrap_or_default()
     }
 
     pub fn port_stats(&self, port: Port) -> PortStats {
@@ -620,9 +719,34 @@ mod tests {
         assert!(t.vc.is_answer());
         assert_eq!(sw.poll_transmit(now), None, "data without credit stays");
         // With credit, the data follows in order, round-robin as before.
-        sw.credit(torus, Vc::ZERO, DEFAULT_WINDOW, now).unwrap();
+        sw.credit(torus, Vc::ZERO, DEFAULT_WINDOW, ModelTime::ZERO, now)
+            .unwrap();
         let t = sw.poll_transmit(now).unwrap();
         assert_eq!((t.cell.kind, t.vc), (CellType::Write, Vc::ZERO));
+    }
+
+    /// Each credit carries the departure of the bytes it returns, not the latest departure
+    /// the input ever saw: a cell far ahead in modeled time does not age later credits.
+    #[test]
+    fn a_credit_carries_its_own_bytes_departure() {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let here = shape.parse_node("M1QAF1").unwrap();
+        let mut sw = Switch::new(shape, here, SwitchConfig::default()).unwrap();
+        let now = Instant::ZERO;
+        let from = Port::Qfdb(2);
+        sw.link_up(from).unwrap();
+        sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], now).unwrap();
+        let send = |sw: &mut Switch, at: ModelTime| {
+            let mut c = cell(CellType::Write, here, 64);
+            c.stamp = Stamp::at(at);
+            sw.receive(from, Vc::ZERO, c, now).unwrap();
+            assert!(sw.poll_transmit(now).is_some());
+            sw.poll_credit().expect("the cell's credit").3
+        };
+        let far = send(&mut sw, ModelTime::from_ns(1_000_000_000));
+        assert!(far > ModelTime::from_ns(1_000_000_000));
+        let near = send(&mut sw, ModelTime::from_ns(10));
+        assert!(near < ModelTime::from_ns(1_000), "{near}");
     }
 
     /// A cell on a dateline VC of the answer class from a port that has no dateline is
@@ -641,7 +765,10 @@ mod tests {
                 sw.receive(Port::Qfdb(2), vc, c, now),
                 Err(SwitchError::WrongVc(Port::Qfdb(2)))
             );
-            assert_eq!(sw.poll_credit(), Some((Port::Qfdb(2), vc, len)));
+            assert_eq!(
+                sw.poll_credit(),
+                Some((Port::Qfdb(2), vc, len, ModelTime::ZERO))
+            );
         }
     }
 }

@@ -18,11 +18,18 @@ use std::collections::{HashMap, VecDeque};
 
 use thiserror::Error;
 
-use crate::attach::{self, status, Command, Completion, Resource, SlotError};
+use crate::attach::{
+    self, status, AllreducePost, Command, Completion, Resource, SlotError, MEMBER_ENTRY,
+};
 use crate::gvas::Pdid;
+use crate::ni::allreduce::MAX_MEMBERS;
 use crate::ni::mailbox::ConsumedCount;
-use crate::ni::{ChannelState, Memory, Ni, NiError, NiEvent, TransferId, MAILBOX_WINDOW, RANKS};
+use crate::ni::{
+    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId,
+    MAILBOX_WINDOW, RANKS,
+};
 use crate::rng::SplitMix64;
+use crate::shape::NodeId;
 use crate::time::Instant;
 
 /// Completions queued for a workload whose ring is full, beyond which its commands wait
@@ -62,11 +69,13 @@ pub enum OpKind {
     Send,
     Write,
     Read,
+    /// An allreduce on the NI's accelerator.
+    Allreduce,
 }
 
 impl OpKind {
     /// Every kind, in the order of their indices (`kind as usize`).
-    pub const ALL: [OpKind; 3] = [OpKind::Send, OpKind::Write, OpKind::Read];
+    pub const ALL: [OpKind; 4] = [OpKind::Send, OpKind::Write, OpKind::Read, OpKind::Allreduce];
 
     /// The `op` label of the latency family.
     pub fn label(self) -> &'static str {
@@ -74,6 +83,7 @@ impl OpKind {
             OpKind::Send => "send",
             OpKind::Write => "rdma_write",
             OpKind::Read => "rdma_read",
+            OpKind::Allreduce => "allreduce",
         }
     }
 }
@@ -104,6 +114,12 @@ pub enum ServiceError {
     NotAttached(u8),
     #[error("all {RANKS} ranks are taken")]
     RanksTaken,
+    #[error("only a mailbox can be asked for by index")]
+    IndexNotMailbox,
+    #[error("rank {0} is taken")]
+    RankTaken(u8),
+    #[error("there is no rank {0} (ranks are 0..{RANKS})")]
+    NoSuchRank(u8),
     #[error("rank {rank} already has {MAX_REGIONS} regions")]
     TooManyRegions { rank: u8 },
     #[error("cannot register {0} bytes")]
@@ -123,7 +139,9 @@ impl ServiceError {
     pub fn kind(&self) -> &'static str {
         match self {
             ServiceError::Malformed(_) => "workload_malformed",
-            ServiceError::RanksTaken => "workload_refused",
+            ServiceError::RanksTaken | ServiceError::RankTaken(_) | ServiceError::NoSuchRank(_) => {
+                "workload_refused"
+            }
             _ => "workload_request",
         }
     }
@@ -147,6 +165,8 @@ struct Workload {
     /// Posted sends and transfers: the workload's tag and when the NI took the command.
     send_tags: HashMap<(u8, u8), (u32, Instant)>,
     rdma_tags: HashMap<TransferId, (u32, Instant)>,
+    /// Posted accelerated allreduces, by collective id.
+    allreduce_tags: HashMap<u32, (u32, Instant)>,
     regions: Vec<Placed>,
 }
 
@@ -217,6 +237,24 @@ impl WorkloadService {
         let rank = (0..RANKS as u8)
             .find(|r| !self.is_attached(*r))
             .ok_or(ServiceError::RanksTaken)?;
+        self.attach_at(ni, rank, pdid, ring)
+    }
+
+    /// Gives a workload of job `pdid` rank `rank`, if it is free: for services that peers
+    /// must find without a directory (the IP service's rank is the same on every node).
+    pub fn attach_at(
+        &mut self,
+        ni: &mut Ni,
+        rank: u8,
+        pdid: Pdid,
+        ring: Box<dyn CompletionRing>,
+    ) -> Result<u8, ServiceError> {
+        if usize::from(rank) >= RANKS {
+            return Err(ServiceError::NoSuchRank(rank));
+        }
+        if self.is_attached(rank) {
+            return Err(ServiceError::RankTaken(rank));
+        }
         ni.attach(rank, pdid)?;
         self.ranks[usize::from(rank)] = Some(Workload {
             ring,
@@ -225,6 +263,7 @@ impl WorkloadService {
             generation: 0,
             send_tags: HashMap::new(),
             rdma_tags: HashMap::new(),
+            allreduce_tags: HashMap::new(),
             regions: Vec::new(),
         });
         Ok(rank)
@@ -311,8 +350,12 @@ impl WorkloadService {
         rank: u8,
         kind: Resource,
         capacity: Option<u32>,
+        want: Option<u8>,
     ) -> Result<(u8, u32), ServiceError> {
         let w = self.workload(rank)?;
+        if want.is_some() && kind != Resource::Mailbox {
+            return Err(ServiceError::IndexNotMailbox);
+        }
         let index = match kind {
             Resource::Packetizer => ni.packetizer.alloc(rank)?,
             Resource::RdmaPage => ni.rdma.alloc_page(rank)?,
@@ -322,7 +365,7 @@ impl WorkloadService {
                     .clamp(1, MAX_MAILBOX_CAPACITY);
                 let ring = &w.ring;
                 ni.mailboxes
-                    .alloc_counted(rank, cap as usize, |vi| ring.consumed(vi))?
+                    .alloc_counted(rank, cap as usize, want, |vi| ring.consumed(vi))?
             }
         };
         let mut generation = 0;
@@ -361,7 +404,7 @@ impl WorkloadService {
     pub fn execute(
         &mut self,
         ni: &mut Ni,
-        mem: &dyn Memory,
+        mem: &mut dyn Memory,
         rank: u8,
         cmd: Result<Command, (u32, SlotError)>,
         now: Instant,
@@ -374,25 +417,34 @@ impl WorkloadService {
                     tag,
                     status: status::MALFORMED,
                     code: 0,
+                    at: ni.clock(),
                 });
                 return Err(ServiceError::Malformed(e));
             }
         };
+        let at = cmd.at();
         let (tag, posted) = match cmd {
-            Command::Send { tag, op } => (
+            Command::Send { tag, op, .. } => (
                 tag,
-                ni.send_message(rank, &op, now)
+                ni.send_message_at(rank, &op, now, at)
                     .map(|()| w.send_tags.insert((op.vi, op.ch), (tag, now))),
             ),
-            Command::Write { tag, op } => (
+            Command::Write { tag, op, .. } => (
                 tag,
-                ni.rdma_write(rank, &op, now, mem)
+                ni.rdma_write_at(rank, &op, now, at, mem)
                     .map(|id| w.rdma_tags.insert(id, (tag, now))),
             ),
-            Command::Read { tag, op } => (
+            Command::Read { tag, op, .. } => (
                 tag,
-                ni.rdma_read(rank, &op, now)
+                ni.rdma_read_at(rank, &op, now, at)
                     .map(|id| w.rdma_tags.insert(id, (tag, now))),
+            ),
+            Command::Allreduce { tag, op, .. } => (
+                tag,
+                post_allreduce(&*mem, rank, &op)
+                    .and_then(|a| ni.allreduce_at(rank, &a, now, at, mem))
+                    .map(|()| w.allreduce_tags.insert(op.id, (tag, now)))
+                    .map(|_| None),
             ),
         };
         match posted {
@@ -402,6 +454,7 @@ impl WorkloadService {
                     tag,
                     status: status::REFUSED,
                     code: attach::refusal::of(&e),
+                    at,
                 });
                 Err(e.into())
             }
@@ -414,13 +467,16 @@ impl WorkloadService {
             NiEvent::Packetizer { rank, .. }
             | NiEvent::Mailbox { rank, .. }
             | NiEvent::Rdma { rank, .. }
-            | NiEvent::Notified { rank, .. } => *rank,
+            | NiEvent::Notified { rank, .. }
+            | NiEvent::Allreduce { rank, .. } => *rank,
         };
         let Ok(w) = self.workload(rank) else {
             return Relayed::NotAttached(ev);
         };
         match ev {
-            NiEvent::Packetizer { vi, ch, state, .. } => {
+            NiEvent::Packetizer {
+                vi, ch, state, at, ..
+            } => {
                 let (tag, posted) = w.send_tags.remove(&(vi, ch)).unwrap_or((0, now));
                 let Some((st, reason)) = status::of_send(state) else {
                     return Relayed::Queued(None);
@@ -431,6 +487,7 @@ impl WorkloadService {
                     ch,
                     status: st,
                     reason,
+                    at,
                 });
                 Relayed::Queued(Some(Finished {
                     op: OpKind::Send,
@@ -438,7 +495,7 @@ impl WorkloadService {
                     latency_ns: now.since(posted),
                 }))
             }
-            NiEvent::Rdma { id, result, .. } => {
+            NiEvent::Rdma { id, result, at, .. } => {
                 let (tag, posted) = w.rdma_tags.remove(&id).unwrap_or((0, now));
                 let (st, reason) = status::of_transfer(result);
                 w.push(&Completion::Rdma {
@@ -448,6 +505,7 @@ impl WorkloadService {
                     read: id.read,
                     status: st,
                     reason,
+                    at,
                 });
                 Relayed::Queued(Some(Finished {
                     op: if id.read { OpKind::Read } else { OpKind::Write },
@@ -455,7 +513,9 @@ impl WorkloadService {
                     latency_ns: now.since(posted),
                 }))
             }
-            NiEvent::Notified { va, src, len, .. } => {
+            NiEvent::Notified {
+                va, src, len, at, ..
+            } => {
                 // Everything else a workload is told about is bounded by what it posted;
                 // notifications are posted by its peers. The notification itself is
                 // already in its memory, so past a bound the ring copy is dropped.
@@ -466,8 +526,24 @@ impl WorkloadService {
                     va,
                     src_node: src.0,
                     len,
+                    at,
                 });
                 Relayed::Queued(None)
+            }
+            NiEvent::Allreduce { id, result, at, .. } => {
+                let (tag, posted) = w.allreduce_tags.remove(&id).unwrap_or((0, now));
+                let (st, reason) = status::of_transfer(result);
+                w.push(&Completion::Collective {
+                    tag,
+                    status: st,
+                    reason,
+                    at,
+                });
+                Relayed::Queued(Some(Finished {
+                    op: OpKind::Allreduce,
+                    ok: result.is_ok(),
+                    latency_ns: now.since(posted),
+                }))
             }
             NiEvent::Mailbox { .. } => {
                 self.drain(ni, rank);
@@ -482,6 +558,8 @@ impl WorkloadService {
     pub fn drain(&mut self, ni: &mut Ni, rank: u8) {
         let Ok(w) = self.workload(rank) else { return };
         w.flush();
+        // The reader sees an entry a CPU-to-NI request after the NI wrote it.
+        let seen = ni.config().model.cpu_ni;
         for (vi, generation) in w.mailboxes.clone() {
             while w.has_room() {
                 let Ok(Some(m)) = ni.mailboxes.pop(rank, vi) else {
@@ -493,6 +571,7 @@ impl WorkloadService {
                     src_node: m.src.0,
                     src_rank: m.src_rank,
                     payload: m.payload.to_vec(),
+                    at: m.at + seen,
                 });
             }
         }
@@ -510,4 +589,31 @@ impl WorkloadService {
             Err(_) => false,
         }
     }
+}
+
+/// The accelerator's operation for `post`: its member table read from the rank's memory.
+fn post_allreduce(mem: &dyn Memory, rank: u8, post: &AllreducePost) -> Result<Allreduce, NiError> {
+    let count = usize::from(post.count);
+    if count > MAX_MEMBERS {
+        return Err(NiError::Allreduce(AllreduceError::Members(count)));
+    }
+    let mut table = vec![0u8; count * MEMBER_ENTRY];
+    mem.read(rank, post.table_va, &mut table)
+        .map_err(|_| NiError::BadRange {
+            va: post.table_va,
+            len: table.len() as u64,
+        })?;
+    let members = table
+        .chunks_exact(MEMBER_ENTRY)
+        .map(|e| (NodeId(u32::from_be_bytes([e[0], e[1], e[2], e[3]])), e[4]))
+        .collect();
+    Ok(Allreduce {
+        id: post.id,
+        op: post.op,
+        ty: post.ty,
+        members,
+        src_va: post.src_va,
+        dst_va: post.dst_va,
+        len: post.len,
+    })
 }

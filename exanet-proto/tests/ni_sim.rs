@@ -32,6 +32,7 @@ fn cfg() -> NiConfig {
         rx_contexts: 1024,
         remember_ns: 1_000_000_000,
         epoch: 0,
+        ..NiConfig::default()
     }
 }
 
@@ -1055,13 +1056,13 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
     loop {
         now = now + 1_000;
         let mut moved = false;
-        while let Some(c) = reader.poll_cell() {
-            reader.injected(&c, now);
+        while let Some(mut c) = reader.poll_cell() {
+            reader.injected(&mut c, now);
             server.on_cell(c, now, &mut smem);
             moved = true;
         }
-        while let Some(c) = server.poll_cell() {
-            server.injected(&c, now);
+        while let Some(mut c) = server.poll_cell() {
+            server.injected(&mut c, now);
             reader.on_cell(c, now, &mut rmem);
             moved = true;
         }
@@ -1347,7 +1348,7 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
             .ni_mut()
             .0
             .mailboxes
-            .alloc_counted(0, cap, |_| count)
+            .alloc_counted(0, cap, None, |_| count)
             .unwrap();
         let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
         let mut acked = Vec::new();
@@ -1417,7 +1418,7 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
         .ni_mut()
         .0
         .mailboxes
-        .alloc_counted(0, cap, |_| count)
+        .alloc_counted(0, cap, None, |_| count)
         .unwrap();
     let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
     let mut acked = 0;
@@ -1441,4 +1442,47 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
         sim.node_mut(dst).ni_mut().0.mailboxes.len(0, mb).unwrap(),
         1
     );
+}
+
+/// The sender's timer fires before the ACK comes (a slow host), so the message goes again;
+/// the ACK of the first copy then completes it, at the first copy's modeled time, not a
+/// modeled retransmission timer later.
+#[test]
+fn the_ack_of_an_earlier_copy_completes_a_message_at_its_modeled_time() {
+    use exanet_proto::model::ModelTime;
+    let cfg = NiConfig {
+        retransmit_ns: 1_000,
+        ..NiConfig::default()
+    };
+    use exanet_proto::ni::Ni;
+    let (mut a, mut b) = (Ni::new(NodeId(0), 8, cfg), Ni::new(NodeId(1), 8, cfg));
+    a.attach(0, PDID).unwrap();
+    b.attach(0, PDID).unwrap();
+    let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
+    let mb = b.mailboxes.alloc(0, 4).unwrap();
+    let pk = a.packetizer.alloc(0).unwrap();
+    let op = SendMessage {
+        vi: pk,
+        ch: 0,
+        dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
+        payload: b"x".to_vec(),
+    };
+    a.send_message_at(0, &op, Instant::ZERO, ModelTime::ZERO)
+        .unwrap();
+    let mut first = a.poll_cell().unwrap();
+    a.injected(&mut first, Instant::ZERO);
+    b.on_cell(first, Instant(10), &mut bmem);
+    let ack = b.poll_cell().expect("the ACK of the first copy");
+    a.handle_timeout(Instant(5_000), &amem);
+    let again = a.poll_cell().expect("sent again on the timer");
+    assert_eq!(again.seq, 1);
+    a.on_cell(ack, Instant(6_000), &mut amem);
+    match a.poll_event() {
+        Some(NiEvent::Packetizer {
+            state: ChannelState::Acked,
+            at,
+            ..
+        }) => assert!(at < ModelTime::from_ns(10_000), "{at}"),
+        other => panic!("{other:?}"),
+    }
 }

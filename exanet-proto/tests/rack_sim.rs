@@ -28,10 +28,13 @@ const PAYLOAD: usize = 256;
 const WIRE: u32 = (OVERHEAD + PAYLOAD) as u32;
 
 /// Small buffers so that queues fill and backpressure is exercised.
-const SMALL: SwitchConfig = SwitchConfig {
-    window: 4096,
-    local_window: 4096,
-};
+fn small() -> SwitchConfig {
+    SwitchConfig {
+        window: 4096,
+        local_window: 4096,
+        ..SwitchConfig::default()
+    }
+}
 
 fn shape(s: &str) -> Shape {
     s.parse().unwrap()
@@ -548,7 +551,7 @@ fn assert_backpressure_exercised(s: &Saturation, what: &str) {
 fn all_to_all_saturation_of_the_prototype_rack() {
     let s = Shape::PROTOTYPE;
     let cfg = SimConfig {
-        switch: SMALL,
+        switch: small(),
         ..SimConfig::default()
     };
     let all: Vec<NodeId> = s.node_ids().collect();
@@ -568,7 +571,7 @@ fn all_to_all_saturation_with_jitter_and_seeds() {
     for seed in [7, 1234, 0xE8A] {
         let cfg = SimConfig {
             seed,
-            switch: SMALL,
+            switch: small(),
             latency_ns: 120,
             jitter_ns: 400,
         };
@@ -589,7 +592,7 @@ fn saturation_is_deterministic_for_a_seed() {
     let all: Vec<NodeId> = s.node_ids().collect();
     let cfg = SimConfig {
         seed: 99,
-        switch: SMALL,
+        switch: small(),
         latency_ns: 120,
         jitter_ns: 300,
     };
@@ -612,7 +615,7 @@ fn backpressure_bounds_what_a_sender_injects() {
     assert!(route.iter().all(|(_, h)| h.vc == Vc::ZERO));
 
     let cfg = SimConfig {
-        switch: SMALL,
+        switch: small(),
         ..SimConfig::default()
     };
     let mut sim = new_sim(s, cfg);
@@ -642,7 +645,7 @@ fn backpressure_bounds_what_a_sender_injects() {
     // A queue holds whole cells, so each holds floor(bytes / wire) of them; a few cells of
     // slack cover nothing in particular but keep the bound from being a knife edge.
     let per = |bytes: u32| u64::from(bytes / WIRE);
-    let exact = 2 * per(SMALL.local_window) + link_hops as u64 * per(SMALL.window);
+    let exact = 2 * per(small().local_window) + link_hops as u64 * per(small().window);
     let bound = exact + 3;
     let injected = sim.node(src).stats().load_tx_cells;
     let left = sim.node(src).load_remaining();
@@ -661,7 +664,7 @@ fn backpressure_bounds_what_a_sender_injects() {
     // The destination took exactly its delivery credit.
     assert_eq!(
         sim.node(dst).stats().delivered_cells,
-        per(SMALL.local_window)
+        per(small().local_window)
     );
     assert_eq!(sim.node(dst).stats().load_rx_cells, 0);
     // Every switch on the path is holding cells and every link on it ran out of credit.
@@ -763,7 +766,7 @@ fn dateline_ring_of_five_under_saturation() {
     for (seed, jitter) in [(1, 0), (5, 250), (6, 900)] {
         let cfg = SimConfig {
             seed,
-            switch: SMALL,
+            switch: small(),
             latency_ns: 120,
             jitter_ns: jitter,
         };
@@ -783,7 +786,7 @@ fn dateline_rings_of_six_and_three_under_saturation() {
     let all: Vec<NodeId> = s.node_ids().collect();
     let cfg = SimConfig {
         seed: 3,
-        switch: SMALL,
+        switch: small(),
         latency_ns: 120,
         jitter_ns: 200,
     };

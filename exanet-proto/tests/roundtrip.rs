@@ -9,6 +9,7 @@ use exanet_proto::cell::{
 };
 use exanet_proto::frame::{self, Frame, FrameDecoder, Hello};
 use exanet_proto::gvas::{Gvas, GvasError, Pdid, GVAS_LEN};
+use exanet_proto::model::{ModelTime, Stamp};
 use exanet_proto::routing::Vc;
 use exanet_proto::shape::{Coord, NameError, NodeId, NodeName, Shape};
 use exanet_proto::topology::Port;
@@ -61,6 +62,8 @@ fn any_cell() -> impl Strategy<Value = Cell> {
                 aux,
                 payload: Bytes::from(payload),
                 corrupt_crc: None,
+                // The stamp travels in the framing, not in the cell's own bytes.
+                stamp: Stamp::default(),
             },
         )
 }
@@ -94,8 +97,18 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                     grant,
                 })
             }),
-        (0u8..4, any_cell()).prop_map(|(vc, c)| Frame::Cell(Vc(vc), c)),
-        (0u8..4, any::<u32>()).prop_map(|(vc, n)| Frame::Credit(Vc(vc), n)),
+        (0u8..4, any_cell(), any::<u64>(), any::<u64>()).prop_map(|(vc, mut c, h, t)| {
+            c.stamp = Stamp {
+                head: ModelTime(h),
+                tail: ModelTime(t),
+            };
+            Frame::Cell(Vc(vc), c)
+        }),
+        (0u8..4, any::<u32>(), any::<u64>()).prop_map(|(vc, n, t)| Frame::Credit(
+            Vc(vc),
+            n,
+            ModelTime(t)
+        )),
     ]
 }
 
@@ -103,7 +116,7 @@ fn encode_frame(f: &Frame, out: &mut BytesMut) {
     match f {
         Frame::Hello(h) => frame::encode_hello(h, out),
         Frame::Cell(vc, c) => frame::encode_cell(*vc, c, out).unwrap(),
-        Frame::Credit(vc, n) => frame::encode_credit(*vc, *n, out),
+        Frame::Credit(vc, n, t) => frame::encode_credit(*vc, *n, *t, out),
     }
 }
 

@@ -110,7 +110,7 @@ impl Workload {
         let rank = svc.attach(ni, PDID, Box::new(ring.clone())).unwrap();
         let region = svc.place_region(rank, REGION).unwrap();
         assert_eq!(region.va % (2 << 20), 0, "regions are 2 MiB aligned");
-        let (page, _) = svc.alloc(ni, rank, Resource::RdmaPage, None).unwrap();
+        let (page, _) = svc.alloc(ni, rank, Resource::RdmaPage, None, None).unwrap();
         mem.0
             .lock()
             .unwrap()
@@ -200,6 +200,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
                 len: LEN,
                 notify: Some(notify),
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         },
     );
     run(&mut sim);
@@ -218,7 +219,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
     );
     let got_b = b.ring.take();
     assert!(
-        matches!(got_b[..], [Completion::Notified { va, src_node, len }]
+        matches!(got_b[..], [Completion::Notified { va, src_node, len, .. }]
             if va == notify && src_node == na.0 && len == LEN),
         "{got_b:?}"
     );
@@ -242,6 +243,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
                 dst_va: back,
                 len: LEN,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         },
     );
     run(&mut sim);
@@ -268,11 +270,13 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
     // the NI's mailbox and move them as B makes room; each delivered once, in order.
     let (vi, generation) = {
         let (svc, ni, _) = sim.workloads(nb);
-        svc.alloc(ni, b.rank, Resource::Mailbox, Some(256)).unwrap()
+        svc.alloc(ni, b.rank, Resource::Mailbox, Some(256), None)
+            .unwrap()
     };
     let (avi, _) = {
         let (svc, ni, _) = sim.workloads(na);
-        svc.alloc(ni, a.rank, Resource::Packetizer, None).unwrap()
+        svc.alloc(ni, a.rank, Resource::Packetizer, None, None)
+            .unwrap()
     };
     let to = mailbox_gvas(PDID, nb, b.rank, vi).unwrap();
     let total = RING as u32 * 2;
@@ -289,6 +293,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
                     dst: to,
                     payload: n.to_le_bytes().to_vec(),
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         );
         if n % 4 == 3 {
@@ -325,6 +330,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
                     src_node,
                     src_rank,
                     payload,
+                    ..
                 } => {
                     assert_eq!(
                         (*v, *g, *src_node, *src_rank),
@@ -362,6 +368,7 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
             len: 8,
             notify: None,
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     };
     assert!(svc.execute(ni, mem, a.rank, Ok(bad_page), now).is_err());
     let refused = a.ring.take();
@@ -439,4 +446,49 @@ fn a_detached_rank_is_free_for_the_next_workload_whose_memory_goes_elsewhere() {
         (next.id, after.id),
         (second.region.id + 1, second.region.id + 2)
     );
+}
+
+/// A service that peers address without a directory (the IP service) asks for its rank
+/// and its mailbox interface by number; both are refused when taken or out of range, and
+/// ordinary allocation keeps giving the lowest free ones.
+#[test]
+fn a_rank_and_a_mailbox_interface_can_be_asked_for_by_number() {
+    use exanet_proto::workload::ServiceError;
+    let shape: Shape = "1x1x1".parse().unwrap();
+    let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
+    let (svc, ni, _) = sim.workloads(NodeId(0));
+    let ip = svc
+        .attach_at(ni, 7, PDID, Box::new(Ring::default()))
+        .unwrap();
+    assert_eq!(ip, 7);
+    assert!(matches!(
+        svc.attach_at(ni, 7, PDID, Box::new(Ring::default())),
+        Err(ServiceError::RankTaken(7))
+    ));
+    assert!(matches!(
+        svc.attach_at(ni, 8, PDID, Box::new(Ring::default())),
+        Err(ServiceError::NoSuchRank(8))
+    ));
+    let other = svc.attach(ni, PDID, Box::new(Ring::default())).unwrap();
+    assert_eq!(other, 0, "the lowest free rank, not the one asked for");
+    let last = exanet_proto::ip::IP_MAILBOX_VI;
+    assert_eq!(usize::from(last), exanet_proto::ni::MAILBOX_VIS - 1);
+    let (vi, _) = svc
+        .alloc(ni, ip, Resource::Mailbox, Some(16), Some(last))
+        .unwrap();
+    assert_eq!(vi, last);
+    assert!(svc
+        .alloc(ni, other, Resource::Mailbox, Some(16), Some(last))
+        .is_err());
+    assert!(svc
+        .alloc(ni, other, Resource::Mailbox, Some(16), Some(last + 1))
+        .is_err());
+    assert!(matches!(
+        svc.alloc(ni, other, Resource::Packetizer, None, Some(1)),
+        Err(ServiceError::IndexNotMailbox)
+    ));
+    let (first, _) = svc
+        .alloc(ni, other, Resource::Mailbox, Some(16), None)
+        .unwrap();
+    assert_eq!(first, 0);
 }

@@ -97,6 +97,7 @@ extern "C" {
 #define EXANET_EBADLENGTH     -24  /* zero or too large a length */
 #define EXANET_EUNKNOWNTAG    -25  /* tag never posted, or already collected */
 #define EXANET_EINTERNAL      -26  /* bug in the library */
+#define EXANET_EABORTED       -27  /* a collective failed at another member, so everywhere */
 
 /* NACK reasons (exanet_last_nack_reason after EXANET_ENACKED).
  *
@@ -136,6 +137,8 @@ typedef struct exanet_region exanet_region;
 typedef struct exanet_packetizer exanet_packetizer;
 typedef struct exanet_mailbox exanet_mailbox;
 typedef struct exanet_rdma_page exanet_rdma_page;
+typedef struct exanet_collectives exanet_collectives;
+typedef struct exanet_group exanet_group;
 
 typedef struct exanet_info_t {
     uint32_t node_id;     /* this node's id */
@@ -157,12 +160,14 @@ typedef struct exanet_message_t {
     uint8_t vi;           /* the mailbox it arrived in */
     uint8_t len;          /* payload bytes, 0..64 */
     uint8_t payload[64];
+    uint64_t at_ps;       /* when the reader could see it, modeled picoseconds */
 } exanet_message_t;
 
 typedef struct exanet_notification_t {
     uint64_t va;          /* where in this rank's memory it was written */
     uint64_t len;         /* length of the transfer it announces */
     uint32_t src_node;    /* the writer's node id */
+    uint64_t at_ps;       /* when it was written, modeled picoseconds */
 } exanet_notification_t;
 
 /* ---- attachment ----------------------------------------------------------------- */
@@ -275,6 +280,17 @@ int exanet_rdma_read(const exanet_rdma_page *p, uint8_t ch, const exanet_addr_t 
  * EXANET_EDISCONNECTED if the endpoint is detached meanwhile (by another thread). */
 int exanet_wait(const exanet_endpoint *ep, uint32_t tag, int64_t timeout_us);
 
+/* exanet_wait, also storing at `*at_ps` (unless NULL) the modeled time the operation
+ * completed at: what the ExaNeSt hardware would have taken (docs/modeled-time.md). */
+int exanet_wait_modeled(const exanet_endpoint *ep, uint32_t tag, int64_t timeout_us,
+                        uint64_t *at_ps);
+
+/* The endpoint's modeled clock, picoseconds: operations are posted at it, and each
+ * completion, message or notification the program takes moves it to that event's
+ * modeled time. Time between library calls counts as compute, scaled by the rack's
+ * [model] compute_scale (EXANET_COMPUTE_SCALE overrides it; 0 for network benchmarks). */
+uint64_t exanet_clock_ps(const exanet_endpoint *ep);
+
 /* Discards the result of operation `tag`, now or when it ends. */
 int exanet_forget(const exanet_endpoint *ep, uint32_t tag);
 
@@ -286,6 +302,51 @@ int exanet_poll(const exanet_endpoint *ep);
  * EXANET_ETIMEDOUT if none came. */
 int exanet_wait_notification(const exanet_endpoint *ep, int64_t timeout_us,
                              exanet_notification_t *out);
+
+/* ---- collectives ---------------------------------------------------------------- */
+
+/* A member of a group: node id and rank. */
+typedef struct exanet_member_t {
+    uint32_t node;
+    uint8_t rank;
+} exanet_member_t;
+
+#define EXANET_OP_SUM 0
+#define EXANET_OP_MIN 1
+#define EXANET_OP_MAX 2
+/* Element types, little-endian. */
+#define EXANET_TYPE_I32 0
+#define EXANET_TYPE_I64 1
+#define EXANET_TYPE_F32 2
+#define EXANET_TYPE_F64 3
+/* EXANET_PATH_AUTO: the NI's allreduce accelerator when the group is whole QFDBs (a power
+ * of two of them, one rank per node), else software. */
+#define EXANET_PATH_AUTO 0
+#define EXANET_PATH_ACCELERATOR 1
+#define EXANET_PATH_SOFTWARE 2
+
+/* Opens the rank's collectives: its collective mailbox (interface 48 + rank), a
+ * packetizer and scratch memory. Every member of a group calls the group's collectives in
+ * the same order, as MPI requires. See docs/collectives.md. */
+int exanet_collectives_open(const exanet_endpoint *ep, exanet_collectives **out);
+void exanet_collectives_close(exanet_collectives *c);
+/* Group `id` of `count` members in rank order, this rank among them; every member makes it
+ * with the same id and members. */
+int exanet_group_create(const exanet_collectives *c, uint16_t id, const exanet_member_t *members,
+                        uint32_t count, exanet_group **out);
+void exanet_group_free(exanet_group *g);
+/* Every member gets the reduction of all members' `len` bytes at `in` (bit-identical on
+ * every member) at `out`, which may be `in`. EXANET_EABORTED: another member failed. */
+int exanet_allreduce(const exanet_collectives *c, const exanet_group *g, int op, int type,
+                     const void *in, void *out, uint32_t len, int path);
+/* The reduction at member `root`'s `out` (others' `out` untouched). */
+int exanet_reduce(const exanet_collectives *c, const exanet_group *g, uint32_t root, int op,
+                  int type, const void *in, void *out, uint32_t len);
+/* Member `root`'s `len` bytes at `buf` into every member's `buf` (binomial tree). */
+int exanet_bcast(const exanet_collectives *c, const exanet_group *g, uint32_t root, void *buf,
+                 uint32_t len);
+/* Returns once every member has entered it. */
+int exanet_barrier(const exanet_collectives *c, const exanet_group *g);
 
 /* ---- errors --------------------------------------------------------------------- */
 

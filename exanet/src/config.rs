@@ -7,6 +7,7 @@
 //! | node | [`Config::node`] | `EXANET_NODE` | none: [`Error::NoNode`] |
 //! | job key | [`Config::job_key`] | `EXANET_JOB_KEY` | none: the rack's default job |
 //! | spin budget | [`Config::spin`] | `EXANET_SPIN_US` (microseconds) | [`DEFAULT_SPIN`] (20 us) |
+//! | modeled compute scale | [`Config::compute_scale_ppm`] | `EXANET_COMPUTE_SCALE` (a factor, e.g. `0` or `1.5`) | the rack's `[model] compute_scale` |
 //!
 //! An empty environment variable counts as unset.
 
@@ -23,6 +24,7 @@ pub use exanet_shm::doorbell::DEFAULT_SPIN;
 pub const ENV_NODE: &str = "EXANET_NODE";
 pub const ENV_JOB_KEY: &str = "EXANET_JOB_KEY";
 pub const ENV_SPIN_US: &str = "EXANET_SPIN_US";
+pub const ENV_COMPUTE_SCALE: &str = "EXANET_COMPUTE_SCALE";
 /// The rack directory when neither an argument nor `EXANET_RACK` names one, and the rack
 /// file inside it: the daemon's, from exanet-rack.
 pub use exanet_control::rack::{DEFAULT_RACK_DIR, ENV_RACK, RACK_FILE};
@@ -39,6 +41,13 @@ pub struct Config {
     pub job_key: Option<String>,
     pub spin: Option<Duration>,
     pub control_timeout: Option<Duration>,
+    /// The rank to attach at (refused if another workload has it); `None`: the lowest
+    /// free rank.
+    pub rank: Option<u8>,
+    /// How much of the host time the program spends outside library calls counts as
+    /// modeled compute, in millionths (0: none, for pure network benchmarks);
+    /// `None`: `EXANET_COMPUTE_SCALE`, else the rack's setting.
+    pub compute_scale_ppm: Option<u64>,
 }
 
 /// A [`Config`] with every field decided.
@@ -49,6 +58,8 @@ pub(crate) struct Resolved {
     pub job_key: Option<String>,
     pub spin: Duration,
     pub control_timeout: Duration,
+    pub rank: Option<u8>,
+    pub compute_scale_ppm: Option<u64>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -70,6 +81,23 @@ pub fn parse_spin_us(text: &str) -> Result<Duration> {
         return Err(bad("at most 1000000 (one second)"));
     }
     Ok(Duration::from_micros(us))
+}
+
+/// Parses `EXANET_COMPUTE_SCALE`-style text: a factor between 0 and 1000000, in millionths.
+pub fn parse_compute_scale(text: &str) -> Result<u64> {
+    let bad = |why| Error::BadSetting {
+        name: ENV_COMPUTE_SCALE,
+        value: text.to_string(),
+        why,
+    };
+    let f: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| bad("expected a factor such as 0, 1 or 2.5"))?;
+    if !(f.is_finite() && (0.0..=1e6).contains(&f)) {
+        return Err(bad("between 0 and 1000000"));
+    }
+    Ok((f * 1e6).round() as u64)
 }
 
 /// The spin budget from `EXANET_SPIN_US`, or [`DEFAULT_SPIN`].
@@ -123,6 +151,13 @@ impl Config {
                 .filter(|k| !k.is_empty()),
             spin,
             control_timeout: self.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT),
+            rank: self.rank,
+            compute_scale_ppm: match self.compute_scale_ppm {
+                Some(s) => Some(s),
+                None => env(ENV_COMPUTE_SCALE)
+                    .map(|v| parse_compute_scale(&v))
+                    .transpose()?,
+            },
         })
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use exanet_proto::attach::{Command, Reply, Request, Resource, PROTOCOL_VERSION};
 use exanet_proto::gvas::{Gvas, Pdid};
+use exanet_proto::model::ModelTime;
 use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
 use exanet_proto::ni::{RdmaRead, RdmaWrite, SendMessage, CHANNELS, MAX_MESSAGE, RANKS};
 use exanet_proto::shape::{NodeId, Shape};
@@ -93,6 +94,7 @@ impl Endpoint {
             &Request::Attach {
                 version: PROTOCOL_VERSION,
                 job_key: r.job_key.clone(),
+                rank: r.rank,
             },
             &[],
         )?;
@@ -108,6 +110,8 @@ impl Endpoint {
             consumed_offset,
             region_len,
             nodes,
+            software_ps,
+            compute_scale_ppm,
         } = reply
         else {
             return Err(match reply {
@@ -173,6 +177,8 @@ impl Endpoint {
             shape,
             control_timeout: r.control_timeout,
             consumed_offset: consumed_offset as usize,
+            software_ps,
+            compute_scale_ppm: r.compute_scale_ppm.unwrap_or(compute_scale_ppm),
         };
         Ok(Endpoint {
             shared: Arc::new(Shared::new(
@@ -264,6 +270,10 @@ impl Endpoint {
         self.shared.gvas(node, rank, va)
     }
 
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The GVAS of mailbox `vi` of `rank` on `node` (what [`Packetizer::send`] takes to
     /// deliver into that mailbox).
     pub fn mailbox_addr(&self, node: NodeId, rank: u8, vi: u8) -> Result<Gvas> {
@@ -350,13 +360,23 @@ impl Endpoint {
     /// [`Mailbox::try_recv`] returns it, and once `capacity` are unread the next is NACKed
     /// [`NackReason::QueueFull`](crate::NackReason::QueueFull).
     pub fn mailbox(&self, capacity: u32) -> Result<Mailbox> {
+        self.open_mailbox(capacity, None)
+    }
+
+    /// A mailbox at interface `vi` (0..64), refused if another has it: for services that
+    /// peers address without a directory (the IP service takes the last interface).
+    pub fn mailbox_at(&self, vi: u8, capacity: u32) -> Result<Mailbox> {
+        self.open_mailbox(capacity, Some(vi))
+    }
+
+    fn open_mailbox(&self, capacity: u32, want: Option<u8>) -> Result<Mailbox> {
         if capacity == 0 {
             return Err(Error::BadLength {
                 len: 0,
                 why: "a mailbox holds at least one message",
             });
         }
-        let (vi, generation) = self.shared.alloc_mailbox(capacity)?;
+        let (vi, generation) = self.shared.alloc_mailbox(capacity, want)?;
         let info = &self.shared.info;
         let mailbox = Mailbox {
             shared: Arc::clone(&self.shared),
@@ -384,7 +404,19 @@ impl Endpoint {
     /// still going after `timeout` (`None`: no limit; `Some(ZERO)`: just check). The result
     /// is collected: waiting for the same tag again is [`Error::UnknownTag`].
     pub fn wait(&self, tag: Tag, timeout: Option<Duration>) -> Result<()> {
+        self.shared.wait(tag.0, timeout).map(drop)
+    }
+
+    /// [`Endpoint::wait`], returning when the operation completed in modeled time: what
+    /// the ExaNeSt hardware would have taken (see docs/modeled-time.md).
+    pub fn wait_modeled(&self, tag: Tag, timeout: Option<Duration>) -> Result<ModelTime> {
         self.shared.wait(tag.0, timeout)
+    }
+
+    /// This endpoint's modeled clock: operations are posted at it, and each completion,
+    /// message or notification the program takes moves it to that event's modeled time.
+    pub fn clock(&self) -> ModelTime {
+        self.shared.clock()
     }
 
     /// Drops interest in `tag`: its result is discarded when it comes (failures are counted
@@ -588,6 +620,8 @@ impl Packetizer {
                     dst,
                     payload: data.to_vec(),
                 },
+                // Stamped with the workload's clock as it is posted.
+                at: ModelTime::ZERO,
             })
             .map(Tag)
     }
@@ -609,6 +643,8 @@ impl Packetizer {
                         dst,
                         payload: data.to_vec(),
                     },
+                    // Stamped with the workload's clock as it is posted.
+                    at: ModelTime::ZERO,
                 },
             )
             .map(Tag)
@@ -755,6 +791,8 @@ impl RdmaPage {
                     len,
                     notify,
                 },
+                // Stamped with the workload's clock as it is posted.
+                at: ModelTime::ZERO,
             })
             .map(Tag)
     }
@@ -784,6 +822,8 @@ impl RdmaPage {
                     dst_va,
                     len,
                 },
+                // Stamped with the workload's clock as it is posted.
+                at: ModelTime::ZERO,
             })
             .map(Tag)
     }

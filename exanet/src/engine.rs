@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, CONSUMED_LEN, SLOT};
 use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
+use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
 use exanet_proto::shape::{NodeId, Shape};
 use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, WaitError, Waiter};
@@ -58,9 +59,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One channel of one interface: at most one operation in flight on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Chan {
-    Packetizer { vi: u8, ch: u8 },
-    RdmaWrite { page: u8, ch: u8 },
-    RdmaRead { page: u8, ch: u8 },
+    Packetizer {
+        vi: u8,
+        ch: u8,
+    },
+    RdmaWrite {
+        page: u8,
+        ch: u8,
+    },
+    RdmaRead {
+        page: u8,
+        ch: u8,
+    },
+    /// An accelerated allreduce, by collective id.
+    Collective {
+        id: u32,
+    },
 }
 
 impl Chan {
@@ -69,6 +83,7 @@ impl Chan {
             Chan::Packetizer { vi, ch } => ("packetizer", vi, ch),
             Chan::RdmaWrite { page, ch } => ("RDMA page (write)", page, ch),
             Chan::RdmaRead { page, ch } => ("RDMA page (read)", page, ch),
+            Chan::Collective { id } => ("collective", (id >> 16) as u8, id as u8),
         };
         Error::ChannelBusy {
             what,
@@ -81,8 +96,12 @@ impl Chan {
 
 #[derive(Clone, Copy, Debug)]
 enum TagState {
-    Pending { chan: Chan, forget: bool },
-    Done(Result<(), OpError>),
+    Pending {
+        chan: Chan,
+        forget: bool,
+    },
+    /// The result and when it happened, in modeled time.
+    Done(Result<(), OpError>, ModelTime),
 }
 
 /// A message taken from a mailbox.
@@ -96,6 +115,8 @@ pub struct Message {
     pub src_rank: u8,
     /// 0..=64 bytes.
     pub payload: Vec<u8>,
+    /// When the reader could see it, in modeled time.
+    pub at: ModelTime,
 }
 
 /// A completion notification an RDMA write left in this rank's memory.
@@ -107,6 +128,8 @@ pub struct Notification {
     pub src_node: NodeId,
     /// The length of the transfer it announces.
     pub len: u64,
+    /// When it was written, in modeled time.
+    pub at: ModelTime,
 }
 
 /// Counters of one endpoint.
@@ -174,6 +197,15 @@ pub(crate) struct State {
     followers: usize,
     broken: Option<String>,
     stats: Stats,
+    /// The workload's modeled clock: commands are posted at it, and what the workload
+    /// takes (a completion, a message) moves it to that event's modeled time if later.
+    clock: ModelTime,
+    /// When the program last left a library call (host time), and calls it is inside
+    /// now: time between calls is its compute.
+    left_at: Option<Instant>,
+    inside: usize,
+    /// [`Info::software_ps`], for what the state hands out itself.
+    software_ps: u64,
 }
 
 impl State {
@@ -211,7 +243,7 @@ impl State {
         }
     }
 
-    fn finish(&mut self, tag: u32, result: Result<(), OpError>) {
+    fn finish(&mut self, tag: u32, result: Result<(), OpError>, at: ModelTime) {
         match self.tags.get(&tag).copied() {
             Some(TagState::Pending { chan, forget }) => {
                 if self.busy.get(&chan) == Some(&tag) {
@@ -223,11 +255,11 @@ impl State {
                         self.stats.forgotten_failures += 1;
                     }
                 } else {
-                    self.tags.insert(tag, TagState::Done(result));
+                    self.tags.insert(tag, TagState::Done(result, at));
                 }
             }
             // A second completion for the same tag, or one we never posted.
-            Some(TagState::Done(_)) | None => self.stats.unexpected += 1,
+            Some(TagState::Done(..)) | None => self.stats.unexpected += 1,
         }
     }
 
@@ -247,7 +279,8 @@ impl State {
             Some(inbox) => inbox.queue.pop_front(),
             None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
         };
-        if m.is_some() {
+        if let Some(m) = &m {
+            self.clock = self.clock.max(m.at) + self.software_ps;
             self.took(vi);
         }
         Ok(m)
@@ -261,21 +294,28 @@ impl State {
                 tag,
                 status,
                 reason,
+                at,
                 ..
             }
             | Completion::Rdma {
                 tag,
                 status,
                 reason,
+                at,
                 ..
-            } => self.finish(tag, OpError::from_status(status, reason)),
-            Completion::Refused { tag, status, code } => {
+            } => self.finish(tag, OpError::from_status(status, reason), at),
+            Completion::Refused {
+                tag,
+                status,
+                code,
+                at,
+            } => {
                 let r = match OpError::from_status(status, code) {
                     // A refusal with status OK makes no sense; still a refusal.
                     Ok(()) => Err(OpError::Refused { code }),
                     other => other,
                 };
-                self.finish(tag, r)
+                self.finish(tag, r, at)
             }
             Completion::Message {
                 vi,
@@ -283,12 +323,14 @@ impl State {
                 src_node,
                 src_rank,
                 payload,
+                at,
             } => {
                 let m = Message {
                     vi,
                     src_node: NodeId(src_node),
                     src_rank,
                     payload,
+                    at,
                 };
                 let closed = self.closed.get(&vi).is_some_and(|g| generation <= *g);
                 match self.mailboxes.get_mut(&vi) {
@@ -322,7 +364,18 @@ impl State {
                     }
                 }
             }
-            Completion::Notified { va, src_node, len } => {
+            Completion::Collective {
+                tag,
+                status,
+                reason,
+                at,
+            } => self.finish(tag, OpError::from_status(status, reason), at),
+            Completion::Notified {
+                va,
+                src_node,
+                len,
+                at,
+            } => {
                 self.stats.notifications += 1;
                 if self.notifications.len() >= MAX_NOTIFICATIONS {
                     self.notifications.pop_front();
@@ -332,6 +385,7 @@ impl State {
                     va,
                     src_node: NodeId(src_node),
                     len,
+                    at,
                 });
             }
         }
@@ -350,6 +404,26 @@ pub(crate) struct Info {
     pub control_timeout: Duration,
     /// Where the consumed counters are in the ring region (checked to fit).
     pub consumed_offset: usize,
+    /// Modeled software cost of each call that posts or takes data, picoseconds.
+    pub software_ps: u64,
+    /// How much of the host time spent outside library calls counts as modeled compute,
+    /// in millionths.
+    pub compute_scale_ppm: u64,
+}
+
+/// One library call in progress (see [`Shared::enter`]).
+pub(crate) struct Call<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.shared.state);
+        st.inside = st.inside.saturating_sub(1);
+        if st.inside == 0 {
+            st.left_at = Some(Instant::now());
+        }
+    }
 }
 
 /// Whether the consumed counters fit a ring region of `region_len` bytes at `offset`.
@@ -410,11 +484,13 @@ impl Shared {
             region: Arc::clone(cpl.region()),
             offset: info.consumed_offset,
         };
+        let software_ps = info.software_ps;
         Shared {
             info,
             spin_ns: AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)),
             state: Mutex::new(State {
                 counters: Some(counters),
+                software_ps,
                 ..State::default()
             }),
             cv: Condvar::new(),
@@ -509,7 +585,15 @@ impl Shared {
             Resource::Mailbox => ("mailbox allocation", MAILBOX_VIS),
             Resource::RdmaPage => ("RDMA page allocation", RDMA_PAGES),
         };
-        match self.control(op, &Request::Alloc { kind, capacity }, &[])? {
+        match self.control(
+            op,
+            &Request::Alloc {
+                kind,
+                capacity,
+                index: None,
+            },
+            &[],
+        )? {
             Reply::Allocated { index, .. } if usize::from(index) < limit => Ok(index),
             Reply::Allocated { index, .. } => Err(Error::Protocol(format!(
                 "{op}: the daemon gave index {index}, outside 0..{limit}"
@@ -526,12 +610,13 @@ impl Shared {
     }
 
     /// Allocates a mailbox of `capacity`: its index and generation.
-    pub(crate) fn alloc_mailbox(&self, capacity: u32) -> Result<(u8, u32)> {
+    pub(crate) fn alloc_mailbox(&self, capacity: u32, index: Option<u8>) -> Result<(u8, u32)> {
         let op = "mailbox allocation";
         let kind = Resource::Mailbox;
         let req = Request::Alloc {
             kind,
             capacity: Some(capacity),
+            index,
         };
         match self.control(op, &req, &[])? {
             Reply::Allocated { index, generation } if usize::from(index) < MAILBOX_VIS => {
@@ -682,6 +767,7 @@ impl Shared {
 
     /// Posts a command on `chan`, built from its tag.
     pub(crate) fn post(&self, chan: Chan, build: impl FnOnce(u32) -> Command) -> Result<u32> {
+        let _call = self.enter();
         let started = lock(&self.state).start(chan);
         let tag = match started {
             Ok(t) => t,
@@ -704,6 +790,7 @@ impl Shared {
         count: u8,
         build: impl FnOnce(u32, u8) -> Command,
     ) -> Result<u32> {
+        let _call = self.enter();
         let got = self.drive(Some(self.info.control_timeout), None, |st| {
             for ch in 0..count {
                 let chan = chans(ch);
@@ -718,6 +805,12 @@ impl Shared {
     }
 
     fn push_tagged(&self, tag: u32, cmd: Command) -> Result<u32> {
+        let cmd = {
+            // The call's software runs before the command reaches the NI.
+            let mut st = lock(&self.state);
+            st.clock = st.clock + self.info.software_ps;
+            cmd.posted_at(st.clock)
+        };
         if let Err(e) = self.push(&cmd.encode()) {
             lock(&self.state).abort(tag);
             return Err(e);
@@ -725,20 +818,46 @@ impl Shared {
         Ok(tag)
     }
 
-    pub(crate) fn wait(&self, tag: u32, timeout: Option<Duration>) -> Result<()> {
+    /// Waits for `tag`'s completion; returns when it happened in modeled time.
+    pub(crate) fn wait(&self, tag: u32, timeout: Option<Duration>) -> Result<ModelTime> {
+        let _call = self.enter();
         let r = self.drive(timeout, None, |st| match st.tags.get(&tag) {
             None => Err(Error::UnknownTag(tag)),
             Some(TagState::Pending { .. }) => Ok(None),
-            Some(&TagState::Done(r)) => {
+            Some(&TagState::Done(r, at)) => {
                 st.tags.remove(&tag);
-                Ok(Some(r))
+                st.clock = st.clock.max(at);
+                Ok(Some((r, at)))
             }
         })?;
         match r {
             None => Err(Error::Timeout),
-            Some(Ok(())) => Ok(()),
-            Some(Err(error)) => Err(Error::Op { tag, error }),
+            Some((Ok(()), at)) => Ok(at),
+            Some((Err(error), _)) => Err(Error::Op { tag, error }),
         }
+    }
+
+    /// The workload's modeled clock.
+    pub(crate) fn clock(&self) -> ModelTime {
+        lock(&self.state).clock
+    }
+
+    /// A library call starts: the host time since the program left the previous one was
+    /// its compute, and moves the modeled clock by that, scaled. Time blocked inside the
+    /// library does not count: the modeled clock follows the events waited for instead.
+    fn enter(&self) -> Call<'_> {
+        let mut st = lock(&self.state);
+        if st.inside == 0 {
+            if let Some(t) = st.left_at.take() {
+                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let ps = (u128::from(ns) * 1000 * u128::from(self.info.compute_scale_ppm)
+                    / 1_000_000)
+                    .min(u128::from(u64::MAX)) as u64;
+                st.clock = st.clock + ps;
+            }
+        }
+        st.inside += 1;
+        Call { shared: self }
     }
 
     pub(crate) fn forget(&self, tag: u32) -> Result<()> {
@@ -749,7 +868,7 @@ impl Shared {
                 *forget = true;
                 Ok(())
             }
-            Some(TagState::Done(r)) => {
+            Some(TagState::Done(r, _)) => {
                 if r.is_err() {
                     st.stats.forgotten_failures += 1;
                 }
@@ -768,6 +887,7 @@ impl Shared {
     }
 
     pub(crate) fn recv(&self, vi: u8, timeout: Option<Duration>) -> Result<Option<Message>> {
+        let _call = self.enter();
         self.drive(timeout, None, |st| st.take(vi))
     }
 
@@ -779,7 +899,15 @@ impl Shared {
     }
 
     pub(crate) fn notification(&self, timeout: Option<Duration>) -> Result<Option<Notification>> {
-        self.drive(timeout, None, |st| Ok(st.notifications.pop_front()))
+        let _call = self.enter();
+        let software = self.info.software_ps;
+        self.drive(timeout, None, |st| {
+            let n = st.notifications.pop_front();
+            if let Some(n) = &n {
+                st.clock = st.clock.max(n.at) + software;
+            }
+            Ok(n)
+        })
     }
 
     /// Processes what is in the completion ring without waiting; returns how many

@@ -33,6 +33,10 @@ pub enum OpError {
     /// The daemon could not decode the command slot (a library/daemon mismatch).
     #[error("command slot rejected as malformed (code {code})")]
     Malformed { code: u8 },
+    /// Another member of the collective failed, and so it failed everywhere; `code` says
+    /// how the first member failed.
+    #[error("collective aborted: {}", exanet_proto::ni::allreduce::abort_label(*.code))]
+    Aborted { code: u8 },
     /// A status code this library does not know.
     #[error("unknown completion status {status} (reason {reason})")]
     Unknown { status: u8, reason: u8 },
@@ -66,6 +70,7 @@ impl OpError {
             status::LOCAL_FAULT => Err(OpError::LocalFault),
             status::REFUSED => Err(OpError::Refused { code: reason }),
             status::MALFORMED => Err(OpError::Malformed { code: reason }),
+            status::ABORTED => Err(OpError::Aborted { code: reason }),
             _ => Err(OpError::Unknown { status: st, reason }),
         }
     }
@@ -86,6 +91,10 @@ impl OpError {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A collective that cannot be run as asked (a group that is not one, a path the
+    /// group or vector does not allow, a peer that sent what the algorithm cannot take).
+    #[error("collective: {0}")]
+    Collective(String),
     /// No node was given and `EXANET_NODE` is not set.
     #[error("no node given: pass one or set EXANET_NODE (e.g. EXANET_NODE=M1QAF1)")]
     NoNode,
@@ -221,9 +230,10 @@ pub mod codes {
     pub const BAD_LENGTH: i32 = -24;
     pub const UNKNOWN_TAG: i32 = -25;
     pub const INTERNAL: i32 = -26;
+    pub const ABORTED: i32 = -27;
 
     /// Every code, for tables and tests.
-    pub const ALL: [i32; 27] = [
+    pub const ALL: [i32; 28] = [
         OK,
         INVALID_ARGUMENT,
         NO_NODE,
@@ -251,6 +261,7 @@ pub mod codes {
         BAD_LENGTH,
         UNKNOWN_TAG,
         INTERNAL,
+        ABORTED,
     ];
 
     /// A short description of a code (what `exanet_strerror` returns).
@@ -283,6 +294,7 @@ pub mod codes {
             BAD_LENGTH => "bad length",
             UNKNOWN_TAG => "unknown tag",
             INTERNAL => "internal error",
+            ABORTED => "collective aborted (another member failed)",
             _ => "unknown error code",
         }
     }
@@ -311,6 +323,7 @@ impl Error {
                 OpError::Nacked { .. } => NACKED,
                 OpError::TimedOut => NET_TIMEOUT,
                 OpError::LocalFault => LOCAL_FAULT,
+                OpError::Aborted { .. } => ABORTED,
                 OpError::Refused { .. } | OpError::Malformed { .. } | OpError::Unknown { .. } => {
                     OP_REFUSED
                 }
@@ -320,7 +333,9 @@ impl Error {
             Error::PayloadTooLong { .. } => TOO_LONG,
             Error::OutOfBounds { .. } => OUT_OF_BOUNDS,
             Error::BadLength { .. } => BAD_LENGTH,
-            Error::ForeignRegion | Error::BadSetting { .. } => INVALID_ARGUMENT,
+            Error::ForeignRegion | Error::BadSetting { .. } | Error::Collective(_) => {
+                INVALID_ARGUMENT
+            }
             Error::UnknownTag(_) => UNKNOWN_TAG,
         }
     }

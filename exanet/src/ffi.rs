@@ -43,6 +43,7 @@ use exanet_proto::gvas::Gvas;
 use exanet_proto::ni::MAX_MESSAGE;
 use exanet_proto::shape::NodeId;
 
+use crate::collective::{Collectives, DataType, Group, Path, ReduceOp};
 use crate::error::{codes, Error, OpError};
 use crate::{Config, Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
 
@@ -93,6 +94,26 @@ pub struct exanet_rdma_page {
     att: Arc<Attachment>,
 }
 
+/// A rank's collectives (its collective mailbox, a packetizer, scratch memory).
+pub struct exanet_collectives {
+    c: Collectives,
+    att: Arc<Attachment>,
+}
+
+/// A group of ranks for collectives.
+pub struct exanet_group {
+    g: Group,
+    att: Arc<Attachment>,
+}
+
+/// A member of a group: node id and rank.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct exanet_member_t {
+    pub node: u32,
+    pub rank: u8,
+}
+
 /// What `exanet_info` fills in.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +146,8 @@ pub struct exanet_message_t {
     /// Payload bytes (0..=64).
     pub len: u8,
     pub payload: [u8; MAX_MESSAGE],
+    /// When the reader could see it, in modeled picoseconds.
+    pub at_ps: u64,
 }
 
 /// A completion notification.
@@ -134,6 +157,8 @@ pub struct exanet_notification_t {
     pub va: u64,
     pub len: u64,
     pub src_node: u32,
+    /// When it was written, in modeled picoseconds.
+    pub at_ps: u64,
 }
 
 enum Fail {
@@ -269,6 +294,8 @@ static REGIONS: Table<exanet_region> = table();
 static PACKETIZERS: Table<exanet_packetizer> = table();
 static MAILBOXES: Table<exanet_mailbox> = table();
 static RDMA_PAGES: Table<exanet_rdma_page> = table();
+static COLLECTIVES: Table<exanet_collectives> = table();
+static GROUPS: Table<exanet_group> = table();
 
 /// The next handle id; ids are never reused, so a stale handle never names a new object.
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -337,6 +364,26 @@ impl Handle for exanet_rdma_page {
     const KIND: &'static str = "RDMA page";
     fn table() -> &'static Table<Self> {
         &RDMA_PAGES
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+}
+
+impl Handle for exanet_collectives {
+    const KIND: &'static str = "collectives";
+    fn table() -> &'static Table<Self> {
+        &COLLECTIVES
+    }
+    fn attachment(&self) -> &Attachment {
+        &self.att
+    }
+}
+
+impl Handle for exanet_group {
+    const KIND: &'static str = "group";
+    fn table() -> &'static Table<Self> {
+        &GROUPS
     }
     fn attachment(&self) -> &Attachment {
         &self.att
@@ -852,6 +899,7 @@ pub unsafe extern "C" fn exanet_recv(
                 vi: got.vi,
                 len: got.payload.len().min(MAX_MESSAGE) as u8,
                 payload: [0; MAX_MESSAGE],
+                at_ps: got.at.ps(),
             };
             let n = usize::from(out.len);
             out.payload[..n].copy_from_slice(&got.payload[..n]);
@@ -977,6 +1025,273 @@ pub extern "C" fn exanet_wait(ep: *const exanet_endpoint, tag: u32, timeout_us: 
     })
 }
 
+/// [`exanet_wait`], also storing at `*at_ps` (when not NULL) the modeled time the
+/// operation completed at, in picoseconds.
+///
+/// # Safety
+/// `at_ps` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_wait_modeled(
+    ep: *const exanet_endpoint,
+    tag: u32,
+    timeout_us: i64,
+    at_ps: *mut u64,
+) -> c_int {
+    guard(|| {
+        with(ep, "ep", |e| {
+            let at = e.ep.wait_modeled(Tag::from_raw(tag), timeout(timeout_us))?;
+            if !at_ps.is_null() {
+                // SAFETY: non-NULL, writable as the caller guarantees.
+                unsafe { at_ps.write(at.ps()) };
+            }
+            Ok(0)
+        })
+    })
+}
+
+/// The endpoint's modeled clock in picoseconds (0 for NULL or a released handle).
+#[no_mangle]
+pub extern "C" fn exanet_clock_ps(ep: *const exanet_endpoint) -> u64 {
+    lookup(ep, "ep").map_or(0, |e| e.ep.clock().ps())
+}
+
+/// Opens the rank's collectives: its collective mailbox (interface 48 + rank), a
+/// packetizer and scratch memory. Stores the handle at `*out`.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_collectives_open(
+    ep: *const exanet_endpoint,
+    out: *mut *mut exanet_collectives,
+) -> c_int {
+    // SAFETY: forwarded from this function's own contract.
+    unsafe {
+        open_handle(ep, out, |e, att| {
+            Ok(exanet_collectives {
+                c: e.collectives()?,
+                att,
+            })
+        })
+    }
+}
+
+/// Closes the collectives (NULL or a released handle: nothing happens).
+#[no_mangle]
+pub extern "C" fn exanet_collectives_close(c: *mut exanet_collectives) {
+    release(c)
+}
+
+/// Makes group `id` of `count` members (in rank order, this rank among them); every
+/// member must make it with the same id and members. Stores the handle at `*out`.
+///
+/// # Safety
+/// `members` is readable for `count` entries; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_group_create(
+    c: *const exanet_collectives,
+    id: u16,
+    members: *const exanet_member_t,
+    count: u32,
+    out: *mut *mut exanet_group,
+) -> c_int {
+    guard(|| {
+        if out.is_null() || (members.is_null() && count > 0) {
+            return Err(invalid("members or out is NULL"));
+        }
+        let list: Vec<(NodeId, u8)> = if count == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: non-NULL, readable for `count` entries as the caller guarantees.
+            unsafe { std::slice::from_raw_parts(members, count as usize) }
+                .iter()
+                .map(|m| (NodeId(m.node), m.rank))
+                .collect()
+        };
+        let obj = with(c, "c", |c| {
+            Ok(exanet_group {
+                g: c.c.group(id, &list)?,
+                att: Arc::clone(&c.att),
+            })
+        })?;
+        let h = insert(obj)?;
+        // SAFETY: checked non-NULL; writable as the caller guarantees.
+        unsafe { put(out, h, "out") }?;
+        Ok(0)
+    })
+}
+
+/// Frees a group (NULL or a released handle: nothing happens).
+#[no_mangle]
+pub extern "C" fn exanet_group_free(g: *mut exanet_group) {
+    release(g)
+}
+
+fn reduce_args(op: c_int, ty: c_int) -> Result<(ReduceOp, DataType), Fail> {
+    let op = u8::try_from(op)
+        .ok()
+        .and_then(ReduceOp::from_u8)
+        .ok_or_else(|| invalid(&format!("op {op}: EXANET_OP_SUM, _MIN or _MAX")))?;
+    let ty = u8::try_from(ty)
+        .ok()
+        .and_then(DataType::from_u8)
+        .ok_or_else(|| invalid(&format!("type {ty}: EXANET_TYPE_I32, _I64, _F32 or _F64")))?;
+    Ok((op, ty))
+}
+
+/// `len` bytes at `p`, or an empty slice for `len` 0.
+///
+/// # Safety
+/// `p` is readable for `len` bytes when `len` > 0.
+unsafe fn bytes_in<'a>(p: *const c_void, len: u32, what: &str) -> Result<&'a [u8], Fail> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL, readable for `len` bytes as the caller guarantees.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len as usize) })
+}
+
+/// Copies `v` (exactly `len` bytes) to `p`.
+///
+/// # Safety
+/// `p` is writable for `len` bytes when `len` > 0.
+unsafe fn bytes_out(p: *mut c_void, len: u32, v: &[u8], what: &str) -> Result<(), Fail> {
+    if v.len() != len as usize {
+        return Err(Fail::Code(
+            codes::INTERNAL,
+            format!("{what}: {} B for a buffer of {len}", v.len()),
+        ));
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL, writable for `len` bytes as the caller guarantees.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p.cast::<u8>(), v.len()) };
+    Ok(())
+}
+
+/// Runs `f` with the live collectives `c` and group `g`.
+fn with_group<R>(
+    c: *const exanet_collectives,
+    g: *const exanet_group,
+    f: impl FnOnce(&Collectives, &Group) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    let group = lookup(g, "g")?;
+    live(&*group)?;
+    with(c, "c", |c| f(&c.c, &group.g))
+}
+
+/// Allreduce of `len` bytes of `type` elements at `in` over group `g`, the result at
+/// `out` (which may be `in`). `path`: EXANET_PATH_AUTO (the NI's accelerator when the group
+/// and vector allow it), EXANET_PATH_ACCELERATOR or EXANET_PATH_SOFTWARE.
+///
+/// # Safety
+/// `in` readable and `out` writable for `len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn exanet_allreduce(
+    c: *const exanet_collectives,
+    g: *const exanet_group,
+    op: c_int,
+    r#type: c_int,
+    r#in: *const c_void,
+    out: *mut c_void,
+    len: u32,
+    path: c_int,
+) -> c_int {
+    guard(|| {
+        let (op, ty) = reduce_args(op, r#type)?;
+        let path = match path {
+            0 => Path::Auto,
+            1 => Path::Accelerator,
+            2 => Path::Software,
+            p => {
+                return Err(invalid(&format!(
+                    "path {p}: EXANET_PATH_AUTO, _ACCELERATOR or _SOFTWARE"
+                )))
+            }
+        };
+        // SAFETY: forwarded from this function's own contract.
+        let data = unsafe { bytes_in(r#in, len, "in") }?.to_vec();
+        let v = with_group(c, g, |c, g| Ok(c.allreduce(g, op, ty, &data, path)?))?;
+        // SAFETY: forwarded from this function's own contract.
+        unsafe { bytes_out(out, len, &v, "out") }?;
+        Ok(0)
+    })
+}
+
+/// Reduction of `len` bytes at `in` over group `g` to member `root`, whose `out` gets it
+/// (the others' `out` is left alone).
+///
+/// # Safety
+/// `in` readable for `len` bytes; `out` writable for `len` bytes at the root.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn exanet_reduce(
+    c: *const exanet_collectives,
+    g: *const exanet_group,
+    root: u32,
+    op: c_int,
+    r#type: c_int,
+    r#in: *const c_void,
+    out: *mut c_void,
+    len: u32,
+) -> c_int {
+    guard(|| {
+        let (op, ty) = reduce_args(op, r#type)?;
+        // SAFETY: forwarded from this function's own contract.
+        let data = unsafe { bytes_in(r#in, len, "in") }?.to_vec();
+        let (v, at_root) = with_group(c, g, |c, g| {
+            Ok((
+                c.reduce(g, root as usize, op, ty, &data)?,
+                g.me() == root as usize,
+            ))
+        })?;
+        if at_root {
+            // SAFETY: forwarded from this function's own contract.
+            unsafe { bytes_out(out, len, &v, "out") }?;
+        }
+        Ok(0)
+    })
+}
+
+/// Broadcast of `len` bytes at member `root`'s `buf` into every member's `buf`.
+///
+/// # Safety
+/// `buf` readable and writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_bcast(
+    c: *const exanet_collectives,
+    g: *const exanet_group,
+    root: u32,
+    buf: *mut c_void,
+    len: u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's own contract.
+        let data = unsafe { bytes_in(buf, len, "buf") }?.to_vec();
+        let v = with_group(c, g, |c, g| Ok(c.bcast(g, root as usize, &data)?))?;
+        // SAFETY: forwarded from this function's own contract.
+        unsafe { bytes_out(buf, len, &v, "buf") }?;
+        Ok(0)
+    })
+}
+
+/// Returns once every member of `g` has entered it.
+#[no_mangle]
+pub extern "C" fn exanet_barrier(c: *const exanet_collectives, g: *const exanet_group) -> c_int {
+    guard(|| {
+        with_group(c, g, |c, g| Ok(c.barrier(g)?))?;
+        Ok(0)
+    })
+}
+
 /// Discards the result of operation `tag` (now, or when it completes).
 #[no_mangle]
 pub extern "C" fn exanet_forget(ep: *const exanet_endpoint, tag: u32) -> c_int {
@@ -1018,6 +1333,7 @@ pub unsafe extern "C" fn exanet_wait_notification(
                 va: n.va,
                 len: n.len,
                 src_node: n.src_node.0,
+                at_ps: n.at.ps(),
             };
             // SAFETY: non-NULL, writable as the caller guarantees.
             unsafe { put(out, v, "out") }?;

@@ -44,6 +44,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod collective;
 pub mod config;
 mod control;
 mod endpoint;
@@ -61,6 +62,7 @@ pub use engine::{Message, Notification, Stats};
 pub use error::{Error, OpError, Result};
 
 pub use exanet_proto::gvas::{Gvas, Pdid};
+pub use exanet_proto::model::ModelTime;
 pub use exanet_proto::ni::{NackReason, MAILBOX_WINDOW};
 pub use exanet_proto::shape::{NameError, NodeId, NodeName, Shape};
 

@@ -18,7 +18,9 @@ use std::time::Duration;
 use exanet::error::codes;
 use exanet::ffi::{self, exanet_endpoint, exanet_mailbox, exanet_packetizer};
 use exanet::ffi::{exanet_addr_t, exanet_info_t, exanet_message_t, exanet_notification_t};
-use exanet::ffi::{exanet_rdma_page, exanet_region};
+use exanet::ffi::{
+    exanet_collectives, exanet_group, exanet_member_t, exanet_rdma_page, exanet_region,
+};
 use exanet::NackReason;
 
 fn header() -> PathBuf {
@@ -40,7 +42,7 @@ fn header_codes() -> Vec<(String, i32)> {
 }
 
 /// The header's name for each library code.
-const NAMES: [(&str, i32); 27] = [
+const NAMES: [(&str, i32); 28] = [
     ("EXANET_OK", codes::OK),
     ("EXANET_EINVAL", codes::INVALID_ARGUMENT),
     ("EXANET_ENONODE", codes::NO_NODE),
@@ -67,6 +69,7 @@ const NAMES: [(&str, i32); 27] = [
     ("EXANET_EOUTOFBOUNDS", codes::OUT_OF_BOUNDS),
     ("EXANET_EBADLENGTH", codes::BAD_LENGTH),
     ("EXANET_EUNKNOWNTAG", codes::UNKNOWN_TAG),
+    ("EXANET_EABORTED", codes::ABORTED),
     ("EXANET_EINTERNAL", codes::INTERNAL),
 ];
 
@@ -143,17 +146,23 @@ layouts! {
         rank: u8 => "uint8_t *",
         va: u64 => "uint64_t *",
     }
+    exanet_member_t {
+        node: u32 => "uint32_t *",
+        rank: u8 => "uint8_t *",
+    }
     exanet_message_t {
         src_node: u32 => "uint32_t *",
         src_rank: u8 => "uint8_t *",
         vi: u8 => "uint8_t *",
         len: u8 => "uint8_t *",
         payload: [u8; 64] => "uint8_t (*)[64]",
+        at_ps: u64 => "uint64_t *",
     }
     exanet_notification_t {
         va: u64 => "uint64_t *",
         len: u64 => "uint64_t *",
         src_node: u32 => "uint32_t *",
+        at_ps: u64 => "uint64_t *",
     }
 }
 
@@ -234,6 +243,38 @@ signatures! {
         *mut *mut exanet_rdma_page => "exanet_rdma_page **"
     ) -> c_int => "int";
     exanet_rdma_page_close(*mut exanet_rdma_page => "exanet_rdma_page *") -> () => "void";
+    exanet_collectives_open(
+        *const exanet_endpoint => "const exanet_endpoint *",
+        *mut *mut exanet_collectives => "exanet_collectives **"
+    ) -> c_int => "int";
+    exanet_collectives_close(*mut exanet_collectives => "exanet_collectives *") -> () => "void";
+    exanet_group_create(
+        *const exanet_collectives => "const exanet_collectives *", u16 => "uint16_t",
+        *const exanet_member_t => "const exanet_member_t *", u32 => "uint32_t",
+        *mut *mut exanet_group => "exanet_group **"
+    ) -> c_int => "int";
+    exanet_group_free(*mut exanet_group => "exanet_group *") -> () => "void";
+    exanet_allreduce(
+        *const exanet_collectives => "const exanet_collectives *",
+        *const exanet_group => "const exanet_group *", c_int => "int", c_int => "int",
+        *const c_void => "const void *", *mut c_void => "void *", u32 => "uint32_t",
+        c_int => "int"
+    ) -> c_int => "int";
+    exanet_reduce(
+        *const exanet_collectives => "const exanet_collectives *",
+        *const exanet_group => "const exanet_group *", u32 => "uint32_t", c_int => "int",
+        c_int => "int", *const c_void => "const void *", *mut c_void => "void *",
+        u32 => "uint32_t"
+    ) -> c_int => "int";
+    exanet_bcast(
+        *const exanet_collectives => "const exanet_collectives *",
+        *const exanet_group => "const exanet_group *", u32 => "uint32_t",
+        *mut c_void => "void *", u32 => "uint32_t"
+    ) -> c_int => "int";
+    exanet_barrier(
+        *const exanet_collectives => "const exanet_collectives *",
+        *const exanet_group => "const exanet_group *"
+    ) -> c_int => "int";
     exanet_rdma_write(
         *const exanet_rdma_page => "const exanet_rdma_page *", u8 => "uint8_t",
         *const exanet_region => "const exanet_region *", u64 => "uint64_t",
@@ -249,6 +290,11 @@ signatures! {
     exanet_wait(
         *const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t", i64 => "int64_t"
     ) -> c_int => "int";
+    exanet_wait_modeled(
+        *const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t", i64 => "int64_t",
+        *mut u64 => "uint64_t *"
+    ) -> c_int => "int";
+    exanet_clock_ps(*const exanet_endpoint => "const exanet_endpoint *") -> u64 => "uint64_t";
     exanet_forget(*const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t")
         -> c_int => "int";
     exanet_poll(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";

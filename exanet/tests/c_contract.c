@@ -87,6 +87,18 @@ int main(int argc, char **argv) {
     EXPECT("messages", msg.src_rank, ia2.rank);
     ok("two_attachments_of_one_process_talk");
 
+    /* Modeled time: a completion's and a message's, and the clocks they move. */
+    uint64_t acked_ps = 0;
+    EXPECT("modeled", exanet_send(tx, 1, &to_a, "m", 1, &tag), EXANET_OK);
+    EXPECT("modeled", exanet_wait_modeled(a2, tag, T_US, &acked_ps), EXANET_OK);
+    CHECK("modeled", acked_ps > 0);
+    CHECK("modeled", exanet_clock_ps(a2) >= acked_ps);
+    EXPECT("modeled", exanet_recv(mb, T_US, &msg), EXANET_OK);
+    CHECK("modeled", msg.at_ps > 0);
+    CHECK("modeled", exanet_clock_ps(a) >= msg.at_ps);
+    EXPECT("modeled", exanet_clock_ps(NULL), 0);
+    ok("modeled_times_reach_c");
+
     /* A channel that does not exist: the message says which do. */
     EXPECT("bad_channel", exanet_send(tx, 7, &to_a, "x", 1, &tag), EXANET_EBADCHANNEL);
     CHECK("bad_channel", strstr(exanet_last_error(), "channel 7 does not exist (0..3)") != NULL);
@@ -160,6 +172,37 @@ int main(int argc, char **argv) {
 
     EXPECT("poll", exanet_poll(a) >= 0, 1);
     ok("poll");
+
+    /* Collectives: two members of one process in turns is not possible (they block), so a
+     * group of b alone runs every collective through the whole library, and a group that
+     * is not whole QFDBs is refused by the accelerator with the reason. */
+    exanet_collectives *coll = NULL;
+    exanet_group *grp = NULL;
+    EXPECT("collectives", exanet_collectives_open(b, &coll), EXANET_OK);
+    exanet_member_t me_only = {ib.node_id, ib.rank};
+    EXPECT("collectives", exanet_group_create(coll, 9, &me_only, 1, &grp), EXANET_OK);
+    double v[4] = {1.5, -2.0, 3.25, 0.0}, r[4] = {0};
+    EXPECT("collectives", exanet_allreduce(coll, grp, EXANET_OP_SUM, EXANET_TYPE_F64, v, r,
+                                           sizeof v, EXANET_PATH_AUTO), EXANET_OK);
+    CHECK("collectives", memcmp(v, r, sizeof v) == 0);
+    EXPECT("collectives", exanet_allreduce(coll, grp, EXANET_OP_SUM, EXANET_TYPE_F64, v, r,
+                                           sizeof v, EXANET_PATH_ACCELERATOR), EXANET_EINVAL);
+    CHECK("collectives", strstr(exanet_last_error(), "whole QFDBs") != NULL);
+    EXPECT("collectives", exanet_allreduce(coll, grp, 7, EXANET_TYPE_F64, v, r, sizeof v,
+                                           EXANET_PATH_AUTO), EXANET_EINVAL);
+    EXPECT("collectives", exanet_allreduce(coll, grp, EXANET_OP_SUM, EXANET_TYPE_F64, v, r, 5,
+                                           EXANET_PATH_AUTO), EXANET_EINVAL);
+    EXPECT("collectives", exanet_bcast(coll, grp, 0, v, sizeof v), EXANET_OK);
+    EXPECT("collectives", exanet_reduce(coll, grp, 0, EXANET_OP_MAX, EXANET_TYPE_F64, v, r,
+                                        sizeof v), EXANET_OK);
+    EXPECT("collectives", exanet_barrier(coll, grp), EXANET_OK);
+    EXPECT("collectives", exanet_barrier(coll, NULL), EXANET_EINVAL);
+    exanet_member_t stranger = {ia.node_id, ia.rank};
+    exanet_group *bad = NULL;
+    EXPECT("collectives", exanet_group_create(coll, 9, &stranger, 1, &bad), EXANET_EINVAL);
+    exanet_group_free(grp);
+    exanet_collectives_close(coll);
+    ok("collectives_of_a_group_of_one");
 
     /* exanet_detach frees the endpoint: its handle is stale afterwards, never reused, and
      * its other handles report the detach until released. */

@@ -45,6 +45,7 @@ fn the_header_contract_holds_from_c() {
             "attach_several_times",
             "recv_empty_mailbox_times_out",
             "two_attachments_of_one_process_talk",
+            "modeled_times_reach_c",
             "bad_channel_names_0..3",
             "notification_delivered",
             "notification_record_layout",
@@ -52,6 +53,7 @@ fn the_header_contract_holds_from_c() {
             "longer_than_max_transfer_is_ebadlength",
             "region_of_another_endpoint_einval",
             "poll",
+            "collectives_of_a_group_of_one",
             "detach_frees_the_endpoint",
         ],
         "{out}\n{err}"

@@ -246,10 +246,10 @@ fn job_keys_and_pdid_protection() {
     assert!(inbox.try_recv().unwrap().is_none());
 }
 
-/// Compiles examples/pingpong.c against the static library.
-fn build_c_example() -> PathBuf {
+/// Compiles examples/`name`.c against the static library.
+fn build_c_example(name: &str) -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("exanet-pingpong-c-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("exanet-{name}-c-{}", std::process::id()));
     let (ok, stdout, stderr) = rack::run(
         {
             let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()));
@@ -260,7 +260,7 @@ fn build_c_example() -> PathBuf {
                 .arg("-Werror")
                 .arg("-I")
                 .arg(manifest.join("include"))
-                .arg(manifest.join("examples/pingpong.c"))
+                .arg(manifest.join(format!("examples/{name}.c")))
                 .arg(rack::exanet_lib())
                 .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lutil", "-lgcc_s"])
                 .arg("-o")
@@ -269,12 +269,12 @@ fn build_c_example() -> PathBuf {
         },
         Duration::from_secs(120),
     );
-    assert!(ok, "building pingpong.c failed:\n{stdout}\n{stderr}");
+    assert!(ok, "building {name}.c failed:\n{stdout}\n{stderr}");
     out
 }
 
-/// Builds examples/pingpong.rs with cargo, same profile and target directory as this test.
-fn build_rust_example() -> PathBuf {
+/// Builds examples/`name`.rs with cargo, same profile and target directory as this test.
+fn build_rust_example(name: &str) -> PathBuf {
     let bin = rack::bin_dir();
     let profile = bin
         .file_name()
@@ -283,7 +283,7 @@ fn build_rust_example() -> PathBuf {
         .to_string();
     let target = bin.parent().expect("target directory").to_path_buf();
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.args(["build", "-p", "exanet", "--example", "pingpong"])
+    c.args(["build", "-p", "exanet", "--example", name])
         .arg("--target-dir")
         .arg(&target)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -292,7 +292,7 @@ fn build_rust_example() -> PathBuf {
     }
     let (ok, out, err) = rack::run(c, Duration::from_secs(600));
     assert!(ok, "building the Rust example failed:\n{out}\n{err}");
-    bin.join("examples").join("pingpong")
+    bin.join("examples").join(name)
 }
 
 /// Runs `server serve 200` on M1QBF3 and `client run` on M1QAF2 against it.
@@ -329,8 +329,8 @@ fn pingpong_pair(rack: &Rack, server: &std::path::Path, client: &std::path::Path
 
 #[test]
 fn c_and_rust_pingpong_examples_against_the_rack() {
-    let c_exe = build_c_example();
-    let rust_exe = build_rust_example();
+    let c_exe = build_c_example("pingpong");
+    let rust_exe = build_rust_example("pingpong");
     let rack = Rack::up("c", "2x1x1");
     pingpong_pair(&rack, &c_exe, &c_exe);
     pingpong_pair(&rack, &rust_exe, &rust_exe);
@@ -338,6 +338,41 @@ fn c_and_rust_pingpong_examples_against_the_rack() {
     pingpong_pair(&rack, &c_exe, &rust_exe);
     pingpong_pair(&rack, &rust_exe, &c_exe);
     let _ = std::fs::remove_file(c_exe);
+}
+
+/// examples/allreduce.c and allreduce.rs: eight members of two QFDBs, on the accelerator
+/// and in software, each checking the sums.
+#[test]
+fn c_and_rust_allreduce_examples_against_the_rack() {
+    let exe = build_c_example("allreduce");
+    let rust = build_rust_example("allreduce");
+    let rack = Rack::up("callr", "2x1x1");
+    let nodes = [
+        "M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4", "M1QBF1", "M1QBF2", "M1QBF3", "M1QBF4",
+    ];
+    for path in ["accel", "software"] {
+        let (ok, out, err) = rack::run(
+            {
+                let mut c = rack.workload(&rust, "M1QAF1");
+                c.arg(path).args(nodes);
+                c
+            },
+            Duration::from_secs(120),
+        );
+        assert!(ok, "allreduce.rs {path} failed:\n{out}\n{err}");
+        assert!(out.contains("8 members agree"), "{out}");
+        let (ok, out, err) = rack::run(
+            {
+                let mut c = rack.workload(&exe, "M1QAF1");
+                c.arg(path).args(nodes);
+                c
+            },
+            Duration::from_secs(120),
+        );
+        assert!(ok, "allreduce.c {path} failed:\n{out}\n{err}");
+        assert!(out.contains(&format!("{path}: 8 members agree")), "{out}");
+    }
+    let _ = std::fs::remove_file(exe);
 }
 
 /// Not a test on its own: the child process of `a_workload_killed_mid_transfer_frees_its_rank`,

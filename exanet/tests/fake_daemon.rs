@@ -473,3 +473,92 @@ fn spin_budget_is_a_setting() {
     .unwrap();
     assert_eq!(ep2.spin(), Duration::from_micros(500));
 }
+
+fn attach_scaled(f: &Fake, ppm: u64) -> Endpoint {
+    Endpoint::attach_with(&exanet::Config {
+        rack_dir: Some(f.dir.clone()),
+        node: Some(NODE.into()),
+        compute_scale_ppm: Some(ppm),
+        ..exanet::Config::default()
+    })
+    .expect("attach to the fake daemon")
+}
+
+/// The endpoint's modeled clock: a post costs the daemon's software cost per call, what
+/// the program takes moves the clock to the event's modeled time, and host time between
+/// calls counts only as far as the compute scale says.
+#[test]
+fn the_modeled_clock_follows_what_the_program_takes() {
+    use common::FAKE_SOFTWARE_PS;
+    let f = Fake::start("clock", Behavior::Serve);
+    let ep = attach_scaled(&f, 0);
+    assert_eq!(ep.clock().ps(), 0);
+    let mb = ep.mailbox(4).unwrap();
+    let tx = ep.packetizer().unwrap();
+    let t = tx.send(0, mb.addr(), b"tick").unwrap();
+    let acked = ep.wait_modeled(t, T).unwrap();
+    // Posted after one call's software; the NI, the loopback and the answer follow.
+    assert!(acked.ps() > FAKE_SOFTWARE_PS, "{acked}");
+    assert!(acked.ps() < FAKE_SOFTWARE_PS + 2_000_000, "{acked}");
+    assert_eq!(ep.clock(), acked);
+    let m = mb.recv(T).unwrap();
+    assert!(m.at.ps() > FAKE_SOFTWARE_PS && m.at.ps() < acked.ps() + 2_000_000);
+    assert_eq!(ep.clock(), acked.max(m.at) + FAKE_SOFTWARE_PS);
+    // Host time between calls: none of it counts at scale 0 ...
+    let before = ep.clock();
+    std::thread::sleep(Duration::from_millis(30));
+    let t = tx.send(0, mb.addr(), b"tock").unwrap();
+    let at = ep.wait_modeled(t, T).unwrap();
+    assert!(
+        at.ps() - before.ps() < 2_000_000 + FAKE_SOFTWARE_PS,
+        "{at} after {before}"
+    );
+    mb.recv(T).unwrap();
+    // ... and all of it at scale 1.
+    let ep1 = attach_scaled(&f, 1_000_000);
+    let mb1 = ep1.mailbox(4).unwrap();
+    let tx1 = ep1.packetizer().unwrap();
+    let t = tx1.send(0, mb1.addr(), b"a").unwrap();
+    ep1.wait_modeled(t, T).unwrap();
+    let before = ep1.clock();
+    std::thread::sleep(Duration::from_millis(30));
+    let t = tx1.send(0, mb1.addr(), b"b").unwrap();
+    let at = ep1.wait_modeled(t, T).unwrap();
+    assert!(
+        at.ps() - before.ps() >= 30_000_000_000,
+        "{at} after {before}"
+    );
+}
+
+/// Members start when they start: one sends before the others have opened their
+/// collective mailboxes, and the collective still completes (the refused messages go again
+/// while the sender waits, since a peer may need them before it sends what it waits for).
+#[test]
+fn a_member_that_opens_its_collectives_late_is_waited_for() {
+    use exanet::collective::{DataType, Path, ReduceOp};
+    let f = Fake::start("latecoll", Behavior::Serve);
+    let eps: Vec<Endpoint> = (0..4).map(|_| attach(&f)).collect();
+    let members: Vec<_> = eps.iter().map(|e| (e.node_id(), e.rank())).collect();
+    let one = 1.5f64.to_le_bytes();
+    let want = 6.0f64.to_le_bytes().to_vec();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = eps
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                let members = &members;
+                s.spawn(move || {
+                    if i > 0 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let c = ep.collectives().unwrap();
+                    let g = c.group(3, members).unwrap();
+                    c.allreduce(&g, ReduceOp::Sum, DataType::F64, &one, Path::Software)
+                })
+            })
+            .collect();
+        for (i, r) in runs.into_iter().enumerate() {
+            assert_eq!(r.join().unwrap().unwrap(), want, "member {i}");
+        }
+    });
+}

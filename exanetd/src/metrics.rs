@@ -27,7 +27,7 @@ use crate::control::{LinkState, NodeStatus};
 pub struct Latency {
     family: HistogramVec,
     /// Bound children by [op][ok]: no label lookup on the hot path.
-    bound: [[Histogram; 2]; 3],
+    bound: [[Histogram; 2]; OpKind::ALL.len()],
 }
 
 /// The histogram family of the catalog's `family`.
@@ -247,6 +247,7 @@ impl Metrics {
                 self.put(Family::LinkBytes, &with(dir), bytes);
             }
             self.put(Family::LinkStall, &base, l.stall_seconds);
+            self.put(Family::LinkModeledBusy, &base, l.modeled_busy_seconds);
             self.put(Family::LinkQueueCells, &base, l.queue_cells);
             self.put(Family::LinkQueueBytes, &base, l.queue_bytes);
             self.put(Family::LinkInFlight, &base, l.in_flight_bytes);
@@ -276,6 +277,7 @@ impl Metrics {
             self.put(Family::NodeErrors, &[n, kind.as_str()], *v);
         }
         self.put(Family::NodeUptime, &[n], s.uptime_seconds);
+        self.put(Family::NodeModeledTime, &[n], s.modeled_time_seconds);
         self.put(Family::NiAttached, &[n], u64::from(s.ni.attached));
         for sample in s.ni.counters.samples() {
             let mut labels = vec![n];
@@ -334,6 +336,7 @@ mod tests {
             },
             held_bytes: base + 12,
             rx_corrupt_cells: base + 13,
+            modeled_busy_seconds: 0.000_125,
             quic: None,
         };
         let mut errors = std::collections::BTreeMap::new();
@@ -358,6 +361,7 @@ mod tests {
             load_rx_cells: 35,
             load_rx_bytes: 36,
             errors,
+            modeled_time_seconds: 0.0005,
             ni: NiStatus {
                 attached: 2,
                 counters: NiStats {
@@ -441,6 +445,8 @@ mod tests {
             r#"exanet_link_fault_setting{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1",setting="corrupt_ratio"} 0.0625"#,
             r#"exanet_node_errors_total{kind="tls_refused",node="M1QAF2"} 3"#,
             r#"exanet_node_uptime_seconds{node="M1QAF2"} 12.5"#,
+            r#"exanet_link_modeled_busy_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF4",port="f4"} 0.000125"#,
+            r#"exanet_node_modeled_time_seconds{node="M1QAF2"} 0.0005"#,
             r#"exanet_ni_attached_workloads{node="M1QAF2"} 2"#,
             r#"exanet_ni_messages_total{direction="rx",node="M1QAF2"} 42"#,
             r#"exanet_ni_acks_total{direction="tx",node="M1QAF2"} 43"#,

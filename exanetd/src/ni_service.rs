@@ -331,8 +331,12 @@ fn serve_session(
     let _ = conn.set_write_timeout(Some(REPLY_TIMEOUT));
     // The first request must be an attach, complete within the deadline.
     let deadline = std::time::Instant::now() + ATTACH_DEADLINE;
-    let (job_key, version) = match read_request(&conn, Some(deadline)) {
-        Ok(Some(Request::Attach { version, job_key })) => (job_key, version),
+    let (job_key, version, want_rank) = match read_request(&conn, Some(deadline)) {
+        Ok(Some(Request::Attach {
+            version,
+            job_key,
+            rank,
+        })) => (job_key, version, rank),
         Ok(Some(_)) => {
             error(&conn, &node, "workload_protocol", "attach first".into());
             return;
@@ -400,7 +404,7 @@ fn serve_session(
     let ended = Arc::new(Ended::default());
     let _ended = EndedGuard(Arc::clone(&ended));
     reap_dead(&node);
-    let attached = match attach_rank(&node, who, conn_copy, ended) {
+    let attached = match attach_rank(&node, who, want_rank, conn_copy, ended) {
         Ok(a) => a,
         Err(e) => {
             error(&conn, &node, "workload_refused", e);
@@ -525,6 +529,7 @@ struct Attached {
 fn attach_rank(
     node: &NodeHandle,
     who: Who,
+    want_rank: Option<u8>,
     conn: OwnedFd,
     ended: Arc<Ended>,
 ) -> Result<Attached, String> {
@@ -569,9 +574,11 @@ fn attach_rank(
         consumed_offset,
     };
     let (svc, ni, _) = core.workloads();
-    let rank = svc
-        .attach(ni, Pdid(pdid), Box::new(ring))
-        .map_err(|x| format!("{x} on {}", node.name))?;
+    let rank = match want_rank {
+        Some(r) => svc.attach_at(ni, r, Pdid(pdid), Box::new(ring)),
+        None => svc.attach(ni, Pdid(pdid), Box::new(ring)),
+    }
+    .map_err(|x| format!("{x} on {}", node.name))?;
     core.sessions[rank as usize] = Some(Session {
         job: who.job,
         pdid,
@@ -598,6 +605,8 @@ fn attach_rank(
             consumed_offset: consumed_offset as u64,
             region_len: region.len() as u64,
             nodes,
+            software_ps: node.rack.model().software,
+            compute_scale_ppm: node.rack.model().compute_scale_ppm,
         },
         region,
         command,
@@ -697,12 +706,16 @@ fn handle_request(
             give_back(&mut core, rank, Kind::RegisteredBytes, len);
             Ok((Reply::Ok, None))
         }
-        Request::Alloc { kind, capacity } => {
+        Request::Alloc {
+            kind,
+            capacity,
+            index,
+        } => {
             let mut core = node.lock();
             let q = quota_kind(kind);
             reserve(&mut core, rank, q, 1)?;
             let (svc, ni, _) = core.workloads();
-            match svc.alloc(ni, rank, kind, capacity) {
+            match svc.alloc(ni, rank, kind, capacity, index) {
                 Ok((index, generation)) => Ok((Reply::Allocated { index, generation }, None)),
                 Err(e) => {
                     give_back(&mut core, rank, q, 1);

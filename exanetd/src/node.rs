@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use exanet_proto::fault::{FaultError, LinkFaults};
 use exanet_proto::frame::{self, Frame, Hello};
 use exanet_proto::link::{Departure, LinkSender};
+use exanet_proto::model::ModelTime;
 use exanet_proto::node::NodeStats;
 use exanet_proto::topology::{neighbour, node_links, NPORTS};
 use exanet_proto::{
@@ -126,10 +127,10 @@ impl Core {
                 }
             }
         }
-        while let Some((port, vc, bytes)) = self.node.poll_credit() {
+        while let Some((port, vc, bytes, freed)) = self.node.poll_credit() {
             let i = port.index();
             if let Some(slot) = self.slots[i].as_mut().filter(|s| s.session.is_some()) {
-                let d = slot.sender.send_credit(now, vc, bytes);
+                let d = slot.sender.send_credit(now, vc, bytes, freed);
                 let _ = slot.put(d);
                 woken[i] = true;
             }
@@ -268,8 +269,8 @@ impl Core {
                         debug!(%port, error = %e, "cell refused");
                     }
                 }
-                Frame::Credit(vc, n) => {
-                    let _ = self.node.credit(port, vc, n, now);
+                Frame::Credit(vc, n, freed) => {
+                    let _ = self.node.credit(port, vc, n, freed, now);
                 }
                 Frame::Hello(_) => self.node.count_error("hello_repeated"),
             }
@@ -304,7 +305,10 @@ impl Core {
         }
         if let Some(owed) = slot.sender.take_owed() {
             for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
-                let _ = self.node.credit(port, Vc(vc as u8), n, now);
+                // Lost on the wire: they never held modeled buffer space.
+                let _ = self
+                    .node
+                    .credit(port, Vc(vc as u8), n, ModelTime::ZERO, now);
             }
             self.pump(now);
         }
@@ -616,6 +620,7 @@ impl NodeHandle {
                     fault_stats: s.sender.stats(),
                     held_bytes: s.sender.held_bytes() as u64,
                     rx_corrupt_cells: s.rx_corrupt_cells,
+                    modeled_busy_seconds: st.modeled_busy_ps as f64 * 1e-12,
                     quic: s.conn.as_ref().map(|c| {
                         let st = c.stats();
                         QuicStats {
@@ -645,6 +650,7 @@ impl NodeHandle {
             load_rx_cells: ns.load_rx_cells,
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            modeled_time_seconds: sw.modeled_now().as_secs_f64(),
             ni: ni_status(&core),
         }
     }

@@ -371,4 +371,63 @@ fn metrics_pass_promtool() {
     );
     assert!(body.contains("exanet_ni_completion_latency_seconds"));
     assert!(body.contains("exanet_link_fault_setting"));
+    // The modeled-time families, with series after the probes.
+    assert!(sample(body, "exanet_link_modeled_busy_seconds_total", &["M1QAF2"]).is_some());
+    assert!(sample(body, "exanet_node_modeled_time_seconds", &["M1QAF1"]).is_some());
+}
+
+/// Modeled time in the metrics: traffic over a link counts the modeled time its output
+/// spent sending, at least the serialisation of every byte it sent at the link's modeled
+/// rate, and never more than the node's modeled clock (their ratio is the link's modeled
+/// utilization).
+#[test]
+fn traffic_counts_modeled_busy_time_within_the_nodes_modeled_clock() {
+    let r = up("modeled");
+    let cells = 2000;
+    let req = Request::Load {
+        dsts: vec!["M1QAF2".into()],
+        cells,
+        payload: 256,
+    };
+    assert_eq!(ask(&r, "M1QAF1", req), Response::Ok);
+    let t0 = std::time::Instant::now();
+    while r.status("M1QAF2").map_or(0, |s| s.load_rx_cells) < cells {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the load did not arrive"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ping(&r, "M1QAF1", "M1QAF2", 2, 1000).0, 2);
+
+    let st = r.status("M1QAF1").unwrap();
+    let l = link(&st, "M1QAF2");
+    assert!(l.tx_cells > cells, "{} cells sent", l.tx_cells);
+    // 16 Gb/s inside a QFDB: 0.5 ns a byte (2000 full cells are 288 us of it).
+    let wire = l.tx_bytes as f64 * 8.0 / 16e9;
+    assert!(
+        l.modeled_busy_seconds >= wire * 0.999,
+        "modeled busy {} s for {} B ({wire} s on the wire)",
+        l.modeled_busy_seconds,
+        l.tx_bytes
+    );
+    assert!(l.modeled_busy_seconds <= st.modeled_time_seconds);
+    // A link that carried nothing was never modeled-busy.
+    let idle = link(&st, "M1QAF4");
+    assert_eq!((idle.tx_cells, idle.modeled_busy_seconds), (0, 0.0));
+
+    let m = r.metrics("M1QAF1");
+    let busy = sample(
+        &m,
+        "exanet_link_modeled_busy_seconds_total",
+        &["peer=\"M1QAF2\""],
+    )
+    .expect("a busy series for the link");
+    let clock = sample(&m, "exanet_node_modeled_time_seconds", &["node=\"M1QAF1\""])
+        .expect("the node's modeled clock");
+    assert!(busy > 0.0 && busy >= wire * 0.999, "busy {busy} s");
+    assert!(
+        busy <= clock,
+        "busy {busy} s beyond the modeled clock {clock} s"
+    );
 }

@@ -489,6 +489,7 @@ fn role_a(layout: &Layout) {
             dst: mailbox_gvas(Pdid(B_PDID), B_NODE_ID, b_rank as u8, b_mb as u8).unwrap(),
             payload: b"from A".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("send", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(pdid_nack(&c), "A's message to B: {c:?}");
@@ -508,6 +509,7 @@ fn role_a(layout: &Layout) {
             len: 64 << 10,
             notify: Some(b_va + (512 << 10)),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("write", |c| matches!(c, Completion::Rdma { tag: 2, .. }));
     assert!(pdid_nack(&c), "A's RDMA write into B: {c:?}");
@@ -521,6 +523,7 @@ fn role_a(layout: &Layout) {
             dst_va: src_va,
             len: 64 << 10,
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("read", |c| matches!(c, Completion::Rdma { tag: 3, .. }));
     let mut back = vec![0u8; MEM];

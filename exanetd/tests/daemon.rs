@@ -209,7 +209,7 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
         frame::encode_cell(Vc::ZERO, &cell, &mut out).unwrap();
         let mut bad = cell.to_bytes().unwrap().to_vec();
         bad[40] ^= 0x01;
-        frame::encode_raw_cell(Vc::ZERO, &bad, &mut out);
+        frame::encode_raw_cell(Vc::ZERO, Default::default(), &bad, &mut out);
         // VC1 on an intra-QFDB link is refused by the switch, not fatal either.
         frame::encode_cell(Vc::ONE, &cell, &mut out).unwrap();
         send.write_all(&out).await.unwrap();
@@ -232,7 +232,7 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
             while let Some(f) = dec.next_frame() {
                 match f.unwrap() {
                     Frame::Hello(h) => hello = Some(h),
-                    Frame::Credit(_, n) => credited += n,
+                    Frame::Credit(_, n, _) => credited += n,
                     Frame::Cell(..) => {}
                 }
             }

@@ -204,6 +204,7 @@ fn victim_loop(
                 len: len as u64,
                 notify: None,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = good.wait(
             "victim write",
@@ -225,6 +226,7 @@ fn victim_loop(
                 dst_va: src_va + (512 << 10),
                 len: len as u64,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = good.wait(
             "victim read",
@@ -245,6 +247,7 @@ fn victim_loop(
                 dst: mbox,
                 payload: round.to_be_bytes().to_vec(),
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = good.wait(
             "victim send",
@@ -261,7 +264,8 @@ fn victim_loop(
                 generation: 1,
                 src_node: NODE_ID.0,
                 src_rank: good.rank,
-                payload: round.to_be_bytes().to_vec()
+                payload: round.to_be_bytes().to_vec(),
+                at: m.at(),
             }
         );
         slowest = slowest.max(t0.elapsed());
@@ -287,6 +291,7 @@ fn assert_attacker_freed(r: &TestRack, after: &str) {
             dst: mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap(),
             payload: b"served".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = w.wait("sent", |c| matches!(c, Completion::Sent { tag: 7, .. }));
     assert!(
@@ -494,6 +499,7 @@ fn hole_punching_and_truncation_of_registered_memory() {
                 len: len as u64,
                 notify: None,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = peer.wait(
             "write",
@@ -510,6 +516,7 @@ fn hole_punching_and_truncation_of_registered_memory() {
                 dst_va: psrc_va + len as u64,
                 len: len as u64,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = peer.wait(
             "read",
@@ -546,6 +553,7 @@ fn hole_punching_and_truncation_of_registered_memory() {
             len: len as u64,
             notify: None,
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = peer.wait("write", |c| matches!(c, Completion::Rdma { tag: 1000, .. }));
     assert!(ok(&c), "{c:?}");
@@ -995,12 +1003,14 @@ fn garbage_commands_and_scribbled_rings() {
                 tag,
                 status: status::MALFORMED,
                 code: 0,
+                at: c.at(),
             }
         } else {
             Completion::Refused {
                 tag,
                 status: status::REFUSED,
                 code: *code,
+                at: c.at(),
             }
         };
         assert_eq!(c, want, "{what}: expected {}", refusal::label(*code));
@@ -1023,6 +1033,7 @@ fn garbage_commands_and_scribbled_rings() {
                     len: 1 << 32,
                     notify: Some(hva),
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
         (
@@ -1036,6 +1047,7 @@ fn garbage_commands_and_scribbled_rings() {
                     dst_va: eva,
                     len: 1 << 32,
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
         (
@@ -1049,15 +1061,12 @@ fn garbage_commands_and_scribbled_rings() {
                     dst_va: 0x40_0000_0000 - (1 << 32),
                     len: 1 << 32,
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
     ] {
         let t0 = Instant::now();
-        let tag = match cmd {
-            Command::Write { tag, .. } | Command::Read { tag, .. } | Command::Send { tag, .. } => {
-                tag
-            }
-        };
+        let tag = cmd.tag();
         evil.post(&cmd);
         let c = evil
             .wait_within(Duration::from_secs(60), |c| match c {
@@ -1139,6 +1148,7 @@ fn garbage_commands_and_scribbled_rings() {
                     dst: own,
                     payload: vec![1; 8],
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             };
             let _ = w.commands.push(&c.encode());
             let _ = w.to_daemon.ring();

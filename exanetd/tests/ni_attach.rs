@@ -39,6 +39,7 @@ fn messages_and_rdma_between_attached_workloads() {
             dst,
             payload: b"hello F3".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("sent", |c| matches!(c, Completion::Sent { tag: 11, .. }));
     assert!(
@@ -52,6 +53,8 @@ fn messages_and_rdma_between_attached_workloads() {
         "{c:?}"
     );
     let m = b.wait("message", |c| matches!(c, Completion::Message { .. }));
+    // Sent at modeled time 0: the message arrives a modeled path later.
+    assert!(m.at().ps() > 0, "{m:?}");
     assert_eq!(
         m,
         Completion::Message {
@@ -59,7 +62,8 @@ fn messages_and_rdma_between_attached_workloads() {
             generation: 1,
             src_node: 0,
             src_rank: a.rank,
-            payload: b"hello F3".to_vec()
+            payload: b"hello F3".to_vec(),
+            at: m.at(),
         }
     );
 
@@ -80,6 +84,7 @@ fn messages_and_rdma_between_attached_workloads() {
             len: len as u64,
             notify: Some(dst_va + (900 << 10)),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("rdma", |c| matches!(c, Completion::Rdma { tag: 21, .. }));
     assert!(
@@ -99,7 +104,8 @@ fn messages_and_rdma_between_attached_workloads() {
         Completion::Notified {
             va: dst_va + (900 << 10),
             src_node: 0,
-            len: len as u64
+            len: len as u64,
+            at: n.at(),
         }
     );
     let mut got = vec![0u8; len];
@@ -115,6 +121,7 @@ fn messages_and_rdma_between_attached_workloads() {
             dst_va: src_va + (512 << 10),
             len: len as u64,
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = a.wait("read", |c| matches!(c, Completion::Rdma { tag: 31, .. }));
     assert!(
@@ -154,6 +161,7 @@ fn pdid_is_the_jobs_not_the_workloads() {
             dst: mailbox_gvas(Pdid(1), NodeId(3), other.rank, mb).unwrap(),
             payload: b"intrusion".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = alice.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(
@@ -217,6 +225,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                     dst,
                     payload: vec![],
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
         (
@@ -231,6 +240,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                     len: 1,
                     notify: None,
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
         (
@@ -244,6 +254,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                     dst_va: u64::MAX,
                     len: u64::MAX,
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             },
         ),
     ] {
@@ -262,7 +273,8 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
             Completion::Refused {
                 tag,
                 status: status::REFUSED,
-                code: want
+                code: want,
+                at: c.at(),
             },
             "expected {}",
             refusal::label(want)
@@ -286,6 +298,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                 len: 4 << 20,
                 notify: None,
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
     }
     // Everyone else carries on.
@@ -298,6 +311,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
                 dst,
                 payload: i.to_be_bytes().to_vec(),
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = good.wait(
             "sent",
@@ -435,6 +449,7 @@ fn a_workload_that_never_reads_completions_is_held_back() {
             dst: mailbox_gvas(Pdid(0), NodeId(0), good.rank, mb).unwrap(),
             payload: b"still here".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = good.wait("sent", |c| matches!(c, Completion::Sent { tag: 1, .. }));
     assert!(
@@ -476,6 +491,7 @@ fn notifications_to_a_workload_that_never_reads_are_bounded() {
                     len: 8,
                     notify: Some(dst_va + 4096),
                 },
+                at: exanet_proto::model::ModelTime::ZERO,
             });
             tag += 1;
         }
@@ -542,6 +558,7 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
                         dst: dst_evil,
                         payload: vec![0xAB; 8],
                     },
+                    at: exanet_proto::model::ModelTime::ZERO,
                 };
                 if evil.commands.push(&c.encode()).is_ok() {
                     posted += 1;
@@ -562,6 +579,7 @@ fn a_workload_that_never_reads_its_doorbell_cannot_stop_the_daemon() {
                 dst: dst_good,
                 payload: i.to_be_bytes().to_vec(),
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = good.wait(
             "sent",
@@ -663,6 +681,7 @@ fn descriptors_with_requests_are_closed_and_silent_connections_cut() {
             &Request::Alloc {
                 kind: Resource::Mailbox,
                 capacity: Some(1),
+                index: None,
             },
             &raw,
         );
@@ -730,6 +749,7 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
         &Request::Alloc {
             kind: Resource::Mailbox,
             capacity: Some(1),
+            index: None,
         },
         &[],
     )
@@ -760,6 +780,7 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
                 dst,
                 payload: i.to_be_bytes().to_vec(),
             },
+            at: exanet_proto::model::ModelTime::ZERO,
         });
         let c = sender.wait(
             "sent",
@@ -794,6 +815,7 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
             dst: mailbox_gvas(Pdid(0), NodeId(1), other.rank, mb2).unwrap(),
             payload: b"served".to_vec(),
         },
+        at: exanet_proto::model::ModelTime::ZERO,
     });
     let c = sender.wait(
         "sent",

@@ -237,6 +237,10 @@ impl TestRack {
             .arg(&self.dir)
             .args(args)
             .env("EXANET_DAEMON", &self.bins.exanetd)
+            .env("EXANET_IP", self.bins.exanetd.with_file_name("exanet-ip"))
+            // Test racks run without IP over ExaNet unless a test asks for it: the
+            // services and namespaces are what the IP tests are about, not the others.
+            .env("EXANET_RACK_IP", "off")
             .env_remove("EXANET_RACK");
         c
     }

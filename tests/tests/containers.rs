@@ -125,6 +125,85 @@ impl Drop for Compose {
     }
 }
 
+/// The IP address `exactl hosts` gives `node` of the rack in `rack_dir`.
+fn host_addr(rack_dir: &Path, node: &str) -> String {
+    let r = must(
+        command(
+            bins().exactl.to_str().unwrap(),
+            &["--rack", rack_dir.to_str().unwrap(), "hosts"],
+        ),
+        Duration::from_secs(30),
+    );
+    r.stdout
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let addr = f.next()?;
+            f.any(|n| n == node).then(|| addr.to_string())
+        })
+        .unwrap_or_else(|| panic!("no address for {node} in:\n{}", r.stdout))
+}
+
+/// Starts the IP services of `a` and `b`, then: ping from `a` to `b`, and iperf3 TCP from
+/// `a` to a server on `b`, through the emulated fabric.
+fn ip_between_containers(compose: &Compose, rack_dir: &Path, a: &str, b: &str) {
+    let (a_ip, b_ip) = (format!("{a}-ip"), format!("{b}-ip"));
+    must(
+        compose.cmd(&["up", "-d", &a_ip, &b_ip]),
+        Duration::from_secs(120),
+    );
+    let b_addr = host_addr(rack_dir, b);
+    wait_until(
+        &format!("ping {a} -> {b} ({b_addr})"),
+        Duration::from_secs(60),
+        || {
+            let r = quiet(
+                compose.cmd(&["exec", "-T", a, "ping", "-c", "1", "-W", "2", &b_addr]),
+                Duration::from_secs(20),
+            )
+            .ok_or("ping timed out")?;
+            r.success().then_some(()).ok_or(r.describe())
+        },
+    );
+    let ping = must(
+        compose.cmd(&["exec", "-T", a, "ping", "-c", "5", "-W", "2", &b_addr]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        ping.stdout.contains("5 packets received"),
+        "{}",
+        ping.stdout
+    );
+    must(
+        compose.cmd(&["exec", "-T", "-d", b, "iperf3", "-s", "-1"]),
+        Duration::from_secs(30),
+    );
+    let mut tcp = None;
+    wait_until(
+        &format!("iperf3 {a} -> {b}"),
+        Duration::from_secs(60),
+        || {
+            let r = quiet(
+                compose.cmd(&["exec", "-T", a, "iperf3", "-c", &b_addr, "-t", "2", "-J"]),
+                Duration::from_secs(40),
+            )
+            .ok_or("iperf3 timed out")?;
+            if !r.success() {
+                return Err(r.describe());
+            }
+            let v: Value = serde_json::from_str(&r.stdout).map_err(|e| e.to_string())?;
+            tcp = v["end"]["sum_received"]["bits_per_second"].as_f64();
+            Ok(())
+        },
+    );
+    let bps = tcp.expect("iperf3 reported a rate");
+    assert!(bps > 1e6, "iperf3 TCP {a} -> {b}: {bps} b/s");
+    eprintln!(
+        "IP over ExaNet between containers: iperf3 TCP {a} -> {b} {:.0} Mb/s",
+        bps / 1e6
+    );
+}
+
 /// What docker still holds of a compose project: containers, networks, volumes.
 fn leftovers(project: &str) -> Vec<String> {
     let filter = format!("label=com.docker.compose.project={project}");
@@ -333,6 +412,10 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
         }
         Ok(())
     });
+
+    // IP over ExaNet between containers of different QFDBs: each node's IP service runs in
+    // its container's network namespace; busybox's ping and iperf3 run unmodified.
+    ip_between_containers(&compose, &dir.join("rack"), "M2QBF3", "M1QAF2");
 
     // Workloads across QFDBs: server on M1QAF2 (QFDB M1QA), clients on M2QBF3 (M2QB).
     let server = compose

@@ -45,6 +45,8 @@ impl Scratch {
         c.arg("--rack")
             .arg(&self.dir)
             .args(args)
+            // IP over ExaNet has tests of its own (tests/tests/ip_over_exanet.rs).
+            .env("EXANET_RACK_IP", "off")
             .env_remove("EXANET_RACK");
         if let Some(d) = daemon_binary() {
             c.env("EXANET_DAEMON", d);

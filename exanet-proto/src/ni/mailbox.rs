@@ -21,6 +21,7 @@ use bytes::Bytes;
 
 use super::{Ctx, NackReason, NiConfig, NiError, NiEvent, MAILBOX_WINDOW};
 use crate::cell::Cell;
+use crate::model::ModelTime;
 use crate::shape::NodeId;
 use crate::time::Instant;
 
@@ -32,6 +33,8 @@ pub struct Message {
     pub src: NodeId,
     pub src_rank: u8,
     pub payload: Bytes,
+    /// When it was written into the mailbox, in modeled time.
+    pub at: ModelTime,
 }
 
 /// How many messages the reader of a mailbox has taken so far: a count only the reader
@@ -113,7 +116,7 @@ impl Mailboxes {
     /// Gives a free mailbox interface with room for `capacity` messages to `rank`.
     /// Popping a message reads it.
     pub fn alloc(&mut self, rank: u8, capacity: usize) -> Result<u8, NiError> {
-        self.alloc_with(rank, capacity, |_| None)
+        self.alloc_with(rank, capacity, None, |_| None)
     }
 
     /// Gives a free mailbox interface with room for `capacity` unread messages to `rank`,
@@ -123,9 +126,10 @@ impl Mailboxes {
         &mut self,
         rank: u8,
         capacity: usize,
+        want: Option<u8>,
         count: impl FnOnce(u8) -> Box<dyn ConsumedCount>,
     ) -> Result<u8, NiError> {
-        self.alloc_with(rank, capacity, |vi| {
+        self.alloc_with(rank, capacity, want, |vi| {
             let count = count(vi);
             let base = count.consumed();
             Some(Reader {
@@ -141,13 +145,33 @@ impl Mailboxes {
         &mut self,
         rank: u8,
         capacity: usize,
+        want: Option<u8>,
         reader: impl FnOnce(u8) -> Option<Reader>,
     ) -> Result<u8, NiError> {
-        let vi = self
-            .vis
-            .iter()
-            .position(Option::is_none)
-            .ok_or(NiError::Exhausted("mailbox interface"))?;
+        const WHAT: &str = "mailbox interface";
+        let vi = match want.map(usize::from) {
+            // A service peers address by a fixed interface (the IP service's) asks for it.
+            Some(w) => match self.vis.get(w) {
+                None => {
+                    return Err(NiError::NoSuch {
+                        what: WHAT,
+                        index: w,
+                    })
+                }
+                Some(Some(_)) => {
+                    return Err(NiError::Busy {
+                        what: WHAT,
+                        index: w,
+                    })
+                }
+                Some(None) => w,
+            },
+            None => self
+                .vis
+                .iter()
+                .position(Option::is_none)
+                .ok_or(NiError::Exhausted(WHAT))?,
+        };
         self.vis[vi] = Some(Vi {
             owner: rank,
             capacity: capacity.max(1),
@@ -233,6 +257,7 @@ impl Mailboxes {
             src: cell.src,
             src_rank: cell.src_rank,
             payload: cell.payload.clone(),
+            at: cx.at,
         });
         self.seen.insert(key, cx.now);
         self.seen_order.push_back((cx.now, key));

@@ -14,6 +14,7 @@
 //!   `seq`; RDMA block answers carry the block number (destination VA / 16 KB) as 8
 //!   payload bytes, and an `Incomplete` NACK then the bitmap of the cells that arrived.
 
+pub mod allreduce;
 pub mod mailbox;
 pub mod memory;
 pub mod nack;
@@ -28,9 +29,11 @@ use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
 use crate::gvas::{Gvas, Pdid};
+use crate::model::{Model, ModelTime, Stamp, Timeline};
 use crate::shape::NodeId;
 use crate::time::Instant;
 
+pub use allreduce::{Accelerator, Allreduce, AllreduceError, DataType, ReduceOp};
 pub use mailbox::{Mailboxes, Message, MAILBOX_VIS};
 pub use memory::{Backing, BackingFault, MemFault, Memory, Regions, VecMemory};
 pub use nack::{NackReason, REASONS};
@@ -60,6 +63,9 @@ pub enum Failure {
     LocalFault,
     /// The rank detached while the operation was going on.
     Detached,
+    /// Another member of a collective failed and told this one (its failure code, see
+    /// [`allreduce::abort_label`]).
+    Aborted(u8),
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -84,6 +90,8 @@ pub enum NiError {
     BadRange { va: u64, len: u64 },
     #[error("destination {0} is not a node of this rack")]
     BadDestination(NodeId),
+    #[error("allreduce: {0}")]
+    Allreduce(AllreduceError),
 }
 
 /// What the NI reports to the node's owner (the daemon relays it to workloads).
@@ -95,14 +103,18 @@ pub enum NiEvent {
         vi: u8,
         ch: u8,
         state: ChannelState,
+        /// When, in modeled time (the answer's arrival).
+        at: ModelTime,
     },
-    /// A message was queued in a mailbox.
+    /// A message was queued in a mailbox (each entry carries its own modeled time).
     Mailbox { rank: u8, vi: u8 },
     /// An RDMA write or read ended.
     Rdma {
         rank: u8,
         id: TransferId,
         result: Result<(), Failure>,
+        /// When, in modeled time.
+        at: ModelTime,
     },
     /// A completion notification was written into this node's memory.
     Notified {
@@ -110,6 +122,16 @@ pub enum NiEvent {
         va: u64,
         src: NodeId,
         len: u64,
+        /// When it was written, in modeled time.
+        at: ModelTime,
+    },
+    /// An accelerated allreduce ended on this rank (its result is in the rank's memory
+    /// when it succeeded).
+    Allreduce {
+        rank: u8,
+        id: u32,
+        result: Result<(), Failure>,
+        at: ModelTime,
     },
 }
 
@@ -140,6 +162,11 @@ pub struct NiConfig {
     /// an NI (the daemon: from the clock), so that a restarted node's new transfers are
     /// not taken for duplicates of the old ones its peers still remember.
     pub epoch: u32,
+    /// The modeled hardware (the NI's costs and datapath rate).
+    pub model: Model,
+    /// How long an accelerated collective may wait for its members before it fails
+    /// everywhere (a member that never posts must not hang the others).
+    pub collective_ns: u64,
 }
 
 impl Default for NiConfig {
@@ -157,6 +184,8 @@ impl Default for NiConfig {
             rx_contexts: 1024,
             remember_ns: 2_000_000_000,
             epoch: 0,
+            model: Model::default(),
+            collective_ns: 30_000_000_000,
         }
     }
 }
@@ -192,8 +221,13 @@ pub struct Ni {
     pub packetizer: Packetizer,
     pub mailboxes: Mailboxes,
     pub rdma: RdmaEngine,
+    pub accelerator: Accelerator,
     out: Out,
     pub stats: NiStats,
+    /// The latest modeled time the NI has handled an input at.
+    clock: ModelTime,
+    /// When the NI's datapath is modeled-busy (it serialises every cell it injects).
+    datapath: Timeline,
 }
 
 /// What the parts of the NI borrow while they handle one input: this node, the
@@ -202,6 +236,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) me: NodeId,
     pub(crate) cfg: &'a NiConfig,
     pub(crate) now: Instant,
+    /// The modeled time of the input being handled: what the NI makes of it starts then.
+    pub(crate) at: ModelTime,
     pub(crate) out: &'a mut Out,
     pub(crate) stats: &'a mut NiStats,
 }
@@ -210,7 +246,15 @@ impl Ctx<'_> {
     /// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns,
     /// for RDMA cells).
     pub(crate) fn answer(&mut self, cell: &Cell, nack: Option<NackReason>) {
-        self.answer_with(cell, nack, rdma::answer_payload(cell));
+        // The accelerator's answers carry its mark wherever they are made (a CRC or PDID
+        // refusal too), or they would reach the packetizer and might end one of its
+        // messages whose txn and seq happen to match.
+        let payload = if cell.kind == CellType::Collective {
+            Bytes::from_static(&[allreduce::ANSWER_MARK])
+        } else {
+            rdma::answer_payload(cell)
+        };
+        self.answer_with(cell, nack, payload);
     }
 
     /// [`Ctx::answer`] with the payload given.
@@ -226,6 +270,8 @@ impl Ctx<'_> {
         let Ok(mut c) = Cell::new(dst, kind, self.me, payload) else {
             return;
         };
+        // The answer is generated once what it answers is in.
+        c.stamp = Stamp::at(self.at + self.cfg.model.ack);
         c.src_rank = cell.dst.rank();
         c.txn = cell.txn;
         c.seq = cell.seq;
@@ -247,10 +293,14 @@ impl Ctx<'_> {
 /// the NI's parts stay free to be driven with it.
 macro_rules! cx {
     ($ni:expr, $now:expr) => {
+        cx!($ni, $now, $ni.clock)
+    };
+    ($ni:expr, $now:expr, $at:expr) => {
         &mut Ctx {
             me: $ni.node,
             cfg: &$ni.cfg,
             now: $now,
+            at: $at,
             out: &mut $ni.out,
             stats: &mut $ni.stats,
         }
@@ -267,9 +317,24 @@ impl Ni {
             packetizer: Packetizer::with_epoch(cfg.epoch),
             mailboxes: Mailboxes::new(),
             rdma: RdmaEngine::with_epoch(cfg.epoch),
+            accelerator: Accelerator::default(),
             out: Out::default(),
             stats: NiStats::default(),
+            clock: ModelTime::ZERO,
+            datapath: Timeline::default(),
         }
+    }
+
+    /// The latest modeled time the NI has handled an input at: when an operation posted
+    /// without a modeled time of its own happens.
+    pub fn clock(&self) -> ModelTime {
+        self.clock
+    }
+
+    /// Moves the NI's modeled clock to `at` if that is later; returns `at`.
+    fn tick(&mut self, at: ModelTime) -> ModelTime {
+        self.clock = self.clock.max(at);
+        at
     }
 
     pub fn config(&self) -> &NiConfig {
@@ -289,6 +354,9 @@ impl Ni {
             });
         }
         *slot = Some(RankCtx { pdid });
+        // A new process starts its collective ids afresh: what the rank's previous one
+        // finished must not pass for late copies of the new one's.
+        self.accelerator.forget_rank(rank);
         Ok(())
     }
 
@@ -297,9 +365,11 @@ impl Ni {
     pub fn detach(&mut self, rank: u8, now: Instant) -> Result<(), NiError> {
         self.rank(rank)?;
         self.ranks[rank as usize] = None;
-        self.packetizer.detach(rank, &mut self.out);
+        self.packetizer.detach(rank, &mut self.out, self.clock);
         self.mailboxes.detach(rank);
         self.rdma.detach(cx!(self, now), rank);
+        self.accelerator.detach(cx!(self, now), rank);
+        self.accelerator.forget_rank(rank);
         Ok(())
     }
 
@@ -337,8 +407,21 @@ impl Ni {
         op: &SendMessage,
         now: Instant,
     ) -> Result<(), NiError> {
+        self.send_message_at(rank, op, now, self.clock)
+    }
+
+    /// [`Ni::send_message`] posted at modeled time `at` (the workload's clock): the cell
+    /// leaves once the CPU's request has reached the NI.
+    pub fn send_message_at(
+        &mut self,
+        rank: u8,
+        op: &SendMessage,
+        now: Instant,
+        at: ModelTime,
+    ) -> Result<(), NiError> {
         let dst = self.stamp(rank, op.dst)?;
-        self.packetizer.send(cx!(self, now), rank, op, dst)?;
+        let at = self.tick(at + self.cfg.model.cpu_ni);
+        self.packetizer.send(cx!(self, now, at), rank, op, dst)?;
         self.stats.messages_sent += 1;
         Ok(())
     }
@@ -352,11 +435,25 @@ impl Ni {
         now: Instant,
         mem: &dyn Memory,
     ) -> Result<TransferId, NiError> {
+        self.rdma_write_at(rank, op, now, self.clock, mem)
+    }
+
+    /// [`Ni::rdma_write`] posted at modeled time `at`: the engine starts once the
+    /// descriptor has reached it.
+    pub fn rdma_write_at(
+        &mut self,
+        rank: u8,
+        op: &RdmaWrite,
+        now: Instant,
+        at: ModelTime,
+        mem: &dyn Memory,
+    ) -> Result<TransferId, NiError> {
         let op = RdmaWrite {
             dst: self.stamp(rank, op.dst)?,
             ..*op
         };
-        self.rdma.post_write(cx!(self, now), rank, &op, mem)
+        let at = self.tick(at + self.cfg.model.cpu_ni);
+        self.rdma.post_write(cx!(self, now, at), rank, &op, mem)
     }
 
     /// Posts `op`, an RDMA read from remote memory into the rank's.
@@ -366,20 +463,53 @@ impl Ni {
         op: &RdmaRead,
         now: Instant,
     ) -> Result<TransferId, NiError> {
+        self.rdma_read_at(rank, op, now, self.clock)
+    }
+
+    /// [`Ni::rdma_read`] posted at modeled time `at`.
+    pub fn rdma_read_at(
+        &mut self,
+        rank: u8,
+        op: &RdmaRead,
+        now: Instant,
+        at: ModelTime,
+    ) -> Result<TransferId, NiError> {
         let op = RdmaRead {
             src: self.stamp(rank, op.src)?,
             ..*op
         };
-        self.rdma.post_read(cx!(self, now), rank, &op)
+        let at = self.tick(at + self.cfg.model.cpu_ni);
+        self.rdma.post_read(cx!(self, now, at), rank, &op)
+    }
+
+    /// Posts `op`, an allreduce on the accelerator, for `rank` at modeled time `at`.
+    pub fn allreduce_at(
+        &mut self,
+        rank: u8,
+        op: &Allreduce,
+        now: Instant,
+        at: ModelTime,
+        mem: &mut dyn Memory,
+    ) -> Result<(), NiError> {
+        let pdid = self.rank(rank)?;
+        let at = self.tick(at + self.cfg.model.cpu_ni);
+        let nodes = self.nodes;
+        self.accelerator
+            .post(cx!(self, now, at), rank, pdid, op, nodes, mem)
+            .map_err(NiError::Allreduce)
     }
 
     /// A cell addressed to this node arrived.
     pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
+        // The NI acts once the cell's last byte is in; what it writes to memory is there
+        // a memory write later.
+        let arrived = self.tick(cell.stamp.tail);
+        let written = arrived + self.cfg.model.mem_write;
         if cell.is_corrupt() {
             // The payload failed its end-to-end CRC: refuse it so the sender sends again.
             // A corrupt answer is dropped; its sender's timer covers it.
             if !matches!(cell.kind, CellType::Ack | CellType::Nack) {
-                cx!(self, now).answer(&cell, Some(NackReason::Crc));
+                cx!(self, now, written).answer(&cell, Some(NackReason::Crc));
             }
             return;
         }
@@ -393,36 +523,48 @@ impl Ni {
                     self.stats.acks_received += 1;
                     None
                 };
-                if cell.txn & rdma::TXN_RDMA != 0 {
-                    self.rdma.on_answer(cx!(self, now), &cell, nack, mem);
+                if cell.payload[..] == [allreduce::ANSWER_MARK] {
+                    self.accelerator
+                        .on_answer(cx!(self, now, arrived), &cell, nack, mem);
+                } else if cell.txn & rdma::TXN_RDMA != 0 {
+                    self.rdma
+                        .on_answer(cx!(self, now, arrived), &cell, nack, mem);
                 } else {
-                    self.packetizer.on_answer(cx!(self, now), &cell, nack);
+                    self.packetizer
+                        .on_answer(cx!(self, now, arrived), &cell, nack);
                 }
             }
             _ => {
                 let rank = cell.dst.rank();
                 let Some(pdid) = self.pdid(rank) else {
-                    cx!(self, now).answer(&cell, Some(NackReason::NoContext));
+                    cx!(self, now, written).answer(&cell, Some(NackReason::NoContext));
                     return;
                 };
                 if cell.dst.pdid() != pdid {
-                    cx!(self, now).answer(&cell, Some(NackReason::PdidMismatch));
+                    cx!(self, now, written).answer(&cell, Some(NackReason::PdidMismatch));
                     return;
                 }
                 match cell.kind {
                     CellType::Write if cell.txn & rdma::TXN_RDMA == 0 => {
                         self.stats.messages_received += 1;
                         let r = if cell.dst.va() & MAILBOX_WINDOW == MAILBOX_WINDOW {
-                            self.mailboxes.deliver(cx!(self, now), &cell)
+                            self.mailboxes.deliver(cx!(self, now, written), &cell)
                         } else {
                             mem.write(rank, cell.dst.va(), &cell.payload)
                                 .map_err(|_| NackReason::PageFault)
                         };
-                        cx!(self, now).answer(&cell, r.err());
+                        cx!(self, now, written).answer(&cell, r.err());
                     }
-                    CellType::Write => self.rdma.on_data(cx!(self, now), &cell, mem),
-                    CellType::ReadRequest => self.rdma.on_read_request(cx!(self, now), &cell, mem),
-                    CellType::Notify => self.rdma.on_notify(cx!(self, now), &cell, mem),
+                    CellType::Write => self.rdma.on_data(cx!(self, now, written), &cell, mem),
+                    CellType::ReadRequest => {
+                        self.rdma
+                            .on_read_request(cx!(self, now, written), &cell, mem)
+                    }
+                    CellType::Notify => self.rdma.on_notify(cx!(self, now, written), &cell, mem),
+                    CellType::Collective => {
+                        self.accelerator
+                            .on_cell(cx!(self, now, written), &cell, pdid, mem)
+                    }
                     _ => {}
                 }
             }
@@ -435,6 +577,7 @@ impl Ni {
             self.packetizer.next_deadline(),
             self.rdma.next_deadline(&self.cfg),
             self.mailboxes.next_deadline(&self.cfg),
+            self.accelerator.next_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -445,6 +588,7 @@ impl Ni {
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
         self.packetizer.on_timeout(cx!(self, now));
         self.rdma.on_timeout(cx!(self, now), mem);
+        self.accelerator.on_timeout(cx!(self, now));
         self.mailboxes.expire(now, &self.cfg);
     }
 
@@ -472,8 +616,16 @@ impl Ni {
         Some(c)
     }
 
-    /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now`.
-    pub fn injected(&mut self, c: &Cell, now: Instant) {
+    /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now`. The NI's
+    /// datapath serialises it: its stamp becomes when its first and last byte enter the
+    /// switch.
+    pub fn injected(&mut self, c: &mut Cell, now: Instant) {
+        let ser = self.cfg.model.ni_rate.ps(c.wire_len());
+        let head = self.datapath.reserve(c.stamp.head, ser);
+        c.stamp = Stamp {
+            head,
+            tail: head + ser,
+        };
         self.rdma.on_injected(c, now, &self.cfg);
     }
 

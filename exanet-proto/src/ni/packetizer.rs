@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::{Ctx, NackReason, NiError, NiEvent, Out, SendMessage};
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
 use crate::gvas::Gvas;
+use crate::model::{ModelTime, Stamp};
 use crate::time::Instant;
 
 pub const PACKETIZER_VIS: usize = 64;
@@ -35,11 +36,13 @@ struct Channel {
 impl Channel {
     /// Sends the message in flight again, as a new attempt of the same txn (so that the
     /// receiver recognises a duplicate of a delivered message), and counts it.
-    fn resend(&mut self, cx: &mut Ctx) {
+    /// Sends the message again at modeled time `at`.
+    fn resend(&mut self, cx: &mut Ctx, at: ModelTime) {
         self.attempts += 1;
         self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
         if let Some(cell) = &mut self.cell {
             cell.seq = cell.seq.wrapping_add(1);
+            cell.stamp = Stamp::at(at);
             cx.out.cells.push_back(cell.clone());
             cx.stats.retransmissions += 1;
         }
@@ -124,12 +127,12 @@ impl Packetizer {
 
     /// The rank is gone: its messages in flight end (reported timed out; nobody waits
     /// for them) and its interfaces are freed.
-    pub(crate) fn detach(&mut self, rank: u8, out: &mut Out) {
+    pub(crate) fn detach(&mut self, rank: u8, out: &mut Out, at: ModelTime) {
         for vi in 0..PACKETIZER_VIS as u8 {
             if self.owner[vi as usize] == Some(rank) {
                 for ch in 0..CHANNELS as u8 {
                     if self.channels[idx(vi, ch)].state == ChannelState::Ongoing {
-                        self.finish(idx(vi, ch), ChannelState::TimedOut, out);
+                        self.finish(idx(vi, ch), ChannelState::TimedOut, out, at);
                     }
                 }
                 self.release(vi);
@@ -186,6 +189,7 @@ impl Packetizer {
         cell.txn = (u32::from(vi) << 25) | (u32::from(ch) << 23) | c.counter;
         cell.src_rank = rank;
         cell.flags = FLAG_FIRST | FLAG_LAST;
+        cell.stamp = Stamp::at(cx.at);
         c.state = ChannelState::Ongoing;
         c.attempts = 1;
         if c.deadline.replace(cx.now + cx.cfg.retransmit_ns).is_none() {
@@ -196,7 +200,7 @@ impl Packetizer {
         Ok(())
     }
 
-    fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out) {
+    fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out, at: ModelTime) {
         let c = &mut self.channels[i];
         c.state = state;
         if c.deadline.take().is_some() {
@@ -208,6 +212,7 @@ impl Packetizer {
             vi: (i / CHANNELS) as u8,
             ch: (i % CHANNELS) as u8,
             state,
+            at,
         });
     }
 
@@ -218,24 +223,30 @@ impl Packetizer {
         // Only the answer to the attempt in flight counts: a late answer to an earlier
         // message or attempt (or a forged one) is ignored, so that a late NACK cannot end
         // a channel whose retransmission was delivered.
-        let matches = self.channels[i]
-            .cell
-            .as_ref()
-            .is_some_and(|c| c.txn == ans.txn && c.seq == ans.seq && c.dst.node() == ans.src);
+        // An ACK of an earlier copy proves delivery as well as one of the latest: it comes
+        // late in real time when the host was slow and the copy was sent again, and its
+        // modeled time is the delivery's, not the needless retransmission's.
+        let matches = self.channels[i].cell.as_ref().is_some_and(|c| {
+            c.txn == ans.txn
+                && c.dst.node() == ans.src
+                && (c.seq == ans.seq || (nack.is_none() && c.seq.wrapping_sub(ans.seq) < 0x8000))
+        });
         if !matches || self.channels[i].state != ChannelState::Ongoing {
             return;
         }
         let c = &mut self.channels[i];
         if nack == Some(NackReason::Crc) && c.attempts < cx.cfg.max_attempts {
             // Damaged on the way: the message itself is fine, send it again.
-            c.resend(cx);
+            let at = cx.at;
+            c.resend(cx, at);
             return;
         }
         let state = match nack {
             None => ChannelState::Acked,
             Some(r) => ChannelState::Nacked(r),
         };
-        self.finish(i, state, cx.out);
+        let at = cx.at;
+        self.finish(i, state, cx.out, at);
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -254,12 +265,17 @@ impl Packetizer {
             if c.deadline.is_none_or(|d| d > cx.now) {
                 continue;
             }
+            // The modeled timer runs from the modeled send.
+            let due = c
+                .cell
+                .as_ref()
+                .map_or(cx.at, |m| m.stamp.head + cx.cfg.model.retransmit);
             if c.attempts >= cx.cfg.max_attempts {
                 cx.stats.timeouts += 1;
-                self.finish(i, ChannelState::TimedOut, cx.out);
+                self.finish(i, ChannelState::TimedOut, cx.out, due);
                 continue;
             }
-            c.resend(cx);
+            c.resend(cx, due);
         }
     }
 }

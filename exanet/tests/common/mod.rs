@@ -53,6 +53,9 @@ pub const NODE: &str = "M1QAF2";
 pub const NODE_ID: u32 = 1;
 /// The rank the first workload attached gets: the service gives the lowest free one.
 pub const RANK: u8 = 0;
+/// The modeled software cost per call the fake daemon announces: 400 ns, the order of the
+/// report's MPI calls, so that tests see the client library add it.
+pub const FAKE_SOFTWARE_PS: u64 = 400_000;
 const ME: NodeId = NodeId(NODE_ID);
 /// Simulated time run after each batch of commands: longer than the NI's whole retry
 /// schedule (8 attempts, backing off from 20 ms, ~3.8 s) and its memory of finished
@@ -367,6 +370,8 @@ fn session(
             consumed_offset: a.consumed_offset as u64,
             region_len: a.region.len() as u64,
             nodes,
+            software_ps: FAKE_SOFTWARE_PS,
+            compute_scale_ppm: 0,
         },
         &[
             a.region.as_raw_fd(),
@@ -455,7 +460,11 @@ fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd
             }
             Err(e) => error(e.to_string()),
         },
-        Request::Alloc { kind, capacity } => match svc.alloc(ni, rank, kind, capacity) {
+        Request::Alloc {
+            kind,
+            capacity,
+            index,
+        } => match svc.alloc(ni, rank, kind, capacity, index) {
             Ok((index, generation)) => (Reply::Allocated { index, generation }, None),
             Err(e) => error(e.to_string()),
         },

@@ -82,6 +82,7 @@ pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
         &Request::Attach {
             version: exanet_proto::attach::PROTOCOL_VERSION,
             job_key: key.map(String::from),
+            rank: None,
         },
         &[],
     )?;
@@ -155,6 +156,7 @@ impl Workload {
             &Request::Alloc {
                 kind,
                 capacity: Some(16),
+                index: None,
             },
             &[],
         )

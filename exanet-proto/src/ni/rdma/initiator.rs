@@ -15,6 +15,7 @@ use super::{
 };
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
 use crate::gvas::Gvas;
+use crate::model::{ModelTime, Stamp};
 use crate::ni::{
     backoff, Ctx, Failure, Memory, NackReason, NiConfig, NiError, NiEvent, Out, RdmaRead,
     RdmaWrite, RANKS,
@@ -61,6 +62,8 @@ struct Block {
     unanswered: u8,
     step: Step,
     sent_at: Instant,
+    /// When the latest attempt's cells were cut, in modeled time.
+    modeled: ModelTime,
 }
 
 /// Round-trip estimate of blocks to one destination (RFC 6298's smoothing). The time a
@@ -153,6 +156,14 @@ struct Transfer {
     live: BTreeMap<u64, Block>,
     notice: Option<Notice>,
     origin: Origin,
+    /// When the engine could start, in modeled time (the descriptor reached it).
+    ready: ModelTime,
+    /// Modeled times of block answers not yet used to open the window for a later
+    /// block, oldest first: a block beyond the window starts once an earlier one is
+    /// answered, in modeled time as in real time.
+    answers: VecDeque<ModelTime>,
+    /// When the latest answer came, in modeled time: when the transfer ends.
+    answered: ModelTime,
 }
 
 impl Transfer {
@@ -171,6 +182,9 @@ impl Transfer {
             live: BTreeMap::new(),
             notice: None,
             origin,
+            ready: ModelTime::ZERO,
+            answers: VecDeque::new(),
+            answered: ModelTime::ZERO,
         }
     }
 
@@ -248,6 +262,8 @@ impl Transfer {
                 c.aux = index;
                 c.flags =
                     if index == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+                // The datapath serialises them from here (see `Ni::injected`).
+                c.stamp = Stamp::at(b.modeled);
                 cx.out.cells.push_back(c);
             }
             off += n;
@@ -276,6 +292,7 @@ impl Transfer {
             c.src_rank = self.rank;
             c.seq = n.seq;
             c.flags = FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY;
+            c.stamp = Stamp::at(cx.at.max(self.answered));
             cx.out.cells.push_back(c);
         }
         Some(deadline)
@@ -512,6 +529,7 @@ impl Initiator {
                 rank,
                 id,
                 result: Err(Failure::LocalFault),
+                at: cx.at,
             });
             return Ok(id);
         }
@@ -519,6 +537,7 @@ impl Initiator {
         let txn = id.txn();
         let mut t = Transfer::new(txn, rank, src_va, dst, len, Origin::Local(id));
         t.notice = notice;
+        t.ready = cx.at;
         self.transfers.insert(txn, t);
         self.sending.push_back(txn);
         self.refill(cx, mem);
@@ -550,6 +569,7 @@ impl Initiator {
         request.txn = id.txn();
         request.src_rank = rank;
         request.flags = FLAG_FIRST | FLAG_LAST;
+        request.stamp = Stamp::at(cx.at);
         cx.out.cells.push_back(request.clone());
         self.read_busy[page as usize][ch as usize] = true;
         let deadline = cx.now + cx.cfg.retransmit_ns;
@@ -573,6 +593,7 @@ impl Initiator {
     /// Starts the write that serves a remote read the target accepted.
     pub(super) fn serve(&mut self, cx: &mut Ctx, s: ServedRead, mem: &dyn Memory) {
         let mut t = Transfer::new(s.txn, s.rank, s.src_va, s.dst, s.len, Origin::Served);
+        t.ready = cx.at;
         t.notice = Some(Notice::new(s.done_to, Note::READ_DONE, s.read_txn));
         self.transfers.insert(s.txn, t);
         self.sending.push_back(s.txn);
@@ -604,6 +625,11 @@ impl Initiator {
             {
                 let i = t.next;
                 t.next += 1;
+                let opened = if i >= cx.cfg.window_blocks as u64 {
+                    t.answers.pop_front().unwrap_or(t.answered)
+                } else {
+                    ModelTime::ZERO
+                };
                 t.live.insert(
                     i,
                     Block {
@@ -613,6 +639,7 @@ impl Initiator {
                         unanswered: 0,
                         step: Step::Pending,
                         sent_at: cx.now,
+                        modeled: t.ready.max(opened),
                     },
                 );
                 self.rank_live[rank] += 1;
@@ -640,7 +667,8 @@ impl Initiator {
         match t.origin {
             Origin::Local(_) => {
                 let t = self.remove_transfer(txn).expect("present");
-                self.finish_local(&t, Err(f), cx.out);
+                let at = cx.at;
+                self.finish_local(&t, Err(f), cx.out, at);
             }
             Origin::Served => match t.notice.as_mut() {
                 // Tell the reader its read failed, then forget the transfer when that
@@ -671,13 +699,20 @@ impl Initiator {
         Some(t)
     }
 
-    fn finish_local(&mut self, t: &Transfer, result: Result<(), Failure>, out: &mut Out) {
+    fn finish_local(
+        &mut self,
+        t: &Transfer,
+        result: Result<(), Failure>,
+        out: &mut Out,
+        at: ModelTime,
+    ) {
         if let Origin::Local(id) = t.origin {
             self.write_busy[id.page as usize][id.ch as usize] = false;
             out.events.push_back(NiEvent::Rdma {
                 rank: t.rank,
                 id,
                 result,
+                at,
             });
         }
     }
@@ -792,6 +827,7 @@ impl Initiator {
                 .rtt
                 .get(&ans.src)
                 .map_or(cfg.retransmit_ns, |r| r.rto(cfg));
+            b.modeled = cx.at;
             match t.send_cells(cx, i, arrived, rto, mem) {
                 Ok(deadline) => arm(&mut self.wake, deadline),
                 Err(()) => self.fail(cx, txn, Failure::LocalFault),
@@ -803,6 +839,8 @@ impl Initiator {
                 t.live.remove(&i);
                 self.rank_live[t.rank as usize] -= 1;
                 t.done += 1;
+                t.answers.push_back(cx.at);
+                t.answered = t.answered.max(cx.at);
                 self.maybe_complete(cx, txn);
                 self.refill(cx, mem);
             }
@@ -840,7 +878,8 @@ impl Initiator {
         match t.origin {
             Origin::Local(_) => {
                 cx.stats.rdma_transfers_done += 1;
-                self.finish_local(&t, Ok(()), cx.out);
+                let at = cx.at.max(t.answered);
+                self.finish_local(&t, Ok(()), cx.out, at);
             }
             Origin::Served => cx.stats.rdma_transfers_done += 1,
         }
@@ -857,6 +896,7 @@ impl Initiator {
             rank: r.rank,
             id: r.id,
             result,
+            at: cx.at,
         });
     }
 
@@ -945,6 +985,8 @@ impl Initiator {
                     break;
                 }
                 cx.stats.retransmissions += 1;
+                // The modeled timer runs from the attempt's modeled send.
+                b.modeled = b.modeled + cx.cfg.model.retransmit;
                 let sent = if matches!(b.step, Step::InFlight { .. }) {
                     // No answer came: probe with the last cell alone, in the same
                     // attempt, so that what did arrive is kept and the answer says what
@@ -991,6 +1033,7 @@ impl Initiator {
             } else {
                 r.attempts += 1;
                 r.request.seq = r.request.seq.wrapping_add(1);
+                r.request.stamp = Stamp::at(r.request.stamp.head + cx.cfg.model.retransmit);
                 r.deadline = now + backoff(cfg.retransmit_ns, r.attempts);
                 cx.stats.retransmissions += 1;
                 cx.out.cells.push_back(r.request.clone());
@@ -1019,7 +1062,8 @@ impl Initiator {
             .collect();
         for txn in local {
             let t = self.remove_transfer(txn).expect("listed");
-            self.finish_local(&t, Err(Failure::Detached), cx.out);
+            let at = cx.at;
+            self.finish_local(&t, Err(Failure::Detached), cx.out, at);
         }
         let reads: Vec<u32> = self
             .reads
@@ -1034,6 +1078,7 @@ impl Initiator {
                 rank,
                 id: r.id,
                 result: Err(Failure::Detached),
+                at: cx.at,
             });
         }
         for p in self.pages.iter_mut() {

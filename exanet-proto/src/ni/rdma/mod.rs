@@ -184,6 +184,7 @@ fn failure_code(f: Failure) -> u8 {
         Failure::TimedOut => 0x80,
         Failure::LocalFault => 0x81,
         Failure::Detached => 0x82,
+        Failure::Aborted(_) => 0x83,
     }
 }
 

@@ -230,6 +230,7 @@ impl Target {
                     va: cell.dst.va(),
                     src: cell.src,
                     len: note.len,
+                    at: cx.at,
                 });
                 None
             }

@@ -1,0 +1,261 @@
+//! IP over ExaNet on a local rack: every node gets a network namespace of its own
+//! (`exanet-RACK-NODE`, made by `rack up`, removed by `rack down`) holding its TUN device,
+//! served by an `exanet-ip` process per node. The namespaces have loopback and the
+//! rack's subnet and no other route: nothing in them can reach outside the rack.
+//!
+//! It needs root (namespaces, TUN devices), `/dev/net/tun`, iproute2's `ip` and the
+//! `exanet-ip` binary; without one of them `rack up` says so in one line and the rack runs
+//! without IP.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use exanet_control::rack::{Layout, Rack};
+
+use crate::error::{CliError, Result};
+use crate::process;
+
+const SERVICE_NAME: &str = "exanet-ip";
+const SERVICE_ENV: &str = "EXANET_IP";
+
+/// Where the service's pid, ready and metrics files are.
+pub fn run_dir(layout: &Layout) -> PathBuf {
+    layout.run_dir().join("ip")
+}
+
+fn pid_file(layout: &Layout, node: &str) -> PathBuf {
+    run_dir(layout).join(format!("{node}.pid"))
+}
+
+fn ready_file(layout: &Layout, node: &str) -> PathBuf {
+    run_dir(layout).join(format!("{node}.ready"))
+}
+
+fn log_file(layout: &Layout, node: &str) -> PathBuf {
+    layout.log_dir().join(format!("{node}.ip.log"))
+}
+
+/// The node's network namespace: named after the rack and the node.
+pub fn netns_name(rack: &Rack, node: &str) -> String {
+    format!("exanet-{}-{node}", rack.file.name)
+}
+
+/// Where `ip netns` keeps it.
+pub fn netns_path(rack: &Rack, node: &str) -> PathBuf {
+    Path::new("/run/netns").join(netns_name(rack, node))
+}
+
+/// Why IP over ExaNet cannot run here, if it cannot.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (network namespaces and TUN devices need it)".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("no /dev/net/tun".into());
+    }
+    if Command::new("ip")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        return Some("no `ip` (iproute2)".into());
+    }
+    if let Err(e) = process::helper_binary(SERVICE_ENV, SERVICE_NAME) {
+        return Some(e.to_string());
+    }
+    None
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run ip: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// Starts a service per node in a fresh namespace and waits until each has its device up.
+/// The daemons must be up and must have read the rack file with the service's key.
+pub fn start(rack: &Rack, abs_dir: &Path, timeout: Duration) -> Result<()> {
+    let mut children = Vec::new();
+    let r = start_all(rack, abs_dir, timeout, &mut children);
+    if r.is_err() {
+        // Nothing half-started stays behind: the services started, their namespaces.
+        for (_, c) in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        stop(&rack.layout(), Some(rack), Duration::from_secs(5));
+    }
+    r
+}
+
+fn start_all(
+    rack: &Rack,
+    abs_dir: &Path,
+    timeout: Duration,
+    children: &mut Vec<(String, Child)>,
+) -> Result<()> {
+    let layout = rack.layout();
+    let shape = rack.shape();
+    let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
+    let dir = run_dir(&layout);
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    for id in shape.node_ids() {
+        let node = shape.display(id);
+        let ns = netns_name(rack, &node);
+        // A namespace left by a rack that was not taken down would hold a stale device.
+        let _ = ip(&["netns", "del", &ns]);
+        ip(&["netns", "add", &ns])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        let ready = ready_file(&layout, &node);
+        process::remove_if_present(&ready).map_err(|e| CliError::io("remove", &ready, e))?;
+        let log = log_file(&layout, &node);
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| CliError::io("open", &log, e))?;
+        let err = out.try_clone().map_err(|e| CliError::io("open", &log, e))?;
+        let child = Command::new(&binary)
+            .arg("--rack")
+            .arg(abs_dir)
+            .arg("--node")
+            .arg(&node)
+            .arg("--netns")
+            .arg(netns_path(rack, &node))
+            // A port the kernel picks (ephemeral): never one of a rack's, which are drawn
+            // below the ephemeral range and bound only when their daemon starts.
+            .arg("--metrics")
+            .arg("127.0.0.1:0")
+            .arg("--ready-file")
+            .arg(&ready)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| CliError::Spawn {
+                node: format!("{node} (IP service)"),
+                binary: binary.clone(),
+                source,
+            })?;
+        let pid = pid_file(&layout, &node);
+        // The binary too: `stop` signals only a process still running it.
+        std::fs::write(&pid, format!("{}\n{}\n", child.id(), binary.display()))
+            .map_err(|e| CliError::io("write the pid file", &pid, e))?;
+        children.push((node, child));
+    }
+    let deadline = Instant::now() + timeout;
+    for (node, child) in children.iter_mut() {
+        loop {
+            if ready_file(&layout, node).exists() {
+                break;
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                return Err(CliError::Failed(format!(
+                    "the IP service of {node} exited ({st}); its log:\n{}",
+                    process::tail_of(&log_file(&layout, node), 10)
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(CliError::Failed(format!(
+                    "the IP service of {node} is not up after {timeout:?}; its log:\n{}",
+                    process::tail_of(&log_file(&layout, node), 10)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Stops the services and removes the namespaces (those of `rack`'s nodes, if known).
+pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
+    let dir = run_dir(layout);
+    let mut pids = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "pid") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let mut lines = text.lines();
+                let pid = lines.next().and_then(|t| t.trim().parse::<i32>().ok());
+                let binary = lines.next().map(Path::new);
+                if let Some(pid) = pid.filter(|&pid| is_service(pid, binary)) {
+                    let _ = process::signal(pid, libc::SIGTERM);
+                    pids.push((pid, p));
+                }
+            }
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    while pids.iter().any(|(p, _)| process::is_alive(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (p, _) in &pids {
+        if process::is_alive(*p) {
+            let _ = process::signal(*p, libc::SIGKILL);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // A pid file goes only with its process, so that a later `rack down` still finds it.
+    let mut left = 0;
+    for (p, file) in &pids {
+        if process::is_alive(*p) {
+            left += 1;
+        } else {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    if left > 0 {
+        eprintln!(
+            "exactl: {left} IP service(s) did not stop; their pid files stay in {}",
+            dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if let Some(rack) = rack {
+        let shape = rack.shape();
+        for id in shape.node_ids() {
+            let ns = netns_name(rack, &shape.display(id));
+            if Path::new("/run/netns").join(&ns).exists() {
+                if let Err(e) = ip(&["netns", "del", &ns]) {
+                    eprintln!("exactl: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Whether `pid` runs the IP service: the binary its pid file names (a recycled pid must
+/// not be signalled), or, for a pid file without one, a program named `exanet-ip`.
+fn is_service(pid: i32, binary: Option<&Path>) -> bool {
+    if pid <= 1 || !process::is_alive(pid) {
+        return false;
+    }
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    match binary {
+        Some(b) => exe == b || std::fs::canonicalize(b).is_ok_and(|b| b == exe),
+        None => exe.file_name().is_some_and(|n| n == SERVICE_NAME),
+    }
+}

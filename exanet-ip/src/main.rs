@@ -1,0 +1,253 @@
+//! `exanet-ip`: IP over ExaNet for one emulated node.
+//!
+//! Attaches to the node's daemon as a workload of the IP service's own job, at the same
+//! rank on every node, creates the node's TUN device (in the node's network namespace
+//! with `--netns`) with the node's address, and carries the device's packets to the
+//! services of the other nodes over the NI: RDMA writes of batches into per-peer receive
+//! rings, completion notifications, credit messages. See `docs/ip.md`.
+
+mod metrics;
+mod shell;
+mod tun_dev;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use exanet::{Config, Endpoint};
+use exanet_control::rack::Rack;
+use exanet_proto::ip::{IpConfig, IpService, IP_MAILBOX_VI, IP_RANK};
+use tracing::{error, info, warn};
+
+use crate::shell::{Ni, Shell};
+
+/// Largest batch written: several MTU-sized packets at the default MTU, and the
+/// receive ring (four batches at least) stays small enough for a ring per peer.
+const MAX_BATCH: u32 = 64 * 1024 + 64;
+/// Batches in flight to one peer: enough to keep a path busy while each waits for its
+/// notification's round trip (see docs/ip.md for the figures).
+const MAX_IN_FLIGHT: u32 = 8;
+/// Bytes of each per-peer receive ring at most: room for every batch in flight and as
+/// many again while the receiver's credit comes back.
+const RING_LEN: u32 = 2 * MAX_IN_FLIGHT * MAX_BATCH;
+/// Bytes of receive rings per node at most (when the MTU allows): registered memory is
+/// committed (the daemon allocates it so that no first touch can fail), and a ring per
+/// peer at full size would take 128 MiB per node of a 128-node rack.
+const AREA_BUDGET: u64 = 32 << 20;
+
+/// The per-peer ring for a rack of `nodes` at `mtu`: the full size when the budget allows,
+/// else the budget's share, but never less than four batches of an MTU-sized packet.
+fn ring_len(nodes: u32, mtu: u32) -> u32 {
+    let floor = 4 * (mtu + 64);
+    let share = (AREA_BUDGET / u64::from(nodes.max(1))).min(u64::from(RING_LEN)) as u32;
+    share.max(floor).div_ceil(4096) * 4096
+}
+/// Bytes queued per peer before packets are dropped (as a full qdisc would).
+const QUEUE_LIMIT: usize = 1 << 20;
+/// Messages the service mailbox holds: every peer's credit and control messages.
+const MAILBOX_CAPACITY: u32 = 8192;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "exanet-ip",
+    version,
+    about = "IP over ExaNet for one emulated node"
+)]
+struct Args {
+    /// The rack directory.
+    #[arg(long, env = "EXANET_RACK", default_value = "exanet-rack")]
+    rack: PathBuf,
+    /// The node to serve (e.g. M1QAF2).
+    #[arg(long, env = "EXANET_NODE")]
+    node: String,
+    /// The network namespace to create the TUN device in (a path, e.g.
+    /// /run/netns/exanet-rack-M1QAF2); absent: this process's own.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Name of the TUN device (default: xn-NODE).
+    #[arg(long)]
+    dev: Option<String>,
+    /// Where to serve /metrics (e.g. 127.0.0.1:23000; port 0: any free one, named in the
+    /// ready file); absent: no metrics endpoint.
+    #[arg(long)]
+    metrics: Option<String>,
+    /// A file to write once the service is attached and its device is up (its content:
+    /// the device name, its address/prefix and the metrics address); exactl waits for it.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// Batches in flight to one peer at most (1..=8).
+    #[arg(long, default_value_t = MAX_IN_FLIGHT, env = "EXANET_IP_IN_FLIGHT",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_IN_FLIGHT)))]
+    in_flight: u32,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("exanet-ip: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let rack = Rack::load(&args.rack).map_err(|e| e.to_string())?;
+    let shape = rack.shape();
+    let me = shape.parse_node(&args.node).map_err(|e| e.to_string())?;
+    let name = shape.display(me);
+    let subnet = exanet_control::ip::rack_subnet(rack.ip_subnet(), &shape);
+    let addr = subnet
+        .node_addr(me)
+        .ok_or_else(|| format!("{name} has no address in {}", rack.ip_subnet()))?;
+    let mtu = rack.ip_mtu();
+    let key_path = rack.layout().ip_key();
+    let key = match std::fs::read_to_string(&key_path) {
+        Ok(k) => Some(k.trim().to_string()),
+        Err(e) => {
+            warn!(
+                "no IP service key ({}: {e}): attaching in the rack's default job, where \
+                 that job's workloads could write into the service's rings",
+                key_path.display()
+            );
+            None
+        }
+    };
+    let ep = Endpoint::attach_with(&Config {
+        rack_dir: Some(args.rack.clone()),
+        node: Some(name.clone()),
+        job_key: key,
+        rank: Some(IP_RANK),
+        ..Config::default()
+    })
+    .map_err(|e| format!("attach to {name}: {e}"))?;
+    let mut cfg = IpConfig {
+        me,
+        subnet,
+        mtu,
+        ring_len: ring_len(shape.nodes(), mtu),
+        max_batch: MAX_BATCH,
+        queue_limit: QUEUE_LIMIT,
+        area_va: 0,
+        first_stream: rand::random(),
+        retry_ns: 1_000_000_000,
+        max_in_flight: args.in_flight,
+    };
+    cfg.check().map_err(|e| format!("IP settings: {e}"))?;
+    let area = ep
+        .register(cfg.area_len())
+        .map_err(|e| format!("register the receive rings: {e}"))?;
+    cfg.area_va = area.va();
+    let staging = ep
+        .register(u64::from(exanet::RDMA_WRITE_CHANNELS) * u64::from(MAX_BATCH))
+        .map_err(|e| format!("register the send buffers: {e}"))?;
+    let mailbox = ep
+        .mailbox_at(IP_MAILBOX_VI, MAILBOX_CAPACITY)
+        .map_err(|e| format!("allocate the service mailbox ({IP_MAILBOX_VI}): {e}"))?;
+    let tx = ep
+        .packetizer()
+        .map_err(|e| format!("allocate a packetizer: {e}"))?;
+    let page = ep
+        .rdma_page()
+        .map_err(|e| format!("allocate an RDMA page: {e}"))?;
+    let dev_name = args.dev.clone().unwrap_or_else(|| format!("xn-{name}"));
+    let dev = tun_dev::create(
+        &tun_dev::TunSpec {
+            name: &dev_name,
+            addr,
+            prefix: subnet.prefix(),
+            mtu: u16::try_from(mtu).map_err(|_| format!("MTU {mtu}"))?,
+        },
+        args.netns.as_deref(),
+    )
+    .map_err(|e| e.to_string())?;
+    let svc = IpService::new(cfg);
+    let shell = Arc::new(Shell::new(
+        Ni {
+            ep,
+            area,
+            staging,
+            page,
+            tx,
+            mailbox,
+        },
+        dev,
+        svc,
+    ));
+    let mut metrics_addr = None;
+    if let Some(m) = &args.metrics {
+        let server =
+            tiny_http::Server::http(m.as_str()).map_err(|e| format!("metrics on {m}: {e}"))?;
+        // With port 0 the kernel picks one: the ready file says which.
+        metrics_addr = server.server_addr().to_ip();
+        let metrics = Arc::new(metrics::Metrics::new(&name));
+        let s = Arc::clone(&shell);
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::serve(server, metrics, move || s.snapshot()))
+            .map_err(|e| e.to_string())?;
+    }
+    info!(node = %name, %addr, dev = %dev_name, mtu, "IP over ExaNet up");
+    if let Some(f) = &args.ready_file {
+        let metrics = metrics_addr.map_or_else(|| "-".to_string(), |a| a.to_string());
+        std::fs::write(
+            f,
+            format!("{dev_name} {addr}/{} {metrics}\n", subnet.prefix()),
+        )
+        .map_err(|e| format!("write {}: {e}", f.display()))?;
+    }
+    let host = Arc::clone(&shell);
+    std::thread::Builder::new()
+        .name("host".into())
+        .spawn(move || {
+            let e = host.host_loop();
+            error!(error = %e, "the TUN device failed");
+            std::process::exit(1);
+        })
+        .map_err(|e| e.to_string())?;
+    let e = shell.fabric_loop();
+    Err(format!("the endpoint failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_shrink_with_the_rack_but_always_hold_four_mtu_batches() {
+        assert_eq!(ring_len(8, 65000), RING_LEN.div_ceil(4096) * 4096);
+        let big = ring_len(128, 65000);
+        assert!((4 * (65000 + 64)..RING_LEN).contains(&big), "{big}");
+        assert!(u64::from(big) * 128 <= AREA_BUDGET + 128 * 4096);
+        // A small MTU lets a large rack stay within the budget.
+        assert!(u64::from(ring_len(1024, 1500)) * 1024 <= AREA_BUDGET + 1024 * 4096);
+        for (nodes, mtu) in [(8, 65000), (128, 65000), (1024, 9000), (1024, 1500)] {
+            let r = ring_len(nodes, mtu);
+            let cfg = IpConfig {
+                me: exanet_proto::NodeId(0),
+                subnet: exanet_proto::ip::RackSubnet::new([10, 200, 0, 0].into(), 16, nodes),
+                mtu,
+                ring_len: r,
+                max_batch: MAX_BATCH,
+                queue_limit: QUEUE_LIMIT,
+                area_va: 0,
+                first_stream: 0,
+                retry_ns: 1,
+                max_in_flight: MAX_IN_FLIGHT,
+            };
+            cfg.check()
+                .unwrap_or_else(|e| panic!("{nodes} nodes, MTU {mtu}: {e}"));
+        }
+    }
+}

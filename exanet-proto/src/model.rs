@@ -1,0 +1,638 @@
+//! Modeled time: what the ExaNeSt hardware would have taken, independent of the host.
+//!
+//! Every cell carries a [`Stamp`]: the modeled times at which its first and last byte
+//! reach the input it is travelling to. The stamp rides in the link framing
+//! ([`crate::frame`]), never in the cell's own 32 bytes of header and footer, which model
+//! the hardware's. Each switch output keeps when it is modeled-busy until; a cell leaves at
+//! the latest of its arrival plus the switch's traversal, the output's busy-until and the
+//! time the downstream input buffer has room for it ([`Buffer`]), occupies the link for its
+//! wire size at the link's rate and arrives after the link's latency. The NI adds its own
+//! costs ([`Model::cpu_ni`], the datapath rate, block ACK generation).
+//!
+//! Modeled time is kept in picoseconds (a 32 B cell at 10 Gb/s is 25.6 ns) as integers, so
+//! that a run is exactly reproducible and two hosts compute the same figures.
+//!
+//! The defaults are the report's figures (§4.2, §4.4, §6.1.1): 16 Gb/s links inside a
+//! QFDB, 10 Gb/s between QFDBs, ~120 ns per link, ~145 ns per traversal of a QFDB's
+//! network router (the F1 switch when a torus port is involved), 2 cycles at 150 MHz in
+//! every other switch, a 128-bit x 150 MHz NI datapath and 4 KB input buffers.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::{Add, Sub};
+
+use thiserror::Error;
+
+use crate::routing::RouteError;
+use crate::shape::{NodeId, Shape};
+use crate::topology::Port;
+
+/// Modeled time in picoseconds since the rack's modeled origin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelTime(pub u64);
+
+impl ModelTime {
+    pub const ZERO: ModelTime = ModelTime(0);
+
+    pub fn from_ns(ns: u64) -> ModelTime {
+        ModelTime(ns.saturating_mul(1000))
+    }
+
+    pub fn ps(self) -> u64 {
+        self.0
+    }
+
+    /// Whole nanoseconds (rounded down).
+    pub fn ns(self) -> u64 {
+        self.0 / 1000
+    }
+
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 * 1e-12
+    }
+
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: ModelTime) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl Add<u64> for ModelTime {
+    type Output = ModelTime;
+    /// Adds picoseconds.
+    fn add(self, ps: u64) -> ModelTime {
+        ModelTime(self.0.saturating_add(ps))
+    }
+}
+
+impl Sub<ModelTime> for ModelTime {
+    type Output = u64;
+    fn sub(self, other: ModelTime) -> u64 {
+        self.since(other)
+    }
+}
+
+impl fmt::Display for ModelTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3} us", self.0 as f64 / 1e6)
+    }
+}
+
+/// When a cell's first byte (`head`) and last byte (`tail`) reach the input it travels to.
+/// Switches cut through: a cell may leave on its head, but never finishes before its tail
+/// has come in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Stamp {
+    pub head: ModelTime,
+    pub tail: ModelTime,
+}
+
+impl Stamp {
+    /// A cell whose bytes are all there at `t` (made by the NI at `t`).
+    pub fn at(t: ModelTime) -> Stamp {
+        Stamp { head: t, tail: t }
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ModelError {
+    #[error("[model] {field} = {value}: {why}")]
+    Bad {
+        field: &'static str,
+        value: f64,
+        why: &'static str,
+    },
+}
+
+/// The parameters of the modeled hardware as an operator writes them (`[model]` in
+/// rack.toml): rates in Gb/s, times in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelParams {
+    /// Links between the FPGAs of one QFDB.
+    pub qfdb_link_gbps: f64,
+    /// Torus links between QFDBs.
+    pub torus_link_gbps: f64,
+    /// Latency of a link inside a QFDB (report: ~120 ns).
+    pub qfdb_link_ns: f64,
+    /// Latency of a torus link (report: ~120 ns for intra- and inter-mezzanine links).
+    pub torus_link_ns: f64,
+    /// A traversal of a QFDB's network router: the F1's switch when the cell enters or
+    /// leaves by a torus port (report: L_ER ~145 ns).
+    pub router_ns: f64,
+    /// A traversal of an FPGA's own switch otherwise (2 cycles at 150 MHz).
+    pub switch_ns: f64,
+    /// The NI's datapath: 128 bit x 150 MHz.
+    pub ni_gbps: f64,
+    /// Bytes of input buffer per link input and virtual channel (report: 4 KB).
+    pub input_buffer: u32,
+    /// A request between a CPU and the NI (PS <-> PL; report: 100-150 ns round trip): what
+    /// a packetizer injection, an RDMA descriptor write or the reader seeing a mailbox
+    /// entry costs.
+    pub cpu_ni_ns: f64,
+    /// The NI writing what arrived (a mailbox entry, an RDMA cell) to memory.
+    pub mem_write_ns: f64,
+    /// Generating a block ACK/NACK once a block's last cell is in.
+    pub ack_ns: f64,
+    /// The NI's retransmission timer, in modeled time.
+    pub retransmit_ns: f64,
+    /// Software cost of each library call that sends or receives (an MPI library's
+    /// processing; 0 for user-level figures). The client library adds it to its clock.
+    pub software_ns: f64,
+    /// Programming the allreduce accelerator for one operation (each module's operation,
+    /// type, size and two pointers) and its completion notice: what separates the
+    /// accelerator's mechanism from the report's figures, calibrated on its 16-rank
+    /// 256-byte row (6.79 us) and then predicting the 128-rank, 512 B and 1024 B rows.
+    pub accel_setup_ns: f64,
+    /// How much of the time a program spends outside library calls counts as modeled
+    /// compute (1.0: as measured on the host; 0: pure network benchmarks).
+    pub compute_scale: f64,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        ModelParams {
+            qfdb_link_gbps: 16.0,
+            torus_link_gbps: 10.0,
+            qfdb_link_ns: 120.0,
+            torus_link_ns: 120.0,
+            router_ns: 145.0,
+            switch_ns: 2.0 / 0.15,
+            ni_gbps: 19.2,
+            input_buffer: 4096,
+            cpu_ni_ns: 125.0,
+            mem_write_ns: 50.0,
+            ack_ns: 2.0 / 0.15,
+            retransmit_ns: 100_000.0,
+            software_ns: 0.0,
+            accel_setup_ns: 3000.0,
+            compute_scale: 1.0,
+        }
+    }
+}
+
+impl ModelParams {
+    /// The parameters in the integer form the core computes with, or what is wrong.
+    pub fn model(&self) -> Result<Model, ModelError> {
+        let rate = |field, v: f64| {
+            if v.is_finite() && (0.001..=100_000.0).contains(&v) {
+                Ok(Rate::from_gbps(v))
+            } else {
+                Err(ModelError::Bad {
+                    field,
+                    value: v,
+                    why: "a rate must be between 0.001 and 100000 Gb/s",
+                })
+            }
+        };
+        let time = |field, v: f64| {
+            if v.is_finite() && (0.0..=1e9).contains(&v) {
+                Ok((v * 1000.0).round() as u64)
+            } else {
+                Err(ModelError::Bad {
+                    field,
+                    value: v,
+                    why: "a time must be between 0 and 1e9 ns",
+                })
+            }
+        };
+        if self.input_buffer < crate::cell::MAX_CELL as u32 {
+            return Err(ModelError::Bad {
+                field: "input_buffer",
+                value: f64::from(self.input_buffer),
+                why: "an input buffer must hold one 288-byte cell",
+            });
+        }
+        if !(self.compute_scale.is_finite() && (0.0..=1e6).contains(&self.compute_scale)) {
+            return Err(ModelError::Bad {
+                field: "compute_scale",
+                value: self.compute_scale,
+                why: "a scale must be between 0 and 1e6",
+            });
+        }
+        Ok(Model {
+            qfdb_rate: rate("qfdb_link_gbps", self.qfdb_link_gbps)?,
+            torus_rate: rate("torus_link_gbps", self.torus_link_gbps)?,
+            ni_rate: rate("ni_gbps", self.ni_gbps)?,
+            qfdb_link: time("qfdb_link_ns", self.qfdb_link_ns)?,
+            torus_link: time("torus_link_ns", self.torus_link_ns)?,
+            router: time("router_ns", self.router_ns)?,
+            switch: time("switch_ns", self.switch_ns)?,
+            input_buffer: self.input_buffer,
+            cpu_ni: time("cpu_ni_ns", self.cpu_ni_ns)?,
+            mem_write: time("mem_write_ns", self.mem_write_ns)?,
+            ack: time("ack_ns", self.ack_ns)?,
+            retransmit: time("retransmit_ns", self.retransmit_ns)?.max(1),
+            software: time("software_ns", self.software_ns)?,
+            accel_setup: time("accel_setup_ns", self.accel_setup_ns)?,
+            compute_scale_ppm: (self.compute_scale * 1e6).round() as u64,
+        })
+    }
+}
+
+/// A rate as picoseconds per byte, scaled by 2^16 so that 19.2 Gb/s (416.67 ps/B) keeps
+/// its fraction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate(u64);
+
+impl Rate {
+    const SCALE: u64 = 1 << 16;
+
+    pub fn from_gbps(gbps: f64) -> Rate {
+        Rate((8000.0 / gbps * Self::SCALE as f64).round() as u64)
+    }
+
+    /// Picoseconds `bytes` occupy at this rate.
+    pub fn ps(self, bytes: usize) -> u64 {
+        ((u128::from(self.0) * bytes as u128) / u128::from(Self::SCALE)) as u64
+    }
+
+    pub fn gbps(self) -> f64 {
+        8000.0 * Self::SCALE as f64 / self.0 as f64
+    }
+}
+
+/// The modeled hardware in the units the core computes with (picoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Model {
+    pub qfdb_rate: Rate,
+    pub torus_rate: Rate,
+    pub ni_rate: Rate,
+    pub qfdb_link: u64,
+    pub torus_link: u64,
+    pub router: u64,
+    pub switch: u64,
+    pub input_buffer: u32,
+    pub cpu_ni: u64,
+    pub mem_write: u64,
+    pub ack: u64,
+    pub retransmit: u64,
+    pub software: u64,
+    pub accel_setup: u64,
+    /// [`ModelParams::compute_scale`] in millionths.
+    pub compute_scale_ppm: u64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        ModelParams::default()
+            .model()
+            .expect("the default parameters are valid")
+    }
+}
+
+impl Model {
+    /// The rate of what `port` carries: its link, or the NI's datapath for the local port.
+    pub fn rate(&self, port: Port) -> Rate {
+        match port {
+            Port::Local => self.ni_rate,
+            Port::Qfdb(_) => self.qfdb_rate,
+            Port::Torus(..) => self.torus_rate,
+        }
+    }
+
+    /// The latency of the link on `port` (none between the switch and its NI).
+    pub fn latency(&self, port: Port) -> u64 {
+        match port {
+            Port::Local => 0,
+            Port::Qfdb(_) => self.qfdb_link,
+            Port::Torus(..) => self.torus_link,
+        }
+    }
+
+    /// A traversal of the switch from `from` to `to`: the router's when either is a torus
+    /// port (only F1s have them), the FPGA switch's otherwise.
+    pub fn traversal(&self, from: Port, to: Port) -> u64 {
+        if matches!(from, Port::Torus(..)) || matches!(to, Port::Torus(..)) {
+            self.router
+        } else {
+            self.switch
+        }
+    }
+
+    /// The modeled one-way latency, with no queueing, of a cell of `bytes` from `src`'s
+    /// NI to `dst`'s along the dimension-order path: from the NI handing its first byte
+    /// to the switch to the last byte reaching the destination NI. What `exactl ping`
+    /// shows beside the measured round trip.
+    pub fn path_latency(
+        &self,
+        shape: &Shape,
+        src: NodeId,
+        dst: NodeId,
+        bytes: usize,
+    ) -> Result<u64, RouteError> {
+        let path = crate::routing::path(shape, src, dst)?;
+        let (mut head, mut tail) = (0u64, self.ni_rate.ps(bytes));
+        let mut from = Port::Local;
+        for (here, hop) in path {
+            let to = hop.port;
+            let t = self.traversal(from, to);
+            let start = head + t;
+            let end = (start + self.rate(to).ps(bytes)).max(tail + t);
+            head = start + self.latency(to);
+            tail = end + self.latency(to);
+            if let Some((_, arrive)) = crate::topology::neighbour(shape, here, to) {
+                from = arrive;
+            }
+        }
+        Ok(tail)
+    }
+
+    /// Scales `host_ns` of compute measured on the host into modeled picoseconds.
+    pub fn compute_ps(&self, host_ns: u64) -> u64 {
+        ((u128::from(host_ns) * 1000 * u128::from(self.compute_scale_ppm)) / 1_000_000) as u64
+    }
+}
+
+/// When a resource (one direction of a link, the NI's datapath) is modeled-busy: merged
+/// busy intervals. A cell takes the earliest gap long enough for it at or after its ready
+/// time, not the end of the latest reservation: workloads' clocks differ (one computed
+/// for a modeled second, another did not), so cells reach a resource out of modeled
+/// order, and one far ahead must not push back those that would have gone first.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    /// start -> end, picoseconds, disjoint and not touching.
+    busy: std::collections::BTreeMap<u64, u64>,
+}
+
+impl Timeline {
+    /// Intervals kept; the oldest are forgotten beyond this (a stream is one interval,
+    /// so only many interleaved clocks get near it).
+    const LIMIT: usize = 4096;
+
+    /// Reserves `dur` picoseconds starting at or after `ready`; returns the start.
+    pub fn reserve(&mut self, ready: ModelTime, dur: u64) -> ModelTime {
+        let mut t = ready.0;
+        if let Some((_, &e)) = self.busy.range(..=t).next_back() {
+            t = t.max(e);
+        }
+        while let Some((&s, &e)) = self.busy.range(t..).next() {
+            if s >= t.saturating_add(dur) {
+                break;
+            }
+            t = e;
+        }
+        if dur == 0 {
+            return ModelTime(t);
+        }
+        let (mut start, mut end) = (t, t.saturating_add(dur));
+        if let Some((&s, &e)) = self.busy.range(..=t).next_back() {
+            if e >= t {
+                start = s;
+                end = end.max(e);
+                self.busy.remove(&s);
+            }
+        }
+        if let Some(e) = self.busy.remove(&end) {
+            end = e;
+        }
+        self.busy.insert(start, end);
+        while self.busy.len() > Self::LIMIT {
+            self.busy.pop_first();
+        }
+        ModelTime(t)
+    }
+
+    /// The end of the latest reservation.
+    pub fn busy_until(&self) -> ModelTime {
+        ModelTime(self.busy.last_key_value().map_or(0, |(_, &e)| e))
+    }
+}
+
+/// The modeled occupancy of one input buffer (a link input and virtual channel): when a
+/// cell of `bytes` arriving at a modeled time finds room in it. Each cell counts from when
+/// it entered to when it left, in modeled time, so that cells handled out of modeled order
+/// (workloads' clocks differ; the emulator handles cells in real-time order) are counted
+/// where they were in modeled time, not where they were handled.
+///
+/// The receiving switch keeps one per input and knows every departure by the time it
+/// looks (the cells ahead have left). The sending switch keeps one per output to push back
+/// in modeled time before it sends: there a departure is known once the credit that
+/// carries it has come back, and until then it is estimated as the cell's arrival (it
+/// passes straight through), so the receiver's own account corrects what the sender could
+/// not know.
+#[derive(Clone, Debug, Default)]
+pub struct Buffer {
+    /// The latest cells, in the order they were handled.
+    cells: VecDeque<Held>,
+    bytes: u64,
+    /// The latest departure among them.
+    last_leave: ModelTime,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    enter: ModelTime,
+    leave: ModelTime,
+    bytes: u32,
+    known: bool,
+}
+
+impl Buffer {
+    /// Cells remembered: enough to fill a 4 KB buffer with full cells (14) twice over,
+    /// and few enough that looking at each of them for every cell stays cheap; a buffer
+    /// of smaller cells is accounted from its latest 32.
+    const KEEP: usize = 32;
+
+    /// A cell of `bytes` was in the buffer from `enter` to `leave` (with `known ==
+    /// false`: is estimated to leave then).
+    pub fn record(&mut self, enter: ModelTime, leave: ModelTime, bytes: u32, known: bool) {
+        self.cells.push_back(Held {
+            enter,
+            leave,
+            bytes,
+            known,
+        });
+        self.bytes += u64::from(bytes);
+        self.last_leave = self.last_leave.max(leave);
+        if self.cells.len() > Self::KEEP {
+            let old = self.cells.pop_front().expect("non-empty");
+            self.bytes -= u64::from(old.bytes);
+        }
+    }
+
+    /// Credit for `bytes` came back saying the space was freed at `t`: the oldest
+    /// estimated departures become known ones.
+    ///
+    /// A credit returns the space of several cells at once with the latest of their
+    /// departures, which in modeled time need not be the oldest cell's (cells are handled
+    /// out of modeled order), so only the last cell it covers takes that time; the others
+    /// keep their estimates, bounded by it.
+    pub fn learn(&mut self, mut bytes: u32, t: ModelTime) {
+        let mut last = None;
+        for (i, e) in self.cells.iter_mut().enumerate().filter(|(_, e)| !e.known) {
+            if bytes == 0 {
+                break;
+            }
+            e.known = true;
+            e.leave = e.leave.min(t);
+            bytes = bytes.saturating_sub(e.bytes);
+            last = Some(i);
+        }
+        if let Some(i) = last {
+            let e = &mut self.cells[i];
+            e.leave = e.leave.max(t);
+            self.last_leave = self.last_leave.max(e.leave);
+        }
+    }
+
+    /// Bytes in the buffer at `t`.
+    fn held_at(&self, t: ModelTime) -> u64 {
+        self.cells
+            .iter()
+            .filter(|c| c.enter <= t && t < c.leave)
+            .map(|c| u64::from(c.bytes))
+            .sum()
+    }
+
+    /// `None` when a cell of `bytes` arriving at `at` finds room in a buffer of `cap`
+    /// bytes; else the earliest departure after which it does.
+    pub fn room_at(&self, bytes: u32, cap: u32, at: ModelTime) -> Option<ModelTime> {
+        let room = u64::from(cap.saturating_sub(bytes));
+        // The common cases, without looking at each cell: everything left by then, or
+        // everything together fits anyway.
+        if at >= self.last_leave || self.bytes <= room || self.held_at(at) <= room {
+            return None;
+        }
+        let mut leaves: Vec<ModelTime> = self
+            .cells
+            .iter()
+            .map(|c| c.leave)
+            .filter(|&l| l > at)
+            .collect();
+        leaves.sort_unstable();
+        leaves.dedup();
+        leaves
+            .into_iter()
+            .find(|&l| self.held_at(l) <= room)
+            .or(Some(self.last_leave))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_give_the_report_figures() {
+        let m = Model::default();
+        // 256 B payload + 32 B overhead = 288 B.
+        assert_eq!(m.qfdb_rate.ps(288), 144_000);
+        assert_eq!(m.torus_rate.ps(288), 230_400);
+        // 19.2 Gb/s: 416.67 ps per byte.
+        assert_eq!(m.ni_rate.ps(288), 120_000);
+        assert_eq!(m.switch, 13_333);
+        assert!((m.ni_rate.gbps() - 19.2).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_full_buffer_admits_a_cell_when_the_cells_ahead_have_left() {
+        let cap = 4096;
+        let ns = ModelTime::from_ns;
+        let mut b = Buffer::default();
+        assert_eq!(b.room_at(288, cap, ns(0)), None);
+        // 14 full cells (4032 B) all in from 0 ns, leaving at 1, 2, ..., 14 ns.
+        for i in 1..=14u64 {
+            b.record(ns(0), ns(i), 288, true);
+        }
+        // A 288 B cell at 0 ns needs 224 B freed: the first departure.
+        assert_eq!(b.room_at(288, cap, ns(0)), Some(ns(1)));
+        // A 64 B cell fits beside all 14 (4032 + 64 <= 4096).
+        assert_eq!(b.room_at(64, cap, ns(0)), None);
+        // At 5 ns, four have left.
+        assert_eq!(b.room_at(288, cap, ns(5)), None);
+        b.record(ns(0), ns(15), 288, true);
+        assert_eq!(b.room_at(288, cap, ns(0)), Some(ns(2)));
+    }
+
+    /// Cells handled out of modeled order are counted where they were in modeled time:
+    /// one far in the future does not fill the buffer for a cell arriving now.
+    #[test]
+    fn a_cell_far_ahead_in_modeled_time_does_not_block_one_arriving_now() {
+        let cap = 1000;
+        let ns = ModelTime::from_ns;
+        let mut b = Buffer::default();
+        for i in 0..3u64 {
+            b.record(ns(1_000_000 + i), ns(1_000_010 + i), 288, true);
+        }
+        assert_eq!(b.room_at(288, cap, ns(10)), None);
+        assert_eq!(b.room_at(288, cap, ns(1_000_005)), Some(ns(1_000_010)));
+    }
+
+    #[test]
+    fn a_timeline_fills_gaps_before_the_latest_reservation() {
+        let mut t = Timeline::default();
+        let ns = ModelTime::from_ns;
+        assert_eq!(t.reserve(ns(1000), 100_000), ns(1000));
+        // Far behind the first: it goes in the idle time before it.
+        assert_eq!(t.reserve(ns(0), 100_000), ns(0));
+        // Overlapping the first: after it.
+        assert_eq!(t.reserve(ns(1050), 100_000), ns(1100));
+        // A gap too short (100..1000 is free but 950 ns long is needed from 100).
+        assert_eq!(t.reserve(ns(50), 950_000), ns(1200));
+        assert_eq!(t.reserve(ns(100), 900_000), ns(100));
+        // 0..1200 and 1200..2150 are now one busy stretch.
+        assert_eq!(t.busy.len(), 1);
+        assert_eq!(t.busy_until(), ns(2150));
+        assert_eq!(t.reserve(ModelTime(u64::MAX), 5), ModelTime(u64::MAX));
+    }
+
+    #[test]
+    fn credits_turn_estimates_into_known_departures() {
+        let cap = 1000;
+        let ns = ModelTime::from_ns;
+        let mut b = Buffer::default();
+        for i in 1..=4u64 {
+            b.record(ns(0), ns(i), 288, false);
+        }
+        assert_eq!(b.room_at(288, cap, ns(0)), Some(ns(2)));
+        // The downstream returned the first two cells' space, the latest of them leaving
+        // at 50 ns: the second is taken to leave then, the first keeps its estimate.
+        b.learn(576, ns(50));
+        assert_eq!(b.room_at(288, cap, ns(0)), Some(ns(3)));
+        assert_eq!(b.room_at(288 * 2, cap, ns(0)), Some(ns(4)));
+        assert_eq!(b.room_at(900, cap, ns(0)), Some(ns(50)));
+    }
+
+    /// The report's latency model (§6.1.1): a link costs ~120 ns and a QFDB router ~145 ns
+    /// per traversal, so one torus hop between F1s adds ~409 ns to the intra-FPGA path.
+    #[test]
+    fn path_latency_follows_links_and_routers() {
+        let m = Model::default();
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let n = |s: &str| shape.parse_node(s).unwrap();
+        let lat = |a, b| m.path_latency(&shape, n(a), n(b), 32).unwrap();
+        let local = lat("M1QAF1", "M1QAF1");
+        let intra = lat("M1QAF1", "M1QAF2");
+        let torus = lat("M1QAF1", "M1QBF1");
+        // The intra-FPGA path is one switch (13.3 ns) and the NI's serialisation of 32 B
+        // (13.3 ns). Cut-through: a path's serialisation is its slowest element's, once:
+        // 16 ns at 16 Gb/s, 25.6 ns at 10 Gb/s.
+        let (sw, ni_ser) = (13_333, 13_333);
+        assert_eq!(intra - local, 2 * sw + 120_000 + 16_000 - (sw + ni_ser));
+        assert_eq!(
+            torus - local,
+            2 * 145_000 + 120_000 + 25_600 - (sw + ni_ser)
+        );
+        // F2 -> F1 -> F1 -> F3: three links, two routers, two FPGA switches.
+        let far = lat("M1QAF2", "M1QBF3");
+        assert_eq!(
+            far - local,
+            2 * sw + 2 * 145_000 + 3 * 120_000 + 25_600 - (sw + ni_ser)
+        );
+    }
+
+    #[test]
+    fn bad_parameters_are_named() {
+        let p = ModelParams {
+            torus_link_gbps: 0.0,
+            ..ModelParams::default()
+        };
+        let e = p.model().unwrap_err().to_string();
+        assert!(e.contains("torus_link_gbps"), "{e}");
+        let p = ModelParams {
+            input_buffer: 100,
+            ..ModelParams::default()
+        };
+        assert!(p.model().unwrap_err().to_string().contains("input_buffer"));
+    }
+}

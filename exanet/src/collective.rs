@@ -1,0 +1,594 @@
+//! Collectives for a group of ranks: barrier, broadcast, reduce and allreduce.
+//!
+//! An allreduce uses the NI's accelerator ([`Path::Accelerator`]) when the group and the
+//! vector allow it (whole QFDBs, a power of two of them, one rank per node; vectors are
+//! reduced 256 bytes per operation, as the hardware does); everything else runs in
+//! software ([`Path::Software`]): the algorithms of `exanet_proto::collective` (recursive
+//! doubling, binomial trees, ring) over packetizer messages to each member's collective
+//! mailbox. [`Path::Auto`] picks the accelerator when it can.
+//!
+//! Every member must call the same collectives of a group in the same order (as MPI
+//! requires): each call takes the group's next sequence number, which names its messages
+//! and its accelerator operations.
+//!
+//! # Collective mailbox
+//! Software collectives of rank `r` arrive in mailbox interface [`COLLECTIVE_VI_BASE`] +
+//! `r` of its node, opened by [`Endpoint::collectives`]: peers address it without asking.
+//! Each message carries a 10-byte header (group u16, sequence u16, step u16, offset u16,
+//! total length u16, big-endian) and up to 54 bytes of the step's data.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use exanet_proto::attach::{AllreducePost, Command, MEMBER_ENTRY};
+use exanet_proto::collective::{Algorithm, Kind, SoftCollective};
+use exanet_proto::model::ModelTime;
+use exanet_proto::ni::allreduce::{eligible, MAX_VECTOR};
+pub use exanet_proto::ni::{DataType, ReduceOp};
+use exanet_proto::shape::NodeId;
+
+use crate::endpoint::{Endpoint, Mailbox, MemoryRegion, Packetizer, Tag};
+use crate::engine::{Chan, Shared};
+use crate::error::{Error, OpError, Result};
+use exanet_proto::ni::NackReason;
+
+/// The collective mailbox of rank `r` is interface `COLLECTIVE_VI_BASE + r`.
+pub const COLLECTIVE_VI_BASE: u8 = 48;
+/// Messages the collective mailbox holds.
+const MAILBOX_CAPACITY: u32 = 4096;
+/// Bytes of a message's header.
+const HEADER: usize = 10;
+/// Bytes of step data per message.
+const CHUNK: usize = exanet_proto::ni::MAX_MESSAGE - HEADER;
+/// How long a collective may take before it is given up.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a member waiting for a message looks at what it sent (to send again what a
+/// peer refused for now).
+const RESEND_CHECK: Duration = Duration::from_millis(2);
+/// Messages kept for collectives this member has not started yet.
+const MAX_EARLY: usize = 65_536;
+/// Scratch memory for the accelerator: the member table, then the vector and the result.
+const TABLE_BYTES: usize = exanet_proto::ni::allreduce::MAX_MEMBERS * MEMBER_ENTRY;
+const SCRATCH: u64 = (TABLE_BYTES + 2 * MAX_VECTOR) as u64;
+
+/// Which way an allreduce goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Path {
+    /// The accelerator when the group and vector allow it, else software.
+    #[default]
+    Auto,
+    /// The NI's accelerator; an error when the group or vector does not allow it.
+    Accelerator,
+    /// The software algorithms, always.
+    Software,
+}
+
+/// The ranks of a collective, in rank order, with this endpoint among them.
+#[derive(Debug)]
+pub struct Group {
+    id: u16,
+    members: Vec<(NodeId, u8)>,
+    me: usize,
+    seq: Mutex<u16>,
+}
+
+impl Group {
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    pub fn members(&self) -> &[(NodeId, u8)] {
+        &self.members
+    }
+
+    /// This endpoint's index in the group.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn next_seq(&self) -> u16 {
+        let mut s = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        *s = s.wrapping_add(1);
+        *s
+    }
+}
+
+/// Counters of this endpoint's collectives, by path (those started are the completed
+/// and the failed: a call counts when it returns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollectiveStats {
+    pub completed: [u64; 2],
+    pub failed: [u64; 2],
+    /// Accelerator operations posted (one per 256 bytes of an allreduce).
+    pub accelerator_ops: u64,
+}
+
+/// Index of a path in [`CollectiveStats`]' arrays: 0 accelerator, 1 software.
+pub const ACCELERATOR: usize = 0;
+pub const SOFTWARE: usize = 1;
+
+/// A message for a collective, reassembled from its chunks.
+#[derive(Default)]
+struct Partial {
+    total: usize,
+    data: Vec<u8>,
+    /// Offsets of the chunks in, so that a copy of one is not counted twice.
+    chunks: std::collections::BTreeSet<usize>,
+    have: usize,
+}
+
+/// The collectives of one endpoint (one rank): its collective mailbox, a packetizer, and
+/// scratch memory for the accelerator. Calls from several threads run one at a time: at
+/// once they would take each other's messages and share the scratch memory.
+pub struct Collectives {
+    shared: Arc<Shared>,
+    /// This rank: node and rank.
+    me: (NodeId, u8),
+    nodes: u32,
+    mailbox: Mailbox,
+    tx: Packetizer,
+    scratch: MemoryRegion,
+    early: Mutex<Early>,
+    stats: Mutex<CollectiveStats>,
+    /// An accelerator operation given up on before the NI ended it: it may still write
+    /// into the scratch memory, so the next one waits for it first.
+    abandoned: Mutex<Option<u32>>,
+    /// Held for the length of a collective.
+    call: Mutex<()>,
+    timeout: Duration,
+}
+
+impl Endpoint {
+    /// Opens this rank's collectives: its collective mailbox (interface 48 + rank), a
+    /// packetizer and scratch memory.
+    pub fn collectives(&self) -> Result<Collectives> {
+        let vi = COLLECTIVE_VI_BASE + self.rank();
+        let mailbox = self.mailbox_at(vi, MAILBOX_CAPACITY).map_err(|e| {
+            Error::Collective(format!("the collective mailbox (interface {vi}): {e}"))
+        })?;
+        Ok(Collectives {
+            shared: Arc::clone(self.shared()),
+            me: (self.node_id(), self.rank()),
+            nodes: self.nodes(),
+            mailbox,
+            tx: self.packetizer()?,
+            scratch: self.register(SCRATCH)?,
+            early: Mutex::new(Early::default()),
+            stats: Mutex::new(CollectiveStats::default()),
+            abandoned: Mutex::new(None),
+            call: Mutex::new(()),
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+}
+
+impl Collectives {
+    /// A group `id` of `members` (node and rank of each, in rank order; this endpoint
+    /// among them once). Every member must create it with the same id and members.
+    pub fn group(&self, id: u16, members: &[(NodeId, u8)]) -> Result<Group> {
+        if members.is_empty() || members.len() > usize::from(u16::MAX) {
+            return Err(Error::Collective(format!(
+                "a group of {} members",
+                members.len()
+            )));
+        }
+        let me = self.me;
+        let mut seen = std::collections::HashSet::new();
+        for &(n, r) in members {
+            if n.0 >= self.nodes || r > 7 {
+                return Err(Error::Collective(format!(
+                    "member {n}:{r} is not a rank of this rack"
+                )));
+            }
+            if !seen.insert((n, r)) {
+                return Err(Error::Collective(format!("member {n}:{r} appears twice")));
+            }
+        }
+        let idx = members.iter().position(|&m| m == me).ok_or_else(|| {
+            Error::Collective(format!("this rank ({}:{}) is not a member", me.0, me.1))
+        })?;
+        Ok(Group {
+            id,
+            members: members.to_vec(),
+            me: idx,
+            seq: Mutex::new(0),
+        })
+    }
+
+    /// Gives up a collective after `t` (default 60 s).
+    pub fn set_timeout(&mut self, t: Duration) {
+        self.timeout = t;
+    }
+
+    pub fn stats(&self) -> CollectiveStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.call.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, path: usize, r: &Result<impl Sized>) {
+        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        match r {
+            Ok(_) => s.completed[path] += 1,
+            Err(_) => s.failed[path] += 1,
+        }
+    }
+
+    /// The allreduce of `data` (elements of `ty`) over the group: every member gets the
+    /// same bytes.
+    pub fn allreduce(
+        &self,
+        g: &Group,
+        op: ReduceOp,
+        ty: DataType,
+        data: &[u8],
+        path: Path,
+    ) -> Result<Vec<u8>> {
+        let _call = self.one_at_a_time();
+        if data.is_empty() || data.len() % ty.size() != 0 {
+            return Err(Error::Collective(format!(
+                "a vector of {} B is not a whole number of {}-byte elements",
+                data.len(),
+                ty.size()
+            )));
+        }
+        let chunk = MAX_VECTOR.min(data.len());
+        let accel = eligible(&g.members, ty, chunk, self.nodes);
+        let use_accel = match (path, accel) {
+            (Path::Software, _) => false,
+            (Path::Auto, r) => r.is_ok(),
+            (Path::Accelerator, Ok(())) => true,
+            (Path::Accelerator, Err(e)) => {
+                return Err(Error::Collective(format!("the accelerator: {e}")));
+            }
+        };
+        if use_accel {
+            let r = self.accelerated(g, op, ty, data);
+            self.count(ACCELERATOR, &r);
+            r
+        } else {
+            let r = self.software(g, Kind::Allreduce { op, ty }, data.to_vec());
+            self.count(SOFTWARE, &r);
+            r
+        }
+    }
+
+    /// The reduction of `data` over the group at member `root`; the others get an empty
+    /// vector.
+    pub fn reduce(
+        &self,
+        g: &Group,
+        root: usize,
+        op: ReduceOp,
+        ty: DataType,
+        data: &[u8],
+    ) -> Result<Vec<u8>> {
+        let _call = self.one_at_a_time();
+        let r = self.software(g, Kind::Reduce { root, op, ty }, data.to_vec());
+        self.count(SOFTWARE, &r);
+        r
+    }
+
+    /// Member `root`'s `data` at every member (the others pass anything: it is replaced).
+    pub fn bcast(&self, g: &Group, root: usize, data: &[u8]) -> Result<Vec<u8>> {
+        let _call = self.one_at_a_time();
+        let r = self.software(g, Kind::Bcast { root }, data.to_vec());
+        self.count(SOFTWARE, &r);
+        r
+    }
+
+    /// Returns once every member has entered it.
+    pub fn barrier(&self, g: &Group) -> Result<()> {
+        let _call = self.one_at_a_time();
+        let r = self.software(g, Kind::Barrier, Vec::new()).map(drop);
+        self.count(SOFTWARE, &r);
+        r
+    }
+
+    /// An allreduce on the accelerator, 256 bytes per operation.
+    fn accelerated(&self, g: &Group, op: ReduceOp, ty: DataType, data: &[u8]) -> Result<Vec<u8>> {
+        let stale = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(tag) = stale {
+            // The NI ends every operation by its collective deadline (30 s); whatever
+            // this one did, its result is nobody's.
+            let _ = self.shared.wait(tag, Some(Duration::from_secs(35)));
+        }
+        let mut table = Vec::with_capacity(g.members.len() * MEMBER_ENTRY);
+        for &(n, r) in &g.members {
+            table.extend_from_slice(&n.0.to_be_bytes());
+            table.extend_from_slice(&[r, 0, 0, 0]);
+        }
+        self.scratch.write(0, &table)?;
+        let src = TABLE_BYTES as u64;
+        let dst = src + MAX_VECTOR as u64;
+        let mut out = Vec::with_capacity(data.len());
+        for piece in data.chunks(MAX_VECTOR) {
+            let id = (u32::from(g.id) << 16) | u32::from(g.next_seq());
+            self.scratch.write(src, piece)?;
+            let post = AllreducePost {
+                id,
+                op,
+                ty,
+                len: piece.len() as u16,
+                count: g.members.len() as u16,
+                src_va: self.scratch.va() + src,
+                dst_va: self.scratch.va() + dst,
+                table_va: self.scratch.va(),
+            };
+            let tag = self
+                .shared
+                .post(Chan::Collective { id }, |tag| Command::Allreduce {
+                    tag,
+                    op: post,
+                    at: ModelTime::ZERO,
+                })?;
+            self.stats
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .accelerator_ops += 1;
+            match self.shared.wait(tag, Some(self.timeout)) {
+                Ok(_) => {}
+                Err(Error::Timeout) => {
+                    *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(tag);
+                    return Err(Error::Timeout);
+                }
+                Err(e) => return Err(e),
+            }
+            out.extend_from_slice(&self.scratch.to_vec(dst, piece.len() as u64)?);
+        }
+        Ok(out)
+    }
+
+    /// Runs a software collective: sends what the algorithm says, feeds it what arrives.
+    fn software(&self, g: &Group, kind: Kind, data: Vec<u8>) -> Result<Vec<u8>> {
+        let seq = g.next_seq();
+        let mut sc = SoftCollective::new(kind, Algorithm::Auto, g.size(), g.me, data)
+            .map_err(|e| Error::Collective(e.to_string()))?;
+        let deadline = Instant::now() + self.timeout;
+        let mut partial: BTreeMap<(usize, u16), Partial> = BTreeMap::new();
+        let mut sent: VecDeque<Sent> = VecDeque::new();
+        let early = self
+            .early
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(g.id, seq);
+        let mut backlog: VecDeque<crate::Message> = early.into();
+        loop {
+            while let Some(o) = sc.poll_send() {
+                self.send_step(g, seq, o.to, o.step, &o.data, &mut sent)?;
+            }
+            if sc.is_done() {
+                break;
+            }
+            let m = match backlog.pop_front() {
+                Some(m) => m,
+                None => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout);
+                    }
+                    // Wake now and then to send again what a peer refused for now: it
+                    // may be waiting for exactly that before it sends what this waits for.
+                    match self.mailbox.recv(Some(left.min(RESEND_CHECK))) {
+                        Ok(m) => m,
+                        Err(Error::Timeout) => {
+                            self.reap(&mut sent, deadline)?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            let Some((h, body)) = parse(&m.payload) else {
+                continue;
+            };
+            let (step, offset, total) = (h.step, h.offset, h.total);
+            if (h.group, h.seq) != (g.id, seq) {
+                self.keep_early(h.group, h.seq, m.clone());
+                continue;
+            }
+            let Some(from) = g
+                .members
+                .iter()
+                .position(|&x| x == (m.src_node, m.src_rank))
+            else {
+                continue;
+            };
+            if !partial.contains_key(&(from, step)) && partial.len() >= 4 * g.size() + 16 {
+                // No algorithm has that many steps in flight from its peers at once.
+                return Err(Error::Collective(format!(
+                    "member {from} started step {step} with {} steps already incomplete",
+                    partial.len()
+                )));
+            }
+            let p = partial.entry((from, step)).or_default();
+            if p.chunks.is_empty() {
+                p.total = total;
+                p.data = vec![0; total];
+            }
+            if total != p.total || offset + body.len() > total {
+                return Err(Error::Collective(format!(
+                    "member {from} sent step {step} as {total} B after {} B",
+                    p.total
+                )));
+            }
+            if !p.chunks.insert(offset) {
+                continue;
+            }
+            p.data[offset..offset + body.len()].copy_from_slice(body);
+            p.have += body.len().max(usize::from(total == 0));
+            if p.have >= p.total.max(1) {
+                let p = partial.remove(&(from, step)).expect("present");
+                sc.on_receive(from, step, &p.data)
+                    .map_err(|e| Error::Collective(e.to_string()))?;
+            }
+        }
+        while let Some(s) = sent.pop_front() {
+            self.settle(s, &mut sent, deadline)?;
+        }
+        Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default())
+    }
+
+    /// Sends one step's data to member `to`, in as many messages as it takes.
+    fn send_step(
+        &self,
+        g: &Group,
+        seq: u16,
+        to: usize,
+        step: u16,
+        data: &[u8],
+        sent: &mut VecDeque<Sent>,
+    ) -> Result<()> {
+        let (node, rank) = g.members[to];
+        let dst = self
+            .shared
+            .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)?;
+        let total = data.len();
+        if total > usize::from(u16::MAX) {
+            return Err(Error::Collective(format!(
+                "a step of {total} B: software collectives carry at most 65535 B per step"
+            )));
+        }
+        let mut offset = 0;
+        loop {
+            let end = (offset + CHUNK).min(total);
+            let mut m = Vec::with_capacity(HEADER + end - offset);
+            for v in [g.id, seq, step, offset as u16, total as u16] {
+                m.extend_from_slice(&v.to_be_bytes());
+            }
+            m.extend_from_slice(&data[offset..end]);
+            let tag = self.tx.send_any(dst, &m)?;
+            sent.push_back(Sent { tag, dst, msg: m });
+            // Collect what finished, so failures surface and tags do not pile up.
+            while sent.len() > 64 {
+                let s = sent.pop_front().expect("non-empty");
+                self.settle(s, sent, Instant::now() + self.timeout)?;
+            }
+            offset = end;
+            if offset >= total {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits for a sent message's answer. A peer whose collective mailbox is full (it is
+    /// behind, or many members send to it at once) or not open yet (its process has not
+    /// got there: members start when they start) refuses it for now: it goes again a
+    /// little later, until `deadline`.
+    fn settle(&self, s: Sent, sent: &mut VecDeque<Sent>, deadline: Instant) -> Result<()> {
+        self.answered(s, sent, deadline, self.timeout).map(drop)
+    }
+
+    /// Settles, without waiting, every sent message already answered.
+    fn reap(&self, sent: &mut VecDeque<Sent>, deadline: Instant) -> Result<()> {
+        for _ in 0..sent.len() {
+            let s = sent.pop_front().expect("counted");
+            if let Some(s) = self.answered(s, sent, deadline, Duration::ZERO)? {
+                sent.push_back(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits up to `wait` for `s`'s answer: `Some(s)` when none came yet; a refusal for
+    /// now sends it again (onto `sent`).
+    fn answered(
+        &self,
+        s: Sent,
+        sent: &mut VecDeque<Sent>,
+        deadline: Instant,
+        wait: Duration,
+    ) -> Result<Option<Sent>> {
+        match self.shared.wait(s.tag.raw(), Some(wait)) {
+            Ok(_) => Ok(None),
+            Err(Error::Timeout) if wait.is_zero() => Ok(Some(s)),
+            Err(Error::Op {
+                error:
+                    OpError::Nacked {
+                        reason: Some(NackReason::QueueFull | NackReason::NoContext),
+                        ..
+                    },
+                ..
+            }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+                let tag = self.tx.send_any(s.dst, &s.msg)?;
+                sent.push_back(Sent { tag, ..s });
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn keep_early(&self, group: u16, seq: u16, m: crate::Message) {
+        self.early
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keep(group, seq, m);
+    }
+}
+
+/// Messages of collectives not started yet, by (group, sequence), at most [`MAX_EARLY`].
+#[derive(Default)]
+struct Early {
+    by_call: HashMap<(u16, u16), Vec<crate::Message>>,
+    count: usize,
+}
+
+impl Early {
+    fn keep(&mut self, group: u16, seq: u16, m: crate::Message) {
+        if self.count < MAX_EARLY {
+            self.count += 1;
+            self.by_call.entry((group, seq)).or_default().push(m);
+        }
+    }
+
+    fn take(&mut self, group: u16, seq: u16) -> Vec<crate::Message> {
+        let v = self.by_call.remove(&(group, seq)).unwrap_or_default();
+        self.count -= v.len();
+        v
+    }
+}
+
+/// A message sent and not answered yet, kept to be sent again.
+struct Sent {
+    tag: Tag,
+    dst: exanet_proto::gvas::Gvas,
+    msg: Vec<u8>,
+}
+
+/// The header of a collective message.
+struct Header {
+    group: u16,
+    seq: u16,
+    step: u16,
+    offset: usize,
+    total: usize,
+}
+
+/// The header and data of a collective message, if it is one.
+fn parse(p: &[u8]) -> Option<(Header, &[u8])> {
+    if p.len() < HEADER {
+        return None;
+    }
+    let u = |i: usize| u16::from_be_bytes([p[i], p[i + 1]]);
+    let h = Header {
+        group: u(0),
+        seq: u(2),
+        step: u(4),
+        offset: usize::from(u(6)),
+        total: usize::from(u(8)),
+    };
+    let body = &p[HEADER..];
+    (h.offset + body.len() <= h.total).then_some((h, body))
+}
