@@ -38,10 +38,16 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
         Deploy::Local => {
             let rack_dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
             let ns = crate::ip_service::netns_path(&rack, &name);
+            let mut command = Command::new(program);
             if ns.exists() {
                 enter_netns(&ns)?;
+                // A node that is a host of its own has a /tmp of its own.
+                command.env(
+                    "TMPDIR",
+                    crate::ip_service::ensure_node_tmp_dir(&rack, &name)?,
+                );
             }
-            let e = Command::new(program)
+            let e = command
                 .args(args)
                 .env("EXANET_RACK", rack_dir)
                 .env("EXANET_NODE", &name)

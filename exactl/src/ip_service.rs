@@ -48,6 +48,30 @@ pub fn netns_path(rack: &Rack, node: &str) -> PathBuf {
     Path::new("/run/netns").join(netns_name(rack, node))
 }
 
+/// The node's own temporary directory (`TMPDIR` of what `exactl exec` runs there): nodes
+/// are separate hosts, and programs that keep per-host state under the temporary
+/// directory, keyed by the host name that every namespace shares, must not meet another
+/// node's (Open MPI's session directory and PMIx's shared-memory store did, and a job hung
+/// when one node's daemon found another's files). Named like the namespace, beside it in
+/// the system's temporary directory, so that it stays short enough for the Unix sockets
+/// programs put in it.
+pub fn node_tmp_dir(rack: &Rack, node: &str) -> PathBuf {
+    std::env::temp_dir().join(netns_name(rack, node))
+}
+
+/// Makes the node's temporary directory if it is not there, world-writable and sticky as
+/// `/tmp` is.
+pub fn ensure_node_tmp_dir(rack: &Rack, node: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = node_tmp_dir(rack, node);
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
+            .map_err(|e| CliError::io("set the mode of", &dir, e))?;
+    }
+    Ok(dir)
+}
+
 /// Why IP over ExaNet cannot run here, if it cannot.
 pub fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -123,6 +147,8 @@ fn start_all(
         let _ = ip(&["netns", "del", &ns]);
         ip(&["netns", "add", &ns])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        let _ = std::fs::remove_dir_all(node_tmp_dir(rack, &node));
+        ensure_node_tmp_dir(rack, &node)?;
         let ready = ready_file(&layout, &node);
         process::remove_if_present(&ready).map_err(|e| CliError::io("remove", &ready, e))?;
         let log = log_file(&layout, &node);
@@ -234,15 +260,47 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
     }
     if let Some(rack) = rack {
         let shape = rack.shape();
-        for id in shape.node_ids() {
-            let ns = netns_name(rack, &shape.display(id));
+        let nodes: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
+        // The node goes away with what still runs on it (a command `exactl exec` started,
+        // an MPI job's daemons): deleting the namespace alone would leave them running,
+        // cut off from every network.
+        let stragglers: Vec<i32> = nodes
+            .iter()
+            .filter(|n| netns_path(rack, n).exists())
+            .flat_map(|n| pids_in_netns(&netns_name(rack, n)))
+            .collect();
+        if !stragglers.is_empty() {
+            eprintln!(
+                "exactl: stopping {} process(es) still running on the rack's nodes",
+                stragglers.len()
+            );
+            for &p in &stragglers {
+                let _ = process::signal(p, libc::SIGKILL);
+            }
+        }
+        for node in &nodes {
+            let ns = netns_name(rack, node);
             if Path::new("/run/netns").join(&ns).exists() {
                 if let Err(e) = ip(&["netns", "del", &ns]) {
                     eprintln!("exactl: {e}");
                 }
             }
+            let _ = std::fs::remove_dir_all(node_tmp_dir(rack, node));
         }
     }
+}
+
+/// The processes in a namespace (`ip netns pids`), never this process.
+fn pids_in_netns(ns: &str) -> Vec<i32> {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|t| t.parse::<i32>().ok())
+        .filter(|&p| p != me)
+        .collect()
 }
 
 /// Whether `pid` runs the IP service: the binary its pid file names (a recycled pid must

@@ -15,6 +15,11 @@
 //!   MPI traffic and the runtime's own connections cross the emulated fabric (a node's
 //!   namespace has nothing else but loopback anyway);
 //! - `OMPI_ALLOW_RUN_AS_ROOT*` when run as root (namespaces need root).
+//!
+//! Every node has a temporary directory of its own (`TMPDIR`, see
+//! [`crate::ip_service::node_tmp_dir`]): Open MPI keys its session directory, and PMIx its
+//! shared-memory store, by host name, which all the nodes' namespaces share; in one
+//! directory the nodes' daemons found each other's files and jobs hung now and then.
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
@@ -116,6 +121,7 @@ pub fn run(
 
     // mpirun runs on the first node: the orteds it starts reach it over the fabric.
     crate::exec::enter_netns(&crate::ip_service::netns_path(&rack, &names[0]))?;
+    let tmp = crate::ip_service::ensure_node_tmp_dir(&rack, &names[0])?;
     let status = Command::new(mpirun)
         .arg("-np")
         .arg(names.len().to_string())
@@ -128,6 +134,7 @@ pub fn run(
         .envs(mca_env(&agent, &rack.ip_subnet().to_string()))
         .env("EXANET_RACK", &abs_dir)
         .env("EXANET_NODE", &names[0])
+        .env("TMPDIR", &tmp)
         .status();
     let _ = std::fs::remove_file(&hostfile);
     let status = status.map_err(|e| {

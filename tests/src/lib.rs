@@ -127,7 +127,11 @@ const PIPE_GRACE: Duration = Duration::from_secs(5);
 pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Run, String> {
     let shown = format!("{cmd:?}");
     let start = Instant::now();
+    use std::os::unix::process::CommandExt;
+    // A group of its own, so that a command that does not finish is killed with what it
+    // started (mpirun and its daemons under `exactl mpirun`, say), not only itself.
     let mut child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -171,6 +175,8 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Run, Stri
         match child.try_wait() {
             Ok(Some(st)) => break st,
             Ok(None) if start.elapsed() >= timeout => {
+                // SAFETY: kill has no memory preconditions; the group is the child's own.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!(

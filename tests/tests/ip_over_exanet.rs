@@ -446,7 +446,17 @@ fn an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs() {
     let before = delivered();
     let prog = prog.to_string_lossy().to_string();
     let r = run_with_timeout(
-        ip.rack.command(&["mpirun", "-np", "8", "--", &prog]),
+        // mpirun gives up first and says where each daemon and rank stood.
+        ip.rack.command(&[
+            "mpirun",
+            "--mpi-arg=--timeout",
+            "--mpi-arg=100",
+            "--mpi-arg=--report-state-on-timeout",
+            "-np",
+            "8",
+            "--",
+            &prog,
+        ]),
         Duration::from_secs(120),
     )
     .unwrap();
