@@ -21,6 +21,7 @@
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
+mod capture;
 mod chaos;
 mod control;
 mod error;
@@ -35,6 +36,7 @@ mod nodes;
 mod ping;
 mod process;
 mod rack_cmd;
+mod rack_prometheus;
 mod status;
 mod table;
 mod top;
@@ -98,6 +100,9 @@ enum Command {
     Exec(ExecArgs),
     /// Run an unmodified MPI program (Open MPI) with one rank per node, over IP over ExaNet
     Mpirun(MpirunArgs),
+    /// Capture the cells passing a node or one link direction into a pcapng file (read it
+    /// with Wireshark and `wireshark/exanet.lua`)
+    Capture(capture::CaptureArgs),
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +218,9 @@ enum RackCommand {
     /// Write Kubernetes manifests (StatefulSet, headless Service, kustomization) running
     /// the rack, one pod per node
     K8s(K8sArgs),
+    /// Run Debian's prometheus against this local rack's daemons, serving the rack's
+    /// console pages (rack view, per-link and per-node pages)
+    Prometheus(rack_prometheus::PrometheusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -394,6 +402,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Top(a) => top::run(&dir, &a),
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
         Command::Hosts => hosts::run(&dir),
+        Command::Capture(a) => capture::run(&dir, a),
+        Command::Rack(RackCommand::Prometheus(a)) => rack_prometheus::run(&dir, a),
         Command::Exec(a) => exec::run(&dir, a.node, &a.cmd),
         Command::Mpirun(a) => {
             let ranks = match (a.np, a.nodes.is_empty()) {
@@ -445,8 +455,39 @@ fn one_line_usage_error(rendered: &str) -> String {
     }
 }
 
+/// mpirun's own spelling `-np N` for `exactl mpirun`'s `--np N`: clap has no
+/// two-letter short options, and without this `-np` would be taken for the start of the
+/// program (and `--nodes`, `--mpi-arg` after it handed to mpirun as the program's).
+/// Only exactl's options are rewritten: nothing after the subcommand's `--` or program.
+fn mpirun_np_spelling(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let Some(sub) = args.iter().position(|a| a == "mpirun") else {
+        return args;
+    };
+    // Options of exactl mpirun that take a value: their value is never the program.
+    const VALUED: [&str; 5] = ["--nodes", "--np", "-n", "--mpirun", "--mpi-arg"];
+    let mut out: Vec<std::ffi::OsString> = args[..=sub].to_vec();
+    let mut rest = args[sub + 1..].iter();
+    while let Some(a) = rest.next() {
+        let text = a.to_string_lossy();
+        if a == "-np" {
+            out.push("--np".into());
+        } else if VALUED.contains(&text.as_ref()) {
+            out.push(a.clone());
+            out.extend(rest.next().cloned());
+        } else if text.starts_with('-') && text != "--" {
+            out.push(a.clone());
+        } else {
+            // `--` or the program: everything from here is the program's.
+            out.push(a.clone());
+            out.extend(rest.cloned());
+            break;
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(mpirun_np_spelling(std::env::args_os().collect())) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -503,6 +544,27 @@ mod tests {
             "{line}"
         );
         assert!(!line.starts_with("error:"), "{line}");
+    }
+
+    #[test]
+    fn mpirun_takes_np_as_mpirun_spells_it_and_leaves_the_program_alone() {
+        let parse = |args: &[&str]| {
+            let args = args.iter().map(std::ffi::OsString::from).collect();
+            match Cli::try_parse_from(mpirun_np_spelling(args)).unwrap().command {
+                Command::Mpirun(a) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        let a = parse(&[
+            "exactl", "mpirun", "-np", "4", "--mpi-arg=-x", "--", "prog", "-np", "2",
+        ]);
+        assert_eq!(a.np, Some(4));
+        assert_eq!(a.mpi_args, vec![std::ffi::OsString::from("-x")]);
+        assert_eq!(a.program, ["prog", "-np", "2"]);
+        let a = parse(&["exactl", "mpirun", "--mpi-arg", "-np", "prog", "-np"]);
+        assert_eq!(a.np, None, "a value of --mpi-arg is not exactl's -np");
+        assert_eq!(a.mpi_args, ["-np"]);
+        assert_eq!(a.program, ["prog", "-np"]);
     }
 
     #[test]
