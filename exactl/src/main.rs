@@ -328,7 +328,7 @@ fn parse_shape(s: &str) -> Result<Shape, String> {
     s.parse::<Shape>().map_err(|e| e.to_string())
 }
 
-fn parse_node_name(s: &str) -> Result<NodeName, String> {
+pub(crate) fn parse_node_name(s: &str) -> Result<NodeName, String> {
     s.parse::<NodeName>().map_err(|e| e.to_string())
 }
 

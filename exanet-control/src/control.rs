@@ -52,7 +52,62 @@ pub enum Request {
     },
     /// Clear the faults of every link of this node, setting cut links up again.
     LinkClear,
+    /// Capture the cells crossing this node's links. Unlike every other request the
+    /// answer is a stream: the response line, then the captured records as they come,
+    /// then a [`CaptureSummary`] (see [`capture_stream`] for the format). The capture ends
+    /// after `count` records or `duration_ms`, whichever comes first, or when the operator
+    /// stops reading.
+    Capture {
+        /// The neighbours whose links are captured; empty: every link of the node.
+        #[serde(default)]
+        peers: Vec<String>,
+        /// Cells the node receives from those links.
+        #[serde(default = "yes")]
+        rx: bool,
+        /// Cells the node sends on them.
+        #[serde(default = "yes")]
+        tx: bool,
+        /// Only cells of this type (its label, e.g. `write`, `ack`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cell_type: Option<String>,
+        /// Only cells whose destination GVAS has this PDID.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pdid: Option<u16>,
+        /// Only cells whose destination GVAS names this node.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dst: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        count: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<u64>,
+    },
     Shutdown,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// How a capture ended, sent after its last record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureSummary {
+    /// Records sent.
+    pub captured: u64,
+    /// Cells that matched but were not recorded because the capture could not keep up
+    /// (the fabric never waits for a capture).
+    pub dropped: u64,
+}
+
+/// The byte stream of a capture's answer, after its response line: records, each
+/// `u32` length (of the record), `u64` wall-clock time in nanoseconds since the Unix
+/// epoch, and the record ([`exanet_proto::capture::Record`]); then [`END`](capture_stream::END)
+/// in place of a length and the [`CaptureSummary`] as one JSON line. All big-endian.
+pub mod capture_stream {
+    /// The length that ends the records.
+    pub const END: u32 = u32::MAX;
+    /// The longest record: a capture header and the largest cell.
+    pub const MAX_RECORD: u32 =
+        (exanet_proto::capture::RECORD_HEADER_LEN + exanet_proto::cell::MAX_CELL) as u32;
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,6 +203,9 @@ pub struct NodeStatus {
     /// The network interface: attached workloads and protocol counters.
     #[serde(default)]
     pub ni: NiStatus,
+    /// Records copied to captures over the daemon's life (`dropped`: not kept up with).
+    #[serde(default)]
+    pub capture: CaptureSummary,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use exanet_proto::NodeId;
 use tokio::task::JoinSet;
 
-use crate::control::{ControlError, Request, Response};
+use crate::control::{CaptureSummary, ControlError, Request, Response};
 use crate::rack::{dns_name, Rack};
 use crate::tls::{NodeTls, ALPN_CONTROL, OPERATOR};
 
@@ -120,6 +120,86 @@ impl ControlClient {
             out.into_iter()
                 .map(|r| r.unwrap_or_else(|| Err(ControlError::Credentials("task lost".into()))))
                 .collect()
+        })
+    }
+
+    /// Runs a capture on `node` (`req` is a [`Request::Capture`]): hands each record, with
+    /// its wall-clock time (ns since the Unix epoch), to `on_record` until the daemon
+    /// ends the capture, `on_record` returns false, or `stop` completes (Ctrl-C, say).
+    /// Returns the daemon's summary, or, when the operator stopped first, what was
+    /// received (the daemon's drop count is then unknown, and reported as 0).
+    pub fn capture(
+        &self,
+        node: NodeId,
+        req: &Request,
+        stop: impl std::future::Future<Output = ()>,
+        mut on_record: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<CaptureSummary, ControlError> {
+        use crate::control::capture_stream::{END, MAX_RECORD};
+        use tokio::io::AsyncReadExt;
+        let target = self.target(node);
+        let body = serde_json::to_vec(req).map_err(|e| self.failed(node, e.to_string()))?;
+        self.rt.block_on(async {
+            let conn = match self.cached(node) {
+                Some(c) => c,
+                None => connect(&self.endpoint, &self.config, &target)
+                    .await
+                    .map_err(|f| f.into_error(&target))?,
+            };
+            let fail = |m: String| self.failed(node, m);
+            let (mut send, recv) = conn.open_bi().await.map_err(|e| fail(e.to_string()))?;
+            send.write_all(&body)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            send.finish().map_err(|e| fail(e.to_string()))?;
+            let mut recv = tokio::io::BufReader::new(recv);
+            let mut line = Vec::new();
+            read_line(&mut recv, &mut line)
+                .await
+                .map_err(|e| fail(format!("no answer to the capture: {e}")))?;
+            match serde_json::from_slice::<Response>(&line) {
+                Ok(Response::Ok) => {}
+                Ok(Response::Error { message }) => return Err(fail(message)),
+                Ok(other) => return Err(fail(format!("unexpected answer {other:?}"))),
+                Err(e) => return Err(fail(format!("bad answer: {e}"))),
+            }
+            let mut captured = 0u64;
+            let mut record = Vec::new();
+            let reading = async {
+                loop {
+                    let len = recv.read_u32().await.map_err(|e| e.to_string())?;
+                    if len == END {
+                        line.clear();
+                        read_line(&mut recv, &mut line).await?;
+                        return serde_json::from_slice::<CaptureSummary>(&line)
+                            .map(Some)
+                            .map_err(|e| format!("bad capture summary: {e}"));
+                    }
+                    if len > MAX_RECORD {
+                        return Err(format!(
+                            "record of {len} B is longer than any capture record ({MAX_RECORD} B)"
+                        ));
+                    }
+                    let wall = recv.read_u64().await.map_err(|e| e.to_string())?;
+                    record.resize(len as usize, 0);
+                    recv.read_exact(&mut record)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    captured += 1;
+                    if !on_record(wall, &record) {
+                        return Ok(None);
+                    }
+                }
+            };
+            let summary = tokio::select! {
+                r = reading => r.map_err(|e| fail(format!("capture stream: {e}")))?,
+                () = stop => None,
+            };
+            self.keep(node, conn);
+            Ok(summary.unwrap_or(CaptureSummary {
+                captured,
+                dropped: 0,
+            }))
         })
     }
 
@@ -253,4 +333,22 @@ async fn exchange(conn: &quinn::Connection, body: &[u8]) -> Result<Response, Fai
     send.finish().map_err(|e| lost(&e))?;
     let bytes = recv.read_to_end(MAX_RESPONSE).await.map_err(|e| lost(&e))?;
     serde_json::from_slice(&bytes).map_err(|e| Failure::Request(format!("bad response: {e}")))
+}
+
+/// Reads one JSON line (up to [`crate::control::MAX_LINE`]) into `out`, without the newline.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut limited = AsyncReadExt::take(r, crate::control::MAX_LINE as u64);
+    let n = limited
+        .read_until(b'\n', out)
+        .await
+        .map_err(|e| e.to_string())?;
+    if n == 0 || out.last() != Some(&b'\n') {
+        return Err("the stream ended inside a line".into());
+    }
+    out.pop();
+    Ok(())
 }

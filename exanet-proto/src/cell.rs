@@ -92,6 +92,24 @@ impl CellType {
         })
     }
 
+    pub const ALL: [CellType; 10] = [
+        CellType::Write,
+        CellType::ReadRequest,
+        CellType::NotifyControl,
+        CellType::Notify,
+        CellType::Ack,
+        CellType::Nack,
+        CellType::Collective,
+        CellType::Probe,
+        CellType::ProbeReply,
+        CellType::Load,
+    ];
+
+    /// The type a [`CellType::label`] names.
+    pub fn from_label(label: &str) -> Option<CellType> {
+        CellType::ALL.into_iter().find(|k| k.label() == label)
+    }
+
     /// Cells of the NI protocols (as opposed to the fabric's diagnostics).
     pub fn is_ni(self) -> bool {
         (self as u8) < 0x40
@@ -358,6 +376,18 @@ fn footer_crc(f: &[u8; FOOTER_LEN]) -> u8 {
 mod tests {
     use super::*;
     use crate::gvas::Pdid;
+
+    #[test]
+    fn every_cell_type_is_listed_once_and_found_by_its_label() {
+        for v in 0..=u8::MAX {
+            let listed = CellType::ALL.iter().filter(|k| **k as u8 == v).count();
+            assert_eq!(listed, usize::from(CellType::from_u8(v).is_some()), "{v}");
+        }
+        for k in CellType::ALL {
+            assert_eq!(CellType::from_label(k.label()), Some(k));
+        }
+        assert_eq!(CellType::from_label("bogus"), None);
+    }
 
     fn sample() -> Cell {
         let mut c = Cell::new(

@@ -112,6 +112,15 @@ pub fn encode_hello(h: &Hello, out: &mut BytesMut) {
     }
 }
 
+/// A cell frame as it arrived, whether or not its cell decodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawCell {
+    pub vc: Vc,
+    pub stamp: Stamp,
+    /// The cell's wire bytes (header, payload, footer).
+    pub wire: Bytes,
+}
+
 /// Bytes of framing before a cell: the tag (with the VC), the cell's length and its
 /// modeled stamp.
 pub const CELL_FRAME_HEADER: usize = 3 + 16;
@@ -264,14 +273,23 @@ impl FrameDecoder {
 
     /// The next complete frame, `None` when more bytes are needed.
     pub fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
+        self.next_frame_and_cell_bytes().map(|(r, _)| r)
+    }
+
+    /// As [`FrameDecoder::next_frame`], with the wire bytes of the cell a cell frame
+    /// carries, sound or not (for captures: they show what crossed the link). They share
+    /// the received chunk's memory.
+    pub fn next_frame_and_cell_bytes(
+        &mut self,
+    ) -> Option<(Result<Frame, FrameError>, Option<RawCell>)> {
         if self.broken {
             return None;
         }
-        let r = loop {
+        let frame = loop {
             if self.partial.is_empty() {
                 match frame_len(&self.chunk) {
                     Err(e) => break Err(e),
-                    Ok(Some(n)) if self.chunk.len() >= n => break parse(self.chunk.split_to(n)),
+                    Ok(Some(n)) if self.chunk.len() >= n => break Ok(self.chunk.split_to(n)),
                     Ok(_) => {
                         self.partial.extend_from_slice(&self.chunk);
                         self.chunk.clear();
@@ -282,7 +300,7 @@ impl FrameDecoder {
             match frame_len(&self.partial) {
                 Err(e) => break Err(e),
                 Ok(Some(n)) if self.partial.len() >= n => {
-                    break parse(self.partial.split_to(n).freeze())
+                    break Ok(self.partial.split_to(n).freeze())
                 }
                 need => {
                     if self.chunk.is_empty() {
@@ -298,6 +316,22 @@ impl FrameDecoder {
                 }
             }
         };
+        let cell = frame
+            .as_ref()
+            .ok()
+            .filter(|f| (TAG_CELL..TAG_CELL + NVCS as u8).contains(&f[0]))
+            .map(|f| {
+                let mut stamp = f.slice(3..CELL_FRAME_HEADER);
+                RawCell {
+                    vc: Vc(f[0] - TAG_CELL),
+                    stamp: Stamp {
+                        head: ModelTime(stamp.get_u64()),
+                        tail: ModelTime(stamp.get_u64()),
+                    },
+                    wire: f.slice(CELL_FRAME_HEADER..),
+                }
+            });
+        let r = frame.and_then(parse);
         if let Err(e) = &r {
             if e.is_fatal() {
                 self.broken = true;
@@ -305,7 +339,7 @@ impl FrameDecoder {
                 self.chunk.clear();
             }
         }
-        Some(r)
+        Some((r, cell))
     }
 }
 
@@ -314,6 +348,40 @@ mod tests {
     use super::*;
     use crate::cell::CellType;
     use crate::gvas::{Gvas, Pdid};
+
+    #[test]
+    fn a_cell_frame_hands_out_its_cell_bytes_sound_or_corrupt() {
+        let cell = Cell::new(
+            Gvas::new(Pdid(3), NodeId(9), 1, 0x40).unwrap(),
+            CellType::Write,
+            NodeId(2),
+            Bytes::from_static(b"abc"),
+        )
+        .unwrap();
+        let mut wire = BytesMut::new();
+        cell.encode(&mut wire).unwrap();
+        let mut bad = wire.to_vec();
+        bad[14] ^= 1; // the header CRC
+        let mut out = BytesMut::new();
+        encode_cell(Vc::ONE, &cell, &mut out).unwrap();
+        encode_raw_cell(Vc::ONE, Stamp::default(), &bad, &mut out);
+        out.put_u8(TAG_CREDIT);
+        out.put_u32(64);
+        out.put_u64(0);
+        let mut d = FrameDecoder::new();
+        d.push(&out);
+        let (r, b) = d.next_frame_and_cell_bytes().unwrap();
+        assert!(matches!(r, Ok(Frame::Cell(..))));
+        let b = b.unwrap();
+        assert_eq!((b.vc, b.stamp), (Vc::ONE, cell.stamp));
+        assert_eq!(&b.wire[..], &wire[..]);
+        let (r, b) = d.next_frame_and_cell_bytes().unwrap();
+        assert!(matches!(r, Err(FrameError::Cell { .. })));
+        assert_eq!(&b.unwrap().wire[..], &bad[..]);
+        let (r, b) = d.next_frame_and_cell_bytes().unwrap();
+        assert!(matches!(r, Ok(Frame::Credit(..))));
+        assert_eq!(b, None);
+    }
 
     #[test]
     fn frames_survive_any_split() {

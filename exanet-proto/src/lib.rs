@@ -22,9 +22,11 @@
 //! - [`collective`]: software collectives as state machines (barrier, broadcast, reduce, allreduce);
 //! - [`model`]: modeled time, what the ExaNeSt hardware would have taken;
 //! - [`fidelity`]: the report's measurements repeated in modeled time;
+//! - [`capture`]: which cells a capture takes and the records it writes;
 //! - [`sim`]: a whole rack in simulated time.
 
 pub mod attach;
+pub mod capture;
 pub mod cell;
 pub mod collective;
 pub mod fault;

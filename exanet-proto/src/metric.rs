@@ -201,6 +201,11 @@ families! {
     NodeModeledTime: Gauge Float "exanet_node_modeled_time_seconds"
         ["node"]
         "The node's modeled clock: the latest modeled time a cell left its switch";
+    /// `result` is `captured` or `dropped` (the capture could not keep up; the cell
+    /// itself went on).
+    NodeCaptureRecords: Counter Int "exanet_node_capture_records_total"
+        ["node", "result"]
+        "Cells copied to operators' captures (result: captured, dropped because a capture could not keep up)";
     NiAttached: Gauge Int "exanet_ni_attached_workloads"
         ["node"]
         "Workloads attached to the node's NI";

@@ -9,8 +9,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+use crate::capture::TapSpec;
 use crate::control::{Request, Response, MAX_LINE};
 use crate::node::NodeHandle;
+use exanet_proto::capture::CaptureFilter;
+use exanet_proto::cell::CellType;
+use exanet_proto::gvas::Pdid;
 
 /// Binds a Unix socket of the rack directory, replacing a stale one, usable only by the
 /// rack's owner (workloads in a container share its IPC namespace and user).
@@ -128,7 +132,24 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
         let (node, shutdown) = (node.clone(), shutdown.clone());
         tokio::spawn(async move {
             let resp = match recv.read_to_end(MAX_LINE).await {
-                Ok(line) => respond(&line, &node, &shutdown).await,
+                Ok(line) => match serde_json::from_slice::<Request>(&line) {
+                    // The one request whose answer is a stream.
+                    Ok(Request::Capture {
+                        peers,
+                        rx,
+                        tx,
+                        cell_type,
+                        pdid,
+                        dst,
+                        count,
+                        duration_ms,
+                    }) => {
+                        let spec = capture_spec(&node, &peers, rx, tx, cell_type, pdid, dst, count);
+                        stream_capture(&node, spec, count, duration_ms, send).await;
+                        return;
+                    }
+                    _ => respond(&line, &node, &shutdown).await,
+                },
                 Err(quinn::ReadToEndError::TooLong) => too_long(&node),
                 Err(e) => {
                     debug!(error = %e, "control stream failed");
@@ -197,9 +218,159 @@ async fn execute(req: Request, node: &NodeHandle, shutdown: &Notify) -> Response
             tracing::info!("link faults cleared");
             Response::Ok
         }
+        Request::Capture { .. } => err(
+            "a capture streams its records: ask over the QUIC control API (exactl capture)".into(),
+        ),
         Request::Shutdown => {
             shutdown.notify_one();
             Response::Ok
         }
+    }
+}
+
+/// The longest a capture runs without a duration: a forgotten one must not tap forever.
+const CAPTURE_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// Turns a capture request into a tap, or says what is wrong with it.
+#[allow(clippy::too_many_arguments)]
+fn capture_spec(
+    node: &NodeHandle,
+    peers: &[String],
+    rx: bool,
+    tx: bool,
+    cell_type: Option<String>,
+    pdid: Option<u16>,
+    dst: Option<String>,
+    count: Option<u64>,
+) -> Result<TapSpec, String> {
+    let shape = node.rack.shape();
+    let links = node.links();
+    let mut ports = Vec::new();
+    for p in peers {
+        let id = shape.parse_node(p).map_err(|e| e.to_string())?;
+        let port = links
+            .iter()
+            .find(|(_, peer, ..)| *peer == id)
+            .map(|(port, ..)| *port)
+            .ok_or_else(|| {
+                format!(
+                    "{p} is not a neighbour of {} (no link between them)",
+                    node.name
+                )
+            })?;
+        ports.push(port);
+    }
+    if !rx && !tx {
+        return Err("a capture of neither received nor sent cells takes nothing".into());
+    }
+    if count == Some(0) {
+        return Err("count must be at least 1".into());
+    }
+    let kind = match cell_type {
+        None => None,
+        Some(t) => Some(CellType::from_label(&t).ok_or_else(|| {
+            format!(
+                "unknown cell type {t:?} (one of: {})",
+                CellType::ALL.map(|k| k.label()).join(", ")
+            )
+        })?),
+    };
+    let dst = match dst {
+        None => None,
+        Some(d) => Some(shape.parse_node(&d).map_err(|e| e.to_string())?),
+    };
+    Ok(TapSpec {
+        ports: (!ports.is_empty()).then_some(ports),
+        rx,
+        tx,
+        filter: CaptureFilter {
+            kind,
+            pdid: pdid.map(Pdid),
+            dst,
+        },
+        count,
+    })
+}
+
+/// Answers a capture: the response line, the records as they come (batched into one
+/// write when several are queued), then the end mark and the summary. Returns when the
+/// capture is over or the operator stops reading; the tap goes with it.
+async fn stream_capture(
+    node: &NodeHandle,
+    spec: Result<TapSpec, String>,
+    count: Option<u64>,
+    duration_ms: Option<u64>,
+    mut send: quinn::SendStream,
+) {
+    use crate::control::capture_stream::END;
+    use crate::control::CaptureSummary;
+    let spec = match spec {
+        Ok(s) => s,
+        Err(message) => {
+            node.count_error("control_request");
+            let _ = send.write_all(&encode(&Response::Error { message })).await;
+            let _ = send.finish();
+            return;
+        }
+    };
+    if send.write_all(&encode(&Response::Ok)).await.is_err() {
+        return;
+    }
+    tracing::info!(
+        ports = ?spec.ports,
+        rx = spec.rx,
+        tx = spec.tx,
+        ?count,
+        ?duration_ms,
+        "capture started"
+    );
+    let mut cap = node.taps.start(spec);
+    let limit = duration_ms
+        .map_or(CAPTURE_MAX, Duration::from_millis)
+        .min(CAPTURE_MAX);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut sent = 0u64;
+    let mut batch = Vec::new();
+    let done = |sent: u64| count.is_some_and(|c| sent >= c);
+    while !done(sent) {
+        let first = tokio::select! {
+            r = cap.records.recv() => r,
+            () = tokio::time::sleep_until(deadline) => None,
+        };
+        let Some(first) = first else { break };
+        batch.clear();
+        let mut next = Some(first);
+        while let Some((wall, rec)) = next.take() {
+            batch.extend_from_slice(&(rec.len() as u32).to_be_bytes());
+            batch.extend_from_slice(&wall.to_be_bytes());
+            batch.extend_from_slice(&rec);
+            sent += 1;
+            if done(sent) || batch.len() > 256 * 1024 {
+                break;
+            }
+            next = cap.records.try_recv().ok();
+        }
+        if send.write_all(&batch).await.is_err() {
+            debug!(sent, "capture reader gone");
+            return;
+        }
+    }
+    let summary = CaptureSummary {
+        captured: sent,
+        dropped: cap.dropped(),
+    };
+    drop(cap);
+    tracing::info!(
+        captured = summary.captured,
+        dropped = summary.dropped,
+        "capture over"
+    );
+    let mut tail = END.to_be_bytes().to_vec();
+    tail.extend_from_slice(&serde_json::to_vec(&summary).unwrap_or_default());
+    tail.push(b'\n');
+    if send.write_all(&tail).await.is_ok() {
+        let _ = send.finish();
+        // Let the summary reach the operator before the stream is dropped.
+        let _ = send.stopped().await;
     }
 }

@@ -8,6 +8,7 @@
 
 pub use exanet_control::{control, control_client, ports, quota, rack, tls};
 
+pub mod capture;
 pub mod control_server;
 pub mod daemon;
 pub mod http;

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use exanet_proto::capture::Direction;
 use exanet_proto::frame::{Frame, FrameDecoder, FrameError, Hello};
 use exanet_proto::{NodeId, Port};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -228,6 +229,11 @@ async fn run_session(
     let writer = async {
         let timer = crate::precise_timer::PreciseTimer::get();
         let mut armed = None;
+        let peer = node
+            .links()
+            .into_iter()
+            .find(|(p, ..)| *p == port)
+            .map_or(node.id, |(_, peer, ..)| peer);
         loop {
             wake.notified().await;
             let now = node.now();
@@ -240,6 +246,25 @@ async fn run_session(
                 if armed.is_none_or(|a| at < a || a <= now) {
                     armed = Some(at);
                     timer.wake_at(node.deadline_std(at), wake.clone());
+                }
+            }
+            if node.taps.any() && !out.bytes.is_empty() {
+                // Captures of sent cells read back what leaves the port (corrupted by
+                // fault injection or not); an output is whole frames.
+                let mut sent = FrameDecoder::new();
+                sent.push_bytes(out.bytes.clone());
+                while let Some((_, raw)) = sent.next_frame_and_cell_bytes() {
+                    if let Some(raw) = raw {
+                        node.taps.offer(
+                            node.id,
+                            peer,
+                            port,
+                            Direction::Sent,
+                            raw.vc,
+                            raw.stamp.tail,
+                            &raw.wire,
+                        );
+                    }
                 }
             }
             if out.bytes.is_empty() {
@@ -276,10 +301,28 @@ async fn run_session(
             core.accept_hello(port, sid, &hello, now);
         }
         let mut frames = Vec::new();
+        let (me, peer) = (node.id, hello.node);
         loop {
             // Frames that arrived together with the hello are decoded first.
             let mut fatal = false;
-            while let Some(f) = dec.next_frame() {
+            // Only a running capture pays for the cells' raw bytes.
+            let tapping = node.taps.any();
+            while let Some((f, raw)) = if tapping {
+                dec.next_frame_and_cell_bytes()
+            } else {
+                dec.next_frame().map(|f| (f, None))
+            } {
+                if let Some(raw) = raw {
+                    node.taps.offer(
+                        me,
+                        peer,
+                        port,
+                        Direction::Received,
+                        raw.vc,
+                        raw.stamp.tail,
+                        &raw.wire,
+                    );
+                }
                 match f {
                     Ok(f) => frames.push(f),
                     Err(e) => {

@@ -278,6 +278,8 @@ impl Metrics {
         }
         self.put(Family::NodeUptime, &[n], s.uptime_seconds);
         self.put(Family::NodeModeledTime, &[n], s.modeled_time_seconds);
+        self.put(Family::NodeCaptureRecords, &[n, "captured"], s.capture.captured);
+        self.put(Family::NodeCaptureRecords, &[n, "dropped"], s.capture.dropped);
         self.put(Family::NiAttached, &[n], u64::from(s.ni.attached));
         for sample in s.ni.counters.samples() {
             let mut labels = vec![n];
@@ -384,6 +386,10 @@ mod tests {
                 },
                 ..NiStatus::default()
             },
+            capture: crate::control::CaptureSummary {
+                captured: 61,
+                dropped: 62,
+            },
         }
     }
 
@@ -447,6 +453,8 @@ mod tests {
             r#"exanet_node_uptime_seconds{node="M1QAF2"} 12.5"#,
             r#"exanet_link_modeled_busy_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF4",port="f4"} 0.000125"#,
             r#"exanet_node_modeled_time_seconds{node="M1QAF2"} 0.0005"#,
+            r#"exanet_node_capture_records_total{node="M1QAF2",result="captured"} 61"#,
+            r#"exanet_node_capture_records_total{node="M1QAF2",result="dropped"} 62"#,
             r#"exanet_ni_attached_workloads{node="M1QAF2"} 2"#,
             r#"exanet_ni_messages_total{direction="rx",node="M1QAF2"} 42"#,
             r#"exanet_ni_acks_total{direction="tx",node="M1QAF2"} 43"#,

@@ -433,6 +433,8 @@ pub struct NodeHandle {
     pub spin: Duration,
     /// The ranks' registered memory, shared with the NI.
     pub memory: ShmMemory,
+    /// Operators' captures of the cells crossing the node's links.
+    pub taps: Arc<crate::capture::Taps>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -511,6 +513,7 @@ impl NodeHandle {
             timer_wake,
             spin,
             memory,
+            taps: Arc::default(),
         }))
     }
 
@@ -651,6 +654,10 @@ impl NodeHandle {
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             modeled_time_seconds: sw.modeled_now().as_secs_f64(),
+            capture: crate::control::CaptureSummary {
+                captured: self.taps.captured_total.load(Ordering::Relaxed),
+                dropped: self.taps.dropped_total.load(Ordering::Relaxed),
+            },
             ni: ni_status(&core),
         }
     }
