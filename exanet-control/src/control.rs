@@ -206,6 +206,9 @@ pub struct NodeStatus {
     /// Records copied to captures over the daemon's life (`dropped`: not kept up with).
     #[serde(default)]
     pub capture: CaptureSummary,
+    /// Collectives the node's workloads reported, by kind and path.
+    #[serde(default)]
+    pub collectives: Vec<exanet_proto::attach::CollectiveReport>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

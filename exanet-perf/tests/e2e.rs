@@ -356,6 +356,31 @@ fn collectives_on_the_accelerator_and_in_software() {
             eprintln!("{r}");
         }
     }
+    // The members' libraries reported them to their daemons: the node's metrics count
+    // both paths (exanet_ni_collectives_total; here through the status they come from).
+    let (ok, out, err) = rack::run(rack.exactl(&["status", "--json"]), Duration::from_secs(30));
+    assert!(ok, "status: {err}");
+    let status: Value = serde_json::from_str(&out).unwrap();
+    let node = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "M1QAF1")
+        .unwrap();
+    for path in ["accelerator", "software"] {
+        let c = node["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == "allreduce" && c["path"] == path)
+            .unwrap_or_else(|| panic!("no {path} allreduce reported: {node}"));
+        // Three sizes, five measured runs and one warm-up each.
+        assert_eq!(
+            (num(c, "started"), num(c, "completed"), num(c, "failed")),
+            (18.0, 18.0, 0.0),
+            "{c}"
+        );
+    }
     // Integers and min: the software path takes any group (here one QFDB plus one node).
     let rows = client(
         &rack,

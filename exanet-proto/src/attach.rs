@@ -96,6 +96,78 @@ pub enum Request {
         kind: Resource,
         index: u8,
     },
+    /// Collectives the workload's library ran since its last report, for the node's
+    /// metrics (the software ones never show in the NI's counters). At most
+    /// [`MAX_COLLECTIVE_REPORTS`] entries; answered by [`Reply::Ok`].
+    CollectiveCounts {
+        reports: Vec<CollectiveReport>,
+    },
+}
+
+/// Entries one [`Request::CollectiveCounts`] may carry: one per kind and path.
+pub const MAX_COLLECTIVE_REPORTS: usize = CollectiveKind::ALL.len() * CollectivePath::ALL.len();
+
+/// Which collective (what workloads report).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    #[default]
+    Barrier,
+    Bcast,
+    Reduce,
+    Allreduce,
+}
+
+impl CollectiveKind {
+    pub const ALL: [CollectiveKind; 4] = [
+        CollectiveKind::Barrier,
+        CollectiveKind::Bcast,
+        CollectiveKind::Reduce,
+        CollectiveKind::Allreduce,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CollectiveKind::Barrier => "barrier",
+            CollectiveKind::Bcast => "bcast",
+            CollectiveKind::Reduce => "reduce",
+            CollectiveKind::Allreduce => "allreduce",
+        }
+    }
+}
+
+/// Which way a collective ran: on the NI's accelerator or in the library over the NI.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectivePath {
+    Accelerator,
+    #[default]
+    Software,
+}
+
+impl CollectivePath {
+    pub const ALL: [CollectivePath; 2] = [CollectivePath::Accelerator, CollectivePath::Software];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CollectivePath::Accelerator => "accelerator",
+            CollectivePath::Software => "software",
+        }
+    }
+}
+
+/// How many collectives of one kind and path started, completed and failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveReport {
+    pub kind: CollectiveKind,
+    pub path: CollectivePath,
+    pub started: u64,
+    pub completed: u64,
+    pub failed: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,7 +21,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use exanet_proto::attach::{AllreducePost, Command, MEMBER_ENTRY};
+use exanet_proto::attach::{
+    AllreducePost, CollectiveKind, CollectivePath, CollectiveReport, Command, Request, MEMBER_ENTRY,
+};
 use exanet_proto::collective::{Algorithm, Kind, SoftCollective};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::allreduce::{eligible, MAX_VECTOR};
@@ -108,6 +110,16 @@ pub struct CollectiveStats {
     pub accelerator_ops: u64,
 }
 
+/// Collectives not yet reported to the daemon, and when it last heard.
+type Unreported = (
+    BTreeMap<(CollectiveKind, CollectivePath), CollectiveReport>,
+    Instant,
+);
+
+/// How often a busy endpoint reports its collectives to the daemon's metrics (and once
+/// more when its collectives close).
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
 /// Index of a path in [`CollectiveStats`]' arrays: 0 accelerator, 1 software.
 pub const ACCELERATOR: usize = 0;
 pub const SOFTWARE: usize = 1;
@@ -135,6 +147,8 @@ pub struct Collectives {
     scratch: MemoryRegion,
     early: Mutex<Early>,
     stats: Mutex<CollectiveStats>,
+    /// What the node's metrics have not heard of yet, and when they last did.
+    unreported: Mutex<Unreported>,
     /// An accelerator operation given up on before the NI ended it: it may still write
     /// into the scratch memory, so the next one waits for it first.
     abandoned: Mutex<Option<u32>>,
@@ -160,10 +174,18 @@ impl Endpoint {
             scratch: self.register(SCRATCH)?,
             early: Mutex::new(Early::default()),
             stats: Mutex::new(CollectiveStats::default()),
+            unreported: Mutex::new((BTreeMap::new(), Instant::now())),
             abandoned: Mutex::new(None),
             call: Mutex::new(()),
             timeout: DEFAULT_TIMEOUT,
         })
+    }
+}
+
+impl Drop for Collectives {
+    fn drop(&mut self) {
+        let mut u = self.unreported.lock().unwrap_or_else(|p| p.into_inner());
+        self.report(&mut u);
     }
 }
 
@@ -213,12 +235,49 @@ impl Collectives {
         self.call.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn count(&self, path: usize, r: &Result<impl Sized>) {
-        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        match r {
-            Ok(_) => s.completed[path] += 1,
-            Err(_) => s.failed[path] += 1,
+    fn count(&self, kind: CollectiveKind, path: usize, r: &Result<impl Sized>) {
+        {
+            let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(_) => s.completed[path] += 1,
+                Err(_) => s.failed[path] += 1,
+            }
         }
+        let path = if path == ACCELERATOR {
+            CollectivePath::Accelerator
+        } else {
+            CollectivePath::Software
+        };
+        let mut u = self.unreported.lock().unwrap_or_else(|p| p.into_inner());
+        let e = u.0.entry((kind, path)).or_insert(CollectiveReport {
+            kind,
+            path,
+            ..CollectiveReport::default()
+        });
+        e.started += 1;
+        match r {
+            Ok(_) => e.completed += 1,
+            Err(_) => e.failed += 1,
+        }
+        if u.1.elapsed() >= REPORT_EVERY {
+            self.report(&mut u);
+        }
+    }
+
+    /// Tells the daemon what ran since the last report (for the node's metrics). A report
+    /// that does not get through is not retried: metrics are not worth failing a
+    /// collective for.
+    fn report(&self, u: &mut Unreported) {
+        u.1 = Instant::now();
+        if u.0.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut u.0).into_values().collect();
+        let _ = self.shared.control(
+            "collective report",
+            &Request::CollectiveCounts { reports },
+            &[],
+        );
     }
 
     /// The allreduce of `data` (elements of `ty`) over the group: every member gets the
@@ -251,11 +310,11 @@ impl Collectives {
         };
         if use_accel {
             let r = self.accelerated(g, op, ty, data);
-            self.count(ACCELERATOR, &r);
+            self.count(CollectiveKind::Allreduce, ACCELERATOR, &r);
             r
         } else {
             let r = self.software(g, Kind::Allreduce { op, ty }, data.to_vec());
-            self.count(SOFTWARE, &r);
+            self.count(CollectiveKind::Allreduce, SOFTWARE, &r);
             r
         }
     }
@@ -272,7 +331,7 @@ impl Collectives {
     ) -> Result<Vec<u8>> {
         let _call = self.one_at_a_time();
         let r = self.software(g, Kind::Reduce { root, op, ty }, data.to_vec());
-        self.count(SOFTWARE, &r);
+        self.count(CollectiveKind::Reduce, SOFTWARE, &r);
         r
     }
 
@@ -280,7 +339,7 @@ impl Collectives {
     pub fn bcast(&self, g: &Group, root: usize, data: &[u8]) -> Result<Vec<u8>> {
         let _call = self.one_at_a_time();
         let r = self.software(g, Kind::Bcast { root }, data.to_vec());
-        self.count(SOFTWARE, &r);
+        self.count(CollectiveKind::Bcast, SOFTWARE, &r);
         r
     }
 
@@ -288,7 +347,7 @@ impl Collectives {
     pub fn barrier(&self, g: &Group) -> Result<()> {
         let _call = self.one_at_a_time();
         let r = self.software(g, Kind::Barrier, Vec::new()).map(drop);
-        self.count(SOFTWARE, &r);
+        self.count(CollectiveKind::Barrier, SOFTWARE, &r);
         r
     }
 

@@ -32,6 +32,7 @@ fn op_name(req: &Request) -> &'static str {
         Request::Unregister { .. } => "unregister",
         Request::Alloc { .. } => "alloc",
         Request::Free { .. } => "free",
+        Request::CollectiveCounts { .. } => "collective report",
     }
 }
 

@@ -561,4 +561,12 @@ fn a_member_that_opens_its_collectives_late_is_waited_for() {
             assert_eq!(r.join().unwrap().unwrap(), want, "member {i}");
         }
     });
+    // Each member's library told the daemon, for the node's metrics, when its
+    // collectives closed.
+    assert_eq!(
+        f.collective_counts().get(&("allreduce", "software")),
+        Some(&(4, 4, 0)),
+        "{:?}",
+        f.collective_counts()
+    );
 }

@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::attach::{self, Command, Reply, Request, Resource};
+use exanet_proto::attach::{
+    self, CollectiveReport, Command, Reply, Request, Resource, MAX_COLLECTIVE_REPORTS,
+};
 use exanet_proto::workload::ServiceError;
 use exanet_proto::Pdid;
 use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Waiter};
@@ -728,6 +730,30 @@ fn handle_request(
             let (svc, ni, _) = core.workloads();
             svc.free(ni, rank, kind, index).map_err(|e| e.to_string())?;
             give_back(&mut core, rank, quota_kind(kind), 1);
+            Ok((Reply::Ok, None))
+        }
+        Request::CollectiveCounts { reports } => {
+            if reports.len() > MAX_COLLECTIVE_REPORTS {
+                return Err(format!(
+                    "{} collective reports in one request; at most {MAX_COLLECTIVE_REPORTS}",
+                    reports.len()
+                ));
+            }
+            // A workload's own counts: it can only inflate them, and they saturate.
+            let mut core = node.lock();
+            for r in reports {
+                let t = core
+                    .collectives
+                    .entry((r.kind, r.path))
+                    .or_insert(CollectiveReport {
+                        kind: r.kind,
+                        path: r.path,
+                        ..CollectiveReport::default()
+                    });
+                t.started = t.started.saturating_add(r.started);
+                t.completed = t.completed.saturating_add(r.completed);
+                t.failed = t.failed.saturating_add(r.failed);
+            }
             Ok((Reply::Ok, None))
         }
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use exanet_proto::attach::{CollectiveKind, CollectivePath, CollectiveReport};
 use exanet_proto::fault::{FaultError, LinkFaults};
 use exanet_proto::frame::{self, Frame, Hello};
 use exanet_proto::link::{Departure, LinkSender};
@@ -78,6 +79,8 @@ pub struct Core {
     next_probe: u32,
     /// How long workloads' operations take, from command to completion.
     pub latency: crate::metrics::Latency,
+    /// Collectives the workloads' libraries reported, by kind and path.
+    pub collectives: std::collections::BTreeMap<(CollectiveKind, CollectivePath), CollectiveReport>,
 }
 
 /// Why a peer's hello was refused.
@@ -504,6 +507,7 @@ impl NodeHandle {
                 pings: HashMap::new(),
                 next_probe: 1,
                 latency: crate::metrics::Latency::new(&shape.display(id)),
+                collectives: Default::default(),
             }),
             origin: std::time::Instant::now(),
             name: shape.display(id),
@@ -654,6 +658,7 @@ impl NodeHandle {
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             modeled_time_seconds: sw.modeled_now().as_secs_f64(),
+            collectives: core.collectives.values().copied().collect(),
             capture: crate::control::CaptureSummary {
                 captured: self.taps.captured_total.load(Ordering::Relaxed),
                 dropped: self.taps.dropped_total.load(Ordering::Relaxed),

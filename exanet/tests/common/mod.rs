@@ -85,6 +85,8 @@ impl Drop for Fake {
 struct Core {
     sim: Sim,
     mem: Registered,
+    /// What workloads reported of their collectives, as the daemon would count it.
+    collectives: Vec<exanet_proto::attach::CollectiveReport>,
 }
 
 impl Core {
@@ -208,7 +210,11 @@ impl Fake {
         let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
         let mem = Registered::default();
         sim.node_mut(ME).set_memory(Box::new(mem.clone()));
-        let core = Arc::new(Mutex::new(Core { sim, mem }));
+        let core = Arc::new(Mutex::new(Core {
+            sim,
+            mem,
+            collectives: Vec::new(),
+        }));
         let listener = UnixListener::bind(dir.join("run").join(format!("{NODE}.ni"))).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let attaches = Arc::new(AtomicU32::new(0));
@@ -231,6 +237,21 @@ impl Fake {
             attaches,
             core,
         }
+    }
+
+    /// The collectives workloads reported, summed by kind and path: (started, completed,
+    /// failed).
+    pub fn collective_counts(
+        &self,
+    ) -> std::collections::BTreeMap<(&'static str, &'static str), (u64, u64, u64)> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in &self.core.lock().unwrap().collectives {
+            let e: &mut (u64, u64, u64) = out.entry((r.kind.label(), r.path.label())).or_default();
+            e.0 += r.started;
+            e.1 += r.completed;
+            e.2 += r.failed;
+        }
+        out
     }
 
     /// How many workloads the node's service has attached.
@@ -472,6 +493,10 @@ fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd
             Ok(()) => (Reply::Ok, None),
             Err(e) => error(e.to_string()),
         },
+        Request::CollectiveCounts { reports } => {
+            core.collectives.extend(reports);
+            (Reply::Ok, None)
+        }
     }
 }
 
