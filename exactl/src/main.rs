@@ -550,13 +550,24 @@ mod tests {
     fn mpirun_takes_np_as_mpirun_spells_it_and_leaves_the_program_alone() {
         let parse = |args: &[&str]| {
             let args = args.iter().map(std::ffi::OsString::from).collect();
-            match Cli::try_parse_from(mpirun_np_spelling(args)).unwrap().command {
+            match Cli::try_parse_from(mpirun_np_spelling(args))
+                .unwrap()
+                .command
+            {
                 Command::Mpirun(a) => a,
                 other => panic!("{other:?}"),
             }
         };
         let a = parse(&[
-            "exactl", "mpirun", "-np", "4", "--mpi-arg=-x", "--", "prog", "-np", "2",
+            "exactl",
+            "mpirun",
+            "-np",
+            "4",
+            "--mpi-arg=-x",
+            "--",
+            "prog",
+            "-np",
+            "2",
         ]);
         assert_eq!(a.np, Some(4));
         assert_eq!(a.mpi_args, vec![std::ffi::OsString::from("-x")]);

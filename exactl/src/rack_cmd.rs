@@ -619,7 +619,13 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
             }
         }
     }
-    // The IP services first: they are workloads of the daemons.
+    // The rack's Prometheus (`exactl rack prometheus`) and the IP services first: one
+    // scrapes the daemons, the others are their workloads.
+    match crate::rack_prometheus::stop(dir, timeout) {
+        Ok(Some(pid)) => println!("stopped the rack's prometheus (pid {pid})"),
+        Ok(None) => {}
+        Err(e) => eprintln!("exactl: warning: {e}"),
+    }
     crate::ip_service::stop(&layout, rack.as_ref(), timeout);
     if targets.is_empty() && asked == 0 {
         if let Some(e) = rack_problem {

@@ -5,6 +5,7 @@
 //! OUT/docker-compose.yml        one service per node, the `pki` one-shot, [prometheus, grafana]
 //! OUT/rack/rack.toml            static addresses on the compose network, [deploy] kind = "compose"
 //! OUT/prometheus/prometheus.yml scrape configuration, every node          (--prometheus)
+//! OUT/prometheus/consoles/...   the rack view, link and node pages (consoles.rs)
 //! OUT/grafana/...               datasource, dashboard provider, dashboards (--grafana)
 //! OUT/swarm/docker-stack.yml    the same rack for `docker stack deploy` (names, not addresses)
 //! OUT/swarm/rack/rack.toml
@@ -31,8 +32,8 @@ use exanet_proto::Shape;
 use crate::error::{DeployError, Result};
 use crate::yaml::{flow, int, render, s, MapBuilder, Yaml};
 use crate::{
-    check_options, grafana, rack_file, rack_name, rack_toml, write_files, GenFile, Subnet,
-    METRICS_PORT, RACK_GITIGNORE, RACK_MOUNT,
+    check_options, consoles, grafana, rack_file, rack_name, rack_toml, write_files, GenFile,
+    Subnet, METRICS_PORT, RACK_GITIGNORE, RACK_MOUNT,
 };
 
 /// Default compose network: a /16 in 10/8 unlikely to be in use (docker's own pools are
@@ -48,6 +49,11 @@ pub const GRAFANA_IMAGE: &str = "grafana/grafana:10.4.2";
 /// How often Prometheus scrapes every node. 5 s keeps `rate()` panels responsive; a
 /// 128-node rack then serves ~26 small scrapes a second.
 const SCRAPE_INTERVAL: &str = "5s";
+/// The command that makes these files, for their notes.
+const GENERATOR: &str = "exactl rack compose";
+/// Where the Prometheus container finds the console pages and their library.
+const CONSOLES_MOUNT: &str = "/etc/prometheus/consoles";
+const CONSOLE_LIBRARIES_MOUNT: &str = "/etc/prometheus/console_libraries";
 /// Docker health probes run as an exec in the container, which costs the host far more
 /// than the probe itself: at 15 s, 128 nodes make ~8.5 execs a second.
 const HEALTH_INTERVAL: &str = "15s";
@@ -178,7 +184,7 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
             .collect();
         files.push(GenFile::new(
             "prometheus/prometheus.yml",
-            prometheus_config(&name, &targets),
+            prometheus_config(&name, &targets, SCRAPE_INTERVAL, GENERATOR),
         ));
         let targets: Vec<String> = names
             .iter()
@@ -186,8 +192,12 @@ pub fn generate(opts: &ComposeOptions) -> Result<Vec<GenFile>> {
             .collect();
         files.push(GenFile::new(
             "swarm/prometheus.yml",
-            prometheus_config(&name, &targets),
+            prometheus_config(&name, &targets, SCRAPE_INTERVAL, GENERATOR),
         ));
+        // The console pages (rack view, a page per link and per node), for both.
+        for f in consoles::files(opts.shape, &name) {
+            files.push(GenFile::new(Path::new("prometheus").join(&f.path), f.text));
+        }
     }
     if opts.grafana {
         files.extend(grafana::files(opts.shape, &name)?);
@@ -200,10 +210,18 @@ pub fn run(out: &Path, opts: &ComposeOptions) -> Result<String> {
     let files = generate(opts)?;
     write_files(out, &files)?;
     let name = opts.name();
+    let view = if opts.prometheus {
+        format!(
+            "\nrack view: http://127.0.0.1:9090/consoles/{} (Prometheus, once up)",
+            consoles::RACK_PAGE
+        )
+    } else {
+        String::new()
+    };
     Ok(format!(
         "wrote compose rack {name:?} ({}, {} nodes, network {}) to {}: {} files\n\
          start: cd {} && docker-compose up -d   (or: docker compose up -d)\n\
-         swarm: cd {}/swarm && docker stack deploy -c docker-stack.yml {name}",
+         swarm: cd {}/swarm && docker stack deploy -c docker-stack.yml {name}{view}",
         opts.shape,
         opts.shape.nodes(),
         opts.subnet,
@@ -341,12 +359,17 @@ fn ip_service(opts: &ComposeOptions, node: &str) -> MapBuilder {
 }
 
 /// The Prometheus service as compose and swarm both run it: image, command (with `extra`
-/// flags) and volumes, its configuration read from `config` (relative to the compose or
-/// stack file).
-fn prometheus_service(config: &str, extra: &[&str]) -> MapBuilder {
+/// flags) and volumes, its configuration read from `config` and its console pages from
+/// `consoles` (a directory holding `consoles/` and `console_libraries/`), both relative to
+/// the compose or stack file.
+fn prometheus_service(config: &str, consoles: &str, extra: &[&str]) -> MapBuilder {
+    let templates = format!("--web.console.templates={CONSOLES_MOUNT}");
+    let libraries = format!("--web.console.libraries={CONSOLE_LIBRARIES_MOUNT}");
     let mut command = vec![
         "--config.file=/etc/prometheus/prometheus.yml",
         "--storage.tsdb.path=/prometheus",
+        &templates,
+        &libraries,
     ];
     command.extend_from_slice(extra);
     MapBuilder::new()
@@ -359,6 +382,14 @@ fn prometheus_service(config: &str, extra: &[&str]) -> MapBuilder {
             "volumes",
             Yaml::List(vec![
                 s(format!("{config}:/etc/prometheus/prometheus.yml:ro")),
+                s(format!(
+                    "{consoles}/{}:{CONSOLES_MOUNT}:ro",
+                    consoles::CONSOLE_DIR
+                )),
+                s(format!(
+                    "{consoles}/{}:{CONSOLE_LIBRARIES_MOUNT}:ro",
+                    consoles::LIBRARY_DIR
+                )),
                 s("prometheus-data:/prometheus"),
             ]),
         )
@@ -418,11 +449,16 @@ fn compose_file(opts: &ComposeOptions, name: &str, names: &[String]) -> Result<S
             "prometheus",
             prometheus_service(
                 "./prometheus/prometheus.yml",
+                "./prometheus",
                 &["--storage.tsdb.retention.time=7d"],
             )
             .put("networks", static_net(subnet, PROMETHEUS_OFFSET))
             .note(
-                "Published on the host's loopback only; set EXANET_PROMETHEUS_PORT to move it.",
+                &format!(
+                    "Published on the host's loopback only; set EXANET_PROMETHEUS_PORT to move it.\n\
+                     The rack view: http://127.0.0.1:9090/consoles/{}",
+                    consoles::RACK_PAGE
+                ),
                 "ports",
                 Yaml::List(vec![s("127.0.0.1:${EXANET_PROMETHEUS_PORT:-9090}:9090")]),
             )
@@ -578,7 +614,7 @@ fn stack_file(opts: &ComposeOptions, name: &str, names: &[String]) -> String {
     if opts.prometheus {
         services.push(
             "prometheus",
-            prometheus_service("./prometheus.yml", &[])
+            prometheus_service("./prometheus.yml", "../prometheus", &[])
                 .put("networks", Yaml::List(vec![s("rack")]))
                 .put("ports", Yaml::List(vec![s("9090:9090")]))
                 .build(),
@@ -615,20 +651,27 @@ fn stack_file(opts: &ComposeOptions, name: &str, names: &[String]) -> String {
     render(&doc.build())
 }
 
-/// Prometheus configuration scraping every node of the rack.
-fn prometheus_config(name: &str, targets: &[String]) -> String {
+/// Prometheus configuration scraping every node of the rack (`targets`, their metrics
+/// addresses) every `interval` (a Prometheus duration such as `5s`), as job `exanet`;
+/// `generator` is the command that made it, for its note.
+pub fn prometheus_config(
+    name: &str,
+    targets: &[String],
+    interval: &str,
+    generator: &str,
+) -> String {
     let doc = MapBuilder::new()
         .put(
             "global",
             MapBuilder::new()
-                .put("scrape_interval", s(SCRAPE_INTERVAL))
+                .put("scrape_interval", s(interval))
                 .put("evaluation_interval", s("15s"))
                 .build(),
         )
         .note(
             &format!(
                 "Every node of rack {name}: its exanetd serves /metrics on its `metrics`\n\
-                 address. Generated by `exactl rack compose`."
+                 address. Generated by `{generator}`."
             ),
             "scrape_configs",
             Yaml::List(vec![MapBuilder::new()
@@ -725,6 +768,40 @@ mod tests {
             .map(|id| rack.entry(id).metrics.clone())
             .collect();
         assert_eq!(targets, expected);
+        // It serves the rack's console pages from the generated files.
+        let p = &services["prometheus"];
+        let cmd: Vec<&str> = p["command"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(
+            cmd.contains(&"--web.console.templates=/etc/prometheus/consoles"),
+            "{cmd:?}"
+        );
+        assert!(
+            cmd.contains(&"--web.console.libraries=/etc/prometheus/console_libraries"),
+            "{cmd:?}"
+        );
+        let volumes: Vec<&str> = p["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for (dir, mount) in [
+            ("consoles", "/etc/prometheus/consoles"),
+            ("console_libraries", "/etc/prometheus/console_libraries"),
+        ] {
+            assert!(
+                volumes.contains(&format!("./prometheus/{dir}:{mount}:ro").as_str()),
+                "{volumes:?}"
+            );
+        }
+        for page in ["consoles/exanet-rack.html", "console_libraries/exanet.lib"] {
+            assert!(!text(&files, &format!("prometheus/{page}")).is_empty());
+        }
         let env = text(&files, ".env");
         assert!(env.contains("COMPOSE_PROJECT_NAME=exanet-4x4x2\n"));
         // More slots than services (compose v1 deadlocks otherwise).

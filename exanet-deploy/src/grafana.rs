@@ -2,25 +2,34 @@
 //!
 //! Two dashboards, both reading the rack's Prometheus (datasource uid [`DATASOURCE_UID`]):
 //!
-//! - `exanet-rack`: the whole rack and, per node and link, what an operator watches: links
-//!   up, traffic, flow-control stalls, queues, retransmissions, NACKs by reason, PDID
-//!   violations, timeouts, RDMA results, reconnects; then one row per selected node with
-//!   one panel per link (rows repeat over `$node`, panels over `$port`).
+//! - `exanet-rack`: the rack-wide views of [`crate::views`] (links up, daemons scraped,
+//!   busiest links), then every node view (traffic through the switch, retransmissions,
+//!   NACKs by reason, timeouts, PDID violations, latency, RDMA results, ...) over the
+//!   selected nodes (`$node`) and every link view (throughput, modeled and wire
+//!   utilization, stalls, queues, bytes in flight, faults, CRC refusals, state, sessions)
+//!   over their selected link ends (`$port`), a series per node or link end. The console
+//!   pages ([`crate::consoles`]) show the same views for one node or one link.
 //! - `exanet-torus`: link utilization laid out as the rack: one heatmap per torus
 //!   dimension and one for the QFDB links, one row per QFDB in (z, y, x) order, so a hot
 //!   ring or plane shows as a band. This one depends on the shape.
 //!
-//! Utilization is the tx bit rate over the link's nominal rate (10 Gb/s torus, 16 Gb/s
-//! inside a QFDB): the emulator carries cells over QUIC as fast as the host allows, so
-//! values above 1 mean faster than the hardware would go.
+//! The torus heatmaps show the wire utilization ([`views::WIRE_UTIL`]): the tx bit rate
+//! over the links' nominal rate (10 Gb/s torus, 16 Gb/s inside a QFDB). The emulator
+//! carries cells over QUIC as fast as the host allows, so values above 1 mean faster than
+//! the hardware would go.
 
 use exanet_proto::topology::LinkKind;
 use exanet_proto::{Coord, NodeId, Shape};
 use serde_json::{json, Value};
 
 use crate::error::{DeployError, Result};
+use crate::views::{self, Binding, Display, Scope, Side, View};
 use crate::yaml::{render, s, MapBuilder, Yaml};
 use crate::GenFile;
+
+/// Grafana's windows for `$W` and `$RANGE`.
+const RATE_INTERVAL: &str = "$__rate_interval";
+const RANGE: &str = "$__range";
 
 pub const DATASOURCE_UID: &str = "exanet-prometheus";
 /// Where the compose file mounts the dashboards in the Grafana container.
@@ -145,20 +154,20 @@ fn timeseries(id: u32, title: &str, pos: Value, unit: &str, targets: Vec<Value>)
     })
 }
 
-fn stat(id: u32, title: &str, pos: Value, expr: &str) -> Value {
+fn stat(id: u32, title: &str, pos: Value, unit: &str, targets: Vec<Value>) -> Value {
     json!({
         "id": id,
         "type": "stat",
         "title": title,
         "datasource": ds(),
         "gridPos": pos,
-        "fieldConfig": {"defaults": {"unit": "short"}, "overrides": []},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "options": {
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": false},
             "colorMode": "value",
             "graphMode": "none",
         },
-        "targets": [target("A", expr, "")],
+        "targets": targets,
     })
 }
 
@@ -200,289 +209,140 @@ fn query_variable(name: &str, label: &str, query: &str, current: Option<&str>) -
     })
 }
 
-/// The rack dashboard: rack-wide panels, then a row per `$node` with a panel per `$port`.
+/// Panels of `views` laid out three to a row from `y`, each bound by `bind` with the
+/// legend prefix `prefix` (which names the series of a node or a link end); the row after.
+fn view_panels(
+    views: &[&View],
+    y: u32,
+    next: &mut impl FnMut() -> u32,
+    bind: &Binding,
+    prefix: &dyn Fn(&View) -> &'static str,
+    panels: &mut Vec<Value>,
+) -> u32 {
+    let mut row_y = y;
+    for (i, v) in views.iter().enumerate() {
+        let col = (i % 3) as u32;
+        if i > 0 && col == 0 {
+            row_y += 8;
+        }
+        panels.push(view_panel(
+            next(),
+            v,
+            grid(col * 8, row_y, 8, 8),
+            bind,
+            prefix(v),
+        ));
+    }
+    row_y + 8
+}
+
+/// One view as a Grafana panel.
+fn view_panel(id: u32, v: &View, pos: Value, bind: &Binding, prefix: &str) -> Value {
+    let refs = ["A", "B", "C", "D", "E", "F"];
+    let targets = v
+        .queries
+        .iter()
+        .zip(refs)
+        .map(|(q, r)| {
+            let legend = match (prefix.is_empty(), q.legend.is_empty()) {
+                (true, _) => q.legend.to_string(),
+                (false, true) => prefix.to_string(),
+                (false, false) => format!("{prefix} {}", q.legend),
+            };
+            target(r, &views::expand(q.expr, bind), &legend)
+        })
+        .collect();
+    match v.display {
+        Display::Stat => stat(id, v.title, pos, v.unit.grafana(), targets),
+        Display::Graph => timeseries(id, v.title, pos, v.unit.grafana(), targets),
+    }
+}
+
+fn row(id: u32, title: &str, y: u32) -> Value {
+    json!({
+        "id": id,
+        "type": "row",
+        "title": title,
+        "gridPos": grid(0, y, 24, 1),
+        "collapsed": false,
+        "panels": [],
+    })
+}
+
+/// The rack dashboard: the rack-wide views, then every node view and every link view
+/// (`views`), each over the selected nodes (`$node`) and link ends (`$port`), with a series
+/// per node or link end.
 fn rack_dashboard(shape: Shape, rack: &str) -> Value {
-    let sel = r#"node=~"$node""#;
-    let ri = "$__rate_interval";
     let first = shape.display(NodeId(0));
     let mut id = 0;
     let mut next = || {
         id += 1;
         id
     };
-    let mut panels = vec![
-        stat(
+    let nodes = r#"node=~"$node""#;
+    let links = r#"node=~"$node",port=~"$port""#;
+    let rack_bind = Binding {
+        sel: nodes,
+        node: nodes,
+        by: &[],
+        window: RATE_INTERVAL,
+        range: RANGE,
+        rate: &views::nominal_rate_by_kind(nodes),
+    };
+    let mut panels = Vec::new();
+    let (stats, graphs): (Vec<&View>, Vec<&View>) =
+        views::RACK.iter().partition(|v| v.display == Display::Stat);
+    for (i, v) in stats.iter().enumerate() {
+        panels.push(view_panel(
             next(),
-            "Link ends up",
-            grid(0, 0, 4, 4),
-            &format!("sum(exanet_link_up{{{sel}}})"),
-        ),
-        stat(
-            next(),
-            "Link ends",
-            grid(4, 0, 4, 4),
-            &format!("count(exanet_link_up{{{sel}}})"),
-        ),
-        stat(
-            next(),
-            "Daemons scraped",
-            grid(8, 0, 4, 4),
-            r#"sum(up{job="exanet"})"#,
-        ),
-        stat(
-            next(),
-            "Workloads attached",
-            grid(12, 0, 4, 4),
-            &format!("sum(exanet_ni_attached_workloads{{{sel}}})"),
-        ),
-        stat(
-            next(),
-            "PDID violations (range)",
-            grid(16, 0, 4, 4),
-            &format!("sum(increase(exanet_ni_pdid_violations_total{{{sel}}}[$__range]))"),
-        ),
-        stat(
-            next(),
-            "Link reconnects (range)",
-            grid(20, 0, 4, 4),
-            &format!("sum(increase(exanet_link_sessions_total{{{sel}}}[$__range]))"),
-        ),
-        timeseries(
-            next(),
-            "Link traffic, busiest 10 link ends (tx)",
-            grid(0, 4, 8, 8),
-            "bps",
-            vec![target(
-                "A",
-                &format!(
-                    r#"topk(10, sum by (node, port, peer) (rate(exanet_link_bytes_total{{{sel},direction="tx"}}[{ri}])) * 8)"#
-                ),
-                "{{node}} {{port}} -> {{peer}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Flow-control stalls (fraction of time an output waited for credit)",
-            grid(8, 4, 8, 8),
-            "percentunit",
-            vec![target(
-                "A",
-                &format!(
-                    "sum by (node, port) (rate(exanet_link_stall_seconds_total{{{sel}}}[{ri}]))"
-                ),
-                "{{node}} {{port}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            // Modeled busy time over the node's modeled clock: where the modeled
-            // hardware, not the emulator, is saturated (docs/modeled-time.md).
-            "Modeled link utilization, busiest 10 link ends",
-            grid(16, 4, 8, 8),
-            "percentunit",
-            vec![target(
-                "A",
-                &format!(
-                    "topk(10, sum by (node, port, peer) (rate(exanet_link_modeled_busy_seconds_total{{{sel}}}[{ri}])) \
-                     / on(node) group_left sum by (node) (rate(exanet_node_modeled_time_seconds{{{sel}}}[{ri}])))"
-                ),
-                "{{node}} {{port}} -> {{peer}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Retransmissions (messages and RDMA blocks sent again)",
-            grid(0, 12, 8, 8),
-            "ops",
-            vec![target(
-                "A",
-                &format!("sum by (node) (rate(exanet_ni_retransmissions_total{{{sel}}}[{ri}]))"),
-                "{{node}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "NACKs by reason",
-            grid(8, 12, 8, 8),
-            "ops",
-            vec![target(
-                "A",
-                &format!("sum by (reason, direction) (rate(exanet_ni_nacks_total{{{sel}}}[{ri}]))"),
-                "{{reason}} ({{direction}})",
-            )],
-        ),
-        timeseries(
-            next(),
-            "PDID violations (cells refused for their protection domain)",
-            grid(16, 12, 8, 8),
-            "short",
-            vec![target(
-                "A",
-                &format!(
-                    "sum by (node) (increase(exanet_ni_pdid_violations_total{{{sel}}}[{ri}]))"
-                ),
-                "{{node}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Queued bytes at switch inputs",
-            grid(0, 20, 8, 8),
-            "bytes",
-            vec![target(
-                "A",
-                &format!("sum by (node, port) (exanet_link_queue_bytes{{{sel}}})"),
-                "{{node}} {{port}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Bytes in flight (sent, credit not back)",
-            grid(8, 20, 8, 8),
-            "bytes",
-            vec![target(
-                "A",
-                &format!("sum by (node, port) (exanet_link_in_flight_bytes{{{sel}}})"),
-                "{{node}} {{port}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "NI messages, timeouts, RDMA transfers",
-            grid(16, 20, 8, 8),
-            "ops",
-            vec![
-                target(
-                    "A",
-                    &format!("sum by (direction) (rate(exanet_ni_messages_total{{{sel}}}[{ri}]))"),
-                    "messages {{direction}}",
-                ),
-                target(
-                    "B",
-                    &format!("sum(rate(exanet_ni_timeouts_total{{{sel}}}[{ri}]))"),
-                    "timeouts",
-                ),
-                target(
-                    "C",
-                    &format!(
-                        "sum by (result) (rate(exanet_ni_rdma_transfers_total{{{sel}}}[{ri}]))"
-                    ),
-                    "RDMA {{result}}",
-                ),
-            ],
-        ),
-        // What the operator broke on purpose (exactl link set, partition, chaos) and
-        // what the NIs made of it.
-        timeseries(
-            next(),
-            "Faults injected on links (cells dropped, corrupted)",
-            grid(0, 28, 6, 8),
-            "ops",
-            vec![target(
-                "A",
-                &format!(
-                    "sum by (node, peer, fault) (rate(exanet_link_faults_injected_total{{{sel}}}[{ri}]))"
-                ),
-                "{{node}} -> {{peer}} {{fault}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Cells refused for bad CRCs at link inputs",
-            grid(6, 28, 6, 8),
-            "ops",
-            vec![target(
-                "A",
-                &format!(
-                    "sum by (node, peer) (rate(exanet_link_rx_corrupt_cells_total{{{sel}}}[{ri}]))"
-                ),
-                "{{peer}} -> {{node}}",
-            )],
-        ),
-        timeseries(
-            next(),
-            "Link ends cut or with faults set",
-            grid(12, 28, 6, 8),
-            "short",
-            vec![
-                target(
-                    "A",
-                    &format!("sum(exanet_link_admin_down{{{sel}}})"),
-                    "cut",
-                ),
-                target(
-                    "B",
-                    &format!(
-                        "sum(max by (node, peer) (exanet_link_fault_setting{{{sel}}} > bool 0))"
-                    ),
-                    "faults set",
-                ),
-            ],
-        ),
-        timeseries(
-            next(),
-            "Completion latency p50 / p99 by operation",
-            grid(18, 28, 6, 8),
-            "s",
-            vec![
-                target(
-                    "A",
-                    &format!(
-                        "histogram_quantile(0.5, sum by (le, op) (rate(exanet_ni_completion_latency_seconds_bucket{{{sel}}}[{ri}])))"
-                    ),
-                    "p50 {{op}}",
-                ),
-                target(
-                    "B",
-                    &format!(
-                        "histogram_quantile(0.99, sum by (le, op) (rate(exanet_ni_completion_latency_seconds_bucket{{{sel}}}[{ri}])))"
-                    ),
-                    "p99 {{op}}",
-                ),
-            ],
-        ),
-    ];
-    // One row per selected node, one panel per link end of it.
-    panels.push(json!({
-        "id": next(),
-        "type": "row",
-        "title": "Links of $node",
-        "gridPos": grid(0, 36, 24, 1),
-        "collapsed": false,
-        "repeat": "node",
-        "panels": [],
-    }));
-    let mut per_link = timeseries(
-        next(),
-        "$node $port",
-        grid(0, 37, 6, 7),
-        "bps",
-        vec![
-            target(
-                "A",
-                &format!(
-                    r#"sum by (direction, peer) (rate(exanet_link_bytes_total{{node=~"$node",port=~"$port"}}[{ri}])) * 8"#
-                ),
-                "{{direction}} ({{peer}})",
-            ),
-            target(
-                "B",
-                &format!(
-                    r#"sum(rate(exanet_link_stall_seconds_total{{node=~"$node",port=~"$port"}}[{ri}])) * 1e9"#
-                ),
-                "stalled (ns/s)",
-            ),
-            target(
-                "C",
-                r#"min(exanet_link_up{node=~"$node",port=~"$port"})"#,
-                "up",
-            ),
-        ],
+            v,
+            grid(4 * (i as u32 % 6), 4 * (i as u32 / 6), 4, 4),
+            &rack_bind,
+            "",
+        ));
+    }
+    let mut y = 4 * stats.len().div_ceil(6) as u32;
+    for (i, v) in graphs.iter().enumerate() {
+        let (col, w) = (12 * (i as u32 % 2), 12);
+        if i > 0 && col == 0 {
+            y += 8;
+        }
+        panels.push(view_panel(next(), v, grid(col, y, w, 8), &rack_bind, ""));
+    }
+    y += 8;
+    panels.push(row(next(), "Nodes ($node)", y));
+    let node_bind = Binding {
+        by: &["node"],
+        ..rack_bind.clone()
+    };
+    y = view_panels(
+        views::NODE,
+        y + 1,
+        &mut next,
+        &node_bind,
+        &|_| "{{node}}",
+        &mut panels,
     );
-    per_link["repeat"] = json!("port");
-    per_link["repeatDirection"] = json!("h");
-    per_link["maxPerRow"] = json!(4);
-    panels.push(per_link);
+    panels.push(row(next(), "Link ends ($node, $port)", y));
+    let link_rate = views::nominal_rate_by_kind(links);
+    let link_bind = Binding {
+        sel: links,
+        by: &["node", "port", "peer"],
+        rate: &link_rate,
+        ..rack_bind.clone()
+    };
+    view_panels(
+        views::LINK,
+        y + 1,
+        &mut next,
+        &link_bind,
+        // Series are named by the direction they describe, sender first.
+        &|v| match v.scope {
+            Scope::Link(Side::Receiver) => "{{peer}} -> {{node}} {{port}}",
+            _ => "{{node}} {{port}} -> {{peer}}",
+        },
+        &mut panels,
+    );
     dashboard(
         "exanet-rack",
         &format!("exanet rack {rack}"),
@@ -563,10 +423,26 @@ fn heatmap(id: u32, title: &str, pos: Value, targets: Vec<Value>) -> Value {
     })
 }
 
+/// [`views::WIRE_UTIL`] of a group of link ends (`sel`) taken together: their tx bit rate
+/// over the sum of their nominal rates, `gbps`.
+fn group_wire_util(sel: &str, gbps: u32) -> String {
+    let rate = format!("{gbps}e9");
+    views::expand(
+        views::WIRE_UTIL.queries[0].expr,
+        &Binding {
+            sel,
+            node: sel,
+            by: &[],
+            window: RATE_INTERVAL,
+            range: RANGE,
+            rate: &rate,
+        },
+    )
+}
+
 /// The torus dashboard: a heatmap per torus dimension (rows: QFDBs, value: utilization of
 /// the QFDB's out-links in that dimension) and one for the links inside each QFDB.
 fn torus_dashboard(shape: Shape, rack: &str) -> Value {
-    let ri = "$__rate_interval";
     let qs = qfdbs(&shape);
     let row_label = |c: &Coord, f1: &str| {
         let q = f1.trim_end_matches("F1");
@@ -608,10 +484,9 @@ fn torus_dashboard(shape: Shape, rack: &str) -> Value {
             .map(|(i, (c, f1))| {
                 target(
                     &format!("Q{i}"),
-                    &format!(
-                        r#"sum(rate(exanet_link_bytes_total{{node="{f1}",kind="{}",direction="tx"}}[{ri}])) * 8 / {}e9"#,
-                        kind.label(),
-                        out_links * kind.gbps()
+                    &group_wire_util(
+                        &format!(r#"node="{f1}",kind="{}""#, kind.label()),
+                        out_links * kind.gbps(),
                     ),
                     &row_label(c, f1),
                 )
@@ -634,9 +509,12 @@ fn torus_dashboard(shape: Shape, rack: &str) -> Value {
             let q = f1.trim_end_matches("F1");
             target(
                 &format!("Q{i}"),
-                &format!(
-                    r#"sum(rate(exanet_link_bytes_total{{node=~"{q}F[1-4]",kind="qfdb",direction="tx"}}[{ri}])) * 8 / {}e9"#,
-                    12 * LinkKind::IntraQfdb.gbps()
+                &group_wire_util(
+                    &format!(
+                        r#"node=~"{q}F[1-4]",kind="{}""#,
+                        LinkKind::IntraQfdb.label()
+                    ),
+                    12 * LinkKind::IntraQfdb.gbps(),
                 ),
                 &row_label(c, f1),
             )

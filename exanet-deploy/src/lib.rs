@@ -1,8 +1,9 @@
 //! Generators for racks run by container engines and cluster managers, and `rack pki`.
 //!
 //! - `exactl rack compose`: a docker compose project, one container per node, plus a swarm
-//!   stack file, a Prometheus scrape configuration and Grafana dashboards ([`compose`],
-//!   [`grafana`]).
+//!   stack file, a Prometheus scrape configuration with the rack's console pages and
+//!   Grafana dashboards ([`compose`], [`consoles`], [`grafana`], both drawn from
+//!   [`views`]).
 //! - `exactl rack k8s`: a Kubernetes StatefulSet and its kustomization ([`k8s`]).
 //! - `exactl rack pki`: the rack CA and every missing node certificate, for racks whose
 //!   daemons are not started by `exactl rack up` (a one-shot compose service runs it).
@@ -11,9 +12,11 @@
 //! cannot be honoured, so bad input leaves the output directory as it was.
 
 pub mod compose;
+pub mod consoles;
 pub mod error;
 pub mod grafana;
 pub mod k8s;
+pub mod views;
 pub mod yaml;
 
 pub use error::DeployError;
