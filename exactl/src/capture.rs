@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use exanet_control::control::{CaptureSummary, Request};
-use exanet_control::rack::Rack;
+use exanet_control::rack::{Deploy, Rack};
 use exanet_proto::{NodeId, NodeName};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::{
@@ -69,6 +69,18 @@ pub struct CaptureArgs {
     /// The pcapng file to write (`-` for standard output, e.g. into `tshark -i -`)
     #[arg(long, short = 'w', value_name = "FILE")]
     write: PathBuf,
+    /// How to reach the daemon: its control socket (local racks: no encryption to pay for
+    /// every captured byte), the QUIC control API (any rack), or auto: the socket when
+    /// the rack is local
+    #[arg(long, value_enum, default_value = "auto")]
+    via: Via,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Via {
+    Auto,
+    Socket,
+    Quic,
 }
 
 fn parse_secs(s: &str) -> std::result::Result<Duration, String> {
@@ -177,7 +189,22 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
         ],
     })
     .map_err(|e| CliError::Failed(format!("cannot write the pcapng interface: {e}")))?;
-    let client = crate::control::client(&rack)?;
+    let socket = rack.layout().control_socket(&rack.shape().display(at));
+    let local = matches!(
+        rack.file.deploy.clone().unwrap_or(Deploy::Local),
+        Deploy::Local
+    ) && socket.exists();
+    let via_socket = match a.via {
+        Via::Auto => local,
+        Via::Socket if !socket.exists() => {
+            return Err(CliError::Failed(format!(
+                "no control socket at {} (is the node's daemon running on this host?)",
+                socket.display()
+            )))
+        }
+        Via::Socket => true,
+        Via::Quic => false,
+    };
     if !to_stdout {
         eprintln!(
             "exactl: capturing {what} into {} ({})",
@@ -194,7 +221,7 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let summary = client.capture(at, &req, stop, |wall, record| {
+    let on_record = |wall: u64, record: &[u8]| {
         let block = EnhancedPacketBlock {
             interface_id: 0,
             timestamp: Duration::from_nanos(wall),
@@ -209,7 +236,14 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
                 false
             }
         }
-    });
+    };
+    let summary = if via_socket {
+        exanet_control::control_client::capture_local(&socket, &req, stop, on_record)
+    } else {
+        crate::control::client(&rack)?
+            .capture(at, &req, stop, on_record)
+            .map_err(|e| e.to_string())
+    };
     let flushed = pcap.get_mut().flush();
     if let Some(e) = write_error {
         return Err(CliError::Failed(format!(
@@ -218,8 +252,7 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
         )));
     }
     flushed.map_err(|e| CliError::io("write", &a.write, e))?;
-    let CaptureSummary { captured, dropped } =
-        summary.map_err(|e| CliError::Failed(e.to_string()))?;
+    let CaptureSummary { captured, dropped } = summary.map_err(CliError::Failed)?;
     eprintln!(
         "exactl: captured {captured} cell(s) of {what}{}",
         if dropped > 0 {

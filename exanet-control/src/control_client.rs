@@ -133,10 +133,8 @@ impl ControlClient {
         node: NodeId,
         req: &Request,
         stop: impl std::future::Future<Output = ()>,
-        mut on_record: impl FnMut(u64, &[u8]) -> bool,
+        on_record: impl FnMut(u64, &[u8]) -> bool,
     ) -> Result<CaptureSummary, ControlError> {
-        use crate::control::capture_stream::{END, MAX_RECORD};
-        use tokio::io::AsyncReadExt;
         let target = self.target(node);
         let body = serde_json::to_vec(req).map_err(|e| self.failed(node, e.to_string()))?;
         self.rt.block_on(async {
@@ -152,54 +150,9 @@ impl ControlClient {
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             send.finish().map_err(|e| fail(e.to_string()))?;
-            let mut recv = tokio::io::BufReader::new(recv);
-            let mut line = Vec::new();
-            read_line(&mut recv, &mut line)
-                .await
-                .map_err(|e| fail(format!("no answer to the capture: {e}")))?;
-            match serde_json::from_slice::<Response>(&line) {
-                Ok(Response::Ok) => {}
-                Ok(Response::Error { message }) => return Err(fail(message)),
-                Ok(other) => return Err(fail(format!("unexpected answer {other:?}"))),
-                Err(e) => return Err(fail(format!("bad answer: {e}"))),
-            }
-            let mut captured = 0u64;
-            let mut record = Vec::new();
-            let reading = async {
-                loop {
-                    let len = recv.read_u32().await.map_err(|e| e.to_string())?;
-                    if len == END {
-                        line.clear();
-                        read_line(&mut recv, &mut line).await?;
-                        return serde_json::from_slice::<CaptureSummary>(&line)
-                            .map(Some)
-                            .map_err(|e| format!("bad capture summary: {e}"));
-                    }
-                    if len > MAX_RECORD {
-                        return Err(format!(
-                            "record of {len} B is longer than any capture record ({MAX_RECORD} B)"
-                        ));
-                    }
-                    let wall = recv.read_u64().await.map_err(|e| e.to_string())?;
-                    record.resize(len as usize, 0);
-                    recv.read_exact(&mut record)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    captured += 1;
-                    if !on_record(wall, &record) {
-                        return Ok(None);
-                    }
-                }
-            };
-            let summary = tokio::select! {
-                r = reading => r.map_err(|e| fail(format!("capture stream: {e}")))?,
-                () = stop => None,
-            };
+            let r = read_capture(tokio::io::BufReader::new(recv), stop, on_record).await;
             self.keep(node, conn);
-            Ok(summary.unwrap_or(CaptureSummary {
-                captured,
-                dropped: 0,
-            }))
+            r.map_err(fail)
         })
     }
 
@@ -351,4 +304,85 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     }
     out.pop();
     Ok(())
+}
+
+/// Runs a capture over a daemon's control socket (a local rack: the same stream as over
+/// QUIC, without its encryption, which would cost the host as much as the link it taps).
+/// As [`ControlClient::capture`] otherwise.
+pub fn capture_local(
+    socket: &std::path::Path,
+    req: &Request,
+    stop: impl std::future::Future<Output = ()>,
+    on_record: impl FnMut(u64, &[u8]) -> bool,
+) -> Result<CaptureSummary, String> {
+    use tokio::io::AsyncWriteExt;
+    let mut body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+    body.push(b'\n');
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    rt.block_on(async {
+        let mut s = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", socket.display()))?;
+        s.write_all(&body).await.map_err(|e| e.to_string())?;
+        read_capture(tokio::io::BufReader::new(s), stop, on_record).await
+    })
+}
+
+/// Reads a capture's answer (see [`crate::control::capture_stream`]).
+async fn read_capture<R: tokio::io::AsyncBufRead + Unpin>(
+    mut recv: R,
+    stop: impl std::future::Future<Output = ()>,
+    mut on_record: impl FnMut(u64, &[u8]) -> bool,
+) -> Result<CaptureSummary, String> {
+    use crate::control::capture_stream::{END, MAX_RECORD};
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    read_line(&mut recv, &mut line)
+        .await
+        .map_err(|e| format!("no answer to the capture: {e}"))?;
+    match serde_json::from_slice::<Response>(&line) {
+        Ok(Response::Ok) => {}
+        Ok(Response::Error { message }) => return Err(message),
+        Ok(other) => return Err(format!("unexpected answer {other:?}")),
+        Err(e) => return Err(format!("bad answer: {e}")),
+    }
+    let mut captured = 0u64;
+    let mut record = Vec::new();
+    let reading = async {
+        loop {
+            let len = recv.read_u32().await.map_err(|e| e.to_string())?;
+            if len == END {
+                line.clear();
+                read_line(&mut recv, &mut line).await?;
+                return serde_json::from_slice::<CaptureSummary>(&line)
+                    .map(Some)
+                    .map_err(|e| format!("bad capture summary: {e}"));
+            }
+            if len > MAX_RECORD {
+                return Err(format!(
+                    "record of {len} B is longer than any capture record ({MAX_RECORD} B)"
+                ));
+            }
+            let wall = recv.read_u64().await.map_err(|e| e.to_string())?;
+            record.resize(len as usize, 0);
+            recv.read_exact(&mut record)
+                .await
+                .map_err(|e| e.to_string())?;
+            captured += 1;
+            if !on_record(wall, &record) {
+                return Ok(None);
+            }
+        }
+    };
+    let summary = tokio::select! {
+        r = reading => r.map_err(|e| format!("capture stream: {e}"))?,
+        () = stop => None,
+    };
+    Ok(summary.unwrap_or(CaptureSummary {
+        captured,
+        dropped: 0,
+    }))
 }

@@ -65,6 +65,23 @@ async fn handle(s: UnixStream, node: &NodeHandle, shutdown: &Notify) -> std::io:
         if r.read_line(&mut line).await? == 0 {
             return Ok(());
         }
+        if let Ok(Request::Capture {
+            peers,
+            rx,
+            tx,
+            cell_type,
+            pdid,
+            dst,
+            count,
+            duration_ms,
+        }) = serde_json::from_str::<Request>(&line)
+        {
+            // The connection is the capture's from here on.
+            let spec = capture_spec(node, &peers, rx, tx, cell_type, pdid, dst, count);
+            stream_capture(node, spec, count, duration_ms, &mut w).await;
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
         let resp = if line.len() > MAX_LINE {
             too_long(node)
         } else {
@@ -145,7 +162,11 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
                         duration_ms,
                     }) => {
                         let spec = capture_spec(&node, &peers, rx, tx, cell_type, pdid, dst, count);
-                        stream_capture(&node, spec, count, duration_ms, send).await;
+                        if stream_capture(&node, spec, count, duration_ms, &mut send).await {
+                            let _ = send.finish();
+                            // Let the summary reach the operator before the stream goes.
+                            let _ = send.stopped().await;
+                        }
                         return;
                     }
                     _ => respond(&line, &node, &shutdown).await,
@@ -295,26 +316,28 @@ fn capture_spec(
 /// Answers a capture: the response line, the records as they come (batched into one
 /// write when several are queued), then the end mark and the summary. Returns when the
 /// capture is over or the operator stops reading; the tap goes with it.
-async fn stream_capture(
+/// Returns whether the answer was written whole (the caller then ends the stream).
+async fn stream_capture<W: tokio::io::AsyncWrite + Unpin>(
     node: &NodeHandle,
     spec: Result<TapSpec, String>,
     count: Option<u64>,
     duration_ms: Option<u64>,
-    mut send: quinn::SendStream,
-) {
+    send: &mut W,
+) -> bool {
     use crate::control::capture_stream::END;
     use crate::control::CaptureSummary;
     let spec = match spec {
         Ok(s) => s,
         Err(message) => {
             node.count_error("control_request");
-            let _ = send.write_all(&encode(&Response::Error { message })).await;
-            let _ = send.finish();
-            return;
+            return send
+                .write_all(&encode(&Response::Error { message }))
+                .await
+                .is_ok();
         }
     };
     if send.write_all(&encode(&Response::Ok)).await.is_err() {
-        return;
+        return false;
     }
     tracing::info!(
         ports = ?spec.ports,
@@ -352,7 +375,7 @@ async fn stream_capture(
         }
         if send.write_all(&batch).await.is_err() {
             debug!(sent, "capture reader gone");
-            return;
+            return false;
         }
     }
     let summary = CaptureSummary {
@@ -368,9 +391,5 @@ async fn stream_capture(
     let mut tail = END.to_be_bytes().to_vec();
     tail.extend_from_slice(&serde_json::to_vec(&summary).unwrap_or_default());
     tail.push(b'\n');
-    if send.write_all(&tail).await.is_ok() {
-        let _ = send.finish();
-        // Let the summary reach the operator before the stream is dropped.
-        let _ = send.stopped().await;
-    }
+    send.write_all(&tail).await.is_ok() && send.flush().await.is_ok()
 }

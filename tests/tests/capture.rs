@@ -62,13 +62,13 @@ fn records(path: &Path) -> Vec<Record> {
     out
 }
 
-/// Waits until `node`'s daemon log says a capture started.
-fn wait_for_capture(rack: &TestRack, node: &str, child: &mut std::process::Child) {
+/// Waits until `node`'s daemon log says `n` captures started.
+fn wait_for_capture(rack: &TestRack, node: &str, n: usize, child: &mut std::process::Child) {
     let log = rack.dir.join("logs").join(format!("{node}.log"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("capture started") {
+        if text.matches("capture started").count() >= n {
             return;
         }
         if let Ok(Some(st)) = child.try_wait() {
@@ -103,7 +103,7 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for_capture(&rack, TO, &mut cap);
+    wait_for_capture(&rack, TO, 1, &mut cap);
 
     let a = Endpoint::attach_to(&rack.dir, SRC, None).unwrap();
     let b = Endpoint::attach_to(&rack.dir, DST, None).unwrap();
@@ -266,6 +266,42 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
         }
     }
     assert_eq!(flagged, corrupt);
+
+    // The same capture over the QUIC control API (what a rack on other hosts uses; the
+    // local one above went through the daemon's control socket): one write, then it ends.
+    let quic_file = rack.dir.join("quic.pcapng");
+    let mut cap = rack
+        .command(&[
+            "capture",
+            "--link",
+            FROM,
+            TO,
+            "--via",
+            "quic",
+            "--type",
+            "write",
+            "--count",
+            "1",
+            "-w",
+            quic_file.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_capture(&rack, TO, 2, &mut cap);
+    let tag = tx.send(0, inbox_addr, b"over quic").unwrap();
+    a.wait(tag, wait).unwrap();
+    let out = cap.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = records(&quic_file);
+    assert_eq!(got.len(), 1, "--count 1");
+    let c = Cell::decode_strict(&bytes::Bytes::from(got[0].cell.clone())).unwrap();
+    assert!(ours(&c) && c.payload.as_ref() == b"over quic", "{c:?}");
     eprintln!(
         "captured {} cells: {rdma} RDMA write cells, {messages} packetizer cells, {corrupt} corrupt (flagged by the dissector)",
         recs.len()
