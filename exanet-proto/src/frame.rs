@@ -273,7 +273,7 @@ impl FrameDecoder {
 
     /// The next complete frame, `None` when more bytes are needed.
     pub fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
-        self.next_frame_and_cell_bytes().map(|(r, _)| r)
+        self.next(false).map(|(r, _)| r)
     }
 
     /// As [`FrameDecoder::next_frame`], with the wire bytes of the cell a cell frame
@@ -282,6 +282,11 @@ impl FrameDecoder {
     pub fn next_frame_and_cell_bytes(
         &mut self,
     ) -> Option<(Result<Frame, FrameError>, Option<RawCell>)> {
+        self.next(true)
+    }
+
+    /// The next frame, and its raw cell when `raw` (only captures pay for it).
+    fn next(&mut self, raw: bool) -> Option<(Result<Frame, FrameError>, Option<RawCell>)> {
         if self.broken {
             return None;
         }
@@ -319,7 +324,7 @@ impl FrameDecoder {
         let cell = frame
             .as_ref()
             .ok()
-            .filter(|f| (TAG_CELL..TAG_CELL + NVCS as u8).contains(&f[0]))
+            .filter(|f| raw && (TAG_CELL..TAG_CELL + NVCS as u8).contains(&f[0]))
             .map(|f| {
                 let mut stamp = f.slice(3..CELL_FRAME_HEADER);
                 RawCell {
