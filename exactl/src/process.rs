@@ -75,27 +75,36 @@ fn is_executable(p: &Path) -> bool {
 /// Starts the daemon of `node`: in a session of its own (so that the terminal's signals and
 /// hang-ups do not reach it), stdin from /dev/null, stdout and stderr appended to its log.
 /// `rack_dir` must be absolute: the daemon runs in `/`.
-pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str) -> Result<Child> {
-    let log_path = layout.log_file(&node);
+/// Opens a background program's log for appending and marks where this start begins;
+/// returns it twice, for the program's stdout and stderr.
+pub fn open_log(path: &Path, what: &str) -> Result<(std::fs::File, std::fs::File)> {
     let mut log = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
-        .map_err(|e| CliError::io("open the log", &log_path, e))?;
+        .open(path)
+        .map_err(|e| CliError::io("open the log", path, e))?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    writeln!(
-        log,
-        "--- exactl: starting {} --rack {} --node {node} (unix time {stamp})",
-        binary.display(),
-        rack_dir.display()
-    )
-    .map_err(|e| CliError::io("write the log", &log_path, e))?;
+    writeln!(log, "--- exactl: starting {what} (unix time {stamp})")
+        .map_err(|e| CliError::io("write the log", path, e))?;
     let log2 = log
         .try_clone()
-        .map_err(|e| CliError::io("open the log", &log_path, e))?;
+        .map_err(|e| CliError::io("open the log", path, e))?;
+    Ok((log, log2))
+}
+
+pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str) -> Result<Child> {
+    let log_path = layout.log_file(&node);
+    let (log, log2) = open_log(
+        &log_path,
+        &format!(
+            "{} --rack {} --node {node}",
+            binary.display(),
+            rack_dir.display()
+        ),
+    )?;
     let mut cmd = Command::new(binary);
     cmd.arg("--rack")
         .arg(rack_dir)

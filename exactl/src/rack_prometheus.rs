@@ -13,7 +13,6 @@
 //! it does not stop it) until `--stop` or `exactl rack down`. It is recognised by its
 //! command line naming this rack's data directory, so a recycled pid is never signalled.
 
-use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -323,24 +322,8 @@ fn executable(p: &Path) -> Option<PathBuf> {
 
 /// Starts Prometheus in the background, its output appended to its log.
 fn spawn(binary: &Path, paths: &Paths, listen: SocketAddr) -> Result<std::process::Child> {
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&paths.log)
-        .map_err(|e| CliError::io("open the log", &paths.log, e))?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    writeln!(
-        log,
-        "--- exactl: starting {} on {listen} (unix time {stamp})",
-        binary.display()
-    )
-    .map_err(|e| CliError::io("write the log", &paths.log, e))?;
-    let log2 = log
-        .try_clone()
-        .map_err(|e| CliError::io("open the log", &paths.log, e))?;
+    let (log, log2) =
+        crate::process::open_log(&paths.log, &format!("{} on {listen}", binary.display()))?;
     let mut cmd = Command::new(binary);
     cmd.arg(format!("--config.file={}", paths.config.display()))
         .arg(paths.data_flag())

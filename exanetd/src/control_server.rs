@@ -65,20 +65,12 @@ async fn handle(s: UnixStream, node: &NodeHandle, shutdown: &Notify) -> std::io:
         if r.read_line(&mut line).await? == 0 {
             return Ok(());
         }
-        if let Ok(Request::Capture {
-            peers,
-            rx,
-            tx,
-            cell_type,
-            pdid,
-            dst,
-            count,
-            duration_ms,
-        }) = serde_json::from_str::<Request>(&line)
+        if let Some(ask) = serde_json::from_str::<Request>(&line)
+            .ok()
+            .and_then(|r| capture_ask(node, r))
         {
             // The connection is the capture's from here on.
-            let spec = capture_spec(node, &peers, rx, tx, cell_type, pdid, dst, count);
-            stream_capture(node, spec, count, duration_ms, &mut w).await;
+            stream_capture(node, ask, &mut w).await;
             let _ = w.shutdown().await;
             return Ok(());
         }
@@ -149,27 +141,20 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
         let (node, shutdown) = (node.clone(), shutdown.clone());
         tokio::spawn(async move {
             let resp = match recv.read_to_end(MAX_LINE).await {
-                Ok(line) => match serde_json::from_slice::<Request>(&line) {
+                Ok(line) => match serde_json::from_slice::<Request>(&line)
+                    .ok()
+                    .and_then(|r| capture_ask(&node, r))
+                {
                     // The one request whose answer is a stream.
-                    Ok(Request::Capture {
-                        peers,
-                        rx,
-                        tx,
-                        cell_type,
-                        pdid,
-                        dst,
-                        count,
-                        duration_ms,
-                    }) => {
-                        let spec = capture_spec(&node, &peers, rx, tx, cell_type, pdid, dst, count);
-                        if stream_capture(&node, spec, count, duration_ms, &mut send).await {
+                    Some(ask) => {
+                        if stream_capture(&node, ask, &mut send).await {
                             let _ = send.finish();
                             // Let the summary reach the operator before the stream goes.
                             let _ = send.stopped().await;
                         }
                         return;
                     }
-                    _ => respond(&line, &node, &shutdown).await,
+                    None => respond(&line, &node, &shutdown).await,
                 },
                 Err(quinn::ReadToEndError::TooLong) => too_long(&node),
                 Err(e) => {
@@ -252,7 +237,36 @@ async fn execute(req: Request, node: &NodeHandle, shutdown: &Notify) -> Response
 /// The longest a capture runs without a duration: a forgotten one must not tap forever.
 const CAPTURE_MAX: Duration = Duration::from_secs(24 * 3600);
 
-/// Turns a capture request into a tap, or says what is wrong with it.
+/// A capture asked for: its tap (or what is wrong with the request) and when it ends.
+struct CaptureAsk {
+    spec: Result<TapSpec, String>,
+    count: Option<u64>,
+    duration_ms: Option<u64>,
+}
+
+/// The capture `req` asks for, if it is a capture request.
+fn capture_ask(node: &NodeHandle, req: Request) -> Option<CaptureAsk> {
+    let Request::Capture {
+        peers,
+        rx,
+        tx,
+        cell_type,
+        pdid,
+        dst,
+        count,
+        duration_ms,
+    } = req
+    else {
+        return None;
+    };
+    Some(CaptureAsk {
+        spec: capture_spec(node, &peers, rx, tx, cell_type, pdid, dst, count),
+        count,
+        duration_ms,
+    })
+}
+
+/// Turns a capture request's fields into a tap, or says what is wrong with them.
 #[allow(clippy::too_many_arguments)]
 fn capture_spec(
     node: &NodeHandle,
@@ -319,11 +333,14 @@ fn capture_spec(
 /// Returns whether the answer was written whole (the caller then ends the stream).
 async fn stream_capture<W: tokio::io::AsyncWrite + Unpin>(
     node: &NodeHandle,
-    spec: Result<TapSpec, String>,
-    count: Option<u64>,
-    duration_ms: Option<u64>,
+    ask: CaptureAsk,
     send: &mut W,
 ) -> bool {
+    let CaptureAsk {
+        spec,
+        count,
+        duration_ms,
+    } = ask;
     use crate::control::capture_stream::END;
     use crate::control::CaptureSummary;
     let spec = match spec {

@@ -446,7 +446,9 @@ pub struct HttpResponse {
     pub body: String,
 }
 
-/// A plain HTTP/1.1 `GET path` to `addr` (`host:port`), reading until the server closes.
+/// A plain HTTP/1.0 `GET path` to `addr` (`host:port`), reading until the server closes:
+/// HTTP/1.0 so that no server chunks the answer (Go's chunk HTTP/1.1 answers of unknown
+/// length, such as Prometheus's console pages).
 pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<HttpResponse, String> {
     let sa = addr
         .to_socket_addrs()
@@ -459,7 +461,7 @@ pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<HttpRespons
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
     s.write_all(req.as_bytes())
         .map_err(|e| format!("cannot send GET {path} to {addr}: {e}"))?;
     let mut raw = Vec::new();

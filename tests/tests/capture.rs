@@ -62,6 +62,22 @@ fn records(path: &Path) -> Vec<Record> {
     out
 }
 
+/// Starts `exactl capture --link FROM TO ARGS -w FILE` and waits until the daemon has
+/// started its `nth` capture.
+fn start_capture(rack: &TestRack, file: &Path, args: &[&str], nth: usize) -> std::process::Child {
+    let mut all = vec!["capture", "--link", FROM, TO];
+    all.extend_from_slice(args);
+    all.extend(["-w", file.to_str().unwrap()]);
+    let mut cap = rack
+        .command(&all)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_capture(rack, TO, nth, &mut cap);
+    cap
+}
+
 /// Waits until `node`'s daemon log says `n` captures started.
 fn wait_for_capture(rack: &TestRack, node: &str, n: usize, child: &mut std::process::Child) {
     let log = rack.dir.join("logs").join(format!("{node}.log"));
@@ -88,22 +104,7 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     let id = |n: &str| shape.parse_node(n).unwrap().0;
     let file = rack.dir.join("link.pcapng");
 
-    let mut cap = rack
-        .command(&[
-            "capture",
-            "--link",
-            FROM,
-            TO,
-            "--duration",
-            "120",
-            "-w",
-            file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_capture(&rack, TO, 1, &mut cap);
+    let cap = start_capture(&rack, &file, &["--duration", "120"], 1);
 
     let a = Endpoint::attach_to(&rack.dir, SRC, None).unwrap();
     let b = Endpoint::attach_to(&rack.dir, DST, None).unwrap();
@@ -270,26 +271,12 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     // The same capture over the QUIC control API (what a rack on other hosts uses; the
     // local one above went through the daemon's control socket): one write, then it ends.
     let quic_file = rack.dir.join("quic.pcapng");
-    let mut cap = rack
-        .command(&[
-            "capture",
-            "--link",
-            FROM,
-            TO,
-            "--via",
-            "quic",
-            "--type",
-            "write",
-            "--count",
-            "1",
-            "-w",
-            quic_file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_capture(&rack, TO, 2, &mut cap);
+    let cap = start_capture(
+        &rack,
+        &quic_file,
+        &["--via", "quic", "--type", "write", "--count", "1"],
+        2,
+    );
     let tag = tx.send(0, inbox_addr, b"over quic").unwrap();
     a.wait(tag, wait).unwrap();
     let out = cap.wait_with_output().unwrap();

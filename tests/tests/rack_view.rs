@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use exanet_proto::topology::{self, LinkKind};
 use exanet_proto::{routing, Shape};
-use exanet_tests::{run_with_timeout, HttpResponse, TestRack};
+use exanet_tests::{http_get, run_with_timeout, TestRack};
 
 const SHAPE: &str = "2x1x1";
 /// The traffic: a writer on SRC, its server on DST, on different QFDBs.
@@ -58,40 +58,6 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
         .find(|p| {
             std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
-}
-
-/// A plain HTTP/1.0 `GET path` to `addr`: the server closes after the body and never
-/// chunks it (Go's servers chunk HTTP/1.1 answers of unknown length).
-fn http_get_10(addr: &str, path: &str, timeout: Duration) -> Result<HttpResponse, String> {
-    use std::io::{Read, Write};
-    use std::net::{SocketAddr, TcpStream};
-    let sa: SocketAddr = addr
-        .parse()
-        .map_err(|e| format!("bad address {addr}: {e}"))?;
-    let mut s = TcpStream::connect_timeout(&sa, timeout)
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    s.set_read_timeout(Some(timeout))
-        .and_then(|()| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
-        .map_err(|e| format!("cannot send GET {path} to {addr}: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("GET {path} from {addr}: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("GET {path} from {addr}: no end of headers in {text:?}"))?;
-    let status = head
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| format!("GET {path} from {addr}: bad status line in {head:?}"))?;
-    Ok(HttpResponse {
-        status,
-        body: body.to_string(),
-    })
 }
 
 /// `s` percent-encoded for a URL's query string.
@@ -247,7 +213,7 @@ fn chromium(tools: &Tools, profile: &Path, args: &[&str], url: &str) -> String {
 /// An instant query of Prometheus' HTTP API: the value of its first sample.
 fn prom_value(addr: &str, query: &str) -> Option<f64> {
     let path = format!("/api/v1/query?query={}", url_encode(query));
-    let r = http_get_10(addr, &path, HTTP_TIMEOUT).ok()?;
+    let r = http_get(addr, &path, HTTP_TIMEOUT).ok()?;
     let v: serde_json::Value = serde_json::from_str(&r.body).ok()?;
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }
@@ -498,7 +464,7 @@ fn rack_view_shows_the_busy_path() {
     // The page of the torus hop and the node that sent: values, no template errors.
     let (a, b) = torus_hop.split_once("->").unwrap();
     let page = |path: &str| -> String {
-        let r = http_get_10(&addr, path, HTTP_TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
+        let r = http_get(&addr, path, HTTP_TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.status, 200, "GET {path}: {}", r.body);
         assert!(
             !r.body.contains("error executing template"),
@@ -555,7 +521,7 @@ fn rack_view_shows_the_busy_path() {
                 .replace("$__range", "10m")
                 .replace("$node", ".*")
                 .replace("$port", ".*");
-            let r = http_get_10(
+            let r = http_get(
                 &addr,
                 &format!("/api/v1/query?query={}", url_encode(&e)),
                 HTTP_TIMEOUT,
