@@ -252,7 +252,12 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
         )));
     }
     flushed.map_err(|e| CliError::io("write", &a.write, e))?;
-    let CaptureSummary { captured, dropped } = summary.map_err(CliError::Failed)?;
+    let CaptureSummary { captured, dropped } = summary.map_err(|e| {
+        CliError::Failed(format!(
+            "capture of {what} at {}: {e}",
+            rack.shape().display(at)
+        ))
+    })?;
     eprintln!(
         "exactl: captured {captured} cell(s) of {what}{}",
         if dropped > 0 {

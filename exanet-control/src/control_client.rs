@@ -329,6 +329,7 @@ pub fn capture_local(
         s.write_all(&body).await.map_err(|e| e.to_string())?;
         read_capture(tokio::io::BufReader::new(s), stop, on_record).await
     })
+    .map_err(|e| format!("{e} (control socket {})", socket.display()))
 }
 
 /// Reads a capture's answer (see [`crate::control::capture_stream`]).

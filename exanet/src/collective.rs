@@ -235,7 +235,21 @@ impl Collectives {
         self.call.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn count(&self, kind: CollectiveKind, path: usize, r: &Result<impl Sized>) {
+    /// Runs one collective of `kind` on `path`, counting it when it starts and when it
+    /// ends (so that one that hangs shows as started and not ended).
+    fn counted<T>(
+        &self,
+        kind: CollectiveKind,
+        path: usize,
+        run: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let reported = if path == ACCELERATOR {
+            CollectivePath::Accelerator
+        } else {
+            CollectivePath::Software
+        };
+        self.tally(kind, reported, |e| e.started += 1);
+        let r = run();
         {
             let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             match r {
@@ -243,22 +257,29 @@ impl Collectives {
                 Err(_) => s.failed[path] += 1,
             }
         }
-        let path = if path == ACCELERATOR {
-            CollectivePath::Accelerator
-        } else {
-            CollectivePath::Software
-        };
+        let ok = r.is_ok();
+        self.tally(kind, reported, |e| {
+            if ok {
+                e.completed += 1
+            } else {
+                e.failed += 1
+            }
+        });
+        r
+    }
+
+    fn tally(
+        &self,
+        kind: CollectiveKind,
+        path: CollectivePath,
+        f: impl FnOnce(&mut CollectiveReport),
+    ) {
         let mut u = self.unreported.lock().unwrap_or_else(|p| p.into_inner());
-        let e = u.0.entry((kind, path)).or_insert(CollectiveReport {
+        f(u.0.entry((kind, path)).or_insert(CollectiveReport {
             kind,
             path,
             ..CollectiveReport::default()
-        });
-        e.started += 1;
-        match r {
-            Ok(_) => e.completed += 1,
-            Err(_) => e.failed += 1,
-        }
+        }));
         if u.1.elapsed() >= REPORT_EVERY {
             self.report(&mut u);
         }
@@ -309,13 +330,13 @@ impl Collectives {
             }
         };
         if use_accel {
-            let r = self.accelerated(g, op, ty, data);
-            self.count(CollectiveKind::Allreduce, ACCELERATOR, &r);
-            r
+            self.counted(CollectiveKind::Allreduce, ACCELERATOR, || {
+                self.accelerated(g, op, ty, data)
+            })
         } else {
-            let r = self.software(g, Kind::Allreduce { op, ty }, data.to_vec());
-            self.count(CollectiveKind::Allreduce, SOFTWARE, &r);
-            r
+            self.counted(CollectiveKind::Allreduce, SOFTWARE, || {
+                self.software(g, Kind::Allreduce { op, ty }, data.to_vec())
+            })
         }
     }
 
@@ -330,25 +351,25 @@ impl Collectives {
         data: &[u8],
     ) -> Result<Vec<u8>> {
         let _call = self.one_at_a_time();
-        let r = self.software(g, Kind::Reduce { root, op, ty }, data.to_vec());
-        self.count(CollectiveKind::Reduce, SOFTWARE, &r);
-        r
+        self.counted(CollectiveKind::Reduce, SOFTWARE, || {
+            self.software(g, Kind::Reduce { root, op, ty }, data.to_vec())
+        })
     }
 
     /// Member `root`'s `data` at every member (the others pass anything: it is replaced).
     pub fn bcast(&self, g: &Group, root: usize, data: &[u8]) -> Result<Vec<u8>> {
         let _call = self.one_at_a_time();
-        let r = self.software(g, Kind::Bcast { root }, data.to_vec());
-        self.count(CollectiveKind::Bcast, SOFTWARE, &r);
-        r
+        self.counted(CollectiveKind::Bcast, SOFTWARE, || {
+            self.software(g, Kind::Bcast { root }, data.to_vec())
+        })
     }
 
     /// Returns once every member has entered it.
     pub fn barrier(&self, g: &Group) -> Result<()> {
         let _call = self.one_at_a_time();
-        let r = self.software(g, Kind::Barrier, Vec::new()).map(drop);
-        self.count(CollectiveKind::Barrier, SOFTWARE, &r);
-        r
+        self.counted(CollectiveKind::Barrier, SOFTWARE, || {
+            self.software(g, Kind::Barrier, Vec::new()).map(drop)
+        })
     }
 
     /// An allreduce on the accelerator, 256 bytes per operation.

@@ -68,22 +68,25 @@ pub struct Taps {
 /// A running capture: its records arrive on `records`; dropping it removes the tap.
 pub struct Capture {
     taps: Arc<Taps>,
-    id: u64,
+    tap: Arc<Tap>,
     pub records: mpsc::Receiver<Queued>,
 }
 
 impl Capture {
     /// Records dropped so far because the queue was full.
     pub fn dropped(&self) -> u64 {
-        self.taps
-            .find(self.id)
-            .map_or(0, |t| t.dropped.load(Ordering::Relaxed))
+        self.tap.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Takes no more cells; what is queued can still be read.
+    pub fn close(&self) {
+        self.taps.remove(self.tap.id);
     }
 }
 
 impl Drop for Capture {
     fn drop(&mut self) {
-        self.taps.remove(self.id);
+        self.close();
     }
 }
 
@@ -105,18 +108,20 @@ impl Taps {
             dropped: AtomicU64::new(0),
         });
         let mut taps = self.taps.lock().unwrap_or_else(|p| p.into_inner());
-        taps.push(tap);
+        taps.push(tap.clone());
         self.active.store(taps.len(), Ordering::Relaxed);
         Capture {
             taps: self.clone(),
-            id,
+            tap,
             records,
         }
     }
 
-    fn find(&self, id: u64) -> Option<Arc<Tap>> {
+    /// Whether a capture wants the cells crossing `port` in direction `dir` (before
+    /// paying to read them back).
+    pub fn wants(&self, port: Port, dir: Direction) -> bool {
         let taps = self.taps.lock().unwrap_or_else(|p| p.into_inner());
-        taps.iter().find(|t| t.id == id).cloned()
+        taps.iter().any(|t| t.wants(port, dir))
     }
 
     fn remove(&self, id: u64) {
@@ -148,6 +153,12 @@ impl Taps {
                 .count
                 .is_some_and(|c| tap.taken.load(Ordering::Relaxed) >= c)
             {
+                continue;
+            }
+            if tap.queue.capacity() == 0 {
+                // Full: not worth encoding a record only to drop it.
+                tap.dropped.fetch_add(1, Ordering::Relaxed);
+                self.dropped_total.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let at = *wall.get_or_insert_with(|| {

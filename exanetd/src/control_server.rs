@@ -69,8 +69,14 @@ async fn handle(s: UnixStream, node: &NodeHandle, shutdown: &Notify) -> std::io:
             .ok()
             .and_then(|r| capture_ask(node, r))
         {
-            // The connection is the capture's from here on.
-            stream_capture(node, ask, &mut w).await;
+            // The connection is the capture's from here on; the operator is gone when
+            // it closes its end.
+            let mut rest = r.into_inner().into_inner();
+            let gone = async move {
+                let mut b = [0u8; 64];
+                while matches!(rest.read(&mut b).await, Ok(n) if n > 0) {}
+            };
+            stream_capture(node, ask, &mut w, gone).await;
             let _ = w.shutdown().await;
             return Ok(());
         }
@@ -138,7 +144,7 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
     }
     debug!(%remote, "operator connected");
     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-        let (node, shutdown) = (node.clone(), shutdown.clone());
+        let (node, shutdown, conn) = (node.clone(), shutdown.clone(), conn.clone());
         tokio::spawn(async move {
             let resp = match recv.read_to_end(MAX_LINE).await {
                 Ok(line) => match serde_json::from_slice::<Request>(&line)
@@ -147,7 +153,10 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
                 {
                     // The one request whose answer is a stream.
                     Some(ask) => {
-                        if stream_capture(&node, ask, &mut send).await {
+                        let gone = async move {
+                            conn.closed().await;
+                        };
+                        if stream_capture(&node, ask, &mut send, gone).await {
                             let _ = send.finish();
                             // Let the summary reach the operator before the stream goes.
                             let _ = send.stopped().await;
@@ -335,7 +344,11 @@ async fn stream_capture<W: tokio::io::AsyncWrite + Unpin>(
     node: &NodeHandle,
     ask: CaptureAsk,
     send: &mut W,
+    gone: impl std::future::Future<Output = ()>,
 ) -> bool {
+    // A capture that matches nothing never writes, so a failed write cannot be what
+    // tells it the operator left: it watches the connection.
+    tokio::pin!(gone);
     let CaptureAsk {
         spec,
         count,
@@ -375,7 +388,15 @@ async fn stream_capture<W: tokio::io::AsyncWrite + Unpin>(
     while !done(sent) {
         let first = tokio::select! {
             r = cap.records.recv() => r,
-            () = tokio::time::sleep_until(deadline) => None,
+            () = tokio::time::sleep_until(deadline) => {
+                // What was queued before the deadline still goes out; nothing after it.
+                cap.close();
+                cap.records.try_recv().ok()
+            }
+            () = &mut gone => {
+                tracing::info!(sent, "capture over: the operator left");
+                return false;
+            }
         };
         let Some(first) = first else { break };
         batch.clear();

@@ -248,7 +248,7 @@ async fn run_session(
                     timer.wake_at(node.deadline_std(at), wake.clone());
                 }
             }
-            if node.taps.any() && !out.bytes.is_empty() {
+            if node.taps.any() && !out.bytes.is_empty() && node.taps.wants(port, Direction::Sent) {
                 // Captures of sent cells read back what leaves the port (corrupted by
                 // fault injection or not); an output is whole frames.
                 let mut sent = FrameDecoder::new();

@@ -62,10 +62,16 @@ fn records(path: &Path) -> Vec<Record> {
     out
 }
 
-/// Starts `exactl capture --link FROM TO ARGS -w FILE` and waits until the daemon has
-/// started its `nth` capture.
-fn start_capture(rack: &TestRack, file: &Path, args: &[&str], nth: usize) -> std::process::Child {
-    let mut all = vec!["capture", "--link", FROM, TO];
+/// Starts `exactl capture ARGS -w FILE` and waits until the daemon of `at` has logged
+/// its `nth` capture start.
+fn start_capture(
+    rack: &TestRack,
+    file: &Path,
+    args: &[&str],
+    at: &str,
+    nth: usize,
+) -> std::process::Child {
+    let mut all = vec!["capture"];
     all.extend_from_slice(args);
     all.extend(["-w", file.to_str().unwrap()]);
     let mut cap = rack
@@ -74,25 +80,42 @@ fn start_capture(rack: &TestRack, file: &Path, args: &[&str], nth: usize) -> std
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for_capture(rack, TO, nth, &mut cap);
+    wait_for_log(rack, at, "capture started", nth, Some(&mut cap));
     cap
 }
 
-/// Waits until `node`'s daemon log says `n` captures started.
-fn wait_for_capture(rack: &TestRack, node: &str, n: usize, child: &mut std::process::Child) {
+/// Waits until `node`'s daemon log holds `what` `n` times (while `child` runs, if given).
+fn wait_for_log(
+    rack: &TestRack,
+    node: &str,
+    what: &str,
+    n: usize,
+    mut child: Option<&mut std::process::Child>,
+) {
     let log = rack.dir.join("logs").join(format!("{node}.log"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.matches("capture started").count() >= n {
+        if text.matches(what).count() >= n {
             return;
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("exactl capture exited before the capture started: {st}");
+        if let Some(Ok(Some(st))) = child.as_mut().map(|c| c.try_wait()) {
+            panic!("exactl capture exited before {node} logged {what:?}: {st}");
         }
-        assert!(Instant::now() < deadline, "no capture started on {node}");
+        assert!(
+            Instant::now() < deadline,
+            "{node} never logged {what:?} {n} times"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+fn interrupt(cap: &std::process::Child) {
+    let st = Command::new("kill")
+        .args(["-INT", &cap.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
 }
 
 #[test]
@@ -104,7 +127,13 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     let id = |n: &str| shape.parse_node(n).unwrap().0;
     let file = rack.dir.join("link.pcapng");
 
-    let cap = start_capture(&rack, &file, &["--duration", "120"], 1);
+    let cap = start_capture(
+        &rack,
+        &file,
+        &["--link", FROM, TO, "--duration", "120"],
+        TO,
+        1,
+    );
 
     let a = Endpoint::attach_to(&rack.dir, SRC, None).unwrap();
     let b = Endpoint::attach_to(&rack.dir, DST, None).unwrap();
@@ -141,11 +170,7 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     }
 
     // Ctrl-C ends a capture: the file is complete and the summary printed.
-    let st = Command::new("kill")
-        .args(["-INT", &cap.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    interrupt(&cap);
     let out = cap.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exactl capture: {stderr}");
@@ -274,7 +299,10 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     let cap = start_capture(
         &rack,
         &quic_file,
-        &["--via", "quic", "--type", "write", "--count", "1"],
+        &[
+            "--link", FROM, TO, "--via", "quic", "--type", "write", "--count", "1",
+        ],
+        TO,
         2,
     );
     let tag = tx.send(0, inbox_addr, b"over quic").unwrap();
@@ -289,6 +317,59 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
     assert_eq!(got.len(), 1, "--count 1");
     let c = Cell::decode_strict(&bytes::Bytes::from(got[0].cell.clone())).unwrap();
     assert!(ours(&c) && c.payload.as_ref() == b"over quic", "{c:?}");
+
+    // Cells a node sends: M1QAF1 forwards the message onto the torus link.
+    let tx_file = rack.dir.join("tx.pcapng");
+    let cap = start_capture(
+        &rack,
+        &tx_file,
+        &[
+            "--node",
+            FROM,
+            "--direction",
+            "tx",
+            "--type",
+            "write",
+            "--count",
+            "1",
+        ],
+        FROM,
+        1,
+    );
+    let tag = tx.send(0, inbox_addr, b"forwarded").unwrap();
+    a.wait(tag, wait).unwrap();
+    let out = cap.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = records(&tx_file);
+    assert_eq!(got.len(), 1, "--count 1");
+    assert_eq!(got[0].seen.direction, Direction::Sent);
+    assert_eq!((got[0].seen.node.0, got[0].seen.peer.0), (id(FROM), id(TO)));
+    let c = Cell::decode_strict(&bytes::Bytes::from(got[0].cell.clone())).unwrap();
+    assert!(ours(&c) && c.payload.as_ref() == b"forwarded", "{c:?}");
+
+    // A capture that matches nothing writes nothing, and still ends when its operator
+    // goes away (its tap must not stay behind, taxing the links).
+    for (via, nth) in [("socket", 3), ("quic", 4)] {
+        let idle = start_capture(
+            &rack,
+            &rack.dir.join("idle.pcapng"),
+            &["--link", FROM, TO, "--via", via, "--dst", "M1QAF4"],
+            TO,
+            nth,
+        );
+        interrupt(&idle);
+        let out = idle.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_for_log(&rack, TO, "capture over: the operator left", nth - 2, None);
+    }
     eprintln!(
         "captured {} cells: {rdma} RDMA write cells, {messages} packetizer cells, {corrupt} corrupt (flagged by the dissector)",
         recs.len()
