@@ -110,6 +110,27 @@ fn wait_for_log(
     }
 }
 
+/// Runs `send` while a `--count 1` capture into `file` runs, and returns the one record
+/// it took, with its cell (which must be sound).
+fn one_message_captured(
+    cap: std::process::Child,
+    file: &Path,
+    send: impl FnOnce(),
+) -> (Record, Cell) {
+    send();
+    let out = cap.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got = records(file);
+    assert_eq!(got.len(), 1, "--count 1");
+    let rec = got.remove(0);
+    let cell = Cell::decode_strict(&bytes::Bytes::from(rec.cell.clone())).unwrap();
+    (rec, cell)
+}
+
 fn interrupt(cap: &std::process::Child) {
     let st = Command::new("kill")
         .args(["-INT", &cap.id().to_string()])
@@ -305,17 +326,10 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
         TO,
         2,
     );
-    let tag = tx.send(0, inbox_addr, b"over quic").unwrap();
-    a.wait(tag, wait).unwrap();
-    let out = cap.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = records(&quic_file);
-    assert_eq!(got.len(), 1, "--count 1");
-    let c = Cell::decode_strict(&bytes::Bytes::from(got[0].cell.clone())).unwrap();
+    let (_, c) = one_message_captured(cap, &quic_file, || {
+        let tag = tx.send(0, inbox_addr, b"over quic").unwrap();
+        a.wait(tag, wait).unwrap();
+    });
     assert!(ours(&c) && c.payload.as_ref() == b"over quic", "{c:?}");
 
     // Cells a node sends: M1QAF1 forwards the message onto the torus link.
@@ -336,19 +350,12 @@ fn a_captured_rdma_write_and_message_read_by_tshark_match_the_cells_and_a_corrup
         FROM,
         1,
     );
-    let tag = tx.send(0, inbox_addr, b"forwarded").unwrap();
-    a.wait(tag, wait).unwrap();
-    let out = cap.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = records(&tx_file);
-    assert_eq!(got.len(), 1, "--count 1");
-    assert_eq!(got[0].seen.direction, Direction::Sent);
-    assert_eq!((got[0].seen.node.0, got[0].seen.peer.0), (id(FROM), id(TO)));
-    let c = Cell::decode_strict(&bytes::Bytes::from(got[0].cell.clone())).unwrap();
+    let (rec, c) = one_message_captured(cap, &tx_file, || {
+        let tag = tx.send(0, inbox_addr, b"forwarded").unwrap();
+        a.wait(tag, wait).unwrap();
+    });
+    assert_eq!(rec.seen.direction, Direction::Sent);
+    assert_eq!((rec.seen.node.0, rec.seen.peer.0), (id(FROM), id(TO)));
     assert!(ours(&c) && c.payload.as_ref() == b"forwarded", "{c:?}");
 
     // A capture that matches nothing writes nothing, and still ends when its operator
