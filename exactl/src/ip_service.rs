@@ -56,7 +56,17 @@ pub fn netns_path(rack: &Rack, node: &str) -> PathBuf {
 /// the system's temporary directory, so that it stays short enough for the Unix sockets
 /// programs put in it.
 pub fn node_tmp_dir(rack: &Rack, node: &str) -> PathBuf {
-    std::env::temp_dir().join(netns_name(rack, node))
+    let mut base = std::env::temp_dir();
+    // Run on a node (mpirun's agent is `exactl exec` started on the first node), TMPDIR
+    // is that node's directory; the others are beside it, not inside it.
+    let ours = format!("exanet-{}-", rack.file.name);
+    if base
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(&ours))
+    {
+        base.pop();
+    }
+    base.join(netns_name(rack, node))
 }
 
 /// Makes the node's temporary directory if it is not there, world-writable and sticky as
