@@ -353,6 +353,16 @@ impl SoftCollective {
         Ok(())
     }
 
+    /// The length of the message this member still expects from `from` at `step`, if it
+    /// expects one: what a transport checks before it sets memory aside for a message
+    /// announced ahead of its data.
+    pub fn expected_len(&self, from: usize, step: u16) -> Option<usize> {
+        let &at = self.expect.get(&step)?;
+        let recv = self.schedule[at].recv.as_ref()?;
+        let pending = recv.from == from && at >= self.next && !self.early.contains_key(&step);
+        pending.then_some(recv.part.len())
+    }
+
     /// Every step taken and every message handed out through [`Self::poll_send`]. The
     /// peers may still need those messages delivered to finish.
     pub fn is_done(&self) -> bool {
@@ -1221,14 +1231,21 @@ mod tests {
                 want: 8
             })
         );
+        // What a transport may set memory aside for: only what is still to come.
+        assert_eq!(m.expected_len(1, r0), Some(8));
+        assert_eq!(m.expected_len(2, r0), None);
+        assert_eq!(m.expected_len(1, 0xFFFF), None);
         // An early message, then the same again: refused while it waits, and after.
         let r1 = step(EXCHANGE, 1);
+        assert_eq!(m.expected_len(2, r1), Some(8));
         m.on_receive(2, r1, &v(30)).unwrap();
+        assert_eq!(m.expected_len(2, r1), None, "it came early and is kept");
         assert_eq!(
             m.on_receive(2, r1, &v(30)),
             Err(CollectiveError::Duplicate { from: 2, step: r1 })
         );
         m.on_receive(1, r0, &v(2)).unwrap();
+        assert_eq!(m.expected_len(1, r0), None, "taken");
         assert_eq!(
             m.on_receive(1, r0, &v(2)),
             Err(CollectiveError::Duplicate { from: 1, step: r0 })

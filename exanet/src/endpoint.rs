@@ -294,56 +294,7 @@ impl Endpoint {
     /// Registers `len` bytes of new shared memory as this rank's memory: the NI reads RDMA
     /// sources from it and writes RDMA destinations and notifications into it.
     pub fn register(&self, len: u64) -> Result<MemoryRegion> {
-        if len == 0 {
-            return Err(Error::BadLength {
-                len,
-                why: "a memory region cannot be empty",
-            });
-        }
-        if len >= VA_LIMIT {
-            return Err(Error::BadLength {
-                len,
-                why: "larger than the 39-bit VA space",
-            });
-        }
-        let size = usize::try_from(len).map_err(|_| Error::BadLength {
-            len,
-            why: "does not fit this machine's address space",
-        })?;
-        // The daemon makes the memory (so that nothing about it can fault under the
-        // daemon) and hands us its memfd.
-        let (reply, fds) =
-            self.shared
-                .control_with_fds("register", &Request::Register { len }, &[])?;
-        let region = match <[_; 1]>::try_from(fds) {
-            Ok([fd]) => Region::from_fd_with_len(fd, size)
-                .map_err(|e| Error::Protocol(format!("register: the daemon's memory: {e}")))?,
-            Err(v) => {
-                return Err(Error::Protocol(format!(
-                    "register: {} descriptors instead of 1",
-                    v.len()
-                )))
-            }
-        };
-        match reply {
-            Reply::Registered { region: id, va } => {
-                if va.checked_add(len).is_none_or(|end| end > VA_LIMIT) {
-                    return Err(Error::Protocol(format!(
-                        "register: VA {va:#x}+{len} outside the 39-bit VA space"
-                    )));
-                }
-                Ok(MemoryRegion {
-                    shared: Arc::clone(&self.shared),
-                    region,
-                    id,
-                    va,
-                    len,
-                })
-            }
-            other => Err(Error::Protocol(format!(
-                "register: unexpected reply {other:?}"
-            ))),
-        }
+        MemoryRegion::register(&self.shared, len)
     }
 
     /// Allocates a packetizer interface (4 channels, messages of up to 64 bytes).
@@ -392,11 +343,7 @@ impl Endpoint {
 
     /// Allocates an RDMA page (32 write and 32 read channels).
     pub fn rdma_page(&self) -> Result<RdmaPage> {
-        let page = self.shared.alloc(Resource::RdmaPage, None)?;
-        Ok(RdmaPage {
-            shared: Arc::clone(&self.shared),
-            page,
-        })
+        RdmaPage::alloc(&self.shared)
     }
 
     /// Waits until the operation `tag` ended: `Ok(())` if it succeeded,
@@ -488,6 +435,60 @@ pub struct MemoryRegion {
     id: u32,
     va: u64,
     len: u64,
+}
+
+impl MemoryRegion {
+    /// See [`Endpoint::register`].
+    pub(crate) fn register(shared: &Arc<Shared>, len: u64) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::BadLength {
+                len,
+                why: "a memory region cannot be empty",
+            });
+        }
+        if len >= VA_LIMIT {
+            return Err(Error::BadLength {
+                len,
+                why: "larger than the 39-bit VA space",
+            });
+        }
+        let size = usize::try_from(len).map_err(|_| Error::BadLength {
+            len,
+            why: "does not fit this machine's address space",
+        })?;
+        // The daemon makes the memory (so that nothing about it can fault under the
+        // daemon) and hands us its memfd.
+        let (reply, fds) = shared.control_with_fds("register", &Request::Register { len }, &[])?;
+        let region = match <[_; 1]>::try_from(fds) {
+            Ok([fd]) => Region::from_fd_with_len(fd, size)
+                .map_err(|e| Error::Protocol(format!("register: the daemon's memory: {e}")))?,
+            Err(v) => {
+                return Err(Error::Protocol(format!(
+                    "register: {} descriptors instead of 1",
+                    v.len()
+                )))
+            }
+        };
+        match reply {
+            Reply::Registered { region: id, va } => {
+                if va.checked_add(len).is_none_or(|end| end > VA_LIMIT) {
+                    return Err(Error::Protocol(format!(
+                        "register: VA {va:#x}+{len} outside the 39-bit VA space"
+                    )));
+                }
+                Ok(MemoryRegion {
+                    shared: Arc::clone(shared),
+                    region,
+                    id,
+                    va,
+                    len,
+                })
+            }
+            other => Err(Error::Protocol(format!(
+                "register: unexpected reply {other:?}"
+            ))),
+        }
+    }
 }
 
 impl Drop for MemoryRegion {
@@ -720,6 +721,15 @@ pub const RDMA_WRITE_CHANNELS: u8 = WRITE_CHANNELS as u8;
 pub const RDMA_READ_CHANNELS: u8 = READ_CHANNELS as u8;
 
 impl RdmaPage {
+    /// See [`Endpoint::rdma_page`].
+    pub(crate) fn alloc(shared: &Arc<Shared>) -> Result<RdmaPage> {
+        let page = shared.alloc(Resource::RdmaPage, None)?;
+        Ok(RdmaPage {
+            shared: Arc::clone(shared),
+            page,
+        })
+    }
+
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
     }

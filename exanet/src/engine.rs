@@ -191,6 +191,10 @@ pub(crate) struct State {
     closed: HashMap<u8, u32>,
     counters: Option<Counters>,
     notifications: VecDeque<Notification>,
+    /// Ranges of this rank's memory whose notifications a part of the library takes for
+    /// itself (the collectives' landing memory), so that the program's own
+    /// [`Shared::notification`] never sees them, nor they the program's.
+    claims: Vec<Claim>,
     events: u64,
     polling: bool,
     /// Threads waiting on the condition variable for the leader's next batch.
@@ -377,11 +381,15 @@ impl State {
                 at,
             } => {
                 self.stats.notifications += 1;
-                if self.notifications.len() >= MAX_NOTIFICATIONS {
-                    self.notifications.pop_front();
+                let queue = match self.claims.iter_mut().find(|c| c.range.contains(&va)) {
+                    Some(c) => &mut c.queue,
+                    None => &mut self.notifications,
+                };
+                if queue.len() >= MAX_NOTIFICATIONS {
+                    queue.pop_front();
                     self.stats.dropped_notifications += 1;
                 }
-                self.notifications.push_back(Notification {
+                queue.push_back(Notification {
                     va,
                     src_node: NodeId(src_node),
                     len,
@@ -390,6 +398,20 @@ impl State {
             }
         }
     }
+}
+
+/// Notifications written into `range`, kept apart from the program's.
+#[derive(Debug)]
+struct Claim {
+    range: std::ops::Range<u64>,
+    queue: VecDeque<Notification>,
+}
+
+/// What arrived for a part of the library that waits on a mailbox and claimed memory.
+#[derive(Clone, Debug)]
+pub(crate) enum Incoming {
+    Message(Message),
+    Notification(Notification),
 }
 
 /// Fixed facts of an attachment.
@@ -907,6 +929,47 @@ impl Shared {
                 st.clock = st.clock.max(n.at) + software;
             }
             Ok(n)
+        })
+    }
+
+    /// Takes the notifications written into `range` of this rank's memory for the caller
+    /// (see [`Shared::next_incoming`]) until [`Shared::release_notifications`].
+    pub(crate) fn claim_notifications(&self, range: std::ops::Range<u64>) {
+        lock(&self.state).claims.push(Claim {
+            range,
+            queue: VecDeque::new(),
+        });
+    }
+
+    /// Gives the notifications of the claim starting at `start` back to the program
+    /// (those not taken are dropped: the memory they announce is going away).
+    pub(crate) fn release_notifications(&self, start: u64) {
+        lock(&self.state).claims.retain(|c| c.range.start != start);
+    }
+
+    /// The next message of mailbox `vi` or notification of a claim starting at one of
+    /// `claims`, messages first; `None` after `timeout`.
+    pub(crate) fn next_incoming(
+        &self,
+        vi: u8,
+        claims: &[u64],
+        timeout: Option<Duration>,
+    ) -> Result<Option<Incoming>> {
+        let _call = self.enter();
+        self.drive(timeout, None, |st| {
+            if let Some(m) = st.take(vi)? {
+                return Ok(Some(Incoming::Message(m)));
+            }
+            let software = st.software_ps;
+            let n = st
+                .claims
+                .iter_mut()
+                .filter(|c| claims.contains(&c.range.start))
+                .find_map(|c| c.queue.pop_front());
+            Ok(n.map(|n| {
+                st.clock = st.clock.max(n.at) + software;
+                Incoming::Notification(n)
+            }))
         })
     }
 

@@ -4,8 +4,12 @@
 //! vector allow it (whole QFDBs, a power of two of them, one rank per node; vectors are
 //! reduced 256 bytes per operation, as the hardware does); everything else runs in
 //! software ([`Path::Software`]): the algorithms of `exanet_proto::collective` (recursive
-//! doubling, binomial trees, ring) over packetizer messages to each member's collective
-//! mailbox. [`Path::Auto`] picks the accelerator when it can.
+//! doubling, binomial trees, ring) over the NI's primitives, as ExaNet-MPI sends its
+//! messages: a step of up to [`EAGER_LIMIT`] bytes (by default; see
+//! [`Collectives::set_eager_limit`]) as packetizer messages to the peer's collective
+//! mailbox, a longer one by rendezvous: an RTS message, the peer's CTS naming where it
+//! goes, and an RDMA write with a completion notification there. [`Path::Auto`] picks the
+//! accelerator when it can.
 //!
 //! Every member must call the same collectives of a group in the same order (as MPI
 //! requires): each call takes the group's next sequence number, which names its messages
@@ -14,8 +18,7 @@
 //! # Collective mailbox
 //! Software collectives of rank `r` arrive in mailbox interface [`COLLECTIVE_VI_BASE`] +
 //! `r` of its node, opened by [`Endpoint::collectives`]: peers address it without asking.
-//! Each message carries a 10-byte header (group u16, sequence u16, step u16, offset u16,
-//! total length u16, big-endian) and up to 54 bytes of the step's data.
+//! What the messages carry is in [`wire`]; the rendezvous' memory in [`rendezvous`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -30,19 +33,24 @@ use exanet_proto::ni::allreduce::{eligible, MAX_VECTOR};
 pub use exanet_proto::ni::{DataType, ReduceOp};
 use exanet_proto::shape::NodeId;
 
-use crate::endpoint::{Endpoint, Mailbox, MemoryRegion, Packetizer, Tag};
-use crate::engine::{Chan, Shared};
+use crate::endpoint::{Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
+use crate::engine::{Chan, Incoming, Shared};
 use crate::error::{Error, OpError, Result};
 use exanet_proto::ni::NackReason;
+
+mod rendezvous;
+mod wire;
+
+use rendezvous::{Landing, Pool, Staged, Transfers, NOTIFICATION, RETIRED_POOLS};
+use wire::{Body, Call, CHUNK, MAX_EAGER};
 
 /// The collective mailbox of rank `r` is interface `COLLECTIVE_VI_BASE + r`.
 pub const COLLECTIVE_VI_BASE: u8 = 48;
 /// Messages the collective mailbox holds.
 const MAILBOX_CAPACITY: u32 = 4096;
-/// Bytes of a message's header.
-const HEADER: usize = 10;
-/// Bytes of step data per message.
-const CHUNK: usize = exanet_proto::ni::MAX_MESSAGE - HEADER;
+/// The longest step sent as messages by default; longer ones go by rendezvous. ExaNet-MPI's
+/// eager limit (report §5.1).
+pub const EAGER_LIMIT: usize = 32;
 /// How long a collective may take before it is given up.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a member waiting for a message looks at what it sent (to send again what a
@@ -108,6 +116,8 @@ pub struct CollectiveStats {
     pub failed: [u64; 2],
     /// Accelerator operations posted (one per 256 bytes of an allreduce).
     pub accelerator_ops: u64,
+    /// Steps of software collectives this rank sent by rendezvous (RDMA writes).
+    pub rendezvous: u64,
 }
 
 /// Collectives not yet reported to the daemon, and when it last heard.
@@ -152,14 +162,32 @@ pub struct Collectives {
     /// An accelerator operation given up on before the NI ended it: it may still write
     /// into the scratch memory, so the next one waits for it first.
     abandoned: Mutex<Option<u32>>,
+    /// Memory for rendezvous, staged and landing.
+    pool: Mutex<Pool>,
+    /// Pools of failed collectives, kept registered a while (see [`rendezvous`]).
+    retired: Mutex<VecDeque<Pool>>,
+    /// The RDMA page that writes steps by rendezvous; without one (the node's 16 were
+    /// taken), every step goes as messages, which bounds a step to 65535 bytes.
+    page: Option<RdmaPage>,
+    eager: usize,
     /// Held for the length of a collective.
     call: Mutex<()>,
     timeout: Duration,
 }
 
+/// One software collective's steps under way.
+#[derive(Default)]
+struct Steps {
+    /// Steps arriving as messages, by member and step.
+    partial: BTreeMap<(usize, u16), Partial>,
+    /// Messages sent and not answered yet.
+    sent: VecDeque<Sent>,
+    rdv: Transfers,
+}
+
 impl Endpoint {
     /// Opens this rank's collectives: its collective mailbox (interface 48 + rank), a
-    /// packetizer and scratch memory.
+    /// packetizer, an RDMA page if one is free, and scratch memory.
     pub fn collectives(&self) -> Result<Collectives> {
         let vi = COLLECTIVE_VI_BASE + self.rank();
         let mailbox = self.mailbox_at(vi, MAILBOX_CAPACITY).map_err(|e| {
@@ -176,6 +204,10 @@ impl Endpoint {
             stats: Mutex::new(CollectiveStats::default()),
             unreported: Mutex::new((BTreeMap::new(), Instant::now())),
             abandoned: Mutex::new(None),
+            pool: Mutex::new(Pool::new(self.shared())),
+            retired: Mutex::new(VecDeque::new()),
+            page: RdmaPage::alloc(self.shared()).ok(),
+            eager: EAGER_LIMIT,
             call: Mutex::new(()),
             timeout: DEFAULT_TIMEOUT,
         })
@@ -225,6 +257,18 @@ impl Collectives {
     /// Gives up a collective after `t` (default 60 s).
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout = t;
+    }
+
+    /// Sends steps of up to `bytes` (default [`EAGER_LIMIT`], at most 65535) as packetizer
+    /// messages, longer ones by rendezvous. Members may differ: the receiver follows what
+    /// each sender does.
+    pub fn set_eager_limit(&mut self, bytes: usize) {
+        self.eager = bytes.min(MAX_EAGER);
+    }
+
+    /// Whether this rank can send by rendezvous (it got an RDMA page).
+    pub fn has_rdma(&self) -> bool {
+        self.page.is_some()
     }
 
     pub fn stats(&self) -> CollectiveStats {
@@ -431,13 +475,33 @@ impl Collectives {
     }
 
     /// Runs a software collective: sends what the algorithm says, feeds it what arrives.
+    /// Its rendezvous memory is emptied when it succeeds; when it fails, a peer's write
+    /// may still be under way into or out of it, so it is retired.
     fn software(&self, g: &Group, kind: Kind, data: Vec<u8>) -> Result<Vec<u8>> {
         let seq = g.next_seq();
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.run_software(g, seq, kind, data, &mut pool);
+        if r.is_ok() {
+            pool.reset();
+        } else {
+            let old = std::mem::replace(&mut *pool, Pool::new(&self.shared));
+            self.retire(old);
+        }
+        r
+    }
+
+    fn run_software(
+        &self,
+        g: &Group,
+        seq: u16,
+        kind: Kind,
+        data: Vec<u8>,
+        pool: &mut Pool,
+    ) -> Result<Vec<u8>> {
         let mut sc = SoftCollective::new(kind, Algorithm::Auto, g.size(), g.me, data)
             .map_err(|e| Error::Collective(e.to_string()))?;
         let deadline = Instant::now() + self.timeout;
-        let mut partial: BTreeMap<(usize, u16), Partial> = BTreeMap::new();
-        let mut sent: VecDeque<Sent> = VecDeque::new();
+        let mut st = Steps::default();
         let early = self
             .early
             .lock()
@@ -446,119 +510,290 @@ impl Collectives {
         let mut backlog: VecDeque<crate::Message> = early.into();
         loop {
             while let Some(o) = sc.poll_send() {
-                self.send_step(g, seq, o.to, o.step, &o.data, &mut sent)?;
+                self.send_step(g, seq, o, &mut st, pool)?;
             }
-            if sc.is_done() {
+            self.start_writes(g, &mut st.rdv, pool)?;
+            self.reap_writes(&mut st.rdv)?;
+            if sc.is_done() && st.rdv.sends_done() {
                 break;
             }
-            let m = match backlog.pop_front() {
-                Some(m) => m,
+            let incoming = match backlog.pop_front() {
+                Some(m) => Incoming::Message(m),
                 None => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(Error::Timeout);
                     }
-                    // Wake now and then to send again what a peer refused for now: it
-                    // may be waiting for exactly that before it sends what this waits for.
-                    match self.mailbox.recv(Some(left.min(RESEND_CHECK))) {
-                        Ok(m) => m,
-                        Err(Error::Timeout) => {
-                            self.reap(&mut sent, deadline)?;
+                    let seen = self.shared.events();
+                    let claims = pool.claims();
+                    match self.shared.next_incoming(
+                        self.mailbox.vi(),
+                        &claims,
+                        Some(Duration::ZERO),
+                    )? {
+                        Some(i) => i,
+                        None => {
+                            // Wake on any completion (a message, a write ending), and now
+                            // and then to send again what a peer refused for now: it may
+                            // be waiting for exactly that before it sends what this waits
+                            // for.
+                            self.reap(&mut st.sent, deadline)?;
+                            self.shared
+                                .wait_events(seen, Some(left.min(RESEND_CHECK)))?;
                             continue;
                         }
-                        Err(e) => return Err(e),
                     }
                 }
             };
-            let Some((h, body)) = parse(&m.payload) else {
-                continue;
-            };
-            let (step, offset, total) = (h.step, h.offset, h.total);
-            if (h.group, h.seq) != (g.id, seq) {
-                self.keep_early(h.group, h.seq, m.clone());
-                continue;
-            }
-            let Some(from) = g
-                .members
-                .iter()
-                .position(|&x| x == (m.src_node, m.src_rank))
-            else {
-                continue;
-            };
-            if !partial.contains_key(&(from, step)) && partial.len() >= 4 * g.size() + 16 {
-                // No algorithm has that many steps in flight from its peers at once.
-                return Err(Error::Collective(format!(
-                    "member {from} started step {step} with {} steps already incomplete",
-                    partial.len()
-                )));
-            }
-            let p = partial.entry((from, step)).or_default();
-            if p.chunks.is_empty() {
-                p.total = total;
-                p.data = vec![0; total];
-            }
-            if total != p.total || offset + body.len() > total {
-                return Err(Error::Collective(format!(
-                    "member {from} sent step {step} as {total} B after {} B",
-                    p.total
-                )));
-            }
-            if !p.chunks.insert(offset) {
-                continue;
-            }
-            p.data[offset..offset + body.len()].copy_from_slice(body);
-            p.have += body.len().max(usize::from(total == 0));
-            if p.have >= p.total.max(1) {
-                let p = partial.remove(&(from, step)).expect("present");
-                sc.on_receive(from, step, &p.data)
-                    .map_err(|e| Error::Collective(e.to_string()))?;
+            match incoming {
+                Incoming::Message(m) => self.on_message(g, seq, &mut sc, m, &mut st, pool)?,
+                Incoming::Notification(n) => self.on_landed(g, &mut sc, n, &mut st.rdv, pool)?,
             }
         }
-        while let Some(s) = sent.pop_front() {
-            self.settle(s, &mut sent, deadline)?;
+        while let Some(s) = st.sent.pop_front() {
+            self.settle(s, &mut st.sent, deadline)?;
         }
         Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default())
     }
 
-    /// Sends one step's data to member `to`, in as many messages as it takes.
+    /// A message in the collective mailbox: a chunk of a step, an RTS or a CTS.
+    fn on_message(
+        &self,
+        g: &Group,
+        seq: u16,
+        sc: &mut SoftCollective,
+        m: crate::Message,
+        st: &mut Steps,
+        pool: &mut Pool,
+    ) -> Result<()> {
+        let Some((c, body)) = wire::parse(&m.payload) else {
+            return Ok(());
+        };
+        if (c.group, c.seq) != (g.id, seq) {
+            // A CTS answers an RTS of a collective under way: one of another is stale.
+            if !matches!(body, Body::Cts { .. }) {
+                self.keep_early(c.group, c.seq, m);
+            }
+            return Ok(());
+        }
+        let Some(from) = g
+            .members
+            .iter()
+            .position(|&x| x == (m.src_node, m.src_rank))
+        else {
+            return Ok(());
+        };
+        let step = c.step;
+        match body {
+            Body::Data {
+                offset,
+                total,
+                bytes,
+            } => {
+                let partial = &mut st.partial;
+                if !partial.contains_key(&(from, step)) && partial.len() >= 4 * g.size() + 16 {
+                    // No algorithm has that many steps in flight from its peers at once.
+                    return Err(Error::Collective(format!(
+                        "member {from} started step {step} with {} steps already incomplete",
+                        partial.len()
+                    )));
+                }
+                let p = partial.entry((from, step)).or_default();
+                if p.chunks.is_empty() {
+                    p.total = total;
+                    p.data = vec![0; total];
+                }
+                if total != p.total {
+                    return Err(Error::Collective(format!(
+                        "member {from} sent step {step} as {total} B after {} B",
+                        p.total
+                    )));
+                }
+                if !p.chunks.insert(offset) {
+                    return Ok(());
+                }
+                p.data[offset..offset + bytes.len()].copy_from_slice(bytes);
+                p.have += bytes.len().max(usize::from(total == 0));
+                if p.have >= p.total.max(1) {
+                    let p = partial.remove(&(from, step)).expect("present");
+                    sc.on_receive(from, step, &p.data)
+                        .map_err(|e| Error::Collective(e.to_string()))?;
+                }
+            }
+            Body::Rts { len } => {
+                if !st.rdv.announced_to_me.insert((from, step)) {
+                    return Ok(()); // a copy
+                }
+                let want = sc.expected_len(from, step);
+                if want.map(|w| w as u64) != Some(len) {
+                    return Err(Error::Collective(match want {
+                        Some(w) => format!(
+                            "member {from} announced step {step:#06x} as {len} B where {w} B were expected"
+                        ),
+                        None => format!(
+                            "member {from} announced step {step:#06x}, which this member does not expect from it"
+                        ),
+                    }));
+                }
+                let slot = pool.alloc(NOTIFICATION + len)?;
+                st.rdv.landing.insert(slot.va, Landing { from, step, slot });
+                let (node, rank) = g.members[from];
+                let dst = self
+                    .shared
+                    .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)?;
+                let cts = wire::cts(c, slot.va + NOTIFICATION, slot.va);
+                self.send_message(dst, cts, &mut st.sent)?;
+            }
+            Body::Cts { buf, notify } => {
+                // A copy, or a CTS for nothing this member announced: nothing to do.
+                if let Some(s) = st.rdv.announced.remove(&(from, step)) {
+                    st.rdv.ready.push_back((s, buf, notify));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A notification in rendezvous memory: a step that landed where this member's CTS
+    /// said, if it is one.
+    fn on_landed(
+        &self,
+        g: &Group,
+        sc: &mut SoftCollective,
+        n: crate::Notification,
+        rdv: &mut Transfers,
+        pool: &Pool,
+    ) -> Result<()> {
+        let Some(&l) = rdv.landing.get(&n.va) else {
+            return Ok(()); // not one this member gave out
+        };
+        let len = l.slot.len - NOTIFICATION;
+        if n.src_node != g.members[l.from].0 || n.len != len {
+            return Ok(()); // not the write it waits for, which may still come
+        }
+        rdv.landing.remove(&n.va);
+        let data = pool
+            .region(&l.slot)
+            .to_vec(l.slot.offset + NOTIFICATION, len)?;
+        sc.on_receive(l.from, l.step, &data)
+            .map_err(|e| Error::Collective(e.to_string()))
+    }
+
+    /// Sends one step to member `o.to`: as messages up to the eager limit, else by
+    /// rendezvous (its data staged, an RTS sent).
     fn send_step(
         &self,
         g: &Group,
         seq: u16,
-        to: usize,
-        step: u16,
-        data: &[u8],
-        sent: &mut VecDeque<Sent>,
+        o: exanet_proto::collective::Outgoing,
+        st: &mut Steps,
+        pool: &mut Pool,
     ) -> Result<()> {
-        let (node, rank) = g.members[to];
+        let (node, rank) = g.members[o.to];
         let dst = self
             .shared
             .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)?;
-        let total = data.len();
-        if total > usize::from(u16::MAX) {
-            return Err(Error::Collective(format!(
-                "a step of {total} B: software collectives carry at most 65535 B per step"
-            )));
+        let c = Call {
+            group: g.id,
+            seq,
+            step: o.step,
+        };
+        let total = o.data.len();
+        if total > self.eager || total > MAX_EAGER {
+            if self.page.is_some() {
+                let slot = pool.alloc(total as u64)?;
+                pool.region(&slot).write(slot.offset, &o.data)?;
+                st.rdv
+                    .announced
+                    .insert((o.to, o.step), Staged { to: o.to, slot });
+                self.stats
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .rendezvous += 1;
+                return self.send_message(dst, wire::rts(c, total as u64), &mut st.sent);
+            }
+            if total > MAX_EAGER {
+                return Err(Error::Collective(format!(
+                    "a step of {total} B with no RDMA page: messages carry at most {MAX_EAGER} B per step"
+                )));
+            }
         }
         let mut offset = 0;
         loop {
             let end = (offset + CHUNK).min(total);
-            let mut m = Vec::with_capacity(HEADER + end - offset);
-            for v in [g.id, seq, step, offset as u16, total as u16] {
-                m.extend_from_slice(&v.to_be_bytes());
-            }
-            m.extend_from_slice(&data[offset..end]);
-            let tag = self.tx.send_any(dst, &m)?;
-            sent.push_back(Sent { tag, dst, msg: m });
-            // Collect what finished, so failures surface and tags do not pile up.
-            while sent.len() > 64 {
-                let s = sent.pop_front().expect("non-empty");
-                self.settle(s, sent, Instant::now() + self.timeout)?;
-            }
+            let m = wire::data(c, offset, total, &o.data[offset..end]);
+            self.send_message(dst, m, &mut st.sent)?;
             offset = end;
             if offset >= total {
                 return Ok(());
             }
+        }
+    }
+
+    /// Sends a message to a collective mailbox, keeping it to send again if refused.
+    fn send_message(
+        &self,
+        dst: exanet_proto::gvas::Gvas,
+        msg: Vec<u8>,
+        sent: &mut VecDeque<Sent>,
+    ) -> Result<()> {
+        let tag = self.tx.send_any(dst, &msg)?;
+        sent.push_back(Sent { tag, dst, msg });
+        // Collect what finished, so failures surface and tags do not pile up.
+        while sent.len() > 64 {
+            let s = sent.pop_front().expect("non-empty");
+            self.settle(s, sent, Instant::now() + self.timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Posts the writes whose CTS came, on the page's free write channels.
+    fn start_writes(&self, g: &Group, rdv: &mut Transfers, pool: &Pool) -> Result<()> {
+        let Some(page) = &self.page else {
+            return Ok(());
+        };
+        while let Some(ch) = rdv.free_channel() {
+            let Some((s, buf, notify)) = rdv.ready.pop_front() else {
+                break;
+            };
+            let (node, rank) = g.members[s.to];
+            let dst = self.shared.gvas(node, rank, buf)?;
+            let tag = page.write(
+                ch,
+                pool.region(&s.slot),
+                s.slot.offset,
+                dst,
+                s.slot.len,
+                Some(notify),
+            )?;
+            rdv.writing.push((tag.raw(), ch));
+        }
+        Ok(())
+    }
+
+    /// Collects the writes that ended; one that failed fails the collective (the NI
+    /// already retried it).
+    fn reap_writes(&self, rdv: &mut Transfers) -> Result<()> {
+        let mut i = 0;
+        while i < rdv.writing.len() {
+            match self.shared.wait(rdv.writing[i].0, Some(Duration::ZERO)) {
+                Ok(_) => {
+                    rdv.writing.swap_remove(i);
+                }
+                Err(Error::Timeout) => i += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the memory of a failed collective registered a while (see
+    /// [`rendezvous`]).
+    fn retire(&self, pool: Pool) {
+        let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        r.push_back(pool);
+        if r.len() > RETIRED_POOLS {
+            r.pop_front();
         }
     }
 
@@ -645,30 +880,4 @@ struct Sent {
     tag: Tag,
     dst: exanet_proto::gvas::Gvas,
     msg: Vec<u8>,
-}
-
-/// The header of a collective message.
-struct Header {
-    group: u16,
-    seq: u16,
-    step: u16,
-    offset: usize,
-    total: usize,
-}
-
-/// The header and data of a collective message, if it is one.
-fn parse(p: &[u8]) -> Option<(Header, &[u8])> {
-    if p.len() < HEADER {
-        return None;
-    }
-    let u = |i: usize| u16::from_be_bytes([p[i], p[i + 1]]);
-    let h = Header {
-        group: u(0),
-        seq: u(2),
-        step: u(4),
-        offset: usize::from(u(6)),
-        total: usize::from(u(8)),
-    };
-    let body = &p[HEADER..];
-    (h.offset + body.len() <= h.total).then_some((h, body))
 }
