@@ -52,6 +52,8 @@ pub struct Options {
     pub iterations: u64,
     pub warmup: u64,
     pub accel: Accel,
+    /// Software collectives' eager limit, bytes (the library's default if None).
+    pub eager: Option<usize>,
     pub op: Op,
     pub ty: Type,
     pub root: usize,
@@ -130,6 +132,9 @@ pub fn run(o: &Options) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     for c in &mut colls {
         c.set_timeout(o.timeout);
+        if let Some(b) = o.eager {
+            c.set_eager_limit(b);
+        }
     }
     let groups: Vec<Group> = colls
         .iter()
@@ -150,6 +155,7 @@ pub fn run(o: &Options) -> Result<(), String> {
     };
     for &size in &sizes {
         let ops_before: u64 = colls.iter().map(|c| c.stats().accelerator_ops).sum();
+        let rdv_before: u64 = colls.iter().map(|c| c.stats().rendezvous).sum();
         let len = size as usize;
         let total = o.warmup + o.iterations;
         let start = Barrier::new(n);
@@ -214,6 +220,7 @@ pub fn run(o: &Options) -> Result<(), String> {
         }
         let accel_ops: u64 =
             colls.iter().map(|c| c.stats().accelerator_ops).sum::<u64>() - ops_before;
+        let rendezvous: u64 = colls.iter().map(|c| c.stats().rendezvous).sum::<u64>() - rdv_before;
         let bench = match o.kind {
             Kind::Allreduce => "allreduce",
             Kind::Bcast => "bcast",
@@ -230,6 +237,7 @@ pub fn run(o: &Options) -> Result<(), String> {
                 ("ranks", json!(n)),
                 ("accel", json!(format!("{:?}", o.accel).to_lowercase())),
                 ("accelerator_ops", json!(accel_ops)),
+                ("rendezvous_steps", json!(rendezvous)),
                 ("op", json!(format!("{:?}", o.op).to_lowercase())),
                 ("type", json!(format!("{:?}", o.ty).to_lowercase())),
                 ("verified", json!(o.kind != Kind::Barrier)),

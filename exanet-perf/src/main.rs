@@ -145,6 +145,10 @@ struct CollArgs {
     /// The NI's allreduce accelerator: on, off (software), or auto
     #[arg(long, value_enum, default_value_t = collective::Accel::Auto)]
     accel: collective::Accel,
+    /// Software collectives send steps of up to this many bytes as messages, longer ones by
+    /// rendezvous over RDMA [default: 32, ExaNet-MPI's; at most 65535]
+    #[arg(long, value_name = "BYTES")]
+    eager: Option<usize>,
     #[arg(long, value_enum, default_value_t = collective::Op::Sum)]
     op: collective::Op,
     #[arg(long = "type", value_enum, default_value_t = collective::Type::F64)]
@@ -381,6 +385,7 @@ fn coll_opts(
         iterations: a.iterations,
         warmup: a.warmup,
         accel: a.accel,
+        eager: a.eager,
         op: a.op,
         ty: a.ty,
         root: a.root,

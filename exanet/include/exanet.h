@@ -326,10 +326,14 @@ typedef struct exanet_member_t {
 #define EXANET_PATH_SOFTWARE 2
 
 /* Opens the rank's collectives: its collective mailbox (interface 48 + rank), a
- * packetizer and scratch memory. Every member of a group calls the group's collectives in
+ * packetizer, an RDMA page if one is free, and scratch memory. Every member of a group calls the group's collectives in
  * the same order, as MPI requires. See docs/collectives.md. */
 int exanet_collectives_open(const exanet_endpoint *ep, exanet_collectives **out);
 void exanet_collectives_close(exanet_collectives *c);
+/* Software collectives send a step of up to `bytes` (default 32, ExaNet-MPI's eager limit;
+ * at most 65535) as packetizer messages, a longer one by rendezvous: RTS, the receiver's
+ * CTS, an RDMA write with a completion notification. Members may differ. */
+int exanet_collectives_set_eager_limit(const exanet_collectives *c, uint32_t bytes);
 /* Group `id` of `count` members in rank order, this rank among them; every member makes it
  * with the same id and members. */
 int exanet_group_create(const exanet_collectives *c, uint16_t id, const exanet_member_t *members,

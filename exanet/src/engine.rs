@@ -867,7 +867,7 @@ impl Shared {
     /// A library call starts: the host time since the program left the previous one was
     /// its compute, and moves the modeled clock by that, scaled. Time blocked inside the
     /// library does not count: the modeled clock follows the events waited for instead.
-    fn enter(&self) -> Call<'_> {
+    pub(crate) fn enter(&self) -> Call<'_> {
         let mut st = lock(&self.state);
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {

@@ -95,6 +95,9 @@ pub enum Error {
     /// group or vector does not allow, a peer that sent what the algorithm cannot take).
     #[error("collective: {0}")]
     Collective(String),
+    /// Another member of a software collective gave it up (and told this one).
+    #[error("collective aborted: member {member} failed: {reason}")]
+    CollectiveAborted { member: usize, reason: String },
     /// No node was given and `EXANET_NODE` is not set.
     #[error("no node given: pass one or set EXANET_NODE (e.g. EXANET_NODE=M1QAF1)")]
     NoNode,
@@ -319,6 +322,7 @@ impl Error {
             Error::Corrupt(_) | Error::Broken(_) => CORRUPT,
             Error::Shm(_) | Error::Io { .. } => SYSTEM,
             Error::Timeout => TIMEOUT,
+            Error::CollectiveAborted { .. } => ABORTED,
             Error::Op { error, .. } => match error {
                 OpError::Nacked { .. } => NACKED,
                 OpError::TimedOut => NET_TIMEOUT,

@@ -1082,6 +1082,21 @@ pub extern "C" fn exanet_collectives_close(c: *mut exanet_collectives) {
     release(c)
 }
 
+/// Sends steps of software collectives of up to `bytes` (default 32, at most 65535) as
+/// packetizer messages and longer ones by rendezvous over RDMA.
+#[no_mangle]
+pub extern "C" fn exanet_collectives_set_eager_limit(
+    c: *const exanet_collectives,
+    bytes: u32,
+) -> c_int {
+    guard(|| {
+        with(c, "c", |c| {
+            c.c.set_eager_limit(bytes as usize);
+            Ok(0)
+        })
+    })
+}
+
 /// Makes group `id` of `count` members (in rank order, this rank among them); every
 /// member must make it with the same id and members. Stores the handle at `*out`.
 ///

@@ -248,6 +248,9 @@ signatures! {
         *mut *mut exanet_collectives => "exanet_collectives **"
     ) -> c_int => "int";
     exanet_collectives_close(*mut exanet_collectives => "exanet_collectives *") -> () => "void";
+    exanet_collectives_set_eager_limit(
+        *const exanet_collectives => "const exanet_collectives *", u32 => "uint32_t"
+    ) -> c_int => "int";
     exanet_group_create(
         *const exanet_collectives => "const exanet_collectives *", u16 => "uint16_t",
         *const exanet_member_t => "const exanet_member_t *", u32 => "uint32_t",

@@ -192,6 +192,8 @@ int main(int argc, char **argv) {
                                            EXANET_PATH_AUTO), EXANET_EINVAL);
     EXPECT("collectives", exanet_allreduce(coll, grp, EXANET_OP_SUM, EXANET_TYPE_F64, v, r, 5,
                                            EXANET_PATH_AUTO), EXANET_EINVAL);
+    EXPECT("collectives", exanet_collectives_set_eager_limit(coll, 0), EXANET_OK);
+    EXPECT("collectives", exanet_collectives_set_eager_limit(NULL, 0), EXANET_EINVAL);
     EXPECT("collectives", exanet_bcast(coll, grp, 0, v, sizeof v), EXANET_OK);
     EXPECT("collectives", exanet_reduce(coll, grp, 0, EXANET_OP_MAX, EXANET_TYPE_F64, v, r,
                                         sizeof v), EXANET_OK);

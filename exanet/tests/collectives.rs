@@ -249,3 +249,37 @@ fn two_jobs_collectives_on_the_same_nodes_never_mix() {
         b.join().unwrap();
     });
 }
+
+/// A member that gives a software collective up tells the others, which fail at once with
+/// its reason rather than wait out their own timeout. Member 2 never joins; member 0
+/// waits for it 300 ms, member 1 (which waits for member 0) would wait 60 s.
+#[test]
+fn a_member_that_gives_up_aborts_the_others() {
+    let rack = Rack::up("cabrt", "1x1x1");
+    let nodes = ["M1QAF1", "M1QAF2", "M1QAF3"];
+    let out = on_members(&rack, &nodes, None, 4, |i, c, g| {
+        if i == 2 {
+            return None;
+        }
+        if i == 0 {
+            c.set_timeout(Duration::from_millis(300));
+        }
+        let t0 = std::time::Instant::now();
+        let e = c
+            .allreduce(g, ReduceOp::Sum, DataType::I64, &[1; 8], Path::Software)
+            .unwrap_err();
+        Some((e, t0.elapsed()))
+    });
+    let (e0, _) = out[0].as_ref().unwrap();
+    assert!(matches!(e0, exanet::Error::Timeout), "{e0:?}");
+    let (e1, t1) = out[1].as_ref().unwrap();
+    match e1 {
+        exanet::Error::CollectiveAborted { member, reason } => {
+            assert_eq!(*member, 0, "{e1}");
+            assert!(reason.contains("timed out"), "{e1}");
+        }
+        other => panic!("member 1: {other:?}"),
+    }
+    assert_eq!(e1.code(), exanet::error::codes::ABORTED);
+    assert!(*t1 < Duration::from_secs(30), "member 1 waited {t1:?}");
+}

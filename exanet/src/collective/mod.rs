@@ -21,6 +21,7 @@
 //! What the messages carry is in [`wire`]; the rendezvous' memory in [`rendezvous`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -169,7 +170,8 @@ pub struct Collectives {
     /// The RDMA page that writes steps by rendezvous; without one (the node's 16 were
     /// taken), every step goes as messages, which bounds a step to 65535 bytes.
     page: Option<RdmaPage>,
-    eager: usize,
+    /// Steps up to this many bytes go as messages.
+    eager: AtomicUsize,
     /// Held for the length of a collective.
     call: Mutex<()>,
     timeout: Duration,
@@ -207,7 +209,7 @@ impl Endpoint {
             pool: Mutex::new(Pool::new(self.shared())),
             retired: Mutex::new(VecDeque::new()),
             page: RdmaPage::alloc(self.shared()).ok(),
-            eager: EAGER_LIMIT,
+            eager: AtomicUsize::new(EAGER_LIMIT),
             call: Mutex::new(()),
             timeout: DEFAULT_TIMEOUT,
         })
@@ -262,8 +264,8 @@ impl Collectives {
     /// Sends steps of up to `bytes` (default [`EAGER_LIMIT`], at most 65535) as packetizer
     /// messages, longer ones by rendezvous. Members may differ: the receiver follows what
     /// each sender does.
-    pub fn set_eager_limit(&mut self, bytes: usize) {
-        self.eager = bytes.min(MAX_EAGER);
+    pub fn set_eager_limit(&self, bytes: usize) {
+        self.eager.store(bytes.min(MAX_EAGER), Ordering::Relaxed);
     }
 
     /// Whether this rank can send by rendezvous (it got an RDMA page).
@@ -293,7 +295,11 @@ impl Collectives {
             CollectivePath::Software
         };
         self.tally(kind, reported, |e| e.started += 1);
+        // The whole collective is one library call: the host time its own code takes
+        // between the engine's calls is not the program's compute.
+        let inside = self.shared.enter();
         let r = run();
+        drop(inside);
         {
             let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             match r {
@@ -481,6 +487,11 @@ impl Collectives {
         let seq = g.next_seq();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let r = self.run_software(g, seq, kind, data, &mut pool);
+        if let Err(e) = &r {
+            if !matches!(e, Error::CollectiveAborted { .. }) {
+                self.abort_others(g, seq, e);
+            }
+        }
         if r.is_ok() {
             pool.reset();
         } else {
@@ -556,7 +567,33 @@ impl Collectives {
         Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default())
     }
 
-    /// A message in the collective mailbox: a chunk of a step, an RTS or a CTS.
+    /// Tells every other member that this one gave up collective `seq`, so that those
+    /// still in it fail at once with the reason instead of waiting out their timeout.
+    /// Best effort: a member that cannot be reached times out as before.
+    fn abort_others(&self, g: &Group, seq: u16, why: &Error) {
+        let c = Call {
+            group: g.id,
+            seq,
+            step: 0,
+        };
+        let msg = wire::abort(c, &why.to_string());
+        for (i, &(node, rank)) in g.members.iter().enumerate() {
+            if i == g.me {
+                continue;
+            }
+            let Ok(dst) = self
+                .shared
+                .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)
+            else {
+                continue;
+            };
+            if let Ok(tag) = self.tx.send_any(dst, &msg) {
+                let _ = self.shared.forget(tag.raw());
+            }
+        }
+    }
+
+    /// A message in the collective mailbox: a chunk of a step, an RTS, a CTS or an abort.
     fn on_message(
         &self,
         g: &Group,
@@ -650,6 +687,12 @@ impl Collectives {
                     st.rdv.ready.push_back((s, buf, notify));
                 }
             }
+            Body::Abort { reason } => {
+                return Err(Error::CollectiveAborted {
+                    member: from,
+                    reason: String::from_utf8_lossy(reason).into_owned(),
+                });
+            }
         }
         Ok(())
     }
@@ -699,7 +742,7 @@ impl Collectives {
             step: o.step,
         };
         let total = o.data.len();
-        if total > self.eager || total > MAX_EAGER {
+        if total > self.eager.load(Ordering::Relaxed) {
             if self.page.is_some() {
                 let slot = pool.alloc(total as u64)?;
                 pool.region(&slot).write(slot.offset, &o.data)?;
@@ -854,23 +897,47 @@ impl Collectives {
 }
 
 /// Messages of collectives not started yet, by (group, sequence), at most [`MAX_EARLY`].
+/// Those of collectives already started (late copies, the data of a collective that
+/// failed here) are dropped: kept, they would be taken for the call that reuses their
+/// sequence number 65536 calls later.
 #[derive(Default)]
 struct Early {
     by_call: HashMap<(u16, u16), Vec<crate::Message>>,
     count: usize,
+    /// The last software collective started, by group.
+    started: HashMap<u16, u16>,
 }
 
 impl Early {
+    /// Whether `seq` of `group` was started already (sequence numbers compare as
+    /// wrapping: half the space ahead is the future).
+    fn is_past(&self, group: u16, seq: u16) -> bool {
+        self.started
+            .get(&group)
+            .is_some_and(|&last| (seq.wrapping_sub(last) as i16) <= 0)
+    }
+
     fn keep(&mut self, group: u16, seq: u16, m: crate::Message) {
-        if self.count < MAX_EARLY {
+        if self.count < MAX_EARLY && !self.is_past(group, seq) {
             self.count += 1;
             self.by_call.entry((group, seq)).or_default().push(m);
         }
     }
 
+    /// What came for `seq` of `group`, which starts now.
     fn take(&mut self, group: u16, seq: u16) -> Vec<crate::Message> {
+        self.started.insert(group, seq);
         let v = self.by_call.remove(&(group, seq)).unwrap_or_default();
-        self.count -= v.len();
+        let stale: Vec<_> = self
+            .by_call
+            .keys()
+            .filter(|&&(g, s)| g == group && self.is_past(g, s))
+            .copied()
+            .collect();
+        for k in stale {
+            self.by_call.remove(&k);
+        }
+        self.count = self.by_call.values().map(Vec::len).sum();
         v
     }
 }
@@ -880,4 +947,45 @@ struct Sent {
     tag: Tag,
     dst: exanet_proto::gvas::Gvas,
     msg: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(b: u8) -> crate::Message {
+        crate::Message {
+            vi: COLLECTIVE_VI_BASE,
+            src_node: NodeId(1),
+            src_rank: 0,
+            payload: vec![b],
+            at: ModelTime::ZERO,
+        }
+    }
+
+    #[test]
+    fn messages_of_started_collectives_are_not_kept_for_a_later_one() {
+        let mut e = Early::default();
+        e.keep(1, 5, msg(5));
+        e.keep(1, 6, msg(6));
+        e.keep(2, 3, msg(23));
+        assert_eq!(e.take(1, 5).len(), 1);
+        // Group 1's call 5 started: a late copy of it, or of 4, is dropped; 6 stays.
+        e.keep(1, 5, msg(5));
+        e.keep(1, 4, msg(4));
+        assert_eq!(e.count, 2);
+        assert_eq!(e.take(1, 6)[0].payload, [6]);
+        // Another group is its own.
+        assert_eq!(e.take(2, 3)[0].payload, [23]);
+        // Sequence numbers wrap: 65535 is before 0, and 1 after it.
+        let mut w = Early::default();
+        assert!(w.take(1, u16::MAX).is_empty());
+        w.keep(1, 0, msg(0));
+        w.keep(1, 1, msg(1));
+        w.keep(1, u16::MAX - 1, msg(9));
+        assert_eq!(w.count, 2);
+        // Starting 1 drops what was kept for 0, which this member skipped.
+        assert_eq!(w.take(1, 1)[0].payload, [1]);
+        assert_eq!(w.count, 0);
+    }
 }

@@ -7,7 +7,9 @@
 //! - [`Body::Rts`] (kind 1, "ready to send"): the step's length u64. Its data waits in the
 //!   sender's memory for the receiver to say where it goes;
 //! - [`Body::Cts`] (kind 2, "clear to send"): the receiver's buffer VA u64 and the VA of
-//!   the completion notification u64: the sender RDMA-writes the step there.
+//!   the completion notification u64: the sender RDMA-writes the step there;
+//! - [`Body::Abort`] (kind 3, step 0): the sender gave the collective up; the rest is its
+//!   reason, UTF-8, cut to fit.
 //!
 //! This is ExaNet-MPI's rendezvous (report §5.1, Fig. 11): RTS by packetizer, CTS with the
 //! receive buffer and notification address, RDMA write, completion notification.
@@ -22,6 +24,9 @@ pub(super) const MAX_EAGER: usize = u16::MAX as usize;
 const DATA: u8 = 0;
 const RTS: u8 = 1;
 const CTS: u8 = 2;
+const ABORT: u8 = 3;
+/// Bytes before any body.
+const HEAD: usize = 7;
 
 /// Which collective and step a message is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +49,9 @@ pub(super) enum Body<'a> {
     Cts {
         buf: u64,
         notify: u64,
+    },
+    Abort {
+        reason: &'a [u8],
     },
 }
 
@@ -80,6 +88,18 @@ pub(super) fn cts(c: Call, buf: u64, notify: u64) -> Vec<u8> {
     m
 }
 
+/// An abort of collective `c` for `reason`, cut at a character boundary to fit a message.
+pub(super) fn abort(c: Call, reason: &str) -> Vec<u8> {
+    let room = exanet_proto::ni::MAX_MESSAGE - HEAD;
+    let mut end = reason.len().min(room);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut m = head(ABORT, c, HEAD + end);
+    m.extend_from_slice(&reason.as_bytes()[..end]);
+    m
+}
+
 /// The collective and body of a message, if it is a well-formed one.
 pub(super) fn parse(p: &[u8]) -> Option<(Call, Body<'_>)> {
     let u16_at = |i: usize| Some(u16::from_be_bytes(p.get(i..i + 2)?.try_into().ok()?));
@@ -108,6 +128,7 @@ pub(super) fn parse(p: &[u8]) -> Option<(Call, Body<'_>)> {
             buf: u64_at(7)?,
             notify: u64_at(15)?,
         },
+        ABORT => Body::Abort { reason: &p[HEAD..] },
         _ => return None,
     };
     Some((call, body))
@@ -186,6 +207,18 @@ mod tests {
         let mut k = rts(C, 5);
         k[0] = 9;
         assert_eq!(parse(&k), None);
+        // An abort's reason is cut to fit, at a character boundary.
+        let long = "é".repeat(60);
+        let a = abort(C, &long);
+        assert!(a.len() <= exanet_proto::ni::MAX_MESSAGE);
+        match parse(&a) {
+            Some((c, Body::Abort { reason })) => {
+                assert_eq!(c, C);
+                let r = std::str::from_utf8(reason).unwrap();
+                assert!(!r.is_empty() && long.starts_with(r));
+            }
+            other => panic!("{other:?}"),
+        }
         // Every prefix of every kind is refused or read, never a panic.
         for m in [data(C, 1, 60, &[9; 40]), rts(C, 77), cts(C, 3, 4)] {
             for n in 0..=m.len() {
