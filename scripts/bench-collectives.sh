@@ -4,6 +4,8 @@
 # with the MPI software cost the fidelity benchmark calibrates on the intra-FPGA row
 # ([model] software_ns, default 418 ns per call): 4x1x1 (16 ranks) and 4x4x2 (128 ranks).
 # Needs: cargo build --release -p exanetd -p exactl -p exanet-perf
+# Software rows run twice: as ExaNet-MPI sends (steps past 32 B by rendezvous over RDMA, the
+# library's default) and with every step eager (--eager 65535: packetizer messages only).
 # Usage: [SOFTWARE_NS=418] [ITER=50] scripts/bench-collectives.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +21,10 @@ cleanup() {
   done
 }
 trap cleanup EXIT
+# Called as r=$(up SHAPE), a subshell: the caller adds the rack to `racks` for cleanup.
 up() {
   local r
   r=$(mktemp -d /tmp/exanet-bench-coll.XXXX)
-  racks+=("$r")
   EXANET_RACK=$r "$bin/exactl" rack up --shape "$1" --ip off >/dev/null 2>&1
   EXANET_RACK=$r "$bin/exactl" rack down >/dev/null 2>&1
   printf '\n[model]\nsoftware_ns = %s\n' "$sw" >>"$r/rack.toml"
@@ -48,14 +50,19 @@ for line in sys.stdin:
 echo "software cost per call: $sw ns; $iter iterations; modeled p50 in us"
 printf '%-44s %9s %9s %9s\n' what report modeled error
 r16=$(up 4x1x1)
+racks+=("$r16")
 row "allreduce 256 B, 16 ranks, accelerator" 6.79 "$r16" allreduce --qfdbs 4 --sizes 256 --accel on
 row "allreduce 256 B, 16 ranks, software" 39.7 "$r16" allreduce --qfdbs 4 --sizes 256 --accel off
+row "  the same, every step eager" 39.7 "$r16" allreduce --qfdbs 4 --sizes 256 --accel off --eager 65535
 row "allreduce 512 B, 16 ranks, accelerator" 13.38 "$r16" allreduce --qfdbs 4 --sizes 512 --accel on
 row "allreduce 1024 B, 16 ranks, accelerator" 26.11 "$r16" allreduce --qfdbs 4 --sizes 1K --accel on
 row "bcast 1 B, 4 ranks" 1.93 "$r16" bcast --qfdbs 1 --sizes 1 --type i32
 row "allreduce 8 B, 4 ranks of one QFDB (software)" 5.34 "$r16" allreduce --qfdbs 1 --sizes 8 --accel off
 row "allreduce 64 B, 4 ranks of one QFDB (software)" 33.62 "$r16" allreduce --qfdbs 1 --sizes 64 --accel off
+row "  the same, every step eager" 33.62 "$r16" allreduce --qfdbs 1 --sizes 64 --accel off --eager 65535
 EXANET_RACK=$r16 "$bin/exactl" rack down >/dev/null 2>&1
 r128=$(up 4x4x2)
+racks+=("$r128")
 row "allreduce 256 B, 128 ranks, accelerator" 9.61 "$r128" allreduce --qfdbs 32 --sizes 256 --accel on
 row "allreduce 256 B, 128 ranks, software" 76.9 "$r128" allreduce --qfdbs 32 --sizes 256 --accel off
+row "  the same, every step eager" 76.9 "$r128" allreduce --qfdbs 32 --sizes 256 --accel off --eager 65535
