@@ -764,7 +764,15 @@ impl Initiator {
         }
         if block_no == NOTIFY_BLOCK {
             let Some(n) = t.notice.as_mut() else { return };
-            if n.seq != ans.seq || !matches!(n.step, Step::InFlight { .. }) {
+            // An ACK of an earlier copy proves delivery as well as one of the latest (the
+            // target drops copies of a notice it took): it comes late in real time when
+            // the host was slow and the notice went again, and its modeled time is the
+            // delivery's, not the needless retransmission's.
+            let this_copy = n.seq == ans.seq && matches!(n.step, Step::InFlight { .. });
+            let earlier_ack = nack.is_none()
+                && n.seq.wrapping_sub(ans.seq) < u16::from(n.attempts)
+                && matches!(n.step, Step::InFlight { .. } | Step::Retry { .. });
+            if !this_copy && !earlier_ack {
                 return;
             }
             match nack {
