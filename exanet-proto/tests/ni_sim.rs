@@ -1545,7 +1545,10 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
         }
     }
     let held = held.expect("the notice was answered");
-    assert!(a.poll_event().is_none(), "no completion without the notice's ACK");
+    assert!(
+        a.poll_event().is_none(),
+        "no completion without the notice's ACK"
+    );
     // The timer: the notice goes again.
     a.handle_timeout(Instant(10_000_000), &amem);
     let again = a.poll_cell().expect("the notice sent again on the timer");
