@@ -412,20 +412,7 @@ fn collectives_on_the_accelerator_and_in_software() {
     assert!(num(&rows[0], "p50_us") > 0.0);
     // 1% loss and 0.1% corruption on the torus link between the QFDBs (both directions):
     // both paths still give every member the right result (exanet-perf checks them).
-    let (ok, out, err) = rack::run(
-        rack.exactl(&[
-            "link",
-            "set",
-            "M1QAF1",
-            "M1QBF1",
-            "--loss",
-            "1%",
-            "--corrupt",
-            "0.1%",
-        ]),
-        Duration::from_secs(30),
-    );
-    assert!(ok, "link set: {out}\n{err}");
+    rack.link_set("M1QAF1", "M1QBF1", &["--loss", "1%", "--corrupt", "0.1%"]);
     for accel in ["on", "off"] {
         let rows = run(&["allreduce", "--sizes", "256,1K", "--accel", accel]);
         assert_eq!(rows[0]["verified"], Value::Bool(true), "{rows:?}");

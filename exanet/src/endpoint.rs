@@ -437,6 +437,14 @@ pub struct MemoryRegion {
     len: u64,
 }
 
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self
+            .shared
+            .control("unregister", &Request::Unregister { region: self.id }, &[]);
+    }
+}
+
 impl MemoryRegion {
     /// See [`Endpoint::register`].
     pub(crate) fn register(shared: &Arc<Shared>, len: u64) -> Result<MemoryRegion> {
@@ -489,17 +497,7 @@ impl MemoryRegion {
             ))),
         }
     }
-}
 
-impl Drop for MemoryRegion {
-    fn drop(&mut self) {
-        let _ = self
-            .shared
-            .control("unregister", &Request::Unregister { region: self.id }, &[]);
-    }
-}
-
-impl MemoryRegion {
     /// The VA of the first byte in this rank's memory.
     pub fn va(&self) -> u64 {
         self.va

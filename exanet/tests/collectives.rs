@@ -171,20 +171,7 @@ fn software_collectives_go_by_rendezvous_past_the_eager_limit() {
 #[test]
 fn rendezvous_survive_loss_and_corruption() {
     let rack = Rack::up("cflt", "2x1x1");
-    let (ok, out, err) = rack::run(
-        rack.exactl(&[
-            "link",
-            "set",
-            "M1QAF1",
-            "M1QBF1",
-            "--loss",
-            "1%",
-            "--corrupt",
-            "0.1%",
-        ]),
-        Duration::from_secs(30),
-    );
-    assert!(ok, "link set: {out}\n{err}");
+    rack.link_set("M1QAF1", "M1QBF1", &["--loss", "1%", "--corrupt", "0.1%"]);
     let nodes = ["M1QAF1", "M1QAF3", "M1QBF1", "M1QBF4"];
     let out = on_members(&rack, &nodes, None, 3, |i, c, g| {
         for round in 0..6 {

@@ -182,6 +182,15 @@ impl Rack {
         assert!(ok, "exactl rack up (again) failed:\n{out}\n{err}");
     }
 
+    /// `exactl link set A B ARGS...` on this rack (faults on the link between two nodes,
+    /// both directions), which must succeed.
+    pub fn link_set(&self, a: &str, b: &str, args: &[&str]) {
+        let mut all = vec!["link", "set", a, b];
+        all.extend_from_slice(args);
+        let (ok, out, err) = run(self.exactl(&all), Duration::from_secs(30));
+        assert!(ok, "exactl link set {a} {b} {args:?} failed:\n{out}\n{err}");
+    }
+
     pub fn exactl(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.exactl);
         c.arg("--rack")
