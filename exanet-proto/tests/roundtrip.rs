@@ -17,18 +17,6 @@ use exanet_proto::topology::Port;
 const NODE_LIMIT: u32 = 1 << 22;
 const VA_LIMIT: u64 = 1 << 39;
 
-const KINDS: [CellType; 9] = [
-    CellType::Write,
-    CellType::ReadRequest,
-    CellType::NotifyControl,
-    CellType::Notify,
-    CellType::Ack,
-    CellType::Nack,
-    CellType::Probe,
-    CellType::ProbeReply,
-    CellType::Load,
-];
-
 fn gvas_fields() -> impl Strategy<Value = (u16, u32, u8, u64)> {
     (any::<u16>(), 0..NODE_LIMIT, 0u8..8, 0..VA_LIMIT)
 }
@@ -41,7 +29,7 @@ fn any_gvas() -> impl Strategy<Value = Gvas> {
 fn any_cell() -> impl Strategy<Value = Cell> {
     (
         any_gvas(),
-        proptest::sample::select(&KINDS[..]),
+        proptest::sample::select(&CellType::ALL[..]),
         any::<u32>(),
         0..NODE_LIMIT,
         0u8..8,
