@@ -284,10 +284,16 @@ impl State {
             None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
         };
         if let Some(m) = &m {
-            self.clock = self.clock.max(m.at) + self.software_ps;
+            self.took_event(m.at);
             self.took(vi);
         }
         Ok(m)
+    }
+
+    /// The workload took an event of modeled time `at`: its clock moves there if later,
+    /// plus the software cost of taking it.
+    fn took_event(&mut self, at: ModelTime) {
+        self.clock = self.clock.max(at) + self.software_ps;
     }
 
     fn dispatch(&mut self, c: Completion) {
@@ -922,11 +928,10 @@ impl Shared {
 
     pub(crate) fn notification(&self, timeout: Option<Duration>) -> Result<Option<Notification>> {
         let _call = self.enter();
-        let software = self.info.software_ps;
         self.drive(timeout, None, |st| {
             let n = st.notifications.pop_front();
             if let Some(n) = &n {
-                st.clock = st.clock.max(n.at) + software;
+                st.took_event(n.at);
             }
             Ok(n)
         })
@@ -960,14 +965,13 @@ impl Shared {
             if let Some(m) = st.take(vi)? {
                 return Ok(Some(Incoming::Message(m)));
             }
-            let software = st.software_ps;
             let n = st
                 .claims
                 .iter_mut()
                 .filter(|c| claims.contains(&c.range.start))
                 .find_map(|c| c.queue.pop_front());
             Ok(n.map(|n| {
-                st.clock = st.clock.max(n.at) + software;
+                st.took_event(n.at);
                 Incoming::Notification(n)
             }))
         })

@@ -567,6 +567,12 @@ impl Collectives {
         Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default())
     }
 
+    /// The collective mailbox of `member` (node, rank).
+    fn mailbox_of(&self, (node, rank): (NodeId, u8)) -> Result<exanet_proto::gvas::Gvas> {
+        self.shared
+            .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)
+    }
+
     /// Tells every other member that this one gave up collective `seq`, so that those
     /// still in it fail at once with the reason instead of waiting out their timeout.
     /// Best effort: a member that cannot be reached times out as before.
@@ -577,14 +583,11 @@ impl Collectives {
             step: 0,
         };
         let msg = wire::abort(c, &why.to_string());
-        for (i, &(node, rank)) in g.members.iter().enumerate() {
+        for (i, &member) in g.members.iter().enumerate() {
             if i == g.me {
                 continue;
             }
-            let Ok(dst) = self
-                .shared
-                .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)
-            else {
+            let Ok(dst) = self.mailbox_of(member) else {
                 continue;
             };
             if let Ok(tag) = self.tx.send_any(dst, &msg) {
@@ -674,10 +677,7 @@ impl Collectives {
                 }
                 let slot = pool.alloc(NOTIFICATION + len)?;
                 st.rdv.landing.insert(slot.va, Landing { from, step, slot });
-                let (node, rank) = g.members[from];
-                let dst = self
-                    .shared
-                    .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)?;
+                let dst = self.mailbox_of(g.members[from])?;
                 let cts = wire::cts(c, slot.va + NOTIFICATION, slot.va);
                 self.send_message(dst, cts, &mut st.sent)?;
             }
@@ -732,10 +732,7 @@ impl Collectives {
         st: &mut Steps,
         pool: &mut Pool,
     ) -> Result<()> {
-        let (node, rank) = g.members[o.to];
-        let dst = self
-            .shared
-            .mailbox_gvas(node, rank, COLLECTIVE_VI_BASE + rank)?;
+        let dst = self.mailbox_of(g.members[o.to])?;
         let c = Call {
             group: g.id,
             seq,
