@@ -735,10 +735,80 @@ mod tests {
         v
     }
 
+    /// `a op b` element by element, written apart from `combine` (which the collectives
+    /// use) so that a mistake there fails these tests instead of moving the expectation
+    /// with it: integer sums wrap, min and max compare signed values, and on a float tie
+    /// (0.0 against -0.0) the first operand stays.
     fn combined(op: ReduceOp, ty: DataType, a: &[u8], b: &[u8]) -> Vec<u8> {
-        let mut x = a.to_vec();
-        combine(op, ty, &mut x, b);
-        x
+        fn each<T: Copy, const N: usize>(
+            a: &[u8],
+            b: &[u8],
+            from: fn([u8; N]) -> T,
+            to: fn(T) -> [u8; N],
+            f: impl Fn(T, T) -> T,
+        ) -> Vec<u8> {
+            let get = |c: &[u8]| from(c.try_into().unwrap());
+            a.chunks_exact(N)
+                .zip(b.chunks_exact(N))
+                .flat_map(|(x, y)| to(f(get(x), get(y))))
+                .collect()
+        }
+        // f32::min and f64::min may return either zero on a tie.
+        fn first_on_tie<T: PartialEq + Copy>(f: fn(T, T) -> T) -> impl Fn(T, T) -> T {
+            move |x, y| if x == y { x } else { f(x, y) }
+        }
+        use DataType::*;
+        use ReduceOp::*;
+        match (ty, op) {
+            (I32, Sum) => each(
+                a,
+                b,
+                i32::from_le_bytes,
+                i32::to_le_bytes,
+                i32::wrapping_add,
+            ),
+            (I32, Min) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::min),
+            (I32, Max) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::max),
+            (I64, Sum) => each(
+                a,
+                b,
+                i64::from_le_bytes,
+                i64::to_le_bytes,
+                i64::wrapping_add,
+            ),
+            (I64, Min) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::min),
+            (I64, Max) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::max),
+            (F32, Sum) => each(a, b, f32::from_le_bytes, f32::to_le_bytes, |x, y| x + y),
+            (F32, Min) => each(
+                a,
+                b,
+                f32::from_le_bytes,
+                f32::to_le_bytes,
+                first_on_tie(f32::min),
+            ),
+            (F32, Max) => each(
+                a,
+                b,
+                f32::from_le_bytes,
+                f32::to_le_bytes,
+                first_on_tie(f32::max),
+            ),
+            (F64, Sum) => each(a, b, f64::from_le_bytes, f64::to_le_bytes, |x, y| x + y),
+            (F64, Min) => each(
+                a,
+                b,
+                f64::from_le_bytes,
+                f64::to_le_bytes,
+                first_on_tie(f64::min),
+            ),
+            (F64, Max) => each(
+                a,
+                b,
+                f64::from_le_bytes,
+                f64::to_le_bytes,
+                first_on_tie(f64::max),
+            ),
+        }
     }
 
     /// Adjacent pairs, lower op higher, halving until one is left (an odd last one moves

@@ -5,7 +5,6 @@
 
 use exanet_proto::gvas::Pdid;
 use exanet_proto::model::ModelTime;
-use exanet_proto::ni::allreduce::combine;
 use exanet_proto::ni::{Allreduce, DataType, Failure, NiEvent, ReduceOp, VecMemory};
 use exanet_proto::node::NodeEvent;
 use exanet_proto::rng::SplitMix64;
@@ -46,25 +45,107 @@ fn members(qfdbs: u32, rank: u8) -> Vec<(NodeId, u8)> {
     (0..qfdbs * 4).map(|i| (NodeId(i), rank)).collect()
 }
 
-/// Random vector bytes of `ty`: integers anywhere, floats of varied magnitudes.
+/// Random vector bytes of `ty`: integers anywhere (as many negative as not), floats of
+/// magnitudes 2^-20..2^20 of either sign and both zeros, so that a change in the order of
+/// the operations, or a comparison that is not the type's, shows in the bits.
 fn vector(rng: &mut SplitMix64, ty: DataType, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        let r = rng.next_u64();
-        match ty {
-            DataType::I32 => v.extend_from_slice(&(r as i32).to_le_bytes()),
-            DataType::I64 => v.extend_from_slice(&(r as i64).to_le_bytes()),
-            DataType::F32 => {
-                let x = ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1e3;
-                v.extend_from_slice(&(x as f32).to_le_bytes())
-            }
-            DataType::F64 => {
-                let x = ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1e6;
-                v.extend_from_slice(&x.to_le_bytes())
+    fn float(rng: &mut SplitMix64) -> f64 {
+        match rng.below(16) {
+            0 => 0.0,
+            1 => -0.0,
+            _ => {
+                let mantissa = 1.0 + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+                sign * mantissa * 2f64.powi(rng.below(41) as i32 - 20)
             }
         }
     }
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        match ty {
+            DataType::I32 => v.extend_from_slice(&(rng.next_u64() as i32).to_le_bytes()),
+            DataType::I64 => v.extend_from_slice(&(rng.next_u64() as i64).to_le_bytes()),
+            DataType::F32 => v.extend_from_slice(&(float(rng) as f32).to_le_bytes()),
+            DataType::F64 => v.extend_from_slice(&float(rng).to_le_bytes()),
+        }
+    }
     v
+}
+
+/// `a op b` element by element, written apart from the accelerator's own arithmetic
+/// (`ni::allreduce::combine`) so that a mistake there fails these tests instead of
+/// moving the expectation with it: integer sums wrap, min and max compare signed values,
+/// and on a float tie (0.0 against -0.0) the first operand stays.
+fn op_ref(op: ReduceOp, ty: DataType, a: &[u8], b: &[u8]) -> Vec<u8> {
+    fn each<T: Copy, const N: usize>(
+        a: &[u8],
+        b: &[u8],
+        from: fn([u8; N]) -> T,
+        to: fn(T) -> [u8; N],
+        f: impl Fn(T, T) -> T,
+    ) -> Vec<u8> {
+        let get = |c: &[u8]| from(c.try_into().unwrap());
+        a.chunks_exact(N)
+            .zip(b.chunks_exact(N))
+            .flat_map(|(x, y)| to(f(get(x), get(y))))
+            .collect()
+    }
+    // f32::min and f64::min may return either zero on a tie.
+    fn first_on_tie<T: PartialEq + Copy>(f: fn(T, T) -> T) -> impl Fn(T, T) -> T {
+        move |x, y| if x == y { x } else { f(x, y) }
+    }
+    use DataType::*;
+    use ReduceOp::*;
+    match (ty, op) {
+        (I32, Sum) => each(
+            a,
+            b,
+            i32::from_le_bytes,
+            i32::to_le_bytes,
+            i32::wrapping_add,
+        ),
+        (I32, Min) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::min),
+        (I32, Max) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::max),
+        (I64, Sum) => each(
+            a,
+            b,
+            i64::from_le_bytes,
+            i64::to_le_bytes,
+            i64::wrapping_add,
+        ),
+        (I64, Min) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::min),
+        (I64, Max) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::max),
+        (F32, Sum) => each(a, b, f32::from_le_bytes, f32::to_le_bytes, |x, y| x + y),
+        (F32, Min) => each(
+            a,
+            b,
+            f32::from_le_bytes,
+            f32::to_le_bytes,
+            first_on_tie(f32::min),
+        ),
+        (F32, Max) => each(
+            a,
+            b,
+            f32::from_le_bytes,
+            f32::to_le_bytes,
+            first_on_tie(f32::max),
+        ),
+        (F64, Sum) => each(a, b, f64::from_le_bytes, f64::to_le_bytes, |x, y| x + y),
+        (F64, Min) => each(
+            a,
+            b,
+            f64::from_le_bytes,
+            f64::to_le_bytes,
+            first_on_tie(f64::min),
+        ),
+        (F64, Max) => each(
+            a,
+            b,
+            f64::from_le_bytes,
+            f64::to_le_bytes,
+            first_on_tie(f64::max),
+        ),
+    }
 }
 
 /// The accelerator's order of operations: each QFDB's vectors in member order, then the
@@ -73,21 +154,15 @@ fn reference(op: ReduceOp, ty: DataType, inputs: &[Vec<u8>]) -> Vec<u8> {
     let mut level: Vec<Vec<u8>> = inputs
         .chunks(4)
         .map(|q| {
-            let mut a = q[0].clone();
-            for v in &q[1..] {
-                combine(op, ty, &mut a, v);
-            }
-            a
+            q[1..]
+                .iter()
+                .fold(q[0].clone(), |a, v| op_ref(op, ty, &a, v))
         })
         .collect();
     while level.len() > 1 {
         level = level
             .chunks(2)
-            .map(|p| {
-                let mut a = p[0].clone();
-                combine(op, ty, &mut a, &p[1]);
-                a
-            })
+            .map(|p| op_ref(op, ty, &p[0], &p[1]))
             .collect();
     }
     level.pop().unwrap()
@@ -197,6 +272,50 @@ fn every_type_and_operation_matches_the_reference_on_every_rank() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Vectors of nothing but 0.0 and -0.0: every min and max is a tie, so the result says
+/// which operand each combine kept and in which order the accelerator combined them
+/// (the reference keeps the first: member order in a QFDB, lower QFDB first).
+#[test]
+fn signed_zeros_come_out_in_the_accelerators_order() {
+    let mut sim = rack("2x1x1", 11);
+    let mut rng = SplitMix64::new(0x5E0);
+    let m = members(2, 0);
+    let mut id = 100;
+    for ty in [DataType::F32, DataType::F64] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+            id += 1;
+            let inputs: Vec<Vec<u8>> = (0..m.len())
+                .map(|_| {
+                    let n = 64 / ty.size();
+                    (0..n)
+                        .flat_map(|_| {
+                            let z: f64 = if rng.below(2) == 0 { 0.0 } else { -0.0 };
+                            match ty {
+                                DataType::F32 => (z as f32).to_le_bytes().to_vec(),
+                                _ => z.to_le_bytes().to_vec(),
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let want = reference(op, ty, &inputs);
+            if op != ReduceOp::Sum {
+                // Both zeros in the result, or the test could not tell the orders apart.
+                let negative = |c: &[u8]| c.last().unwrap() & 0x80 != 0;
+                let signs: Vec<bool> = want.chunks(ty.size()).map(negative).collect();
+                assert!(
+                    signs.contains(&true) && signs.contains(&false),
+                    "{ty:?} {op:?}"
+                );
+            }
+            let out = allreduce(&mut sim, id, &m, op, ty, &inputs, None);
+            for (i, r) in out.results.iter().enumerate() {
+                assert_eq!(r.as_ref().unwrap(), &want, "{ty:?} {op:?}, member {i}");
             }
         }
     }

@@ -898,37 +898,86 @@ pub fn abort_label(code: u8) -> String {
 mod tests {
     use super::*;
 
+    /// Every type and operation against results written out by hand, not computed with
+    /// what is under test: signed integers on both sides of zero and at the wrap (an
+    /// unsigned comparison or a saturating add shows), floats of very different
+    /// magnitudes and both zeros, compared bit for bit. On a tie (0.0 against -0.0) min
+    /// and max keep the first operand: the accelerator's fixed order relies on it.
     #[test]
     fn combine_each_type_and_operation() {
-        let mut a: Vec<u8> = [1i32, -5, i32::MAX]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let b: Vec<u8> = [2i32, 7, 1].iter().flat_map(|v| v.to_le_bytes()).collect();
-        combine(ReduceOp::Sum, DataType::I32, &mut a, &b);
-        let got: Vec<i32> = a
-            .chunks(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(got, [3, 2, i32::MIN]);
-        let mut a: Vec<u8> = [1.5f64, -2.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let b: Vec<u8> = [0.5f64, -3.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let mut m = a.clone();
-        combine(ReduceOp::Min, DataType::F64, &mut m, &b);
-        combine(ReduceOp::Max, DataType::F64, &mut a, &b);
-        let f = |v: &[u8]| -> Vec<f64> {
-            v.chunks(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        };
-        assert_eq!(f(&m), [0.5, -3.0]);
-        assert_eq!(f(&a), [1.5, -2.0]);
+        fn le<T: Copy, const N: usize>(v: &[T], f: fn(T) -> [u8; N]) -> Vec<u8> {
+            v.iter().flat_map(|&x| f(x)).collect()
+        }
+        let i32s = |v: &[i32]| le(v, i32::to_le_bytes);
+        let i64s = |v: &[i64]| le(v, i64::to_le_bytes);
+        let f32s = |v: &[f32]| le(v, f32::to_le_bytes);
+        let f64s = |v: &[f64]| le(v, f64::to_le_bytes);
+        const M: i64 = 1 << 40;
+        // (type, a, b, [a + b, min, max])
+        let cases = [
+            (
+                DataType::I32,
+                i32s(&[1, -5, i32::MAX, i32::MIN, -7, 0]),
+                i32s(&[2, 7, 1, -1, -7, -3]),
+                [
+                    i32s(&[3, 2, i32::MIN, i32::MAX, -14, -3]),
+                    i32s(&[1, -5, 1, i32::MIN, -7, -3]),
+                    i32s(&[2, 7, i32::MAX, -1, -7, 0]),
+                ],
+            ),
+            (
+                DataType::I64,
+                i64s(&[-M, 3, i64::MAX, i64::MIN, -1, 0]),
+                i64s(&[5, -(1 << 62), 1, -1, -1, -9]),
+                [
+                    i64s(&[5 - M, 3 - (1 << 62), i64::MIN, i64::MAX, -2, -9]),
+                    i64s(&[-M, -(1 << 62), 1, i64::MIN, -1, -9]),
+                    i64s(&[5, 3, i64::MAX, -1, -1, 0]),
+                ],
+            ),
+            (
+                DataType::F32,
+                f32s(&[1.5, -2.0, 0.0, -0.0, -0.0, 1e30, -3.25e-5, 7.0]),
+                f32s(&[0.5, -3.0, -0.0, 0.0, -0.0, -1e-30, 2.5e10, 7.0]),
+                [
+                    f32s(&[2.0, -5.0, 0.0, 0.0, -0.0, 1e30, 2.5e10, 14.0]),
+                    f32s(&[0.5, -3.0, 0.0, -0.0, -0.0, -1e-30, -3.25e-5, 7.0]),
+                    f32s(&[1.5, -2.0, 0.0, -0.0, -0.0, 1e30, 2.5e10, 7.0]),
+                ],
+            ),
+            (
+                DataType::F64,
+                f64s(&[1.5, -2.0, 0.0, -0.0, -0.0, 1e300, 0.1, -4e-310]),
+                f64s(&[0.5, -3.0, -0.0, 0.0, -0.0, -1e-300, 0.2, 1e-320]),
+                [
+                    f64s(&[
+                        2.0,
+                        -5.0,
+                        0.0,
+                        0.0,
+                        -0.0,
+                        1e300,
+                        0.30000000000000004,
+                        -3.9999999999e-310,
+                    ]),
+                    f64s(&[0.5, -3.0, 0.0, -0.0, -0.0, -1e-300, 0.1, -4e-310]),
+                    f64s(&[1.5, -2.0, 0.0, -0.0, -0.0, 1e300, 0.2, 1e-320]),
+                ],
+            ),
+        ];
+        let mut covered = std::collections::HashSet::new();
+        for (ty, a, b, want) in &cases {
+            for (op, want) in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max]
+                .into_iter()
+                .zip(want)
+            {
+                let mut got = a.clone();
+                combine(op, *ty, &mut got, b);
+                assert_eq!(&got, want, "{ty:?} {op:?}");
+                covered.insert((ty.label(), op.label()));
+            }
+        }
+        assert_eq!(covered.len(), 12);
     }
 
     #[test]
