@@ -8,17 +8,19 @@
 //! fails what it had posted.
 //!
 //! 1. `attach {job_key}` -> `attached {rank, pdid, node, ...}` + fds: the shared region
-//!    holding the two rings, and the workload's ends of two doorbell socket pairs (daemon ->
-//!    workload, workload -> daemon; `exanet_shm::Doorbell`). The PDID comes from the job the
-//!    key names (or the rack's default job), never from the workload.
+//!    holding the two rings, the read end of the daemon -> workload doorbell pipe
+//!    (`exanet_shm::Doorbell`) and the write end of the workload -> daemon one
+//!    (`exanet_shm::Ringer`). The PDID comes from the job the key names (or the rack's
+//!    default job), never from the workload.
 //! 2. `register {len}` -> `registered {region, va}` + one memfd: the daemon creates the
 //!    memory (a sealed, fully allocated memfd), the workload maps it, and the NI may read and
 //!    write it at GVAS VA `va..va+len` of this rank. The daemon never maps memory a workload
 //!    made: such memory could fault under it (a hugetlbfs file whose pool runs dry, a tmpfs
 //!    file that hits its size limit), and a fault in the daemon stops the whole node.
 //!
-//! No request carries descriptors; a request that comes with some is refused (and the
-//! descriptors closed).
+//! No request carries descriptors: the daemon's socket refuses them (a `sendmsg` with
+//! `SCM_RIGHTS` fails with `EPERM` in the workload, on Linux >= 6.16); on older kernels a
+//! request that comes with some is refused and the descriptors closed.
 //! 3. `alloc {kind}` -> `allocated {index}` for a packetizer interface, a mailbox
 //!    (with its capacity; `generation` says which allocation it is) or an RDMA page;
 //!    `free {kind, index}`.
@@ -61,7 +63,12 @@ pub const INLINE: usize = 64;
 /// 3: mailbox capacity counts until the workload takes a message: the consumed counters
 /// (`attached.consumed_offset`) and mailbox generations (`allocated.generation`, in each
 /// message completion).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 4: modeled time (commands carry the workload's clock, completions the modeled time;
+/// `attached.software_ps`, `attached.compute_scale_ppm`), allreduce commands and
+/// `collective_counts` reports.
+/// 5: doorbells are pipes (a read end and a write end) instead of socket-pair ends, so that
+/// no channel between a workload and its daemon can carry descriptors.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Bytes of the consumed counters: one u64 per mailbox interface.
 pub const CONSUMED_LEN: usize = crate::ni::MAILBOX_VIS * 8;
 

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use exanet_shm::{recv_fds, send_fds, Doorbell, Region, Ring, Waiter};
+use exanet_shm::{doorbell, recv_fds, send_fds, Doorbell, Region, Ring, Ringer, Waiter};
 
 const CHILD_ENV: &str = "EXANET_SHM_BENCH_CHILD_SOCKET";
 const SLOTS: u32 = 64;
@@ -226,8 +226,8 @@ fn run(config: &Config) -> Vec<u64> {
     ping.init(&region).unwrap();
     pong.init(&region).unwrap();
     // The parent rings `child_bell` and waits on `parent_bell`; the child gets the other ends.
-    let (child_bell, child_end_of_child_bell) = Doorbell::pair().unwrap();
-    let (parent_bell, child_end_of_parent_bell) = Doorbell::pair().unwrap();
+    let (child_bell, child_end_of_child_bell) = doorbell().unwrap();
+    let (child_end_of_parent_bell, parent_bell) = doorbell().unwrap();
     let mut tx = ping.producer(Arc::clone(&region)).unwrap();
     let mut rx = pong.consumer(Arc::clone(&region)).unwrap();
 
@@ -306,7 +306,7 @@ fn child(stream: UnixStream) {
     let [mem, child_bell, parent_bell]: [_; 3] = fds.try_into().expect("three descriptors");
     let region = Arc::new(Region::from_fd_with_len(mem, hello.region_len as usize).unwrap());
     let child_bell = Doorbell::from_fd(child_bell).unwrap();
-    let parent_bell = Doorbell::from_fd(parent_bell).unwrap();
+    let parent_bell = Ringer::from_fd(parent_bell).unwrap();
     let (ping, pong) = rings(hello.slot_size);
     let mut rx = ping.consumer(Arc::clone(&region)).unwrap();
     let mut tx = pong.producer(region).unwrap();

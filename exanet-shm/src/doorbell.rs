@@ -1,10 +1,11 @@
-//! Wake-ups: a socket-pair [`Doorbell`] and the adaptive spin-then-sleep [`Waiter`].
+//! Wake-ups: a pipe-based [`Doorbell`] (rung through its [`Ringer`]) and the adaptive
+//! spin-then-sleep [`Waiter`].
 //!
 //! # The protocol
 //!
 //! A waiting side (say the consumer of a ring) and a notifying side (the producer) share one
-//! `sleeping` word in the region and one doorbell (a socket pair) whose one end only the
-//! waiting side waits on.
+//! `sleeping` word in the region and one doorbell: the waiting side holds the [`Doorbell`] (a
+//! pipe's read end) and the notifying side its [`Ringer`] (the write end).
 //!
 //! Waiting side ([`Waiter::wait`]):
 //! 1. check the condition (e.g. "the ring is not empty"); spin with
@@ -45,55 +46,68 @@
 //! (announce + fence + re-check), awaiting readability only if that returned `false`, then
 //! [`Doorbell::drain`] and [`Consumer::finish_sleep`](crate::Consumer::finish_sleep).
 //!
-//! ## Hostile peers
+//! ## Hostile peers: why a pipe
 //!
-//! A doorbell is one end of a Unix stream socket pair: [`Doorbell::ring`] sends a byte to the
-//! other end and [`Doorbell::wait`] waits for bytes the other end sent. The two ends are two
-//! open file descriptions, so a peer holding one end cannot change how calls on the other
-//! behave: clearing `O_NONBLOCK` on its end, say, changes nothing for ours, and every call
-//! of ours passes `MSG_DONTWAIT` (and `MSG_NOSIGNAL`) anyway. (An eventfd, which this
-//! replaced, is one description shared by both sides: a peer that cleared its `O_NONBLOCK`
-//! and saturated the counter made the daemon block in `write(2)` for good.)
+//! One side of every doorbell is a process the other must not trust (a workload and its
+//! daemon). A doorbell is one direction of a pipe, and the two ends are two open file
+//! descriptions: a peer holding one end cannot change how calls on the other behave (clearing
+//! `O_NONBLOCK` on its end changes nothing for ours, and ours is always non-blocking).
+//!
+//! A pipe carries bytes and nothing else. Two earlier designs carried more:
+//! - an eventfd is one description shared by both sides: a peer that cleared its `O_NONBLOCK`
+//!   and saturated the counter made the daemon block in `write(2)` for good;
+//! - a Unix socket pair carries descriptors (`SCM_RIGHTS`), and a descriptor can be made
+//!   whose last `close(2)` blocks for as long as its maker likes (a TCP socket with a long
+//!   `SO_LINGER` behind a zero window). A peer could park one in the daemon's end, or send
+//!   one along with a ring, and whoever closed it last (the daemon, under a lock) hung.
+//!   Neither is possible with a pipe; closing a pipe end never blocks.
 //!
 //! What a hostile peer can still do, and what it costs:
-//! - set `sleeping` permanently: one non-blocking `send` per message;
-//! - never read its end: its receive buffer fills, our `send` finds it full (`EAGAIN`), which
-//!   already is a pending wake-up, and succeeds without blocking;
+//! - set `sleeping` permanently: one non-blocking write per message;
+//! - never read its end: the pipe fills, our write finds it full (`EAGAIN`), which already is
+//!   a pending wake-up, and succeeds without blocking;
 //! - flood our end: each wait drains up to [`DRAIN_CHUNK`] bytes and returns; the waiter
 //!   loops on its condition, so the flood costs CPU, never correctness;
 //! - close its end: `ring` and `wait` fail with `BrokenPipe` (instead of waking forever on a
-//!   hung-up descriptor), so a waiter learns that the peer is gone.
+//!   hung-up descriptor), so a waiter learns that the peer is gone. Ringing never raises
+//!   `SIGPIPE` (see `Ringer::ring`).
 
 use std::hint;
 use std::io;
-use std::mem::MaybeUninit;
-use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Socket, Type};
-
 use crate::region::SharedU32;
 use crate::sys;
 
-/// Bytes one [`Doorbell::drain`] takes off the socket: any number of rings coalesce into one
-/// wake-up, and a peer flooding the socket gets one wake-up per this many bytes.
+/// Bytes one [`Doorbell::drain`] takes off the pipe: any number of rings coalesce into one
+/// wake-up, and a peer flooding the pipe gets one wake-up per this many bytes.
 pub const DRAIN_CHUNK: usize = 256;
 
-/// One end of a wake-up channel: [`ring`](Doorbell::ring) wakes whoever waits on the other
-/// end, [`wait`](Doorbell::wait) blocks until the other end rings (see the module docs for
-/// why this is a socket pair rather than an eventfd).
-///
-/// [`Doorbell::pair`] makes two connected ends, one to keep and one to hand to the peer;
-/// [`Doorbell::new`] makes a doorbell for use within one process, whose `ring` wakes its
-/// own `wait`.
+/// The waiting end of a wake-up channel: [`wait`](Doorbell::wait) blocks until its
+/// [`Ringer`] rings. Made with [`doorbell`].
 #[derive(Debug)]
 pub struct Doorbell {
-    /// What `ring` sends on.
-    tx: Socket,
-    /// What `wait` and `drain` read from; a clone of `tx` for an end of a pair.
-    rx: Socket,
+    /// The read end of the pipe, non-blocking.
+    rx: OwnedFd,
+}
+
+/// The ringing end of a [`Doorbell`]: [`ring`](Ringer::ring) wakes whoever waits on it.
+/// Clone it ([`Ringer::try_clone`]) to ring from several places, e.g. to wake one's own
+/// waiting thread.
+#[derive(Debug)]
+pub struct Ringer {
+    /// The write end of the pipe, non-blocking.
+    tx: OwnedFd,
+}
+
+/// A new doorbell and its ringer. Keep one and send the other's descriptor
+/// ([`Ringer::into_fd`] or [`Doorbell::into_fd`]) to the peer, or keep both to wake a thread
+/// of one's own.
+pub fn doorbell() -> io::Result<(Ringer, Doorbell)> {
+    let (rx, tx) = sys::pipe_nonblocking()?;
+    Ok((Ringer { tx }, Doorbell { rx }))
 }
 
 fn peer_closed() -> io::Error {
@@ -103,99 +117,48 @@ fn peer_closed() -> io::Error {
     )
 }
 
-fn stream_pair() -> io::Result<(Socket, Socket)> {
-    // socket2 sets SOCK_CLOEXEC on both ends.
-    Socket::pair(Domain::UNIX, Type::STREAM, None)
+/// Checks that `fd` is a pipe end open for `mode` (`O_RDONLY` or `O_WRONLY`) and makes our
+/// description of it non-blocking.
+fn check_end(fd: &OwnedFd, mode: libc::c_int, what: &str) -> io::Result<()> {
+    let not_ours = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor is not {what} ({why})"),
+        )
+    };
+    let (fifo, access) = sys::fifo_access(fd.as_fd()).map_err(|e| not_ours(e.to_string()))?;
+    if !fifo {
+        return Err(not_ours("not a pipe".into()));
+    }
+    if access != mode {
+        return Err(not_ours("a pipe end of the other direction".into()));
+    }
+    sys::set_nonblocking(fd.as_fd())
 }
 
 impl Doorbell {
-    /// A doorbell within one process: `ring` on it wakes `wait` on it (from any thread).
-    pub fn new() -> io::Result<Doorbell> {
-        let (tx, rx) = stream_pair()?;
-        Ok(Doorbell { tx, rx })
-    }
-
-    /// Two connected ends: ringing one wakes a wait on the other, in both directions.
-    /// Keep one and send the other's descriptor ([`Doorbell::into_fd`]) to the peer.
-    pub fn pair() -> io::Result<(Doorbell, Doorbell)> {
-        let (a, b) = stream_pair()?;
-        Ok((Doorbell::end(a)?, Doorbell::end(b)?))
-    }
-
-    fn end(sock: Socket) -> io::Result<Doorbell> {
-        let rx = sock.try_clone()?;
-        Ok(Doorbell { tx: sock, rx })
-    }
-
-    /// Wraps an end received from the peer.
-    ///
-    /// The descriptor must be a Unix stream socket ([`io::ErrorKind::InvalidInput`]
-    /// otherwise). Its flags do not matter: every call passes `MSG_DONTWAIT`.
+    /// Wraps a doorbell received from the peer: the read end of a pipe
+    /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Doorbell> {
-        let sock = Socket::from(fd);
-        let not_ours = |what: String| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("descriptor is not a doorbell ({what})"),
-            )
-        };
-        match sock.r#type() {
-            Ok(t) if t == Type::STREAM => {}
-            Ok(t) => return Err(not_ours(format!("socket type {t:?}"))),
-            Err(e) => return Err(not_ours(e.to_string())),
-        }
-        let addr = sock.local_addr().map_err(|e| not_ours(e.to_string()))?;
-        if !addr.is_unix() {
-            return Err(not_ours("not a Unix socket".into()));
-        }
-        Doorbell::end(sock)
+        check_end(&fd, libc::O_RDONLY, "a doorbell (the read end of a pipe)")?;
+        Ok(Doorbell { rx: fd })
     }
 
-    /// The descriptor of this end, to send to the peer (the `Doorbell` is consumed: an end
-    /// handed over is not used here any more).
+    /// The descriptor, to send to the peer (an end handed over is not used here any more).
     pub fn into_fd(self) -> OwnedFd {
-        drop(self.rx);
-        OwnedFd::from(self.tx)
-    }
-
-    /// Rings: wakes a waiter on the other end. Never blocks.
-    ///
-    /// A full socket (the other end has many unconsumed rings) is already a pending wake-up
-    /// and counts as success; a closed other end is `BrokenPipe`.
-    pub fn ring(&self) -> io::Result<()> {
-        loop {
-            match self
-                .tx
-                .send_with_flags(&[1], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                    ) =>
-                {
-                    return Err(peer_closed())
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.rx
     }
 
     /// Consumes pending rings without blocking. Returns whether there were any;
-    /// `BrokenPipe` once the other end is closed and nothing is left to read.
+    /// `BrokenPipe` once every ringer is closed and nothing is left to read.
     pub fn drain(&self) -> io::Result<bool> {
-        let mut buf = [MaybeUninit::<u8>::uninit(); DRAIN_CHUNK];
+        let mut buf = [0u8; DRAIN_CHUNK];
         loop {
-            match self.rx.recv_with_flags(&mut buf, libc::MSG_DONTWAIT) {
+            match sys::read(self.rx.as_fd(), &mut buf) {
                 Ok(0) => return Err(peer_closed()),
                 Ok(_) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // The peer closed its end with rings unread.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(peer_closed()),
                 Err(e) => return Err(e),
             }
         }
@@ -203,8 +166,8 @@ impl Doorbell {
 
     /// Blocks until the doorbell is rung (consuming the ring) or `timeout` passes.
     /// `None` waits forever; `Some(Duration::ZERO)` only checks. Returns whether it was rung.
-    /// Signals (`EINTR`) do not cut the wait short; a closed other end ends it with
-    /// `BrokenPipe`, and so does [`Doorbell::shutdown`] from another thread.
+    /// Signals (`EINTR`) do not cut the wait short; once every ringer is closed it ends with
+    /// `BrokenPipe`.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = deadline_after(timeout);
         loop {
@@ -222,17 +185,41 @@ impl Doorbell {
             }
         }
     }
+}
 
-    /// Ends this doorbell for good: a thread in [`Doorbell::wait`] on it returns at once with
-    /// `BrokenPipe`, and the other end sees it closed. Never blocks, whatever the peer does.
-    pub fn shutdown(&self) -> io::Result<()> {
-        let res = self
-            .rx
-            .shutdown(Shutdown::Both)
-            .and(self.tx.shutdown(Shutdown::Both));
-        match res {
-            Err(e) if e.raw_os_error() != Some(libc::ENOTCONN) => Err(e),
-            _ => Ok(()),
+impl Ringer {
+    /// Wraps a ringer received from the peer: the write end of a pipe
+    /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<Ringer> {
+        check_end(&fd, libc::O_WRONLY, "a ringer (the write end of a pipe)")?;
+        Ok(Ringer { tx: fd })
+    }
+
+    /// The descriptor, to send to the peer (an end handed over is not used here any more).
+    pub fn into_fd(self) -> OwnedFd {
+        self.tx
+    }
+
+    /// A second ringer of the same doorbell (a duplicate descriptor).
+    pub fn try_clone(&self) -> io::Result<Ringer> {
+        Ok(Ringer {
+            tx: self.tx.try_clone()?,
+        })
+    }
+
+    /// Rings: wakes a waiter on the doorbell. Never blocks and never raises `SIGPIPE`.
+    ///
+    /// A full pipe (the waiter has many unconsumed rings) is already a pending wake-up and
+    /// counts as success; a closed doorbell is `BrokenPipe`.
+    pub fn ring(&self) -> io::Result<()> {
+        loop {
+            match sys::write_without_sigpipe(self.tx.as_fd(), &[1]) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(peer_closed()),
+                Err(e) => return Err(e),
+            }
         }
     }
 }
@@ -251,6 +238,18 @@ impl AsRawFd for Doorbell {
     }
 }
 
+impl AsFd for Ringer {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.tx.as_fd()
+    }
+}
+
+impl AsRawFd for Ringer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.tx.as_raw_fd()
+    }
+}
+
 /// The deadline `timeout` from now (`None`: no deadline, also for a timeout too large for
 /// `Instant`, which is as good as none).
 pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
@@ -266,7 +265,7 @@ pub(crate) fn time_left(deadline: Option<Instant>) -> Option<Duration> {
 /// it is going to sleep on `bell`, ring it. Returns whether it rang.
 ///
 /// Call it *after* publishing what the sleeper waits for (after the `Release` store).
-pub fn wake_sleeper(sleeping: SharedU32<'_>, bell: &Doorbell) -> io::Result<bool> {
+pub fn wake_sleeper(sleeping: SharedU32<'_>, bell: &Ringer) -> io::Result<bool> {
     // Orders our earlier publication (store) before the load of `sleeping`; pairs with the
     // fence in `Waiter::wait`. See "Why no wake-up is lost".
     fence(Ordering::SeqCst);

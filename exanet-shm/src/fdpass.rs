@@ -125,3 +125,14 @@ pub fn peer_hung_up(stream: &impl AsFd) -> bool {
 pub fn effective_uid() -> u32 {
     crate::sys::effective_uid()
 }
+
+/// Makes the Unix socket `sock` refuse descriptors: a peer's `sendmsg` with `SCM_RIGHTS`
+/// fails (`EPERM`) in the peer, so none ever reaches this side's receive queue, where closing
+/// it could block whoever closes last (see the doorbell module's "why a pipe"). Set on a
+/// listening socket, it holds for every connection accepted from it, from the connect on.
+///
+/// Returns `Ok(false)` on kernels older than Linux 6.16, which lack `SO_PASSRIGHTS`: the
+/// caller must then dispose of received descriptors where a blocked close holds nothing.
+pub fn refuse_descriptors(sock: &impl AsFd) -> io::Result<bool> {
+    sys::refuse_rights(sock.as_fd())
+}

@@ -12,7 +12,7 @@
 //!   fixed-size slots inside a region, which validates everything the peer writes and reports
 //!   a misbehaving peer as [`RingError::Corrupt`] instead of panicking or straying out of
 //!   bounds;
-//! - [`Doorbell`] (one end of a socket pair) and [`Waiter`]: spin for a short budget, then sleep; the
+//! - [`Doorbell`] and its [`Ringer`] (the ends of a pipe) and [`Waiter`]: spin for a short budget, then sleep; the
 //!   notifying side only makes a system call when the other side announced it is asleep;
 //! - [`fdpass`]: sending and receiving descriptors (`SCM_RIGHTS`) over a Unix socket, which
 //!   is how the region and the doorbells reach the peer.
@@ -23,7 +23,7 @@
 //! use std::os::fd::AsRawFd;
 //! use std::os::unix::net::UnixStream;
 //! use std::sync::Arc;
-//! use exanet_shm::{fdpass, Doorbell, Region, Ring, Waiter};
+//! use exanet_shm::{fdpass, Doorbell, Region, Ring, Ringer, Waiter};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let (daemon_sock, client_sock) = UnixStream::pair()?;
@@ -34,14 +34,15 @@
 //! let region = Arc::new(Region::create("exanet-client-7", to_client.end())?);
 //! to_daemon.init(&region)?;
 //! to_client.init(&region)?;
-//! // One doorbell pair per direction; the daemon keeps one end of each, the client gets the
-//! // other (the ends are separate file descriptions: neither side can make the other block).
-//! let (daemon_bell, daemon_bell_client_end) = Doorbell::pair()?;
-//! let (_client_bell_daemon_end, client_bell) = Doorbell::pair()?;
+//! // One doorbell per direction; the daemon keeps one end of each, the client gets the
+//! // other (the ends are separate file descriptions: neither side can make the other block,
+//! // and a pipe carries no descriptors).
+//! let (daemon_bell_ringer, daemon_bell) = exanet_shm::doorbell()?;
+//! let (_client_bell_ringer, client_bell) = exanet_shm::doorbell()?;
 //! fdpass::send_fds(
 //!     &daemon_sock,
 //!     b"hello",
-//!     &[region.as_raw_fd(), daemon_bell_client_end.as_raw_fd(), client_bell.as_raw_fd()],
+//!     &[region.as_raw_fd(), daemon_bell_ringer.as_raw_fd(), client_bell.as_raw_fd()],
 //! )?;
 //! let mut from_client = to_daemon.consumer(Arc::clone(&region))?;
 //!
@@ -50,7 +51,7 @@
 //! let (_, fds) = fdpass::recv_fds(&client_sock, &mut buf, 3)?;
 //! let [mem, daemon_bell_fd, client_bell_fd]: [_; 3] = fds.try_into().expect("three fds");
 //! let client_region = Arc::new(Region::from_fd_with_len(mem, to_client.end())?);
-//! let daemon_bell_client_side = Doorbell::from_fd(daemon_bell_fd)?;
+//! let daemon_bell_client_side = Ringer::from_fd(daemon_bell_fd)?;
 //! let _client_bell = Doorbell::from_fd(client_bell_fd)?;
 //! let mut tx = to_daemon.producer(Arc::clone(&client_region))?;
 //! tx.push(b"post a packetizer message")?;
@@ -67,7 +68,7 @@
 //!
 //! All `unsafe` code lives in the private `sys` module (system calls, the mapping, and the
 //! raw copies); the rest of the crate is safe code on top of it. Linux only (memfd, seals,
-//! Unix socket pairs).
+//! pipes, Unix sockets).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -82,9 +83,10 @@ pub mod ring;
 #[allow(unsafe_code)]
 mod sys;
 
-pub use doorbell::{Doorbell, Waiter};
+pub use doorbell::{doorbell, Doorbell, Ringer, Waiter};
 pub use fdpass::{
-    effective_uid, peer_credentials, peer_hung_up, recv_fds, send_fds, FdPassError, PeerCredentials,
+    effective_uid, peer_credentials, peer_hung_up, recv_fds, refuse_descriptors, send_fds,
+    FdPassError, PeerCredentials,
 };
 #[cfg(target_has_atomic = "64")]
 pub use region::SharedU64;

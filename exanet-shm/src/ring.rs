@@ -105,7 +105,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::doorbell::{deadline_after, time_left, wake_sleeper, Doorbell, Waiter};
+use crate::doorbell::{deadline_after, time_left, wake_sleeper, Doorbell, Ringer, Waiter};
 use crate::region::{Region, RegionError, SharedU32};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"EXRG");
@@ -656,7 +656,7 @@ impl Producer {
 
     /// Rings `bell` if the consumer announced that it is going to sleep on it. Returns whether
     /// it rang. Cheap (a fence and a load) when the consumer is awake.
-    pub fn wake_consumer(&self, bell: &Doorbell) -> Result<bool, WaitError> {
+    pub fn wake_consumer(&self, bell: &Ringer) -> Result<bool, WaitError> {
         Ok(wake_sleeper(self.word(OFF_CONSUMER_SLEEPING)?, bell)?)
     }
 
@@ -860,7 +860,7 @@ impl Consumer {
     /// Rings `bell` if the producer announced that it is going to sleep on it (waiting for
     /// space). Returns whether it rang. Only needed if the producer uses
     /// [`Producer::wait_writable`].
-    pub fn wake_producer(&self, bell: &Doorbell) -> Result<bool, WaitError> {
+    pub fn wake_producer(&self, bell: &Ringer) -> Result<bool, WaitError> {
         Ok(wake_sleeper(self.word(OFF_PRODUCER_SLEEPING)?, bell)?)
     }
 

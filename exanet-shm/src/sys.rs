@@ -147,6 +147,138 @@ pub(crate) fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+// --- pipes ---------------------------------------------------------------------------------
+
+/// `pipe2(2)` with `O_CLOEXEC | O_NONBLOCK`: (read end, write end). The two ends are two
+/// open file descriptions, so the flags of the end handed to a peer are the peer's business.
+pub(crate) fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as RawFd; 2];
+    // SAFETY: `fds` is an array of two `c_int`s that lives across the call, as pipe2 expects.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
+    // SAFETY: on success pipe2 returned two fresh descriptors that nobody else owns.
+    Ok(unsafe { (owned(fds[0]), owned(fds[1])) })
+}
+
+/// Sets `O_NONBLOCK` on the open file description of `fd` (keeping its other status flags).
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and touches no memory of ours; `fd` is borrowed.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: F_SETFL takes an int argument; `fd` is borrowed, so it is open.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    }
+    Ok(())
+}
+
+/// What `fd` is, as far as a doorbell cares: whether it is a FIFO (pipe), and its access mode
+/// (`O_RDONLY`, `O_WRONLY` or `O_RDWR`).
+pub(crate) fn fifo_access(fd: BorrowedFd<'_>) -> io::Result<(bool, libc::c_int)> {
+    // SAFETY: `st` is a zeroed `stat` the kernel fills in; it lives across the call.
+    let mut st: libc::stat = unsafe { mem::zeroed() };
+    // SAFETY: fstat writes only into `st`; `fd` is borrowed, so it is open.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    // SAFETY: F_GETFL takes no argument and touches no memory of ours.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    Ok((
+        st.st_mode & libc::S_IFMT == libc::S_IFIFO,
+        flags & libc::O_ACCMODE,
+    ))
+}
+
+/// `read(2)` into `buf`.
+pub(crate) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which lives across the
+    // call; `fd` is borrowed.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `write(2)` of `buf` that never raises `SIGPIPE`: a write to a pipe whose reader is gone
+/// fails with `EPIPE` instead of killing a process that did not ignore the signal (a C
+/// program linked with the client library, say). Pipes have no `MSG_NOSIGNAL`, so the calling
+/// thread blocks `SIGPIPE` around the write and takes back a `SIGPIPE` the write raised (one
+/// that was already pending is left alone: it was not ours).
+pub(crate) fn write_without_sigpipe(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it before any use.
+    let mut pipe_only: libc::sigset_t = unsafe { mem::zeroed() };
+    // SAFETY: as above; both calls only write into the local set.
+    unsafe {
+        libc::sigemptyset(&mut pipe_only);
+        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
+    }
+    // SAFETY: a zeroed sigset_t that pthread_sigmask fills in with the previous mask.
+    let mut previous: libc::sigset_t = unsafe { mem::zeroed() };
+    // SAFETY: both sets live across the call; pthread_sigmask returns an errno value.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &pipe_only, &mut previous) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: a zeroed sigset_t that sigpending fills in.
+    let mut pending: libc::sigset_t = unsafe { mem::zeroed() };
+    // SAFETY: sigpending writes only into `pending`; sigismember only reads it.
+    let was_pending = unsafe {
+        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGPIPE) == 1
+    };
+    // SAFETY: the kernel reads at most `buf.len()` bytes from `buf`; `fd` is borrowed.
+    let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+    let result = if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    };
+    if !was_pending && matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EPIPE)) {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        loop {
+            // SAFETY: the set and the timeout live across the call; a null info pointer is
+            // allowed. It only dequeues the SIGPIPE our write raised (blocked, so pending).
+            let r = unsafe { libc::sigtimedwait(&pipe_only, ptr::null_mut(), &zero) };
+            if r == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+    }
+    // SAFETY: restores the mask saved above; the set lives across the call.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, ptr::null_mut()) };
+    result
+}
+
+// --- refusing descriptors ---------------------------------------------------------------------
+
+/// `SO_PASSRIGHTS` (Linux 6.16's `asm-generic/socket.h`; the libc crate does not have it yet).
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// Makes the Unix socket `fd` refuse `SCM_RIGHTS`: a peer's `sendmsg` with descriptors fails
+/// with `EPERM`, so none can reach its receive queue. A listening socket passes the setting
+/// to every connection it accepts. `Ok(false)` when the kernel is older than 6.16 and does not
+/// know the option.
+pub(crate) fn refuse_rights(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let off: libc::c_int = 0;
+    // SAFETY: the option value is one `c_int` that lives across the call, and its size is
+    // passed; `fd` is borrowed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match cvt(rc) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 // --- poll ----------------------------------------------------------------------------------
 
 /// `ppoll(2)` for `POLLIN` on one descriptor. `None` waits forever. Returns whether the

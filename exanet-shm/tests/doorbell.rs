@@ -7,14 +7,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use exanet_shm::doorbell::wake_sleeper;
-use exanet_shm::{Doorbell, Region, Waiter};
+use exanet_shm::{doorbell, Doorbell, Region, Ringer, Waiter};
 
 #[test]
 fn ring_then_wait() {
-    let bell = Doorbell::new().unwrap();
+    let (ringer, bell) = doorbell().unwrap();
     assert!(!bell.wait(Some(Duration::ZERO)).unwrap());
-    bell.ring().unwrap();
-    bell.ring().unwrap();
+    ringer.ring().unwrap();
+    ringer.ring().unwrap();
     // Rings coalesce: one wait consumes them all.
     assert!(bell.wait(Some(Duration::ZERO)).unwrap());
     assert!(!bell.drain().unwrap());
@@ -24,82 +24,95 @@ fn ring_then_wait() {
 }
 
 #[test]
-fn wakes_the_other_end_of_a_pair_in_both_directions() {
-    let (a, b) = Doorbell::pair().unwrap();
-    let b = Doorbell::from_fd(b.into_fd()).unwrap();
-    assert_ne!(a.as_raw_fd(), b.as_raw_fd());
-    let waiter = thread::spawn(move || {
-        let rung = b.wait(Some(Duration::from_secs(20))).unwrap();
-        b.ring().unwrap();
-        (rung, b)
-    });
+fn ends_survive_being_handed_over_and_wake_across_threads() {
+    let (ringer, bell) = doorbell().unwrap();
+    let bell = Doorbell::from_fd(bell.into_fd()).unwrap();
+    let ringer = Ringer::from_fd(ringer.into_fd()).unwrap();
+    let waiter = thread::spawn(move || bell.wait(Some(Duration::from_secs(20))).unwrap());
     thread::sleep(Duration::from_millis(10));
-    a.ring().unwrap();
-    let (rung, _b) = waiter.join().unwrap();
-    assert!(rung);
-    assert!(a.wait(Some(Duration::from_secs(20))).unwrap());
-    // Ringing one end does not wake a wait on the same end.
-    a.ring().unwrap();
-    assert!(!a.wait(Some(Duration::ZERO)).unwrap());
+    ringer.ring().unwrap();
+    assert!(waiter.join().unwrap());
 }
 
 #[test]
-fn from_fd_refuses_other_descriptors() {
+fn from_fd_refuses_other_descriptors_and_the_wrong_end() {
     let region = Region::create("not-a-doorbell", 4096).unwrap();
     let err = Doorbell::from_fd(region.try_clone_fd().unwrap()).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
-    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    let err = Ringer::from_fd(region.try_clone_fd().unwrap()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    // A socket pair (what doorbells once were) is refused: it could carry descriptors.
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
     let err = Doorbell::from_fd(a.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     assert!(Doorbell::from_fd(udp.as_fd().try_clone_to_owned().unwrap()).is_err());
+    // Each end is only accepted as what it is.
+    let (ringer, bell) = doorbell().unwrap();
+    let err = Doorbell::from_fd(ringer.into_fd()).unwrap_err();
+    assert!(err.to_string().contains("other direction"), "{err}");
+    assert!(Ringer::from_fd(bell.into_fd()).is_err());
 }
 
-/// The attack of the security issue, defect 1, on the new doorbell: the peer makes its end
-/// blocking and never reads. Ringing must still never block.
+/// A peer that makes its end blocking and never reads cannot make a ring block.
 #[test]
 fn a_peer_that_never_reads_and_clears_o_nonblock_cannot_block_a_ring() {
-    let (mine, theirs) = Doorbell::pair().unwrap();
+    let (ringer, theirs) = doorbell().unwrap();
     let theirs = theirs.into_fd();
-    // Both ends of the pair are blocking descriptors (as blocking as a peer could make
-    // its own): only MSG_DONTWAIT keeps the rings below from blocking once the peer's
-    // receive buffer is full.
+    // Whatever the peer does to the flags of its end changes its own open file description
+    // only; ours stays non-blocking.
     let start = Instant::now();
-    // Far more rings than any socket buffer holds.
+    // Far more rings than any pipe holds.
     for _ in 0..2_000_000 {
-        mine.ring().unwrap();
+        ringer.ring().unwrap();
     }
     assert!(start.elapsed() < Duration::from_secs(60));
     drop(theirs);
-    let err = mine.ring().unwrap_err();
+    let err = ringer.ring().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
-    assert_eq!(
-        mine.wait(Some(Duration::from_secs(5))).unwrap_err().kind(),
-        std::io::ErrorKind::BrokenPipe
-    );
 }
 
+/// A waiter learns that every ringer is gone, instead of waking for ever on a hung-up pipe.
 #[test]
-fn shutdown_wakes_a_waiter_at_once() {
-    let (mine, _theirs) = Doorbell::pair().unwrap();
-    let mine = Arc::new(mine);
-    let m2 = Arc::clone(&mine);
+fn closing_every_ringer_ends_a_wait() {
+    let (ringer, bell) = doorbell().unwrap();
+    let second = ringer.try_clone().unwrap();
+    drop(ringer);
+    // One ringer is left: a wait times out.
+    assert!(!bell.wait(Some(Duration::from_millis(10))).unwrap());
     let waiter = thread::spawn(move || {
         let t = Instant::now();
-        let r = m2.wait(Some(Duration::from_secs(30)));
+        let r = bell.wait(Some(Duration::from_secs(30)));
         (r.map_err(|e| e.kind()), t.elapsed())
     });
     thread::sleep(Duration::from_millis(20));
-    mine.shutdown().unwrap();
+    drop(second);
     let (r, took) = waiter.join().unwrap();
     assert_eq!(r, Err(std::io::ErrorKind::BrokenPipe));
     assert!(took < Duration::from_secs(30));
 }
 
+/// A pipe cannot carry descriptors: sending one over either end fails.
+#[test]
+fn no_descriptor_can_travel_through_a_doorbell() {
+    let (ringer, bell) = doorbell().unwrap();
+    let payload = std::fs::File::open("/dev/null").unwrap();
+    let err = exanet_shm::send_fds(&as_stream(ringer.as_fd()), b"x", &[payload.as_raw_fd()]);
+    assert!(err.is_err(), "sendmsg on a pipe end must fail");
+    drop(bell);
+}
+
+/// Views a pipe end as a `UnixStream` only to call `sendmsg` on it (which the kernel refuses
+/// with ENOTSOCK); the duplicate is closed after.
+fn as_stream(fd: std::os::fd::BorrowedFd<'_>) -> std::os::unix::net::UnixStream {
+    std::os::unix::net::UnixStream::from(fd.try_clone_to_owned().unwrap())
+}
+
 #[test]
 fn waiter_spins_then_sleeps_and_is_woken() {
     let region = Arc::new(Region::create("waiter", 4096).unwrap());
-    let bell = Arc::new(Doorbell::new().unwrap());
+    let (ringer, bell) = doorbell().unwrap();
+    let bell = Arc::new(bell);
     // Word 0: the condition ("data"), word 64: the sleeping flag.
     let (r2, b2) = (Arc::clone(&region), Arc::clone(&bell));
     let sleeper = thread::spawn(move || {
@@ -120,16 +133,16 @@ fn waiter_spins_then_sleeps_and_is_woken() {
         thread::sleep(Duration::from_millis(1));
     }
     region.atomic_u32(0).unwrap().store(1, Ordering::Release);
-    assert!(wake_sleeper(flag, &bell).unwrap());
+    assert!(wake_sleeper(flag, &ringer).unwrap());
     // The sleeper clears its flag when it wakes.
     assert_eq!(sleeper.join().unwrap(), (true, 0));
-    assert!(!wake_sleeper(flag, &bell).unwrap());
+    assert!(!wake_sleeper(flag, &ringer).unwrap());
 }
 
 #[test]
 fn waiter_propagates_condition_errors_and_clears_the_flag() {
     let region = Region::create("waiter-err", 128).unwrap();
-    let bell = Doorbell::new().unwrap();
+    let (_ringer, bell) = doorbell().unwrap();
     let flag = region.atomic_u32(0).unwrap();
     let calls = AtomicU32::new(0);
     let got = Waiter::new(Duration::ZERO).wait(flag, &bell, None, || {

@@ -5,7 +5,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use exanet_shm::{recv_fds, send_fds, Doorbell, FdPassError};
+use exanet_shm::{doorbell, recv_fds, send_fds, Doorbell, FdPassError};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -14,7 +14,7 @@ fn open_fds() -> usize {
 #[test]
 fn truncated_control_message_is_an_error_and_leaks_nothing() {
     let (a, b) = UnixStream::pair().unwrap();
-    let bells: Vec<Doorbell> = (0..5).map(|_| Doorbell::new().unwrap()).collect();
+    let bells: Vec<Doorbell> = (0..5).map(|_| doorbell().unwrap().1).collect();
     let raw: Vec<_> = bells.iter().map(|d| d.as_raw_fd()).collect();
     let before = open_fds();
     for max_fds in [0, 1, 4] {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use exanet_shm::{Corruption, Doorbell, Region, RingError};
+use exanet_shm::{doorbell, Corruption, Region, RingError};
 
 use common::region_with_ring;
 
@@ -246,7 +246,7 @@ fn sleeping_flags_garbage_only_causes_spurious_rings() {
     let mut tx = ring.producer(Arc::clone(&region)).unwrap();
     let rx = ring.consumer(Arc::clone(&region)).unwrap();
     let evil = peer(&region);
-    let bell = Doorbell::new().unwrap();
+    let (ringer, bell) = doorbell().unwrap();
     evil.atomic_u32(0x180)
         .unwrap()
         .store(0xffff_ffff, Ordering::Release);
@@ -254,8 +254,8 @@ fn sleeping_flags_garbage_only_causes_spurious_rings() {
         .unwrap()
         .store(0x1234, Ordering::Release);
     tx.push(b"x").unwrap();
-    assert!(tx.wake_consumer(&bell).unwrap());
-    assert!(rx.wake_producer(&bell).unwrap());
+    assert!(tx.wake_consumer(&ringer).unwrap());
+    assert!(rx.wake_producer(&ringer).unwrap());
     assert!(bell.drain().unwrap());
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use exanet_shm::{Doorbell, Region, Ring, RingError, WaitError, Waiter};
+use exanet_shm::{doorbell, Region, Ring, RingError, WaitError, Waiter};
 
 use common::{message, pair, region_with_ring};
 
@@ -229,11 +229,11 @@ fn two_threads_separate_mappings_spinning() {
 fn two_threads_blocking_with_doorbells() {
     const COUNT: u64 = 20_000;
     let (mut tx, mut rx) = pair(8, 32);
-    let data_bell = Arc::new(Doorbell::new().unwrap());
-    let space_bell = Arc::new(Doorbell::new().unwrap());
+    let (data_ringer, data_bell) = doorbell().unwrap();
+    let (space_ringer, space_bell) = doorbell().unwrap();
     let max = tx.max_message_len();
     let timeout = Some(Duration::from_secs(20));
-    let (db, sb) = (Arc::clone(&data_bell), Arc::clone(&space_bell));
+    let (db, sb) = (data_ringer, space_bell);
     let producer = thread::spawn(move || {
         let waiter = Waiter::new(Duration::ZERO);
         for i in 0..COUNT {
@@ -256,7 +256,7 @@ fn two_threads_blocking_with_doorbells() {
             .pop_wait(&mut buf, &waiter, &data_bell, timeout)
             .unwrap()
             .expect("timed out popping");
-        rx.wake_producer(&space_bell).unwrap();
+        rx.wake_producer(&space_ringer).unwrap();
         assert_eq!(&buf[..n], &message(i, max)[..], "message {i}");
     }
     producer.join().unwrap();
@@ -265,7 +265,7 @@ fn two_threads_blocking_with_doorbells() {
 #[test]
 fn waits_time_out() {
     let (mut tx, mut rx) = pair(2, 16);
-    let bell = Doorbell::new().unwrap();
+    let (_ringer, bell) = doorbell().unwrap();
     let mut buf = [0u8; 8];
     for waiter in [
         Waiter::new(Duration::ZERO),
@@ -308,9 +308,13 @@ fn waits_time_out() {
 #[test]
 fn wake_only_when_sleeping() {
     let (mut tx, mut rx) = pair(4, 16);
-    let bell = Arc::new(Doorbell::new().unwrap());
+    let (ringer, bell) = doorbell().unwrap();
+    let bell = Arc::new(bell);
     tx.push(b"1").unwrap();
-    assert!(!tx.wake_consumer(&bell).unwrap(), "nobody sleeps, no ring");
+    assert!(
+        !tx.wake_consumer(&ringer).unwrap(),
+        "nobody sleeps, no ring"
+    );
     assert!(!bell.drain().unwrap());
 
     let b2 = Arc::clone(&bell);
@@ -337,11 +341,11 @@ fn wake_only_when_sleeping() {
     }
     tx.push(b"2").unwrap();
     assert!(
-        tx.wake_consumer(&bell).unwrap(),
+        tx.wake_consumer(&ringer).unwrap(),
         "consumer sleeps, must ring"
     );
     assert_eq!(consumer.join().unwrap(), (Some(1), b'2'));
-    assert!(!tx.wake_consumer(&bell).unwrap());
+    assert!(!tx.wake_consumer(&ringer).unwrap());
 }
 
 #[test]
@@ -352,7 +356,7 @@ fn wait_error_wraps_corruption() {
         .atomic_u32(0x100)
         .unwrap()
         .store(1000, std::sync::atomic::Ordering::Release);
-    let bell = Doorbell::new().unwrap();
+    let (_ringer, bell) = doorbell().unwrap();
     let mut buf = [0u8; 8];
     match rx.pop_wait(
         &mut buf,
@@ -369,25 +373,28 @@ fn wait_error_wraps_corruption() {
 #[test]
 fn prepare_and_finish_sleep() {
     let (mut tx, mut rx) = pair(2, 16);
-    let bell = Doorbell::new().unwrap();
+    let (ringer, bell) = doorbell().unwrap();
     assert!(!rx.prepare_sleep().unwrap(), "empty: may sleep");
     tx.push(b"x").unwrap();
-    assert!(tx.wake_consumer(&bell).unwrap(), "announced: must ring");
+    assert!(tx.wake_consumer(&ringer).unwrap(), "announced: must ring");
     assert!(bell.wait(Some(Duration::ZERO)).unwrap());
     rx.finish_sleep().unwrap();
-    assert!(!tx.wake_consumer(&bell).unwrap());
+    assert!(!tx.wake_consumer(&ringer).unwrap());
     assert!(
         rx.prepare_sleep().unwrap(),
         "a message is there: don't sleep"
     );
-    assert!(!tx.wake_consumer(&bell).unwrap(), "announcement withdrawn");
+    assert!(
+        !tx.wake_consumer(&ringer).unwrap(),
+        "announcement withdrawn"
+    );
 
     tx.push(b"y").unwrap();
     assert!(!tx.prepare_sleep().unwrap(), "full: may sleep");
     let mut buf = [0u8; 8];
     rx.pop(&mut buf).unwrap().unwrap();
-    assert!(rx.wake_producer(&bell).unwrap());
+    assert!(rx.wake_producer(&ringer).unwrap());
     tx.finish_sleep().unwrap();
     assert!(tx.prepare_sleep().unwrap(), "a slot is free: don't sleep");
-    assert!(!rx.wake_producer(&bell).unwrap());
+    assert!(!rx.wake_producer(&ringer).unwrap());
 }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use exanet_shm::{recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Waiter};
+use exanet_shm::{
+    doorbell, recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Ringer, Waiter,
+};
 
 use common::message;
 
@@ -68,8 +70,8 @@ fn parent() {
     to_child.init(&region).unwrap();
     to_parent.init(&region).unwrap();
     // The parent rings `child_bell` and waits on `parent_bell`; the child gets the other ends.
-    let (child_bell, child_end_of_child_bell) = Doorbell::pair().unwrap();
-    let (parent_bell, child_end_of_parent_bell) = Doorbell::pair().unwrap();
+    let (child_bell, child_end_of_child_bell) = doorbell().unwrap();
+    let (child_end_of_parent_bell, parent_bell) = doorbell().unwrap();
     let mut tx = to_child.producer(Arc::clone(&region)).unwrap();
     let mut rx = to_parent.consumer(Arc::clone(&region)).unwrap();
 
@@ -149,7 +151,7 @@ fn child(name: &str) {
     let len = u64::from_le_bytes(hello) as usize;
     let region = Arc::new(Region::from_fd_with_len(mem, len).unwrap());
     let child_bell = Doorbell::from_fd(child_bell).unwrap();
-    let parent_bell = Doorbell::from_fd(parent_bell).unwrap();
+    let parent_bell = Ringer::from_fd(parent_bell).unwrap();
     let (to_child, to_parent) = rings();
     let mut rx: Consumer = to_child.consumer(Arc::clone(&region)).unwrap();
     let mut tx: Producer = to_parent.producer(region).unwrap();

@@ -10,7 +10,7 @@ use exanet_proto::model::ModelTime;
 use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
 use exanet_proto::ni::{RdmaRead, RdmaWrite, SendMessage, CHANNELS, MAX_MESSAGE, RANKS};
 use exanet_proto::shape::{NodeId, Shape};
-use exanet_shm::{Doorbell, Region, Ring};
+use exanet_shm::{Doorbell, Region, Ring, Ringer};
 
 use crate::config::{read_shape, socket_path, Config};
 use crate::control::Control;
@@ -159,7 +159,7 @@ impl Endpoint {
         let from_daemon =
             Doorbell::from_fd(bell_in).map_err(|e| bad(format!("first doorbell: {e}")))?;
         let to_daemon =
-            Doorbell::from_fd(bell_out).map_err(|e| bad(format!("second doorbell: {e}")))?;
+            Ringer::from_fd(bell_out).map_err(|e| bad(format!("second doorbell: {e}")))?;
         let shape = match read_shape(&r.rack_dir) {
             Ok(s) if s.nodes() == nodes => Ok(s),
             Ok(s) => Err(format!(

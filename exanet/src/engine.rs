@@ -27,7 +27,7 @@ use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
 use exanet_proto::shape::{NodeId, Shape};
-use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, WaitError, Waiter};
+use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, Ringer, WaitError, Waiter};
 use std::sync::Arc;
 
 use crate::control::Control;
@@ -481,7 +481,7 @@ pub(crate) struct Shared {
     /// The daemon rings it when it published completions and we announced we sleep.
     from_daemon: Doorbell,
     /// We ring it when we published commands and the daemon announced it sleeps.
-    to_daemon: Doorbell,
+    to_daemon: Ringer,
     ctrl: Mutex<Control>,
 }
 
@@ -505,7 +505,7 @@ impl Shared {
         cmd: Producer,
         cpl: Consumer,
         from_daemon: Doorbell,
-        to_daemon: Doorbell,
+        to_daemon: Ringer,
         ctrl: Control,
     ) -> Shared {
         let counters = Counters {

@@ -12,12 +12,15 @@
 //! `exanet_shm::Region`, and every refusal is answered (an error reply or an error
 //! completion) and counted.
 //!
-//! Nor can a workload make the daemon wait on it: the doorbells are socket-pair ends whose
-//! daemon side only the daemon holds (every call non-blocking), replies have a send
-//! timeout, the attach request a deadline, and the memory the NI touches is memory the
-//! daemon made (sealed, allocated up front: it cannot fault under the daemon). What one
-//! connection, process or job may hold is bounded (`crate::quota`), and a session's
-//! teardown frees all of it whatever the workload did.
+//! Nor can a workload make the daemon wait on it: the doorbells are pipes whose daemon ends
+//! only the daemon holds (every call non-blocking), replies have a send timeout, the attach
+//! request a deadline, and the memory the NI touches is memory the daemon made (sealed,
+//! allocated up front: it cannot fault under the daemon). No channel from a workload carries
+//! descriptors: pipes cannot, and the attach socket refuses `SCM_RIGHTS` (Linux >= 6.16;
+//! on older kernels whatever arrives is closed by `crate::closer`, as is the connection
+//! itself, so that a close a workload made blocking never holds a lock or a session's
+//! thread). What one connection, process or job may hold is bounded (`crate::quota`), and a
+//! session's teardown frees all of it whatever the workload did.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -32,9 +35,10 @@ use exanet_proto::attach::{
 };
 use exanet_proto::workload::ServiceError;
 use exanet_proto::Pdid;
-use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Waiter};
+use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer, Waiter};
 use tracing::{debug, info, warn};
 
+use crate::closer::{close_later, CloseLater};
 use crate::node::{Core, NodeHandle};
 use crate::quota::{self, Holding, Kind, Limits};
 use crate::session::{Ended, EndedGuard, Session, ShmRing};
@@ -69,7 +73,7 @@ fn reap_dead(node: &NodeHandle) {
         core.sessions
             .iter()
             .flatten()
-            .filter(|s| exanet_shm::peer_hung_up(&s.conn))
+            .filter(|s| exanet_shm::peer_hung_up(&*s.conn))
             .map(|s| Arc::clone(&s.ended))
             .collect()
     };
@@ -147,6 +151,16 @@ fn may_connect(node: &NodeHandle, peer: &PeerCredentials, daemon_uid: u32) -> bo
 /// then authorised by the connecting process's credentials), owner-only otherwise.
 pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Result<()> {
     let listener = crate::control_server::bind_owner_only(path)?;
+    // Inherited by every accepted connection from its connect on: a workload's sendmsg with
+    // descriptors fails in the workload.
+    match exanet_shm::refuse_descriptors(&listener) {
+        Ok(true) => {}
+        Ok(false) => warn!(
+            "this kernel cannot refuse descriptors on the attach socket (SO_PASSRIGHTS, \
+             Linux 6.16): any a workload sends are closed on a closer thread"
+        ),
+        Err(e) => warn!(error = %e, "cannot make the attach socket refuse descriptors"),
+    }
     if node
         .rack
         .file
@@ -173,7 +187,8 @@ pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Res
                 let conn = match conn {
                     Ok(c) => {
                         backoff = Duration::ZERO;
-                        c
+                        // Dropped wherever the connection ends, closed on a closer thread.
+                        CloseLater::new(c)
                     }
                     Err(e) => {
                         // Out of descriptors (EMFILE), say: retrying at once would spin a
@@ -220,7 +235,7 @@ pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Res
                 let (node, mem) = (node.clone(), mem.clone());
                 let spawned = std::thread::Builder::new()
                     .name("ni-session".into())
-                    .spawn(move || serve_session(node, mem, conn, peer, daemon_uid, slot));
+                    .spawn(move || serve_session(node, mem, &conn, peer, daemon_uid, slot));
                 if spawned.is_err() {
                     // The slot and the connection went with the closure.
                     warn!("cannot start a thread for a workload connection");
@@ -238,9 +253,11 @@ enum ReadError {
     Protocol(String),
 }
 
-/// Reads one request line. No request carries descriptors: any that arrive are closed at
-/// once (one receive takes at most one), and the request is refused. With a `deadline`
-/// the whole line must arrive before it.
+/// Reads one request line. No request carries descriptors (the socket refuses them where
+/// the kernel can): any that arrive anyway are closed on a closer thread, never here, and
+/// the request is refused. Every receive makes room for as many as one message can carry,
+/// because the kernel closes those it has no room for in the receiving thread. With a
+/// `deadline` the whole line must arrive before it.
 fn read_request(
     conn: &UnixStream,
     deadline: Option<std::time::Instant>,
@@ -259,12 +276,11 @@ fn read_request(
             }
             let _ = conn.set_read_timeout(Some(left));
         }
-        let (n, got) = match exanet_shm::recv_fds(conn, &mut buf, 1) {
+        let (n, got) = match exanet_shm::recv_fds(conn, &mut buf, exanet_shm::fdpass::MAX_FDS) {
             Ok(x) => x,
             Err(exanet_shm::FdPassError::Truncated { .. }) => {
-                // More descriptors than room: the kernel closed them, and so did recv_fds,
-                // with the bytes that came with them (the request line, or its start).
-                return Err(ReadError::Protocol(
+                // More descriptors than one message can carry: only when ours is full.
+                return Err(ReadError::Io(
                     "requests carry no descriptors (they were closed)".into(),
                 ));
             }
@@ -283,7 +299,7 @@ fn read_request(
             }
         };
         carried_fds |= !got.is_empty();
-        drop(got);
+        got.into_iter().for_each(close_later);
         if n == 0 {
             return Ok(None);
         }
@@ -323,7 +339,7 @@ fn error(conn: &UnixStream, node: &NodeHandle, kind: &'static str, message: Stri
 fn serve_session(
     node: Arc<NodeHandle>,
     mem: ShmMemory,
-    conn: UnixStream,
+    conn: &UnixStream,
     peer: PeerCredentials,
     daemon_uid: u32,
     _slot: ConnectionSlot,
@@ -397,7 +413,7 @@ fn serve_session(
         }),
     };
     let conn_copy = match conn.try_clone() {
-        Ok(c) => OwnedFd::from(c),
+        Ok(c) => CloseLater::new(OwnedFd::from(c)),
         Err(e) => {
             error(&conn, &node, "workload_refused", e.to_string());
             return;
@@ -419,6 +435,7 @@ fn serve_session(
         region,
         command,
         from_workload,
+        wake_ring,
         workload_ends,
         reply: attached_reply,
     } = attached;
@@ -433,7 +450,7 @@ fn serve_session(
         ],
     );
     // The workload's ends are its own now: the daemon keeping a copy would hide the
-    // workload's exit from the doorbells.
+    // workload's exit from the doorbell it waits on. (Closing a pipe end never blocks.)
     drop(workload_ends);
     if ok {
         info!(
@@ -444,12 +461,11 @@ fn serve_session(
             "workload attached"
         );
     }
-    let from_workload = Arc::new(from_workload);
     let ring_thread = if ok {
-        let (node, stop, bell) = (node.clone(), stop.clone(), from_workload.clone());
+        let (node, stop) = (node.clone(), stop.clone());
         std::thread::Builder::new()
             .name("ni-ring".into())
-            .spawn(move || serve_ring(node, rank, command, bell, stop))
+            .spawn(move || serve_ring(node, rank, command, from_workload, stop))
             .ok()
     } else {
         None
@@ -484,10 +500,11 @@ fn serve_session(
         }
     }
     // The workload is gone (or broke the protocol, or stopped reading): free everything it
-    // held. Nothing below waits on the workload: the shutdown wakes the ring thread at once
-    // and none of its calls can block on the workload, so the join is bounded.
+    // held. Nothing below waits on the workload: the ring wakes the ring thread at once (a
+    // full pipe is a pending ring already) and none of its calls can block on the workload,
+    // so the join is bounded; the connection is closed by a closer.
     stop.store(true, Ordering::Release);
-    let _ = from_workload.shutdown();
+    let _ = wake_ring.ring();
     if let Some(t) = ring_thread {
         let _ = t.join();
     }
@@ -520,8 +537,10 @@ struct Attached {
     pdid: u16,
     region: Arc<Region>,
     command: Consumer,
-    /// The daemon's end of the workload -> daemon doorbell.
+    /// The daemon's end of the workload -> daemon doorbell, and a ringer of its own for
+    /// it, to wake the ring thread at teardown.
     from_workload: Doorbell,
+    wake_ring: Ringer,
     /// The workload's ends of both doorbells, to send it.
     workload_ends: [OwnedFd; 2],
     reply: Reply,
@@ -532,7 +551,7 @@ fn attach_rank(
     node: &NodeHandle,
     who: Who,
     want_rank: Option<u8>,
-    conn: OwnedFd,
+    conn: CloseLater<OwnedFd>,
     ended: Arc<Ended>,
 ) -> Result<Attached, String> {
     let e = |x: &dyn std::fmt::Display| x.to_string();
@@ -548,8 +567,9 @@ fn attach_rank(
     cpl_ring.init(&region).map_err(|x| e(&x))?;
     let command = cmd_ring.consumer(region.clone()).map_err(|x| e(&x))?;
     let completions = cpl_ring.producer(region.clone()).map_err(|x| e(&x))?;
-    let (to_workload, to_workload_peer) = Doorbell::pair().map_err(|x| e(&x))?;
-    let (from_workload, from_workload_peer) = Doorbell::pair().map_err(|x| e(&x))?;
+    let (to_workload, to_workload_peer) = exanet_shm::doorbell().map_err(|x| e(&x))?;
+    let (from_workload_peer, from_workload) = exanet_shm::doorbell().map_err(|x| e(&x))?;
+    let wake_ring = from_workload_peer.try_clone().map_err(|x| e(&x))?;
     let mut core = node.lock();
     let job_ranks = core
         .sessions
@@ -613,6 +633,7 @@ fn attach_rank(
         region,
         command,
         from_workload,
+        wake_ring,
         workload_ends: [to_workload_peer.into_fd(), from_workload_peer.into_fd()],
     })
 }
@@ -772,7 +793,7 @@ fn serve_ring(
     node: Arc<NodeHandle>,
     rank: u8,
     mut ring: Consumer,
-    bell: Arc<Doorbell>,
+    bell: Doorbell,
     stop: Arc<AtomicBool>,
 ) {
     let waiter = Waiter::new(node.spin);
@@ -834,8 +855,8 @@ fn serve_ring(
         let timeout = Some(Duration::from_millis(20));
         match ring.wait_readable(&waiter, &bell, timeout) {
             Ok(_) => {}
-            // The workload closed its doorbell (it exited), or the session is ending and
-            // shut ours: the session ends when the control connection does.
+            // Every ringer is closed (the workload exited, and the session is ending): the
+            // session ends when the control connection does.
             Err(exanet_shm::WaitError::Doorbell(e))
                 if e.kind() == std::io::ErrorKind::BrokenPipe =>
             {

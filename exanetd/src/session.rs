@@ -9,7 +9,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use exanet_proto::attach;
 use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::workload::CompletionRing;
-use exanet_shm::{Doorbell, PeerCredentials, Producer, Region};
+use exanet_shm::{PeerCredentials, Producer, Region, Ringer};
+
+use crate::closer::CloseLater;
 
 use crate::quota::{Holding, Limits};
 
@@ -24,16 +26,17 @@ pub struct Session {
     pub limits: Limits,
     pub job_limits: Limits,
     /// A copy of the control connection, to tell that the workload is gone before the
-    /// session's own thread has noticed; and the end of its teardown.
-    pub conn: OwnedFd,
+    /// session's own thread has noticed (closed by a closer, as the workload is its peer);
+    /// and the end of its teardown.
+    pub conn: CloseLater<OwnedFd>,
     pub ended: Arc<Ended>,
 }
 
 /// A workload's completion ring in the shared memory the daemon made for it.
 pub struct ShmRing {
     pub completions: Producer,
-    /// The daemon's end of the daemon -> workload doorbell.
-    pub to_workload: Doorbell,
+    /// The daemon's ringer of the workload's doorbell.
+    pub to_workload: Ringer,
     /// The region of the rings, and where in it the workload counts what it took from
     /// each mailbox (`attach`'s consumed counters).
     pub rings: Arc<Region>,

@@ -662,8 +662,9 @@ fn teardown_frees_the_rank_whatever_the_workload_did() {
     }
 }
 
-/// Descriptors sent with requests are closed, not hoarded, and a connection that never
-/// attaches is cut (defect 4).
+/// Descriptors cannot be sent with requests (the attach socket refuses them: the workload's
+/// send fails with EPERM); on a kernel that cannot refuse them (< 6.16) they are closed, not
+/// hoarded. And a connection that never attaches is cut (defect 4).
 #[test]
 fn descriptors_with_requests_are_closed_and_silent_connections_cut() {
     use std::io::Read;
@@ -675,20 +676,37 @@ fn descriptors_with_requests_are_closed_and_silent_connections_cut() {
         .map(|_| std::fs::File::open("/dev/null").unwrap())
         .collect();
     let raw: Vec<i32> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-    for _ in 0..300 {
-        let (reply, fds) = request(
-            &w.conn,
-            &Request::Alloc {
-                kind: Resource::Mailbox,
-                capacity: Some(1),
-                index: None,
-            },
-            &raw,
-        );
-        assert!(fds.is_empty());
-        match reply {
-            Reply::Error { message } => assert!(message.contains("no descriptors"), "{message}"),
-            other => panic!("a request with descriptors was obeyed: {other:?}"),
+    let alloc = Request::Alloc {
+        kind: Resource::Mailbox,
+        capacity: Some(1),
+        index: None,
+    };
+    let mut line = serde_json::to_vec(&alloc).unwrap();
+    line.push(b'\n');
+    let refused_at_source = match exanet_shm::send_fds(&w.conn, &line, &raw) {
+        Err(exanet_shm::FdPassError::Io(e)) if e.raw_os_error() == Some(libc::EPERM) => true,
+        Ok(_) => false,
+        Err(e) => panic!("send: {e}"),
+    };
+    if refused_at_source {
+        eprintln!("the attach socket refuses descriptors (SO_PASSRIGHTS)");
+        // Nothing was sent; the connection still serves plain requests.
+        let (reply, _) = request(&w.conn, &alloc, &[]);
+        assert!(matches!(reply, Reply::Allocated { .. }), "{reply:?}");
+    } else {
+        eprintln!("this kernel cannot refuse descriptors: the daemon closes them");
+        let mut buf = [0u8; 4096];
+        let (n, _) = exanet_shm::recv_fds(&w.conn, &mut buf, 4).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("no descriptors"));
+        for _ in 0..300 {
+            let (reply, fds) = request(&w.conn, &alloc, &raw);
+            assert!(fds.is_empty());
+            match reply {
+                Reply::Error { message } => {
+                    assert!(message.contains("no descriptors"), "{message}")
+                }
+                other => panic!("a request with descriptors was obeyed: {other:?}"),
+            }
         }
     }
     let after = daemon_fds(pid);

@@ -28,7 +28,9 @@ use exanet_proto::ni::{Backing, BackingFault, MemFault, Memory, Regions};
 use exanet_proto::sim::{Sim, SimConfig};
 use exanet_proto::workload::CompletionRing;
 use exanet_proto::{NodeId, Pdid, Shape};
-use exanet_shm::{recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Waiter};
+use exanet_shm::{
+    doorbell, recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Ringer, Waiter,
+};
 
 /// What the fake does with commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +155,7 @@ struct Completions(Arc<Mutex<Out>>);
 
 struct Out {
     p: Producer,
-    bell: Doorbell,
+    bell: Ringer,
     rings: Arc<Region>,
     consumed_offset: usize,
 }
@@ -318,6 +320,8 @@ struct Attached {
     completion_offset: usize,
     consumed_offset: usize,
     from_workload: Doorbell,
+    /// A ringer of `from_workload` of the fake daemon's own, to wake its ring thread.
+    wake_ring: Ringer,
     workload_ends: [OwnedFd; 2],
 }
 
@@ -331,8 +335,9 @@ fn attach(core: &Mutex<Core>) -> Result<Attached, String> {
     cmd_ring.init(&region).unwrap();
     cpl_ring.init(&region).unwrap();
     let commands = cmd_ring.consumer(region.clone()).unwrap();
-    let (to_workload, to_workload_peer) = Doorbell::pair().unwrap();
-    let (from_workload, from_workload_peer) = Doorbell::pair().unwrap();
+    let (to_workload, to_workload_peer) = doorbell().unwrap();
+    let (from_workload_peer, from_workload) = doorbell().unwrap();
+    let wake_ring = from_workload_peer.try_clone().unwrap();
     let completions = Completions(Arc::new(Mutex::new(Out {
         p: cpl_ring.producer(region.clone()).unwrap(),
         bell: to_workload,
@@ -352,6 +357,7 @@ fn attach(core: &Mutex<Core>) -> Result<Attached, String> {
         completion_offset,
         consumed_offset,
         from_workload,
+        wake_ring,
         workload_ends: [to_workload_peer.into_fd(), from_workload_peer.into_fd()],
     })
 }
@@ -405,6 +411,7 @@ fn session(
     let conn = Arc::new(conn);
     let done = Arc::new(AtomicBool::new(false));
     let bell = Arc::new(a.from_workload);
+    let wake_ring = a.wake_ring;
     let ring_thread = {
         let ring = RingThread {
             core: core.clone(),
@@ -427,7 +434,7 @@ fn session(
     }
     // The workload is gone: free everything it held.
     done.store(true, Ordering::Release);
-    let _ = bell.shutdown();
+    let _ = wake_ring.ring();
     let _ = ring_thread.join();
     let mut core = core.lock().unwrap();
     let now = core.sim.now();

@@ -1,7 +1,7 @@
 //! The daemon's workload interface spoken by hand (no client library), for tests that
 //! attach well-behaved and hostile workloads to real daemons. Only what the protocol in
 //! `exanet_proto::attach` says: JSON lines on `run/<NODE>.ni`, descriptors with replies,
-//! two rings in shared memory and two socket-pair doorbells.
+//! two rings in shared memory and two pipe doorbells.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, SLOT};
-use exanet_shm::{Consumer, Doorbell, Producer, Region, Ring};
+use exanet_shm::{Consumer, Producer, Region, Ring, Ringer};
 use exanetd::rack::Layout;
 
 use super::TestRack;
@@ -23,7 +23,7 @@ pub struct Workload {
     pub region: Arc<Region>,
     pub commands: Producer,
     pub completions: Consumer,
-    pub to_daemon: Doorbell,
+    pub to_daemon: Ringer,
     /// The workload's end of the daemon -> workload doorbell (the tests never wait on it).
     pub from_daemon: OwnedFd,
     /// Offsets of the command and completion rings in `region`, and of the counters of
@@ -100,7 +100,7 @@ pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
         return Err(format!("{reply:?}"));
     };
     assert_eq!(fds.len(), 3);
-    let to_daemon = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
+    let to_daemon = Ringer::from_fd(fds.pop().unwrap()).unwrap();
     let from_daemon = fds.pop().unwrap();
     let region = Arc::new(Region::from_fd(fds.pop().unwrap()).unwrap());
     let commands = Ring::new(command_offset as usize, command_slots, 256)
