@@ -162,6 +162,11 @@ pub fn render(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> String
         out.push_str("\nworkloads:\n");
         out.push_str(&workloads);
     }
+    let reserved = reserved_lines(answers);
+    if !reserved.is_empty() {
+        out.push_str("\nreserved on every node (no job may take them):\n");
+        out.push_str(&reserved);
+    }
     let errors = error_lines(answers);
     if !errors.is_empty() {
         out.push_str("\nerrors:\n");
@@ -213,6 +218,19 @@ fn node_table(shape: &Shape, answers: &[Answer]) -> String {
         &[false, false, true, true, true, true, true, false],
         rows,
     )
+}
+
+/// What the nodes keep for their owners: the same on every node, so told once, from the
+/// first node that answered.
+fn reserved_lines(answers: &[Answer]) -> String {
+    let Some(st) = answers.iter().find_map(|a| a.as_ref().ok()) else {
+        return String::new();
+    };
+    st.ni
+        .reserved
+        .iter()
+        .map(|r| format!("  {}: {}\n", r.resource, r.owner))
+        .collect()
 }
 
 /// Who holds what of each node's NI: one row per attached workload (empty: none attached).
@@ -535,6 +553,32 @@ mod tests {
             cols,
             ["M1QAF2", "3", "alice", "42", "4242", "1001", "2", "1", "5", "64M"],
             "{row}"
+        );
+    }
+
+    #[test]
+    fn reservations_are_told_once() {
+        let r = rack("1x1x1");
+        let mut answers = healthy_rack(&r.shape());
+        let kept = exanet_proto::reserved::Reservations::with_service(exanet_proto::Pdid(65535));
+        for st in answers.iter_mut().flatten() {
+            st.ni.reserved = kept.list();
+        }
+        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("reserved on every node"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert_eq!(
+            section,
+            [
+                "  rank 7: the IP service (PDID 65535)",
+                "  mailbox 63: the IP service (PDID 65535)",
+                "  mailboxes 48..55: rank r, mailbox 48 + r (its collective mailbox)",
+            ],
+            "{text}"
         );
     }
 

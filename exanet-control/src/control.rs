@@ -206,9 +206,18 @@ pub struct NodeStatus {
     /// Records copied to captures over the daemon's life (`dropped`: not kept up with).
     #[serde(default)]
     pub capture: CaptureSummary,
-    /// Collectives the node's workloads reported, by kind and path.
+    /// Collectives the node's workloads reported, by job, kind and path: each job's own,
+    /// so that what one job reports (workloads can report anything) moves only its own.
     #[serde(default)]
-    pub collectives: Vec<exanet_proto::attach::CollectiveReport>,
+    pub collectives: Vec<JobCollectives>,
+}
+
+/// What the workloads of one job reported of one kind of collective on one path.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobCollectives {
+    pub job: String,
+    #[serde(flatten)]
+    pub report: exanet_proto::attach::CollectiveReport,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -221,6 +230,8 @@ pub struct NiStatus {
     pub counters: NiStats,
     /// Who is attached, by rank, and what each holds.
     pub workloads: Vec<WorkloadStatus>,
+    /// What no job may take from its owner (`exanet_proto::reserved`).
+    pub reserved: Vec<exanet_proto::reserved::Reservation>,
 }
 
 /// One attached workload: its job and process, and what it holds of the node's NI.

@@ -40,6 +40,7 @@ pub mod model;
 pub mod ni;
 pub mod node;
 pub mod probe;
+pub mod reserved;
 pub mod rng;
 pub mod routing;
 pub mod shape;

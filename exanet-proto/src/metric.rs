@@ -239,10 +239,11 @@ families! {
         "Allreduces on the NI's accelerator: started, and ended by result";
     /// Reported by the workloads' libraries ([`crate::attach::Request::CollectiveCounts`]):
     /// `kind` barrier, bcast, reduce, allreduce; `path` accelerator, software; `result`
-    /// started, completed, failed.
+    /// started, completed, failed. Per `job` (a rack file's job name): a workload can report
+    /// any count, and must only move its own job's.
     NiCollectives: Counter Int "exanet_ni_collectives_total"
-        ["node", "kind", "path", "result"]
-        "Collectives the node's workloads ran, by kind, path (accelerator, software) and result (started, completed, failed), as their libraries report them";
+        ["node", "job", "kind", "path", "result"]
+        "Collectives the node's workloads ran, by job, kind, path (accelerator, software) and result (started, completed, failed), as their libraries report them";
     NiAllreduceCells: Counter Int "exanet_ni_allreduce_cells_total"
         ["node", "direction"]
         "Accelerator cells sent and received (retransmissions included)";

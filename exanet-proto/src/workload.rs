@@ -25,9 +25,10 @@ use crate::gvas::Pdid;
 use crate::ni::allreduce::MAX_MEMBERS;
 use crate::ni::mailbox::ConsumedCount;
 use crate::ni::{
-    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId,
+    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId, MAILBOX_VIS,
     MAILBOX_WINDOW, RANKS,
 };
+use crate::reserved::{Owner, Reservations};
 use crate::rng::SplitMix64;
 use crate::shape::NodeId;
 use crate::time::Instant;
@@ -118,6 +119,10 @@ pub enum ServiceError {
     IndexNotMailbox,
     #[error("rank {0} is taken")]
     RankTaken(u8),
+    #[error("rank {rank} is kept for {owner}")]
+    RankReserved { rank: u8, owner: Owner },
+    #[error("mailbox interface {index} is kept for {owner}")]
+    MailboxReserved { index: u8, owner: Owner },
     #[error("there is no rank {0} (ranks are 0..{RANKS})")]
     NoSuchRank(u8),
     #[error("rank {rank} already has {MAX_REGIONS} regions")]
@@ -139,9 +144,11 @@ impl ServiceError {
     pub fn kind(&self) -> &'static str {
         match self {
             ServiceError::Malformed(_) => "workload_malformed",
-            ServiceError::RanksTaken | ServiceError::RankTaken(_) | ServiceError::NoSuchRank(_) => {
-                "workload_refused"
-            }
+            ServiceError::RanksTaken
+            | ServiceError::RankTaken(_)
+            | ServiceError::NoSuchRank(_)
+            | ServiceError::RankReserved { .. } => "workload_refused",
+            ServiceError::MailboxReserved { .. } => "workload_reserved",
             _ => "workload_request",
         }
     }
@@ -156,6 +163,8 @@ pub struct Placed {
 }
 
 struct Workload {
+    /// The job's protection domain, for what is kept for one (see [`crate::reserved`]).
+    pdid: Pdid,
     ring: Box<dyn CompletionRing>,
     /// Completions the ring had no room for, in order.
     backlog: VecDeque<[u8; attach::SLOT]>,
@@ -196,6 +205,8 @@ impl Workload {
 /// The service of one node's NI to its attached workloads (see the module documentation).
 pub struct WorkloadService {
     ranks: Vec<Option<Workload>>,
+    /// What no job may take from its owner.
+    reserved: Reservations,
     /// Draws where each rank's first region goes (see [`WorkloadService::place_region`]).
     rng: SplitMix64,
 }
@@ -205,8 +216,21 @@ impl WorkloadService {
     pub fn new(seed: u64) -> WorkloadService {
         WorkloadService {
             ranks: (0..RANKS).map(|_| None).collect(),
+            reserved: Reservations::ranks_only(),
             rng: SplitMix64::new(seed),
         }
+    }
+
+    /// Keeps what `reserved` names for its owners (the rack's IP service's rank and
+    /// mailbox, with [`Reservations::with_service`]).
+    pub fn with_reservations(mut self, reserved: Reservations) -> WorkloadService {
+        self.reserved = reserved;
+        self
+    }
+
+    /// What this service keeps for whom.
+    pub fn reservations(&self) -> Reservations {
+        self.reserved
     }
 
     pub fn is_attached(&self, rank: u8) -> bool {
@@ -227,15 +251,19 @@ impl WorkloadService {
             .ok_or(ServiceError::NotAttached(rank))
     }
 
-    /// Gives a workload of job `pdid` the lowest free rank, whose completions go to `ring`.
+    /// Gives a workload of job `pdid` the lowest free rank it may hold, whose completions
+    /// go to `ring`.
     pub fn attach(
         &mut self,
         ni: &mut Ni,
         pdid: Pdid,
         ring: Box<dyn CompletionRing>,
     ) -> Result<u8, ServiceError> {
+        let reserved = self.reserved;
         let rank = (0..RANKS as u8)
-            .find(|r| !self.is_attached(*r))
+            .find(|r| {
+                !self.is_attached(*r) && Reservations::may_hold(reserved.rank_owner(*r), *r, pdid)
+            })
             .ok_or(ServiceError::RanksTaken)?;
         self.attach_at(ni, rank, pdid, ring)
     }
@@ -252,11 +280,19 @@ impl WorkloadService {
         if usize::from(rank) >= RANKS {
             return Err(ServiceError::NoSuchRank(rank));
         }
+        let owner = self.reserved.rank_owner(rank);
+        if !Reservations::may_hold(owner, rank, pdid) {
+            return Err(ServiceError::RankReserved {
+                rank,
+                owner: owner.unwrap_or(Owner::Rank(rank)),
+            });
+        }
         if self.is_attached(rank) {
             return Err(ServiceError::RankTaken(rank));
         }
         ni.attach(rank, pdid)?;
         self.ranks[usize::from(rank)] = Some(Workload {
+            pdid,
             ring,
             backlog: VecDeque::new(),
             mailboxes: Vec::new(),
@@ -352,10 +388,32 @@ impl WorkloadService {
         capacity: Option<u32>,
         want: Option<u8>,
     ) -> Result<(u8, u32), ServiceError> {
+        let reserved = self.reserved;
         let w = self.workload(rank)?;
         if want.is_some() && kind != Resource::Mailbox {
             return Err(ServiceError::IndexNotMailbox);
         }
+        // A mailbox asked for by number must not be someone else's; one asked for as "any"
+        // is never a kept one, not even the rank's own (its collective mailbox would then
+        // be busy when it asks for it by number).
+        let want = match (kind, want) {
+            (Resource::Mailbox, Some(vi)) => {
+                let owner = reserved.mailbox_owner(vi);
+                if !Reservations::may_hold(owner, rank, w.pdid) {
+                    return Err(ServiceError::MailboxReserved {
+                        index: vi,
+                        owner: owner.unwrap_or(Owner::Rank(rank)),
+                    });
+                }
+                Some(vi)
+            }
+            (Resource::Mailbox, None) => Some(
+                (0..MAILBOX_VIS as u8)
+                    .find(|vi| ni.mailboxes.is_free(*vi) && reserved.mailbox_owner(*vi).is_none())
+                    .ok_or(NiError::Exhausted("mailbox interface"))?,
+            ),
+            (_, w) => w,
+        };
         let index = match kind {
             Resource::Packetizer => ni.packetizer.alloc(rank)?,
             Resource::RdmaPage => ni.rdma.alloc_page(rank)?,
@@ -417,7 +475,7 @@ impl WorkloadService {
                     tag,
                     status: status::MALFORMED,
                     code: 0,
-                    at: ni.clock(),
+                    at: ni.clock(rank),
                 });
                 return Err(ServiceError::Malformed(e));
             }

@@ -288,14 +288,15 @@ impl Metrics {
             &[n, "dropped"],
             s.capture.dropped,
         );
-        for c in &s.collectives {
+        for j in &s.collectives {
+            let c = &j.report;
             let (kind, path) = (c.kind.label(), c.path.label());
             for (result, v) in [
                 ("started", c.started),
                 ("completed", c.completed),
                 ("failed", c.failed),
             ] {
-                self.put(Family::NiCollectives, &[n, kind, path, result], v);
+                self.put(Family::NiCollectives, &[n, &j.job, kind, path, result], v);
             }
         }
         self.put(Family::NiAttached, &[n], u64::from(s.ni.attached));
@@ -408,12 +409,15 @@ mod tests {
                 captured: 61,
                 dropped: 62,
             },
-            collectives: vec![exanet_proto::attach::CollectiveReport {
-                kind: exanet_proto::attach::CollectiveKind::Allreduce,
-                path: exanet_proto::attach::CollectivePath::Software,
-                started: 71,
-                completed: 70,
-                failed: 1,
+            collectives: vec![crate::control::JobCollectives {
+                job: "alice".into(),
+                report: exanet_proto::attach::CollectiveReport {
+                    kind: exanet_proto::attach::CollectiveKind::Allreduce,
+                    path: exanet_proto::attach::CollectivePath::Software,
+                    started: 71,
+                    completed: 70,
+                    failed: 1,
+                },
             }],
         }
     }
@@ -480,8 +484,8 @@ mod tests {
             r#"exanet_node_modeled_time_seconds{node="M1QAF2"} 0.0005"#,
             r#"exanet_node_capture_records_total{node="M1QAF2",result="captured"} 61"#,
             r#"exanet_node_capture_records_total{node="M1QAF2",result="dropped"} 62"#,
-            r#"exanet_ni_collectives_total{kind="allreduce",node="M1QAF2",path="software",result="failed"} 1"#,
-            r#"exanet_ni_collectives_total{kind="allreduce",node="M1QAF2",path="software",result="started"} 71"#,
+            r#"exanet_ni_collectives_total{job="alice",kind="allreduce",node="M1QAF2",path="software",result="failed"} 1"#,
+            r#"exanet_ni_collectives_total{job="alice",kind="allreduce",node="M1QAF2",path="software",result="started"} 71"#,
             r#"exanet_ni_attached_workloads{node="M1QAF2"} 2"#,
             r#"exanet_ni_messages_total{direction="rx",node="M1QAF2"} 42"#,
             r#"exanet_ni_acks_total{direction="tx",node="M1QAF2"} 43"#,

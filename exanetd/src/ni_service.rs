@@ -760,12 +760,17 @@ fn handle_request(
                     reports.len()
                 ));
             }
-            // A workload's own counts: it can only inflate them, and they saturate.
+            // A workload's own counts: it can only inflate them, and they saturate; and
+            // they are its job's, so it cannot move another job's.
             let mut core = node.lock();
+            let Some(Some(me)) = core.sessions.get(rank as usize) else {
+                return Err(format!("rank {rank} is not attached"));
+            };
+            let job = me.job.clone();
             for r in reports {
                 let t = core
                     .collectives
-                    .entry((r.kind, r.path))
+                    .entry((job.clone(), r.kind, r.path))
                     .or_insert(CollectiveReport {
                         kind: r.kind,
                         path: r.path,

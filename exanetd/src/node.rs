@@ -23,6 +23,7 @@ use tokio::sync::{oneshot, Notify};
 use tracing::{debug, warn};
 
 use exanet_proto::ni::{Memory, Ni};
+use exanet_proto::reserved::Reservations;
 use exanet_proto::workload::{Relayed, WorkloadService};
 
 use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
@@ -80,7 +81,9 @@ pub struct Core {
     /// How long workloads' operations take, from command to completion.
     pub latency: crate::metrics::Latency,
     /// Collectives the workloads' libraries reported, by kind and path.
-    pub collectives: std::collections::BTreeMap<(CollectiveKind, CollectivePath), CollectiveReport>,
+    /// By job: what one job's workloads report moves only that job's counts.
+    pub collectives:
+        std::collections::BTreeMap<(String, CollectiveKind, CollectivePath), CollectiveReport>,
 }
 
 /// Why a peer's hello was refused.
@@ -400,6 +403,7 @@ fn ni_status(core: &Core) -> NiStatus {
     NiStatus {
         attached: core.sessions.iter().filter(|s| s.is_some()).count() as u32,
         counters: core.node.ni().stats.clone(),
+        reserved: core.workloads.reservations().list(),
         workloads: core
             .sessions
             .iter()
@@ -499,7 +503,11 @@ impl NodeHandle {
                 node,
                 // Seeded afresh per run: where a rank's memory goes must differ from the
                 // previous run's (see `WorkloadService::place_region`).
-                workloads: WorkloadService::new(rand::random()),
+                workloads: WorkloadService::new(rand::random()).with_reservations(
+                    Reservations::with_service(exanet_proto::Pdid(exanet_control::ip::pdid(
+                        rack.file.ip.as_ref(),
+                    ))),
+                ),
                 sessions: (0..exanet_proto::ni::RANKS).map(|_| None).collect(),
                 timer_armed: None,
                 timer_wake: timer_wake.clone(),

@@ -195,6 +195,11 @@ impl Mailboxes {
         }
     }
 
+    /// Whether interface `vi` exists and nobody holds it.
+    pub fn is_free(&self, vi: u8) -> bool {
+        matches!(self.vis.get(usize::from(vi)), Some(None))
+    }
+
     pub fn free(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
         self.vi_mut(rank, vi)?;
         self.vis[vi as usize] = None;

@@ -46,7 +46,7 @@ use rendezvous::{Landing, Pool, Staged, Transfers, NOTIFICATION, RETIRED_POOLS};
 use wire::{Body, Call, CHUNK, MAX_EAGER};
 
 /// The collective mailbox of rank `r` is interface `COLLECTIVE_VI_BASE + r`.
-pub const COLLECTIVE_VI_BASE: u8 = 48;
+pub const COLLECTIVE_VI_BASE: u8 = exanet_proto::reserved::COLLECTIVE_MAILBOX_BASE;
 /// Messages the collective mailbox holds.
 const MAILBOX_CAPACITY: u32 = 4096;
 /// The longest step sent as messages by default; longer ones go by rendezvous. ExaNet-MPI's
