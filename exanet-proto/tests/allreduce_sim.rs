@@ -5,7 +5,7 @@
 
 use exanet_proto::gvas::Pdid;
 use exanet_proto::model::ModelTime;
-use exanet_proto::ni::{Allreduce, DataType, Failure, NiEvent, ReduceOp, VecMemory};
+use exanet_proto::ni::{Allreduce, DataType, Failure, NiError, NiEvent, ReduceOp, VecMemory};
 use exanet_proto::node::NodeEvent;
 use exanet_proto::rng::SplitMix64;
 use exanet_proto::shape::{NodeId, Shape};
@@ -14,7 +14,8 @@ use exanet_proto::sim::{Faults, Sim, SimConfig};
 const SRC: u64 = 0x1000_0000;
 const DST: u64 = 0x2000_0000;
 
-/// A rack whose nodes have ranks 0 (PDID 7) and 1 (PDID 9) attached with memory.
+/// A rack whose nodes have ranks 0 (PDID 7) and 1 (PDID 9) attached with memory (and
+/// memory for rank 2, which a test may attach).
 fn rack(shape: &str, seed: u64) -> Sim {
     let shape: Shape = shape.parse().unwrap();
     let mut sim = Sim::new(
@@ -28,7 +29,7 @@ fn rack(shape: &str, seed: u64) -> Sim {
     for id in shape.node_ids() {
         let n = sim.node_mut(id);
         let mut mem = VecMemory::new();
-        for rank in [0, 1] {
+        for rank in [0, 1, 2] {
             mem.register(rank, SRC, 4096);
             mem.register(rank, DST, 4096);
         }
@@ -593,4 +594,250 @@ fn a_forged_early_result_is_not_taken() {
         assert_eq!(r, &Ok(28i64.to_le_bytes().to_vec()), "member {i}");
     }
     assert_eq!(sim.node(NodeId(1)).ni().stats.allreduce_early_refused, 1);
+}
+
+/// A cell of `step` of collective `id` that says it is member `from`'s, sent by (`node`,
+/// `rank`) of job 7 to the server of QFDB A (member 0: node 0, rank 0).
+fn step_cell(
+    id: u32,
+    step: u8,
+    from: u16,
+    (node, rank): (u32, u8),
+    payload: Vec<u8>,
+) -> exanet_proto::cell::Cell {
+    use exanet_proto::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
+    use exanet_proto::gvas::Gvas;
+    let va = u64::from(step) << 16 | u64::from(from);
+    let dst = Gvas::new(Pdid(7), NodeId(0), 0, va).unwrap();
+    let mut c = Cell::new(dst, CellType::Collective, NodeId(node), payload.into()).unwrap();
+    c.txn = id;
+    c.src_rank = rank;
+    c.seq = u16::from(step) << 10 | from;
+    c.aux = (ReduceOp::Sum as u8) << 4 | DataType::I64 as u8;
+    c.flags = FLAG_FIRST | FLAG_LAST;
+    c
+}
+
+/// Step 0 of collective `id`: member `from`'s i64 `v`, as (`node`, `rank`) sends it.
+fn contribution(id: u32, from: u16, node: u32, rank: u8, v: i64) -> exanet_proto::cell::Cell {
+    step_cell(id, 0, from, (node, rank), v.to_le_bytes().to_vec())
+}
+
+/// One QFDB whose members are rank 0 of each node (job 7), and rank 2 of node 1 attached
+/// in the same job: the impostor.
+fn qfdb_with_an_impostor(seed: u64) -> Sim {
+    let mut sim = rack("1x1x1", seed);
+    sim.node_mut(NodeId(1))
+        .ni_mut()
+        .0
+        .attach(2, Pdid(7))
+        .unwrap();
+    sim
+}
+
+/// Posts `op` (an i64 sum with members rank 0 of nodes 0..4) for `member` with vector `v`.
+fn post_sum(sim: &mut Sim, op: &Allreduce, member: (NodeId, u8), v: i64) -> Result<(), NiError> {
+    let now = sim.now();
+    let (ni, mem) = sim.node_mut(member.0).ni_mut();
+    mem.write(member.1, SRC, &v.to_le_bytes()).unwrap();
+    ni.allreduce_at(member.1, op, now, ModelTime::ZERO, mem)
+}
+
+/// What every member's operation `id` ended with, and the i64 each one's memory holds.
+fn sums(sim: &mut Sim, id: u32, m: &[(NodeId, u8)]) -> Vec<(Result<(), Failure>, i64)> {
+    let mut ended = vec![None; m.len()];
+    for (node, _, e) in sim.take_events() {
+        if let NodeEvent::Ni(NiEvent::Allreduce {
+            rank,
+            id: got,
+            result,
+            ..
+        }) = e
+        {
+            if let Some(i) = m
+                .iter()
+                .position(|&x| x == (node, rank))
+                .filter(|_| got == id)
+            {
+                ended[i] = Some(result);
+            }
+        }
+    }
+    m.iter()
+        .zip(ended)
+        .map(|(&(node, rank), r)| {
+            let mut v = [0u8; 8];
+            sim.node(node).memory().read(rank, DST, &mut v).unwrap();
+            (r.expect("every member completes"), i64::from_le_bytes(v))
+        })
+        .collect()
+}
+
+/// Another rank of the same job on a member's node (rank 2 on node 1, where member 1 is
+/// rank 0) cannot post as that member, and its cell naming the member's index is refused
+/// whether it comes before the server posted (dropped at the post and counted) or after
+/// (NACKed): every member gets the members' sum, 1 + 2 + 3 + 4, not one with the
+/// impostor's 1000 in member 1's place.
+#[test]
+fn another_rank_on_a_members_node_cannot_contribute_in_its_place() {
+    use exanet_proto::ni::{AllreduceError, NackReason};
+    let mut sim = qfdb_with_an_impostor(12);
+    let m = members(1, 0);
+    let op = |id| Allreduce {
+        id,
+        op: ReduceOp::Sum,
+        ty: DataType::I64,
+        members: m.clone(),
+        src_va: SRC,
+        dst_va: DST,
+        len: 8,
+    };
+    assert_eq!(
+        post_sum(&mut sim, &op(1), (NodeId(1), 2), 1000),
+        Err(NiError::Allreduce(AllreduceError::NotAMember))
+    );
+
+    // Before the server posts: kept aside, then dropped when the post does not vouch for it.
+    let now = sim.now();
+    sim.node_mut(NodeId(0))
+        .deliver_to_ni(contribution(1, 1, 1, 2, 1000), now);
+    for (i, &member) in m.iter().enumerate() {
+        post_sum(&mut sim, &op(1), member, i as i64 + 1).unwrap();
+    }
+    sim.kick_all();
+    while sim.step() {}
+    assert_eq!(sums(&mut sim, 1, &m), vec![(Ok(()), 10); 4]);
+    assert_eq!(sim.node(NodeId(0)).ni().stats.allreduce_early_refused, 1);
+
+    // After the server posted and before member 1 did: refused on arrival.
+    let bad_address =
+        |sim: &Sim| sim.node(NodeId(0)).ni().stats.nacks_sent[NackReason::BadAddress as usize];
+    let before = bad_address(&sim);
+    for i in [0, 2, 3] {
+        post_sum(&mut sim, &op(2), m[i], i as i64 + 1).unwrap();
+    }
+    let now = sim.now();
+    sim.node_mut(NodeId(0))
+        .deliver_to_ni(contribution(2, 1, 1, 2, 1000), now);
+    assert_eq!(bad_address(&sim), before + 1);
+    post_sum(&mut sim, &op(2), m[1], 2).unwrap();
+    sim.kick_all();
+    while sim.step() {}
+    assert_eq!(sums(&mut sim, 2, &m), vec![(Ok(()), 10); 4]);
+
+    // Nor can it abort the collective in member 1's name once the clients' cells have
+    // announced it at the server and before the server posts (an abort then used to end
+    // it there and drop what the clients had sent).
+    for (i, &member) in m.iter().enumerate().skip(1) {
+        post_sum(&mut sim, &op(3), member, i as i64 + 1).unwrap();
+    }
+    sim.kick_all();
+    let t = sim.now() + 100_000;
+    sim.run_until(t);
+    let now = sim.now();
+    sim.node_mut(NodeId(0))
+        .deliver_to_ni(step_cell(3, 0xF, 1, (1, 2), vec![1]), now);
+    post_sum(&mut sim, &op(3), m[0], 1).unwrap();
+    sim.kick_all();
+    while sim.step() {}
+    assert_eq!(sums(&mut sim, 3, &m), vec![(Ok(()), 10); 4]);
+    assert_eq!(sim.node(NodeId(0)).ni().stats.allreduce_early_refused, 2);
+
+    // Member 1 itself may: its abort waits for the server's post, which then fails.
+    let now = sim.now();
+    let node0 = sim.node_mut(NodeId(0));
+    node0.deliver_to_ni(contribution(4, 2, 2, 0, 3), now);
+    node0.deliver_to_ni(step_cell(4, 0xF, 1, (1, 0), vec![1]), now);
+    post_sum(&mut sim, &op(4), m[0], 1).unwrap();
+    sim.kick_all();
+    while sim.step() {}
+    let ended: Vec<_> = sim
+        .take_events()
+        .into_iter()
+        .filter_map(|(_, _, e)| match e {
+            NodeEvent::Ni(NiEvent::Allreduce { id: 4, result, .. }) => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, vec![Err(Failure::Aborted(1))]);
+}
+
+/// One peer announces 100 collectives at the server's rank before it posts anything: it
+/// gets its share of the slots for announcements and is refused the rest (`no_context`),
+/// and the honest clients' early cells still find slots. Then peers enough to take every
+/// slot for announcements: the server's own post is still taken (posts have slots of
+/// their own; they shared them, and a peer could refuse a rank its posts for 30 s,
+/// renewably), and the clients' refused cells get in once it has posted.
+#[test]
+fn one_flooding_peer_cannot_keep_a_rank_from_posting() {
+    use exanet_proto::ni::allreduce::{MAX_ANNOUNCED, MAX_ANNOUNCED_PER_SENDER};
+    use exanet_proto::ni::NackReason;
+    let mut sim = qfdb_with_an_impostor(13);
+    let m = members(1, 0);
+    let flood = |sim: &mut Sim, ids: std::ops::Range<u32>, node: u32, rank: u8| {
+        let now = sim.now();
+        for id in ids {
+            sim.node_mut(NodeId(0))
+                .deliver_to_ni(contribution(id, 1, node, rank, 1), now);
+        }
+    };
+    let no_context =
+        |sim: &Sim| sim.node(NodeId(0)).ni().stats.nacks_sent[NackReason::NoContext as usize];
+    let op = |id| Allreduce {
+        id,
+        op: ReduceOp::Sum,
+        ty: DataType::I64,
+        members: m.clone(),
+        src_va: SRC,
+        dst_va: DST,
+        len: 8,
+    };
+    flood(&mut sim, 1000..1100, 1, 2);
+    let per = MAX_ANNOUNCED_PER_SENDER as u64;
+    assert_eq!(no_context(&sim), 100 - per);
+    // The clients first: their cells announce the collective at the server.
+    for (i, &member) in m.iter().enumerate().skip(1) {
+        post_sum(&mut sim, &op(1), member, i as i64 + 1).unwrap();
+    }
+    sim.kick_all();
+    let t = sim.now() + 100_000;
+    sim.run_until(t);
+    assert_eq!(no_context(&sim), 100 - per, "a client's cell was refused");
+    post_sum(&mut sim, &op(1), m[0], 1).unwrap();
+    sim.kick_all();
+    while sim.step() {}
+    assert_eq!(sums(&mut sim, 1, &m), vec![(Ok(()), 10); 4]);
+
+    // Every slot for announcements taken, by peers of their share each (the first
+    // flood's were forgotten at their deadline, which the rack ran past).
+    let peers = (1..8).map(|r| (2, r)).chain([(3, 1)]);
+    assert_eq!(
+        peers.clone().count(),
+        MAX_ANNOUNCED / MAX_ANNOUNCED_PER_SENDER
+    );
+    for (p, (node, rank)) in peers.enumerate() {
+        let first = 2000 + 100 * p as u32;
+        flood(&mut sim, first..first + per as u32, node, rank);
+    }
+    let refused = no_context(&sim);
+    flood(&mut sim, 3000..3001, 3, 2);
+    assert_eq!(
+        no_context(&sim),
+        refused + 1,
+        "more than {MAX_ANNOUNCED} announced"
+    );
+    for (i, &member) in m.iter().enumerate().skip(1) {
+        post_sum(&mut sim, &op(2), member, i as i64 + 1).unwrap();
+    }
+    sim.kick_all();
+    let t = sim.now() + 100_000;
+    sim.run_until(t);
+    assert!(
+        no_context(&sim) >= refused + 4,
+        "the clients' cells found a slot"
+    );
+    post_sum(&mut sim, &op(2), m[0], 1).unwrap();
+    sim.kick_all();
+    while sim.step() {}
+    assert_eq!(sums(&mut sim, 2, &m), vec![(Ok(()), 10); 4]);
 }

@@ -17,13 +17,16 @@
 //! the destination NI checks their PDID like any other): `txn` is the collective's id,
 //! `seq` says which step it is (level << 10 | sender's index), `aux` the operation and
 //! type (op << 4 | type), the destination VA the same step (for the dissector), and the
-//! payload the vector. Each is answered (ACK or NACK with the one-byte payload
-//! [`ANSWER_MARK`], which tells the answer apart from the packetizer's and the RDMA
-//! engine's) and sent again until it is, like a packetizer message. A member that fails
-//! (an answer never comes, a peer refuses) sends an abort step to every member, so the
-//! collective fails everywhere with a reason; a member that never posts is covered by the
-//! collective's deadline ([`super::NiConfig::collective_ns`]). A result is never written
-//! unless every contribution arrived intact.
+//! payload the vector. A cell counts only if it came from the member its `seq` names,
+//! that member's node *and* rank: another rank of the same job on the member's node can
+//! neither post as that member ([`AllreduceError::NotAMember`]) nor have its cells taken
+//! for the member's (refused, `bad_address`). Each is answered (ACK or NACK with the
+//! one-byte payload [`ANSWER_MARK`], which tells the answer apart from the packetizer's
+//! and the RDMA engine's) and sent again until it is, like a packetizer message. A member
+//! that fails (an answer never comes, a peer refuses) sends an abort step to every member,
+//! so the collective fails everywhere with a reason; a member that never posts is covered
+//! by the collective's deadline ([`super::NiConfig::collective_ns`]). A result is never
+//! written unless every contribution arrived intact.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -41,8 +44,16 @@ use crate::time::Instant;
 pub const MAX_VECTOR: usize = 256;
 /// The most ranks an operation spans.
 pub const MAX_MEMBERS: usize = 1024;
-/// Collectives one rank may have going, or announced by peers before it posted, at once.
+/// Collectives one rank may have posted and going at once.
 pub const MAX_CONTEXTS: usize = 64;
+/// Collectives peers may announce to one rank (send cells of) before it posts them. Kept
+/// apart from [`MAX_CONTEXTS`], so that what peers announce never keeps the rank from
+/// posting its own.
+pub const MAX_ANNOUNCED: usize = 64;
+/// Of those, what one peer (a node and rank) may announce: a member runs ahead of another
+/// by a collective or a few, and one sender must not take every slot and leave the
+/// others' early cells refused.
+pub const MAX_ANNOUNCED_PER_SENDER: usize = 8;
 /// The payload of the accelerator's ACKs and NACKs.
 pub const ANSWER_MARK: u8 = 0xC0;
 /// The step of the result's way from a server to its clients.
@@ -197,7 +208,7 @@ pub fn eligible(
     len: usize,
     nodes: u32,
 ) -> Result<(), AllreduceError> {
-    let first = members.first().map_or(NodeId(0), |m| m.0);
+    let first = members.first().copied().unwrap_or((NodeId(0), 0));
     let op = Allreduce {
         id: 0,
         op: ReduceOp::Sum,
@@ -246,17 +257,20 @@ impl Plan {
     }
 
     /// Where the vector of `step` from member `from` is kept.
-    fn key(&self, step: u8, from: usize) -> (u8, u16, u32) {
-        (step, from as u16, self.members[from].0 .0)
+    fn key(&self, step: u8, from: usize) -> StepKey {
+        let (node, rank) = self.members[from];
+        (step, from as u16, node.0, rank)
     }
 
-    /// Whether a cell said it is of this operation and came from the member it names.
-    fn vouches(&self, step: u8, from: usize, src: NodeId, aux: u8, len: usize) -> bool {
-        from < self.members.len()
-            && self.members[from].0 == src
-            && self.expects(step, from)
-            && len == self.len
-            && aux == (self.op as u8) << 4 | self.ty as u8
+    /// Whether a cell came from the member it names, node and rank (another rank of the
+    /// same job on that node must not stand in for it), and is either an abort or a step
+    /// this member takes, of this operation.
+    fn vouches(&self, step: u8, from: usize, src: (NodeId, u8), aux: u8, len: usize) -> bool {
+        self.members.get(from) == Some(&src)
+            && (step == ABORT
+                || (self.expects(step, from)
+                    && len == self.len
+                    && aux == (self.op as u8) << 4 | self.ty as u8))
     }
 
     fn block(&self) -> usize {
@@ -285,9 +299,13 @@ struct Pending {
 struct Got {
     data: Bytes,
     at: ModelTime,
-    src: NodeId,
+    /// The sender's node and rank.
+    src: (NodeId, u8),
     aux: u8,
 }
+
+/// A received step: (step, sender's member index, sender's node, sender's rank).
+type StepKey = (u8, u16, u32, u8);
 
 /// Steps a rank may hold for a collective it has not posted: a server's three clients'
 /// vectors and one per exchange level (ten at 1024 ranks), with room to spare.
@@ -298,9 +316,13 @@ struct Context {
     pdid: Pdid,
     plan: Option<Plan>,
     /// Vectors received, by (step, sender index), with their modeled arrival.
-    /// Keyed by the sender's node too: before the post nothing says which node a member
-    /// index is, and a cell naming another's index must not take the real one's place.
-    got: BTreeMap<(u8, u16, u32), Got>,
+    /// Keyed by the sender's node and rank too: before the post nothing says which node
+    /// and rank a member index is, and a cell naming another's index must not take the
+    /// real one's place.
+    got: BTreeMap<StepKey, Got>,
+    /// For a collective only announced so far: the peer (node, rank) whose cell
+    /// announced it, which the slot counts against.
+    announcer: Option<(NodeId, u8)>,
     /// Cells sent and not answered yet, by (step, receiver index).
     sends: BTreeMap<(u8, u16), Pending>,
     acc: Vec<u8>,
@@ -331,10 +353,11 @@ fn seq_of(step: u8, index: usize) -> u16 {
 }
 
 impl Accelerator {
-    /// Checks `op` against the rack (`nodes` nodes) and this node: whole QFDBs, a power
-    /// of two of them, this node among them, a vector the accelerator takes. A node's
-    /// QFDB and FPGA follow from its id (SPEC §2: id = qfdb * 4 + fpga - 1).
-    fn plan(op: &Allreduce, me: NodeId, nodes: u32) -> Result<Plan, AllreduceError> {
+    /// Checks `op` against the rack (`nodes` nodes) and the posting rank `me` (node and
+    /// rank): whole QFDBs, a power of two of them, `me` among them, a vector the
+    /// accelerator takes. A node's QFDB and FPGA follow from its id (SPEC §2: id = qfdb *
+    /// 4 + fpga - 1).
+    fn plan(op: &Allreduce, me: (NodeId, u8), nodes: u32) -> Result<Plan, AllreduceError> {
         let n = op.members.len();
         let per = FPGAS_PER_QFDB as usize;
         if n < per || n > MAX_MEMBERS || n % per != 0 || !(n / per).is_power_of_two() {
@@ -369,10 +392,12 @@ impl Accelerator {
                 return Err(AllreduceError::QfdbTwice { at });
             }
         }
+        // By node and rank: another rank on a member's node is not that member, and
+        // taking it for one would let it contribute in the member's place.
         let idx = op
             .members
             .iter()
-            .position(|&(node, _)| node == me)
+            .position(|&m| m == me)
             .ok_or(AllreduceError::NotAMember)?;
         let mut plan = Plan {
             op: op.op,
@@ -403,14 +428,19 @@ impl Accelerator {
         nodes: u32,
         mem: &mut dyn Memory,
     ) -> Result<(), AllreduceError> {
-        let plan = Self::plan(op, cx.me, nodes)?;
+        let plan = Self::plan(op, (cx.me, rank), nodes)?;
         let key = (rank, op.id);
         if self.contexts.get(&key).is_some_and(|c| c.plan.is_some()) {
             return Err(AllreduceError::InProgress(op.id));
         }
-        if !self.contexts.contains_key(&key)
-            && self.contexts.keys().filter(|k| k.0 == rank).count() >= MAX_CONTEXTS
-        {
+        // Only the rank's own posts count: collectives peers announced have slots of
+        // their own.
+        let posted = self
+            .contexts
+            .iter()
+            .filter(|(k, c)| k.0 == rank && c.plan.is_some())
+            .count();
+        if posted >= MAX_CONTEXTS {
             return Err(AllreduceError::TooMany);
         }
         self.finished.remove(&key);
@@ -422,6 +452,7 @@ impl Accelerator {
             pdid,
             plan: None,
             got: BTreeMap::new(),
+            announcer: None,
             sends: BTreeMap::new(),
             acc: Vec::new(),
             level: 0,
@@ -433,6 +464,7 @@ impl Accelerator {
         ctx.ready = ctx.ready.max(cx.at + cx.cfg.model.accel_setup);
         ctx.acc = data;
         ctx.plan = Some(plan);
+        ctx.announcer = None;
         if read.is_err() {
             self.fail(cx, key, Failure::LocalFault, true);
             return Ok(());
@@ -442,10 +474,20 @@ impl Accelerator {
         let plan = self.contexts[&key].plan.clone().expect("just set");
         let ctx = self.contexts.get_mut(&key).expect("present");
         let before = ctx.got.len();
-        ctx.got.retain(|&(step, from, _), g| {
+        ctx.got.retain(|&(step, from, _, _), g| {
             plan.vouches(step, usize::from(from), g.src, g.aux, g.data.len())
         });
         cx.stats.allreduce_early_refused += (before - ctx.got.len()) as u64;
+        // A member gave up before this rank posted: the collective is over.
+        let abort = ctx
+            .got
+            .iter()
+            .find(|(k, _)| k.0 == ABORT)
+            .map(|(_, g)| g.data.first().copied().unwrap_or(0));
+        if let Some(code) = abort {
+            self.fail(cx, key, failure_of(code), false);
+            return Ok(());
+        }
         if !plan.is_server() {
             let v = Bytes::from(self.contexts[&key].acc.clone());
             self.send(cx, key, 0, plan.server, v);
@@ -663,13 +705,29 @@ impl Accelerator {
             cx.answer_with(cell, None, ack);
             return;
         }
+        let src = (cell.src, cell.src_rank);
         if !self.contexts.contains_key(&key) {
             if step == ABORT {
                 // Nothing here to abort (not posted, or over).
                 cx.answer_with(cell, None, ack);
                 return;
             }
-            if self.contexts.keys().filter(|k| k.0 == rank).count() >= MAX_CONTEXTS {
+            // Announced by a peer before this rank posted it: within the peer's share
+            // of the slots announcements have, so no one sender takes them all (and none
+            // of them is a slot the rank's own posts need).
+            let (mut all, mut theirs) = (0, 0);
+            for c in self
+                .contexts
+                .iter()
+                .filter(|(k, _)| k.0 == rank)
+                .map(|(_, c)| c)
+            {
+                if c.plan.is_none() {
+                    all += 1;
+                    theirs += usize::from(c.announcer == Some(src));
+                }
+            }
+            if all >= MAX_ANNOUNCED || theirs >= MAX_ANNOUNCED_PER_SENDER {
                 cx.answer_with(cell, Some(NackReason::NoContext), ack);
                 return;
             }
@@ -679,6 +737,7 @@ impl Accelerator {
                     pdid,
                     plan: None,
                     got: BTreeMap::new(),
+                    announcer: Some(src),
                     sends: BTreeMap::new(),
                     acc: Vec::new(),
                     level: 0,
@@ -689,39 +748,32 @@ impl Accelerator {
             );
         }
         let ctx = self.contexts.get_mut(&key).expect("present");
-        if let Some(plan) = &ctx.plan {
-            let from = usize::from(from);
-            let sane = if step == ABORT {
-                from < plan.members.len() && plan.members[from].0 == cell.src
-            } else {
-                plan.vouches(step, from, cell.src, cell.aux, cell.payload.len())
-            };
-            if !sane {
-                cx.answer_with(cell, Some(NackReason::BadAddress), ack);
-                return;
+        let from = usize::from(from);
+        let at = (step, from as u16, cell.src.0, cell.src_rank);
+        let sane = match &ctx.plan {
+            Some(plan) => plan.vouches(step, from, src, cell.aux, cell.payload.len()),
+            // Kept until the post, which checks it then; bounded meanwhile.
+            None => {
+                cell.payload.len() <= MAX_VECTOR
+                    && (ctx.got.len() < MAX_EARLY_STEPS || ctx.got.contains_key(&at))
             }
-        } else if step != ABORT
-            && (cell.payload.len() > MAX_VECTOR
-                || (ctx.got.len() >= MAX_EARLY_STEPS
-                    && !ctx.got.contains_key(&(step, from, cell.src.0))))
-        {
+        };
+        if !sane {
             cx.answer_with(cell, Some(NackReason::BadAddress), ack);
             return;
         }
         cx.answer_with(cell, None, ack);
-        if step == ABORT {
+        if step == ABORT && ctx.plan.is_some() {
             let code = cell.payload.first().copied().unwrap_or(0);
             self.fail(cx, key, failure_of(code), false);
             return;
         }
-        ctx.got
-            .entry((step, from, cell.src.0))
-            .or_insert_with(|| Got {
-                data: cell.payload.clone(),
-                at: cx.at,
-                src: cell.src,
-                aux: cell.aux,
-            });
+        ctx.got.entry(at).or_insert_with(|| Got {
+            data: cell.payload.clone(),
+            at: cx.at,
+            src,
+            aux: cell.aux,
+        });
         if ctx.plan.is_some() {
             self.advance(cx, key, mem);
         }
@@ -994,32 +1046,32 @@ mod tests {
             len: 8,
         };
         let two: Vec<_> = q(0).into_iter().chain(q(2)).collect();
-        let p = Accelerator::plan(&op(two.clone()), NodeId(9), shape).unwrap();
+        let p = Accelerator::plan(&op(two.clone()), (NodeId(9), 0), shape).unwrap();
         assert_eq!((p.me, p.server, p.levels), (5, 4, 1));
         let three: Vec<_> = two.iter().copied().chain(q(1)).collect();
         assert_eq!(
-            Accelerator::plan(&op(three), NodeId(0), shape).unwrap_err(),
+            Accelerator::plan(&op(three), (NodeId(0), 0), shape).unwrap_err(),
             AllreduceError::Members(12)
         );
         let mut mixed = two.clone();
         mixed.swap(3, 4);
         assert_eq!(
-            Accelerator::plan(&op(mixed), NodeId(0), shape).unwrap_err(),
+            Accelerator::plan(&op(mixed), (NodeId(0), 0), shape).unwrap_err(),
             AllreduceError::NotAQfdb { at: 0 }
         );
         let twice: Vec<_> = q(1).into_iter().chain(q(1)).collect();
         assert_eq!(
-            Accelerator::plan(&op(twice), NodeId(4), shape).unwrap_err(),
+            Accelerator::plan(&op(twice), (NodeId(4), 0), shape).unwrap_err(),
             AllreduceError::QfdbTwice { at: 4 }
         );
         assert_eq!(
-            Accelerator::plan(&op(two.clone()), NodeId(1 + 4), shape).unwrap_err(),
+            Accelerator::plan(&op(two.clone()), (NodeId(1 + 4), 0), shape).unwrap_err(),
             AllreduceError::NotAMember
         );
         let mut long = op(two);
         long.len = 6;
         assert!(matches!(
-            Accelerator::plan(&long, NodeId(0), shape),
+            Accelerator::plan(&long, (NodeId(0), 0), shape),
             Err(AllreduceError::Length { len: 6, size: 4 })
         ));
     }
