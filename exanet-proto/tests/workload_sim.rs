@@ -105,9 +105,14 @@ struct Workload {
 
 impl Workload {
     fn attach(sim: &mut Sim, node: NodeId, mem: &Shared) -> Workload {
+        Workload::attach_job(sim, node, mem, PDID)
+    }
+
+    /// A workload of job `pdid`.
+    fn attach_job(sim: &mut Sim, node: NodeId, mem: &Shared, pdid: Pdid) -> Workload {
         let ring = Ring::default();
         let (svc, ni, _) = sim.workloads(node);
-        let rank = svc.attach(ni, PDID, Box::new(ring.clone())).unwrap();
+        let rank = svc.attach(ni, pdid, Box::new(ring.clone())).unwrap();
         let region = svc.place_region(rank, REGION).unwrap();
         assert_eq!(region.va % (2 << 20), 0, "regions are 2 MiB aligned");
         let (page, _) = svc.alloc(ni, rank, Resource::RdmaPage, None, None).unwrap();
@@ -491,4 +496,136 @@ fn a_rank_and_a_mailbox_interface_can_be_asked_for_by_number() {
         .alloc(ni, other, Resource::Mailbox, Some(16), None)
         .unwrap();
     assert_eq!(first, 0);
+}
+
+/// Job A stamps one command 2^63 ps (a broken or hostile workload); job B, on the same
+/// nodes, then does its own work: a notified write, a message, a write nobody is there to
+/// take (refused until its attempts run out), one into a dead link (it times out on the
+/// NI's own timers) and a slot that does not decode. Every completion B sees carries B's own modeled time: the NI kept one clock for
+/// the node, which A's stamp moved, and B's failures and refusals came out at 9.2e18 ps.
+/// A's stamp itself is taken at a day ahead of its rank's clock, and counted.
+#[test]
+fn one_jobs_stamp_does_not_move_another_jobs_modeled_time() {
+    use exanet_proto::model::ModelTime;
+    use exanet_proto::ni::MAX_LEAD;
+    let shape: Shape = "1x1x1".parse().unwrap();
+    let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
+    let (n0, n1) = (NodeId(0), NodeId(1));
+    let (m0, m1) = (Shared::default(), Shared::default());
+    sim.node_mut(n0).set_memory(Box::new(m0.clone()));
+    sim.node_mut(n1).set_memory(Box::new(m1.clone()));
+    let (a0, a1) = (
+        Workload::attach_job(&mut sim, n0, &m0, Pdid(1)),
+        Workload::attach_job(&mut sim, n1, &m1, Pdid(1)),
+    );
+    let (b0, b1) = (
+        Workload::attach_job(&mut sim, n0, &m0, Pdid(2)),
+        Workload::attach_job(&mut sim, n1, &m1, Pdid(2)),
+    );
+    let packetizer = |sim: &mut Sim, w: &Workload| {
+        let (svc, ni, _) = sim.workloads(w.node);
+        svc.alloc(ni, w.rank, Resource::Packetizer, None, None)
+            .unwrap()
+            .0
+    };
+    let mailbox = |sim: &mut Sim, w: &Workload, pdid: Pdid| {
+        let (svc, ni, _) = sim.workloads(w.node);
+        let (vi, _) = svc
+            .alloc(ni, w.rank, Resource::Mailbox, Some(16), None)
+            .unwrap();
+        mailbox_gvas(pdid, w.node, w.rank, vi).unwrap()
+    };
+    let send = |vi: u8, dst: Gvas, tag: u32, at: ModelTime| Command::Send {
+        tag,
+        op: SendMessage {
+            vi,
+            ch: 0,
+            dst,
+            payload: vec![1; 8],
+        },
+        at,
+    };
+
+    // A: one message, stamped 2^63 ps.
+    let (avi, ato) = (packetizer(&mut sim, &a0), mailbox(&mut sim, &a1, Pdid(1)));
+    a0.post(&mut sim, &send(avi, ato, 1, ModelTime(1 << 63)));
+    run(&mut sim);
+    let day = ModelTime(MAX_LEAD);
+    let far = ModelTime(1 << 62);
+    for (who, got) in [
+        ("A's sender", a0.ring.take()),
+        ("A's receiver", a1.ring.take()),
+    ] {
+        assert!(
+            matches!(got[..], [ref c] if c.at() > day && c.at() < far),
+            "{who}: {got:?}"
+        );
+    }
+    assert_eq!(sim.workloads(n0).1.stamps_clamped(), 1);
+
+    // B, from 1 us of its own time on.
+    let t0 = ModelTime::from_ns(1_000);
+    let (bvi, bto) = (packetizer(&mut sim, &b0), mailbox(&mut sim, &b1, Pdid(2)));
+    b0.post(&mut sim, &send(bvi, bto, 2, t0));
+    let write = |tag: u32, ch: u8, dst: Gvas, notify: Option<u64>| Command::Write {
+        tag,
+        op: RdmaWrite {
+            page: b0.page,
+            ch,
+            src_va: b0.region.va,
+            dst,
+            len: 40_000,
+            notify,
+        },
+        at: t0,
+    };
+    let notify = b1.region.va + REGION - 64;
+    b0.post(&mut sim, &write(3, 0, b1.gvas(b1.region.va), Some(notify)));
+    let nobody = Gvas::new(Pdid(2), n1, 6, b1.region.va).unwrap();
+    b0.post(&mut sim, &write(4, 1, nobody, None));
+    // And one into a link that loses everything: it times out on the NI's own timers.
+    let lost = LinkFaults {
+        loss: 1.0,
+        ..LinkFaults::default()
+    };
+    sim.set_link_faults(n0, NodeId(2), lost, 1).unwrap();
+    let beyond = Gvas::new(Pdid(2), NodeId(2), 0, b1.region.va).unwrap();
+    b0.post(&mut sim, &write(6, 2, beyond, None));
+    let now = sim.now();
+    let (svc, ni, mem) = sim.workloads(n0);
+    let mut junk = [0xffu8; attach::SLOT];
+    junk[1..5].copy_from_slice(&5u32.to_le_bytes());
+    assert!(svc
+        .execute(ni, mem, b0.rank, Command::decode(&junk), now)
+        .is_err());
+    run(&mut sim);
+    let (got0, got1) = (b0.ring.take(), b1.ring.take());
+    let status = |c: &Completion| match c {
+        Completion::Sent { tag, status, .. } | Completion::Rdma { tag, status, .. } => {
+            (*tag, *status)
+        }
+        // What tag an undecodable slot has is anyone's guess.
+        Completion::Refused { status, .. } => (0, *status),
+        _ => (u32::MAX, 0),
+    };
+    let mut ended: Vec<_> = got0.iter().map(status).collect();
+    ended.sort_unstable();
+    assert_eq!(
+        ended,
+        [
+            (0, status::MALFORMED),
+            (2, status::OK),
+            (3, status::OK),
+            (4, status::NACKED),
+            (6, status::TIMED_OUT)
+        ],
+        "{got0:?}"
+    );
+    assert_eq!(got1.len(), 2, "B's message and notification: {got1:?}");
+    // Within a second of B's own time: the failed writes took their eight modeled
+    // retransmission timers (100 us each); anything of A's is a day or more.
+    let second = t0 + 1_000_000_000_000;
+    for c in got0.iter().chain(&got1) {
+        assert!(c.at() >= t0 && c.at() < second, "B saw {c:?}");
+    }
 }

@@ -46,6 +46,11 @@ pub const RANKS: usize = 8;
 /// The mailbox window: VAs with the top three of 39 bits set (the thesis's peripheral
 /// window), mailbox VI in the low bits.
 pub const MAILBOX_WINDOW: u64 = 0b111 << 36;
+/// How far ahead of its rank's clock a workload may stamp a command, in picoseconds (a
+/// day): a program's stamp runs ahead of what its rank has seen only by the compute it
+/// did since, and a stamp past this is taken as this far ahead (and counted), so that one
+/// absurd stamp cannot carry the rank, and the cells it sends, to the end of time.
+pub const MAX_LEAD: u64 = 86_400 * 1_000_000_000_000;
 
 /// The GVAS of mailbox `vi` of `rank` on `node`.
 pub fn mailbox_gvas(pdid: Pdid, node: NodeId, rank: u8, vi: u8) -> Option<Gvas> {
@@ -224,8 +229,13 @@ pub struct Ni {
     pub accelerator: Accelerator,
     out: Out,
     pub stats: NiStats,
-    /// The latest modeled time the NI has handled an input at.
-    clock: ModelTime,
+    /// Each rank's modeled clock: the latest modeled time the NI handled an input of that
+    /// rank at (its posts, the cells and answers addressed to it). One per rank, not one
+    /// for the node: a rank's clock must not move because another job's did (the NI's own
+    /// work, timers and refills, happens at the clock of the rank it is for).
+    clocks: [ModelTime; RANKS],
+    /// Commands whose stamp was more than [`MAX_LEAD`] ahead of their rank's clock.
+    stamps_clamped: u64,
     /// When the NI's datapath is modeled-busy (it serialises every cell it injects).
     datapath: Timeline,
 }
@@ -292,9 +302,6 @@ impl Ctx<'_> {
 /// The [`Ctx`] of an input to `$ni` at `$now`, borrowing only the fields it names so that
 /// the NI's parts stay free to be driven with it.
 macro_rules! cx {
-    ($ni:expr, $now:expr) => {
-        cx!($ni, $now, $ni.clock)
-    };
     ($ni:expr, $now:expr, $at:expr) => {
         &mut Ctx {
             me: $ni.node,
@@ -320,21 +327,81 @@ impl Ni {
             accelerator: Accelerator::default(),
             out: Out::default(),
             stats: NiStats::default(),
-            clock: ModelTime::ZERO,
+            clocks: [ModelTime::ZERO; RANKS],
+            stamps_clamped: 0,
             datapath: Timeline::default(),
         }
     }
 
-    /// The latest modeled time the NI has handled an input at: when an operation posted
-    /// without a modeled time of its own happens.
-    pub fn clock(&self) -> ModelTime {
-        self.clock
+    /// The latest modeled time the NI has handled an input of `rank` at: when an
+    /// operation the rank posts without a modeled time of its own happens. Zero for a
+    /// rank outside 0..=7.
+    pub fn clock(&self, rank: u8) -> ModelTime {
+        self.clocks
+            .get(usize::from(rank))
+            .copied()
+            .unwrap_or(ModelTime::ZERO)
     }
 
-    /// Moves the NI's modeled clock to `at` if that is later; returns `at`.
-    fn tick(&mut self, at: ModelTime) -> ModelTime {
-        self.clock = self.clock.max(at);
+    /// Commands taken at [`MAX_LEAD`] ahead of their rank's clock because they were
+    /// stamped further ahead.
+    pub fn stamps_clamped(&self) -> u64 {
+        self.stamps_clamped
+    }
+
+    /// Moves `rank`'s modeled clock to `at` if that is later; returns `at`.
+    fn tick(&mut self, rank: u8, at: ModelTime) -> ModelTime {
+        if let Some(c) = self.clocks.get_mut(usize::from(rank)) {
+            *c = (*c).max(at);
+        }
         at
+    }
+
+    /// When a command of `rank` stamped `at` by its workload reaches the NI: a CPU-to-NI
+    /// request later, from a stamp no more than [`MAX_LEAD`] ahead of the rank's clock.
+    fn posted(&mut self, rank: u8, at: ModelTime) -> ModelTime {
+        let limit = self.clock(rank) + MAX_LEAD;
+        let at = if at > limit {
+            self.stamps_clamped += 1;
+            limit
+        } else {
+            at
+        };
+        self.tick(rank, at + self.cfg.model.cpu_ni)
+    }
+
+    /// Runs `f`, work the NI does on its own (timers, refills) for every rank at once, with
+    /// no modeled time of its own: what it sends again or answers keeps the time of what it
+    /// repeats or answers, and whatever it would produce at no time at all (an operation
+    /// that fails) is placed at the clock of the rank it is for. A node-wide clock here
+    /// would let one job's clock reach every other job's completions.
+    fn on_own(&mut self, f: impl FnOnce(&mut Ni)) {
+        let (cells, answers, events) = (
+            self.out.cells.len(),
+            self.out.answers.len(),
+            self.out.events.len(),
+        );
+        f(self);
+        let clocks = self.clocks;
+        let clock = |rank: u8| clocks.get(usize::from(rank)).copied().unwrap_or_default();
+        let new_cells = self.out.cells.range_mut(cells..);
+        for c in new_cells.chain(self.out.answers.range_mut(answers..)) {
+            if c.stamp.head == ModelTime::ZERO {
+                c.stamp = Stamp::at(clock(c.src_rank));
+            }
+        }
+        for e in self.out.events.range_mut(events..) {
+            let (rank, at) = match e {
+                NiEvent::Packetizer { rank, at, .. }
+                | NiEvent::Rdma { rank, at, .. }
+                | NiEvent::Notified { rank, at, .. }
+                | NiEvent::Allreduce { rank, at, .. } => (*rank, at),
+                NiEvent::Mailbox { .. } => continue,
+            };
+            if *at == ModelTime::ZERO {
+                *at = clock(rank);
+            }
+        }
     }
 
     pub fn config(&self) -> &NiConfig {
@@ -357,6 +424,9 @@ impl Ni {
         // A new process starts its collective ids afresh: what the rank's previous one
         // finished must not pass for late copies of the new one's.
         self.accelerator.forget_rank(rank);
+        // And its modeled time from its own clock, not where the previous one left it
+        // (possibly another job's).
+        self.clocks[usize::from(rank)] = ModelTime::ZERO;
         Ok(())
     }
 
@@ -365,10 +435,11 @@ impl Ni {
     pub fn detach(&mut self, rank: u8, now: Instant) -> Result<(), NiError> {
         self.rank(rank)?;
         self.ranks[rank as usize] = None;
-        self.packetizer.detach(rank, &mut self.out, self.clock);
+        let at = self.clock(rank);
+        self.packetizer.detach(rank, &mut self.out, at);
         self.mailboxes.detach(rank);
-        self.rdma.detach(cx!(self, now), rank);
-        self.accelerator.detach(cx!(self, now), rank);
+        self.rdma.detach(cx!(self, now, at), rank);
+        self.accelerator.detach(cx!(self, now, at), rank);
         self.accelerator.forget_rank(rank);
         Ok(())
     }
@@ -407,7 +478,7 @@ impl Ni {
         op: &SendMessage,
         now: Instant,
     ) -> Result<(), NiError> {
-        self.send_message_at(rank, op, now, self.clock)
+        self.send_message_at(rank, op, now, self.clock(rank))
     }
 
     /// [`Ni::send_message`] posted at modeled time `at` (the workload's clock): the cell
@@ -420,7 +491,7 @@ impl Ni {
         at: ModelTime,
     ) -> Result<(), NiError> {
         let dst = self.stamp(rank, op.dst)?;
-        let at = self.tick(at + self.cfg.model.cpu_ni);
+        let at = self.posted(rank, at);
         self.packetizer.send(cx!(self, now, at), rank, op, dst)?;
         self.stats.messages_sent += 1;
         Ok(())
@@ -435,7 +506,7 @@ impl Ni {
         now: Instant,
         mem: &dyn Memory,
     ) -> Result<TransferId, NiError> {
-        self.rdma_write_at(rank, op, now, self.clock, mem)
+        self.rdma_write_at(rank, op, now, self.clock(rank), mem)
     }
 
     /// [`Ni::rdma_write`] posted at modeled time `at`: the engine starts once the
@@ -452,7 +523,7 @@ impl Ni {
             dst: self.stamp(rank, op.dst)?,
             ..*op
         };
-        let at = self.tick(at + self.cfg.model.cpu_ni);
+        let at = self.posted(rank, at);
         self.rdma.post_write(cx!(self, now, at), rank, &op, mem)
     }
 
@@ -463,7 +534,7 @@ impl Ni {
         op: &RdmaRead,
         now: Instant,
     ) -> Result<TransferId, NiError> {
-        self.rdma_read_at(rank, op, now, self.clock)
+        self.rdma_read_at(rank, op, now, self.clock(rank))
     }
 
     /// [`Ni::rdma_read`] posted at modeled time `at`.
@@ -478,7 +549,7 @@ impl Ni {
             src: self.stamp(rank, op.src)?,
             ..*op
         };
-        let at = self.tick(at + self.cfg.model.cpu_ni);
+        let at = self.posted(rank, at);
         self.rdma.post_read(cx!(self, now, at), rank, &op)
     }
 
@@ -492,7 +563,7 @@ impl Ni {
         mem: &mut dyn Memory,
     ) -> Result<(), NiError> {
         let pdid = self.rank(rank)?;
-        let at = self.tick(at + self.cfg.model.cpu_ni);
+        let at = self.posted(rank, at);
         let nodes = self.nodes;
         self.accelerator
             .post(cx!(self, now, at), rank, pdid, op, nodes, mem)
@@ -502,9 +573,13 @@ impl Ni {
     /// A cell addressed to this node arrived.
     pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
         // The NI acts once the cell's last byte is in; what it writes to memory is there
-        // a memory write later.
-        let arrived = self.tick(cell.stamp.tail);
+        // a memory write later. The time moves the clock of the rank the cell is for only
+        // once it is known to be that rank's job's (a late answer to the rank's previous
+        // process, a cell of another job, must not move it).
+        let arrived = cell.stamp.tail;
         let written = arrived + self.cfg.model.mem_write;
+        let rank = cell.dst.rank();
+        let ours = self.pdid(rank) == Some(cell.dst.pdid());
         if cell.is_corrupt() {
             // The payload failed its end-to-end CRC: refuse it so the sender sends again.
             // A corrupt answer is dropped; its sender's timer covers it.
@@ -523,6 +598,9 @@ impl Ni {
                     self.stats.acks_received += 1;
                     None
                 };
+                if ours {
+                    self.tick(rank, arrived);
+                }
                 if cell.payload[..] == [allreduce::ANSWER_MARK] {
                     self.accelerator
                         .on_answer(cx!(self, now, arrived), &cell, nack, mem);
@@ -535,15 +613,15 @@ impl Ni {
                 }
             }
             _ => {
-                let rank = cell.dst.rank();
                 let Some(pdid) = self.pdid(rank) else {
                     cx!(self, now, written).answer(&cell, Some(NackReason::NoContext));
                     return;
                 };
-                if cell.dst.pdid() != pdid {
+                if !ours {
                     cx!(self, now, written).answer(&cell, Some(NackReason::PdidMismatch));
                     return;
                 }
+                self.tick(rank, arrived);
                 match cell.kind {
                     CellType::Write if cell.txn & rdma::TXN_RDMA == 0 => {
                         self.stats.messages_received += 1;
@@ -586,15 +664,17 @@ impl Ni {
 
     /// Retransmits, retries and expiries due at `now`.
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
-        self.packetizer.on_timeout(cx!(self, now));
-        self.rdma.on_timeout(cx!(self, now), mem);
-        self.accelerator.on_timeout(cx!(self, now));
+        self.on_own(|ni| {
+            ni.packetizer.on_timeout(cx!(ni, now, ModelTime::ZERO));
+            ni.rdma.on_timeout(cx!(ni, now, ModelTime::ZERO), mem);
+            ni.accelerator.on_timeout(cx!(ni, now, ModelTime::ZERO));
+        });
         self.mailboxes.expire(now, &self.cfg);
     }
 
     /// Lets the RDMA engine put more blocks on the wire (call when the fabric has room).
     pub fn refill(&mut self, now: Instant, mem: &dyn Memory) {
-        self.rdma.refill(cx!(self, now), mem);
+        self.on_own(|ni| ni.rdma.refill(cx!(ni, now, ModelTime::ZERO), mem));
     }
 
     /// The next cell to inject, answers first. The NI stamps its node as the source of
