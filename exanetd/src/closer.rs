@@ -97,6 +97,12 @@ impl Closers {
     }
 }
 
+/// Starts the first closer now, so that the daemon's threads are all there from the start
+/// (a close later needs no thread made on the spot).
+pub fn start() {
+    closers().ensure_one_free();
+}
+
 /// Closes `fd` on a closer thread, never on the caller's.
 pub fn close_later(fd: impl Into<OwnedFd>) {
     let c = closers();

@@ -177,6 +177,7 @@ pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Res
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o111))?;
         }
     }
+    crate::closer::start();
     let daemon_uid = exanet_shm::effective_uid();
     let conns = Arc::new(Mutex::new(Connections::default()));
     std::thread::Builder::new()
@@ -349,25 +350,25 @@ fn serve_session(
     let _ = conn.set_write_timeout(Some(REPLY_TIMEOUT));
     // The first request must be an attach, complete within the deadline.
     let deadline = std::time::Instant::now() + ATTACH_DEADLINE;
-    let (job_key, version, want_rank) = match read_request(&conn, Some(deadline)) {
+    let (job_key, version, want_rank) = match read_request(conn, Some(deadline)) {
         Ok(Some(Request::Attach {
             version,
             job_key,
             rank,
         })) => (job_key, version, rank),
         Ok(Some(_)) => {
-            error(&conn, &node, "workload_protocol", "attach first".into());
+            error(conn, &node, "workload_protocol", "attach first".into());
             return;
         }
         Ok(None) => return,
         Err(ReadError::Io(e) | ReadError::Protocol(e)) => {
-            error(&conn, &node, "workload_protocol", e);
+            error(conn, &node, "workload_protocol", e);
             return;
         }
     };
     if version != attach::PROTOCOL_VERSION {
         error(
-            &conn,
+            conn,
             &node,
             "workload_protocol",
             format!(
@@ -378,12 +379,12 @@ fn serve_session(
         return;
     }
     let Some((job_name, job)) = node.rack.job_for(job_key.as_deref()) else {
-        error(&conn, &node, "workload_refused", "unknown job key".into());
+        error(conn, &node, "workload_refused", "unknown job key".into());
         return;
     };
     if !job.may_join(peer.uid, peer.gid, daemon_uid) {
         error(
-            &conn,
+            conn,
             &node,
             "workload_user_refused",
             format!(
@@ -415,7 +416,7 @@ fn serve_session(
     let conn_copy = match conn.try_clone() {
         Ok(c) => CloseLater::new(OwnedFd::from(c)),
         Err(e) => {
-            error(&conn, &node, "workload_refused", e.to_string());
+            error(conn, &node, "workload_refused", e.to_string());
             return;
         }
     };
@@ -425,7 +426,7 @@ fn serve_session(
     let attached = match attach_rank(&node, who, want_rank, conn_copy, ended) {
         Ok(a) => a,
         Err(e) => {
-            error(&conn, &node, "workload_refused", e);
+            error(conn, &node, "workload_refused", e);
             return;
         }
     };
@@ -441,7 +442,7 @@ fn serve_session(
     } = attached;
     let stop = Arc::new(AtomicBool::new(false));
     let ok = reply(
-        &conn,
+        conn,
         &attached_reply,
         &[
             region.as_raw_fd(),
@@ -473,7 +474,7 @@ fn serve_session(
     let _ = conn.set_read_timeout(None);
     if ok && ring_thread.is_some() {
         loop {
-            let req = match read_request(&conn, None) {
+            let req = match read_request(conn, None) {
                 Ok(Some(x)) => x,
                 Ok(None) => break,
                 Err(ReadError::Io(e)) => {
@@ -481,7 +482,7 @@ fn serve_session(
                     break;
                 }
                 Err(ReadError::Protocol(e)) => {
-                    if !error(&conn, &node, "workload_protocol", e) {
+                    if !error(conn, &node, "workload_protocol", e) {
                         break;
                     }
                     continue;
@@ -490,9 +491,9 @@ fn serve_session(
             let sent = match handle_request(&node, &mem, rank, req) {
                 Ok((r, fd)) => {
                     let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
-                    reply(&conn, &r, &fds)
+                    reply(conn, &r, &fds)
                 }
-                Err(e) => error(&conn, &node, "workload_request", e),
+                Err(e) => error(conn, &node, "workload_request", e),
             };
             if !sent {
                 break;

@@ -73,6 +73,15 @@ pub fn request(conn: &UnixStream, req: &Request, fds: &[i32]) -> (Reply, Vec<Own
 
 /// Attaches to the node whose attach socket is `path`; the daemon's refusal as an error.
 pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
+    attach_rank_at(path, key, None)
+}
+
+/// Attaches asking for rank `rank` (`None`: any).
+pub fn attach_rank_at(
+    path: &Path,
+    key: Option<&str>,
+    rank: Option<u8>,
+) -> Result<Workload, String> {
     let conn = UnixStream::connect(path).map_err(|e| e.to_string())?;
     // Never wait for ever on a daemon that does not answer.
     conn.set_read_timeout(Some(Duration::from_secs(30)))
@@ -82,7 +91,7 @@ pub fn attach_at(path: &Path, key: Option<&str>) -> Result<Workload, String> {
         &Request::Attach {
             version: exanet_proto::attach::PROTOCOL_VERSION,
             job_key: key.map(String::from),
-            rank: None,
+            rank,
         },
         &[],
     )?;
