@@ -1,7 +1,9 @@
 //! Cross-crate and end-to-end tests live in tests/; this library holds what the end-to-end
 //! tests share: finding the `exactl` and `exanetd` binaries, running `exactl` against a
 //! scratch rack directory with a time limit, a guard that always takes the rack down, a
-//! plain HTTP GET, and a scan of /proc for processes that belong to a rack.
+//! plain HTTP GET, and a scan of /proc for processes that belong to a rack; and
+//! ([`require`]) how a test that needs root or a tool skips, or fails when its
+//! `EXANET_REQUIRE_*` variable says it must run.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -10,6 +12,9 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+
+pub mod require;
+pub use require::{is_root, required, runs, skip_unless_required};
 
 /// Environment variable naming the directory that holds `exactl` and `exanetd`.
 pub const BIN_DIR_ENV: &str = "EXANET_BIN_DIR";
@@ -757,6 +762,44 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_non_empty_value_requires() {
+        use std::ffi::OsStr;
+        assert!(!require::requires(None));
+        assert!(!require::requires(Some(OsStr::new(""))));
+        for v in ["1", "yes", "0", "true"] {
+            assert!(require::requires(Some(OsStr::new(v))), "{v:?}");
+        }
+    }
+
+    // The only test that sets the variable, whose name nothing else reads.
+    #[test]
+    fn a_required_test_that_cannot_run_fails_and_an_unrequired_one_skips() {
+        let var = "EXANET_REQUIRE_LIB_SELFTEST";
+        std::env::remove_var(var);
+        // Unset: the SKIPPED line, and the caller goes on to return.
+        skip_unless_required(var, "selftest", "nothing is missing");
+        std::env::set_var(var, "1");
+        let e = std::panic::catch_unwind(|| skip_unless_required(var, "selftest", "no frob"))
+            .expect_err("a required test that cannot run fails");
+        std::env::remove_var(var);
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            msg.contains(var) && msg.contains("selftest") && msg.contains("no frob"),
+            "the failure names the variable, the test and the reason: {msg}"
+        );
+    }
+
+    #[test]
+    fn tools_and_root_are_probed() {
+        assert!(runs("true", "--version"));
+        // GNU false fails even for --version: a tool that is there but fails is not usable.
+        assert!(!runs("false", "--version"));
+        assert!(!runs("/nonexistent/exanet-no-such-tool", "--version"));
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(is_root(), unsafe { libc::geteuid() } == 0);
+    }
 
     #[test]
     fn prometheus_samples_parse() {

@@ -1,0 +1,60 @@
+//! Tests that need what a machine may lack (root, a tool) skip where it is missing, but a
+//! skip must never pass unnoticed where the test was meant to run: each such test names an
+//! `EXANET_REQUIRE_*` variable, and CI sets it for what CI can run.
+//!
+//! This file uses nothing but std so that test crates that cannot depend on `exanet-tests`
+//! (it depends on them) include it by path (`#[path = "../../tests/src/require.rs"]`),
+//! rather than each growing its own copy.
+
+use std::io::Write;
+
+/// Whether `var` asks for the tests it guards to run: any non-empty value does (`1`,
+/// `yes`, even `0`: a variable set by CI to anything means "this must run here").
+pub fn required(var: &str) -> bool {
+    requires(std::env::var_os(var).as_deref())
+}
+
+/// [`required`] of a variable's value (`None`: unset).
+pub fn requires(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| !v.is_empty())
+}
+
+/// What a test does when it cannot run here because of `why`: with `var` set
+/// ([`required`]), it fails, naming the variable; otherwise it prints a SKIPPED line and
+/// the caller returns. The line goes straight to the process's stderr: the test harness
+/// swallows `eprintln!` of a passing test, and a skip nobody sees is what this is against.
+#[track_caller]
+pub fn skip_unless_required(var: &str, test: &str, why: &str) {
+    if required(var) {
+        panic!("{var} is set, so {test} must run here, but it cannot: {why}");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why} (set {var}=1 to make this a failure) ***\n"
+    );
+}
+
+/// Whether `program` runs with `arg` (e.g. `--version`) and exits 0: the usual probe for
+/// an installed tool.
+pub fn runs(program: &str, arg: &str) -> bool {
+    std::process::Command::new(program)
+        .arg(arg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether this process runs as root (effective uid 0), read from /proc so that this file
+/// needs no libc.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_string))
+        })
+        .is_some_and(|euid| euid == "0")
+}
