@@ -6,9 +6,13 @@
 //! wall clock (nanoseconds) and carrying the capture header of
 //! [`exanet_proto::capture`] (direction, nodes, port, VC, modeled time) before the cell.
 //! The link type is `USER0` (147), which the dissector claims.
+//!
+//! A capture holds the payloads of every job whose cells crossed what was tapped, so the
+//! file is readable by its owner only (0600), whatever the umask and whether or not it
+//! existed before.
 
 use std::borrow::Cow;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -165,6 +169,30 @@ fn plan(rack: &Rack, a: &CaptureArgs) -> Result<(NodeId, String, Request)> {
     Ok((at, what, req))
 }
 
+/// Opens `path` to write a capture into, empty and readable by its owner only: created
+/// 0600, or, if it is a regular file already (perhaps 0644 from an earlier capture or a
+/// `touch`), restricted to 0600 before it is emptied, so that no one else can open it
+/// after it held nothing. Anything else (a FIFO into tshark, /dev/null) is written as it
+/// is: its mode is not the capture's to change.
+fn create_private(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        // Not yet: a file that was there is made private first (below).
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if meta.is_file() {
+        if meta.permissions().mode() & 0o7777 != 0o600 {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+        f.set_len(0)?;
+    }
+    Ok(f)
+}
+
 pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
     let rack = Rack::load(dir)?;
     let (at, what, req) = plan(&rack, &a)?;
@@ -172,7 +200,7 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
     let out: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(File::create(&a.write).map_err(|e| CliError::io("create", &a.write, e))?)
+        Box::new(create_private(&a.write).map_err(|e| CliError::io("create", &a.write, e))?)
     };
     let mut pcap = PcapNgWriter::new(BufWriter::new(out))
         .map_err(|e| CliError::Failed(format!("cannot write the pcapng header: {e}")))?;
@@ -272,6 +300,34 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_files_are_private_and_start_empty() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("exactl-capture-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // A new file, under the common umask that would make it 0644.
+        // SAFETY: umask only sets this process's file mode mask; restored below.
+        let old = unsafe { libc::umask(0o022) };
+        let new = dir.join("new.pcapng");
+        let made = create_private(&new);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        drop(made.unwrap());
+        assert_eq!(mode(&new), 0o600);
+        // A file that was there, world-readable and full of an earlier capture.
+        let old_file = dir.join("old.pcapng");
+        std::fs::write(&old_file, b"an earlier capture's payloads").unwrap();
+        std::fs::set_permissions(&old_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut f = create_private(&old_file).unwrap();
+        assert_eq!(mode(&old_file), 0o600);
+        assert_eq!(std::fs::metadata(&old_file).unwrap().len(), 0, "emptied");
+        f.write_all(b"new").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&old_file).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn durations_and_types_are_checked_where_they_are_given() {
