@@ -78,35 +78,108 @@ fn ty_of(t: Type) -> DataType {
     }
 }
 
-/// `len` bytes of elements of `ty`, each `v`.
-fn filled(ty: DataType, v: f64, len: usize) -> Vec<u8> {
-    let one: Vec<u8> = match ty {
-        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
-        DataType::I64 => (v as i64).to_le_bytes().to_vec(),
-        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
-        DataType::F64 => v.to_le_bytes().to_vec(),
-    };
-    one.iter().copied().cycle().take(len).collect()
+/// Element `j` of member `i`'s vector, as a small signed integer `k` (-14..=14) and a
+/// position `j`: different from member to member and along the vector, as often negative
+/// as positive, so that a result taken from the wrong member, the wrong element or with
+/// the sign lost (an unsigned min or max) shows.
+fn element(i: usize, j: usize) -> i64 {
+    ((i * 37 + j * 11 + 5) % 29) as i64 - 14
 }
 
-/// Member `i`'s vector: every element `i + 1`, so that the expected sum, min and max are
-/// known.
+/// Member `i`'s vector: `len` bytes of elements of `ty` (little-endian, as the library
+/// takes them). Magnitudes are mixed along the vector (integers shifted by 0, 8 or 16 bits
+/// for i32, 0, 20 or 40 for i64; floats scaled by 1/4 to 4), and every sum of up to 1024 of
+/// them is exact in its type (no overflow, no rounding), so that the reference reduction
+/// below is the same whatever order the collective combines the members in.
 fn vector(ty: DataType, len: usize, i: usize) -> Vec<u8> {
-    filled(ty, (i + 1) as f64, len)
+    let mut v = Vec::with_capacity(len + 8);
+    let mut j = 0;
+    while v.len() < len {
+        let k = element(i, j);
+        let scale = (j % 5) as i32 - 2;
+        match ty {
+            DataType::I32 => v.extend_from_slice(&((k << (8 * (j % 3))) as i32).to_le_bytes()),
+            DataType::I64 => v.extend_from_slice(&(k << (20 * (j % 3))).to_le_bytes()),
+            DataType::F32 => {
+                v.extend_from_slice(&(k as f32 * 2f32.powi(scale)).to_le_bytes());
+            }
+            DataType::F64 => v.extend_from_slice(&(k as f64 * 2f64.powi(scale)).to_le_bytes()),
+        }
+        j += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// The allreduce of `inputs`, element by element, with Rust's own arithmetic (not the
+/// library's combine, which is what is being checked).
+fn reference(op: ReduceOp, ty: DataType, inputs: &[Vec<u8>]) -> Vec<u8> {
+    fn fold<T: Copy, const W: usize>(
+        inputs: &[Vec<u8>],
+        from: fn([u8; W]) -> T,
+        to: fn(T) -> [u8; W],
+        f: impl Fn(T, T) -> T,
+    ) -> Vec<u8> {
+        let len = inputs.first().map_or(0, Vec::len);
+        let mut out = Vec::with_capacity(len);
+        for at in (0..len - len % W).step_by(W) {
+            let mut xs = inputs
+                .iter()
+                .map(|v| from(v[at..at + W].try_into().expect("W bytes")));
+            let first = xs.next().expect("at least one member");
+            out.extend_from_slice(&to(xs.fold(first, &f)));
+        }
+        out
+    }
+    match (ty, op) {
+        (DataType::I32, ReduceOp::Sum) => {
+            fold(inputs, i32::from_le_bytes, i32::to_le_bytes, |a, b| a + b)
+        }
+        (DataType::I32, ReduceOp::Min) => {
+            fold(inputs, i32::from_le_bytes, i32::to_le_bytes, i32::min)
+        }
+        (DataType::I32, ReduceOp::Max) => {
+            fold(inputs, i32::from_le_bytes, i32::to_le_bytes, i32::max)
+        }
+        (DataType::I64, ReduceOp::Sum) => {
+            fold(inputs, i64::from_le_bytes, i64::to_le_bytes, |a, b| a + b)
+        }
+        (DataType::I64, ReduceOp::Min) => {
+            fold(inputs, i64::from_le_bytes, i64::to_le_bytes, i64::min)
+        }
+        (DataType::I64, ReduceOp::Max) => {
+            fold(inputs, i64::from_le_bytes, i64::to_le_bytes, i64::max)
+        }
+        (DataType::F32, ReduceOp::Sum) => {
+            fold(inputs, f32::from_le_bytes, f32::to_le_bytes, |a, b| a + b)
+        }
+        (DataType::F32, ReduceOp::Min) => {
+            fold(inputs, f32::from_le_bytes, f32::to_le_bytes, f32::min)
+        }
+        (DataType::F32, ReduceOp::Max) => {
+            fold(inputs, f32::from_le_bytes, f32::to_le_bytes, f32::max)
+        }
+        (DataType::F64, ReduceOp::Sum) => {
+            fold(inputs, f64::from_le_bytes, f64::to_le_bytes, |a, b| a + b)
+        }
+        (DataType::F64, ReduceOp::Min) => {
+            fold(inputs, f64::from_le_bytes, f64::to_le_bytes, f64::min)
+        }
+        (DataType::F64, ReduceOp::Max) => {
+            fold(inputs, f64::from_le_bytes, f64::to_le_bytes, f64::max)
+        }
+    }
 }
 
 /// The allreduce of the `n` members' vectors.
 fn expected(op: ReduceOp, ty: DataType, len: usize, n: usize) -> Vec<u8> {
-    let v = match op {
-        ReduceOp::Sum => (n * (n + 1) / 2) as f64,
-        ReduceOp::Min => 1.0,
-        ReduceOp::Max => n as f64,
-    };
-    filled(ty, v, len)
+    let inputs: Vec<Vec<u8>> = (0..n).map(|i| vector(ty, len, i)).collect();
+    reference(op, ty, &inputs)
 }
 
-/// Per member and iteration: (wall, modeled us).
-type Samples = Vec<Vec<(Duration, f64)>>;
+/// Per member: (wall, modeled us) per measured iteration, and how many results it
+/// compared (warm-up included).
+type Samples = Vec<(Vec<(Duration, f64)>, u64)>;
 
 pub fn run(o: &Options) -> Result<(), String> {
     if o.members.is_empty() {
@@ -163,10 +236,15 @@ pub fn run(o: &Options) -> Result<(), String> {
             let handles: Vec<_> = (0..n)
                 .map(|i| {
                     let (ep, c, g, start) = (&eps[i], &colls[i], &groups[i], &start);
-                    s.spawn(move || -> Result<Vec<(Duration, f64)>, String> {
+                    s.spawn(move || -> Result<(Vec<(Duration, f64)>, u64), String> {
                         let data = vector(ty, len, i);
-                        let want = expected(op, ty, len, n);
+                        let want = match o.kind {
+                            Kind::Allreduce => expected(op, ty, len, n),
+                            Kind::Bcast => vector(ty, len, o.root),
+                            Kind::Barrier => Vec::new(),
+                        };
                         let mut out = Vec::new();
+                        let mut compared = 0u64;
                         start.wait();
                         for it in 0..total {
                             let (t0, m0) = (Instant::now(), ep.clock());
@@ -180,16 +258,18 @@ pub fn run(o: &Options) -> Result<(), String> {
                                             "allreduce {it} of {len} B: member {i} got a wrong result"
                                         ));
                                     }
+                                    compared += 1;
                                 }
                                 Kind::Bcast => {
                                     let r = c
                                         .bcast(g, o.root, &data)
                                         .map_err(|e| format!("bcast {it}: {e}"))?;
-                                    if r != vector(ty, len, o.root) {
+                                    if r != want {
                                         return Err(format!(
                                             "bcast {it}: member {i} got other bytes than the root's"
                                         ));
                                     }
+                                    compared += 1;
                                 }
                                 Kind::Barrier => {
                                     c.barrier(g).map_err(|e| format!("barrier {it}: {e}"))?
@@ -199,7 +279,7 @@ pub fn run(o: &Options) -> Result<(), String> {
                                 out.push((t0.elapsed(), (ep.clock() - m0) as f64 / 1e6));
                             }
                         }
-                        Ok(out)
+                        Ok((out, compared))
                     })
                 })
                 .collect();
@@ -215,9 +295,13 @@ pub fn run(o: &Options) -> Result<(), String> {
         // The collective's time in each iteration: its slowest member's.
         let (mut wall, mut modeled) = (Vec::new(), Vec::new());
         for it in 0..o.iterations as usize {
-            wall.push(per.iter().map(|m| m[it].0).max().unwrap_or_default());
-            modeled.push(per.iter().map(|m| m[it].1).fold(0.0, f64::max));
+            wall.push(per.iter().map(|m| m.0[it].0).max().unwrap_or_default());
+            modeled.push(per.iter().map(|m| m.0[it].1).fold(0.0, f64::max));
         }
+        // Every member's every result, warm-up included, was compared (a wrong one ended
+        // the run above); a barrier has none.
+        let compared: u64 = per.iter().map(|m| m.1).sum();
+        let every = o.kind != Kind::Barrier && compared == n as u64 * total;
         let accel_ops: u64 =
             colls.iter().map(|c| c.stats().accelerator_ops).sum::<u64>() - ops_before;
         let rendezvous: u64 = colls.iter().map(|c| c.stats().rendezvous).sum::<u64>() - rdv_before;
@@ -240,10 +324,112 @@ pub fn run(o: &Options) -> Result<(), String> {
                 ("rendezvous_steps", json!(rendezvous)),
                 ("op", json!(format!("{:?}", o.op).to_lowercase())),
                 ("type", json!(format!("{:?}", o.ty).to_lowercase())),
-                ("verified", json!(o.kind != Kind::Barrier)),
+                ("verified_results", json!(compared)),
+                ("verified", json!(every)),
             ],
         }
         .print(o.json, &mut header);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TYPES: [DataType; 4] = [DataType::I32, DataType::I64, DataType::F32, DataType::F64];
+    const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+
+    fn i64s(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn the_reference_reduces_element_by_element_with_signs() {
+        let inputs = [i64s(&[-5, 3]), i64s(&[2, -7]), i64s(&[1, 9])];
+        let r = |op| reference(op, DataType::I64, &inputs);
+        assert_eq!(r(ReduceOp::Sum), i64s(&[-2, 5]));
+        assert_eq!(r(ReduceOp::Min), i64s(&[-5, -7]));
+        assert_eq!(r(ReduceOp::Max), i64s(&[2, 9]));
+        let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let inputs = [f(&[0.25, -3.0]), f(&[-1.5, 2.0])];
+        assert_eq!(
+            reference(ReduceOp::Sum, DataType::F32, &inputs),
+            f(&[-1.25, -1.0])
+        );
+        assert_eq!(
+            reference(ReduceOp::Min, DataType::F32, &inputs),
+            f(&[-1.5, -3.0])
+        );
+    }
+
+    #[test]
+    fn vectors_differ_by_member_and_element_and_carry_negatives() {
+        for ty in TYPES {
+            let a = vector(ty, 64, 0);
+            let b = vector(ty, 64, 1);
+            assert_eq!(a.len(), 64);
+            assert_ne!(a, b, "{ty:?}: two members with the same vector");
+            let w = ty.size();
+            let elems: Vec<&[u8]> = a.chunks(w).collect();
+            assert!(
+                elems.windows(2).any(|p| p[0] != p[1]),
+                "{ty:?}: every element the same"
+            );
+            // The sign bit (top bit of the little-endian element) is set somewhere.
+            assert!(
+                elems.iter().any(|e| e[w - 1] & 0x80 != 0),
+                "{ty:?}: no negative"
+            );
+        }
+        // Any length, also one that ends inside an element (a broadcast of 1 B).
+        assert_eq!(vector(DataType::F64, 1, 3).len(), 1);
+    }
+
+    /// Whatever order a collective combines the members in, the exact result is the same:
+    /// the reference of the members in reverse order equals that in order, for up to 1024
+    /// members (the most a rack has ranks).
+    #[test]
+    fn the_reference_does_not_depend_on_the_order_of_the_members() {
+        for ty in TYPES {
+            for op in OPS {
+                let inputs: Vec<Vec<u8>> = (0..1024).map(|i| vector(ty, 256, i)).collect();
+                let mut reversed = inputs.clone();
+                reversed.reverse();
+                assert_eq!(
+                    reference(op, ty, &inputs),
+                    reference(op, ty, &reversed),
+                    "{ty:?} {op:?}"
+                );
+            }
+        }
+    }
+
+    /// The inputs catch a min or max that compares without the sign, and one that takes
+    /// the first or the last member's vector.
+    #[test]
+    fn wrong_reductions_give_other_results() {
+        let n = 8;
+        let inputs: Vec<Vec<u8>> = (0..n).map(|i| vector(DataType::I64, 256, i)).collect();
+        let unsigned = |pick_min: bool| -> Vec<u8> {
+            (0..256 / 8)
+                .flat_map(|e| {
+                    let xs = inputs
+                        .iter()
+                        .map(|v| u64::from_le_bytes(v[e * 8..e * 8 + 8].try_into().unwrap()));
+                    let r = if pick_min { xs.min() } else { xs.max() };
+                    r.unwrap().to_le_bytes()
+                })
+                .collect()
+        };
+        let min = expected(ReduceOp::Min, DataType::I64, 256, n);
+        let max = expected(ReduceOp::Max, DataType::I64, 256, n);
+        assert_ne!(min, unsigned(true));
+        assert_ne!(max, unsigned(false));
+        for op in OPS {
+            let r = expected(op, DataType::I64, 256, n);
+            assert_ne!(r, inputs[0], "{op:?}");
+            assert_ne!(r, inputs[n - 1], "{op:?}");
+        }
+    }
 }

@@ -29,6 +29,12 @@
 //! Without `--json`, a table, and with `--verify` a line `verified N transfers byte for
 //! byte (...)`.
 //!
+//! The collectives (`allreduce`, `bcast`, `barrier`) check every result of every member,
+//! warm-up included, against a reference computed here (each member's vector differs from
+//! the others' and along its length, negatives included), and stop at the first wrong one.
+//! Their rows carry `verified_results` (how many results were compared) and `verified`
+//! (every member's every result was; false for a barrier, which has none).
+//!
 //! A client says on stderr what it will do (peer, sizes, counts, whether it verifies)
 //! before it starts, and shows how far it got every `--progress-ms` (2 s) while it runs;
 //! `--quiet` silences both. stdout carries only results.

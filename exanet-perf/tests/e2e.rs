@@ -322,7 +322,8 @@ fn a_client_without_a_server_fails_clearly() {
 }
 
 /// Allreduce on the NI's accelerator and in software, broadcast and barrier, over the 8
-/// ranks of a 2x1x1 rack, every result checked by exanet-perf (`verified`).
+/// ranks of a 2x1x1 rack, every result of every member checked by exanet-perf against
+/// its own reference (`verified_results`: 8 members x 6 runs, warm-up included).
 #[test]
 fn collectives_on_the_accelerator_and_in_software() {
     let rack = Rack::up("coll", "2x1x1");
@@ -344,6 +345,7 @@ fn collectives_on_the_accelerator_and_in_software() {
         assert_eq!(rows.len(), 3, "{rows:?}");
         for (r, size) in rows.iter().zip([8u64, 256, 1024]) {
             assert_eq!(r["verified"], Value::Bool(true), "{r}");
+            assert_eq!(num(r, "verified_results"), 48.0, "{r}");
             assert_eq!(num(r, "ranks"), 8.0);
             // 256 B per accelerator operation, each member posts each: 8 ranks x 6 runs.
             let want = if ops {
@@ -401,21 +403,35 @@ fn collectives_on_the_accelerator_and_in_software() {
         ],
     );
     assert_eq!(rows[0]["verified"], Value::Bool(true), "{rows:?}");
+    // 5 members, 3 measured runs and the default 10 warm-up runs.
+    assert_eq!(num(&rows[0], "verified_results"), 65.0, "{rows:?}");
     assert_eq!(num(&rows[0], "accelerator_ops"), 0.0);
     let rows = run(&["bcast", "--sizes", "1,300", "--root", "5"]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(
-        rows.iter().all(|r| r["verified"] == Value::Bool(true)),
+        rows.iter()
+            .all(|r| r["verified"] == Value::Bool(true) && num(r, "verified_results") == 48.0),
         "{rows:?}"
     );
     let rows = run(&["barrier"]);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(num(&rows[0], "p50_us") > 0.0);
+    // A barrier has no result to compare: it does not claim to be verified.
+    assert_eq!(
+        (num(&rows[0], "verified_results"), &rows[0]["verified"]),
+        (0.0, &Value::Bool(false)),
+        "{rows:?}"
+    );
     // 1% loss and 0.1% corruption on the torus link between the QFDBs (both directions):
     // both paths still give every member the right result (exanet-perf checks them).
     rack.link_set("M1QAF1", "M1QBF1", &["--loss", "1%", "--corrupt", "0.1%"]);
     for accel in ["on", "off"] {
         let rows = run(&["allreduce", "--sizes", "256,1K", "--accel", accel]);
-        assert_eq!(rows[0]["verified"], Value::Bool(true), "{rows:?}");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r["verified"], Value::Bool(true), "{r}");
+            assert_eq!(num(r, "verified_results"), 48.0, "{r}");
+        }
     }
     // The accelerator refuses a group it cannot take, with the reason.
     let (ok, _, err) = rack::run(
