@@ -1501,3 +1501,196 @@ fn kept_resources_cannot_be_squatted_and_reports_stay_with_their_job() {
 fn request_reply(w: &Workload, req: &Request) -> Reply {
     try_request(&w.conn, req, &[]).unwrap().0
 }
+
+/// A rank's accelerator scratch: its vector at 0, the result at 4096, the member table at
+/// 8192, in memory it registered.
+struct Scratch {
+    mem: exanet_shm::Region,
+    va: u64,
+}
+
+impl Scratch {
+    fn new(w: &Workload) -> Scratch {
+        let (mem, va) = w.register(16 << 10);
+        Scratch { mem, va }
+    }
+
+    /// Posts an i64 sum allreduce `id` of `vector` over `members` (node, rank).
+    fn post(&self, w: &mut Workload, tag: u32, id: u32, members: &[(NodeId, u8)], vector: &[i64]) {
+        use exanet_proto::attach::AllreducePost;
+        use exanet_proto::ni::{DataType, ReduceOp};
+        let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.mem.write(0, &bytes).unwrap();
+        let table: Vec<u8> = members
+            .iter()
+            .flat_map(|(n, r)| {
+                let mut e = n.0.to_be_bytes().to_vec();
+                e.extend_from_slice(&[*r, 0, 0, 0]);
+                e
+            })
+            .collect();
+        self.mem.write(8192, &table).unwrap();
+        w.post(&Command::Allreduce {
+            tag,
+            op: AllreducePost {
+                id,
+                op: ReduceOp::Sum,
+                ty: DataType::I64,
+                len: bytes.len() as u16,
+                count: members.len() as u16,
+                src_va: self.va,
+                dst_va: self.va + 4096,
+                table_va: self.va + 8192,
+            },
+            at: exanet_proto::model::ModelTime::ZERO,
+        });
+    }
+
+    fn result(&self, n: usize) -> Vec<i64> {
+        let mut b = vec![0u8; n * 8];
+        self.mem.read(4096, &mut b).unwrap();
+        b.chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
+/// How allreduce `tag` ended: (status, reason or refusal code), if within `within`.
+fn collective_end(w: &mut Workload, tag: u32, within: Duration) -> Option<(u8, u8)> {
+    w.wait_within(within, |c| {
+        matches!(c, Completion::Collective { tag: t, .. } | Completion::Refused { tag: t, .. } if *t == tag)
+    })
+    .map(|c| match c {
+        Completion::Collective { status, reason, .. } => (status, reason),
+        Completion::Refused { status, code, .. } => (status, code),
+        other => panic!("{other:?}"),
+    })
+}
+
+/// Security round 2, attacks 6, 7 and 9, against a real daemon:
+/// 6. another rank of the same job on a member's node posts an accelerated allreduce in
+///    that member's place: refused, and the members still get their own sum;
+/// 7. a peer announces 64 collectives that name a rank, which never posts them: that rank's
+///    own allreduce still starts and completes at once (before, it waited 30 s);
+/// 9. a workload of another job stamps a command 2^63 ps ahead: the victim job's
+///    completions keep its own modeled time.
+#[test]
+fn accelerator_impostors_announcement_floods_and_far_stamps_stay_with_their_maker() {
+    let r = rack("hostile-accel");
+    let watch = Watch::start(&r);
+    let key = Some(VICTIM_KEY);
+    // The accelerator takes whole QFDBs: one member on each of the four nodes.
+    let nodes = ["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"];
+    let mut ws: Vec<Workload> = nodes.iter().map(|n| attach(&r, n, key).unwrap()).collect();
+    let ss: Vec<Scratch> = ws.iter().map(Scratch::new).collect();
+    let members: Vec<(NodeId, u8)> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (NodeId(i as u32), w.rank))
+        .collect();
+    let run = |ws: &mut [Workload], tag: u32, id: u32, within: Duration| -> Vec<Vec<i64>> {
+        for (i, (w, s)) in ws.iter_mut().zip(&ss).enumerate() {
+            s.post(w, tag, id, &members, &[i as i64 + 1; 4]);
+        }
+        ws.iter_mut()
+            .zip(&ss)
+            .enumerate()
+            .map(|(i, (w, s))| {
+                let end = collective_end(w, tag, within);
+                assert_eq!(end, Some((status::OK, 0)), "member {i}'s allreduce {id:#x}");
+                s.result(4)
+            })
+            .collect()
+    };
+
+    // 6: the impostor, same job, same node as member 0, posts as member 0.
+    let mut imp = attach(&r, NODE, key).unwrap();
+    let si = Scratch::new(&imp);
+    si.post(&mut imp, 1, 0x600, &members, &[1000; 4]);
+    let end = collective_end(&mut imp, 1, Duration::from_secs(15));
+    eprintln!("impostor's allreduce: {end:?}");
+    assert!(
+        matches!(end, Some((s, _)) if s != status::OK),
+        "an impostor's allreduce in a member's place was accepted: {end:?}"
+    );
+    for (i, got) in run(&mut ws, 2, 0x600, Duration::from_secs(15))
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(got, &[10; 4], "member {i} got another's sum");
+    }
+    watch.progress("after the impostor", 1);
+
+    // 7: a flooder on member 1's node announces 64 collectives naming the other members,
+    // which they never post.
+    let mut flood = attach(&r, PEER, key).unwrap();
+    let sf = Scratch::new(&flood);
+    let mut flooded = members.clone();
+    flooded[1] = (PEER_ID, flood.rank);
+    for i in 0..64 {
+        sf.post(&mut flood, 100 + i, 0x7000 + i, &flooded, &[1; 4]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    for (i, got) in run(&mut ws, 3, 0x601, Duration::from_secs(25))
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(got, &[10; 4], "member {i} under the flood");
+    }
+    let took = t.elapsed();
+    eprintln!("an allreduce beside 64 announced collectives took {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    drop(flood);
+    watch.progress("after the announcement flood", 1);
+    let mut b = ws.pop().unwrap();
+    let mut a = ws.swap_remove(0);
+
+    // 9: another job's command stamped 2^63 ps ahead.
+    let mut far = attach(&r, NODE, None).unwrap();
+    let pk = far.alloc(Resource::Packetizer);
+    let mb = far.alloc(Resource::Mailbox);
+    far.post(&Command::Send {
+        tag: 9,
+        op: SendMessage {
+            vi: pk,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(0), NODE_ID, far.rank, mb).unwrap(),
+            payload: b"far ahead".to_vec(),
+        },
+        at: exanet_proto::model::ModelTime(1 << 63),
+    });
+    let _ = far.wait("far send", |c| matches!(c, Completion::Sent { tag: 9, .. }));
+    let pka = a.alloc(Resource::Packetizer);
+    let mbb = b.alloc(Resource::Mailbox);
+    a.post(&Command::Send {
+        tag: 10,
+        op: SendMessage {
+            vi: pka,
+            ch: 0,
+            dst: mailbox_gvas(Pdid(0), NodeId(3), b.rank, mbb).unwrap(),
+            payload: b"near".to_vec(),
+        },
+        at: exanet_proto::model::ModelTime::ZERO,
+    });
+    let sent = a.wait("victim send", |c| {
+        matches!(c, Completion::Sent { tag: 10, .. })
+    });
+    let got = b.wait("victim message", |c| {
+        matches!(c, Completion::Message { .. })
+    });
+    for c in [&sent, &got] {
+        let at = c.at().ps();
+        eprintln!("victim completion at {at} ps after another job stamped 2^63 ps");
+        assert!(
+            at < 1_000_000_000_000,
+            "the victim's clock moved to {at} ps: {c:?}"
+        );
+    }
+    let t_exit = Instant::now();
+    drop(far);
+    freed_within(&r, t_exit, "a far stamp");
+    drop((a, b, imp, ws));
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
