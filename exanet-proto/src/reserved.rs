@@ -217,7 +217,7 @@ mod tests {
         assert_eq!(got, (0..IP_RANK).collect::<Vec<_>>());
         assert_eq!(
             svc.attach(&mut ni, Pdid(1), Box::new(Discard)),
-            Err(ServiceError::RanksTaken)
+            Err(ServiceError::RanksTaken { kept: 1 })
         );
         // The service still gets its rank.
         assert_eq!(

@@ -113,8 +113,8 @@ pub enum Relayed {
 pub enum ServiceError {
     #[error("rank {0} is not attached")]
     NotAttached(u8),
-    #[error("all {RANKS} ranks are taken")]
-    RanksTaken,
+    #[error("every rank this job may hold is taken ({RANKS} ranks, {kept} of them kept for the rack's services)")]
+    RanksTaken { kept: usize },
     #[error("only a mailbox can be asked for by index")]
     IndexNotMailbox,
     #[error("rank {0} is taken")]
@@ -144,7 +144,7 @@ impl ServiceError {
     pub fn kind(&self) -> &'static str {
         match self {
             ServiceError::Malformed(_) => "workload_malformed",
-            ServiceError::RanksTaken
+            ServiceError::RanksTaken { .. }
             | ServiceError::RankTaken(_)
             | ServiceError::NoSuchRank(_)
             | ServiceError::RankReserved { .. } => "workload_refused",
@@ -264,7 +264,11 @@ impl WorkloadService {
             .find(|r| {
                 !self.is_attached(*r) && Reservations::may_hold(reserved.rank_owner(*r), *r, pdid)
             })
-            .ok_or(ServiceError::RanksTaken)?;
+            .ok_or(ServiceError::RanksTaken {
+                kept: (0..RANKS as u8)
+                    .filter(|r| !Reservations::may_hold(reserved.rank_owner(*r), *r, pdid))
+                    .count(),
+            })?;
         self.attach_at(ni, rank, pdid, ring)
     }
 

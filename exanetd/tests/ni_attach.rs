@@ -375,12 +375,15 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
         .err()
         .expect("the job's quota is spent");
     assert!(e.contains("job default holds 6 of its 6 ranks"), "{e}");
-    extra.push(attach(&r, "M1QAF1", Some("alice-key")).unwrap());
+    // Rank 7 is the IP service's: one more rank for alice, then none.
     extra.push(attach(&r, "M1QAF1", Some("alice-key")).unwrap());
     let e = attach(&r, "M1QAF1", Some("alice-key"))
         .err()
-        .expect("a ninth rank must be refused");
-    assert!(e.contains("all 8 ranks"), "{e}");
+        .expect("an eighth rank must be refused");
+    assert!(
+        e.contains("every rank this job may hold is taken (8 ranks, 1 of them kept"),
+        "{e}"
+    );
     let s = r.status("M1QAF1").unwrap();
     assert!(s.errors.get("quota_refused").copied().unwrap_or(0) >= 1);
     let jobs: Vec<&str> = s.ni.workloads.iter().map(|w| w.job.as_str()).collect();
@@ -391,7 +394,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
     );
     assert_eq!(
         jobs.iter().filter(|j| **j == "alice").count(),
-        2,
+        1,
         "{jobs:?}"
     );
 }
