@@ -464,13 +464,14 @@ fn a_workload_killed_mid_transfer_frees_its_rank() {
         (m.payload.as_slice(), m.src_node),
         (&b"alive"[..], a.node_id())
     );
-    // Every rank of the node is usable: 7 more attach (8 in all) while `a` holds one.
-    let more: Vec<Endpoint> = (0..7)
+    // Every rank a job may hold is usable: 6 more attach (7 in all) while `a` holds one;
+    // rank 7 is kept for the IP service.
+    let more: Vec<Endpoint> = (0..6)
         .map(|_| Endpoint::attach_to(&rack.dir, "M1QAF2", None).unwrap())
         .collect();
     let mut ranks: Vec<u8> = more.iter().map(Endpoint::rank).chain([a.rank()]).collect();
     ranks.sort_unstable();
-    assert_eq!(ranks, (0..8).collect::<Vec<u8>>());
+    assert_eq!(ranks, (0..7).collect::<Vec<u8>>());
     let e = Endpoint::attach_to(&rack.dir, "M1QAF2", None).unwrap_err();
     assert!(matches!(e, Error::AttachRefused(_)), "{e:?}");
 }
