@@ -92,6 +92,43 @@ fn closing_every_ringer_ends_a_wait() {
     assert!(took < Duration::from_secs(30));
 }
 
+/// Ringing a doorbell whose waiter is gone fails with `BrokenPipe` and does not kill the
+/// process, even where SIGPIPE has its default action (a C program using the library): run
+/// in a child process of this test binary with SIGPIPE's action reset to the default.
+#[test]
+fn ringing_a_closed_doorbell_raises_no_sigpipe() {
+    if std::env::var_os("EXANET_SIGPIPE_CHILD").is_some() {
+        // SAFETY: sets a signal's disposition in a single-purpose child process; no handler
+        // of ours runs (SIG_DFL), so nothing can observe a half-set state.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        for _ in 0..3 {
+            let (ringer, bell) = doorbell().unwrap();
+            drop(bell);
+            let err = ringer.ring().unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+        }
+        println!("survived");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ringing_a_closed_doorbell_raises_no_sigpipe",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("EXANET_SIGPIPE_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("survived"),
+        "the child died: {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A pipe cannot carry descriptors: sending one over either end fails.
 #[test]
 fn no_descriptor_can_travel_through_a_doorbell() {
