@@ -4,10 +4,16 @@
 //! region, a poll loop), against the in-process fake daemon; and detaches waiting endpoints
 //! on a real daemon more times than a node has ranks. Needs gcc (or $CC); the real-daemon
 //! test also needs `exactl` and `exanetd` built (`cargo build -p exactl -p exanetd`);
-//! valgrind, when installed, runs a few iterations too.
+//! valgrind, when installed, runs a few iterations too; without it that test prints a
+//! SKIPPED line and passes, unless `EXANET_REQUIRE_VALGRIND` is set (to anything): then
+//! it fails. CI sets it.
 
 mod common;
 mod rack;
+// The helper every test of the workspace that needs root or a tool shares (std only).
+#[allow(dead_code)]
+#[path = "../../tests/src/require.rs"]
+mod require;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -110,15 +116,16 @@ fn c_release_races_with_calls_in_progress() {
 }
 
 /// The same race under valgrind's memcheck (a use after free or a double free in the
-/// library shows there even where it does not crash); skipped without valgrind.
+/// library shows there even where it does not crash); skipped without valgrind, unless
+/// `EXANET_REQUIRE_VALGRIND` is set.
 #[test]
 fn c_release_races_under_valgrind() {
-    let found = Command::new("valgrind")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("valgrind not installed: skipped");
+    if !require::runs("valgrind", "--version") {
+        require::skip_unless_required(
+            "EXANET_REQUIRE_VALGRIND",
+            "c_release_races_under_valgrind",
+            "valgrind is not installed (Debian: apt-get install valgrind)",
+        );
         return;
     }
     let exe = build("c_release_vg");
