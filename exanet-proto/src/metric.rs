@@ -228,6 +228,9 @@ families! {
     NiPdidViolations: Counter Int "exanet_ni_pdid_violations_total"
         ["node"]
         "Cells refused because their PDID is not the destination's";
+    NiStampsClamped: Counter Int "exanet_ni_stamps_clamped_total"
+        ["node"]
+        "Workload commands stamped more than a day of modeled time ahead of their rank's clock, taken at a day ahead";
     NiRdmaBlocks: Counter Int "exanet_ni_rdma_blocks_total"
         ["node", "direction"]
         "RDMA blocks sent (tx) and received complete (rx)";
@@ -334,6 +337,8 @@ ni_stats! {
     retransmissions: u64 => NiRetransmissions[];
     timeouts: u64 => NiTimeouts[];
     pdid_violations: u64 => NiPdidViolations[];
+    /// Commands stamped more than `ni::MAX_LEAD` ahead of their rank's clock.
+    stamps_clamped: u64 => NiStampsClamped[];
     rdma_blocks_sent: u64 => NiRdmaBlocks["tx"];
     rdma_blocks_received: u64 => NiRdmaBlocks["rx"];
     rdma_transfers_done: u64 => NiRdmaTransfers["ok"];

@@ -1687,6 +1687,9 @@ fn accelerator_impostors_announcement_floods_and_far_stamps_stay_with_their_make
             "the victim's clock moved to {at} ps: {c:?}"
         );
     }
+    // The far stamp was taken at a day ahead, and counted.
+    let clamped = r.status(NODE).unwrap().ni.counters.stamps_clamped;
+    assert_eq!(clamped, 1, "stamps clamped on {NODE}");
     let t_exit = Instant::now();
     drop(far);
     freed_within(&r, t_exit, "a far stamp");

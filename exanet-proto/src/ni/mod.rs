@@ -234,8 +234,6 @@ pub struct Ni {
     /// for the node: a rank's clock must not move because another job's did (the NI's own
     /// work, timers and refills, happens at the clock of the rank it is for).
     clocks: [ModelTime; RANKS],
-    /// Commands whose stamp was more than [`MAX_LEAD`] ahead of their rank's clock.
-    stamps_clamped: u64,
     /// When the NI's datapath is modeled-busy (it serialises every cell it injects).
     datapath: Timeline,
 }
@@ -328,7 +326,6 @@ impl Ni {
             out: Out::default(),
             stats: NiStats::default(),
             clocks: [ModelTime::ZERO; RANKS],
-            stamps_clamped: 0,
             datapath: Timeline::default(),
         }
     }
@@ -346,7 +343,7 @@ impl Ni {
     /// Commands taken at [`MAX_LEAD`] ahead of their rank's clock because they were
     /// stamped further ahead.
     pub fn stamps_clamped(&self) -> u64 {
-        self.stamps_clamped
+        self.stats.stamps_clamped
     }
 
     /// Moves `rank`'s modeled clock to `at` if that is later; returns `at`.
@@ -362,7 +359,7 @@ impl Ni {
     fn posted(&mut self, rank: u8, at: ModelTime) -> ModelTime {
         let limit = self.clock(rank) + MAX_LEAD;
         let at = if at > limit {
-            self.stamps_clamped += 1;
+            self.stats.stamps_clamped += 1;
             limit
         } else {
             at
