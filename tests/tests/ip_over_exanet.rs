@@ -1,8 +1,9 @@
 //! IP over ExaNet on a local rack: unmodified programs (ping, iperf3) started on emulated
 //! nodes with `exactl exec` talk through their nodes' NIs, switches and links.
 //!
-//! Needs root, /dev/net/tun, `ip`, `ping` and `iperf3`. Where one is missing the test
-//! says loudly that it skipped; with `EXANET_REQUIRE_IP=1` (CI) it fails instead.
+//! Needs root, /dev/net/tun, `ip`, `ping` and `iperf3` (and Open MPI for the MPI test).
+//! Where one is missing the test says loudly that it skipped; with `EXANET_REQUIRE_IP`
+//! set (to anything; CI sets it) it fails instead.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::routing;
 use exanet_proto::shape::{NodeId, Shape};
-use exanet_tests::{metric_sum, parse_prometheus, run_with_timeout, Run, Sample, TestRack};
+use exanet_tests::{
+    metric_sum, parse_prometheus, pattern, run_with_timeout, skip_unless_required, Run, Sample,
+    TestRack,
+};
 
 /// A ring of six QFDBs: the far side is three torus hops away.
 const SHAPE: &str = "6x1x1";
@@ -39,12 +43,9 @@ fn have(tool: &str) -> bool {
 }
 
 /// True when the test must skip (and says so); panics instead when IP is required.
-fn skip() -> bool {
+fn skip(test: &str) -> bool {
     let Some(why) = missing() else { return false };
-    if std::env::var("EXANET_REQUIRE_IP").is_ok_and(|v| v == "1") {
-        panic!("EXANET_REQUIRE_IP=1 but IP over ExaNet cannot run here: {why}");
-    }
-    eprintln!("\n*** SKIPPED: IP over ExaNet test: {why} (set EXANET_REQUIRE_IP=1 to fail) ***\n");
+    skip_unless_required("EXANET_REQUIRE_IP", test, &format!("IP over ExaNet: {why}"));
     true
 }
 
@@ -160,6 +161,75 @@ impl IpRack {
     }
 }
 
+/// What `helper_tcp_file` does when this test binary is run on a node: `serve` or `send`,
+/// the address to listen on or send to, and the file to write or to send.
+const HELPER_ROLE: &str = "EXANET_IP_TEST_ROLE";
+const HELPER_ADDR: &str = "EXANET_IP_TEST_ADDR";
+const HELPER_FILE: &str = "EXANET_IP_TEST_FILE";
+
+/// Not a test: a file transfer over TCP that the IP test runs on two nodes (`exactl exec
+/// NODE -- <this binary> --ignored --exact helper_tcp_file`), because no common tool
+/// both carries a file whole and says so (iperf3 -F stops at the sender's end, with data
+/// still in flight). `serve` takes one connection, reads it to its end into the file and
+/// answers with the length it got; `send` sends the file and waits for that answer.
+#[test]
+#[ignore = "run on a node by ping_iperf3_faults_and_refusals_over_the_emulated_fabric"]
+fn helper_tcp_file() {
+    use std::io::{Read, Write};
+    let (Ok(role), Ok(addr), Some(file)) = (
+        std::env::var(HELPER_ROLE),
+        std::env::var(HELPER_ADDR),
+        std::env::var_os(HELPER_FILE),
+    ) else {
+        return;
+    };
+    match role.as_str() {
+        "serve" => {
+            let l = std::net::TcpListener::bind(&addr).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            let mut data = Vec::new();
+            s.read_to_end(&mut data).unwrap();
+            std::fs::write(&file, &data).unwrap();
+            s.write_all(&(data.len() as u64).to_be_bytes()).unwrap();
+        }
+        "send" => {
+            let data = std::fs::read(&file).unwrap();
+            // The other end may not listen yet.
+            let t0 = Instant::now();
+            let mut s = loop {
+                match std::net::TcpStream::connect(&addr) {
+                    Ok(s) => break s,
+                    Err(e) if t0.elapsed() < Duration::from_secs(20) => {
+                        eprintln!("connect {addr}: {e}; again");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => panic!("cannot connect to {addr}: {e}"),
+                }
+            };
+            s.write_all(&data).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut n = [0u8; 8];
+            s.read_exact(&mut n).unwrap();
+            assert_eq!(
+                u64::from_be_bytes(n),
+                data.len() as u64,
+                "the other end got"
+            );
+        }
+        other => panic!("{HELPER_ROLE}={other}: neither serve nor send"),
+    }
+}
+
+/// A child process killed (and reaped) when the test is done with it, also by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The node whose dimension-order path from SRC is longest (three torus hops away).
 fn far_node(shape: &Shape) -> String {
     let src = shape.parse_node(SRC).unwrap();
@@ -172,7 +242,7 @@ fn far_node(shape: &Shape) -> String {
 
 #[test]
 fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
-    if skip() {
+    if skip("ip_over_exanet::ping_iperf3_faults_and_refusals_over_the_emulated_fabric") {
         return;
     }
     let ip = IpRack::up();
@@ -265,22 +335,95 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
         udp_bps / 1e6
     );
 
-    // 1% loss on a link of the path: TCP still completes; the NI retransmits.
+    // 1% loss on a torus link of the path: a file sent over TCP arrives whole and
+    // intact, because the NI resends the cells the link loses (its retransmissions grow,
+    // and the link counts the cells it dropped), so TCP above it sees hardly any loss.
     let ab = ip.path(a, b);
     let (l0, l1) = ab.iter().find(|(x, y)| x[..4] != y[..4]).unwrap().clone();
     let retx = |n: &str| metric_sum(&ip.node_metrics(n), "exanet_ni_retransmissions_total", &[]);
-    let retx0 = retx(a);
+    let dropped = || {
+        metric_sum(
+            &ip.node_metrics(&l0),
+            "exanet_link_faults_injected_total",
+            &[("peer", l1.as_str()), ("fault", "drop")],
+        )
+    };
+    let (retx0, dropped0) = (retx(a), dropped());
     assert!(ip
         .rack
         .exactl(&["link", "set", &l0, &l1, "--loss", "1%"])
         .success());
-    let lossy = iperf(&[]);
-    let lossy_bytes = lossy["end"]["sum_received"]["bytes"].as_f64();
-    assert!(
-        lossy_bytes.is_some_and(|b| b > 0.0),
-        "iperf3 TCP under 1% loss: {lossy}"
+    // A file sent over TCP by this test binary run on both nodes (see `helper_tcp_file`):
+    // both see the rack directory, as `exactl exec` enters only a node's network.
+    const FILE_LEN: usize = 4 << 20;
+    let sent = ip.rack.dir.join("lossy-sent.bin");
+    let got = ip.rack.dir.join("lossy-got.bin");
+    std::fs::write(&sent, pattern(22, FILE_LEN)).unwrap();
+    let me = std::env::current_exe().unwrap();
+    let helper = |node: &str, role: &str, addr: &str, file: &Path| {
+        let mut c = ip.rack.command(&["exec", node, "--"]);
+        c.arg(&me)
+            .args(["--ignored", "--exact", "helper_tcp_file", "--nocapture"])
+            .env(HELPER_ROLE, role)
+            .env(HELPER_ADDR, addr)
+            .env(HELPER_FILE, file);
+        c
+    };
+    let mut server1 = KillOnDrop(
+        helper(b, "serve", "0.0.0.0:5202", &got)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
     );
-    assert!(retx(a) > retx0, "the NI retransmitted under 1% loss");
+    let t0 = Instant::now();
+    let to = format!("{b_addr}:5202");
+    let r = run_with_timeout(helper(a, "send", &to, &sent), Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        r.success(),
+        "sending a file over TCP under 1% loss: {}",
+        r.describe()
+    );
+    let took = t0.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server1.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the receiving end did not finish after the transfer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        server1.0.wait().unwrap().success(),
+        "the receiving end failed"
+    );
+    let received = std::fs::read(&got).unwrap();
+    assert_eq!(
+        received.len(),
+        FILE_LEN,
+        "the file arrived cut under 1% loss"
+    );
+    assert!(
+        received == std::fs::read(&sent).unwrap(),
+        "the file arrived corrupt under 1% loss"
+    );
+    let (retx1, dropped1) = (retx(a), dropped());
+    assert!(
+        dropped1 > dropped0,
+        "{l0} -> {l1} dropped no cell under 1% loss"
+    );
+    assert!(
+        retx1 > retx0,
+        "the NI of {a} retransmitted nothing under 1% loss"
+    );
+    eprintln!(
+        "4 MiB over TCP across 1% loss on {l0} -> {l1} in {:.2} s: {} cells dropped, {} NI \
+         retransmissions",
+        took.as_secs_f64(),
+        dropped1 - dropped0,
+        retx1 - retx0,
+    );
     // Whatever the loss did to the NI's timing, nothing reached a ring out of place.
     for (n, why) in [
         (b, "malformed"),
@@ -402,15 +545,15 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
 /// `exactl mpirun`, and its traffic crosses the IP services.
 #[test]
 fn an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs() {
-    if skip() {
+    const TEST: &str = "ip_over_exanet::an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs";
+    if skip(TEST) {
         return;
     }
     if !have("mpicc") || !have("mpirun") {
-        if std::env::var("EXANET_REQUIRE_IP").is_ok_and(|v| v == "1") {
-            panic!("EXANET_REQUIRE_IP=1 but mpicc/mpirun are missing (apt-get install openmpi-bin libopenmpi-dev)");
-        }
-        eprintln!(
-            "\n*** SKIPPED: MPI test: no mpicc/mpirun (Debian: openmpi-bin libopenmpi-dev) ***\n"
+        skip_unless_required(
+            "EXANET_REQUIRE_IP",
+            TEST,
+            "no mpicc/mpirun (Debian: openmpi-bin libopenmpi-dev)",
         );
         return;
     }
