@@ -18,7 +18,7 @@ use clap::Parser;
 use exanet::{Config, Endpoint};
 use exanet_control::rack::Rack;
 use exanet_proto::ip::{IpConfig, IpService, IP_MAILBOX_VI, IP_RANK};
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::shell::{Ni, Shell};
 
@@ -113,17 +113,17 @@ fn run(args: Args) -> Result<(), String> {
         .ok_or_else(|| format!("{name} has no address in {}", rack.ip_subnet()))?;
     let mtu = rack.ip_mtu();
     let key_path = rack.layout().ip_key();
-    let key = match std::fs::read_to_string(&key_path) {
-        Ok(k) => Some(k.trim().to_string()),
-        Err(e) => {
-            warn!(
-                "no IP service key ({}: {e}): attaching in the rack's default job, where \
-                 that job's workloads could write into the service's rings",
+    // The service's rank and mailbox are kept for the IP job's PDID: without its key the
+    // daemon would refuse them, so say what is missing instead.
+    let key = std::fs::read_to_string(&key_path)
+        .map(|k| Some(k.trim().to_string()))
+        .map_err(|e| {
+            format!(
+                "no IP service key ({}: {e}); `exactl rack up` makes it, and rank {IP_RANK} \
+                 and mailbox {IP_MAILBOX_VI} are kept for the IP service's job",
                 key_path.display()
-            );
-            None
-        }
-    };
+            )
+        })?;
     let ep = Endpoint::attach_with(&Config {
         rack_dir: Some(args.rack.clone()),
         node: Some(name.clone()),
