@@ -666,7 +666,14 @@ impl NodeHandle {
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             modeled_time_seconds: sw.modeled_now().as_secs_f64(),
-            collectives: core.collectives.values().copied().collect(),
+            collectives: core
+                .collectives
+                .iter()
+                .map(|((job, _, _), r)| crate::control::JobCollectives {
+                    job: job.clone(),
+                    report: *r,
+                })
+                .collect(),
             capture: crate::control::CaptureSummary {
                 captured: self.taps.captured_total.load(Ordering::Relaxed),
                 dropped: self.taps.dropped_total.load(Ordering::Relaxed),
