@@ -11,6 +11,11 @@ use exanet_proto::rng::SplitMix64;
 use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Faults, Sim, SimConfig};
 
+// The references the expectations come from (by path: shared with the unit tests).
+#[path = "support/reference.rs"]
+mod reference;
+use reference::{combined, vector};
+
 const SRC: u64 = 0x1000_0000;
 const DST: u64 = 0x2000_0000;
 
@@ -46,109 +51,6 @@ fn members(qfdbs: u32, rank: u8) -> Vec<(NodeId, u8)> {
     (0..qfdbs * 4).map(|i| (NodeId(i), rank)).collect()
 }
 
-/// Random vector bytes of `ty`: integers anywhere (as many negative as not), floats of
-/// magnitudes 2^-20..2^20 of either sign and both zeros, so that a change in the order of
-/// the operations, or a comparison that is not the type's, shows in the bits.
-fn vector(rng: &mut SplitMix64, ty: DataType, len: usize) -> Vec<u8> {
-    fn float(rng: &mut SplitMix64) -> f64 {
-        match rng.below(16) {
-            0 => 0.0,
-            1 => -0.0,
-            _ => {
-                let mantissa = 1.0 + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
-                sign * mantissa * 2f64.powi(rng.below(41) as i32 - 20)
-            }
-        }
-    }
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        match ty {
-            DataType::I32 => v.extend_from_slice(&(rng.next_u64() as i32).to_le_bytes()),
-            DataType::I64 => v.extend_from_slice(&(rng.next_u64() as i64).to_le_bytes()),
-            DataType::F32 => v.extend_from_slice(&(float(rng) as f32).to_le_bytes()),
-            DataType::F64 => v.extend_from_slice(&float(rng).to_le_bytes()),
-        }
-    }
-    v
-}
-
-/// `a op b` element by element, written apart from the accelerator's own arithmetic
-/// (`ni::allreduce::combine`) so that a mistake there fails these tests instead of
-/// moving the expectation with it: integer sums wrap, min and max compare signed values,
-/// and on a float tie (0.0 against -0.0) the first operand stays.
-fn op_ref(op: ReduceOp, ty: DataType, a: &[u8], b: &[u8]) -> Vec<u8> {
-    fn each<T: Copy, const N: usize>(
-        a: &[u8],
-        b: &[u8],
-        from: fn([u8; N]) -> T,
-        to: fn(T) -> [u8; N],
-        f: impl Fn(T, T) -> T,
-    ) -> Vec<u8> {
-        let get = |c: &[u8]| from(c.try_into().unwrap());
-        a.chunks_exact(N)
-            .zip(b.chunks_exact(N))
-            .flat_map(|(x, y)| to(f(get(x), get(y))))
-            .collect()
-    }
-    // f32::min and f64::min may return either zero on a tie.
-    fn first_on_tie<T: PartialEq + Copy>(f: fn(T, T) -> T) -> impl Fn(T, T) -> T {
-        move |x, y| if x == y { x } else { f(x, y) }
-    }
-    use DataType::*;
-    use ReduceOp::*;
-    match (ty, op) {
-        (I32, Sum) => each(
-            a,
-            b,
-            i32::from_le_bytes,
-            i32::to_le_bytes,
-            i32::wrapping_add,
-        ),
-        (I32, Min) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::min),
-        (I32, Max) => each(a, b, i32::from_le_bytes, i32::to_le_bytes, i32::max),
-        (I64, Sum) => each(
-            a,
-            b,
-            i64::from_le_bytes,
-            i64::to_le_bytes,
-            i64::wrapping_add,
-        ),
-        (I64, Min) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::min),
-        (I64, Max) => each(a, b, i64::from_le_bytes, i64::to_le_bytes, i64::max),
-        (F32, Sum) => each(a, b, f32::from_le_bytes, f32::to_le_bytes, |x, y| x + y),
-        (F32, Min) => each(
-            a,
-            b,
-            f32::from_le_bytes,
-            f32::to_le_bytes,
-            first_on_tie(f32::min),
-        ),
-        (F32, Max) => each(
-            a,
-            b,
-            f32::from_le_bytes,
-            f32::to_le_bytes,
-            first_on_tie(f32::max),
-        ),
-        (F64, Sum) => each(a, b, f64::from_le_bytes, f64::to_le_bytes, |x, y| x + y),
-        (F64, Min) => each(
-            a,
-            b,
-            f64::from_le_bytes,
-            f64::to_le_bytes,
-            first_on_tie(f64::min),
-        ),
-        (F64, Max) => each(
-            a,
-            b,
-            f64::from_le_bytes,
-            f64::to_le_bytes,
-            first_on_tie(f64::max),
-        ),
-    }
-}
-
 /// The accelerator's order of operations: each QFDB's vectors in member order, then the
 /// QFDBs pairwise (lower, upper) level by level.
 fn reference(op: ReduceOp, ty: DataType, inputs: &[Vec<u8>]) -> Vec<u8> {
@@ -157,13 +59,13 @@ fn reference(op: ReduceOp, ty: DataType, inputs: &[Vec<u8>]) -> Vec<u8> {
         .map(|q| {
             q[1..]
                 .iter()
-                .fold(q[0].clone(), |a, v| op_ref(op, ty, &a, v))
+                .fold(q[0].clone(), |a, v| combined(op, ty, &a, v))
         })
         .collect();
     while level.len() > 1 {
         level = level
             .chunks(2)
-            .map(|p| op_ref(op, ty, &p[0], &p[1]))
+            .map(|p| combined(op, ty, &p[0], &p[1]))
             .collect();
     }
     level.pop().unwrap()
@@ -260,8 +162,9 @@ fn every_type_and_operation_matches_the_reference_on_every_rank() {
             for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
                 for len in [ty.size(), 64, 256] {
                     id += 1;
-                    let inputs: Vec<Vec<u8>> =
-                        (0..m.len()).map(|_| vector(&mut rng, ty, len)).collect();
+                    let inputs: Vec<Vec<u8>> = (0..m.len())
+                        .map(|_| vector(&mut rng, ty, len.div_ceil(ty.size())))
+                        .collect();
                     let want = reference(op, ty, &inputs);
                     let out = allreduce(&mut sim, id, &m, op, ty, &inputs, None);
                     for (i, r) in out.results.iter().enumerate() {
@@ -329,7 +232,7 @@ fn a_prototype_rack_and_1024_ranks_in_the_simulator() {
         let mut rng = SplitMix64::new(7);
         let m = members(qfdbs, 0);
         let inputs: Vec<Vec<u8>> = (0..m.len())
-            .map(|_| vector(&mut rng, DataType::F64, 256))
+            .map(|_| vector(&mut rng, DataType::F64, 256 / 8))
             .collect();
         let want = reference(ReduceOp::Sum, DataType::F64, &inputs);
         let out = allreduce(&mut sim, 1, &m, ReduceOp::Sum, DataType::F64, &inputs, None);
@@ -358,7 +261,7 @@ fn loss_and_corruption_never_give_a_wrong_result_or_a_hang() {
     let mut ok = 0;
     for id in 1..=40 {
         let inputs: Vec<Vec<u8>> = (0..m.len())
-            .map(|_| vector(&mut rng, DataType::I64, 256))
+            .map(|_| vector(&mut rng, DataType::I64, 256 / 8))
             .collect();
         let want = reference(ReduceOp::Sum, DataType::I64, &inputs);
         let out = allreduce(
