@@ -167,6 +167,7 @@ impl Shell {
     /// Handles the fabric's side until the endpoint breaks.
     pub fn fabric_loop(self: &Arc<Self>) -> Error {
         let mut deliver: Vec<Vec<u8>> = Vec::new();
+        let mut wake_at;
         loop {
             let seen = self.ni.ep.events();
             let mut busy = false;
@@ -238,6 +239,7 @@ impl Shell {
                 }
                 st.svc.on_tick(now);
                 self.pump(st);
+                wake_at = st.svc.next_tick();
             }
             for p in deliver.drain(..) {
                 if let Err(e) = self.dev.send(&p) {
@@ -247,11 +249,11 @@ impl Shell {
                 }
             }
             if !busy {
-                match self
-                    .ni
-                    .ep
-                    .wait_events(seen, Some(Duration::from_millis(100)))
-                {
+                // Until something happens, or the service's next retry: an idle service
+                // does not wake on a period.
+                let timeout =
+                    wake_at.map(|at| Duration::from_nanos(at.0.saturating_sub(self.now().0)));
+                match self.ni.ep.wait_events(seen, timeout) {
                     Ok(_) => {}
                     Err(e) => return e,
                 }

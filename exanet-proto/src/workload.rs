@@ -186,15 +186,21 @@ impl Workload {
         self.flush();
     }
 
-    /// Moves backlog into the ring while it has room and wakes the workload.
+    /// Moves backlog into the ring while it has room and wakes the workload if that moved
+    /// anything: a wake-up with nothing new would only cost the workload a spurious
+    /// return from its sleep (an idle IP service was woken 50 times a second so).
     fn flush(&mut self) {
+        let mut moved = false;
         while let Some(slot) = self.backlog.front() {
             if !self.ring.push(slot) {
                 break;
             }
             self.backlog.pop_front();
+            moved = true;
         }
-        self.ring.wake();
+        if moved {
+            self.ring.wake();
+        }
     }
 
     fn has_room(&mut self) -> bool {
@@ -642,6 +648,20 @@ impl WorkloadService {
     /// Whether `rank`'s commands should wait: a workload that does not read its
     /// completions is not served further commands until it does (its command ring fills
     /// and it is held back) instead of having completions queued for it without bound.
+    /// Whether `rank` has completions or mailbox messages waiting for room in its ring:
+    /// only then does its driver need to look again (with [`WorkloadService::drain`]) when
+    /// the workload has said nothing, since room appears without a word from it.
+    pub fn waiting_for_room(&mut self, ni: &mut Ni, rank: u8) -> bool {
+        let Ok(w) = self.workload(rank) else {
+            return false;
+        };
+        !w.backlog.is_empty()
+            || w
+                .mailboxes
+                .iter()
+                .any(|(vi, _)| ni.mailboxes.len(rank, *vi).is_ok_and(|n| n > 0))
+    }
+
     pub fn held_back(&mut self, rank: u8) -> bool {
         match self.workload(rank) {
             Ok(w) => {

@@ -890,6 +890,35 @@ impl Consumer {
         })
     }
 
+    /// Spins for `waiter`'s budget, then sleeps once: returns when the next message is
+    /// there, when `bell` is rung for whatever reason, or at `timeout`; `Ok(true)` when a
+    /// message is there. Unlike [`wait_readable`](Consumer::wait_readable), a ring with
+    /// no message ends the wait, so that a thread that must look at more than the ring
+    /// (a stop flag its own side sets before ringing, a header the peer may have
+    /// scribbled on) needs no timeout to poll it with.
+    pub fn wait_readable_once(
+        &self,
+        waiter: &Waiter,
+        bell: &Doorbell,
+        timeout: Option<Duration>,
+    ) -> Result<bool, WaitError> {
+        // The spin, ending with an announce-and-recheck that does not sleep.
+        if self.wait_readable(waiter, bell, Some(waiter.spin()))? {
+            return Ok(true);
+        }
+        if self.prepare_sleep()? {
+            return Ok(true);
+        }
+        let rung = bell.wait(timeout);
+        self.finish_sleep()?;
+        rung?;
+        // Acquire: as in `wait_readable`.
+        let stamp = self
+            .region
+            .atomic_u32(self.ring.slot_offset(self.head) + SLOT_STAMP)?;
+        Ok(stamp.load(Ordering::Acquire) == self.head.wrapping_add(1))
+    }
+
     /// [`pop`](Consumer::pop), waiting with [`wait_readable`](Consumer::wait_readable) while
     /// the ring is empty. Returns `Ok(None)` on timeout.
     pub fn pop_wait(

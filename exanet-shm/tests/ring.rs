@@ -398,3 +398,36 @@ fn prepare_and_finish_sleep() {
     assert!(tx.prepare_sleep().unwrap(), "a slot is free: don't sleep");
     assert!(!rx.wake_producer(&ringer).unwrap());
 }
+
+/// Waiting once: a ring with no message ends the wait (so that the waiter can look at what
+/// else its side rang for), a message ends it with `true`, and without either it sleeps
+/// until the timeout.
+#[test]
+fn wait_readable_once_returns_on_any_ring() {
+    let (mut tx, rx) = pair(4, 16);
+    let (ringer, bell) = doorbell().unwrap();
+    let rx = Arc::new(rx);
+    let waiter = Waiter::new(Duration::ZERO);
+    let t = Instant::now();
+    assert!(!rx
+        .wait_readable_once(&waiter, &bell, Some(Duration::from_millis(30)))
+        .unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    // Rung for nothing: the wait ends, with no message.
+    let r2 = Arc::clone(&rx);
+    let b = thread::spawn(move || {
+        let t = Instant::now();
+        let got = r2.wait_readable_once(&waiter, &bell, None).unwrap();
+        (got, t.elapsed(), bell)
+    });
+    thread::sleep(Duration::from_millis(50));
+    ringer.ring().unwrap();
+    let (got, took, bell) = b.join().unwrap();
+    assert!(!got);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // A message: true, at once.
+    tx.push(b"m").unwrap();
+    assert!(rx
+        .wait_readable_once(&waiter, &bell, Some(Duration::from_secs(10)))
+        .unwrap());
+}

@@ -854,12 +854,20 @@ fn serve_ring(
             node.count_error("workload_ring");
             return;
         }
-        {
-            // Room may have appeared in the completion ring.
-            node.lock().drain(rank);
-        }
-        let timeout = Some(Duration::from_millis(20));
-        match ring.wait_readable(&waiter, &bell, timeout) {
+        // Room may have appeared in the completion ring. Look again in 20 ms only if
+        // something waits for it: an idle session sleeps until the workload rings, or the
+        // session's end rings our own ringer.
+        let waiting = {
+            let mut core = node.lock();
+            core.drain(rank);
+            let (svc, ni, _) = core.workloads();
+            svc.waiting_for_room(ni, rank)
+        };
+        let timeout = waiting.then_some(Duration::from_millis(20));
+        // Every wake-up goes round the loop: the session's end rings our own ringer after
+        // setting `stop`, and a ring from the workload with nothing new in its ring gets
+        // its header looked at.
+        match ring.wait_readable_once(&waiter, &bell, timeout) {
             Ok(_) => {}
             // Every ringer is closed (the workload exited, and the session is ending): the
             // session ends when the control connection does.
