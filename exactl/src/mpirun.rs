@@ -14,6 +14,12 @@
 //! - `btl_tcp_if_include` and `oob_tcp_if_include`: the rack's subnet, so that both the
 //!   MPI traffic and the runtime's own connections cross the emulated fabric (a node's
 //!   namespace has nothing else but loopback anyway);
+//! - `mpi_yield_when_idle=1`: a rank waiting for a message yields the CPU between polls.
+//!   Open MPI's ranks poll their sockets without end; on a host whose cores they share
+//!   with the daemons and IP services that carry their messages, a spinning rank kept
+//!   those from running until the scheduler's next tick, and every small message took
+//!   one tick (4 ms at 250 Hz) whatever its size. Yielding lets them run at once
+//!   (measured in `docs/ip.md`);
 //! - `OMPI_ALLOW_RUN_AS_ROOT*` when run as root (namespaces need root).
 //!
 //! Every node has a temporary directory of its own (`TMPDIR`, see
@@ -50,6 +56,7 @@ pub fn mca_env(agent: &Path, subnet: &str) -> Vec<(String, String)> {
         ("OMPI_MCA_btl".into(), "tcp,self".into()),
         ("OMPI_MCA_btl_tcp_if_include".into(), subnet.into()),
         ("OMPI_MCA_oob_tcp_if_include".into(), subnet.into()),
+        ("OMPI_MCA_mpi_yield_when_idle".into(), "1".into()),
     ];
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
