@@ -35,8 +35,11 @@ use crate::error::{Error, OpError, Result};
 
 /// Ring slot size of both rings (each message is one [`SLOT`]).
 pub const RING_SLOT_SIZE: u32 = 256;
-/// How long the leader sleeps at most before checking that the daemon is still there.
-const LIVENESS_SLICE: Duration = Duration::from_millis(200);
+/// How long the leader sleeps at most before checking that the daemon is still there: a
+/// safety net only, since the daemon's end of our doorbell closes with the session (and
+/// with the daemon), which ends a sleep at once. Long, so that an idle workload does not
+/// wake on a period (an idle rack's 128 IP services woke 5 times a second each for it).
+const LIVENESS_SLICE: Duration = Duration::from_secs(2);
 /// How long a waiting follower sleeps at most before re-checking (a safety net: the leader
 /// signals after every batch).
 const FOLLOWER_SLICE: Duration = Duration::from_millis(50);
