@@ -145,7 +145,8 @@ fn start_all(
     timeout: Duration,
     children: &mut Vec<(String, Child)>,
 ) -> Result<()> {
-    let layout = rack.layout();
+    // The service runs in `/`: every path handed to it comes from the absolute directory.
+    let layout = Layout::new(abs_dir);
     let shape = rack.shape();
     let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
     let dir = run_dir(&layout);

@@ -18,7 +18,8 @@
 //! exactl [--rack DIR] exec NODE [--] CMD [ARGS...]
 //! ```
 //!
-//! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`.
+//! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`, taken
+//! relative to the directory exactl is run in.
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
 mod capture;
@@ -333,7 +334,19 @@ pub(crate) fn parse_node_name(s: &str) -> Result<NodeName, String> {
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
+    // Resolved once, here: the programs a rack starts (daemons, IP services, mpirun's
+    // agent) run in other directories, and a relative rack directory would name another
+    // place for each of them.
     let dir = exanet_control::rack::rack_dir(cli.rack.as_deref());
+    if dir.as_os_str().is_empty() {
+        return Err(CliError::BadValue {
+            what: "--rack",
+            value: "\"\"".into(),
+            message: "names no directory".into(),
+        });
+    }
+    let dir = std::path::absolute(&dir)
+        .map_err(|e| CliError::io("resolve the rack directory", &dir, e))?;
     match cli.command {
         Command::Rack(RackCommand::Up(a)) => rack_cmd::up(
             &dir,
