@@ -14,7 +14,8 @@ use crate::live::RackLiveness;
 /// One node's answer to `status`, or why there was none.
 pub type Answer = Result<NodeStatus, String>;
 
-/// Asks every node of the rack for its status, `timeout` per node, all at once. The
+/// Asks every node of the rack for its status, `timeout` per node from when it is asked
+/// (a few at a time: [`crate::control::ask_all`]). The
 /// answers are indexed by node id. A node of a local rack whose process is gone is not
 /// asked: its answer is "process not running" at once.
 pub fn query_all(client: &ControlClient, timeout: Duration) -> Vec<Answer> {
@@ -29,7 +30,7 @@ pub fn query_live(client: &ControlClient, live: &RackLiveness, timeout: Duration
         .filter(|id| live.gone(*id).is_none())
         .map(|id| (id, Request::Status))
         .collect();
-    let mut asked = client.request_all(reqs, timeout).into_iter();
+    let mut asked = crate::control::ask_all(client, reqs, timeout).into_iter();
     shape
         .node_ids()
         .map(|id| match live.message(id) {
