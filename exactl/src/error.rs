@@ -128,6 +128,22 @@ pub enum CliError {
     /// A failure whose details were already printed on stderr.
     #[error("{0}")]
     Failed(String),
+
+    /// `rack up` found, before starting anything, that this host lacks what the rack needs.
+    #[error(
+        "this host cannot hold the rack: {needs}\n{}\nnothing was started; {}",
+        .shortfalls.iter().map(|s| format!("  {s}")).collect::<Vec<_>>().join("\n"),
+        .without_ip.as_ref().map_or_else(
+            || "a smaller --shape may fit".to_string(),
+            |w| format!("without IP (`--ip off`) {w}, which fits")
+        )
+    )]
+    HostTooSmall {
+        needs: String,
+        shortfalls: Vec<String>,
+        /// What the rack takes without IP, when this host could hold that.
+        without_ip: Option<String>,
+    },
 }
 
 impl CliError {

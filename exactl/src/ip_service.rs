@@ -106,6 +106,55 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// Refuses to take namespaces that something still runs in: `start` replaces a node's
+/// namespace, and one of that name in use belongs to another rack of the same name (every
+/// rack in a directory called `exanet-rack` is named so) or holds what a rack that was not
+/// taken down left running. Replacing it would cut those processes off from every network.
+pub fn check_namespaces_free(rack: &Rack) -> Result<()> {
+    let shape = rack.shape();
+    let busy: Vec<String> = shape
+        .node_ids()
+        .map(|id| shape.display(id))
+        .filter(|n| netns_path(rack, n).exists())
+        .filter_map(|n| {
+            let pids = pids_in_netns(&netns_name(rack, &n));
+            (!pids.is_empty()).then(|| {
+                let shown: Vec<String> = pids.iter().take(3).map(|p| describe_pid(*p)).collect();
+                format!("{} ({})", netns_name(rack, &n), shown.join(", "))
+            })
+        })
+        .collect();
+    if busy.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Failed(format!(
+        "the network namespaces of rack {:?} are in use by processes of another rack of that \
+         name, or left running by one that was not taken down: {}{}; take that rack down, or \
+         start this one with another --name (or in a directory of another name)",
+        rack.file.name,
+        busy.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
+        if busy.len() > 3 {
+            format!(" and {} more", busy.len() - 3)
+        } else {
+            String::new()
+        }
+    )))
+}
+
+/// "pid 123 exanet-ip --rack /x ..." for a message.
+fn describe_pid(pid: i32) -> String {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!("pid {pid} {cmd}").trim_end().to_string()
+}
+
 fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip")
         .args(args)

@@ -33,6 +33,7 @@ mod hosts;
 mod ip_service;
 mod live;
 mod mpirun;
+mod needs;
 mod nodes;
 mod ping;
 mod process;

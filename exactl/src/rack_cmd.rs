@@ -17,6 +17,7 @@ use exanet_proto::{NodeId, Shape};
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Health};
 use crate::live::RackLiveness;
+use crate::needs::{self, Host, Needs};
 use crate::process::{self, PidFile};
 
 /// Most daemons `rack up` starts on one machine: far beyond the 128-node prototype, far
@@ -68,6 +69,31 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         });
     }
     let binary = process::daemon_binary()?;
+    let ip_off = match opts.ip {
+        IpMode::Off => Some("--ip off".to_string()),
+        IpMode::Auto => crate::ip_service::unavailable(),
+        IpMode::On => match crate::ip_service::unavailable() {
+            Some(why) => return Err(CliError::Failed(format!("--ip on: {why}"))),
+            None => None,
+        },
+    };
+    if ip_off.is_none() {
+        crate::ip_service::check_namespaces_free(&rack)?;
+    }
+    let needs = Needs::of(shape, ip_off.is_none().then(|| rack.ip_mtu()));
+    let host = Host::read();
+    let short = needs::shortfalls(&needs, &host);
+    if !short.is_empty() {
+        let without_ip = Needs::of(shape, None);
+        return Err(CliError::HostTooSmall {
+            needs: needs.to_string(),
+            shortfalls: short,
+            without_ip: (needs.ip_mtu.is_some()
+                && needs::shortfalls(&without_ip, &host).is_empty())
+            .then(|| without_ip.to_string()),
+        });
+    }
+    eprintln!("exactl: {needs}");
 
     // Everything checked: from here on the rack directory is written.
     for (what, d) in [
@@ -87,16 +113,8 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         );
     }
     let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
-    // The IP service's key goes into the rack file before the daemons read it.
-    let ip_off = match opts.ip {
-        IpMode::Off => Some("--ip off".to_string()),
-        IpMode::Auto => crate::ip_service::unavailable(),
-        IpMode::On => match crate::ip_service::unavailable() {
-            Some(why) => return Err(CliError::Failed(format!("--ip on: {why}"))),
-            None => None,
-        },
-    };
     let mut rack = rack;
+    // The IP service's key goes into the rack file before the daemons read it.
     if ip_off.is_none() {
         rack.ensure_ip_key()
             .map_err(|e| CliError::io("make the IP service's key", layout.ip_key(), e))?;

@@ -1,0 +1,466 @@
+//! What a local rack takes from its host, and whether this host has it. `rack up` asks
+//! before it writes or starts anything: a rack too big for its host would otherwise come
+//! half up and then fail, or take the host's memory until the kernel's OOM killer picks
+//! something to kill.
+//!
+//! The figures are measured (docs/operating.md, "What a rack needs from its host", says
+//! how), except the IP services' registered memory, which is computed the way `exanet-ip`
+//! sizes it: it grows with the square of the rack's nodes and dominates a large rack with
+//! IP. Registered memory is memfd memory that the daemon allocates in full when it is
+//! registered (exanet-shm's `Region::create`): it counts as `Shmem` in /proc/meminfo and
+//! takes real memory, but is not bounded by the size of /dev/shm, so /dev/shm is not what
+//! is checked.
+
+use std::fmt;
+use std::path::Path;
+
+use exanet_proto::Shape;
+
+/// What one daemon takes with its rack up and idle. Measured: MemAvailable fell by 2466
+/// and 2574 MiB in two starts of a 1024-node rack without IP (2.4 and 2.5 MiB a daemon;
+/// 1.7 MiB at 128 nodes), rounded up.
+const DAEMON_MEMORY: u64 = 3 << 20;
+/// What a node's IP service takes beyond its registered memory (its own process, the
+/// daemon's threads serving it, the namespace and TUN device). Measured: a 128-node rack
+/// with IP took 343 MiB beyond its registered memory, 2.7 MiB a node, 1.0 MiB more than
+/// a daemon alone; rounded up.
+const IP_SERVICE_MEMORY: u64 = 3 << 19;
+/// The command and completion rings exanetd makes for every attached workload (the
+/// `exanet-rings` memfd, 329472 bytes as measured in /proc/PID/fd).
+const ATTACH_RINGS: u64 = 329_472;
+
+/// Threads (each a task the kernel counts against `pid_max`) of a daemon, and what a
+/// node's IP service adds: 4 per daemon without IP, 14 per node with it, measured at 128
+/// and 1024 nodes (the daemon runs one runtime thread whatever the host's cores).
+const DAEMON_TASKS: u64 = 4;
+const IP_SERVICE_TASKS: u64 = 10;
+/// Open files: 13 per daemon without IP, 35 per node with it, measured likewise.
+const DAEMON_FILES: u64 = 13;
+const IP_SERVICE_FILES: u64 = 22;
+
+/// exanet-ip's batch and ring sizes (`MAX_BATCH`, `MAX_IN_FLIGHT`, `AREA_BUDGET` and
+/// `ring_len` in exanet-ip/src/main.rs, which this must follow; the quick-start test
+/// compares the sum with the memory a real rack registered).
+const IP_MAX_BATCH: u64 = 64 * 1024 + 64;
+const IP_MAX_IN_FLIGHT: u64 = 8;
+const IP_AREA_BUDGET: u64 = 32 << 20;
+
+/// The receive ring an IP service keeps for each peer in a rack of `nodes` at `mtu`.
+fn ip_ring_len(nodes: u64, mtu: u64) -> u64 {
+    let floor = 4 * (mtu + 64);
+    let share = (IP_AREA_BUDGET / nodes.max(1)).min(2 * IP_MAX_IN_FLIGHT * IP_MAX_BATCH);
+    share.max(floor).div_ceil(4096) * 4096
+}
+
+/// Registered memory of one node's IP service: a ring (with its notification slot) per
+/// node of the rack, a send buffer per RDMA write channel, and its attach rings.
+pub fn ip_registered_per_node(nodes: u64, mtu: u64) -> u64 {
+    let area = (ip_ring_len(nodes, mtu) + exanet_proto::ip::service::NOTIFY_SLOT) * nodes;
+    let staging = exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * IP_MAX_BATCH;
+    area + staging + ATTACH_RINGS
+}
+
+/// What a rack needs from its host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Needs {
+    pub shape: Shape,
+    /// The IP services' MTU, when the rack runs IP over ExaNet.
+    pub ip_mtu: Option<u32>,
+    /// Bytes of memory in all.
+    pub memory: u64,
+    /// Of which registered by the IP services.
+    pub ip_registered: u64,
+    /// Threads.
+    pub tasks: u64,
+    /// Open files.
+    pub files: u64,
+    /// Network namespaces.
+    pub netns: u64,
+}
+
+impl Needs {
+    pub fn of(shape: Shape, ip_mtu: Option<u32>) -> Needs {
+        let nodes = u64::from(shape.nodes());
+        let ip_registered = ip_mtu.map_or(0, |mtu| {
+            nodes.saturating_mul(ip_registered_per_node(nodes, u64::from(mtu)))
+        });
+        let (memory, tasks, files) = match ip_mtu {
+            None => (DAEMON_MEMORY, DAEMON_TASKS, DAEMON_FILES),
+            Some(_) => (
+                DAEMON_MEMORY + IP_SERVICE_MEMORY,
+                DAEMON_TASKS + IP_SERVICE_TASKS,
+                DAEMON_FILES + IP_SERVICE_FILES,
+            ),
+        };
+        Needs {
+            shape,
+            ip_mtu,
+            memory: (nodes * memory).saturating_add(ip_registered),
+            ip_registered,
+            tasks: nodes * tasks,
+            files: nodes * files,
+            netns: if ip_mtu.is_some() { nodes } else { 0 },
+        }
+    }
+
+    /// The rack in words: "a 4x4x2 rack (128 nodes) with IP over ExaNet".
+    fn rack(&self) -> String {
+        format!(
+            "a {} rack ({} nodes) {}",
+            self.shape,
+            self.shape.nodes(),
+            if self.ip_mtu.is_some() {
+                "with IP over ExaNet"
+            } else {
+                "without IP"
+            }
+        )
+    }
+}
+
+impl fmt::Display for Needs {
+    /// One line: the memory (and how much of it is IP rings), threads and open files.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} takes about {}", self.rack(), bytes(self.memory))?;
+        if self.ip_registered > 0 {
+            write!(
+                f,
+                " of memory ({} of it the IP services' registered memory)",
+                bytes(self.ip_registered)
+            )?;
+        } else {
+            f.write_str(" of memory")?;
+        }
+        write!(f, ", {} threads, {} open files", self.tasks, self.files)
+    }
+}
+
+/// What this host has left for a rack. `None`: not known here (a missing /proc file), and
+/// then not checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Host {
+    /// Memory that can be taken without swapping: MemAvailable, or what the memory
+    /// cgroup still allows when that is less.
+    pub memory: Option<u64>,
+    /// Threads that can still be started: under `pid_max` and `threads-max`, and under
+    /// the user's RLIMIT_NPROC when not root.
+    pub tasks: Option<u64>,
+    /// Files that can still be opened system-wide (`fs.file-max` less those open).
+    pub files: Option<u64>,
+    /// Network namespaces that can still be made (`user.max_net_namespaces`).
+    pub netns: Option<u64>,
+}
+
+impl Host {
+    /// Reads what this host has left from /proc and /sys.
+    pub fn read() -> Host {
+        Host {
+            memory: memory_available(),
+            tasks: tasks_available(),
+            files: files_available(),
+            netns: read_u64("/proc/sys/user/max_net_namespaces"),
+        }
+    }
+}
+
+/// Why the host cannot hold the rack: each resource it lacks, with both figures.
+pub fn shortfalls(needs: &Needs, host: &Host) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(have) = host.memory.filter(|&h| needs.memory > h) {
+        let ip = if needs.ip_registered > 0 {
+            format!(
+                " ({} of it the IP services' registered memory, {} a node)",
+                bytes(needs.ip_registered),
+                bytes(needs.ip_registered / u64::from(needs.shape.nodes()))
+            )
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "memory: it needs about {}{ip}, this host has {} available",
+            bytes(needs.memory),
+            bytes(have)
+        ));
+    }
+    if let Some(have) = host.tasks.filter(|&h| needs.tasks > h) {
+        out.push(format!(
+            "threads: it needs about {}, this host can start {} more (pid_max, threads-max, \
+             or this user's process limit `ulimit -u`)",
+            needs.tasks, have
+        ));
+    }
+    if let Some(have) = host.files.filter(|&h| needs.files > h) {
+        out.push(format!(
+            "open files: it needs about {}, this host can open {} more (fs.file-max)",
+            needs.files, have
+        ));
+    }
+    if let Some(have) = host.netns.filter(|&h| needs.netns > h) {
+        out.push(format!(
+            "network namespaces: it needs {}, this host allows {} (user.max_net_namespaces)",
+            needs.netns, have
+        ));
+    }
+    out
+}
+
+/// A size in the unit that reads best: "4.7 GiB", "34.3 MiB".
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn read_u64(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `Key:   N kB` of /proc/meminfo, in bytes.
+fn meminfo(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+}
+
+fn memory_available() -> Option<u64> {
+    let avail = meminfo(
+        &std::fs::read_to_string("/proc/meminfo").ok()?,
+        "MemAvailable",
+    )?;
+    Some(match cgroup_memory_left() {
+        Some(left) => avail.min(left),
+        None => avail,
+    })
+}
+
+/// What this process's memory cgroup still allows (limit less usage), when it has a
+/// limit: a container's memory limit is not in MemAvailable, and a rack beyond it would be
+/// killed rather than refused.
+fn cgroup_memory_left() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_start_matches('/');
+        // The cgroup's own directory, else the mount's root (in a container the path in
+        // /proc/self/cgroup is the host's, and the container sees its cgroup at the root).
+        let (base, limit, usage) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max", "memory.current")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            continue;
+        };
+        for dir in [Path::new(base).join(path), Path::new(base).to_path_buf()] {
+            let limit = std::fs::read_to_string(dir.join(limit)).ok();
+            let usage = std::fs::read_to_string(dir.join(usage)).ok();
+            if let (Some(l), Some(u)) = (limit, usage) {
+                // "max" (v2) or a huge number (v1) means no limit.
+                let (Ok(l), Ok(u)) = (l.trim().parse::<u64>(), u.trim().parse::<u64>()) else {
+                    return None;
+                };
+                return (l < 1 << 60).then(|| l.saturating_sub(u));
+            }
+        }
+    }
+    None
+}
+
+fn tasks_available() -> Option<u64> {
+    // The fourth field of /proc/loadavg is running/total scheduling entities: every
+    // thread of the host.
+    let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let total: u64 = loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let max = read_u64("/proc/sys/kernel/pid_max")?
+        .min(read_u64("/proc/sys/kernel/threads-max").unwrap_or(u64::MAX));
+    let mut left = max.saturating_sub(total);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        // RLIMIT_NPROC counts every thread of the user, and root is exempt from it.
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given and nothing else.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) } == 0
+            && lim.rlim_cur != libc::RLIM_INFINITY
+        {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let mine = user_tasks(unsafe { libc::getuid() });
+            left = left.min(lim.rlim_cur.saturating_sub(mine));
+        }
+    }
+    Some(left)
+}
+
+/// Threads of processes whose real uid is `uid`.
+fn user_tasks(uid: libc::uid_t) -> u64 {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        };
+        if field("Uid:") == Some(u64::from(uid)) {
+            n += field("Threads:").unwrap_or(1);
+        }
+    }
+    n
+}
+
+fn files_available() -> Option<u64> {
+    // allocated, free (always 0 since 2.6), max
+    let text = std::fs::read_to_string("/proc/sys/fs/file-nr").ok()?;
+    let v: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    Some(v.get(2)?.saturating_sub(*v.first()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(s: &str) -> Shape {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ip_rings_follow_exanet_ip_sizes() {
+        // The registered memory of one node's service as read in /proc/PID/fd of real
+        // racks: 4211200 + 2099200 + 329472 bytes at 4 nodes, 33570816 + 2099200 + 329472
+        // at 128 (the receive area, the send buffers, the attach rings).
+        assert_eq!(
+            ip_registered_per_node(4, 65000),
+            4_211_200 + 2_099_200 + 329_472
+        );
+        assert_eq!(
+            ip_registered_per_node(128, 65000),
+            33_570_816 + 2_099_200 + 329_472
+        );
+        // Beyond 128 nodes every ring stays at four MTU batches, so the area grows with
+        // the square of the rack: 1024 nodes take 256 MiB of rings a node.
+        assert_eq!(ip_ring_len(1024, 65000), 262_144);
+        assert!(ip_registered_per_node(1024, 65000) > 256 << 20);
+    }
+
+    #[test]
+    fn needs_grow_with_the_rack_and_ip() {
+        let off = Needs::of(shape("4x4x2"), None);
+        assert_eq!(off.ip_registered, 0);
+        assert_eq!(off.netns, 0);
+        assert_eq!(off.tasks, 128 * DAEMON_TASKS);
+        let on = Needs::of(shape("4x4x2"), Some(65000));
+        assert_eq!(on.netns, 128);
+        // 4.4 GiB of rings and about 4.7 GiB in all: what the measured rack took.
+        assert_eq!(on.ip_registered, 128 * 35_999_488);
+        assert!((4_700 << 20..5 << 30).contains(&on.memory), "{on}");
+        let big = Needs::of(shape("8x8x4"), Some(65000));
+        assert!(big.memory > 250 << 30, "{big}");
+        assert!(Needs::of(shape("8x8x4"), None).memory <= 3 << 30);
+    }
+
+    #[test]
+    fn a_host_short_of_anything_is_named_with_both_figures() {
+        let needs = Needs::of(shape("8x8x4"), Some(65000));
+        let roomy = Host {
+            memory: Some(1 << 40),
+            tasks: Some(100_000),
+            files: Some(1_000_000),
+            netns: Some(10_000),
+        };
+        assert!(shortfalls(&needs, &roomy).is_empty());
+        assert!(
+            shortfalls(&needs, &Host::default()).is_empty(),
+            "unknown is not short"
+        );
+        let small = Host {
+            memory: Some(18 << 30),
+            tasks: Some(1000),
+            files: Some(100),
+            netns: Some(10),
+        };
+        let s = shortfalls(&needs, &small);
+        assert_eq!(s.len(), 4, "{s:?}");
+        assert!(
+            s[0].starts_with("memory: it needs about 262.9 GiB")
+                && s[0].contains("18.0 GiB available"),
+            "{}",
+            s[0]
+        );
+        assert!(
+            s[0].contains("registered memory, 258.4 MiB a node"),
+            "{}",
+            s[0]
+        );
+        assert!(
+            s[1].contains("14336") && s[1].contains("1000 more"),
+            "{}",
+            s[1]
+        );
+        assert!(
+            s[3].contains("needs 1024") && s[3].contains("allows 10"),
+            "{}",
+            s[3]
+        );
+    }
+
+    #[test]
+    fn sizes_read_in_their_unit() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(35_999_488), "34.3 MiB");
+        assert_eq!(bytes(18 << 30), "18.0 GiB");
+    }
+
+    #[test]
+    fn meminfo_is_read_in_bytes() {
+        let text = "MemTotal:       24684096 kB\nMemAvailable:   24140728 kB\n";
+        assert_eq!(meminfo(text, "MemAvailable"), Some(24_140_728 * 1024));
+        assert_eq!(meminfo(text, "Mem"), None);
+        assert_eq!(meminfo(text, "Shmem"), None);
+    }
+
+    #[test]
+    fn this_host_is_read() {
+        let h = Host::read();
+        assert!(h.memory.is_some_and(|m| m > 0), "{h:?}");
+        assert!(h.tasks.is_some() && h.files.is_some(), "{h:?}");
+    }
+}
