@@ -14,6 +14,9 @@ use thiserror::Error;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code for runtime failures: a daemon that does not answer, a rack that does not come up.
 pub const EXIT_FAILURE: u8 = 1;
+/// Exit code of a `rack up` that failed and could not stop all it had started: unlike
+/// exit 1, part of the rack is still running (the message names it).
+pub const EXIT_LEFT_RUNNING: u8 = 3;
 
 /// The phrase every command uses for a node whose process is gone.
 pub const NOT_RUNNING: &str = "process not running";
@@ -144,6 +147,40 @@ pub enum CliError {
         /// What the rack takes without IP, when this host could hold that.
         without_ip: Option<String>,
     },
+
+    /// `rack up` failed and stopped everything it had started.
+    #[error(
+        "{cause}\n{}; its logs are in {logs}",
+        if *.stopped == 0 {
+            "rack up started nothing".to_string()
+        } else {
+            format!(
+                "rack up stopped the {stopped} daemon(s) it had started, and their IP services \
+                 if any: nothing of the rack is running"
+            )
+        },
+        logs = .logs.display()
+    )]
+    UpFailed {
+        cause: Box<CliError>,
+        stopped: usize,
+        logs: PathBuf,
+    },
+
+    /// `rack up` failed and some of what it started would not stop.
+    #[error(
+        "{cause}\n{} daemon(s) rack up started did not stop even after SIGKILL and still run: \
+         {}; it stopped everything else it had started, and `exactl rack down` tries these \
+         again (logs in {logs})",
+        .left.len(),
+        .left.join(", "),
+        logs = .logs.display()
+    )]
+    UpLeftRunning {
+        cause: Box<CliError>,
+        left: Vec<String>,
+        logs: PathBuf,
+    },
 }
 
 impl CliError {
@@ -156,6 +193,7 @@ impl CliError {
             | CliError::FaultUnit(_)
             | CliError::Usage(_)
             | CliError::SettingMismatch { .. } => EXIT_USAGE,
+            CliError::UpLeftRunning { .. } => EXIT_LEFT_RUNNING,
             _ => EXIT_FAILURE,
         }
     }
@@ -250,5 +288,34 @@ mod tests {
         assert!(io.to_string().starts_with("cannot write /o/x"), "{io}");
         let render = CliError::from(DeployError::Render("cannot render".into()));
         assert_eq!(render.exit_code(), EXIT_FAILURE);
+    }
+
+    /// A failed `rack up` tells by its exit status whether any of the rack still runs.
+    #[test]
+    fn a_failed_rack_up_says_what_it_left_running() {
+        let cause = || Box::new(CliError::Failed("M1QAF3 exited".into()));
+        let stopped = CliError::UpFailed {
+            cause: cause(),
+            stopped: 4,
+            logs: "/r/logs".into(),
+        };
+        assert_eq!(stopped.exit_code(), EXIT_FAILURE);
+        let text = stopped.to_string();
+        assert!(
+            text.starts_with("M1QAF3 exited\nrack up stopped the 4 daemon(s)")
+                && text.contains("nothing of the rack is running")
+                && text.ends_with("/r/logs"),
+            "{text}"
+        );
+        let left = CliError::UpLeftRunning {
+            cause: cause(),
+            left: vec!["M1QAF2 (pid 42)".into()],
+            logs: "/r/logs".into(),
+        };
+        assert_eq!(left.exit_code(), EXIT_LEFT_RUNNING);
+        assert!(
+            left.to_string().contains("still run: M1QAF2 (pid 42)"),
+            "{left}"
+        );
     }
 }

@@ -201,6 +201,11 @@ fn start_all(
     let dir = run_dir(&layout);
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
     for id in shape.node_ids() {
+        if crate::interrupt::raised() {
+            return Err(CliError::Failed(
+                "interrupted while starting the IP services".into(),
+            ));
+        }
         let node = shape.display(id);
         let ns = netns_name(rack, &node);
         // A namespace left by a rack that was not taken down would hold a stale device.
@@ -258,6 +263,11 @@ fn start_all(
                 return Err(CliError::Failed(format!(
                     "the IP service of {node} exited ({st}); its log:\n{}",
                     process::tail_of(&log_file(&layout, node), 10)
+                )));
+            }
+            if crate::interrupt::raised() {
+                return Err(CliError::Failed(format!(
+                    "interrupted while waiting for the IP service of {node}"
                 )));
             }
             if Instant::now() > deadline {

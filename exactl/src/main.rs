@@ -20,7 +20,8 @@
 //!
 //! The rack directory is `--rack DIR`, else `$EXANET_RACK`, else `./exanet-rack`, taken
 //! relative to the directory exactl is run in.
-//! Exit codes: 0 success, 1 runtime failure, 2 bad input.
+//! Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 a `rack up` that failed and
+//! could not stop all it had started.
 
 mod capture;
 mod chaos;
@@ -30,6 +31,7 @@ mod exec;
 mod fabric;
 mod faults;
 mod hosts;
+mod interrupt;
 mod ip_service;
 mod live;
 mod mpirun;
@@ -61,7 +63,8 @@ use crate::error::{CliError, EXIT_USAGE};
     arg_required_else_help = false,
     about = "Operate an exanet virtual rack (an emulated ExaNeSt rack of exanetd daemons)",
     after_help = "The rack directory is --rack DIR, else $EXANET_RACK, else ./exanet-rack.\n\
-                  Exit status: 0 success, 1 runtime failure, 2 bad input."
+                  Exit status: 0 success, 1 runtime failure, 2 bad input, 3 a failed\n\
+                  `rack up` that could not stop all it had started."
 )]
 struct Cli {
     /// Rack directory [default: $EXANET_RACK, else ./exanet-rack]

@@ -144,8 +144,13 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
         source,
     })?;
     let pid_path = layout.pid_file(&node);
-    std::fs::write(&pid_path, format!("{}\n", child.id()))
-        .map_err(|e| CliError::io("write the pid file", &pid_path, e))?;
+    if let Err(e) = std::fs::write(&pid_path, format!("{}\n", child.id())) {
+        // A daemon without its pid file is one no later command would find to stop.
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(CliError::io("write the pid file", &pid_path, e));
+    }
     Ok(child)
 }
 

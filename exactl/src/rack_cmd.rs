@@ -16,6 +16,7 @@ use exanet_proto::{NodeId, Shape};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Health};
+use crate::interrupt;
 use crate::live::RackLiveness;
 use crate::needs::{self, Host, Needs};
 use crate::process::{self, PidFile};
@@ -54,7 +55,10 @@ pub enum IpMode {
     Off,
 }
 
-/// `exactl rack up`.
+/// `exactl rack up`. It either brings the whole rack up (daemons, links and, with IP,
+/// every node's service) or, when anything fails on the way, stops everything it started
+/// before it returns the error: a rack that is half up looks like a rack that works to
+/// every command but the one that meets the missing half.
 pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     let start = Instant::now();
     let (rack, new_file) = prepare_rack(dir, opts)?;
@@ -123,6 +127,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     if issued > 0 {
         eprintln!("exactl: issued {issued} TLS certificates (nodes and the operator's)");
     }
+    // The daemons and services run in `/`: they are handed this one.
     let abs_dir = dir
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
@@ -132,48 +137,148 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         }
     }
 
-    eprintln!(
-        "exactl: starting {} daemons of rack {:?} ({shape}) from {}",
-        names.len(),
-        rack.file.name,
-        binary.display()
-    );
+    interrupt::catch();
     let mut children: Vec<(String, Child)> = Vec::with_capacity(names.len());
-    for n in &names {
-        match process::spawn_daemon(&binary, &layout, &abs_dir, n) {
-            Ok(c) => children.push((n.clone(), c)),
-            Err(e) if children.is_empty() => return Err(e),
-            Err(e) => {
-                let started = children.len();
-                return Err(CliError::Failed(format!(
-                    "{e}\n{started} daemons were started and are still running; \
-                     `exactl rack down` stops them"
-                )));
-            }
-        }
+    let started = start_rack(
+        &rack,
+        &abs_dir,
+        &binary,
+        &names,
+        ip_off.as_deref(),
+        opts.timeout,
+        start,
+        &mut children,
+    );
+    // A second Ctrl-C while stopping what was started ends exactl at once.
+    interrupt::restore();
+    if let Err(e) = started {
+        return Err(roll_back(&rack, children, ip_off.is_none(), e));
     }
-
-    let links = exanet_proto::topology::links(&shape).len();
-    wait_up(&rack, &mut children, start, opts.timeout)?;
-    match &ip_off {
-        None => {
-            crate::ip_service::start(&rack, &abs_dir, opts.timeout)?;
-            eprintln!(
-                "exactl: IP over ExaNet up: {} in namespaces exanet-{}-NODE (`exactl hosts` lists the addresses)",
-                rack.ip_subnet(),
-                rack.file.name
-            );
-        }
-        Some(why) => eprintln!("exactl: IP over ExaNet off: {why}; the rack runs without it"),
+    if ip_off.is_none() {
+        eprintln!(
+            "exactl: IP over ExaNet up: {} in namespaces exanet-{}-NODE (`exactl hosts` lists the addresses)",
+            rack.ip_subnet(),
+            rack.file.name
+        );
     }
     println!(
-        "rack {:?} is up: shape {shape}, {} nodes, {links} links up, {:.1} s ({})",
+        "rack {:?} is up: shape {shape}, {} nodes, {} links up, {:.1} s ({})",
         rack.file.name,
         shape.nodes(),
+        exanet_proto::topology::links(&shape).len(),
         start.elapsed().as_secs_f64(),
         abs_dir.display()
     );
     Ok(())
+}
+
+/// Starts a daemon per node, waits for every link, then starts the IP services (unless
+/// `ip_off` says why not). What it started is in `children`, whatever it returns.
+#[allow(clippy::too_many_arguments)]
+fn start_rack(
+    rack: &Rack,
+    abs_dir: &Path,
+    binary: &Path,
+    names: &[String],
+    ip_off: Option<&str>,
+    timeout: Duration,
+    start: Instant,
+    children: &mut Vec<(String, Child)>,
+) -> Result<()> {
+    let layout = Layout::new(abs_dir);
+    eprintln!(
+        "exactl: starting {} daemons of rack {:?} ({}) from {}",
+        names.len(),
+        rack.file.name,
+        rack.shape(),
+        binary.display()
+    );
+    for n in names {
+        if interrupt::raised() {
+            return Err(CliError::Failed(
+                "interrupted while starting the daemons".into(),
+            ));
+        }
+        children.push((
+            n.clone(),
+            process::spawn_daemon(binary, &layout, abs_dir, n)?,
+        ));
+    }
+    wait_up(rack, children, start, timeout)?;
+    match ip_off {
+        None => crate::ip_service::start(rack, abs_dir, timeout),
+        Some(why) => {
+            eprintln!("exactl: IP over ExaNet off: {why}; the rack runs without it");
+            Ok(())
+        }
+    }
+}
+
+/// How long stopping a rack that failed to come up may wait for its daemons after SIGTERM.
+const ROLL_BACK_GRACE: Duration = Duration::from_secs(10);
+
+/// Stops everything a failed `rack up` started (the IP services and their namespaces,
+/// then the daemons, which are this process's children, so their pids cannot have been
+/// reused) and says so after `cause`. The rack directory stays, logs and all.
+fn roll_back(
+    rack: &Rack,
+    mut children: Vec<(String, Child)>,
+    ip: bool,
+    cause: CliError,
+) -> CliError {
+    let layout = rack.layout();
+    // Only when this rack was to have IP: the namespaces are found by the rack's name,
+    // and another rack of that name may be using them. Stopping twice is harmless (a
+    // failed start stops its services itself).
+    if ip {
+        crate::ip_service::stop(&layout, Some(rack), Duration::from_secs(5));
+    }
+    for (_, c) in &mut children {
+        if let Ok(None) = c.try_wait() {
+            let _ = process::signal(c.id() as i32, libc::SIGTERM);
+        }
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < ROLL_BACK_GRACE
+        && children
+            .iter_mut()
+            .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut left = Vec::new();
+    for (name, c) in &mut children {
+        if let Ok(None) = c.try_wait() {
+            let _ = c.kill();
+        }
+        // SIGKILL cannot be ignored; a process stuck in the kernel is waited for a while
+        // and then reported rather than waited for forever.
+        let t1 = Instant::now();
+        while matches!(c.try_wait(), Ok(None)) && t1.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(c.try_wait(), Ok(None)) {
+            left.push(format!("{name} (pid {})", c.id()));
+        } else {
+            for p in [layout.pid_file(name), layout.control_socket(name)] {
+                let _ = process::remove_if_present(&p);
+            }
+        }
+    }
+    let logs = layout.log_dir();
+    if left.is_empty() {
+        CliError::UpFailed {
+            cause: Box::new(cause),
+            stopped: children.len(),
+            logs,
+        }
+    } else {
+        CliError::UpLeftRunning {
+            cause: Box::new(cause),
+            left,
+            logs,
+        }
+    }
 }
 
 /// Loads the rack file, checking that the options agree with it, or builds a new one from
@@ -423,18 +528,16 @@ fn wait_up(
                 )
             };
             let report = failure_report(rack, &answers, &views, &exited);
-            let logs = rack.layout().log_dir();
-            let advice = if exited.len() == children.len() {
-                format!("no daemon is running (logs in {})", logs.display())
-            } else {
-                format!(
-                    "the {} daemons still running were left for inspection (logs in {}); \
-                     `exactl rack down` stops them",
-                    children.len() - exited.len(),
-                    logs.display()
-                )
-            };
-            return Err(CliError::Failed(format!("{headline}\n{report}{advice}")));
+            return Err(CliError::Failed(
+                format!("{headline}\n{report}").trim_end().to_string(),
+            ));
+        }
+        if interrupt::raised() {
+            progress.done();
+            return Err(CliError::Failed(format!(
+                "interrupted while waiting for the links: {up} of {} up",
+                views.len()
+            )));
         }
         std::thread::sleep(UP_POLL.min(timeout.saturating_sub(start.elapsed())));
     }

@@ -1,0 +1,36 @@
+//! Ctrl-C (SIGINT) and SIGTERM during `rack up`: they only raise a flag, which the waiting
+//! loops poll, so that `rack up` stops what it started instead of dying with the rack half
+//! up.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static RAISED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    RAISED.store(true, Ordering::SeqCst);
+}
+
+/// From now on SIGINT and SIGTERM only raise the flag.
+pub fn catch() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: installing a handler is sound; the handler only stores to a static atomic,
+    // which is async-signal-safe, and touches no lock, allocation or I/O.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// Back to the default: the signals end the process.
+pub fn restore() {
+    // SAFETY: restoring the default disposition of a signal is always sound.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+    }
+}
+
+/// Whether SIGINT or SIGTERM came since [`catch`].
+pub fn raised() -> bool {
+    RAISED.load(Ordering::SeqCst)
+}
