@@ -656,8 +656,7 @@ impl WorkloadService {
             return false;
         };
         !w.backlog.is_empty()
-            || w
-                .mailboxes
+            || w.mailboxes
                 .iter()
                 .any(|(vi, _)| ni.mailboxes.len(rank, *vi).is_ok_and(|n| n > 0))
     }
