@@ -38,25 +38,19 @@ const IP_SERVICE_TASKS: u64 = 10;
 const DAEMON_FILES: u64 = 13;
 const IP_SERVICE_FILES: u64 = 22;
 
-/// exanet-ip's batch and ring sizes (`MAX_BATCH`, `MAX_IN_FLIGHT`, `AREA_BUDGET` and
-/// `ring_len` in exanet-ip/src/main.rs, which this must follow; the quick-start test
-/// compares the sum with the memory a real rack registered).
-const IP_MAX_BATCH: u64 = 64 * 1024 + 64;
-const IP_MAX_IN_FLIGHT: u64 = 8;
-const IP_AREA_BUDGET: u64 = 32 << 20;
-
-/// The receive ring an IP service keeps for each peer in a rack of `nodes` at `mtu`.
+/// The receive ring an IP service keeps for each peer in a rack of `nodes` at `mtu`, as
+/// the service sizes it.
 fn ip_ring_len(nodes: u64, mtu: u64) -> u64 {
-    let floor = 4 * (mtu + 64);
-    let share = (IP_AREA_BUDGET / nodes.max(1)).min(2 * IP_MAX_IN_FLIGHT * IP_MAX_BATCH);
-    share.max(floor).div_ceil(4096) * 4096
+    let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    u64::from(exanet_proto::ip::ring_len(clamp(nodes), clamp(mtu)))
 }
 
 /// Registered memory of one node's IP service: a ring (with its notification slot) per
 /// node of the rack, a send buffer per RDMA write channel, and its attach rings.
 pub fn ip_registered_per_node(nodes: u64, mtu: u64) -> u64 {
     let area = (ip_ring_len(nodes, mtu) + exanet_proto::ip::service::NOTIFY_SLOT) * nodes;
-    let staging = exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * IP_MAX_BATCH;
+    let staging =
+        exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * u64::from(exanet_proto::ip::MAX_BATCH);
     area + staging + ATTACH_RINGS
 }
 

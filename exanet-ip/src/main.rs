@@ -17,32 +17,13 @@ use std::sync::Arc;
 use clap::Parser;
 use exanet::{Config, Endpoint};
 use exanet_control::rack::Rack;
-use exanet_proto::ip::{IpConfig, IpService, IP_MAILBOX_VI, IP_RANK};
+use exanet_proto::ip::{
+    ring_len, IpConfig, IpService, IP_MAILBOX_VI, IP_RANK, MAX_BATCH, MAX_IN_FLIGHT,
+};
 use tracing::{error, info};
 
 use crate::shell::{Ni, Shell};
 
-/// Largest batch written: several MTU-sized packets at the default MTU, and the
-/// receive ring (four batches at least) stays small enough for a ring per peer.
-const MAX_BATCH: u32 = 64 * 1024 + 64;
-/// Batches in flight to one peer: enough to keep a path busy while each waits for its
-/// notification's round trip (see docs/ip.md for the figures).
-const MAX_IN_FLIGHT: u32 = 8;
-/// Bytes of each per-peer receive ring at most: room for every batch in flight and as
-/// many again while the receiver's credit comes back.
-const RING_LEN: u32 = 2 * MAX_IN_FLIGHT * MAX_BATCH;
-/// Bytes of receive rings per node at most (when the MTU allows): registered memory is
-/// committed (the daemon allocates it so that no first touch can fail), and a ring per
-/// peer at full size would take 128 MiB per node of a 128-node rack.
-const AREA_BUDGET: u64 = 32 << 20;
-
-/// The per-peer ring for a rack of `nodes` at `mtu`: the full size when the budget allows,
-/// else the budget's share, but never less than four batches of an MTU-sized packet.
-fn ring_len(nodes: u32, mtu: u32) -> u32 {
-    let floor = 4 * (mtu + 64);
-    let share = (AREA_BUDGET / u64::from(nodes.max(1))).min(u64::from(RING_LEN)) as u32;
-    share.max(floor).div_ceil(4096) * 4096
-}
 /// Bytes queued per peer before packets are dropped (as a full qdisc would).
 const QUEUE_LIMIT: usize = 1 << 20;
 /// Messages the service mailbox holds: every peer's credit and control messages.
@@ -223,6 +204,7 @@ fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use exanet_proto::ip::{AREA_BUDGET, RING_LEN};
 
     #[test]
     fn rings_shrink_with_the_rack_but_always_hold_four_mtu_batches() {

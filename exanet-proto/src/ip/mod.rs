@@ -26,3 +26,26 @@ pub const IP_RANK: u8 = crate::ni::RANKS as u8 - 1;
 /// The mailbox (virtual interface) the service receives its control messages on: the
 /// last, since workloads are given the lowest free one and expect to start at 0.
 pub const IP_MAILBOX_VI: u8 = crate::ni::MAILBOX_VIS as u8 - 1;
+
+/// Largest batch written: several MTU-sized packets at the default MTU, and the
+/// receive ring (four batches at least) stays small enough for a ring per peer.
+pub const MAX_BATCH: u32 = 64 * 1024 + 64;
+/// Batches in flight to one peer: enough to keep a path busy while each waits for its
+/// notification's round trip (see docs/ip.md for the figures).
+pub const MAX_IN_FLIGHT: u32 = 8;
+/// Bytes of each per-peer receive ring at most: room for every batch in flight and as
+/// many again while the receiver's credit comes back.
+pub const RING_LEN: u32 = 2 * MAX_IN_FLIGHT * MAX_BATCH;
+/// Bytes of receive rings per node at most (when the MTU allows): registered memory is
+/// committed (the daemon allocates it so that no first touch can fail), and a ring per
+/// peer at full size would take 128 MiB per node of a 128-node rack.
+pub const AREA_BUDGET: u64 = 32 << 20;
+
+/// The per-peer ring for a rack of `nodes` at `mtu`: the full size when the budget allows,
+/// else the budget's share, but never less than four batches of an MTU-sized packet. The
+/// IP service sizes its rings so, and `exactl rack up` the memory a rack will take.
+pub fn ring_len(nodes: u32, mtu: u32) -> u32 {
+    let floor = 4 * (mtu + 64);
+    let share = (AREA_BUDGET / u64::from(nodes.max(1))).min(u64::from(RING_LEN)) as u32;
+    share.max(floor).div_ceil(4096) * 4096
+}
