@@ -360,7 +360,7 @@ pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChan
         .map(|(d, now)| (d, change.apply(now)))
         .collect();
     set_faults(&client, after.clone(), None)?;
-    println!("{}", set_line(&shape, &dirs, change, &after));
+    crate::stdout::outln!("{}", set_line(&shape, &dirs, change, &after));
     Ok(())
 }
 
@@ -447,7 +447,7 @@ pub fn clear(dir: &Path, ends: Option<(NodeName, NodeName)>) -> Result<()> {
                 Some(b) => format!("removed {}", in_force(&shape, &b)),
                 None => "what was set is unknown".to_string(),
             };
-            println!(
+            crate::stdout::outln!(
                 "{} -> {}: faults cleared, {was} (both directions)",
                 shape.display(dirs[0].from),
                 shape.display(dirs[0].to)
@@ -460,7 +460,7 @@ pub fn clear(dir: &Path, ends: Option<(NodeName, NodeName)>) -> Result<()> {
                 .map(|id| (id, Request::LinkClear))
                 .collect();
             crate::control::all_ok(&client, reqs, TIMEOUT, "link_clear")?;
-            println!(
+            crate::stdout::outln!(
                 "every link: faults cleared at all {} nodes (cut links are up again)",
                 shape.nodes()
             );
@@ -525,13 +525,13 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!(
+        crate::stdout::outln!(
             "{}",
             serde_json::to_string_pretty(&json!({ "links": v, "unanswered": silent }))
                 .map_err(|e| CliError::Failed(e.to_string()))?
         );
     } else {
-        print!(
+        crate::stdout::out!(
             "{}",
             render(&rows, answers.len() - silent.len(), answers.len())
         );
@@ -704,7 +704,7 @@ pub fn partition(dir: &Path, side: &[String], from: &[String]) -> Result<()> {
     } else {
         upper(from)
     };
-    println!(
+    crate::stdout::outln!(
         "cut {} between {} and {other}: {}",
         links_phrase(dirs.len() / 2),
         upper(side),
@@ -757,13 +757,13 @@ pub fn heal(dir: &Path) -> Result<()> {
     set_faults(&client, up, None)?;
     let unanswered = answers.iter().filter(|a| a.is_err()).count();
     if dirs.is_empty() {
-        println!("no link was cut: nothing to heal");
+        crate::stdout::outln!("no link was cut: nothing to heal");
     } else {
         let links: BTreeSet<(NodeId, NodeId)> = dirs
             .iter()
             .map(|d| (d.from.min(d.to), d.from.max(d.to)))
             .collect();
-        println!(
+        crate::stdout::outln!(
             "healed {}: {} (their other faults stay)",
             links_phrase(links.len()),
             link_list(&shape, &dirs)

@@ -11,7 +11,7 @@ use crate::error::{CliError, Result};
 
 pub fn run(dir: &Path) -> Result<()> {
     let rack = Rack::load(dir)?;
-    print!("{}", fragment(&rack)?);
+    crate::stdout::out!("{}", fragment(&rack)?);
     Ok(())
 }
 

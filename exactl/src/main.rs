@@ -42,6 +42,7 @@ mod process;
 mod rack_cmd;
 mod rack_prometheus;
 mod status;
+mod stdout;
 mod table;
 mod top;
 mod units;
@@ -445,7 +446,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
 
 /// Prints the report of a generator (what it wrote, how to start it) when it succeeded.
 fn say(report: exanet_deploy::error::Result<String>) -> Result<(), CliError> {
-    println!("{}", report?);
+    crate::stdout::outln!("{}", report?);
     Ok(())
 }
 

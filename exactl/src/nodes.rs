@@ -140,7 +140,7 @@ pub fn run(dir: &Path, op: NodeOp, name: NodeName) -> Result<()> {
     let id = shape.id_of(name)?;
     let done = apply(&rack, op, id)?;
     // What changed, on stdout; how the restarted node rejoined follows on stderr.
-    println!("{}: {done}", shape.display(id));
+    crate::stdout::outln!("{}: {done}", shape.display(id));
     if op == NodeOp::Restart {
         let took = wait_rejoined(&rack, id, REJOIN_TIMEOUT)?;
         eprintln!(

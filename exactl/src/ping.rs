@@ -94,9 +94,9 @@ pub fn run(dir: &Path, opts: &PingOptions) -> Result<()> {
             );
         }
         let text = serde_json::to_string_pretty(&v).map_err(encode)?;
-        println!("{text}");
+        crate::stdout::outln!("{text}");
     } else {
-        print!(
+        crate::stdout::out!(
             "{}",
             render(&shape, src, dst, &report, opts.timeout_ms, modeled)
         );

@@ -99,8 +99,10 @@ pub fn run(dir: &Path, a: PrometheusArgs) -> Result<()> {
     let paths = Paths::new(dir)?;
     if a.stop {
         match stop(dir, Duration::from_secs(a.timeout.max(1)))? {
-            Some(pid) => println!("stopped the rack's prometheus (pid {pid})"),
-            None => println!("no prometheus of the rack at {} is running", dir.display()),
+            Some(pid) => crate::stdout::outln!("stopped the rack's prometheus (pid {pid})"),
+            None => {
+                crate::stdout::outln!("no prometheus of the rack at {} is running", dir.display())
+            }
         }
         return Ok(());
     }
@@ -115,7 +117,7 @@ pub fn run(dir: &Path, a: PrometheusArgs) -> Result<()> {
     };
     let rack = Rack::load(dir)?;
     if let Some(r) = running(&paths) {
-        println!(
+        crate::stdout::outln!(
             "the rack's prometheus is already running (pid {}): {}\n\
              (`exactl rack prometheus --stop` stops it, to start it with other settings)",
             r.pid,
@@ -179,7 +181,7 @@ pub fn run(dir: &Path, a: PrometheusArgs) -> Result<()> {
         }
         std::thread::sleep(READY_POLL);
     }
-    println!(
+    crate::stdout::outln!(
         "prometheus (pid {pid}) scrapes the {} daemons of rack {name:?} every {interval}; log {}\n\
          rack view: {}",
         targets.len(),

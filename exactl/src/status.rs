@@ -53,7 +53,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     } else {
         render(&rack, &answers, &views)
     };
-    print!("{out}");
+    crate::stdout::out!("{out}");
     let silent = answers.iter().filter(|a| a.is_err()).count();
     let gone = live.gone_count();
     match silent {

@@ -749,3 +749,22 @@ fn exec_runs_a_command_as_the_node_and_passes_its_status_through() {
     assert_usage_error(&s.exactl(&["exec", "M1QCF1", "true"]), &["M1QCF1"]);
     assert_usage_error(&s.exactl(&["exec", "M1QAF1"]), &["CMD"]);
 }
+
+/// A reader that goes away early (`exactl hosts | head -1`) ends exactl quietly and with
+/// success, as it ends a Unix tool: no panic of `print!` on a closed pipe.
+#[test]
+fn a_closed_stdout_ends_exactl_quietly() {
+    let s = Scratch::new("closed-stdout").with_rack_file(&rack_toml("4x4x2"));
+    for _ in 0..5 {
+        let mut c = s.command(&["hosts"]);
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        // Close the read end before exactl writes its 128 lines.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(out.status.success(), "{:?}: {err}", out.status);
+    }
+}

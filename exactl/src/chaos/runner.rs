@@ -134,12 +134,14 @@ pub(super) struct Runner<'a> {
 }
 
 impl Runner<'_> {
+    /// Narrates the plan. A reader that left (`exactl chaos run ... | head`) does not end
+    /// the run: what the plan set must still be undone on time.
     fn say(&self, item: &Item, text: &str) {
-        println!(
-            "{:>10}  {:<12} {text}",
+        let _ = crate::stdout::try_write(format_args!(
+            "{:>10}  {:<12} {text}\n",
             format!("{:.3}s", self.t0.elapsed().as_secs_f64()),
             item.origin.to_string()
-        );
+        ));
     }
 
     fn node_op(&self, id: NodeId, op: NodeOp) -> Result<String> {
@@ -336,13 +338,13 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
     let (rack, tl, file) = load_plan(dir, args)?;
     let shape = rack.shape();
     if args.dry_run {
-        print!("{}", render_timeline(&tl, &shape, &file));
+        crate::stdout::out!("{}", render_timeline(&tl, &shape, &file));
         return Ok(());
     }
     let client = crate::control::client(&rack)?;
     preflight(&rack, &client, &tl)?;
     catch_interrupts();
-    println!(
+    crate::stdout::outln!(
         "plan {:?} ({file}), seed {}: {} actions over {} (Ctrl-C stops it and undoes what it set)",
         tl.name,
         tl.seed,
@@ -376,10 +378,11 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
         default_interrupts();
         // Lowered so the clean-up's own waits (a restart) run to the end.
         INTERRUPTED.store(false, Ordering::SeqCst);
-        println!(
-            "{:>10}  interrupted: undoing what the plan set (Ctrl-C again to leave it set)",
+        // Before the clean-up: a reader that left must not end exactl here either.
+        let _ = crate::stdout::try_write(format_args!(
+            "{:>10}  interrupted: undoing what the plan set (Ctrl-C again to leave it set)\n",
             format!("{:.3}s", stopped_at.as_secs_f64())
-        );
+        ));
     }
     // After a full run only what failed to undo is left; a second try costs little.
     let undone = r.clean_up();
@@ -415,7 +418,7 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
             format!("STILL SET: {}", left.join("; "))
         }
     );
-    println!("{summary}");
+    crate::stdout::outln!("{summary}");
     if interrupted {
         return Err(CliError::Failed(format!(
             "interrupted at {:.3}s{}",
