@@ -3,7 +3,8 @@
 //!
 //! Debian's Open MPI runs as it would on a cluster: `mpirun` starts in the first node's
 //! network namespace, and reaches the other nodes through a remote-shell agent that is
-//! `exactl exec` (a two-line script in `run/mpi/`, with ssh's semantics: the command is
+//! `exactl exec` (a short script, `run/mpi/rsh-agent`, written from `rack up` on, with
+//! ssh's command line: options before the host are taken and ignored, and the command is
 //! one string for a shell). Its settings, passed as `OMPI_MCA_*` in the environment (which
 //! the agent hands on to every `orted` and rank):
 //!
@@ -66,6 +67,51 @@ pub fn mca_env(agent: &Path, subnet: &str) -> Vec<(String, String)> {
     env
 }
 
+/// The remote-shell agent's script: `exactl exec` with ssh's semantics. It takes what ssh
+/// takes before the host (Hydra calls `agent -x HOST ...`; others pass `-q`, `-o X`, `-p N`,
+/// `-l USER`, `USER@HOST`), ignores it (a node is entered, not logged into), and runs the
+/// rest as one line for a shell on the node.
+fn agent_script(exactl: &Path, rack_dir: &Path) -> String {
+    format!(
+        r#"#!/bin/sh
+# The remote-shell agent of this rack (ssh's command line, `exactl exec` underneath):
+# launchers such as Open MPI's and MPICH's Hydra start their remote daemons with it.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --) shift; break ;;
+    -[BbcDEeFIiJLlmOoPpQRSWw]) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+if [ $# -eq 0 ]; then
+  echo "rsh-agent: no host given" >&2
+  exit 255
+fi
+host=${{1#*@}}; shift
+exec '{}' --rack '{}' exec "$host" -- /bin/sh -c "$*"
+"#,
+        exactl.display(),
+        rack_dir.display()
+    )
+}
+
+/// Writes the rack's remote-shell agent, `run/mpi/rsh-agent` (see [`agent_script`]): from
+/// `rack up` on, so that any launcher finds it, and again by `mpirun` (the rack may have
+/// come up with another exactl).
+pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
+    let mpi_dir = rack.layout().run_dir().join("mpi");
+    std::fs::create_dir_all(&mpi_dir).map_err(|e| CliError::io("create", &mpi_dir, e))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
+    let agent = mpi_dir.join("rsh-agent");
+    std::fs::write(&agent, agent_script(&exe, abs_dir))
+        .map_err(|e| CliError::io("write", &agent, e))?;
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| CliError::io("make executable", &agent, e))?;
+    Ok(agent)
+}
+
 /// Runs `program` with one rank per chosen node; returns its exit status.
 pub fn run(
     dir: &Path,
@@ -109,19 +155,7 @@ pub fn run(
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
     let mpi_dir = rack.layout().run_dir().join("mpi");
-    std::fs::create_dir_all(&mpi_dir).map_err(|e| CliError::io("create", &mpi_dir, e))?;
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
-    // ssh's semantics: the remote command is the arguments joined into one shell line.
-    let agent = mpi_dir.join("rsh-agent");
-    let script = format!(
-        "#!/bin/sh\n# Open MPI's remote-shell agent for this rack: `exactl exec` with ssh's semantics.\nhost=$1; shift\nexec '{}' --rack '{}' exec \"$host\" -- /bin/sh -c \"$*\"\n",
-        exe.display(),
-        abs_dir.display()
-    );
-    std::fs::write(&agent, script).map_err(|e| CliError::io("write", &agent, e))?;
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| CliError::io("make executable", &agent, e))?;
+    let agent = write_agent(&rack, &abs_dir)?;
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
     let hosts: String = names.iter().map(|n| format!("{n} slots=1\n")).collect();
     std::fs::write(&hostfile, hosts).map_err(|e| CliError::io("write", &hostfile, e))?;
@@ -154,4 +188,80 @@ pub fn run(
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent skips what ssh takes before the host, strips a user, and hands the rest
+    /// to `exactl exec` as one shell line: run with a stand-in exactl that prints its
+    /// arguments.
+    #[test]
+    fn the_agent_takes_ssh_options_before_the_host() {
+        let dir = std::env::temp_dir().join(format!("exactl-agent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("exactl");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\nfor a in \"$@\"; do echo \"[$a]\"; done\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let agent = dir.join("rsh-agent");
+        std::fs::write(&agent, agent_script(&fake, Path::new("/racks/r"))).unwrap();
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new(&agent).args(args).output().unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        let want = "[--rack]\n[/racks/r]\n[exec]\n[M1QAF2]\n[--]\n[/bin/sh]\n[-c]\n[hydra_pmi_proxy --control-port vm:1234]\n";
+        for args in [
+            &["M1QAF2", "hydra_pmi_proxy", "--control-port", "vm:1234"][..],
+            &[
+                "-x",
+                "M1QAF2",
+                "hydra_pmi_proxy",
+                "--control-port",
+                "vm:1234",
+            ],
+            &[
+                "-q",
+                "-x",
+                "-o",
+                "BatchMode=yes",
+                "-p",
+                "22",
+                "-l",
+                "root",
+                "M1QAF2",
+                "hydra_pmi_proxy",
+                "--control-port",
+                "vm:1234",
+            ],
+            &[
+                "-oBatchMode=yes",
+                "root@M1QAF2",
+                "hydra_pmi_proxy",
+                "--control-port",
+                "vm:1234",
+            ],
+            &[
+                "-x",
+                "--",
+                "M1QAF2",
+                "hydra_pmi_proxy",
+                "--control-port",
+                "vm:1234",
+            ],
+        ] {
+            assert_eq!(run(args), (Some(0), want.to_string()), "{args:?}");
+        }
+        // No host: ssh's failure status, and a word on stderr.
+        assert_eq!(run(&["-x", "-p", "22"]).0, Some(255));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -155,13 +155,21 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         return Err(roll_back(&rack, children, ip_off.is_none(), e));
     }
     if ip_off.is_none() {
+        // Launchers (mpirun, Hydra) reach the nodes through it; the rack is up either way.
+        match crate::mpirun::write_agent(&rack, &abs_dir) {
+            Ok(agent) => eprintln!(
+                "exactl: remote-shell agent for MPI launchers: {}",
+                agent.display()
+            ),
+            Err(e) => eprintln!("exactl: no remote-shell agent for MPI launchers: {e}"),
+        }
         eprintln!(
             "exactl: IP over ExaNet up: {} in namespaces exanet-{}-NODE (`exactl hosts` lists the addresses)",
             rack.ip_subnet(),
             rack.file.name
         );
     }
-    println!(
+    crate::stdout::outln!(
         "rack {:?} is up: shape {shape}, {} nodes, {} links up, {:.1} s ({})",
         rack.file.name,
         shape.nodes(),
@@ -747,7 +755,7 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
     // The rack's Prometheus (`exactl rack prometheus`) and the IP services first: one
     // scrapes the daemons, the others are their workloads.
     match crate::rack_prometheus::stop(dir, timeout) {
-        Ok(Some(pid)) => println!("stopped the rack's prometheus (pid {pid})"),
+        Ok(Some(pid)) => crate::stdout::outln!("stopped the rack's prometheus (pid {pid})"),
         Ok(None) => {}
         Err(e) => eprintln!("exactl: warning: {e}"),
     }
@@ -825,7 +833,7 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
     }
     let stopped = targets.len() + asked;
     if stopped == 0 {
-        println!("nothing was running in {place}");
+        crate::stdout::outln!("nothing was running in {place}");
     } else {
         let forced = if killed > 0 {
             format!(
@@ -835,7 +843,7 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
         } else {
             String::new()
         };
-        println!(
+        crate::stdout::outln!(
             "stopped {stopped} daemon(s) of {place} in {:.1} s{forced}",
             t0.elapsed().as_secs_f64()
         );
