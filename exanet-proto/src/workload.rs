@@ -25,7 +25,7 @@ use crate::gvas::Pdid;
 use crate::ni::allreduce::MAX_MEMBERS;
 use crate::ni::mailbox::ConsumedCount;
 use crate::ni::{
-    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId, MAILBOX_VIS,
+    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId,
     MAILBOX_WINDOW, RANKS,
 };
 use crate::reserved::{Owner, Reservations};
@@ -417,11 +417,6 @@ impl WorkloadService {
                 }
                 Some(vi)
             }
-            (Resource::Mailbox, None) => Some(
-                (0..MAILBOX_VIS as u8)
-                    .find(|vi| ni.mailboxes.is_free(*vi) && reserved.mailbox_owner(*vi).is_none())
-                    .ok_or(NiError::Exhausted("mailbox interface"))?,
-            ),
             (_, w) => w,
         };
         let index = match kind {
@@ -432,8 +427,9 @@ impl WorkloadService {
                     .unwrap_or(DEFAULT_MAILBOX_CAPACITY)
                     .clamp(1, MAX_MAILBOX_CAPACITY);
                 let ring = &w.ring;
+                let kept = |vi| reserved.mailbox_owner(vi).is_some();
                 ni.mailboxes
-                    .alloc_counted(rank, cap as usize, want, |vi| ring.consumed(vi))?
+                    .alloc_counted(rank, cap as usize, want, kept, |vi| ring.consumed(vi))?
             }
         };
         let mut generation = 0;
@@ -645,9 +641,6 @@ impl WorkloadService {
         }
     }
 
-    /// Whether `rank`'s commands should wait: a workload that does not read its
-    /// completions is not served further commands until it does (its command ring fills
-    /// and it is held back) instead of having completions queued for it without bound.
     /// Whether `rank` has completions or mailbox messages waiting for room in its ring:
     /// only then does its driver need to look again (with [`WorkloadService::drain`]) when
     /// the workload has said nothing, since room appears without a word from it.
@@ -661,6 +654,9 @@ impl WorkloadService {
                 .any(|(vi, _)| ni.mailboxes.len(rank, *vi).is_ok_and(|n| n > 0))
     }
 
+    /// Whether `rank`'s commands should wait: a workload that does not read its
+    /// completions is not served further commands until it does (its command ring fills
+    /// and it is held back) instead of having completions queued for it without bound.
     pub fn held_back(&mut self, rank: u8) -> bool {
         match self.workload(rank) {
             Ok(w) => {

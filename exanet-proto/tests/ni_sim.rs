@@ -1348,7 +1348,7 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
             .ni_mut()
             .0
             .mailboxes
-            .alloc_counted(0, cap, None, |_| count)
+            .alloc_counted(0, cap, None, |_| false, |_| count)
             .unwrap();
         let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
         let mut acked = Vec::new();
@@ -1418,7 +1418,7 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
         .ni_mut()
         .0
         .mailboxes
-        .alloc_counted(0, cap, None, |_| count)
+        .alloc_counted(0, cap, None, |_| false, |_| count)
         .unwrap();
     let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
     let mut acked = 0;

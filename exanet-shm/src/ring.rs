@@ -839,15 +839,20 @@ impl Consumer {
         let flag = self.word(OFF_CONSUMER_SLEEPING)?;
         flag.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        // Acquire: as in `wait_readable`.
-        let stamp = self
-            .region
-            .atomic_u32(self.ring.slot_offset(self.head) + SLOT_STAMP)?;
-        if stamp.load(Ordering::Acquire) == self.head.wrapping_add(1) {
+        if self.next_stamped()? {
             flag.store(0, Ordering::Relaxed);
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Whether the next slot holds a message (its stamp is the one the producer writes
+    /// last). Acquire: as in `wait_readable`.
+    fn next_stamped(&self) -> Result<bool, RingError> {
+        let stamp = self
+            .region
+            .atomic_u32(self.ring.slot_offset(self.head) + SLOT_STAMP)?;
+        Ok(stamp.load(Ordering::Acquire) == self.head.wrapping_add(1))
     }
 
     /// Withdraws the announcement of [`prepare_sleep`](Consumer::prepare_sleep) after waking.
@@ -902,21 +907,20 @@ impl Consumer {
         bell: &Doorbell,
         timeout: Option<Duration>,
     ) -> Result<bool, WaitError> {
-        // The spin, ending with an announce-and-recheck that does not sleep.
-        if self.wait_readable(waiter, bell, Some(waiter.spin()))? {
+        // The spin, within the timeout, ending with an announce-and-recheck that does not
+        // sleep; the sleep gets what is left of the timeout.
+        let deadline = deadline_after(timeout);
+        let spin = timeout.map_or(waiter.spin(), |t| waiter.spin().min(t));
+        if self.wait_readable(waiter, bell, Some(spin))? {
             return Ok(true);
         }
         if self.prepare_sleep()? {
             return Ok(true);
         }
-        let rung = bell.wait(timeout);
+        let rung = bell.wait(time_left(deadline));
         self.finish_sleep()?;
         rung?;
-        // Acquire: as in `wait_readable`.
-        let stamp = self
-            .region
-            .atomic_u32(self.ring.slot_offset(self.head) + SLOT_STAMP)?;
-        Ok(stamp.load(Ordering::Acquire) == self.head.wrapping_add(1))
+        Ok(self.next_stamped()?)
     }
 
     /// [`pop`](Consumer::pop), waiting with [`wait_readable`](Consumer::wait_readable) while

@@ -425,6 +425,37 @@ fn wait_readable_once_returns_on_any_ring() {
     let (got, took, bell) = b.join().unwrap();
     assert!(!got);
     assert!(took < Duration::from_secs(10), "{took:?}");
+    // A spin budget longer than the timeout does not outlast it.
+    let t = Instant::now();
+    assert!(!rx
+        .wait_readable_once(
+            &Waiter::new(Duration::from_secs(30)),
+            &bell,
+            Some(Duration::from_millis(30))
+        )
+        .unwrap());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // A message that comes while it sleeps ends the wait with true.
+    let r3 = Arc::clone(&rx);
+    let sleeper = thread::spawn(move || {
+        let got = r3
+            .wait_readable_once(&Waiter::new(Duration::ZERO), &bell, None)
+            .unwrap();
+        (got, bell)
+    });
+    let flag = tx.region().atomic_u32(0x180).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while flag.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never went to sleep"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    tx.push(b"s").unwrap();
+    assert!(tx.wake_consumer(&ringer).unwrap());
+    let (got, bell) = sleeper.join().unwrap();
+    assert!(got);
     // A message: true, at once.
     tx.push(b"m").unwrap();
     assert!(rx

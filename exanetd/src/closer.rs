@@ -125,22 +125,6 @@ pub fn pending() -> usize {
     closers().pending.load(Ordering::Acquire)
 }
 
-/// Closer threads whose current close has taken longer than [`STUCK_AFTER`].
-pub fn stuck() -> usize {
-    let c = closers();
-    let now = c.now_ms();
-    let stuck_ms = STUCK_AFTER.as_millis() as u64;
-    c.busy_since
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter(|b| {
-            let since = b.load(Ordering::Acquire);
-            since != 0 && now.saturating_sub(since) >= stuck_ms
-        })
-        .count()
-}
-
 /// Owns a descriptor a workload could have put something into, and closes it with
 /// [`close_later`] when dropped, wherever that is (under the core lock, say).
 #[derive(Debug)]

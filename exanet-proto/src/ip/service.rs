@@ -443,13 +443,13 @@ impl IpService {
         Ok(())
     }
 
-    /// Time passes: `Open`s unanswered for the retry interval are sent again.
     /// When [`IpService::on_tick`] next has something to do (an unanswered ring request to
     /// ask again), if ever: a driver sleeps until then, not on a fixed period.
     pub fn next_tick(&self) -> Option<Instant> {
         self.retry_due
     }
 
+    /// Time passes: `Open`s unanswered for the retry interval are sent again.
     pub fn on_tick(&mut self, now: Instant) {
         if self.retry_due.is_none_or(|due| now < due) {
             return;

@@ -116,20 +116,23 @@ impl Mailboxes {
     /// Gives a free mailbox interface with room for `capacity` messages to `rank`.
     /// Popping a message reads it.
     pub fn alloc(&mut self, rank: u8, capacity: usize) -> Result<u8, NiError> {
-        self.alloc_with(rank, capacity, None, |_| None)
+        self.alloc_with(rank, capacity, None, |_| false, |_| None)
     }
 
     /// Gives a free mailbox interface with room for `capacity` unread messages to `rank`,
     /// whose reader says through the count `count` makes for the interface's index how
     /// many it took: a popped message counts until then (see the module's documentation).
+    /// `want` names the interface; without it the lowest free one that is not `kept`
+    /// (kept for an owner to ask for by number: `crate::reserved`) is given.
     pub fn alloc_counted(
         &mut self,
         rank: u8,
         capacity: usize,
         want: Option<u8>,
+        kept: impl Fn(u8) -> bool,
         count: impl FnOnce(u8) -> Box<dyn ConsumedCount>,
     ) -> Result<u8, NiError> {
-        self.alloc_with(rank, capacity, want, |vi| {
+        self.alloc_with(rank, capacity, want, kept, |vi| {
             let count = count(vi);
             let base = count.consumed();
             Some(Reader {
@@ -146,6 +149,7 @@ impl Mailboxes {
         rank: u8,
         capacity: usize,
         want: Option<u8>,
+        kept: impl Fn(u8) -> bool,
         reader: impl FnOnce(u8) -> Option<Reader>,
     ) -> Result<u8, NiError> {
         const WHAT: &str = "mailbox interface";
@@ -169,7 +173,8 @@ impl Mailboxes {
             None => self
                 .vis
                 .iter()
-                .position(Option::is_none)
+                .enumerate()
+                .position(|(i, v)| v.is_none() && !kept(i as u8))
                 .ok_or(NiError::Exhausted(WHAT))?,
         };
         self.vis[vi] = Some(Vi {
@@ -193,11 +198,6 @@ impl Mailboxes {
             }),
             Some(Some(v)) => Ok(v),
         }
-    }
-
-    /// Whether interface `vi` exists and nobody holds it.
-    pub fn is_free(&self, vi: u8) -> bool {
-        matches!(self.vis.get(usize::from(vi)), Some(None))
     }
 
     pub fn free(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
