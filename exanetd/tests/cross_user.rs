@@ -49,62 +49,6 @@ const B_NODE: &str = "M1QAF2";
 const B_NODE_ID: NodeId = NodeId(1);
 const MEM: usize = 1 << 20;
 
-/// System users made for the test, deleted when dropped.
-struct Users(Vec<String>);
-
-impl Users {
-    fn create(names: &[&str]) -> Result<Users, String> {
-        let mut made = Users(Vec::new());
-        for n in names {
-            let out = Command::new("useradd")
-                .args([
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    n,
-                ])
-                .output()
-                .map_err(|e| format!("useradd: {e}"))?;
-            // 9: the user exists already (left by an earlier run that was killed).
-            if !out.status.success() && out.status.code() != Some(9) {
-                return Err(format!(
-                    "useradd {n}: {} {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            made.0.push(n.to_string());
-        }
-        Ok(made)
-    }
-}
-
-impl Drop for Users {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let ok = Command::new("userdel")
-                .arg(n)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                eprintln!("cross_user: could not delete user {n}");
-            }
-        }
-    }
-}
-
-fn id_of(user: &str, flag: &str) -> u32 {
-    let out = Command::new("id").args([flag, user]).output().unwrap();
-    assert!(out.status.success(), "id {flag} {user}");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// A child process killed (and reaped) when dropped.
 struct Kid(Child);
 
@@ -134,7 +78,13 @@ fn exe_for_others(dir: &Path) -> PathBuf {
     copy
 }
 
-fn spawn_as(exe: &Path, user: &str, role: &str, rack: &Path, env: &[(&str, String)]) -> Kid {
+fn spawn_as(
+    exe: &Path,
+    user: &require::SystemUser,
+    role: &str,
+    rack: &Path,
+    env: &[(&str, String)],
+) -> Kid {
     let mut c = Command::new(exe);
     c.args([
         "helper_workload",
@@ -143,8 +93,8 @@ fn spawn_as(exe: &Path, user: &str, role: &str, rack: &Path, env: &[(&str, Strin
         "--nocapture",
         "--test-threads=1",
     ])
-    .uid(id_of(user, "-u"))
-    .gid(id_of(user, "-g"))
+    .uid(user.id("-u"))
+    .gid(user.id("-g"))
     .current_dir("/")
     .env("EXANET_XU_ROLE", role)
     .env("EXANET_XU_RACK", rack)
@@ -219,8 +169,11 @@ fn jobs_of_different_users_are_isolated() {
         );
         return;
     }
-    let users = Users::create(&USERS).unwrap();
-    let (uid_a, uid_b) = (id_of(USERS[0], "-u"), id_of(USERS[1], "-u"));
+    let users: Vec<require::SystemUser> = USERS
+        .iter()
+        .map(|u| require::SystemUser::create(u).unwrap())
+        .collect();
+    let (uid_a, uid_b) = (users[0].id("-u"), users[1].id("-u"));
 
     // The daemons run with an operator's strict umask: only the attach socket (0666) and
     // the way to it may be opened to other users.
@@ -276,7 +229,7 @@ fn jobs_of_different_users_are_isolated() {
     assert!(e.contains("may not join job a"), "{e}");
 
     // B attaches on its node and reports what A will aim at.
-    let mut b = spawn_as(&exe, USERS[1], "b", &r.dir, &[]);
+    let mut b = spawn_as(&exe, &users[1], "b", &r.dir, &[]);
     let b_lines = lines_of(&mut b);
     let ready = loop {
         match b_lines.recv_timeout(Duration::from_secs(60)) {
@@ -307,7 +260,7 @@ fn jobs_of_different_users_are_isolated() {
     let nacks_before =
         s.ni.counters.nacks_sent[exanet_proto::ni::NackReason::PdidMismatch as usize];
 
-    let a = spawn_as(&exe, USERS[0], "a", &r.dir, &[("EXANET_XU_B", ready)]);
+    let a = spawn_as(&exe, &users[0], "a", &r.dir, &[("EXANET_XU_B", ready)]);
     let mut a = a;
     let a_lines = lines_of(&mut a);
     let out = finish(a, &a_lines, Duration::from_secs(120), "A");
@@ -329,7 +282,7 @@ fn jobs_of_different_users_are_isolated() {
         );
     }
 
-    let mut c = spawn_as(&exe, USERS[2], "c", &r.dir, &[]);
+    let mut c = spawn_as(&exe, &users[2], "c", &r.dir, &[]);
     let c_lines = lines_of(&mut c);
     let out = finish(c, &c_lines, Duration::from_secs(60), "C");
     assert!(

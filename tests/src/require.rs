@@ -58,3 +58,69 @@ pub fn is_root() -> bool {
         })
         .is_some_and(|euid| euid == "0")
 }
+
+/// A system user made for a test that runs as root, deleted when dropped (also when the
+/// test fails). One left by an earlier run that was killed is taken over.
+pub struct SystemUser {
+    name: String,
+}
+
+impl SystemUser {
+    pub fn create(name: &str) -> Result<SystemUser, String> {
+        let out = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .output()
+            .map_err(|e| format!("useradd: {e}"))?;
+        // 9: the user exists already.
+        if !out.status.success() && out.status.code() != Some(9) {
+            return Err(format!(
+                "useradd {name}: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(SystemUser {
+            name: name.to_string(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its uid (`flag` "-u") or gid ("-g"), as `id` says.
+    pub fn id(&self, flag: &str) -> u32 {
+        let out = std::process::Command::new("id")
+            .args([flag, &self.name])
+            .output()
+            .unwrap_or_else(|e| panic!("id {flag} {}: {e}", self.name));
+        assert!(out.status.success(), "id {flag} {}", self.name);
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("id {flag} {}: {e}", self.name))
+    }
+}
+
+impl Drop for SystemUser {
+    fn drop(&mut self) {
+        let ok = std::process::Command::new("userdel")
+            .arg(&self.name)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = writeln!(
+                std::io::stderr(),
+                "could not delete test user {}",
+                self.name
+            );
+        }
+    }
+}

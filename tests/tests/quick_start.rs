@@ -28,7 +28,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use exanet_tests::{bins, is_root, processes_mentioning, run_with_timeout, runs, Run};
+use exanet_tests::{bins, is_root, processes_mentioning, run_with_timeout, runs, Run, SystemUser};
 
 /// The README's `exactl rack up` waits 60 s for the links by default; this is how long the
 /// test lets it run before calling it stuck.
@@ -347,51 +347,6 @@ fn readme_quick_start_as_root_with_ip() {
     );
 }
 
-/// A system user made for the test, deleted when dropped.
-struct User(String);
-
-impl User {
-    fn create(name: &str) -> User {
-        let out = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                name,
-            ])
-            .output()
-            .unwrap();
-        // 9: the user exists already (left by an earlier run that was killed).
-        assert!(
-            out.status.success() || out.status.code() == Some(9),
-            "useradd {name}: {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        User(name.to_string())
-    }
-
-    fn id(&self, flag: &str) -> u32 {
-        let out = Command::new("id").args([flag, &self.0]).output().unwrap();
-        assert!(out.status.success(), "id {flag} {}", self.0);
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-    }
-}
-
-impl Drop for User {
-    fn drop(&mut self) {
-        let ok = Command::new("userdel")
-            .arg(&self.0)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("quick_start: could not delete user {}", self.0);
-        }
-    }
-}
-
 /// Whether others may run `path`: it and every directory above it let them through.
 fn others_can_run(path: &Path) -> bool {
     let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
@@ -410,7 +365,7 @@ fn readme_quick_start_as_a_normal_user() {
         return;
     }
     let _turn = turn();
-    let user = User::create(USER);
+    let user = SystemUser::create(USER).unwrap();
     let (uid, gid) = (user.id("-u"), user.id("-g"));
     let mut bin = bin_dir();
     // A checkout under a private home: the user runs copies, side by side as built.
@@ -557,12 +512,16 @@ fn ctrl_c_during_rack_up_stops_what_it_started() {
     let _turn = turn();
     let bin = bin_dir();
     let s = Scratch::new("interrupted", bin, None);
-    // An IP service that never gets ready, and says when it started: rack up waits for it.
+    // An IP service that never gets ready, and writes its pid when it starts (it becomes a
+    // `sleep`, so only its pid can find it): rack up waits for it.
     let started = s.dir.join("ip-started");
     let fake = s.dir.join("exanet-ip-stuck");
     std::fs::write(
         &fake,
-        format!("#!/bin/sh\ntouch {}\nexec sleep 600\n", started.display()),
+        format!(
+            "#!/bin/sh\necho $$ >> {}\nexec sleep 600\n",
+            started.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -603,8 +562,27 @@ fn ctrl_c_during_rack_up_stops_what_it_started() {
         "{:?}",
         namespaces_of(&name)
     );
-    let sleepers = processes_mentioning(&[started.to_string_lossy().into_owned()]);
-    assert!(sleepers.is_empty(), "{sleepers:?}");
+    // Every stand-in service that started was stopped with the rack.
+    let pids: Vec<String> = std::fs::read_to_string(&started)
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert!(!pids.is_empty());
+    let alive: Vec<&String> = pids
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|st| !st.contains(") Z "))
+        })
+        .collect();
+    for p in &alive {
+        // Leave nothing behind, even when the assertion below fails.
+        let _ = Command::new("kill").args(["-9", p]).status();
+    }
+    assert!(
+        alive.is_empty(),
+        "IP services still running after Ctrl-C: {alive:?}"
+    );
 }
 
 /// MemAvailable, in bytes.
@@ -632,7 +610,16 @@ fn a_rack_this_host_cannot_hold_is_refused_before_anything_starts() {
     let _turn = turn();
     let s = Scratch::new("too-big", bin_dir(), None);
     let up = s.exactl(
-        &["rack", "up", "--shape", "8x8x4", "--ip", "on"],
+        &[
+            "rack",
+            "up",
+            "--shape",
+            "8x8x4",
+            "--ip",
+            "on",
+            "--name",
+            &format!("qs-too-big-{}", std::process::id()),
+        ],
         COMMAND_LIMIT,
     );
     assert_eq!(up.code(), Some(1), "{}", up.describe());
