@@ -4,8 +4,9 @@
 //!
 //! On a local rack the command runs on this host with the node's attach settings
 //! (`EXANET_RACK`, `EXANET_NODE`): the workloads it starts attach to that node's daemon.
-//! When the rack runs IP over ExaNet, the command runs in the node's network namespace,
-//! where the node's TUN device and address are its network.
+//! When the rack runs IP over ExaNet, the command runs on the node as on a host of its
+//! own (`crate::node_host`): the node's network namespace, where the node's TUN device and
+//! address are its network, its name as host name, the rack's hosts file as `/etc/hosts`.
 //! On a compose rack it runs inside the node's container (`compose exec`), whose
 //! environment already names the node.
 
@@ -40,8 +41,8 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
             let ns = crate::ip_service::netns_path(&rack, &name);
             let mut command = Command::new(program);
             if ns.exists() {
-                enter_netns(&ns)?;
-                // A node that is a host of its own has a /tmp of its own.
+                crate::node_host::enter(&rack, &name, &ns)?;
+                // A host of its own has a /tmp of its own.
                 command.env(
                     "TMPDIR",
                     crate::ip_service::ensure_node_tmp_dir(&rack, &name)?,
@@ -77,18 +78,6 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
             "this rack's daemons are not run by exactl ({how}); run commands on {name} there"
         ))),
     }
-}
-
-/// Moves this process into the network namespace at `path` (exactl is single-threaded
-/// here, so the whole process, and the command it becomes, is in it).
-pub fn enter_netns(path: &Path) -> Result<()> {
-    let f = std::fs::File::open(path).map_err(|e| CliError::io("open", path, e))?;
-    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-        CliError::Failed(format!(
-            "cannot enter the node's network namespace {}: {e}",
-            path.display()
-        ))
-    })
 }
 
 /// Says why `program` could not be started and exits as a shell would.

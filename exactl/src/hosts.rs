@@ -16,7 +16,7 @@ pub fn run(dir: &Path) -> Result<()> {
 }
 
 /// The fragment: a comment naming the rack and its subnet, then `ADDRESS<TAB>NODE`.
-fn fragment(rack: &Rack) -> Result<String> {
+pub fn fragment(rack: &Rack) -> Result<String> {
     let shape = rack.shape();
     let mut out = format!(
         "# exanet rack {}: IP over ExaNet addresses (subnet {})\n",

@@ -200,6 +200,7 @@ fn start_all(
     let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
     let dir = run_dir(&layout);
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    crate::node_host::write_hosts_file(rack)?;
     for id in shape.node_ids() {
         if crate::interrupt::raised() {
             return Err(CliError::Failed(
@@ -230,6 +231,8 @@ fn start_all(
             .arg(&node)
             .arg("--netns")
             .arg(netns_path(rack, &node))
+            .arg("--dev")
+            .arg(crate::node_host::DEVICE)
             // A port the kernel picks (ephemeral): never one of a rack's, which are drawn
             // below the ephemeral range and bound only when their daemon starts.
             .arg("--metrics")

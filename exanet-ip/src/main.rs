@@ -46,9 +46,11 @@ struct Args {
     /// /run/netns/exanet-rack-M1QAF2); absent: this process's own.
     #[arg(long)]
     netns: Option<PathBuf>,
-    /// Name of the TUN device (default: xn-NODE).
-    #[arg(long)]
-    dev: Option<String>,
+    /// Name of the TUN device. The same on every node, so that one name (an MPI
+    /// library's interface setting, say) fits them all; a host that serves several nodes
+    /// without a namespace each must give each its own.
+    #[arg(long, default_value = "exanet0")]
+    dev: String,
     /// Where to serve /metrics (e.g. 127.0.0.1:23000; port 0: any free one, named in the
     /// ready file); absent: no metrics endpoint.
     #[arg(long)]
@@ -142,7 +144,7 @@ fn run(args: Args) -> Result<(), String> {
     let page = ep
         .rdma_page()
         .map_err(|e| format!("allocate an RDMA page: {e}"))?;
-    let dev_name = args.dev.clone().unwrap_or_else(|| format!("xn-{name}"));
+    let dev_name = args.dev.clone();
     let dev = tun_dev::create(
         &tun_dev::TunSpec {
             name: &dev_name,
