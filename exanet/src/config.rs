@@ -4,7 +4,7 @@
 //! | setting | explicit | environment | default |
 //! |---|---|---|---|
 //! | rack directory | [`Config::rack_dir`] | `EXANET_RACK` | `./exanet-rack` |
-//! | node | [`Config::node`] | `EXANET_NODE` | none: [`Error::NoNode`] |
+//! | node | [`Config::node`] | `EXANET_NODE` | the host name, on a node of a rack with IP over ExaNet (a host of its own, named after the node); else [`Error::NoNode`] |
 //! | job key | [`Config::job_key`] | `EXANET_JOB_KEY` | none: the rack's default job |
 //! | spin budget | [`Config::spin`] | `EXANET_SPIN_US` (microseconds) | [`DEFAULT_SPIN`] (20 us) |
 //! | modeled compute scale | [`Config::compute_scale_ppm`] | `EXANET_COMPUTE_SCALE` (a factor, e.g. `0` or `1.5`) | the rack's `[model] compute_scale` |
@@ -128,7 +128,7 @@ impl Config {
     pub(crate) fn resolve(&self) -> Result<Resolved> {
         let node = match self.node.clone().filter(|n| !n.is_empty()) {
             Some(n) => n,
-            None => env(ENV_NODE).ok_or(Error::NoNode)?,
+            None => env(ENV_NODE).or_else(node_host_name).ok_or(Error::NoNode)?,
         };
         // The canonical spelling (upper case), which the daemon names its socket after.
         let name: exanet_proto::NodeName =
@@ -162,6 +162,22 @@ impl Config {
     }
 }
 
+/// The host name when it is a node's name: on a rack with IP over ExaNet every node is a
+/// host of its own, named after the node, and a program started there by a launcher that
+/// does not pass `EXANET_NODE` on (or passes its own node's) belongs to that node. Read
+/// from the kernel, which answers for this process's UTS namespace.
+fn node_host_name() -> Option<String> {
+    node_named(&std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?)
+}
+
+/// `host` (as the kernel gives it, with its newline) when it names a node.
+fn node_named(host: &str) -> Option<String> {
+    let name = host.trim();
+    name.parse::<exanet_proto::NodeName>()
+        .is_ok()
+        .then(|| name.to_string())
+}
+
 /// Reads the rack's shape from `<rack_dir>/rack.toml` (only the `shape` key is looked at).
 pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
     let path = Layout::new(rack_dir).rack_file();
@@ -175,4 +191,20 @@ pub fn read_shape(rack_dir: &Path) -> Result<Shape> {
 /// The `shape = "XxYxZ"` of a rack file's text.
 pub fn parse_shape(text: &str) -> Result<Shape, String> {
     exanet_control::rack::parse_shape(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a node the host name is the node's name; elsewhere it names no node and the
+    /// library asks for one instead of guessing.
+    #[test]
+    fn a_host_name_counts_only_when_it_names_a_node() {
+        assert_eq!(node_named("M1QBF3\n"), Some("M1QBF3".to_string()));
+        assert_eq!(node_named("m2qaf1"), Some("m2qaf1".to_string()));
+        for host in ["vm", "", "\n", "build-host-7", "M1QAF9", "M1QAF1.local"] {
+            assert_eq!(node_named(host), None, "{host:?}");
+        }
+    }
 }

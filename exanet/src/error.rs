@@ -99,7 +99,10 @@ pub enum Error {
     #[error("collective aborted: member {member} failed: {reason}")]
     CollectiveAborted { member: usize, reason: String },
     /// No node was given and `EXANET_NODE` is not set.
-    #[error("no node given: pass one or set EXANET_NODE (e.g. EXANET_NODE=M1QAF1)")]
+    #[error(
+        "no node given: pass one or set EXANET_NODE (e.g. EXANET_NODE=M1QAF1), or run on a \
+         node (`exactl exec NODE -- ...`)"
+    )]
     NoNode,
     /// A node name that is not `M<blade>Q<slot>F<fpga>`, or not in this rack.
     #[error("unknown node {name:?}: {reason}")]
