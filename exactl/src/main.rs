@@ -36,6 +36,7 @@ mod ip_service;
 mod live;
 mod mpirun;
 mod needs;
+mod node_host;
 mod nodes;
 mod ping;
 mod process;
@@ -120,15 +121,15 @@ struct MpirunArgs {
     /// One rank on each of the first N nodes (by node id: whole QFDBs in turn)
     #[arg(long = "np", short = 'n', value_name = "N")]
     np: Option<u32>,
-    /// The mpirun to run
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "mpirun",
-        env = "EXANET_MPIRUN"
-    )]
-    mpirun: std::ffi::OsString,
-    /// An extra argument for mpirun (repeat for several), e.g. --mpi-arg=--mca --mpi-arg=btl_base_verbose --mpi-arg=30
+    /// The MPI to launch with, Debian's Open MPI or MPICH (each with the launcher and
+    /// transport settings it needs on the rack)
+    #[arg(long, value_enum, default_value = "openmpi", env = "EXANET_MPI")]
+    mpi: mpirun::Mpi,
+    /// The launcher to run [default: mpirun.openmpi or mpirun; with --mpi mpich,
+    /// mpiexec.hydra, mpiexec.mpich or mpiexec: the first on PATH]
+    #[arg(long, value_name = "PATH", env = "EXANET_MPIRUN")]
+    mpirun: Option<std::ffi::OsString>,
+    /// An extra argument for the launcher (repeat for several), e.g. --mpi-arg=--mca --mpi-arg=btl_base_verbose --mpi-arg=30
     #[arg(long = "mpi-arg", value_name = "ARG", allow_hyphen_values = true)]
     mpi_args: Vec<std::ffi::OsString>,
     /// The program and its arguments (after `--` if they start with a dash)
@@ -438,7 +439,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 }
                 (None, true) => mpirun::Ranks::All,
             };
-            let code = mpirun::run(&dir, ranks, &a.mpirun, &a.mpi_args, &a.program)?;
+            let code = mpirun::run(
+                &dir,
+                a.mpi,
+                ranks,
+                a.mpirun.as_ref(),
+                &a.mpi_args,
+                &a.program,
+            )?;
             std::process::exit(code)
         }
     }
@@ -482,7 +490,7 @@ fn mpirun_np_spelling(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> 
         return args;
     };
     // Options of exactl mpirun that take a value: their value is never the program.
-    const VALUED: [&str; 5] = ["--nodes", "--np", "-n", "--mpirun", "--mpi-arg"];
+    const VALUED: [&str; 6] = ["--nodes", "--np", "-n", "--mpi", "--mpirun", "--mpi-arg"];
     let mut out: Vec<std::ffi::OsString> = args[..=sub].to_vec();
     let mut rest = args[sub + 1..].iter();
     while let Some(a) = rest.next() {
@@ -594,6 +602,16 @@ mod tests {
         assert_eq!(a.np, None, "a value of --mpi-arg is not exactl's -np");
         assert_eq!(a.mpi_args, ["-np"]);
         assert_eq!(a.program, ["prog", "-np"]);
+        // After the MPI is chosen, -np is still exactl's.
+        for mpi in [&["--mpi", "mpich"][..], &["--mpi=mpich"]] {
+            let mut args = vec!["exactl", "mpirun"];
+            args.extend_from_slice(mpi);
+            args.extend_from_slice(&["--mpirun", "echo", "-np", "8", "--", "prog"]);
+            let a = parse(&args);
+            assert_eq!(a.mpi, mpirun::Mpi::Mpich, "{args:?}");
+            assert_eq!(a.np, Some(8), "{args:?}");
+            assert_eq!(a.program, ["prog"], "{args:?}");
+        }
     }
 
     #[test]

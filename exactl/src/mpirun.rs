@@ -1,13 +1,16 @@
-//! `exactl mpirun [--nodes LIST | -np N] -- PROGRAM [ARGS...]`: an unmodified MPI program
-//! with one rank per emulated node, over IP over ExaNet.
+//! `exactl mpirun [--mpi openmpi|mpich] [--nodes LIST | -np N] -- PROGRAM [ARGS...]`: an
+//! unmodified MPI program with one rank per emulated node, over IP over ExaNet.
 //!
-//! Debian's Open MPI runs as it would on a cluster: `mpirun` starts in the first node's
-//! network namespace, and reaches the other nodes through a remote-shell agent that is
-//! `exactl exec` (a short script, `run/mpi/rsh-agent`, written from `rack up` on, with
-//! ssh's command line: options before the host are taken and ignored, and the command is
-//! one string for a shell). Its settings, passed as `OMPI_MCA_*` in the environment (which
-//! the agent hands on to every `orted` and rank):
+//! Debian's MPI runs as it would on a cluster of hosts: the launcher (Open MPI's `mpirun`,
+//! MPICH's Hydra `mpiexec`) starts on the first node, a host of its own
+//! (`crate::node_host`: its name, the rack's `/etc/hosts`, the device `exanet0`), and
+//! reaches the other nodes through a remote-shell agent that is `exactl exec` (a short
+//! script, `run/mpi/rsh-agent`, written from `rack up` on, with ssh's command line:
+//! options before the host are taken and ignored, and the command is one string for a
+//! shell). Settings, passed in the environment (which the agent hands on to every remote
+//! daemon and rank):
 //!
+//! Open MPI (`OMPI_MCA_*`):
 //! - `plm_rsh_agent`: the agent; `plm_rsh_no_tree_spawn=1`: mpirun starts every orted
 //!   itself, so no orted needs the agent on its PATH;
 //! - `pml=ob1`, `btl=tcp,self`: point-to-point over TCP sockets (one rank per node, so
@@ -23,10 +26,16 @@
 //!   (measured in `docs/ip.md`);
 //! - `OMPI_ALLOW_RUN_AS_ROOT*` when run as root (namespaces need root).
 //!
-//! Every node has a temporary directory of its own (`TMPDIR`, see
-//! [`crate::ip_service::node_tmp_dir`]): Open MPI keys its session directory, and PMIx its
-//! shared-memory store, by host name, which all the nodes' namespaces share; in one
-//! directory the nodes' daemons found each other's files and jobs hung now and then.
+//! MPICH (Hydra's arguments `-launcher ssh -launcher-exec AGENT -f HOSTFILE`, and):
+//! - `UCX_TLS=tcp,self`, `UCX_NET_DEVICES=exanet0`: Debian's MPICH is ch4:ucx, and UCX would
+//!   otherwise take loopback, which reaches no other node;
+//! - `FI_PROVIDER=tcp`, `FI_TCP_IFACE=exanet0`: the same for an MPICH built on libfabric;
+//! - no `EXANET_NODE` or `TMPDIR` in the launcher's environment: Hydra hands all of it to
+//!   every rank, over what the rank's node set.
+//!
+//! Every node also has a temporary directory of its own (`TMPDIR`, see
+//! [`crate::ip_service::node_tmp_dir`]), as separate hosts have: runtimes keep per-host
+//! state there (Open MPI its session directory, PMIx its shared-memory store).
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
@@ -48,23 +57,119 @@ pub enum Ranks {
     All,
 }
 
-/// The Open MPI settings `exactl mpirun` runs with (see the module docs).
-pub fn mca_env(agent: &Path, subnet: &str) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("OMPI_MCA_plm_rsh_agent".into(), agent.display().to_string()),
-        ("OMPI_MCA_plm_rsh_no_tree_spawn".into(), "1".into()),
-        ("OMPI_MCA_pml".into(), "ob1".into()),
-        ("OMPI_MCA_btl".into(), "tcp,self".into()),
-        ("OMPI_MCA_btl_tcp_if_include".into(), subnet.into()),
-        ("OMPI_MCA_oob_tcp_if_include".into(), subnet.into()),
-        ("OMPI_MCA_mpi_yield_when_idle".into(), "1".into()),
-    ];
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        env.push(("OMPI_ALLOW_RUN_AS_ROOT".into(), "1".into()));
-        env.push(("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM".into(), "1".into()));
+/// The MPI families `exactl mpirun` knows how to launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mpi {
+    /// Open MPI (Debian's openmpi-bin: `mpirun.openmpi`)
+    Openmpi,
+    /// MPICH with its Hydra launcher (Debian's mpich: `mpiexec.hydra`)
+    Mpich,
+}
+
+impl Mpi {
+    /// The launchers to look for on PATH, in order, when none is named: the family's own
+    /// name first, since `mpirun`/`mpiexec` are whichever family Debian's alternatives chose.
+    fn launchers(self) -> &'static [&'static str] {
+        match self {
+            Mpi::Openmpi => &["mpirun.openmpi", "mpirun"],
+            Mpi::Mpich => &["mpiexec.hydra", "mpiexec.mpich", "mpiexec"],
+        }
     }
-    env
+
+    /// The launcher: `named`, or the first of [`Mpi::launchers`] on PATH.
+    pub fn launcher(self, named: Option<&OsString>) -> Result<OsString> {
+        if let Some(n) = named {
+            return Ok(n.clone());
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        self.launchers()
+            .iter()
+            .find(|l| std::env::split_paths(&path).any(|d| d.join(l).is_file()))
+            .map(OsString::from)
+            .ok_or_else(|| {
+                CliError::Failed(format!(
+                    "no {} on PATH ({}); Debian: apt-get install {}",
+                    self.launchers().join(", "),
+                    self.name(),
+                    self.package()
+                ))
+            })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mpi::Openmpi => "Open MPI",
+            Mpi::Mpich => "MPICH",
+        }
+    }
+
+    fn package(self) -> &'static str {
+        match self {
+            Mpi::Openmpi => "openmpi-bin",
+            Mpi::Mpich => "mpich",
+        }
+    }
+
+    /// The launcher's arguments before the user's: `n` ranks, one per host of `hostfile`.
+    fn args(self, n: usize, hostfile: &Path, agent: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        match self {
+            Mpi::Openmpi => {
+                a.extend(["-np".into(), n.to_string().into(), "--hostfile".into()]);
+                a.push(hostfile.into());
+                a.extend(["--map-by".into(), "node".into()]);
+            }
+            Mpi::Mpich => {
+                a.extend(["-launcher".into(), "ssh".into(), "-launcher-exec".into()]);
+                a.push(agent.into());
+                a.push("-f".into());
+                a.push(hostfile.into());
+                a.extend(["-n".into(), n.to_string().into()]);
+            }
+        }
+        a
+    }
+
+    /// The host file: one slot on each node, in rank order.
+    fn hostfile(self, names: &[String]) -> String {
+        names
+            .iter()
+            .map(|n| match self {
+                Mpi::Openmpi => format!("{n} slots=1\n"),
+                Mpi::Mpich => format!("{n}:1\n"),
+            })
+            .collect()
+    }
+
+    /// The settings the family runs with on the rack (see the module docs).
+    pub fn env(self, agent: &Path, subnet: &str) -> Vec<(String, String)> {
+        let pairs: Vec<(&str, String)> = match self {
+            Mpi::Openmpi => {
+                let mut env = vec![
+                    ("OMPI_MCA_plm_rsh_agent", agent.display().to_string()),
+                    ("OMPI_MCA_plm_rsh_no_tree_spawn", "1".into()),
+                    ("OMPI_MCA_pml", "ob1".into()),
+                    ("OMPI_MCA_btl", "tcp,self".into()),
+                    ("OMPI_MCA_btl_tcp_if_include", subnet.into()),
+                    ("OMPI_MCA_oob_tcp_if_include", subnet.into()),
+                    ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
+                ];
+                // SAFETY: geteuid has no preconditions and cannot fail.
+                if unsafe { libc::geteuid() } == 0 {
+                    env.push(("OMPI_ALLOW_RUN_AS_ROOT", "1".into()));
+                    env.push(("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".into()));
+                }
+                env
+            }
+            Mpi::Mpich => vec![
+                ("UCX_TLS", "tcp,self".into()),
+                ("UCX_NET_DEVICES", crate::node_host::DEVICE.into()),
+                ("FI_PROVIDER", "tcp".into()),
+                ("FI_TCP_IFACE", crate::node_host::DEVICE.into()),
+            ],
+        };
+        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
 }
 
 /// The remote-shell agent's script: `exactl exec` with ssh's semantics. It takes what ssh
@@ -115,8 +220,9 @@ pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
 /// Runs `program` with one rank per chosen node; returns its exit status.
 pub fn run(
     dir: &Path,
+    mpi: Mpi,
     ranks: Ranks,
-    mpirun: &OsString,
+    launcher: Option<&OsString>,
     mpirun_args: &[OsString],
     program: &[OsString],
 ) -> Result<i32> {
@@ -157,31 +263,41 @@ pub fn run(
     let mpi_dir = rack.layout().run_dir().join("mpi");
     let agent = write_agent(&rack, &abs_dir)?;
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
-    let hosts: String = names.iter().map(|n| format!("{n} slots=1\n")).collect();
-    std::fs::write(&hostfile, hosts).map_err(|e| CliError::io("write", &hostfile, e))?;
+    std::fs::write(&hostfile, mpi.hostfile(&names))
+        .map_err(|e| CliError::io("write", &hostfile, e))?;
+    let launcher = mpi.launcher(launcher)?;
 
     // mpirun runs on the first node: the orteds it starts reach it over the fabric.
-    crate::exec::enter_netns(&crate::ip_service::netns_path(&rack, &names[0]))?;
+    crate::node_host::enter(
+        &rack,
+        &names[0],
+        &crate::ip_service::netns_path(&rack, &names[0]),
+    )?;
     let tmp = crate::ip_service::ensure_node_tmp_dir(&rack, &names[0])?;
-    let status = Command::new(mpirun)
-        .arg("-np")
-        .arg(names.len().to_string())
-        .arg("--hostfile")
-        .arg(&hostfile)
-        .arg("--map-by")
-        .arg("node")
+    let mut command = Command::new(&launcher);
+    match mpi {
+        // orted hands on only OMPI_* and what -x names: each rank keeps the EXANET_NODE
+        // that `exactl exec` gave its node's orted.
+        Mpi::Openmpi => command.env("EXANET_NODE", &names[0]).env("TMPDIR", &tmp),
+        // Hydra gives every rank the launcher's whole environment, over what the rank's
+        // node set: an EXANET_NODE or TMPDIR here would be the first node's for every
+        // rank. Without them, a rank goes by what its node's `exactl exec` set, or by its
+        // host name (the node's name).
+        Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
+    };
+    let status = command
+        .args(mpi.args(names.len(), &hostfile, &agent))
         .args(mpirun_args)
         .args(program)
-        .envs(mca_env(&agent, &rack.ip_subnet().to_string()))
+        .envs(mpi.env(&agent, &rack.ip_subnet().to_string()))
         .env("EXANET_RACK", &abs_dir)
-        .env("EXANET_NODE", &names[0])
-        .env("TMPDIR", &tmp)
         .status();
     let _ = std::fs::remove_file(&hostfile);
     let status = status.map_err(|e| {
         CliError::Failed(format!(
-            "cannot run {} (Debian: apt-get install openmpi-bin): {e}",
-            mpirun.to_string_lossy()
+            "cannot run {} (Debian: apt-get install {}): {e}",
+            launcher.to_string_lossy(),
+            mpi.package()
         ))
     })?;
     use std::os::unix::process::ExitStatusExt;
