@@ -497,10 +497,11 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
         "exanet_ip_drops_total",
         &[("reason", "not_ipv4")],
     );
-    let dev = format!("xn-{SRC}");
     let _ = ip.exec(
         SRC,
-        &["ping", "-6", "-c", "1", "-W", "1", "-I", &dev, "ff02::1"],
+        &[
+            "ping", "-6", "-c", "1", "-W", "1", "-I", "exanet0", "ff02::1",
+        ],
         Duration::from_secs(10),
     );
     let v6_after = metric_sum(
@@ -540,28 +541,53 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
     );
 }
 
-/// An MPI program compiled here with `mpicc` (allreduce and a ring of sendrecv, results
-/// checked by the program) runs with one rank on each of 8 nodes of two QFDBs through
-/// `exactl mpirun`, and its traffic crosses the IP services.
-#[test]
-fn an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs() {
-    const TEST: &str = "ip_over_exanet::an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs";
-    if skip(TEST) {
+/// The MPI families `exactl mpirun --mpi` launches: the name it takes, the compiler and
+/// launcher Debian installs for it (never the `mpicc`/`mpirun` alternatives, which name
+/// one of them), and its package.
+const OPEN_MPI: Family = Family {
+    name: "openmpi",
+    cc: "mpicc.openmpi",
+    launcher: "mpirun.openmpi",
+    packages: "openmpi-bin libopenmpi-dev",
+};
+const MPICH: Family = Family {
+    name: "mpich",
+    cc: "mpicc.mpich",
+    launcher: "mpiexec.hydra",
+    packages: "mpich libmpich-dev",
+};
+
+struct Family {
+    name: &'static str,
+    cc: &'static str,
+    launcher: &'static str,
+    packages: &'static str,
+}
+
+/// An MPI program compiled here (allreduce, a ring of 256 KiB sendrecv with every byte
+/// checked, and each rank's host name gathered to rank 0) runs with one rank on each of
+/// the 8 nodes of two QFDBs through `exactl mpirun --mpi FAMILY`: each rank on its own
+/// node, as a host named after it, and its traffic crossing the IP services.
+fn mpi_program_runs_on_eight_nodes_of_two_qfdbs(test: &str, family: &Family) {
+    if skip(test) {
         return;
     }
-    if !have("mpicc") || !have("mpirun") {
+    if !have(family.cc) || !have(family.launcher) {
         skip_unless_required(
             "EXANET_REQUIRE_IP",
-            TEST,
-            "no mpicc/mpirun (Debian: openmpi-bin libopenmpi-dev)",
+            test,
+            &format!(
+                "no {}/{} (Debian: {})",
+                family.cc, family.launcher, family.packages
+            ),
         );
         return;
     }
     let ip = IpRack::up_with(SMALL_SHAPE);
     let src = ip.rack.dir.join("ring.c");
     std::fs::write(&src, MPI_RING).unwrap();
-    let prog = ip.rack.dir.join("ring");
-    let cc = Command::new("mpicc")
+    let prog = ip.rack.dir.join(format!("ring-{}", family.name));
+    let cc = Command::new(family.cc)
         .arg("-O2")
         .arg("-o")
         .arg(&prog)
@@ -570,7 +596,8 @@ fn an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs() {
         .unwrap();
     assert!(
         cc.status.success(),
-        "mpicc: {}",
+        "{}: {}",
+        family.cc,
         String::from_utf8_lossy(&cc.stderr)
     );
     // Packets the IP services of two ranks' nodes delivered to their hosts.
@@ -588,27 +615,146 @@ fn an_unmodified_mpi_program_runs_on_eight_nodes_of_two_qfdbs() {
     };
     let before = delivered();
     let prog = prog.to_string_lossy().to_string();
-    let r = run_with_timeout(
-        // mpirun gives up first and says where each daemon and rank stood.
-        ip.rack.command(&[
-            "mpirun",
+    let mpi = format!("--mpi={}", family.name);
+    // The launcher gives up first and says where each daemon and rank stood.
+    let mut args = vec!["mpirun", &mpi, "-np", "8"];
+    if family.name == "openmpi" {
+        args.extend([
             "--mpi-arg=--timeout",
             "--mpi-arg=100",
             "--mpi-arg=--report-state-on-timeout",
-            "-np",
-            "8",
-            "--",
-            &prog,
-        ]),
-        Duration::from_secs(120),
-    )
-    .unwrap();
-    assert!(r.success(), "exactl mpirun: {}", r.describe());
-    assert!(r.stdout.contains("MPI ring: ok on 8 ranks"), "{}", r.stdout);
+        ]);
+    }
+    args.extend(["--", &prog]);
+    let mut cmd = ip.rack.command(&args);
+    // Hydra's own time limit (the program's work takes a few seconds).
+    cmd.env("MPIEXEC_TIMEOUT", "30");
+    let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
+    // Every rank verified what it got before rank 0 says ok (the last allreduce), and
+    // each ran on its own node, a host named after it, in node order.
+    assert!(
+        r.stdout.contains("MPI ring: ok on 8 ranks"),
+        "exactl mpirun --mpi {}: {}",
+        family.name,
+        r.describe()
+    );
+    for id in ip.shape.node_ids() {
+        let line = format!("rank {} on {}\n", id.0, ip.shape.display(id));
+        assert!(r.stdout.contains(&line), "{line:?} in {}", r.stdout);
+    }
+    if family.name == "mpich" && !r.success() {
+        // Debian 12's MPICH 4.0.2 over UCX's TCP transport often hangs in MPI_Finalize
+        // after the program's work is done, on any TCP network (the host's loopback too):
+        // a rank waits for peers to answer its disconnects while they wait in the PMI
+        // barrier (fixed in MPICH 4.2, docs/ip.md). Only that hang, ended by Hydra's
+        // time limit, is let through here: what came before it is checked above.
+        assert!(
+            r.stdout.contains("APPLICATION TIMED OUT"),
+            "exactl mpirun --mpi mpich failed other than by the finalize hang: {}",
+            r.describe()
+        );
+        eprintln!("{test}: MPICH's known MPI_Finalize hang, ended by MPIEXEC_TIMEOUT");
+    } else {
+        assert!(
+            r.success(),
+            "exactl mpirun --mpi {}: {}",
+            family.name,
+            r.describe()
+        );
+    }
     let after = delivered();
     assert!(
         after > before,
         "the ranks' traffic went through the IP services"
+    );
+}
+
+#[test]
+fn open_mpi_runs_a_program_on_eight_nodes_of_two_qfdbs() {
+    mpi_program_runs_on_eight_nodes_of_two_qfdbs(
+        "ip_over_exanet::open_mpi_runs_a_program_on_eight_nodes_of_two_qfdbs",
+        &OPEN_MPI,
+    );
+}
+
+/// MPICH's Hydra reaches its proxies through the rack's agent (`agent -x NODE ...`), they
+/// call back to the launcher's host name (which the nodes resolve to its rack address), and
+/// UCX finds the node's `exanet0` (the same name on every node) for its TCP transport.
+#[test]
+fn mpich_runs_a_program_on_eight_nodes_of_two_qfdbs() {
+    mpi_program_runs_on_eight_nodes_of_two_qfdbs(
+        "ip_over_exanet::mpich_runs_a_program_on_eight_nodes_of_two_qfdbs",
+        &MPICH,
+    );
+}
+
+/// Every node is a host of its own: its name as host name, the rack's names in its
+/// `/etc/hosts`, its own `/sys/class/net` with `exanet0`, the same device name on every
+/// node; and none of it reaches the host, during the rack's life or after it.
+#[test]
+fn every_node_is_a_host_of_its_own() {
+    const TEST: &str = "ip_over_exanet::every_node_is_a_host_of_its_own";
+    if skip(TEST) {
+        return;
+    }
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host_hosts = std::fs::read("/etc/hosts").unwrap();
+    {
+        let ip = IpRack::up_with(SMALL_SHAPE);
+        for id in ip.shape.node_ids() {
+            let node = ip.shape.display(id);
+            let r = ip.exec(
+                &node,
+                &[
+                    "sh",
+                    "-c",
+                    "hostname; getent hosts M1QBF3 M1QAF1; ls /sys/class/net",
+                ],
+                Duration::from_secs(30),
+            );
+            assert!(r.success(), "{node}: {}", r.describe());
+            let lines: Vec<&str> = r.stdout.lines().collect();
+            assert_eq!(lines.first(), Some(&node.as_str()), "{node}: {}", r.stdout);
+            let resolved: Vec<Vec<&str>> = lines[1..3]
+                .iter()
+                .map(|l| l.split_whitespace().collect())
+                .collect();
+            assert_eq!(
+                resolved,
+                [
+                    vec![ip.addr("M1QBF3").as_str(), "M1QBF3"],
+                    vec![ip.addr("M1QAF1").as_str(), "M1QAF1"]
+                ],
+                "{node}: {}",
+                r.stdout
+            );
+            let mut devices: Vec<&str> = lines[3..].to_vec();
+            devices.sort();
+            assert_eq!(devices, ["exanet0", "lo"], "{node}: {}", r.stdout);
+        }
+        // A node's root cannot rewrite the rack's names for every node.
+        let r = ip.exec(
+            "M1QAF2",
+            &["sh", "-c", "echo 10.9.9.9 intruder >> /etc/hosts"],
+            Duration::from_secs(30),
+        );
+        assert!(!r.success(), "/etc/hosts is writable on a node");
+        assert_eq!(
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+            host_name,
+            "the host's name changed while the rack is up"
+        );
+        assert_eq!(std::fs::read("/etc/hosts").unwrap(), host_hosts);
+    }
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        host_name,
+        "the host's name after rack down"
+    );
+    assert_eq!(
+        std::fs::read("/etc/hosts").unwrap(),
+        host_hosts,
+        "the host's /etc/hosts after rack down"
     );
 }
 
@@ -618,6 +764,8 @@ const SMALL_SHAPE: &str = "2x1x1";
 const MPI_RING: &str = r#"
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank, size;
@@ -634,9 +782,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 65536; i++) bad |= got[i] != left * 1000003 + i;
     int anybad = 0;
     MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+    char host[64] = {0}, *hosts = malloc(64 * size);
+    gethostname(host, sizeof host - 1);
+    MPI_Gather(host, 64, MPI_CHAR, hosts, 64, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0) {
+        for (int r = 0; r < size; r++) printf("rank %d on %s\n", r, hosts + 64 * r);
         if (anybad) printf("MPI ring: FAILED\n");
         else printf("MPI ring: ok on %d ranks\n", size);
+        fflush(stdout);
     }
     MPI_Finalize();
     return anybad;
