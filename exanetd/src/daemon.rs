@@ -191,8 +191,9 @@ const UDP_BUFFER: usize = 4 << 20;
 
 /// The QUIC endpoint on a UDP socket with large buffers: with the default ~200 KB, a
 /// daemon that is busy for a moment overflows its receive buffer, and QUIC reads the
-/// drops as congestion and throttles the link far below its credit window.
-fn link_endpoint(
+/// drops as congestion and throttles the link far below its credit window. Public so that
+/// `exanet-perf floor` measures QUIC on exactly the daemon's sockets.
+pub fn link_endpoint(
     endpoint_cfg: quinn::EndpointConfig,
     server_cfg: quinn::ServerConfig,
     addr: std::net::SocketAddr,
