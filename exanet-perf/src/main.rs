@@ -6,6 +6,7 @@
 //! exanet-perf [...] pingpong run --peer NODE[:RANK] [--sizes 0,8,64] [--iterations N] [--json]
 //! exanet-perf [...] rdma-lat run --peer NODE[:RANK] [--op write|read] [--sizes 4K,4M] [--verify] [--json]
 //! exanet-perf [...] rdma-bw  run --peer NODE[:RANK] [--op write|read] [--window W] [--verify] [--json]
+//! exanet-perf floor [--size 8] [--frame 256] [--batch 64] [--frames N | --duration-ms 2000] [--json]
 //! ```
 //!
 //! Benchmarks run as a pair: `serve` attached to one node (`EXANET_NODE` or `--node`),
@@ -21,6 +22,8 @@
 //! - `rdma-bw`: `--window` transfers in flight on as many channels, each into its own slot
 //!   of the server's buffer; bandwidth = bytes / time from the first post to the last
 //!   completion.
+//! - `floor`: no rack; QUIC alone, two endpoints set up by exanetd's own code on loopback
+//!   in this process: ping-pong one-way latency and a 256 B frame stream (see `floor.rs`).
 //!
 //! `--json` prints one JSON object per size, with at least `size`, `iterations`,
 //! `p50_us`, `p99_us` and (RDMA) `gbps`, `verified_transfers` (how many transfers of that
@@ -69,6 +72,7 @@
 
 mod client;
 mod collective;
+mod floor;
 mod progress;
 mod server;
 mod stats;
@@ -129,6 +133,45 @@ enum Bench {
     Bcast(CollArgs),
     /// Barrier over a group
     Barrier(CollArgs),
+    /// The floor: QUIC alone, two endpoints set up as exanetd's links, on loopback in this
+    /// process (no rack): ping-pong one-way latency and a stream of 256 B frames
+    Floor(FloorArgs),
+}
+
+#[derive(Debug, Args)]
+struct FloorArgs {
+    /// Ping-pong message size, bytes (>= 1)
+    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = parse_floor_size)]
+    size: u32,
+    /// Measured ping-pong round trips (0: no ping-pong)
+    #[arg(long, value_name = "N", default_value_t = 5000)]
+    iterations: u64,
+    /// Unmeasured round trips first
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    warmup: u64,
+    /// Frame size of the stream, bytes (>= 8: each frame carries its sequence number)
+    #[arg(long, value_name = "BYTES", default_value = "256", value_parser = parse_floor_frame)]
+    frame: u32,
+    /// Frames per write to the stream, as the daemon's link writer hands quinn the cells it
+    /// has queued (1: a write per frame, which quinn 0.11 pays for per write)
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    batch: u32,
+    /// Send this many frames [default: for --duration-ms]
+    #[arg(long, value_name = "N", conflicts_with = "duration_ms")]
+    frames: Option<u64>,
+    /// Send frames for this long, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    duration_ms: u64,
+    /// Two JSON objects on stdout: `floor-pingpong` (one-way p50_us, min_us, max_us, ...)
+    /// and `floor-stream` (gbps, frames_per_s, bytes_received, frames_verified, ...)
+    #[arg(long)]
+    json: bool,
+    /// Give up after this long, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    timeout_ms: u64,
+    /// Say nothing on stderr but errors
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -271,6 +314,24 @@ struct RdmaBwArgs {
     window: u8,
 }
 
+/// A ping-pong message: 1 byte to 1 MiB.
+fn parse_floor_size(s: &str) -> Result<u32, String> {
+    match parse_size(s)? {
+        n @ 1..=0x10_0000 => Ok(n as u32),
+        n => Err(format!("{n} bytes: a message is 1 byte to 1 MiB")),
+    }
+}
+
+/// A frame: its 8-byte sequence number to 1 MiB.
+fn parse_floor_frame(s: &str) -> Result<u32, String> {
+    match parse_size(s)? {
+        n @ 8..=0x10_0000 => Ok(n as u32),
+        n => Err(format!(
+            "{n} bytes: a frame is 8 bytes (its sequence number) to 1 MiB"
+        )),
+    }
+}
+
 /// `4096`, `4K`, `4KB`, `4KiB`, `1M`, `1G` (powers of 1024).
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -342,9 +403,27 @@ fn run(cli: Cli) -> Result<(), String> {
     if let Some((kind, a)) = coll {
         return collective::run(&coll_opts(&cli.global, kind, a)?);
     }
+    if let Bench::Floor(a) = &cli.bench {
+        return floor::run(&floor::Options {
+            size: a.size,
+            iterations: a.iterations,
+            warmup: a.warmup,
+            frame: a.frame,
+            batch: a.batch,
+            until: match a.frames {
+                Some(n) => floor::Until::Frames(n),
+                None => floor::Until::Duration(Duration::from_millis(a.duration_ms)),
+            },
+            json: a.json,
+            quiet: a.quiet,
+            timeout: Duration::from_millis(a.timeout_ms),
+        });
+    }
     let ep = attach(&cli.global)?;
     match cli.bench {
-        Bench::Allreduce(_) | Bench::Bcast(_) | Bench::Barrier(_) => unreachable!("run above"),
+        Bench::Allreduce(_) | Bench::Bcast(_) | Bench::Barrier(_) | Bench::Floor(_) => {
+            unreachable!("run above")
+        }
         Bench::Pingpong(PingRole::Serve(a))
         | Bench::RdmaLat(RdmaLatRole::Serve(a))
         | Bench::RdmaBw(RdmaBwRole::Serve(a)) => server::serve(
