@@ -285,13 +285,31 @@ pub fn run(
         // host name (the node's name).
         Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
     };
-    let status = command
+    command
         .args(mpi.args(names.len(), &hostfile, &agent))
         .args(mpirun_args)
         .args(program)
         .envs(mpi.env(&agent, &rack.ip_subnet().to_string()))
-        .env("EXANET_RACK", &abs_dir)
-        .status();
+        .env("EXANET_RACK", &abs_dir);
+    // Ctrl-C reaches the launcher (the terminal signals the whole foreground group) and
+    // ends the job its own way; exactl stays to remove the host file and pass the status
+    // on. A SIGTERM for exactl alone is handed to the launcher. The launcher starts with
+    // the default dispositions (exec resets caught signals).
+    crate::interrupt::catch();
+    let status = command.spawn().and_then(|mut child| {
+        let mut handed_on = false;
+        loop {
+            if let Some(st) = child.try_wait()? {
+                return Ok(st);
+            }
+            if crate::interrupt::raised() && !handed_on {
+                handed_on = true;
+                let _ = crate::process::signal(child.id() as i32, libc::SIGTERM);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
+    crate::interrupt::restore();
     let _ = std::fs::remove_file(&hostfile);
     let status = status.map_err(|e| {
         CliError::Failed(format!(

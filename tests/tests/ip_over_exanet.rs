@@ -688,6 +688,67 @@ fn mpich_runs_a_program_on_eight_nodes_of_two_qfdbs() {
     );
 }
 
+/// `exactl mpirun` stopped by SIGTERM hands it to the launcher, waits for it, removes
+/// its host file and exits with the launcher's status (as a shell reports a signal).
+#[test]
+fn mpirun_hands_sigterm_to_the_launcher_and_cleans_up() {
+    const TEST: &str = "ip_over_exanet::mpirun_hands_sigterm_to_the_launcher_and_cleans_up";
+    if skip(TEST) {
+        return;
+    }
+    let ip = IpRack::up_with(SMALL_SHAPE);
+    // A stand-in launcher: says it started, then waits.
+    let launcher = ip.rack.dir.join("launcher");
+    let started = ip.rack.dir.join("launcher.started");
+    std::fs::write(
+        &launcher,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec sleep 60\n",
+            started.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let launcher = launcher.to_string_lossy().to_string();
+    let mut child = ip
+        .rack
+        .command(&["mpirun", "--mpirun", &launcher, "-np", "2", "--", "prog"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the launcher never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mpi_dir = ip.rack.dir.join("run/mpi");
+    let hostfiles = || {
+        std::fs::read_dir(&mpi_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("hostfile."))
+            .count()
+    };
+    assert_eq!(hostfiles(), 1, "the job's host file");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("exactl mpirun did not end after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_eq!(hostfiles(), 0, "the host file is left behind");
+}
+
 /// Every node is a host of its own: its name as host name, the rack's names in its
 /// `/etc/hosts`, its own `/sys/class/net` with `exanet0`, the same device name on every
 /// node; and none of it reaches the host, during the rack's life or after it.
