@@ -2,7 +2,8 @@
 # Unmodified MPI applications on the rack against the same ranks on this host, alternated per
 # round (host first, then rack) so that a noisy machine affects both alike:
 #   NetPIPE (NPopenmpi, 2 ranks: M1QAF1, M1QBF1, one torus hop): 8 B one-way latency and
-#     1 MiB throughput;
+#     1 MiB throughput; beside them exanet-perf pingpong's 8 B one-way p50 on the same pair,
+#     the NI's own latency (the issue's target: NetPIPE within twice it);
 #   hpcc (4 ranks: M1QAF1, M1QAF3, M1QBF1, M1QBF3; Debian's example hpccinf.txt, N = 1000):
 #     wall time, average ping-pong latency and bandwidth, HPL GFlop/s;
 #   LAMMPS melt and peptide (lmp, the same 4 ranks; Debian's example inputs): loop time and
@@ -14,7 +15,7 @@
 # the per-round ratios rack/host. A failed run says why; the script then exits 1 at the end.
 # Needs root, /dev/net/tun, Debian's openmpi-bin netpipe-openmpi hpcc lammps lammps-examples,
 # and release builds (built here if missing):
-#   cargo build --release -p exanetd -p exactl -p exanet-ip
+#   cargo build --release -p exanetd -p exactl -p exanet-ip -p exanet-perf
 # Usage: scripts/bench-apps.sh [ROUNDS]   (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +23,8 @@ rounds=${1:-1}
 case $rounds in '' | *[!0-9]* | 0) echo "bench-apps: ROUNDS must be a positive number" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "bench-apps: needs root (network namespaces)" >&2; exit 2; }
 bin=$PWD/target/release
-for b in exanetd exactl exanet-ip; do
-  [ -x "$bin/$b" ] || cargo build --release -q -p exanetd -p exactl -p exanet-ip
+for b in exanetd exactl exanet-ip exanet-perf; do
+  [ -x "$bin/$b" ] || cargo build --release -q -p exanetd -p exactl -p exanet-ip -p exanet-perf
 done
 for t in mpirun.openmpi NPopenmpi hpcc lmp; do
   command -v "$t" >/dev/null || { echo "bench-apps: $t is missing (apt-get install openmpi-bin netpipe-openmpi hpcc lammps)" >&2; exit 2; }
@@ -87,10 +88,12 @@ record() { printf '%s %s\n' "$1" "$2" >>"$results"; }
 ratio() { awk -v r="$1" -v h="$2" 'BEGIN { if (h > 0) printf "%.2f", r / h; else print "nan" }'; }
 
 # The last thermo output before "Loop time": from the last "---- Step" header (thermo_style
-# multi, several lines) or else the last line.
+# multi, several lines, its header's CPU time left out) or else the last line.
 thermo() {
   awk '/^Loop time/ { exit } { lines[++n] = $0; if ($0 ~ /^-+ Step/) start = n } END {
-    if (!start) start = n; for (i = start; i <= n; i++) print lines[i] }' "$1"
+    if (!start) start = n; for (i = start; i <= n; i++) print lines[i] }' "$1" |
+    sed 's/ CPU = *[0-9.]* (sec) //' # the header's CPU time is not output to compare
+
 }
 
 netpipe() {
@@ -111,8 +114,22 @@ netpipe() {
   done
   record "netpipe_8B_one_way_us_rack/host" "$(ratio "${L[rack]}" "${L[host]}")"
   record "netpipe_1MiB_gbps_rack/host" "$(ratio "${B[rack]}" "${B[host]}")"
-  printf 'round %s NetPIPE: 8 B one-way host %s us, rack %s us (x%s); 1 MiB host %s Gb/s, rack %s Gb/s (x%s)\n' \
-    "$round" "${L[host]}" "${L[rack]}" "$(ratio "${L[rack]}" "${L[host]}")" \
+  # The NI's own one-way latency on the same pair.
+  local srv ni
+  EXANET_NODE=M1QBF1 "$bin/exanet-perf" pingpong serve >pp-serve.log 2>&1 &
+  srv=$!
+  for _ in $(seq 200); do grep -q '^ready ' pp-serve.log && break; sleep 0.05; done
+  ni=$(EXANET_NODE=M1QAF1 "$bin/exanet-perf" pingpong run --peer M1QBF1 --quiet --sizes 8 \
+    --iterations 2000 --json 2>&1 | sed -n 's/.*"p50_us":\([0-9.e+-]*\).*/\1/p' | head -1) || true
+  kill "$srv" 2>/dev/null || true
+  wait "$srv" 2>/dev/null || true
+  if [ -z "$ni" ]; then
+    echo "FAILED: exanet-perf pingpong M1QAF1 -> M1QBF1 gave no figure" >&2; cat pp-serve.log >&2; failed=1; ni=0
+  fi
+  record "exanet_perf_8B_one_way_p50_us_rack" "$ni"
+  record "netpipe_8B_one_way_us_rack/ni" "$(ratio "${L[rack]}" "$ni")"
+  printf 'round %s NetPIPE: 8 B one-way host %s us, rack %s us (x%s; exanet-perf pingpong 8 B one-way p50 %s us, NetPIPE x%s of it); 1 MiB host %s Gb/s, rack %s Gb/s (x%s)\n' \
+    "$round" "${L[host]}" "${L[rack]}" "$(ratio "${L[rack]}" "${L[host]}")" "$ni" "$(ratio "${L[rack]}" "$ni")" \
     "${B[host]}" "${B[rack]}" "$(ratio "${B[rack]}" "${B[host]}")"
 }
 
@@ -178,13 +195,15 @@ done
 
 echo
 printf '%-40s %10s %10s %10s %12s\n' "over $rounds rounds" min median max "median r/h"
-for fig in $(awk '{ print $1 }' "$results" | sed 's/_\(host\|rack\|rack\/host\)$//' | awk '!seen[$0]++'); do
+for fig in $(awk '{ print $1 }' "$results" | sed 's/_\(host\|rack\|rack\/host\|rack\/ni\)$//' | awk '!seen[$0]++'); do
   for where in host rack; do
     awk -v f="${fig}_$where" '$1 == f { print $2 }' "$results" | sort -g |
       awk -v f="${fig}_$where" '{ v[NR] = $1 } END { if (NR) printf "%-40s %10s %10s %10s\n", f, v[1], v[int((NR + 1) / 2)], v[NR] }'
   done
   awk -v f="${fig}_rack/host" '$1 == f { print $2 }' "$results" | sort -g |
     awk -v f="$fig rack/host" '{ v[NR] = $1 } END { if (NR) printf "%-40s %10s %10s %10s %12s\n", f, v[1], v[int((NR + 1) / 2)], v[NR], v[int((NR + 1) / 2)] }'
+  awk -v f="${fig}_rack/ni" '$1 == f { print $2 }' "$results" | sort -g |
+    awk -v f="$fig rack/exanet-perf" '{ v[NR] = $1 } END { if (NR) printf "%-40s %10s %10s %10s\n", f, v[1], v[int((NR + 1) / 2)], v[NR] }'
 done
 if [ "$failed" != 0 ]; then
   echo "bench-apps: some runs failed (above)" >&2
