@@ -85,7 +85,7 @@ run() {
 }
 
 record() { printf '%s %s\n' "$1" "$2" >>"$results"; }
-ratio() { awk -v r="$1" -v h="$2" 'BEGIN { if (h > 0) printf "%.2f", r / h; else print "nan" }'; }
+ratio() { awk -v r="$1" -v h="$2" 'BEGIN { if (h > 0) printf "%.3g", r / h; else print "nan" }'; }
 
 # The last thermo output before "Loop time": from the last "---- Step" header (thermo_style
 # multi, several lines, its header's CPU time left out) or else the last line.
