@@ -26,8 +26,7 @@ use nix::mount::{mount, MsFlags};
 
 use crate::error::{CliError, Result};
 
-/// The TUN device's name on every node of a local rack.
-pub const DEVICE: &str = "exanet0";
+pub use exanet_control::ip::DEVICE;
 
 /// The rack's hosts file, which every node sees as `/etc/hosts`.
 pub fn hosts_file(rack: &Rack) -> PathBuf {

@@ -20,6 +20,11 @@ pub const DEFAULT_SUBNET: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(10, 200, 0,
     Err(_) => panic!("a /16 is a valid prefix"),
 };
 
+/// The TUN device's name on every node: the same everywhere (each node has a network
+/// namespace or container of its own), so one interface setting of an MPI library or a
+/// launcher fits them all.
+pub const DEVICE: &str = "exanet0";
+
 /// `[ip]` in the rack file; absent fields keep their defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -49,7 +49,7 @@ struct Args {
     /// Name of the TUN device. The same on every node, so that one name (an MPI
     /// library's interface setting, say) fits them all; a host that serves several nodes
     /// without a namespace each must give each its own.
-    #[arg(long, default_value = "exanet0")]
+    #[arg(long, default_value = exanet_control::ip::DEVICE)]
     dev: String,
     /// Where to serve /metrics (e.g. 127.0.0.1:23000; port 0: any free one, named in the
     /// ready file); absent: no metrics endpoint.
