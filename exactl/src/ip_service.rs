@@ -143,15 +143,12 @@ pub fn check_namespaces_free(rack: &Rack) -> Result<()> {
 
 /// "pid 123 exanet-ip --rack /x ..." for a message.
 fn describe_pid(pid: i32) -> String {
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
+    let cmd = process::cmdline(pid)
+        .unwrap_or_default()
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
     format!("pid {pid} {cmd}").trim_end().to_string()
 }
 

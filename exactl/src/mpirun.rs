@@ -81,10 +81,9 @@ impl Mpi {
         if let Some(n) = named {
             return Ok(n.clone());
         }
-        let path = std::env::var_os("PATH").unwrap_or_default();
         self.launchers()
             .iter()
-            .find(|l| std::env::split_paths(&path).any(|d| d.join(l).is_file()))
+            .find(|l| crate::process::on_path(l).is_some())
             .map(OsString::from)
             .ok_or_else(|| {
                 CliError::Failed(format!(

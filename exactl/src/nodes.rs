@@ -236,9 +236,7 @@ fn wait_gone(d: &process::Daemon) -> bool {
 /// The compose tool of this machine: `docker-compose` (v1) if installed, else the
 /// `docker compose` plugin (v2). Both take the same arguments here.
 pub fn compose_command() -> Command {
-    let v1 = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("docker-compose").is_file()));
-    if v1 {
+    if crate::process::on_path("docker-compose").is_some() {
         Command::new("docker-compose")
     } else {
         let mut c = Command::new("docker");

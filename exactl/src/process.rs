@@ -49,13 +49,8 @@ fn find_binary(env: &str, name: &str) -> Result<PathBuf> {
             return Ok(p);
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join(name);
-            if is_executable(&p) {
-                return Ok(p);
-            }
-        }
+    if let Some(p) = on_path(name) {
+        return Ok(p);
     }
     let beside = exe
         .as_deref()
@@ -230,6 +225,25 @@ pub fn pid_file_nodes(layout: &Layout) -> Vec<String> {
     out
 }
 
+/// The arguments `pid` was started with (`/proc/PID/cmdline`), if it can be read.
+pub fn cmdline(pid: i32) -> Option<Vec<OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string())
+            .collect(),
+    )
+}
+
+/// The executable file `name` in a directory of PATH, the first found.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
 /// True when `pid` is alive (not a zombie) and runs exanetd for `node` of the rack in
 /// `rack_dir`: its command line names an exanetd binary (or script) and `--node <node>`, and its
 /// `--rack`, if given, is the same directory. A recycled pid fails this test.
@@ -237,14 +251,9 @@ pub fn is_our_daemon(pid: i32, node: &str, rack_dir: &Path) -> bool {
     if !is_alive(pid) {
         return false;
     }
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    let Some(args) = cmdline(pid) else {
         return false;
     };
-    let args: Vec<OsString> = raw
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| OsString::from(String::from_utf8_lossy(a).into_owned()))
-        .collect();
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
     cmdline_matches(&args, node, rack_dir, cwd.as_deref())
 }

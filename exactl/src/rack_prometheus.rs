@@ -244,11 +244,8 @@ fn is_ours(pid: i32, paths: &Paths) -> bool {
     if !process::is_alive(pid) {
         return false;
     }
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
     let flag = paths.data_flag();
-    raw.split(|&b| b == 0).any(|arg| arg == flag.as_bytes())
+    process::cmdline(pid).is_some_and(|args| args.iter().any(|a| *a == *flag))
 }
 
 /// The scrape interval as Prometheus writes durations (`1s`, `500ms`).
@@ -301,10 +298,8 @@ fn prometheus_binary(flag: Option<&Path>) -> Result<PathBuf> {
             ))
         });
     }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .find_map(|d| executable(&d.join(PROMETHEUS_NAME)))
+    process::on_path(PROMETHEUS_NAME)
+        .and_then(|p| std::path::absolute(p).ok())
         .ok_or_else(|| {
             CliError::DaemonNotFound(format!(
                 "prometheus: none on PATH; {install}, or name the binary with --prometheus \
