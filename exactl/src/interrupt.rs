@@ -1,6 +1,6 @@
-//! Ctrl-C (SIGINT) and SIGTERM during `rack up`: they only raise a flag, which the waiting
-//! loops poll, so that `rack up` stops what it started instead of dying with the rack half
-//! up.
+//! Ctrl-C (SIGINT) and SIGTERM while exactl has something to undo or wait for (`rack up`,
+//! `chaos run`, `mpirun`): they only raise a flag, which the waiting loops poll, so that
+//! exactl stops what it started instead of dying half way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -33,4 +33,9 @@ pub fn restore() {
 /// Whether SIGINT or SIGTERM came since [`catch`].
 pub fn raised() -> bool {
     RAISED.load(Ordering::SeqCst)
+}
+
+/// Lowers the flag again (so that a clean-up's own waits run to the end).
+pub fn lower() {
+    RAISED.store(false, Ordering::SeqCst);
 }

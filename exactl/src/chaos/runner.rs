@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use exanet_control::control_client::ControlClient;
@@ -40,41 +39,12 @@ pub(super) const RESTART_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often a sleeping run looks at the Ctrl-C flag.
 pub(super) const POLL: Duration = Duration::from_millis(20);
 
-/// Set by SIGINT/SIGTERM; the run polls it between actions.
-pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Ctrl-C (or SIGTERM) from now on only raises [`INTERRUPTED`], so the run can undo what
-/// it set before it exits.
-pub(super) fn catch_interrupts() {
-    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: installing a handler is sound; the handler only stores to a static atomic,
-    // which is async-signal-safe, and never touches locks, allocation or I/O.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
-/// A second Ctrl-C during the clean-up ends exactl at once, for an operator who would
-/// rather leave the faults set than wait.
-pub(super) fn default_interrupts() {
-    // SAFETY: restoring the default disposition of a signal is always sound.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-    }
-}
-
 /// Sleeps until `ns` after `t0`; false if interrupted first. A time beyond what the
 /// clock can represent (a plan of centuries) is waited for until Ctrl-C.
 pub(super) fn sleep_until(t0: Instant, ns: u64) -> bool {
     let deadline = t0.checked_add(Duration::from_nanos(ns));
     loop {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if crate::interrupt::raised() {
             return false;
         }
         let now = Instant::now();
@@ -109,7 +79,7 @@ pub(super) fn restore_of(change: &FaultChange, before: &LinkFaults) -> FaultChan
 pub(super) fn wait_answering(client: &ControlClient, id: NodeId) -> Result<Duration> {
     let t0 = Instant::now();
     let mut last = String::from("no answer yet");
-    while t0.elapsed() < RESTART_TIMEOUT && !INTERRUPTED.load(Ordering::SeqCst) {
+    while t0.elapsed() < RESTART_TIMEOUT && !crate::interrupt::raised() {
         match fabric::query_one(client, id, Duration::from_millis(500)) {
             Ok(_) => return Ok(t0.elapsed()),
             Err(e) => last = e,
@@ -343,7 +313,9 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
     }
     let client = crate::control::client(&rack)?;
     preflight(&rack, &client, &tl)?;
-    catch_interrupts();
+    // Ctrl-C (or SIGTERM) from now on only raises the flag, so the run can undo what it
+    // set before it exits.
+    crate::interrupt::catch();
     crate::stdout::outln!(
         "plan {:?} ({file}), seed {}: {} actions over {} (Ctrl-C stops it and undoes what it set)",
         tl.name,
@@ -375,9 +347,11 @@ pub fn run(dir: &Path, args: &ChaosRunArgs) -> Result<()> {
     }
     let stopped_at = r.t0.elapsed();
     if interrupted {
-        default_interrupts();
+        // A second Ctrl-C during the clean-up ends exactl at once, for an operator who
+        // would rather leave the faults set than wait.
+        crate::interrupt::restore();
         // Lowered so the clean-up's own waits (a restart) run to the end.
-        INTERRUPTED.store(false, Ordering::SeqCst);
+        crate::interrupt::lower();
         // Before the clean-up: a reader that left must not end exactl here either.
         let _ = crate::stdout::try_write(format_args!(
             "{:>10}  interrupted: undoing what the plan set (Ctrl-C again to leave it set)\n",
