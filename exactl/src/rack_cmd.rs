@@ -241,30 +241,35 @@ fn roll_back(
     if ip {
         crate::ip_service::stop(&layout, Some(rack), Duration::from_secs(5));
     }
-    for (_, c) in &mut children {
-        if let Ok(None) = c.try_wait() {
-            let _ = process::signal(c.id() as i32, libc::SIGTERM);
-        }
+    let mut running: Vec<&mut (String, Child)> = children
+        .iter_mut()
+        .filter_map(|e| matches!(e.1.try_wait(), Ok(None)).then_some(e))
+        .collect();
+    for (_, c) in running.iter_mut() {
+        let _ = process::signal(c.id() as i32, libc::SIGTERM);
     }
-    let t0 = Instant::now();
-    while t0.elapsed() < ROLL_BACK_GRACE
-        && children
+    let still = |running: &mut Vec<&mut (String, Child)>| {
+        running
             .iter_mut()
             .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
-    {
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < ROLL_BACK_GRACE && still(&mut running) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut left = Vec::new();
-    for (name, c) in &mut children {
+    for (_, c) in running.iter_mut() {
         if let Ok(None) = c.try_wait() {
             let _ = c.kill();
         }
-        // SIGKILL cannot be ignored; a process stuck in the kernel is waited for a while
-        // and then reported rather than waited for forever.
-        let t1 = Instant::now();
-        while matches!(c.try_wait(), Ok(None)) && t1.elapsed() < Duration::from_secs(3) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    }
+    // SIGKILL cannot be ignored; processes stuck in the kernel are waited for a while (all
+    // together, not each in turn) and then reported rather than waited for forever.
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(3) && still(&mut running) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut left = Vec::new();
+    for (name, c) in children.iter_mut() {
         if matches!(c.try_wait(), Ok(None)) {
             left.push(format!("{name} (pid {})", c.id()));
         } else {
