@@ -101,19 +101,10 @@ struct AcceptorReport {
     last_byte: Option<Instant>,
 }
 
+/// Runs both measurements. `o` comes from the command line, whose parsers
+/// (`parse_floor_size`, `parse_floor_frame`, the `--batch` range in `main.rs`) refuse a
+/// message of 0 bytes, a frame shorter than its sequence number and an empty batch.
 pub fn run(o: &Options) -> Result<(), String> {
-    if o.size == 0 {
-        return Err("--size: a ping-pong message is at least 1 byte".into());
-    }
-    if u64::from(o.frame) < SEQ_BYTES {
-        return Err(format!(
-            "--frame {}: a frame is at least {SEQ_BYTES} bytes (its sequence number)",
-            o.frame
-        ));
-    }
-    if o.batch == 0 {
-        return Err("--batch: at least 1 frame per write".into());
-    }
     let mut plan = Progress::new(o.quiet, Duration::from_secs(3600));
     plan.say(&format!(
         "floor: quinn on loopback, {DIALER} dials {ACCEPTOR} with exanetd's link settings; \
@@ -240,8 +231,8 @@ fn report(o: &Options, d: &DialerReport, a: &AcceptorReport) -> Result<(), Strin
                 "bytes_sent": sent,
                 "bytes_received": a.bytes,
                 "frames_verified": a.frames_in_sequence,
-                "seconds": round(seconds, 6),
-                "gbps": round(gbps, 3),
+                "seconds": crate::stats::round(seconds, 6),
+                "gbps": crate::stats::round(gbps, 3),
                 "frames_per_s": fps.round(),
                 "path_mtu": d.mtu,
             })
@@ -263,11 +254,6 @@ fn report(o: &Options, d: &DialerReport, a: &AcceptorReport) -> Result<(), Strin
         a.bytes, d.frames_sent, o.frame, d.mtu
     );
     Ok(())
-}
-
-fn round(x: f64, places: i32) -> f64 {
-    let m = 10f64.powi(places);
-    (x * m).round() / m
 }
 
 type EndpointCfgs = (quinn::EndpointConfig, quinn::ServerConfig);

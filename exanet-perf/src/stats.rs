@@ -59,7 +59,13 @@ pub struct Row {
 }
 
 fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+    round(x, 3)
+}
+
+/// `x` to `places` decimal places, for figures in JSON.
+pub(crate) fn round(x: f64, places: i32) -> f64 {
+    let m = 10f64.powi(places);
+    (x * m).round() / m
 }
 
 impl Row {
