@@ -14,7 +14,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod require;
-pub use require::{is_root, required, runs, skip_unless_required, SystemUser};
+pub use require::{
+    ip_missing, is_root, on_path, required, runs, skip_unless_required, skip_without_ip, SystemUser,
+};
 
 /// Environment variable naming the directory that holds `exactl` and `exanetd`.
 pub const BIN_DIR_ENV: &str = "EXANET_BIN_DIR";

@@ -124,3 +124,35 @@ impl Drop for SystemUser {
         }
     }
 }
+
+/// Whether `tool` is a file in a directory of PATH.
+pub fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// Why IP over ExaNet cannot run here, if it cannot: root, `/dev/net/tun`, and `tools`
+/// on PATH (`ip` and whatever the test runs on the nodes).
+pub fn ip_missing(tools: &[&str]) -> Option<String> {
+    if !is_root() {
+        return Some("not root".into());
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("no /dev/net/tun".into());
+    }
+    tools
+        .iter()
+        .find(|t| !on_path(t))
+        .map(|t| format!("no `{t}`"))
+}
+
+/// True when a test of IP over ExaNet must skip (and says so, [`skip_unless_required`]
+/// with `EXANET_REQUIRE_IP`): [`ip_missing`] found something missing.
+#[track_caller]
+pub fn skip_without_ip(test: &str, tools: &[&str]) -> bool {
+    let Some(why) = ip_missing(tools) else {
+        return false;
+    };
+    skip_unless_required("EXANET_REQUIRE_IP", test, &format!("IP over ExaNet: {why}"));
+    true
+}

@@ -20,33 +20,14 @@ use exanet_tests::{
 const SHAPE: &str = "6x1x1";
 const SRC: &str = "M1QAF2";
 
-fn missing() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("no /dev/net/tun".into());
-    }
-    ["ip", "ping", "iperf3"]
-        .into_iter()
-        .find(|t| !have(t))
-        .map(|t| format!("no `{t}`"))
-}
-
 /// Whether `tool` is on PATH.
 fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
+    exanet_tests::on_path(tool)
 }
 
 /// True when the test must skip (and says so); panics instead when IP is required.
 fn skip(test: &str) -> bool {
-    let Some(why) = missing() else { return false };
-    skip_unless_required("EXANET_REQUIRE_IP", test, &format!("IP over ExaNet: {why}"));
-    true
+    exanet_tests::skip_without_ip(test, &["ip", "ping", "iperf3"])
 }
 
 struct IpRack {
