@@ -65,7 +65,11 @@ impl Target {
             cx.answer(cell, Some(NackReason::BadAddress));
             return false;
         }
-        if let Some(&(seq, _)) = self.finished.get(&key) {
+        // A cell of a block under way (same sequence) needs no look among the finished
+        // ones, thousands of them: a block enters `rx` only past that look, and leaves it
+        // when it finishes. Only a block's first cell (or a late copy) pays for it.
+        let under_way = self.rx.get(&key).is_some_and(|c| c.seq == cell.seq);
+        if let Some(&(seq, _)) = self.finished.get(&key).filter(|_| !under_way) {
             if seq_le(cell.seq, seq) {
                 cx.stats.duplicates += 1;
                 if cell.seq == seq && cell.flags & FLAG_LAST != 0 {
