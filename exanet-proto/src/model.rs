@@ -369,7 +369,11 @@ impl Timeline {
         // place.
         let mut t = ready.0;
         // The first interval starting after `ready`; the one before it may cover `ready`.
-        let mut j = self.busy.partition_point(|&(s, _)| s <= t);
+        // Mostly none: a stream reserves at or after the start of the latest interval.
+        let mut j = match self.busy.back() {
+            Some(&(s, _)) if s <= t => self.busy.len(),
+            _ => self.busy.partition_point(|&(s, _)| s <= t),
+        };
         if j > 0 {
             t = t.max(self.busy[j - 1].1);
         }
@@ -505,48 +509,44 @@ impl Buffer {
         let room = u64::from(cap.saturating_sub(bytes));
         // The common cases, without looking at each cell: everything left by then, or
         // everything together fits anyway.
-        if at >= self.last_leave || self.bytes <= room || self.held_at(at) <= room {
+        if at >= self.last_leave || self.bytes <= room {
             return None;
         }
-        // Held bytes at a time: every entry at or before it, less every departure at or
-        // before it (a cell is held from its entry, inclusive, to its departure,
-        // exclusive; one that leaves before it enters is never held, but its departure is
-        // still a moment to look at). Departures after `at` are the candidates, earliest
-        // first. Cells come in handled order, so entries and departures are each nearly
-        // in order already.
+        let mut held = self.held_at(at);
+        if held <= room {
+            return None;
+        }
+        // From `at` on, held bytes change only by what enters and leaves after it (a cell
+        // is held from its entry, inclusive, to its departure, exclusive; one that leaves
+        // before it enters is never held, but its departure is still a moment to look
+        // at). Departures after `at` are the candidates, earliest first. Only events after
+        // `at` are sorted (in a saturating stream, the dozen cells ahead), and cells come
+        // in handled order, so each list is nearly in order already.
         let mut enters = [(0u64, 0u32); Self::KEEP];
         let mut leaves = [(0u64, 0u32); Self::KEEP];
         let (mut ne, mut nl) = (0, 0);
         for c in &self.cells {
-            if c.enter < c.leave {
+            let held_ever = c.enter < c.leave;
+            if held_ever && c.enter > at {
                 enters[ne] = (c.enter.0, c.bytes);
                 ne += 1;
-                leaves[nl] = (c.leave.0, c.bytes);
-            } else {
-                leaves[nl] = (c.leave.0, 0);
             }
-            nl += 1;
+            if c.leave > at {
+                leaves[nl] = (c.leave.0, if held_ever { c.bytes } else { 0 });
+                nl += 1;
+            }
         }
         let (enters, leaves) = (&mut enters[..ne], &mut leaves[..nl]);
         sort_nearly_sorted(enters);
         sort_nearly_sorted(leaves);
-        let (mut held, mut ie, mut il) = (0u64, 0, 0);
-        let mut until = |t: u64, held: &mut u64| {
-            while ie < enters.len() && enters[ie].0 <= t {
-                *held += u64::from(enters[ie].1);
-                ie += 1;
-            }
-        };
-        // Departures are subtracted only after the entries up to the same time are in,
-        // so the count never goes below zero.
-        while il < leaves.len() && leaves[il].0 <= at.0 {
-            until(leaves[il].0, &mut held);
-            held -= u64::from(leaves[il].1);
-            il += 1;
-        }
+        let (mut ie, mut il) = (0, 0);
         while il < leaves.len() {
             let t = leaves[il].0;
-            until(t, &mut held);
+            // Entries up to the same time first, so the count never goes below zero.
+            while ie < enters.len() && enters[ie].0 <= t {
+                held += u64::from(enters[ie].1);
+                ie += 1;
+            }
             while il < leaves.len() && leaves[il].0 == t {
                 held -= u64::from(leaves[il].1);
                 il += 1;

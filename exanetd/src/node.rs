@@ -32,6 +32,9 @@ use crate::session::Session;
 use crate::shm_memory::ShmMemory;
 
 /// One port's link: who is at the other end and the state of the current session.
+/// What a link's output buffer is allocated with once frames are written into it.
+const OUT_BUFFER: usize = 64 * 1024;
+
 pub struct LinkSlot {
     pub peer: NodeId,
     pub peer_port: Port,
@@ -59,7 +62,14 @@ impl LinkSlot {
     /// Writes what leaves the sender now into the writer's buffer.
     fn put(&mut self, d: Option<Departure>) -> Result<(), CellError> {
         match d {
-            Some(d) => d.encode(&mut self.out),
+            Some(d) => {
+                // The writer takes the whole buffer each time; a fresh one starts at a
+                // writer's batch, not at one frame grown by doubling (copying each time).
+                if self.out.is_empty() && self.out.capacity() < OUT_BUFFER / 2 {
+                    self.out.reserve(OUT_BUFFER);
+                }
+                d.encode(&mut self.out)
+            }
             None => Ok(()),
         }
     }

@@ -243,19 +243,35 @@ impl Transfer {
         b.unanswered = b.unanswered.saturating_add(1);
         b.sent_at = cx.now;
         let (mut off, end) = (start, start + len);
+        // A first attempt reads the whole block at once and its cells share it: one
+        // allocation per block, not one per cell. A repair reads only what it resends.
+        let whole = if arrived == 0 {
+            let mut data = vec![0u8; len as usize];
+            mem.read(self.rank, self.src_va + start, &mut data)
+                .map_err(|_| ())?;
+            Some(Bytes::from(data))
+        } else {
+            None
+        };
         let mut index = 0u8;
         while off < end {
             let va = self.dst.va() + off;
             let n = ((va / CELL_SIZE + 1) * CELL_SIZE).min(self.dst.va() + end) - va;
             let last = off + n == end;
             if last || arrived & (1 << index) == 0 {
-                let mut data = vec![0u8; n as usize];
-                mem.read(self.rank, self.src_va + off, &mut data)
-                    .map_err(|_| ())?;
+                let payload = match &whole {
+                    Some(b) => b.slice((off - start) as usize..(off - start + n) as usize),
+                    None => {
+                        let mut data = vec![0u8; n as usize];
+                        mem.read(self.rank, self.src_va + off, &mut data)
+                            .map_err(|_| ())?;
+                        Bytes::from(data)
+                    }
+                };
                 let dst = self.dst.with_va(va).map_err(|_| ())?;
                 // The NI stamps the source node on every cell it emits.
-                let mut c = Cell::new(dst, CellType::Write, NodeId(0), Bytes::from(data))
-                    .map_err(|_| ())?;
+                let mut c =
+                    Cell::new(dst, CellType::Write, NodeId(0), payload).map_err(|_| ())?;
                 c.txn = self.txn;
                 c.src_rank = self.rank;
                 c.seq = b.seq;
