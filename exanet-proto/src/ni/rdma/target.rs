@@ -3,6 +3,7 @@
 //! that only the missing cells come again), finished blocks remembered so that late copies
 //! are dropped, read requests accepted for the initiator to serve, and notifications.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 
 use super::initiator::{ReadDone, ServedRead};
@@ -65,10 +66,13 @@ impl Target {
             cx.answer(cell, Some(NackReason::BadAddress));
             return false;
         }
-        // A cell of a block under way (same sequence) needs no look among the finished
-        // ones, thousands of them: a block enters `rx` only past that look, and leaves it
-        // when it finishes. Only a block's first cell (or a late copy) pays for it.
-        let under_way = self.rx.get(&key).is_some_and(|c| c.seq == cell.seq);
+        // One look at the receive contexts per cell. A cell of a block under way (same
+        // sequence) needs no look among the finished ones, thousands of them: a block
+        // enters `rx` only past that look, and leaves it when it finishes. Only a block's
+        // first cell (or a late copy) pays for it.
+        let full = self.rx.len() >= cfg.rx_contexts;
+        let entry = self.rx.entry(key);
+        let under_way = matches!(&entry, Entry::Occupied(o) if o.get().seq == cell.seq);
         if let Some(&(seq, _)) = self.finished.get(&key).filter(|_| !under_way) {
             if seq_le(cell.seq, seq) {
                 cx.stats.duplicates += 1;
@@ -78,20 +82,18 @@ impl Target {
                 return false;
             }
         }
-        let ctx = match self.rx.get_mut(&key) {
-            Some(c) => c,
-            None => {
-                if self.rx.len() >= cfg.rx_contexts {
-                    cx.answer(cell, Some(NackReason::NoContext));
-                    return false;
-                }
-                self.rx.entry(key).or_insert(RxBlock {
-                    seq: cell.seq,
-                    bitmap: 0,
-                    last: None,
-                    touched: now,
-                })
+        let ctx = match entry {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(_) if full => {
+                cx.answer(cell, Some(NackReason::NoContext));
+                return false;
             }
+            Entry::Vacant(v) => v.insert(RxBlock {
+                seq: cell.seq,
+                bitmap: 0,
+                last: None,
+                touched: now,
+            }),
         };
         if ctx.seq != cell.seq {
             if seq_le(cell.seq, ctx.seq) {
