@@ -270,8 +270,7 @@ impl Transfer {
                 };
                 let dst = self.dst.with_va(va).map_err(|_| ())?;
                 // The NI stamps the source node on every cell it emits.
-                let mut c =
-                    Cell::new(dst, CellType::Write, NodeId(0), payload).map_err(|_| ())?;
+                let mut c = Cell::new(dst, CellType::Write, NodeId(0), payload).map_err(|_| ())?;
                 c.txn = self.txn;
                 c.src_rank = self.rank;
                 c.seq = b.seq;
