@@ -45,8 +45,10 @@ fn ip_ring_len(nodes: u64, mtu: u64) -> u64 {
     u64::from(exanet_proto::ip::ring_len(clamp(nodes), clamp(mtu)))
 }
 
-/// Registered memory of one node's IP service: a ring (with its notification slot) per
-/// node of the rack, a send buffer per RDMA write channel, and its attach rings.
+/// Registered memory of one node's IP service at most: a ring (with its notification slot)
+/// per node of the rack, a send buffer per RDMA write channel, and its attach rings. The
+/// rings are registered a slab at a time as peers first send (an idle rack has none), but
+/// a rack is only brought up where every node could talk to every other.
 pub fn ip_registered_per_node(nodes: u64, mtu: u64) -> u64 {
     let area = (ip_ring_len(nodes, mtu) + exanet_proto::ip::service::NOTIFY_SLOT) * nodes;
     let staging =

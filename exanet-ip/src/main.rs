@@ -18,7 +18,7 @@ use clap::Parser;
 use exanet::{Config, Endpoint};
 use exanet_control::rack::Rack;
 use exanet_proto::ip::{
-    ring_len, IpConfig, IpService, IP_MAILBOX_VI, IP_RANK, MAX_BATCH, MAX_IN_FLIGHT,
+    ring_len, slab_rings, IpConfig, IpService, IP_MAILBOX_VI, IP_RANK, MAX_BATCH, MAX_IN_FLIGHT,
 };
 use tracing::{error, info};
 
@@ -115,23 +115,19 @@ fn run(args: Args) -> Result<(), String> {
         ..Config::default()
     })
     .map_err(|e| format!("attach to {name}: {e}"))?;
-    let mut cfg = IpConfig {
+    let cfg = IpConfig {
         me,
         subnet,
         mtu,
         ring_len: ring_len(shape.nodes(), mtu),
         max_batch: MAX_BATCH,
         queue_limit: QUEUE_LIMIT,
-        area_va: 0,
+        slab_rings: slab_rings(shape.nodes()),
         first_stream: rand::random(),
         retry_ns: 1_000_000_000,
         max_in_flight: args.in_flight,
     };
     cfg.check().map_err(|e| format!("IP settings: {e}"))?;
-    let area = ep
-        .register(cfg.area_len())
-        .map_err(|e| format!("register the receive rings: {e}"))?;
-    cfg.area_va = area.va();
     let staging = ep
         .register(u64::from(exanet::RDMA_WRITE_CHANNELS) * u64::from(MAX_BATCH))
         .map_err(|e| format!("register the send buffers: {e}"))?;
@@ -159,7 +155,6 @@ fn run(args: Args) -> Result<(), String> {
     let shell = Arc::new(Shell::new(
         Ni {
             ep,
-            area,
             staging,
             page,
             tx,
@@ -225,13 +220,18 @@ mod tests {
                 ring_len: r,
                 max_batch: MAX_BATCH,
                 queue_limit: QUEUE_LIMIT,
-                area_va: 0,
+                slab_rings: slab_rings(nodes),
                 first_stream: 0,
                 retry_ns: 1,
                 max_in_flight: MAX_IN_FLIGHT,
             };
             cfg.check()
                 .unwrap_or_else(|e| panic!("{nodes} nodes, MTU {mtu}: {e}"));
+            // Every slab registered stays within what a rank may hold, and the slabs
+            // together are a ring per node, no more.
+            assert!(cfg.slabs() <= exanet_proto::ip::MAX_SLABS, "{nodes} nodes");
+            let all: u64 = (0..cfg.slabs()).map(|k| cfg.slab_len(k)).sum();
+            assert_eq!(all, cfg.area_len(), "{nodes} nodes");
         }
     }
 }

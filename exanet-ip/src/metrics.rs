@@ -11,6 +11,8 @@ pub struct Snapshot {
     pub stats: IpStats,
     pub ring_occupancy: u64,
     pub queued: u64,
+    /// Bytes of receive rings registered (slabs registered as peers first sent).
+    pub registered: u64,
 }
 
 pub struct Metrics {
@@ -23,6 +25,7 @@ pub struct Metrics {
     streams: IntCounterVec,
     occupancy: IntGauge,
     queued: IntGauge,
+    registered: IntGauge,
     node: String,
     last: Mutex<IpStats>,
 }
@@ -57,6 +60,18 @@ impl Metrics {
             .register(Box::new(occupancy.clone()))
             .expect("once");
         registry.register(Box::new(queued.clone())).expect("once");
+        let registered = IntGauge::with_opts(
+            Opts::new(
+                "exanet_ip_registered_bytes",
+                "Bytes of receive rings registered with the NI (a slab of rings once a peer \
+                 among them first sends)",
+            )
+            .const_label("node", node),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(registered.clone()))
+            .expect("once");
         Metrics {
             packets: counter(
                 &registry,
@@ -96,6 +111,7 @@ impl Metrics {
             ),
             occupancy,
             queued,
+            registered,
             registry,
             node: node.to_string(),
             last: Mutex::new(IpStats::default()),
@@ -139,6 +155,7 @@ impl Metrics {
             .inc_by(d(s.streams_opened, last.streams_opened));
         self.occupancy.set(now.ring_occupancy as i64);
         self.queued.set(now.queued as i64);
+        self.registered.set(now.registered as i64);
         *last = s.clone();
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {

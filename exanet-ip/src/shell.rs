@@ -21,7 +21,6 @@ use crate::metrics::Snapshot;
 /// The NI resources the service posts with.
 pub struct Ni {
     pub ep: Endpoint,
-    pub area: MemoryRegion,
     pub staging: MemoryRegion,
     pub page: RdmaPage,
     pub tx: Packetizer,
@@ -30,6 +29,8 @@ pub struct Ni {
 
 struct State {
     svc: IpService,
+    /// The receive area's slabs registered so far (see [`IpService::poll_register`]).
+    slabs: Vec<Option<MemoryRegion>>,
     writes: HashMap<Tag, (NodeId, u32, u8)>,
     free_channels: Vec<u8>,
     messages: HashMap<Tag, (NodeId, PeerOp)>,
@@ -54,6 +55,7 @@ impl Shell {
             dev,
             max_batch,
             state: Mutex::new(State {
+                slabs: (0..svc.config().slabs()).map(|_| None).collect(),
                 svc,
                 writes: HashMap::new(),
                 free_channels: (0..exanet::RDMA_WRITE_CHANNELS).rev().collect(),
@@ -77,6 +79,7 @@ impl Shell {
             stats: st.svc.stats().clone(),
             ring_occupancy: st.svc.ring_occupancy(),
             queued: st.svc.queued_bytes(),
+            registered: st.svc.registered_bytes(),
         }
     }
 
@@ -203,12 +206,13 @@ impl Shell {
                     match self.ni.ep.try_notification() {
                         Ok(Some(n)) => {
                             busy = true;
-                            let area = &self.ni.area;
+                            let slabs = &st.slabs;
+                            let span = st.svc.config().slab_span();
                             deliver.extend(st.svc.on_notification(
                                 n.src_node,
                                 n.va,
                                 n.len,
-                                |off, buf| area.read(off, buf).is_ok(),
+                                |off, buf| read_area(slabs, span, off, buf),
                             ));
                         }
                         Ok(None) => break,
@@ -219,9 +223,10 @@ impl Shell {
                     match self.ni.mailbox.try_recv() {
                         Ok(Some(m)) => {
                             busy = true;
-                            let area = &self.ni.area;
+                            let slabs = &st.slabs;
+                            let span = st.svc.config().slab_span();
                             match st.svc.on_message(m.src_node, &m.payload, |off, buf| {
-                                area.read(off, buf).is_ok()
+                                read_area(slabs, span, off, buf)
                             }) {
                                 Ok(pk) => deliver.extend(pk),
                                 Err(why) => {
@@ -235,6 +240,20 @@ impl Shell {
                         }
                         Ok(None) => break,
                         Err(e) => return e,
+                    }
+                }
+                // Rings for peers that opened their first stream to us.
+                while let Some((slab, len)) = st.svc.poll_register() {
+                    busy = true;
+                    match self.ni.ep.register(len) {
+                        Ok(r) => {
+                            st.svc.registered(slab, Some(r.va()));
+                            st.slabs[slab as usize] = Some(r);
+                        }
+                        Err(e) => {
+                            warn!(slab, error = %e, "cannot register receive rings");
+                            st.svc.registered(slab, None);
+                        }
                     }
                 }
                 st.svc.on_tick(now);
@@ -259,5 +278,16 @@ impl Shell {
                 }
             }
         }
+    }
+}
+
+/// Reads bytes of the receive area at `off` (offsets as if every slab were registered,
+/// `span` apart) from the slab that holds them; false if that slab is not registered or
+/// the bytes cross its end (no ring does).
+fn read_area(slabs: &[Option<MemoryRegion>], span: u64, off: u64, buf: &mut [u8]) -> bool {
+    let (slab, at) = (off / span, off % span);
+    match slabs.get(slab as usize) {
+        Some(Some(r)) => r.read(at, buf).is_ok(),
+        _ => false,
     }
 }

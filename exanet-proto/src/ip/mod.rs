@@ -40,6 +40,18 @@ pub const RING_LEN: u32 = 2 * MAX_IN_FLIGHT * MAX_BATCH;
 /// committed (the daemon allocates it so that no first touch can fail), and a ring per
 /// peer at full size would take 128 MiB per node of a 128-node rack.
 pub const AREA_BUDGET: u64 = 32 << 20;
+/// Receive rings registered together, when a peer among them first opens a stream: a
+/// 128-node rack's service registers at most 8 slabs, an idle one none.
+pub const SLAB_RINGS: u32 = 16;
+/// Slabs a service registers at most: a rank may hold 64 regions, and the service has
+/// others (its send buffers).
+pub const MAX_SLABS: u32 = 48;
+
+/// Rings per slab in a rack of `nodes`: [`SLAB_RINGS`], or more in a rack so large that
+/// the slabs would be more than [`MAX_SLABS`].
+pub fn slab_rings(nodes: u32) -> u32 {
+    SLAB_RINGS.max(nodes.div_ceil(MAX_SLABS))
+}
 
 /// The per-peer ring for a rack of `nodes` at `mtu`: the full size when the budget allows,
 /// else the budget's share, but never less than four batches of an MTU-sized packet. The

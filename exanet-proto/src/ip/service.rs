@@ -97,8 +97,10 @@ pub struct IpConfig {
     pub max_batch: u32,
     /// Bytes of packets queued per peer before new ones are dropped.
     pub queue_limit: usize,
-    /// VA of this service's receive area ([`IpConfig::area_len`] bytes registered).
-    pub area_va: u64,
+    /// Rings per slab of receive memory: a slab is registered when the first peer among
+    /// its rings opens a stream to this service, so that an idle rack does not commit a
+    /// ring per pair of nodes (which took 4.4 GB at 128 nodes).
+    pub slab_rings: u32,
     /// First stream number this service opens (random per start, so that a peer tells a
     /// restarted service from the old one).
     pub first_stream: u32,
@@ -115,10 +117,33 @@ impl IpConfig {
         u64::from(self.ring_len) + NOTIFY_SLOT
     }
 
-    /// Bytes of the receive area: a ring for every node id of the rack (the own one unused
-    /// keeps the arithmetic plain).
+    /// Bytes of the receive area if every slab were registered: a ring for every node id
+    /// of the rack (the own one unused keeps the arithmetic plain). Offsets in it name a
+    /// ring's bytes whichever slab holds them.
     pub fn area_len(&self) -> u64 {
         self.stride() * u64::from(self.subnet.nodes())
+    }
+
+    /// Offset in the receive area from one slab to the next: `slab_rings` rings with
+    /// their notification slots.
+    pub fn slab_span(&self) -> u64 {
+        self.stride() * u64::from(self.slab_rings.max(1))
+    }
+
+    /// Bytes of slab `slab`: its rings (the last slab holds what is left of the rack's).
+    pub fn slab_len(&self, slab: u32) -> u64 {
+        let per = self.slab_rings.max(1);
+        let rings = self
+            .subnet
+            .nodes()
+            .saturating_sub(slab.saturating_mul(per))
+            .min(per);
+        self.stride() * u64::from(rings)
+    }
+
+    /// Slabs of the whole area.
+    pub fn slabs(&self) -> u32 {
+        self.subnet.nodes().div_ceil(self.slab_rings.max(1))
     }
 
     /// The smallest batch limit that still carries an MTU-sized packet.
@@ -130,6 +155,9 @@ impl IpConfig {
     pub fn check(&self) -> Result<(), String> {
         if self.mtu < 68 || self.mtu > 65535 {
             return Err(format!("MTU {} outside 68..=65535", self.mtu));
+        }
+        if self.slab_rings == 0 {
+            return Err("a slab of receive memory must hold at least one ring".to_string());
         }
         if !(1..=NOTIFY_SLOTS).contains(&self.max_in_flight) {
             return Err(format!(
@@ -268,6 +296,9 @@ struct Peer {
     /// Where the ring space that may be returned ends.
     credit_pos: u64,
     ring_owed: bool,
+    /// The peer opened a stream before its ring's slab was registered: the `Ring` answer
+    /// waits for it.
+    ring_waits: bool,
     credit_wanted: bool,
     credit_posted: bool,
     // Whether the peer is in the message queue.
@@ -295,6 +326,7 @@ impl Peer {
             unconfirmed: VecDeque::new(),
             credit_pos: 0,
             ring_owed: false,
+            ring_waits: false,
             credit_wanted: false,
             credit_posted: false,
             listed: false,
@@ -341,6 +373,18 @@ pub struct IpService {
     /// [`IpService::on_tick`] runs on every event, and looks at the peers only then.
     retry_due: Option<Instant>,
     stats: IpStats,
+    /// Each slab of receive memory: its VA once registered.
+    slabs: Vec<Slab>,
+    /// Slabs to register, in the order peers asked.
+    slabs_wanted: VecDeque<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slab {
+    Absent,
+    /// Asked of the shell ([`IpService::poll_register`]).
+    Asked,
+    At(u64),
 }
 
 impl IpService {
@@ -350,6 +394,8 @@ impl IpService {
             .collect();
         IpService {
             me_addr: cfg.subnet.node_addr(cfg.me),
+            slabs: vec![Slab::Absent; cfg.slabs() as usize],
+            slabs_wanted: VecDeque::new(),
             cfg,
             peers,
             messages: VecDeque::new(),
@@ -395,10 +441,56 @@ impl IpService {
         }
     }
 
-    /// VAs of the ring node `id` writes and of its notification slots.
-    fn ring_of(&self, id: NodeId) -> (u64, u64) {
-        let base = self.cfg.area_va + self.ring_offset(id);
-        (base, base + u64::from(self.cfg.ring_len))
+    /// VAs of the ring node `id` writes and of its notification slots, once its slab is
+    /// registered.
+    fn ring_of(&self, id: NodeId) -> Option<(u64, u64)> {
+        let slab = id.0 / self.cfg.slab_rings.max(1);
+        let Some(Slab::At(va)) = self.slabs.get(slab as usize) else {
+            return None;
+        };
+        let base = va + (self.ring_offset(id) - u64::from(slab) * self.cfg.slab_span());
+        Some((base, base + u64::from(self.cfg.ring_len)))
+    }
+
+    /// A slab of receive memory to register (its index and length), if a peer waits for
+    /// one. Answer with [`IpService::registered`].
+    pub fn poll_register(&mut self) -> Option<(u32, u64)> {
+        let slab = self.slabs_wanted.pop_front()?;
+        self.slabs[slab as usize] = Slab::Asked;
+        Some((slab, self.cfg.slab_len(slab)))
+    }
+
+    /// Slab `slab` is registered at `va` (`None`: it could not be; a peer's next `Open`
+    /// asks again). The peers that wait for a ring in it get their answer.
+    pub fn registered(&mut self, slab: u32, va: Option<u64>) {
+        let Some(s) = self.slabs.get_mut(slab as usize) else {
+            return;
+        };
+        if *s != Slab::Asked {
+            return;
+        }
+        *s = va.map_or(Slab::Absent, Slab::At);
+        if va.is_none() {
+            return;
+        }
+        let per = self.cfg.slab_rings.max(1) as usize;
+        let first = slab as usize * per;
+        for i in first..(first + per).min(self.peers.len()) {
+            let p = &mut self.peers[i];
+            if p.ring_waits {
+                p.ring_waits = false;
+                p.ring_owed = true;
+                self.list(i);
+            }
+        }
+    }
+
+    /// Bytes of receive memory registered.
+    pub fn registered_bytes(&self) -> u64 {
+        (0..self.slabs.len() as u32)
+            .filter(|&k| matches!(self.slabs[k as usize], Slab::At(_)))
+            .map(|k| self.cfg.slab_len(k))
+            .sum()
     }
 
     /// Offset in the receive area of the ring that node `id` writes.
@@ -475,15 +567,16 @@ impl IpService {
     pub fn poll_message(&mut self) -> Option<Outgoing> {
         while let Some(i) = self.messages.pop_front() {
             let i = i as usize;
+            let peer = NodeId(i as u32);
+            // A ring is owed only once its slab is registered.
+            let ring = self.ring_of(peer);
             let p = &mut self.peers[i];
             p.listed = false;
-            let peer = NodeId(i as u32);
             let out = if let Some(m) = p.early.take() {
                 Some((PeerOp::Batch, m))
-            } else if p.ring_owed {
+            } else if let Some((ring_va, notify_va)) = ring.filter(|_| p.ring_owed) {
                 p.ring_owed = false;
                 let stream = p.rx_stream.unwrap_or_default();
-                let (ring_va, notify_va) = self.ring_of(peer);
                 Some((
                     PeerOp::Ring,
                     Control::Ring {
@@ -587,7 +680,18 @@ impl IpService {
                     p.credit_pos = 0;
                     p.credit_wanted = false;
                 }
-                p.ring_owed = true;
+                let slab = src.0 / self.cfg.slab_rings.max(1);
+                match self.slabs.get(slab as usize) {
+                    Some(Slab::At(_)) => p.ring_owed = true,
+                    Some(state) => {
+                        // Its ring's memory first: the answer goes once it is there.
+                        p.ring_waits = true;
+                        if *state == Slab::Absent && !self.slabs_wanted.contains(&slab) {
+                            self.slabs_wanted.push_back(slab);
+                        }
+                    }
+                    None => return Err(self.drop(Drop::Malformed, 1)),
+                }
             }
             Control::Batch {
                 stream,
@@ -789,7 +893,11 @@ impl IpService {
             self.drop(Drop::Malformed, 1);
             return Vec::new();
         };
-        let (_, notify_base) = self.ring_of(src);
+        let Some((_, notify_base)) = self.ring_of(src) else {
+            // No ring of ours was ever given to it: nothing of its can be in our memory.
+            self.drop(Drop::Stale, 1);
+            return Vec::new();
+        };
         let slot = va.wrapping_sub(notify_base) / NOTIFY_BYTES;
         let in_place = va >= notify_base && (va - notify_base) % NOTIFY_BYTES == 0;
         let ring = self.cfg.ring_len;
@@ -948,11 +1056,18 @@ mod tests {
             ring_len: 16 * 1024,
             max_batch: 4096,
             queue_limit: 32 * 1024,
-            area_va: 0x10_0000 * (u64::from(me) + 1),
+            // Two rings a slab: nodes 0 and 1 share one, 2 and 3 another.
+            slab_rings: 2,
             first_stream: 100 * me,
             retry_ns: 1_000_000,
             max_in_flight: 4,
         }
+    }
+
+    /// Where node `me` registers its slabs: slab k at `base(me) + k * slab_len`, so that
+    /// the area of the fake is one vector whatever was registered.
+    fn base(me: usize) -> u64 {
+        0x10_0000 * (me as u64 + 1)
     }
 
     /// Services with a receive area each, and a fabric that carries what they post:
@@ -998,7 +1113,7 @@ mod tests {
                 panic!("not a write: {w:?}")
             };
             let d = peer.0 as usize;
-            let off = (dst_va - self.svc[d].config().area_va) as usize;
+            let off = (dst_va - base(d)) as usize;
             let ring_end = self.svc[d].ring_offset(NodeId(from as u32))
                 + u64::from(self.svc[d].config().ring_len);
             // A writer never writes past the ring the reader gave it.
@@ -1030,6 +1145,12 @@ mod tests {
             loop {
                 let mut moved = false;
                 for n in 0..NODES as usize {
+                    while let Some((slab, len)) = self.svc[n].poll_register() {
+                        moved = true;
+                        let span = self.svc[n].config().slab_span();
+                        assert_eq!(len, span, "every slab of the fake holds two rings");
+                        self.svc[n].registered(slab, Some(base(n) + u64::from(slab) * span));
+                    }
                     while let Some(out) = self.svc[n].poll_message() {
                         moved = true;
                         let Outgoing::Message { peer, op, bytes } = out else {
@@ -1103,6 +1224,69 @@ mod tests {
             r.svc[0].stats().drops_total() + r.svc[3].stats().drops_total(),
             0
         );
+    }
+
+    /// Receive memory is registered a slab at a time, when a peer of the slab first opens
+    /// a stream, and the peer's `Ring` answer waits for it; a registration that failed is
+    /// asked again at the peer's next `Open`; a notification from a peer that was never
+    /// given a ring reads nothing.
+    #[test]
+    fn receive_rings_are_registered_when_a_peer_first_sends() {
+        let mut r = Rack::new();
+        let slab = r.svc[0].config().slab_len(1);
+        for s in &mut r.svc {
+            assert_eq!(s.poll_register(), None);
+            assert_eq!(s.registered_bytes(), 0);
+        }
+        // 3 -> 0: node 0 registers the slab of rings 2 and 3, and nothing else.
+        r.send(3, 0, b"first").unwrap();
+        let got = r.run(&[]);
+        assert_eq!(got[0], vec![test_packet(addr(3), addr(0), b"first")]);
+        assert_eq!(r.svc[0].registered_bytes(), slab);
+        assert!(r.svc[0].ring_of(NodeId(3)).is_some() && r.svc[0].ring_of(NodeId(2)).is_some());
+        assert!(r.svc[0].ring_of(NodeId(1)).is_none());
+        assert_eq!(r.svc[3].registered_bytes(), 0);
+        assert_eq!(r.svc[1].registered_bytes() + r.svc[2].registered_bytes(), 0);
+
+        // 1 -> 2, by hand: the Open waits for node 2's slab, which fails once.
+        r.send(1, 2, b"second").unwrap();
+        let Some(Outgoing::Message { op, bytes, .. }) = r.svc[1].poll_message() else {
+            panic!("no Open")
+        };
+        assert_eq!(op, PeerOp::Open);
+        r.svc[1].message_done(NodeId(2), op, true, r.now);
+        r.svc[2]
+            .on_message(NodeId(1), &bytes, |_, _| false)
+            .unwrap();
+        assert_eq!(r.svc[2].poll_message(), None, "a Ring before its memory");
+        assert_eq!(r.svc[2].poll_register(), Some((0, slab)));
+        assert_eq!(r.svc[2].poll_register(), None, "asked once");
+        r.svc[2].registered(0, None);
+        assert_eq!(r.svc[2].poll_message(), None);
+        assert_eq!(r.svc[2].registered_bytes(), 0);
+        // The peer asks again; this time the memory is there and the answer goes.
+        r.svc[2]
+            .on_message(NodeId(1), &bytes, |_, _| false)
+            .unwrap();
+        assert_eq!(r.svc[2].poll_register(), Some((0, slab)));
+        r.svc[2].registered(0, Some(base(2)));
+        let Some(Outgoing::Message { op, bytes, .. }) = r.svc[2].poll_message() else {
+            panic!("no Ring")
+        };
+        assert_eq!(op, PeerOp::Ring);
+        r.svc[2].message_done(NodeId(1), op, true, r.now);
+        r.inbox[1].push_back((NodeId(2), bytes));
+        let got = r.run(&[]);
+        assert_eq!(got[2], vec![test_packet(addr(1), addr(2), b"second")]);
+        assert_eq!(r.svc[2].registered_bytes(), slab);
+
+        // Node 3 never wrote to node 2: its notification is stale, nothing is read.
+        let dropped = r.svc[2].stats().drops_total();
+        let got = r.svc[2].on_notification(NodeId(3), base(2) + 64, 64, |_, _| {
+            panic!("read for a peer without a ring")
+        });
+        assert!(got.is_empty());
+        assert_eq!(r.svc[2].stats().drops_total(), dropped + 1);
     }
 
     #[test]
@@ -1241,7 +1425,7 @@ mod tests {
         let (start, skip) = place(tail, 16 * 1024, batch.len() as u64);
         let off = (r.svc[1].ring_offset(NodeId(0)) + start) as usize;
         r.area[1][off..off + batch.len()].copy_from_slice(&batch);
-        let (_, notify) = r.svc[1].ring_of(NodeId(0));
+        let (_, notify) = r.svc[1].ring_of(NodeId(0)).unwrap();
         let notify = notify + NOTIFY_BYTES * u64::from(seq % NOTIFY_SLOTS);
         r.pending[1].push_back((NodeId(0), notify, batch.len() as u64));
         assert!(r.run(&[])[1].is_empty());
