@@ -74,8 +74,12 @@ fn race(program: Command, iterations: usize, limit: Duration) -> String {
         assert_eq!(runs, &(disc + inval), "{name}: {out}");
         match name.as_str() {
             // A thread blocked on the endpoint was woken by the detach at least once (not
-            // only refused a stale handle because the detach came first).
-            "wait_notification" | "wait_tag" | "poll_detach" if iterations >= 24 => {
+            // only refused a stale handle because the detach came first). Not asked of
+            // poll_detach: exanet_poll does not block, so the detach falls inside one only
+            // by chance (measured: 1 run in 40 at 0e5d4be, 0 in 160 after the daemon's
+            // cell-path changes that followed it); that every run ended in one of the two
+            // errors is asked of it above.
+            "wait_notification" | "wait_tag" if iterations >= 24 => {
                 assert!(
                     *disc > 0,
                     "{name}: the detach never met a call in progress\n{out}"
