@@ -45,15 +45,20 @@ fn ip_ring_len(nodes: u64, mtu: u64) -> u64 {
     u64::from(exanet_proto::ip::ring_len(clamp(nodes), clamp(mtu)))
 }
 
+/// Registered memory of one node's IP service when no node has talked to it yet: its send
+/// buffers (one per RDMA write channel) and its attach rings.
+pub fn ip_registered_at_rest_per_node() -> u64 {
+    exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * u64::from(exanet_proto::ip::MAX_BATCH)
+        + ATTACH_RINGS
+}
+
 /// Registered memory of one node's IP service at most: a ring (with its notification slot)
 /// per node of the rack, a send buffer per RDMA write channel, and its attach rings. The
 /// rings are registered a slab at a time as peers first send (an idle rack has none), but
 /// a rack is only brought up where every node could talk to every other.
 pub fn ip_registered_per_node(nodes: u64, mtu: u64) -> u64 {
     let area = (ip_ring_len(nodes, mtu) + exanet_proto::ip::service::NOTIFY_SLOT) * nodes;
-    let staging =
-        exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * u64::from(exanet_proto::ip::MAX_BATCH);
-    area + staging + ATTACH_RINGS
+    area + ip_registered_at_rest_per_node()
 }
 
 /// What a rack needs from its host.
@@ -64,8 +69,11 @@ pub struct Needs {
     pub ip_mtu: Option<u32>,
     /// Bytes of memory in all.
     pub memory: u64,
-    /// Of which registered by the IP services.
+    /// Of which registered by the IP services, at most (every node has talked to every
+    /// other).
     pub ip_registered: u64,
+    /// What the IP services register before any node has talked to another.
+    pub ip_at_rest: u64,
     /// Threads.
     pub tasks: u64,
     /// Open files.
@@ -80,6 +88,11 @@ impl Needs {
         let ip_registered = ip_mtu.map_or(0, |mtu| {
             nodes.saturating_mul(ip_registered_per_node(nodes, u64::from(mtu)))
         });
+        let ip_at_rest = if ip_mtu.is_some() {
+            nodes.saturating_mul(ip_registered_at_rest_per_node())
+        } else {
+            0
+        };
         let (memory, tasks, files) = match ip_mtu {
             None => (DAEMON_MEMORY, DAEMON_TASKS, DAEMON_FILES),
             Some(_) => (
@@ -93,6 +106,7 @@ impl Needs {
             ip_mtu,
             memory: (nodes * memory).saturating_add(ip_registered),
             ip_registered,
+            ip_at_rest,
             tasks: nodes * tasks,
             files: nodes * files,
             netns: if ip_mtu.is_some() { nodes } else { 0 },
@@ -121,8 +135,10 @@ impl fmt::Display for Needs {
         if self.ip_registered > 0 {
             write!(
                 f,
-                " of memory ({} of it the IP services' registered memory)",
-                bytes(self.ip_registered)
+                " of memory ({} of it the IP services' registered memory; {} until nodes \
+                 talk to each other)",
+                bytes(self.ip_registered),
+                bytes(self.ip_at_rest)
             )?;
         } else {
             f.write_str(" of memory")?;
@@ -385,8 +401,13 @@ mod tests {
         assert_eq!(off.tasks, 128 * DAEMON_TASKS);
         let on = Needs::of(shape("4x4x2"), Some(65000));
         assert_eq!(on.netns, 128);
-        // 4.4 GiB of rings and about 4.7 GiB in all: what the measured rack took.
+        // 4.4 GiB of rings and about 4.7 GiB in all at most: what the measured rack took
+        // when every service registered every ring at start. Before nodes talk, only the
+        // send buffers and attach rings: 310,870,016 bytes held by the daemons of an idle
+        // 4x4x2 rack (quick_start's memfd count).
         assert_eq!(on.ip_registered, 128 * 35_999_488);
+        assert_eq!(on.ip_at_rest, 310_870_016);
+        assert_eq!(off.ip_at_rest, 0);
         assert!((4_700 << 20..5 << 30).contains(&on.memory), "{on}");
         let big = Needs::of(shape("8x8x4"), Some(65000));
         assert!(big.memory > 250 << 30, "{big}");
