@@ -31,10 +31,10 @@ use crate::rack::Rack;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
 
-/// One port's link: who is at the other end and the state of the current session.
 /// What a link's output buffer is allocated with once frames are written into it.
 const OUT_BUFFER: usize = 64 * 1024;
 
+/// One port's link: who is at the other end and the state of the current session.
 pub struct LinkSlot {
     pub peer: NodeId,
     pub peer_port: Port,
