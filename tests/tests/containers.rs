@@ -32,11 +32,34 @@ fn image() -> String {
         .unwrap_or_else(|| "exanet:latest".into())
 }
 
-fn scratch(tag: &str) -> PathBuf {
+/// A test's scratch directory, removed when the test ends however it ends: a test that
+/// failed used to leave its compose file and rack behind.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(tag: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("exanet-ct-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 fn command(program: &str, args: &[&str]) -> Command {
@@ -350,7 +373,7 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
     let project = format!("exanet-ct-{}", std::process::id());
     generate(&dir, &project, &["--prometheus", "--grafana"]);
     let compose = Compose {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         project: project.clone(),
     };
     // Both parsers docker-compose has: v1 validates the file against its schema here.
@@ -726,7 +749,6 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
     eprintln!("docker-compose down -v: {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(leftovers(&project), Vec::<String>::new());
     drop(compose);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Swarm as it was before the test: left alone if it was active, left if the test made it.
@@ -979,7 +1001,6 @@ fn swarm_stack_deploys_the_rack_and_pings_across_it() {
             "docker_gwbridge left behind with {left:?} attached"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -1030,7 +1051,6 @@ fn ansible_playbook_passes_syntax_and_check_mode() {
         .unwrap_or_else(|e| panic!("{}: {e}\n{}", staged.display(), r.stdout));
     let v: toml::Value = toml::from_str(&text).unwrap();
     assert_eq!(v["nodes"].as_table().unwrap().len(), 4);
-    let _ = std::fs::remove_dir_all(&work);
 }
 
 #[test]
@@ -1048,7 +1068,7 @@ fn kubernetes_kustomization_renders_every_node_once() {
     let dir = scratch("k8s");
     let mut c = Command::new(bins().exactl);
     c.args(["rack", "k8s", "--shape", "4x4x2", "--out"])
-        .arg(&dir);
+        .arg(dir.as_os_str());
     must(c, Duration::from_secs(30));
     let mut pki = Command::new(bins().exactl);
     pki.arg("--rack")
@@ -1098,5 +1118,4 @@ fn kubernetes_kustomization_renders_every_node_once() {
     assert!(vols
         .iter()
         .any(|v| v["secret"]["secretName"].as_str() == Some(secret_name)));
-    let _ = std::fs::remove_dir_all(&dir);
 }
