@@ -464,16 +464,10 @@ async fn dial_side(
 async fn dial_streams(conn: &Connection, o: &Options) -> Result<DialerReport, String> {
     let one_way = ping_pong(conn, o).await?;
 
-    let (mut send, mut recv) = conn
-        .open_bi()
-        .await
-        .map_err(|e| format!("dialer: open the frame stream: {e}"))?;
     let mut h = [0u8; 5];
     h[0] = KIND_FRAMES;
     h[1..].copy_from_slice(&o.frame.to_le_bytes());
-    send.write_all(&h)
-        .await
-        .map_err(|e| format!("dialer: frame header: {e}"))?;
+    let (mut send, mut recv) = open_stream(conn, &h, "frame").await?;
     let frame = o.frame as usize;
     let batch = u64::from(o.batch);
     let (limit, deadline) = match o.until {
@@ -515,22 +509,32 @@ async fn dial_streams(conn: &Connection, o: &Options) -> Result<DialerReport, St
     })
 }
 
+/// Opens a stream of the dialer's and sends its `header` (kind and parameters).
+async fn open_stream(
+    conn: &Connection,
+    header: &[u8],
+    what: &str,
+) -> Result<(SendStream, RecvStream), String> {
+    let (mut send, recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| format!("dialer: open the {what} stream: {e}"))?;
+    send.write_all(header)
+        .await
+        .map_err(|e| format!("dialer: {what} header: {e}"))?;
+    Ok((send, recv))
+}
+
 async fn ping_pong(conn: &Connection, o: &Options) -> Result<Vec<Duration>, String> {
     let total = o.warmup.saturating_add(o.iterations);
     if o.iterations == 0 {
         return Ok(Vec::new());
     }
-    let (mut send, mut recv) = conn
-        .open_bi()
-        .await
-        .map_err(|e| format!("dialer: open the ping-pong stream: {e}"))?;
     let mut h = [0u8; 13];
     h[0] = KIND_PING;
     h[1..5].copy_from_slice(&o.size.to_le_bytes());
     h[5..].copy_from_slice(&total.to_le_bytes());
-    send.write_all(&h)
-        .await
-        .map_err(|e| format!("dialer: ping-pong header: {e}"))?;
+    let (mut send, mut recv) = open_stream(conn, &h, "ping-pong").await?;
     let size = o.size as usize;
     let mut ping = vec![0u8; size];
     let mut pong = vec![0u8; size];
