@@ -124,15 +124,25 @@ impl IpConfig {
         self.stride() * u64::from(self.subnet.nodes())
     }
 
+    /// Rings per slab (a slab holds one at least, whatever `check` was asked).
+    fn rings_per_slab(&self) -> u32 {
+        self.slab_rings.max(1)
+    }
+
+    /// The slab holding the ring node `id` writes.
+    pub fn slab_of(&self, id: NodeId) -> u32 {
+        id.0 / self.rings_per_slab()
+    }
+
     /// Offset in the receive area from one slab to the next: `slab_rings` rings with
     /// their notification slots.
     pub fn slab_span(&self) -> u64 {
-        self.stride() * u64::from(self.slab_rings.max(1))
+        self.stride() * u64::from(self.rings_per_slab())
     }
 
     /// Bytes of slab `slab`: its rings (the last slab holds what is left of the rack's).
     pub fn slab_len(&self, slab: u32) -> u64 {
-        let per = self.slab_rings.max(1);
+        let per = self.rings_per_slab();
         let rings = self
             .subnet
             .nodes()
@@ -143,7 +153,7 @@ impl IpConfig {
 
     /// Slabs of the whole area.
     pub fn slabs(&self) -> u32 {
-        self.subnet.nodes().div_ceil(self.slab_rings.max(1))
+        self.subnet.nodes().div_ceil(self.rings_per_slab())
     }
 
     /// The smallest batch limit that still carries an MTU-sized packet.
@@ -444,7 +454,7 @@ impl IpService {
     /// VAs of the ring node `id` writes and of its notification slots, once its slab is
     /// registered.
     fn ring_of(&self, id: NodeId) -> Option<(u64, u64)> {
-        let slab = id.0 / self.cfg.slab_rings.max(1);
+        let slab = self.cfg.slab_of(id);
         let Some(Slab::At(va)) = self.slabs.get(slab as usize) else {
             return None;
         };
@@ -473,11 +483,9 @@ impl IpService {
         if va.is_none() {
             return;
         }
-        let per = self.cfg.slab_rings.max(1) as usize;
-        let first = slab as usize * per;
-        for i in first..(first + per).min(self.peers.len()) {
+        for i in 0..self.peers.len() {
             let p = &mut self.peers[i];
-            if p.ring_waits {
+            if p.ring_waits && self.cfg.slab_of(NodeId(i as u32)) == slab {
                 p.ring_waits = false;
                 p.ring_owed = true;
                 self.list(i);
@@ -680,7 +688,7 @@ impl IpService {
                     p.credit_pos = 0;
                     p.credit_wanted = false;
                 }
-                let slab = src.0 / self.cfg.slab_rings.max(1);
+                let slab = self.cfg.slab_of(src);
                 match self.slabs.get(slab as usize) {
                     Some(Slab::At(_)) => p.ring_owed = true,
                     Some(state) => {
