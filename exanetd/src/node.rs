@@ -330,7 +330,7 @@ impl Core {
         }
         let slot = self.slot(port)?;
         while let Some(d) = slot.sender.poll(now) {
-            if let Err(e) = d.encode(&mut slot.out) {
+            if let Err(e) = slot.put(Some(d)) {
                 warn!(error = %e, "dropping unencodable held cell");
             }
         }
