@@ -124,12 +124,16 @@ async fn serve(
     })?;
 
     let attach = layout.attach_socket(&name);
-    crate::ni_service::start(node.clone(), node.memory.clone(), &attach).map_err(|source| {
-        DaemonError::Bind {
-            what: "bind attach socket",
-            addr: attach.display().to_string(),
-            source,
-        }
+    crate::ni_service::start(
+        node.clone(),
+        node.memory.clone(),
+        &attach,
+        tokio::runtime::Handle::current(),
+    )
+    .map_err(|source| DaemonError::Bind {
+        what: "bind attach socket",
+        addr: attach.display().to_string(),
+        source,
     })?;
 
     let shutdown = Arc::new(Notify::new());

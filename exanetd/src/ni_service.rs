@@ -3,8 +3,9 @@
 //! does, which completion an NI event becomes and where memory goes: here are the socket,
 //! the shared memory, the threads, quotas and credentials. Each attached workload is a
 //! session on one rank: a control connection (the attach socket, blocking, on its own
-//! thread; its closing detaches the rank) and a command-ring thread that waits on the
-//! workload's doorbell, spinning briefly after activity, and feeds commands into the core.
+//! thread; its closing detaches the rank) and a command-ring task on the daemon's runtime
+//! that waits on the workload's doorbell, looking again briefly after activity, and feeds
+//! commands into the core.
 //! Completions are pushed into the session's completion ring from the core's pump.
 //!
 //! Nothing read from a workload is trusted: JSON requests are size-limited and typed,
@@ -35,7 +36,9 @@ use exanet_proto::attach::{
 };
 use exanet_proto::workload::ServiceError;
 use exanet_proto::Pdid;
-use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer, Waiter};
+use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer};
+use tokio::net::unix::pipe;
+use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
 use crate::closer::{close_later, CloseLater};
@@ -149,7 +152,12 @@ fn may_connect(node: &NodeHandle, peer: &PeerCredentials, daemon_uid: u32) -> bo
 ///
 /// The socket is open to every user when some job names users or groups (each attach is
 /// then authorised by the connecting process's credentials), owner-only otherwise.
-pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Result<()> {
+pub fn start(
+    node: Arc<NodeHandle>,
+    mem: ShmMemory,
+    path: &Path,
+    runtime: Handle,
+) -> std::io::Result<()> {
     let listener = crate::control_server::bind_owner_only(path)?;
     // Inherited by every accepted connection from its connect on: a workload's sendmsg with
     // descriptors fails in the workload.
@@ -233,10 +241,13 @@ pub fn start(node: Arc<NodeHandle>, mem: ShmMemory, path: &Path) -> std::io::Res
                         continue;
                     }
                 };
-                let (node, mem) = (node.clone(), mem.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("ni-session".into())
-                    .spawn(move || serve_session(node, mem, &conn, peer, daemon_uid, slot));
+                let (node, mem, runtime) = (node.clone(), mem.clone(), runtime.clone());
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("ni-session".into())
+                        .spawn(move || {
+                            serve_session(node, mem, runtime, &conn, peer, daemon_uid, slot)
+                        });
                 if spawned.is_err() {
                     // The slot and the connection went with the closure.
                     warn!("cannot start a thread for a workload connection");
@@ -340,6 +351,7 @@ fn error(conn: &UnixStream, node: &NodeHandle, kind: &'static str, message: Stri
 fn serve_session(
     node: Arc<NodeHandle>,
     mem: ShmMemory,
+    runtime: Handle,
     conn: &UnixStream,
     peer: PeerCredentials,
     daemon_uid: u32,
@@ -462,17 +474,18 @@ fn serve_session(
             "workload attached"
         );
     }
-    let ring_thread = if ok {
+    // The ring's task holds `served` until it ends, so that the teardown below can wait
+    // for it from this thread (`recv` fails once it is dropped, however the task ended).
+    let (served, ring_done) = std::sync::mpsc::sync_channel::<()>(0);
+    if ok {
         let (node, stop) = (node.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("ni-ring".into())
-            .spawn(move || serve_ring(node, rank, command, from_workload, stop))
-            .ok()
-    } else {
-        None
-    };
+        runtime.spawn(async move {
+            let _served = served;
+            serve_ring(node, rank, command, from_workload, stop).await
+        });
+    }
     let _ = conn.set_read_timeout(None);
-    if ok && ring_thread.is_some() {
+    if ok {
         loop {
             let req = match read_request(conn, None) {
                 Ok(Some(x)) => x,
@@ -501,14 +514,12 @@ fn serve_session(
         }
     }
     // The workload is gone (or broke the protocol, or stopped reading): free everything it
-    // held. Nothing below waits on the workload: the ring wakes the ring thread at once (a
+    // held. Nothing below waits on the workload: the ring wakes the ring's task at once (a
     // full pipe is a pending ring already) and none of its calls can block on the workload,
-    // so the join is bounded; the connection is closed by a closer.
+    // so the wait for it is bounded; the connection is closed by a closer.
     stop.store(true, Ordering::Release);
     let _ = wake_ring.ring();
-    if let Some(t) = ring_thread {
-        let _ = t.join();
-    }
+    let _ = ring_done.recv();
     {
         let now = node.now();
         let mut core = node.lock();
@@ -539,7 +550,7 @@ struct Attached {
     region: Arc<Region>,
     command: Consumer,
     /// The daemon's end of the workload -> daemon doorbell, and a ringer of its own for
-    /// it, to wake the ring thread at teardown.
+    /// it, to wake the ring's task at teardown.
     from_workload: Doorbell,
     wake_ring: Ringer,
     /// The workload's ends of both doorbells, to send it.
@@ -794,27 +805,48 @@ fn quota_kind(r: Resource) -> Kind {
     }
 }
 
-/// Serves the command ring of one session until `stop`.
-fn serve_ring(
+/// Serves the command ring of one session on the daemon's runtime until `stop`.
+///
+/// On the runtime, not on a thread of its own: a command then reaches the links with one
+/// wake-up (the workload's ring, which the runtime's poller hears), where a ring thread
+/// took two (the workload woke the thread, the thread woke the runtime to write the
+/// frames), and on a host with fewer cores than busy threads every wake-up is a wait for
+/// a core. Nothing here blocks: ring slots are taken without waiting, at most a batch
+/// under one lock, and the task yields between batches so that links and other sessions
+/// are served while a workload floods its ring.
+async fn serve_ring(
     node: Arc<NodeHandle>,
     rank: u8,
     mut ring: Consumer,
     bell: Doorbell,
     stop: Arc<AtomicBool>,
 ) {
-    let waiter = Waiter::new(node.spin);
+    let bell = match pipe::Receiver::from_owned_fd(bell.into_fd()) {
+        Ok(b) => b,
+        Err(e) => {
+            warn!(rank, error = %e, "cannot watch the command doorbell");
+            node.count_error("workload_ring");
+            return;
+        }
+    };
     let mut buf = vec![0u8; ring.max_message_len()];
     let mut batch: Vec<Result<Command, (u32, attach::SlotError)>> = Vec::new();
+    // Commands tend to come in runs: for `node.spin` after the last one the ring is looked
+    // at again between other tasks' turns, which spares the workload a ring and the
+    // runtime a wake-up for each command of a run.
+    let mut last_command = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         // A workload that does not read its completions is not served further commands
         // until it does: its command ring fills and it is held back, instead of the
         // daemon queueing completions for it without bound.
         let held_back = node.lock().workloads().0.held_back(rank);
         if held_back {
-            let _ = bell.wait(Some(Duration::from_millis(5)));
+            if let Err(e) = rung(&bell, Some(Duration::from_millis(5))).await {
+                ring_closed(&node, rank, &e);
+                return;
+            }
             continue;
         }
-        // Take what is there without waiting, then process it under one lock.
         loop {
             match ring.pop(&mut buf) {
                 Ok(Some(n)) => batch.push(Command::decode(&buf[..n])),
@@ -833,19 +865,23 @@ fn serve_ring(
         }
         if !batch.is_empty() {
             let now = node.now();
-            let mut core = node.lock();
-            for c in batch.drain(..) {
-                let (svc, ni, mem) = core.workloads();
-                if let Err(e) = svc.execute(ni, mem, rank, c, now) {
-                    debug!(rank, error = %e, "command refused");
-                    core.node.count_error(match e {
-                        ServiceError::Malformed(_) => "workload_malformed",
-                        _ => "workload_refused_command",
-                    });
+            {
+                let mut core = node.lock();
+                for c in batch.drain(..) {
+                    let (svc, ni, mem) = core.workloads();
+                    if let Err(e) = svc.execute(ni, mem, rank, c, now) {
+                        debug!(rank, error = %e, "command refused");
+                        core.node.count_error(match e {
+                            ServiceError::Malformed(_) => "workload_malformed",
+                            _ => "workload_refused_command",
+                        });
+                    }
                 }
+                core.drain(rank);
+                core.pump(now);
             }
-            core.drain(rank);
-            core.pump(now);
+            last_command = std::time::Instant::now();
+            tokio::task::yield_now().await;
             continue;
         }
         if let Err(e) = ring.check_header() {
@@ -853,6 +889,10 @@ fn serve_ring(
             warn!(rank, error = %e, "workload corrupted its command ring");
             node.count_error("workload_ring");
             return;
+        }
+        if last_command.elapsed() < node.spin {
+            tokio::task::yield_now().await;
+            continue;
         }
         // Room may have appeared in the completion ring. Look again in 20 ms only if
         // something waits for it: an idle session sleeps until the workload rings, or the
@@ -864,25 +904,69 @@ fn serve_ring(
             svc.waiting_for_room(ni, rank)
         };
         let timeout = waiting.then_some(Duration::from_millis(20));
-        // Every wake-up goes round the loop: the session's end rings our own ringer after
-        // setting `stop`, and a ring from the workload with nothing new in its ring gets
-        // its header looked at.
-        match ring.wait_readable_once(&waiter, &bell, timeout) {
-            Ok(_) => {}
-            // Every ringer is closed (the workload exited, and the session is ending): the
-            // session ends when the control connection does.
-            Err(exanet_shm::WaitError::Doorbell(e))
-                if e.kind() == std::io::ErrorKind::BrokenPipe =>
-            {
-                debug!(rank, "command doorbell closed");
-                return;
-            }
+        // Announce the sleep and look once more, so that a command pushed meanwhile is
+        // not left waiting for a ring the workload did not send (see exanet_shm::doorbell).
+        match ring.prepare_sleep() {
+            Ok(true) => continue,
+            Ok(false) => {}
             Err(e) => {
-                warn!(rank, error = %e, "command ring wait failed");
+                warn!(rank, error = %e, "workload corrupted its command ring");
                 node.count_error("workload_ring");
                 return;
             }
         }
+        // Every wake-up goes round the loop: the session's end rings our own ringer after
+        // setting `stop`, and a ring from the workload with nothing new in its ring gets
+        // its header looked at.
+        let woke = rung(&bell, timeout).await;
+        let _ = ring.finish_sleep();
+        if let Err(e) = woke {
+            ring_closed(&node, rank, &e);
+            return;
+        }
+    }
+}
+
+/// Waits until `bell` is rung (consuming the rings) or `timeout` passes: `Ok(false)` on
+/// timeout; `BrokenPipe` once every ringer is closed.
+async fn rung(bell: &pipe::Receiver, timeout: Option<Duration>) -> std::io::Result<bool> {
+    let wait = async {
+        let mut rings = [0u8; exanet_shm::doorbell::DRAIN_CHUNK];
+        loop {
+            bell.readable().await?;
+            match bell.try_read(&mut rings) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::BrokenPipe,
+                        "every ringer of the command doorbell is closed",
+                    ))
+                }
+                Ok(_) => return Ok(true),
+                // Readiness without a ring (spurious, or already drained): wait again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    match timeout {
+        Some(t) => tokio::time::timeout(t, wait).await.unwrap_or(Ok(false)),
+        None => wait.await,
+    }
+}
+
+/// Ends a ring's service on a failed doorbell.
+fn ring_closed(node: &NodeHandle, rank: u8, e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // Every ringer is closed (the workload exited, and the session is ending): the
+        // session ends when the control connection does.
+        debug!(rank, "command doorbell closed");
+    } else {
+        warn!(rank, error = %e, "command ring wait failed");
+        node.count_error("workload_ring");
     }
 }
 

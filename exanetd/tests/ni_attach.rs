@@ -334,7 +334,7 @@ fn hostile_and_dying_workloads_do_not_disturb_others() {
             "{m:?}"
         );
     }
-    // The scribbled header is noticed by the evil session's ring thread on its own
+    // The scribbled header is noticed by the evil session's ring task on its own
     // schedule (when it next finds its ring empty), which a loaded machine may delay.
     let deadline = Instant::now() + Duration::from_secs(10);
     let s = loop {
@@ -658,7 +658,7 @@ fn teardown_frees_the_rank_whatever_the_workload_did() {
         };
         make_blocking(&w.from_daemon);
         let _ = w.completions.prepare_sleep();
-        // A garbage tail and header stop the daemon's ring thread.
+        // A garbage tail and header stop the daemon's ring task.
         w.region.write(0, &[0xFF; 64]).unwrap();
         w.to_daemon.ring().unwrap();
         drop(w);
