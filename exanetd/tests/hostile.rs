@@ -1697,3 +1697,88 @@ fn accelerator_impostors_announcement_floods_and_far_stamps_stay_with_their_make
     let summary = watch.finish();
     stop_cleanly(r, &summary);
 }
+
+/// A workload's command ring is served on the daemon's runtime, beside the links: rings
+/// without pause (nothing in the ring), then valid commands as fast as the ring takes
+/// them, each for two seconds from two workloads at once, must leave the victim's RDMA and
+/// messages and the status answers going, and the flooders' own commands answered.
+#[test]
+fn doorbell_and_command_floods_share_the_runtime() {
+    let r = rack("hostile-flood");
+    let watch = Watch::start(&r);
+    let flooders: Vec<Workload> = (0..2).map(|_| attach(&r, NODE, None).unwrap()).collect();
+    let start = watch.rounds.load(Ordering::Relaxed);
+    let handles: Vec<_> = flooders
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut w)| {
+            std::thread::spawn(move || {
+                // 1. The doorbell alone: a ring is a byte in a pipe, refused by nobody.
+                let t0 = Instant::now();
+                let mut rings = 0u64;
+                while t0.elapsed() < Duration::from_secs(2) {
+                    let _ = w.to_daemon.ring();
+                    rings += 1;
+                }
+                // 2. Valid sends to the flooder's own mailbox, as fast as the ring takes
+                // them, every one of which must be answered.
+                let pk = w.alloc(Resource::Packetizer);
+                let mb = w.alloc(Resource::Mailbox);
+                let own = mailbox_gvas(Pdid(0), NODE_ID, w.rank, mb).unwrap();
+                let t0 = Instant::now();
+                let (mut posted, mut ends) = (0u32, 0usize);
+                while t0.elapsed() < Duration::from_secs(2) {
+                    let c = Command::Send {
+                        tag: posted,
+                        op: SendMessage {
+                            vi: pk,
+                            ch: (posted % 4) as u8,
+                            dst: own,
+                            payload: vec![i as u8; 8],
+                        },
+                        at: exanet_proto::model::ModelTime::ZERO,
+                    };
+                    if w.commands.push(&c.encode()).is_ok() {
+                        posted += 1;
+                        let _ = w.to_daemon.ring();
+                    }
+                    ends += take_completions(&mut w);
+                }
+                let t1 = Instant::now();
+                while ends < posted as usize && t1.elapsed() < Duration::from_secs(60) {
+                    ends += take_completions(&mut w);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (rings, posted, ends)
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (rings, posted, ends) = h.join().unwrap();
+        eprintln!("flooder {i}: {rings} rings, {posted} sends posted, {ends} answered");
+        assert!(posted > 0, "flooder {i} could post nothing");
+        assert_eq!(ends, posted as usize, "flooder {i}: sends unanswered");
+    }
+    let during = watch.rounds.load(Ordering::Relaxed) - start;
+    eprintln!("victim rounds during the floods: {during}");
+    assert!(during >= 1, "the victim passed no round during the floods");
+    watch.progress("after the floods", 1);
+    assert_attacker_freed(&r, "the floods");
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
+
+/// Takes what the completion ring holds: messages are taken from their mailbox (so it
+/// keeps room); returns how many completions ended a command.
+fn take_completions(w: &mut Workload) -> usize {
+    w.poll();
+    let got: Vec<Completion> = w.got.drain(..).collect();
+    let mut ends = 0;
+    for c in got {
+        match c {
+            Completion::Message { vi, .. } => w.took(vi),
+            _ => ends += 1,
+        }
+    }
+    ends
+}
