@@ -4,12 +4,17 @@
 # link up, idle CPU of the
 # whole rack over a window, and resident memory per daemon.
 #
-#   scripts/bench-rack.sh [SHAPE] [IDLE_SECONDS]      (default 4x4x2, 10)
+#   scripts/bench-rack.sh [SHAPE] [IDLE_SECONDS] [LINK_TIMEOUT_S]   (default 4x4x2, 10, the rack's default)
+#
+# LINK_TIMEOUT_S is `rack up --link-timeout`: keep-alives, an idle rack's main cost, go at
+# under a third of it.
 #
 # Builds release binaries first. Prints one line per figure.
 set -euo pipefail
 shape=${1:-4x4x2}
 idle=${2:-10}
+link_timeout=()
+[ -n "${3:-}" ] && link_timeout=(--link-timeout "$3")
 cd "$(dirname "$0")/.."
 cargo build --release -q -p exanetd -p exactl
 bin=${CARGO_TARGET_DIR:-target}/release
@@ -17,7 +22,7 @@ dir=$(mktemp -d /tmp/exanet-bench-rack.XXXXXX)
 trap '"$bin/exactl" --rack "$dir" rack down >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 
 t0=$(date +%s.%N)
-RUST_LOG=warn "$bin/exactl" --rack "$dir" rack up --shape "$shape" --ip off --timeout 120 >/dev/null
+RUST_LOG=warn "$bin/exactl" --rack "$dir" rack up --shape "$shape" --ip off --timeout 120 "${link_timeout[@]}" >/dev/null
 t1=$(date +%s.%N)
 awk -v a="$t0" -v b="$t1" -v s="$shape" 'BEGIN { printf "rack up %s: all links up in %.2f s\n", s, b - a }'
 

@@ -1,7 +1,7 @@
 //! exactl: operate an exanet virtual rack.
 //!
 //! ```text
-//! exactl [--rack DIR] rack up [--shape 4x4x2] [--name NAME] [--window BYTES] [--base-port N] [--timeout SECS]
+//! exactl [--rack DIR] rack up [--shape 4x4x2] [--name NAME] [--window BYTES] [--link-timeout SECS] [--base-port N] [--timeout SECS]
 //! exactl [--rack DIR] rack down [--timeout SECS]
 //! exactl [--rack DIR] status [--json]
 //! exactl [--rack DIR] ping SRC DST [--count N] [--timeout-ms MS] [--json]
@@ -284,6 +284,11 @@ struct UpArgs {
     /// [default: 262144]
     #[arg(long, value_name = "BYTES")]
     window: Option<u32>,
+    /// Seconds of silence from a link's peer after which the link is down (3..=600; a new
+    /// rack only). Keep-alives, an idle rack's main cost, go at under a third of it
+    /// [default: 10]
+    #[arg(long, value_name = "SECS")]
+    link_timeout: Option<u32>,
     /// Number ports from N: link (UDP) N+id, metrics (TCP) N+nodes+id (a new rack only)
     /// [default: free ports picked at random]
     #[arg(long, value_name = "N")]
@@ -360,6 +365,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 shape: a.shape,
                 name: a.name,
                 window: a.window,
+                link_timeout: a.link_timeout,
                 base_port: a.base_port,
                 ip: a.ip,
                 timeout: Duration::from_secs(a.timeout),

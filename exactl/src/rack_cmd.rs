@@ -41,6 +41,8 @@ pub struct UpOptions {
     pub shape: Option<Shape>,
     pub name: Option<String>,
     pub window: Option<u32>,
+    /// Seconds (the rack file's `link_timeout_s`).
+    pub link_timeout: Option<u32>,
     pub base_port: Option<u16>,
     pub ip: IpMode,
     pub timeout: Duration,
@@ -308,6 +310,20 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
             });
         }
     }
+    if let Some(t) = opts.link_timeout {
+        let range = exanet_control::tls::LINK_TIMEOUT_S;
+        if !range.contains(&t) {
+            return Err(CliError::BadValue {
+                what: "--link-timeout",
+                value: t.to_string(),
+                message: format!(
+                    "a link timeout is {} to {} seconds",
+                    range.start(),
+                    range.end()
+                ),
+            });
+        }
+    }
     if let Some(name) = &opts.name {
         check_rack_name(name)?;
     }
@@ -379,6 +395,7 @@ fn prepare_rack(dir: &Path, opts: &UpOptions) -> Result<(Rack, Option<RackFile>)
     let name = opts.name.clone().unwrap_or_else(|| default_rack_name(dir));
     let mut file = RackFile::loopback(&name, shape, |id| ports[id.0 as usize]);
     file.window = opts.window.unwrap_or(DEFAULT_WINDOW);
+    file.link_timeout_s = opts.link_timeout;
     let rack = Rack::new(dir, file.clone())
         .map_err(|message| CliError::RackFile(RackError::Invalid { path, message }))?;
     Ok((rack, Some(file)))
@@ -432,6 +449,16 @@ fn check_agrees(dir: &Path, rack: &Rack, opts: &UpOptions) -> Result<()> {
     if let Some(w) = opts.window {
         if w != f.window {
             return Err(mismatch("window", f.window.to_string(), w.to_string()));
+        }
+    }
+    if let Some(t) = opts.link_timeout {
+        let have = f.link_timeout().as_secs();
+        if u64::from(t) != have {
+            return Err(mismatch(
+                "link timeout",
+                format!("{have} s"),
+                format!("{t} s"),
+            ));
         }
     }
     if let Some(base) = opts.base_port {
@@ -898,6 +925,14 @@ mod tests {
                 ..UpOptions::default()
             },
             UpOptions {
+                link_timeout: Some(2),
+                ..UpOptions::default()
+            },
+            UpOptions {
+                link_timeout: Some(601),
+                ..UpOptions::default()
+            },
+            UpOptions {
                 name: Some("a b".into()),
                 ..UpOptions::default()
             },
@@ -964,6 +999,13 @@ mod tests {
                     ..UpOptions::default()
                 },
                 "name",
+            ),
+            (
+                UpOptions {
+                    link_timeout: Some(30),
+                    ..UpOptions::default()
+                },
+                "link timeout",
             ),
         ] {
             let e = prepare_rack(&d, &opts).unwrap_err().to_string();

@@ -19,6 +19,7 @@
 //! shape = "2x2x1"           # QFDBs along X, Y, Z
 //! window = 262144           # emulator in-flight window per link and VC, bytes
 //! local_window = 65536      # NI injection / delivery buffer, bytes
+//! link_timeout_s = 10       # a link whose peer is silent this long is down (3..=600)
 //!
 //! [nodes.M1QAF1]
 //! link = "127.0.0.1:21000"      # QUIC address neighbours dial (host names allowed)
@@ -140,6 +141,13 @@ impl NodeEntry {
     }
 }
 
+/// A link whose peer has been silent this long is down (a peer that exits cleanly closes
+/// its links at once; this is for peers that die or hang), unless the rack file says
+/// otherwise (`link_timeout_s`).
+pub const DEFAULT_LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The link timeouts a rack file may set, in seconds.
+pub const LINK_TIMEOUT_S: std::ops::RangeInclusive<u32> = 3..=600;
+
 fn default_window() -> u32 {
     DEFAULT_WINDOW
 }
@@ -157,6 +165,11 @@ pub struct RackFile {
     pub window: u32,
     #[serde(default = "default_local_window")]
     pub local_window: u32,
+    /// Seconds of silence from a link's peer after which the link is down; absent: 10
+    /// (`DEFAULT_LINK_TIMEOUT`). Keep-alives go at under a third of it, and
+    /// they are an idle rack's main cost: a large rack on few cores may want more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_timeout_s: Option<u32>,
     pub nodes: BTreeMap<String, NodeEntry>,
     /// NI protocol settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -207,6 +220,7 @@ impl RackFile {
             shape,
             window: DEFAULT_WINDOW,
             local_window: DEFAULT_LOCAL_WINDOW,
+            link_timeout_s: None,
             nodes,
             ni: None,
             jobs: BTreeMap::new(),
@@ -352,6 +366,15 @@ impl ModelSettings {
 }
 
 impl RackFile {
+    /// How long a link's peer may be silent before the link is down.
+    pub fn link_timeout(&self) -> std::time::Duration {
+        self.link_timeout_s.map_or(DEFAULT_LINK_TIMEOUT, |s| {
+            std::time::Duration::from_secs(u64::from(s))
+        })
+    }
+}
+
+impl RackFile {
     /// The modeled hardware's parameters: `[model]`, defaults where absent.
     pub fn model_params(&self) -> ModelParams {
         self.model.unwrap_or_default().params()
@@ -423,6 +446,15 @@ impl Rack {
             return Err("name is empty".into());
         }
         let model = file.model_params().model().map_err(|e| e.to_string())?;
+        if let Some(t) = file.link_timeout_s {
+            if !LINK_TIMEOUT_S.contains(&t) {
+                return Err(format!(
+                    "link_timeout_s = {t}: a link timeout is {} to {} seconds",
+                    LINK_TIMEOUT_S.start(),
+                    LINK_TIMEOUT_S.end()
+                ));
+            }
+        }
         for (what, w) in [("window", file.window), ("local_window", file.local_window)] {
             if w < MIN_WINDOW {
                 return Err(format!(
@@ -945,6 +977,32 @@ mod tests {
         assert!(e.contains("32 blocks"), "{e}");
         let e = with_jobs("[ni]\nrank_window_blocks = 0\n").unwrap_err();
         assert!(e.contains("1..=65536"), "{e}");
+    }
+
+    #[test]
+    fn a_link_timeout_is_three_to_600_seconds() {
+        let dir = Path::new("/nonexistent-rack");
+        let mut f = file("1x1x1");
+        assert_eq!(f.link_timeout(), DEFAULT_LINK_TIMEOUT);
+        for (t, ok) in [(2, false), (3, true), (600, true), (601, false)] {
+            f.link_timeout_s = Some(t);
+            match Rack::new(dir, f.clone()) {
+                Ok(r) => {
+                    assert!(ok, "{t} s accepted");
+                    assert_eq!(r.file.link_timeout().as_secs(), u64::from(t));
+                }
+                Err(e) => {
+                    assert!(!ok, "{t} s refused: {e}");
+                    assert!(e.contains("link_timeout_s"), "{e}");
+                }
+            }
+        }
+        // Written only when set, read back as written.
+        f.link_timeout_s = None;
+        assert!(!toml::to_string(&f).unwrap().contains("link_timeout_s"));
+        f.link_timeout_s = Some(30);
+        let back: RackFile = toml::from_str(&toml::to_string(&f).unwrap()).unwrap();
+        assert_eq!(back.link_timeout_s, Some(30));
     }
 
     fn load_with(extra: &str) -> Result<Rack, RackError> {

@@ -188,9 +188,17 @@ impl NodeTls {
         Ok(Arc::new(roots))
     }
 
-    /// QUIC server and client configurations for this node's endpoint.
-    /// A client configuration presenting this identity, speaking `alpn`.
+    /// A client configuration presenting this identity, speaking `alpn`, with the default
+    /// link timeout (control connections; links take the rack's, from [`Self::quic_configs`]).
     pub fn client_config(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
+        self.client_config_with(alpn, DEFAULT_LINK_TIMEOUT)
+    }
+
+    fn client_config_with(
+        &self,
+        alpn: &[u8],
+        link_timeout: Duration,
+    ) -> Result<quinn::ClientConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut client = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -202,11 +210,16 @@ impl NodeTls {
         let qc = quinn::crypto::rustls::QuicClientConfig::try_from(client)
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut cc = quinn::ClientConfig::new(Arc::new(qc));
-        cc.transport_config(Arc::new(transport_config()));
+        cc.transport_config(Arc::new(transport_config(link_timeout)));
         Ok(cc)
     }
 
-    pub fn quic_configs(&self) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TlsError> {
+    /// QUIC server and client configurations for this node's endpoint, its links down
+    /// after `link_timeout` of silence from the peer (the rack file's `link_timeout_s`).
+    pub fn quic_configs(
+        &self,
+        link_timeout: Duration,
+    ) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let roots = self.roots()?;
@@ -226,42 +239,45 @@ impl NodeTls {
         let qs = quinn::crypto::rustls::QuicServerConfig::try_from(server)
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut sc = quinn::ServerConfig::with_crypto(Arc::new(qs));
-        sc.transport_config(Arc::new(transport_config()));
-        Ok((sc, self.client_config(ALPN)?))
+        sc.transport_config(Arc::new(transport_config(link_timeout)));
+        Ok((sc, self.client_config_with(ALPN, link_timeout)?))
     }
 }
 
 /// QUIC transport settings of a link: generous flow-control windows so that QUIC never
 /// limits a link below its credit window, keep-alives so that a dead peer is noticed
-/// within [`IDLE_TIMEOUT`], and MTU discovery so loopback links use large datagrams.
+/// within `link_timeout`, and MTU discovery so loopback links use large datagrams.
 /// The keep-alive period is the idle rack's main CPU cost (a 4x4x2 rack has 272 links).
-fn transport_config() -> quinn::TransportConfig {
+fn transport_config(link_timeout: Duration) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.stream_receive_window((8u32 << 20).into());
     t.receive_window((16u32 << 20).into());
     t.send_window(16 << 20);
     t.max_concurrent_uni_streams(0u8.into());
     t.max_concurrent_bidi_streams(4u8.into());
-    t.keep_alive_interval(Some(KEEP_ALIVE));
+    t.keep_alive_interval(Some(keep_alive(link_timeout)));
     // Handshake retransmissions are paced by the initial RTT estimate; quinn's default
     // (333 ms) made a dial to a neighbour that starts a moment later wait about a second.
     t.initial_rtt(Duration::from_millis(10));
-    t.max_idle_timeout(Some(
-        IDLE_TIMEOUT
-            .try_into()
-            .expect("the idle timeout is a valid QUIC idle timeout"),
-    ));
+    // Rack files hold at most LINK_TIMEOUT_S's end (600 s), far below QUIC's limit
+    // (2^62 ms); were it ever over, the link would never time out rather than fail.
+    t.max_idle_timeout(link_timeout.try_into().ok());
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
     t
 }
 
-/// Keep-alive period of an idle link.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(3);
-/// A link whose peer has been silent this long is down (a peer that exits cleanly closes
-/// its links at once; this is for peers that die or hang).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::rack::{DEFAULT_LINK_TIMEOUT, LINK_TIMEOUT_S};
+
+/// Keep-alive period of an idle link: under a third of the timeout, so that a lost
+/// keep-alive is sent again (QUIC's loss recovery) well before the peer gives up. Each
+/// keep-alive wakes both ends twice (the ping and its delayed acknowledgement), which is
+/// what an idle rack costs: a longer timeout is less idle CPU and a slower notice of a
+/// dead peer.
+pub fn keep_alive(link_timeout: Duration) -> Duration {
+    link_timeout * 3 / 10
+}
 
 /// Largest UDP payload a link uses once MTU discovery has found the path allows it
 /// (loopback does; a 1500-byte container network settles near 1472). Measured on

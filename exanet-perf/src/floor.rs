@@ -267,7 +267,7 @@ fn configs() -> Result<((EndpointCfgs, quinn::ClientConfig), EndpointCfgs), Stri
     let node = |name: &str| -> Result<(EndpointCfgs, quinn::ClientConfig), String> {
         let t = NodeTls::load(&layout, name).map_err(|e| format!("{name} TLS: {e}"))?;
         let (server, client) = t
-            .quic_configs()
+            .quic_configs(tls::DEFAULT_LINK_TIMEOUT)
             .map_err(|e| format!("{name} QUIC configuration: {e}"))?;
         Ok(((t.endpoint_config(), server), client))
     };

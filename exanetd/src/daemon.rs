@@ -59,7 +59,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Node(e.to_string()))?;
     let name = shape.display(id);
     let tls = NodeTls::load(&rack.layout(), &name)?;
-    let (server_cfg, client_cfg) = tls.quic_configs()?;
+    let (server_cfg, client_cfg) = tls.quic_configs(rack.file.link_timeout())?;
     let endpoint_cfg = tls.endpoint_config();
     let rt = if opts.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

@@ -74,6 +74,14 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{addr} resolves to nothing"))
 }
 
+/// How long a dial waits for the handshake before it is tried again. Not the link
+/// timeout: a peer that is not listening yet (a rack coming up) makes QUIC resend its
+/// first packet at doubling intervals until the link timeout, so a dial left to run would
+/// notice the peer seconds after it started (a 1024-node rack with a 30 s link timeout
+/// came up in 19.7 s instead of 11.5); redialing after this long notices it within the
+/// dial loop's backoff.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn dial_once(
     endpoint: &Endpoint,
     client: &quinn::ClientConfig,
@@ -81,10 +89,12 @@ async fn dial_once(
     peer_name: &str,
 ) -> Result<(Connection, SendStream, RecvStream), String> {
     let sa = resolve(addr).await?;
-    let conn = endpoint
+    let connecting = endpoint
         .connect_with(client.clone(), sa, &dns_name(&peer_name))
-        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let conn = tokio::time::timeout(DIAL_TIMEOUT, connecting)
         .await
+        .map_err(|_| format!("no handshake within {DIAL_TIMEOUT:?}"))?
         .map_err(|e| e.to_string())?;
     let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
     Ok((conn, send, recv))

@@ -96,7 +96,7 @@ fn crashed_neighbour_is_rejoined_before_the_idle_timeout() {
     // M1QAF3 is dialed by M1QAF1 and M1QAF2, and dials M1QAF4.
     r.kill("M1QAF3");
     r.start("M1QAF3");
-    let limit = exanetd::tls::IDLE_TIMEOUT - Duration::from_secs(1);
+    let limit = exanetd::tls::DEFAULT_LINK_TIMEOUT - Duration::from_secs(1);
     let t0 = Instant::now();
     // The survivors' stale sessions still look up; the new daemon's view, and the
     // survivors' session counts, say whether the links really came back.
@@ -169,7 +169,9 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
         .unwrap();
     rt.block_on(async {
         let tls = exanetd::tls::NodeTls::load(&rack.layout(), "M1QAF1").unwrap();
-        let (_, client) = tls.quic_configs().unwrap();
+        let (_, client) = tls
+            .quic_configs(exanetd::tls::DEFAULT_LINK_TIMEOUT)
+            .unwrap();
         let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = rack.entry(NodeId(1)).link.parse().unwrap();
         let t0 = Instant::now();
@@ -300,4 +302,43 @@ fn bad_configuration_exits_2_with_one_line() {
     assert!(err.contains("rack.toml"), "{err}");
     let (code, _) = run(&["--node", "M1QAF1", "--threads", "0"], &r.dir);
     assert_eq!(code, Some(2));
+}
+
+/// The rack file's link timeout is the links': with `link_timeout_s = 3`, a neighbour that
+/// stops answering (SIGSTOP) is down for its neighbours within about 3 s, well before the
+/// default 10 s, and its links come back once it runs again.
+#[test]
+fn a_silent_neighbour_is_down_after_the_rack_files_link_timeout() {
+    let mut r = rack("linktimeout", "1x1x1");
+    let mut f = r.rack().file.clone();
+    f.link_timeout_s = Some(3);
+    write_rack_file(&r.dir, &f).unwrap();
+    r.start_all();
+    r.wait_links_up(&ALL, Duration::from_secs(20));
+    let pid = r.pid("M1QAF3").unwrap();
+    support::signal(pid, 19); // SIGSTOP
+    let t0 = Instant::now();
+    let down = |n: &str| {
+        r.status(n).is_some_and(|s| {
+            s.links
+                .iter()
+                .any(|l| l.peer == "M1QAF3" && l.state != LinkState::Up)
+        })
+    };
+    while !["M1QAF1", "M1QAF2", "M1QAF4"].iter().all(|n| down(n)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "the paused node's links still look up after {:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let noticed = t0.elapsed();
+    eprintln!("a paused neighbour was down everywhere after {noticed:?}");
+    assert!(
+        noticed >= Duration::from_secs(2),
+        "down after {noticed:?}: sooner than the timeout"
+    );
+    support::signal(pid, 18); // SIGCONT
+    r.wait_links_up(&ALL, Duration::from_secs(20));
 }
