@@ -29,6 +29,10 @@ pub const NOTIFY_SLOTS: u32 = 8;
 const NOTIFY_BYTES: u64 = 16;
 /// Bytes kept after each ring for its notification slots.
 pub const NOTIFY_SLOT: u64 = NOTIFY_SLOTS as u64 * NOTIFY_BYTES;
+/// How long ring space taken back (less than a quarter of the ring) may wait before it is
+/// returned: a stream of small packets returns it once per this, not once per batch, and
+/// a writer that fell quiet has all of it back this long after the last batch was read.
+pub const CREDIT_DELAY_NS: u64 = 5_000_000;
 
 /// Why a packet (or a batch or message of a peer) was not carried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -305,6 +309,8 @@ struct Peer {
     unconfirmed: VecDeque<(u32, u64, bool)>,
     /// Where the ring space that may be returned ends.
     credit_pos: u64,
+    /// What the last credit posted returned up to.
+    credit_sent: u64,
     ring_owed: bool,
     /// The peer opened a stream before its ring's slab was registered: the `Ring` answer
     /// waits for it.
@@ -335,6 +341,7 @@ impl Peer {
             arrived: [None; NOTIFY_SLOTS as usize],
             unconfirmed: VecDeque::new(),
             credit_pos: 0,
+            credit_sent: 0,
             ring_owed: false,
             ring_waits: false,
             credit_wanted: false,
@@ -382,6 +389,10 @@ pub struct IpService {
     /// The earliest moment an unanswered `Open` is due to be sent again, if any is waiting:
     /// [`IpService::on_tick`] runs on every event, and looks at the peers only then.
     retry_due: Option<Instant>,
+    /// Some peer is owed ring space below the quarter that sends it at once: it goes when
+    /// `credit_due` comes (set at the first tick after it was owed).
+    credit_owed: bool,
+    credit_due: Option<Instant>,
     stats: IpStats,
     /// Each slab of receive memory: its VA once registered.
     slabs: Vec<Slab>,
@@ -411,6 +422,8 @@ impl IpService {
             messages: VecDeque::new(),
             next_write: 0,
             retry_due: None,
+            credit_owed: false,
+            credit_due: None,
             stats: IpStats::default(),
         }
     }
@@ -546,11 +559,16 @@ impl IpService {
     /// When [`IpService::on_tick`] next has something to do (an unanswered ring request to
     /// ask again), if ever: a driver sleeps until then, not on a fixed period.
     pub fn next_tick(&self) -> Option<Instant> {
-        self.retry_due
+        match (self.retry_due, self.credit_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Time passes: `Open`s unanswered for the retry interval are sent again.
+    /// Time passes: `Open`s unanswered for the retry interval are sent again, and ring
+    /// space held back for [`CREDIT_DELAY_NS`] is returned.
     pub fn on_tick(&mut self, now: Instant) {
+        self.return_held_credit(now);
         if self.retry_due.is_none_or(|due| now < due) {
             return;
         }
@@ -567,6 +585,27 @@ impl IpService {
                 } else {
                     self.retry_due = Some(self.retry_due.map_or(due, |d| d.min(due)));
                 }
+            }
+        }
+    }
+
+    fn return_held_credit(&mut self, now: Instant) {
+        if !self.credit_owed {
+            return;
+        }
+        let due = *self
+            .credit_due
+            .get_or_insert(Instant(now.0.saturating_add(CREDIT_DELAY_NS)));
+        if now < due {
+            return;
+        }
+        self.credit_owed = false;
+        self.credit_due = None;
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if p.rx_stream.is_some() && p.credit_pos > p.credit_sent && !p.credit_wanted {
+                p.credit_wanted = true;
+                self.list(i);
             }
         }
     }
@@ -600,6 +639,7 @@ impl IpService {
             } else if p.credit_wanted && !p.credit_posted {
                 p.credit_wanted = false;
                 p.credit_posted = true;
+                p.credit_sent = p.credit_pos;
                 Some((
                     PeerOp::Credit,
                     Control::Credit {
@@ -686,6 +726,7 @@ impl IpService {
                     p.arrived = [None; NOTIFY_SLOTS as usize];
                     p.unconfirmed.clear();
                     p.credit_pos = 0;
+                    p.credit_sent = 0;
                     p.credit_wanted = false;
                 }
                 let slab = self.cfg.slab_of(src);
@@ -830,7 +871,7 @@ impl IpService {
             p.head += skip + len;
             let seq = p.seq;
             p.seq = p.seq.wrapping_add(1);
-            if p.writing.is_empty() && std::env::var_os("EXP_NO_EARLY").is_none() {
+            if p.writing.is_empty() {
                 p.early = Some(Control::Batch {
                     stream: p.stream,
                     seq,
@@ -930,7 +971,7 @@ impl IpService {
             .find(|u| !u.2 && u.0 % NOTIFY_SLOTS == slot as u32)
         {
             u.2 = true;
-            Self::settle(p);
+            self.credit_owed |= Self::settle(p, u64::from(ring / 4));
             let mut out = Vec::new();
             self.take_arrived(i, src, &mut read, &mut out);
             self.list(i);
@@ -969,13 +1010,23 @@ impl IpService {
 
     /// Reads the batch of `len` bytes at peer `i`'s tail; false when it belongs to a
     /// replaced stream (the tail stays).
-    /// Ring space up to the first unconfirmed batch may be returned.
-    fn settle(p: &mut Peer) {
+    /// Ring space up to the first unconfirmed batch may be returned. It is, once a
+    /// quarter of the ring is owed, not after every batch: each credit is a message and a
+    /// wake-up of both services (of NetPIPE's small messages, one in three messages and
+    /// wake-ups was a credit). The writer never waits for what is held back: a batch takes
+    /// at most a quarter of the ring, and the padding before it less than that, so with
+    /// everything it wrote taken it still has room for the next.
+    /// Returns whether space is owed but held back (see [`CREDIT_DELAY_NS`]).
+    fn settle(p: &mut Peer, owed_at_most: u64) -> bool {
         while let Some(&(_, end, true)) = p.unconfirmed.front() {
             p.unconfirmed.pop_front();
             p.credit_pos = end;
+        }
+        let owed = p.credit_pos.saturating_sub(p.credit_sent);
+        if owed >= owed_at_most {
             p.credit_wanted = true;
         }
+        owed > 0 && !p.credit_wanted
     }
 
     fn take_batch(
@@ -1011,7 +1062,7 @@ impl IpService {
                     .push_back((p.rx_seq, p.tail + skip + len, confirmed));
                 p.tail += skip + len;
                 p.rx_seq = p.rx_seq.wrapping_add(1);
-                Self::settle(p);
+                self.credit_owed |= Self::settle(p, u64::from(ring / 4));
                 self.drop(Drop::Malformed, 1);
                 return true;
             }
@@ -1020,7 +1071,7 @@ impl IpService {
             .push_back((p.rx_seq, p.tail + skip + len, confirmed));
         p.tail += skip + len;
         p.rx_seq = p.rx_seq.wrapping_add(1);
-        Self::settle(p);
+        self.credit_owed |= Self::settle(p, u64::from(ring / 4));
         self.stats.batches_in += 1;
         let mut not_for_me = 0;
         let mut malformed = 0;
@@ -1090,6 +1141,8 @@ mod tests {
         /// Nodes whose service is not running: whatever is posted to them fails.
         down: Vec<bool>,
         now: Instant,
+        /// Credit messages each node posted.
+        credits: Vec<u64>,
     }
 
     /// Reads a node's receive area as the shell reads its registered memory.
@@ -1143,6 +1196,7 @@ mod tests {
                 inbox: (0..NODES).map(|_| VecDeque::new()).collect(),
                 down: vec![false; NODES as usize],
                 now: Instant(0),
+                credits: vec![0; NODES as usize],
             }
         }
 
@@ -1165,6 +1219,7 @@ mod tests {
                             unreachable!()
                         };
                         let d = peer.0 as usize;
+                        self.credits[n] += u64::from(op == PeerOp::Credit);
                         let ok = !self.down[d];
                         if ok {
                             // In the mailbox: the receiver takes it when it reads.
@@ -1207,6 +1262,15 @@ mod tests {
                     return got;
                 }
             }
+        }
+
+        /// Lets `ns` pass for every service, then posts what that made ready.
+        fn wait(&mut self, ns: u64) -> Vec<Vec<Vec<u8>>> {
+            self.now = Instant(self.now.0 + ns);
+            for s in &mut self.svc {
+                s.on_tick(self.now);
+            }
+            self.run(&[])
         }
 
         fn send(&mut self, from: u32, to: u32, payload: &[u8]) -> Result<(), Drop> {
@@ -1340,8 +1404,73 @@ mod tests {
             assert!(w[0][20] < w[1][20] || w[1][20] == 0, "in order");
         }
         assert_eq!(r.svc[1].stats().drops_total(), 0);
-        assert_eq!(r.svc[0].ring_occupancy(), 0, "all space returned");
         assert_eq!(r.svc[0].queued_bytes(), 0);
+        // What is left owed (under a quarter of the ring) comes back after the delay.
+        assert!(r.svc[0].ring_occupancy() < u64::from(r.svc[1].config().ring_len / 4));
+        r.wait(1);
+        assert!(
+            r.svc[1].next_tick().is_some(),
+            "a tick is due for the held credit"
+        );
+        r.wait(CREDIT_DELAY_NS);
+        assert_eq!(r.svc[0].ring_occupancy(), 0, "all space returned");
+        assert_eq!(r.svc[1].next_tick(), None, "nothing left to wake for");
+    }
+
+    /// Ring space goes back once a quarter of the ring is owed, or after
+    /// [`CREDIT_DELAY_NS`]: a ping-pong of small packets sends no credit per packet, and
+    /// the writer never waits for what is held back.
+    #[test]
+    fn credit_is_returned_by_the_quarter_ring_or_after_the_delay() {
+        let mut r = Rack::new();
+        let credits = |r: &Rack| r.credits[1];
+        r.send(0, 1, b"open the stream").unwrap();
+        r.run(&[]);
+        let (before, stalls) = (credits(&r), r.svc[0].stats().credit_stalls);
+        let ring = u64::from(r.svc[1].config().ring_len);
+        // As many one-packet batches as stay under a quarter of the ring.
+        let batch =
+            (BATCH_HEADER + PACKET_PREFIX + test_packet(addr(0), addr(1), &[0; 60]).len()) as u64;
+        let n = (ring / 4 / batch - 1) as u32;
+        assert!(n >= 10, "a ring of {ring} B holds few small batches");
+        for k in 0..n {
+            r.send(0, 1, &[k as u8; 60]).unwrap();
+            r.run(&[]);
+            r.send(1, 0, &[k as u8; 60]).unwrap();
+            r.run(&[]);
+        }
+        assert_eq!(
+            credits(&r),
+            before,
+            "no credit for small packets within the delay"
+        );
+        assert!(r.svc[0].ring_occupancy() > 0);
+        // Quiet: after the delay (counted from the first tick after the space was
+        // owed, as the shell ticks after each event), one credit returns everything.
+        r.wait(1);
+        assert_eq!(credits(&r), before);
+        r.wait(CREDIT_DELAY_NS);
+        assert_eq!(credits(&r), before + 1);
+        assert_eq!(r.svc[0].ring_occupancy(), 0);
+        // Large packets: a credit per quarter ring, and the writer never waits.
+        let before = credits(&r);
+        let mut bytes = 0;
+        for k in 0..400u32 {
+            let pk = [k as u8; 1400];
+            r.send(0, 1, &pk).unwrap();
+            bytes += pk.len() as u64;
+            r.run(&[]);
+        }
+        let sent = credits(&r) - before;
+        assert!(
+            sent >= bytes / ring && sent <= bytes / (ring / 4) + 1,
+            "{sent} credits for {bytes} bytes through a ring of {ring}"
+        );
+        assert_eq!(
+            r.svc[0].stats().credit_stalls,
+            stalls,
+            "the writer waited for credit"
+        );
     }
 
     #[test]
