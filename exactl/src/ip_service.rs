@@ -21,17 +21,12 @@ use crate::process;
 const SERVICE_NAME: &str = "exanet-ip";
 const SERVICE_ENV: &str = "EXANET_IP";
 
-/// Where the service's pid, ready and metrics files are.
-pub fn run_dir(layout: &Layout) -> PathBuf {
-    layout.run_dir().join("ip")
-}
-
 fn pid_file(layout: &Layout, node: &str) -> PathBuf {
-    run_dir(layout).join(format!("{node}.pid"))
+    layout.ip_run_dir().join(format!("{node}.pid"))
 }
 
 fn ready_file(layout: &Layout, node: &str) -> PathBuf {
-    run_dir(layout).join(format!("{node}.ready"))
+    layout.ip_run_dir().join(format!("{node}.ready"))
 }
 
 fn log_file(layout: &Layout, node: &str) -> PathBuf {
@@ -195,7 +190,7 @@ fn start_all(
     let layout = Layout::new(abs_dir);
     let shape = rack.shape();
     let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
-    let dir = run_dir(&layout);
+    let dir = layout.ip_run_dir();
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
     crate::node_host::write_hosts_file(rack)?;
     for id in shape.node_ids() {
@@ -284,7 +279,7 @@ fn start_all(
 
 /// Stops the services and removes the namespaces (those of `rack`'s nodes, if known).
 pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
-    let dir = run_dir(layout);
+    let dir = layout.ip_run_dir();
     let mut pids = Vec::new();
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for e in entries.flatten() {

@@ -30,7 +30,7 @@ pub use exanet_control::ip::DEVICE;
 
 /// The rack's hosts file, which every node sees as `/etc/hosts`.
 pub fn hosts_file(rack: &Rack) -> PathBuf {
-    crate::ip_service::run_dir(&rack.layout()).join("hosts")
+    rack.layout().ip_run_dir().join("hosts")
 }
 
 /// What the nodes' `/etc/hosts` says: loopback's names, then every node's name with its

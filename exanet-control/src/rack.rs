@@ -835,6 +835,10 @@ impl Layout {
     pub fn run_dir(&self) -> PathBuf {
         self.dir.join("run")
     }
+    /// The IP services' pid, ready and metrics files, and the rack's hosts file.
+    pub fn ip_run_dir(&self) -> PathBuf {
+        self.run_dir().join("ip")
+    }
     pub fn control_socket(&self, name: &impl fmt::Display) -> PathBuf {
         self.run_dir().join(format!("{name}.sock"))
     }

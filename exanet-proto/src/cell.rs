@@ -37,8 +37,8 @@ use crc::{Crc, CRC_16_IBM_3740, CRC_8_SMBUS};
 use thiserror::Error;
 
 use crate::gvas::{Gvas, GVAS_LEN};
-use crate::model::Stamp;
 use crate::shape::NodeId;
+use crate::time::Stamp;
 
 pub const HEADER_LEN: usize = 16;
 pub const FOOTER_LEN: usize = 16;

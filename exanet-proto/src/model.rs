@@ -18,8 +18,6 @@
 //! every other switch, a 128-bit x 150 MHz NI datapath and 4 KB input buffers.
 
 use std::collections::VecDeque;
-use std::fmt;
-use std::ops::{Add, Sub};
 
 use thiserror::Error;
 
@@ -27,72 +25,7 @@ use crate::routing::RouteError;
 use crate::shape::{NodeId, Shape};
 use crate::topology::Port;
 
-/// Modeled time in picoseconds since the rack's modeled origin.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ModelTime(pub u64);
-
-impl ModelTime {
-    pub const ZERO: ModelTime = ModelTime(0);
-
-    pub fn from_ns(ns: u64) -> ModelTime {
-        ModelTime(ns.saturating_mul(1000))
-    }
-
-    pub fn ps(self) -> u64 {
-        self.0
-    }
-
-    /// Whole nanoseconds (rounded down).
-    pub fn ns(self) -> u64 {
-        self.0 / 1000
-    }
-
-    pub fn as_secs_f64(self) -> f64 {
-        self.0 as f64 * 1e-12
-    }
-
-    /// Time from `earlier` to `self`, zero if `earlier` is later.
-    pub fn since(self, earlier: ModelTime) -> u64 {
-        self.0.saturating_sub(earlier.0)
-    }
-}
-
-impl Add<u64> for ModelTime {
-    type Output = ModelTime;
-    /// Adds picoseconds.
-    fn add(self, ps: u64) -> ModelTime {
-        ModelTime(self.0.saturating_add(ps))
-    }
-}
-
-impl Sub<ModelTime> for ModelTime {
-    type Output = u64;
-    fn sub(self, other: ModelTime) -> u64 {
-        self.since(other)
-    }
-}
-
-impl fmt::Display for ModelTime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.3} us", self.0 as f64 / 1e6)
-    }
-}
-
-/// When a cell's first byte (`head`) and last byte (`tail`) reach the input it travels to.
-/// Switches cut through: a cell may leave on its head, but never finishes before its tail
-/// has come in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Stamp {
-    pub head: ModelTime,
-    pub tail: ModelTime,
-}
-
-impl Stamp {
-    /// A cell whose bytes are all there at `t` (made by the NI at `t`).
-    pub fn at(t: ModelTime) -> Stamp {
-        Stamp { head: t, tail: t }
-    }
-}
+pub use crate::time::{ModelTime, Stamp};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ModelError {
