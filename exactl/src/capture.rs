@@ -308,12 +308,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         // A new file, under the common umask that would make it 0644.
-        // SAFETY: umask only sets this process's file mode mask; restored below.
-        let old = unsafe { libc::umask(0o022) };
+        use nix::sys::stat::{umask, Mode};
+        let old = umask(Mode::from_bits_truncate(0o022));
         let new = dir.join("new.pcapng");
         let made = create_private(&new);
-        // SAFETY: as above.
-        unsafe { libc::umask(old) };
+        umask(old);
         drop(made.unwrap());
         assert_eq!(mode(&new), 0o600);
         // A file that was there, world-readable and full of an earlier capture.

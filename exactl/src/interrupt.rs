@@ -11,6 +11,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// From now on SIGINT and SIGTERM only raise the flag.
+#[allow(unsafe_code)] // installing a signal handler: std and nix have no safe way
 pub fn catch() {
     let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: installing a handler is sound; the handler only stores to a static atomic,
@@ -22,6 +23,7 @@ pub fn catch() {
 }
 
 /// Back to the default: the signals end the process.
+#[allow(unsafe_code)]
 pub fn restore() {
     // SAFETY: restoring the default disposition of a signal is always sound.
     unsafe {

@@ -79,8 +79,7 @@ pub fn ensure_node_tmp_dir(rack: &Rack, node: &str) -> Result<PathBuf> {
 
 /// Why IP over ExaNet cannot run here, if it cannot.
 pub fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         return Some("not root (network namespaces and TUN devices need it)".into());
     }
     if !Path::new("/dev/net/tun").exists() {

@@ -23,6 +23,8 @@
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 a `rack up` that failed and
 //! could not stop all it had started.
 
+#![deny(unsafe_code)]
+
 mod capture;
 mod chaos;
 mod control;

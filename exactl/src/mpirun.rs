@@ -153,8 +153,7 @@ impl Mpi {
                     ("OMPI_MCA_oob_tcp_if_include", subnet.into()),
                     ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
                 ];
-                // SAFETY: geteuid has no preconditions and cannot fail.
-                if unsafe { libc::geteuid() } == 0 {
+                if nix::unistd::geteuid().is_root() {
                     env.push(("OMPI_ALLOW_RUN_AS_ROOT", "1".into()));
                     env.push(("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".into()));
                 }

@@ -306,20 +306,14 @@ fn tasks_available() -> Option<u64> {
     let max = read_u64("/proc/sys/kernel/pid_max")?
         .min(read_u64("/proc/sys/kernel/threads-max").unwrap_or(u64::MAX));
     let mut left = max.saturating_sub(total);
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         // RLIMIT_NPROC counts every thread of the user, and root is exempt from it.
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes the struct it is given and nothing else.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) } == 0
-            && lim.rlim_cur != libc::RLIM_INFINITY
-        {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let mine = user_tasks(unsafe { libc::getuid() });
-            left = left.min(lim.rlim_cur.saturating_sub(mine));
+        use nix::sys::resource::{getrlimit, Resource};
+        if let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NPROC) {
+            if soft != libc::RLIM_INFINITY {
+                let mine = user_tasks(nix::unistd::getuid().as_raw());
+                left = left.min(soft.saturating_sub(mine));
+            }
         }
     }
     Some(left)

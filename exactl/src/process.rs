@@ -112,27 +112,7 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    // SAFETY: setsid and close_range are async-signal-safe system calls that touch no
-    // memory of the parent; they are all the child does between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Descriptors the caller leaked to us without close-on-exec (a pipe a test
-            // harness waits on, a jobserver) must not live on in a long-running daemon.
-            // Marking them close-on-exec rather than closing them keeps the pipe std uses
-            // to report a failed exec. Kernels before 5.11 lack this; nothing to do then.
-            #[cfg(target_os = "linux")]
-            libc::syscall(
-                libc::SYS_close_range,
-                3 as libc::c_uint,
-                libc::c_uint::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
-            Ok(())
-        });
-    }
+    new_session_on_exec(&mut cmd);
     let child = cmd.spawn().map_err(|source| CliError::Spawn {
         node: node.to_string(),
         binary: binary.to_path_buf(),
@@ -323,15 +303,11 @@ pub fn signal(pid: i32, sig: libc::c_int) -> std::io::Result<()> {
     if pid <= 1 {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill has no memory-safety preconditions; pid > 1 names one process.
-    if unsafe { libc::kill(pid, sig) } == -1 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ESRCH) {
-            return Ok(());
-        }
-        return Err(e);
+    let sig = nix::sys::signal::Signal::try_from(sig)?;
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// Removes a file that may not exist.
@@ -339,6 +315,35 @@ pub fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    }
+}
+
+/// Makes the command's child start a session of its own (so that the terminal's ^C and
+/// hang-up do not reach a daemon) and mark descriptors the caller leaked to it (a pipe a
+/// test harness waits on, a jobserver) close-on-exec, so they do not live on in a
+/// long-running daemon. Closing them instead would close the pipe std uses to report a
+/// failed exec. Kernels before 5.11 lack `close_range`; nothing to do then.
+///
+/// The one `unsafe` of exactl besides its signal handler: std has no safe way to run
+/// code in the child between fork and exec.
+#[allow(unsafe_code)]
+fn new_session_on_exec(cmd: &mut Command) {
+    // SAFETY: setsid and close_range are async-signal-safe system calls that touch no
+    // memory of the parent; they are all the child does between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            Ok(())
+        });
     }
 }
 

@@ -6,6 +6,8 @@
 //! The `net` feature adds what only the daemon and exactl need and what pulls in a TLS
 //! and QUIC stack: the rack's PKI ([`tls`]) and the control client ([`control_client`]).
 
+#![forbid(unsafe_code)]
+
 pub mod control;
 #[cfg(feature = "net")]
 pub mod control_client;

@@ -11,6 +11,8 @@
 //! Every generator builds all its files in memory first and writes nothing when an option
 //! cannot be honoured, so bad input leaves the output directory as it was.
 
+#![forbid(unsafe_code)]
+
 pub mod compose;
 pub mod consoles;
 pub mod error;

@@ -6,6 +6,8 @@
 //! services of the other nodes over the NI: RDMA writes of batches into per-peer receive
 //! rings, completion notifications, credit messages. See `docs/ip.md`.
 
+#![forbid(unsafe_code)]
+
 mod metrics;
 mod shell;
 mod tun_dev;

@@ -70,6 +70,8 @@
 //!
 //! Exit status: 0 success, 1 runtime failure, 2 bad usage.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod collective;
 mod floor;

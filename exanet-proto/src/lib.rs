@@ -25,6 +25,8 @@
 //! - [`capture`]: which cells a capture takes and the records it writes;
 //! - [`sim`]: a whole rack in simulated time.
 
+#![forbid(unsafe_code)]
+
 pub mod attach;
 pub mod capture;
 pub mod cell;

@@ -6,6 +6,8 @@
 //! shared with `exactl` and the client library; they are re-exported under their old
 //! names so `crate::rack` and `exanetd::rack` keep meaning what they always did.
 
+#![forbid(unsafe_code)]
+
 pub use exanet_control::{control, control_client, ports, quota, rack, tls};
 
 pub mod capture;

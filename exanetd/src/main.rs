@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
