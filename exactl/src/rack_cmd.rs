@@ -145,7 +145,6 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         &rack,
         &abs_dir,
         &binary,
-        &names,
         ip_off.as_deref(),
         opts.timeout,
         start,
@@ -184,18 +183,18 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
 
 /// Starts a daemon per node, waits for every link, then starts the IP services (unless
 /// `ip_off` says why not). What it started is in `children`, whatever it returns.
-#[allow(clippy::too_many_arguments)]
 fn start_rack(
     rack: &Rack,
     abs_dir: &Path,
     binary: &Path,
-    names: &[String],
     ip_off: Option<&str>,
     timeout: Duration,
     start: Instant,
     children: &mut Vec<(String, Child)>,
 ) -> Result<()> {
     let layout = Layout::new(abs_dir);
+    let shape = rack.shape();
+    let names: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     eprintln!(
         "exactl: starting {} daemons of rack {:?} ({}) from {}",
         names.len(),
@@ -203,7 +202,7 @@ fn start_rack(
         rack.shape(),
         binary.display()
     );
-    for n in names {
+    for n in &names {
         if interrupt::raised() {
             return Err(CliError::Failed(
                 "interrupted while starting the daemons".into(),

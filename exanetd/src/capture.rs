@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use exanet_proto::capture::{CaptureFilter, Direction, Record, Seen};
-use exanet_proto::model::ModelTime;
-use exanet_proto::routing::Vc;
-use exanet_proto::{NodeId, Port};
+use exanet_proto::Port;
 use tokio::sync::mpsc;
 
 /// Records a tap queues for its operator before it drops: ~1 MiB of full cells, enough
@@ -130,18 +128,9 @@ impl Taps {
         self.active.store(taps.len(), Ordering::Relaxed);
     }
 
-    /// Offers a cell (its wire bytes) that crossed `port` toward or from `peer`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn offer(
-        &self,
-        node: NodeId,
-        peer: NodeId,
-        port: Port,
-        dir: Direction,
-        vc: Vc,
-        modeled: ModelTime,
-        cell: &[u8],
-    ) {
+    /// Offers a cell (its wire bytes) seen crossing a link as `seen` says.
+    pub fn offer(&self, seen: &Seen, cell: &[u8]) {
+        let (port, dir) = (seen.port, seen.direction);
         let taps = self.taps.lock().unwrap_or_else(|p| p.into_inner());
         let mut wall = None;
         for tap in taps.iter() {
@@ -167,15 +156,7 @@ impl Taps {
                     .map_or(0, |d| d.as_nanos() as u64)
             });
             let mut bytes = Vec::new();
-            let seen = Seen {
-                direction: dir,
-                node,
-                peer,
-                port,
-                vc,
-                modeled,
-            };
-            Record::encode_into(&seen, cell, &mut bytes);
+            Record::encode_into(seen, cell, &mut bytes);
             match tap.queue.try_send((at, bytes)) {
                 Ok(()) => {
                     tap.taken.fetch_add(1, Ordering::Relaxed);
@@ -195,6 +176,9 @@ impl Taps {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use exanet_proto::model::ModelTime;
+    use exanet_proto::routing::Vc;
+    use exanet_proto::NodeId;
 
     fn spec(count: Option<u64>) -> TapSpec {
         TapSpec {
@@ -207,15 +191,15 @@ mod tests {
     }
 
     fn offer(taps: &Taps, port: usize, dir: Direction) {
-        taps.offer(
-            NodeId(1),
-            NodeId(2),
-            Port::from_index(port).unwrap(),
-            dir,
-            Vc(0),
-            ModelTime(5),
-            &[0u8; 32],
-        );
+        let seen = Seen {
+            direction: dir,
+            node: NodeId(1),
+            peer: NodeId(2),
+            port: Port::from_index(port).unwrap(),
+            vc: Vc(0),
+            modeled: ModelTime(5),
+        };
+        taps.offer(&seen, &[0u8; 32]);
     }
 
     #[test]

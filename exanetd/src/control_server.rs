@@ -256,6 +256,21 @@ struct CaptureAsk {
 /// The capture `req` asks for, if it is a capture request.
 fn capture_ask(node: &NodeHandle, req: Request) -> Option<CaptureAsk> {
     let Request::Capture {
+        count, duration_ms, ..
+    } = req
+    else {
+        return None;
+    };
+    Some(CaptureAsk {
+        spec: capture_spec(node, req),
+        count,
+        duration_ms,
+    })
+}
+
+/// Turns a capture request's fields into a tap, or says what is wrong with them.
+fn capture_spec(node: &NodeHandle, req: Request) -> Result<TapSpec, String> {
+    let Request::Capture {
         peers,
         rx,
         tx,
@@ -263,34 +278,15 @@ fn capture_ask(node: &NodeHandle, req: Request) -> Option<CaptureAsk> {
         pdid,
         dst,
         count,
-        duration_ms,
+        ..
     } = req
     else {
-        return None;
+        return Err("not a capture request".into());
     };
-    Some(CaptureAsk {
-        spec: capture_spec(node, &peers, rx, tx, cell_type, pdid, dst, count),
-        count,
-        duration_ms,
-    })
-}
-
-/// Turns a capture request's fields into a tap, or says what is wrong with them.
-#[allow(clippy::too_many_arguments)]
-fn capture_spec(
-    node: &NodeHandle,
-    peers: &[String],
-    rx: bool,
-    tx: bool,
-    cell_type: Option<String>,
-    pdid: Option<u16>,
-    dst: Option<String>,
-    count: Option<u64>,
-) -> Result<TapSpec, String> {
     let shape = node.rack.shape();
     let links = node.links();
     let mut ports = Vec::new();
-    for p in peers {
+    for p in &peers {
         let id = shape.parse_node(p).map_err(|e| e.to_string())?;
         let port = links
             .iter()

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use exanet_proto::capture::Direction;
+use exanet_proto::capture::{Direction, Seen};
 use exanet_proto::frame::{Frame, FrameDecoder, FrameError, Hello};
 use exanet_proto::{NodeId, Port};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -265,15 +265,15 @@ async fn run_session(
                 sent.push_bytes(out.bytes.clone());
                 while let Some((_, raw)) = sent.next_frame_and_cell_bytes() {
                     if let Some(raw) = raw {
-                        node.taps.offer(
-                            node.id,
+                        let seen = Seen {
+                            direction: Direction::Sent,
+                            node: node.id,
                             peer,
                             port,
-                            Direction::Sent,
-                            raw.vc,
-                            raw.stamp.tail,
-                            &raw.wire,
-                        );
+                            vc: raw.vc,
+                            modeled: raw.stamp.tail,
+                        };
+                        node.taps.offer(&seen, &raw.wire);
                     }
                 }
             }
@@ -323,15 +323,15 @@ async fn run_session(
                 dec.next_frame().map(|f| (f, None))
             } {
                 if let Some(raw) = raw {
-                    node.taps.offer(
-                        me,
+                    let seen = Seen {
+                        direction: Direction::Received,
+                        node: me,
                         peer,
                         port,
-                        Direction::Received,
-                        raw.vc,
-                        raw.stamp.tail,
-                        &raw.wire,
-                    );
+                        vc: raw.vc,
+                        modeled: raw.stamp.tail,
+                    };
+                    node.taps.offer(&seen, &raw.wire);
                 }
                 match f {
                     Ok(f) => frames.push(f),

@@ -503,8 +503,14 @@ impl Accelerator {
         };
         let Some(plan) = &ctx.plan else { return };
         let (node, rank) = plan.members[to];
-        let Some(cell) = collective_cell(cx, ctx.pdid, key, plan, step, node, rank, v, ctx.ready)
-        else {
+        let what = StepCell {
+            key,
+            step,
+            to: (node, rank),
+            payload: v,
+            at: ctx.ready,
+        };
+        let Some(cell) = collective_cell(cx, ctx.pdid, plan, what) else {
             return;
         };
         cx.out.cells.push_back(cell.clone());
@@ -672,17 +678,14 @@ impl Accelerator {
                         if i == plan.me {
                             continue;
                         }
-                        if let Some(c) = collective_cell(
-                            cx,
-                            ctx.pdid,
+                        let what = StepCell {
                             key,
-                            plan,
-                            ABORT,
-                            node,
-                            rank,
-                            code.clone(),
-                            ctx.ready.max(cx.at),
-                        ) {
+                            step: ABORT,
+                            to: (node, rank),
+                            payload: code.clone(),
+                            at: ctx.ready.max(cx.at),
+                        };
+                        if let Some(c) = collective_cell(cx, ctx.pdid, plan, what) {
                             cx.out.cells.push_back(c);
                         }
                     }
@@ -893,19 +896,25 @@ impl Accelerator {
     }
 }
 
-/// The cell of `step` of collective `key` to (`node`, `rank`), at modeled time `at`.
-#[allow(clippy::too_many_arguments)]
-fn collective_cell(
-    cx: &Ctx,
-    pdid: Pdid,
+/// One cell of a collective: its step of collective `key`, to member `to` (node, rank),
+/// at modeled time `at`.
+struct StepCell {
     key: (u8, u32),
-    plan: &Plan,
     step: u8,
-    node: NodeId,
-    rank: u8,
+    to: (NodeId, u8),
     payload: Bytes,
     at: ModelTime,
-) -> Option<Cell> {
+}
+
+/// The cell `what` describes, in protection domain `pdid` of `plan`.
+fn collective_cell(cx: &Ctx, pdid: Pdid, plan: &Plan, what: StepCell) -> Option<Cell> {
+    let StepCell {
+        key,
+        step,
+        to: (node, rank),
+        payload,
+        at,
+    } = what;
     let va = (u64::from(step) << 16) | plan.me as u64;
     let dst = Gvas::new(pdid, node, rank, va).ok()?;
     let mut c = Cell::new(dst, CellType::Collective, cx.me, payload).ok()?;
