@@ -2,12 +2,13 @@
 //!
 //! # Control plane: the attach socket
 //! A workload connects to the daemon's Unix socket `run/<NODE>.ni` and exchanges JSON
-//! lines ([`Request`], [`Reply`]); file descriptors travel with a reply or request as
-//! SCM_RIGHTS. The connection stays open for the life of the attachment: when it closes
+//! lines ([`Request`], [`Reply`]); file descriptors travel with a reply as SCM_RIGHTS
+//! (never with a request, below). The connection stays open for the life of the attachment: when it closes
 //! (the process exited or died) the daemon detaches the rank, frees its interfaces and
 //! fails what it had posted.
 //!
-//! 1. `attach {job_key}` -> `attached {rank, pdid, node, ...}` + fds: the shared region
+//! 1. `attach {version, job_key, rank}` -> `attached {rank, pdid, node, ...}` + fds (a
+//!    `version` other than [`PROTOCOL_VERSION`] is refused, naming the one spoken): the shared region
 //!    holding the two rings, the read end of the daemon -> workload doorbell pipe
 //!    (`exanet_shm::Doorbell`) and the write end of the workload -> daemon one
 //!    (`exanet_shm::Ringer`). The PDID comes from the job the key names (or the rack's
@@ -58,6 +59,9 @@ use crate::ni::{DataType, RdmaRead, RdmaWrite, ReduceOp, SendMessage};
 pub const SLOT: usize = 128;
 /// Bytes of message payload a slot carries.
 pub const INLINE: usize = 64;
+/// The versions, each what changed from the one before (workload and daemon must speak
+/// the same):
+/// 1: the first (doorbells are eventfds; the workload registers memory it made).
 /// 2: doorbells are socket-pair ends instead of eventfds, and registered memory is made by
 /// the daemon (`register` carries no descriptor, `registered` carries the memfd).
 /// 3: mailbox capacity counts until the workload takes a message: the consumed counters
