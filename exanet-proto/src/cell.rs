@@ -36,6 +36,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crc::{Crc, CRC_16_IBM_3740, CRC_8_SMBUS};
 use thiserror::Error;
 
+use crate::code::numeric_code;
 use crate::gvas::{Gvas, GVAS_LEN};
 use crate::shape::NodeId;
 use crate::time::Stamp;
@@ -50,84 +51,35 @@ pub const MAX_CELL: usize = OVERHEAD + MAX_PAYLOAD;
 const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_IBM_3740);
 const CRC8: Crc<u8> = Crc::<u8>::new(&CRC_8_SMBUS);
 
-/// What a cell is. Values 1..=6 are the NI cell types of the thesis (§3); 0x40.. are the
-/// emulator's own diagnostic cells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum CellType {
-    /// Remote write data (RDMA and packetizer payloads).
-    Write = 1,
-    /// Remote read request.
-    ReadRequest = 2,
-    /// RDMA completion-notification control cell.
-    NotifyControl = 3,
-    /// Completion notification written at the receiver.
-    Notify = 4,
-    Ack = 5,
-    Nack = 6,
-    /// A step of an accelerated collective (the NI's allreduce accelerator).
-    Collective = 7,
-    /// Diagnostic: a probe that records its path, answered by the destination's switch.
-    Probe = 0x40,
-    /// Diagnostic: the answer to a probe, recording the way back.
-    ProbeReply = 0x41,
-    /// Diagnostic: synthetic load, counted and discarded by the destination.
-    Load = 0x42,
+numeric_code! {
+    /// What a cell is. Values 1..=6 are the NI cell types of the thesis (§3); 0x40.. are
+    /// the emulator's own diagnostic cells.
+    pub enum CellType {
+        /// Remote write data (RDMA and packetizer payloads).
+        Write = 1 => "write",
+        /// Remote read request.
+        ReadRequest = 2 => "read_request",
+        /// RDMA completion-notification control cell.
+        NotifyControl = 3 => "notify_control",
+        /// Completion notification written at the receiver.
+        Notify = 4 => "notify",
+        Ack = 5 => "ack",
+        Nack = 6 => "nack",
+        /// A step of an accelerated collective (the NI's allreduce accelerator).
+        Collective = 7 => "collective",
+        /// Diagnostic: a probe that records its path, answered by the destination's switch.
+        Probe = 0x40 => "probe",
+        /// Diagnostic: the answer to a probe, recording the way back.
+        ProbeReply = 0x41 => "probe_reply",
+        /// Diagnostic: synthetic load, counted and discarded by the destination.
+        Load = 0x42 => "load",
+    }
 }
 
 impl CellType {
-    pub fn from_u8(v: u8) -> Option<CellType> {
-        Some(match v {
-            1 => CellType::Write,
-            2 => CellType::ReadRequest,
-            3 => CellType::NotifyControl,
-            4 => CellType::Notify,
-            5 => CellType::Ack,
-            6 => CellType::Nack,
-            7 => CellType::Collective,
-            0x40 => CellType::Probe,
-            0x41 => CellType::ProbeReply,
-            0x42 => CellType::Load,
-            _ => return None,
-        })
-    }
-
-    pub const ALL: [CellType; 10] = [
-        CellType::Write,
-        CellType::ReadRequest,
-        CellType::NotifyControl,
-        CellType::Notify,
-        CellType::Ack,
-        CellType::Nack,
-        CellType::Collective,
-        CellType::Probe,
-        CellType::ProbeReply,
-        CellType::Load,
-    ];
-
-    /// The type a [`CellType::label`] names.
-    pub fn from_label(label: &str) -> Option<CellType> {
-        CellType::ALL.into_iter().find(|k| k.label() == label)
-    }
-
     /// Cells of the NI protocols (as opposed to the fabric's diagnostics).
     pub fn is_ni(self) -> bool {
         (self as u8) < 0x40
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            CellType::Write => "write",
-            CellType::ReadRequest => "read_request",
-            CellType::NotifyControl => "notify_control",
-            CellType::Notify => "notify",
-            CellType::Ack => "ack",
-            CellType::Nack => "nack",
-            CellType::Collective => "collective",
-            CellType::Probe => "probe",
-            CellType::ProbeReply => "probe_reply",
-            CellType::Load => "load",
-        }
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`gvas`]: the 80-bit global virtual address and PDIDs;
 //! - [`topology`]: switch ports and the links of a rack;
 //! - [`routing`]: dimension-order routing with dateline virtual channels;
-//! - [`cell`]: the cell wire format; [`frame`]: link framing between switches;
+//! - [`cell`]: the cell wire format; [`frame`]: link framing between switches; `code`:
+//!   the declare-once macro of enums that are numeric codes on the wire;
 //! - [`switch`]: input queues, arbitration and credit flow control;
 //! - [`fault`]: fault injection and shaping on one direction of a link;
 //! - [`link`]: the sending end of one link direction, which both the daemon and the
@@ -30,6 +31,7 @@
 pub mod attach;
 pub mod capture;
 pub mod cell;
+mod code;
 pub mod collective;
 pub mod fault;
 pub mod fidelity;

@@ -35,6 +35,7 @@ use thiserror::Error;
 
 use super::{backoff, Ctx, Failure, Memory, NackReason, NiEvent};
 use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
+use crate::code::numeric_code;
 use crate::gvas::{Gvas, Pdid};
 use crate::model::{ModelTime, Stamp};
 use crate::shape::{NodeId, FPGAS_PER_QFDB};
@@ -61,69 +62,31 @@ const SCATTER: u8 = 0xE;
 /// The step that tells every member the collective failed (payload: the failure).
 const ABORT: u8 = 0xF;
 
-/// The arithmetic of an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum ReduceOp {
-    Sum = 0,
-    Min = 1,
-    Max = 2,
-}
-
-impl ReduceOp {
-    pub fn from_u8(v: u8) -> Option<ReduceOp> {
-        Some(match v {
-            0 => ReduceOp::Sum,
-            1 => ReduceOp::Min,
-            2 => ReduceOp::Max,
-            _ => return None,
-        })
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-        }
+numeric_code! {
+    /// The arithmetic of an operation.
+    pub enum ReduceOp {
+        Sum = 0 => "sum",
+        Min = 1 => "min",
+        Max = 2 => "max",
     }
 }
 
-/// The element type of a vector: little-endian, as the ARM cores keep them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DataType {
-    I32 = 0,
-    I64 = 1,
-    F32 = 2,
-    F64 = 3,
+numeric_code! {
+    /// The element type of a vector: little-endian, as the ARM cores keep them.
+    pub enum DataType {
+        I32 = 0 => "i32",
+        I64 = 1 => "i64",
+        F32 = 2 => "f32",
+        F64 = 3 => "f64",
+    }
 }
 
 impl DataType {
-    pub fn from_u8(v: u8) -> Option<DataType> {
-        Some(match v {
-            0 => DataType::I32,
-            1 => DataType::I64,
-            2 => DataType::F32,
-            3 => DataType::F64,
-            _ => return None,
-        })
-    }
-
     /// Bytes of one element.
     pub fn size(self) -> usize {
         match self {
             DataType::I32 | DataType::F32 => 4,
             DataType::I64 | DataType::F64 => 8,
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            DataType::I32 => "i32",
-            DataType::I64 => "i64",
-            DataType::F32 => "f32",
-            DataType::F64 => "f64",
         }
     }
 }
