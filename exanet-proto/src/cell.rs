@@ -48,6 +48,45 @@ pub const MAX_PAYLOAD: usize = 256;
 pub const OVERHEAD: usize = HEADER_LEN + FOOTER_LEN;
 pub const MAX_CELL: usize = OVERHEAD + MAX_PAYLOAD;
 
+/// Where each field of the header and footer sits, named once for the encoder and the
+/// decoder (the tables of the module's documentation).
+mod field {
+    pub mod header {
+        use std::ops::Range;
+        pub const DST: Range<usize> = 0..10;
+        pub const TYPE: usize = 10;
+        pub const RESERVED: usize = 11;
+        pub const LEN: Range<usize> = 12..14;
+        /// What the header CRC covers: everything before it.
+        pub const CRC_OVER: Range<usize> = 0..14;
+        pub const CRC: Range<usize> = 14..16;
+    }
+    pub mod footer {
+        use std::ops::Range;
+        pub const TXN: Range<usize> = 0..4;
+        /// The source node id, 22 bits in 3 bytes.
+        pub const SRC: Range<usize> = 4..7;
+        /// Source rank (bits 0-2) and flags (bits 3-5).
+        pub const RANK_FLAGS: usize = 7;
+        pub const SEQ: Range<usize> = 8..10;
+        pub const AUX: usize = 10;
+        /// The footer CRC, over every other footer byte.
+        pub const CRC: usize = 11;
+        pub const PAYLOAD_CRC: Range<usize> = 12..16;
+    }
+}
+const _: () = assert!(field::header::DST.end - field::header::DST.start == GVAS_LEN);
+const _: () = assert!(field::header::CRC.end == HEADER_LEN);
+const _: () = assert!(field::footer::PAYLOAD_CRC.end == FOOTER_LEN);
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
 const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_IBM_3740);
 const CRC8: Crc<u8> = Crc::<u8>::new(&CRC_8_SMBUS);
 
@@ -202,25 +241,26 @@ impl Cell {
             });
         }
         out.reserve(OVERHEAD + len);
+        use field::{footer as ft, header as hd};
         let mut h = [0u8; HEADER_LEN];
-        h[..GVAS_LEN].copy_from_slice(&self.dst.to_bytes());
-        h[10] = self.kind as u8;
-        h[12..14].copy_from_slice(&(len as u16).to_be_bytes());
-        let hcrc = CRC16.checksum(&h[..14]);
-        h[14..16].copy_from_slice(&hcrc.to_be_bytes());
+        h[hd::DST].copy_from_slice(&self.dst.to_bytes());
+        h[hd::TYPE] = self.kind as u8;
+        h[hd::LEN].copy_from_slice(&(len as u16).to_be_bytes());
+        let hcrc = CRC16.checksum(&h[hd::CRC_OVER]);
+        h[hd::CRC].copy_from_slice(&hcrc.to_be_bytes());
         out.put_slice(&h);
         out.put_slice(&self.payload);
         let mut f = [0u8; FOOTER_LEN];
-        f[0..4].copy_from_slice(&self.txn.to_be_bytes());
-        f[4..7].copy_from_slice(&self.src.0.to_be_bytes()[1..4]);
-        f[7] = self.src_rank | self.flags;
-        f[8..10].copy_from_slice(&self.seq.to_be_bytes());
-        f[10] = self.aux;
+        f[ft::TXN].copy_from_slice(&self.txn.to_be_bytes());
+        f[ft::SRC].copy_from_slice(&self.src.0.to_be_bytes()[1..4]);
+        f[ft::RANK_FLAGS] = self.src_rank | self.flags;
+        f[ft::SEQ].copy_from_slice(&self.seq.to_be_bytes());
+        f[ft::AUX] = self.aux;
         let crc = self
             .corrupt_crc
             .unwrap_or_else(|| crc32fast::hash(&self.payload));
-        f[12..16].copy_from_slice(&crc.to_be_bytes());
-        f[11] = footer_crc(&f);
+        f[ft::PAYLOAD_CRC].copy_from_slice(&crc.to_be_bytes());
+        f[ft::CRC] = footer_crc(&f);
         out.put_slice(&f);
         Ok(())
     }
@@ -237,12 +277,13 @@ impl Cell {
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
-        let carried = u16::from_be_bytes([buf[14], buf[15]]);
-        let computed = CRC16.checksum(&buf[..14]);
+        use field::header as hd;
+        let carried = be16(&buf[hd::CRC]);
+        let computed = CRC16.checksum(&buf[hd::CRC_OVER]);
         if carried != computed {
             return Err(CellError::HeaderCrc { carried, computed });
         }
-        let len = u16::from_be_bytes([buf[12], buf[13]]) as usize;
+        let len = usize::from(be16(&buf[hd::LEN]));
         if len > MAX_PAYLOAD {
             return Err(CellError::PayloadTooLong(len));
         }
@@ -267,36 +308,42 @@ impl Cell {
                 need,
             });
         }
-        let kind = CellType::from_u8(buf[10]).ok_or(CellError::UnknownType(buf[10]))?;
-        if buf[11] != 0 {
-            return Err(CellError::ReservedHeader(buf[11]));
+        use field::{footer as ft, header as hd};
+        let t = buf[hd::TYPE];
+        let kind = CellType::from_u8(t).ok_or(CellError::UnknownType(t))?;
+        if buf[hd::RESERVED] != 0 {
+            return Err(CellError::ReservedHeader(buf[hd::RESERVED]));
         }
         let mut g = [0u8; GVAS_LEN];
-        g.copy_from_slice(&buf[..GVAS_LEN]);
-        let f: [u8; FOOTER_LEN] = buf[need - FOOTER_LEN..]
-            .try_into()
-            .expect("footer slice is 16 bytes");
-        let carried = f[11];
+        g.copy_from_slice(&buf[hd::DST]);
+        let mut f = [0u8; FOOTER_LEN];
+        f.copy_from_slice(&buf[need - FOOTER_LEN..]);
+        let carried = f[ft::CRC];
         let computed = footer_crc(&f);
         if carried != computed {
             return Err(CellError::FooterCrc { carried, computed });
         }
-        let src = u32::from_be_bytes([0, f[4], f[5], f[6]]);
-        if src >= 1 << 22 || f[7] & 0xC0 != 0 {
-            return Err(CellError::ReservedFooter { src, flags: f[7] });
+        let s = &f[ft::SRC];
+        let src = u32::from_be_bytes([0, s[0], s[1], s[2]]);
+        let rank_flags = f[ft::RANK_FLAGS];
+        if src >= 1 << 22 || rank_flags & 0xC0 != 0 {
+            return Err(CellError::ReservedFooter {
+                src,
+                flags: rank_flags,
+            });
         }
         let payload = buf.slice(HEADER_LEN..need - FOOTER_LEN);
-        let carried = u32::from_be_bytes([f[12], f[13], f[14], f[15]]);
+        let carried = be32(&f[ft::PAYLOAD_CRC]);
         let computed = crc32fast::hash(&payload);
         Ok(Cell {
             dst: Gvas::from_bytes(g),
             kind,
-            txn: u32::from_be_bytes([f[0], f[1], f[2], f[3]]),
+            txn: be32(&f[ft::TXN]),
             src: NodeId(src),
-            src_rank: f[7] & 0x07,
-            flags: f[7] & FLAGS_MASK,
-            seq: u16::from_be_bytes([f[8], f[9]]),
-            aux: f[10],
+            src_rank: rank_flags & 0x07,
+            flags: rank_flags & FLAGS_MASK,
+            seq: be16(&f[ft::SEQ]),
+            aux: f[ft::AUX],
             payload,
             corrupt_crc: (carried != computed).then_some(carried),
             stamp: Stamp::default(),
@@ -319,8 +366,8 @@ impl Cell {
 
 fn footer_crc(f: &[u8; FOOTER_LEN]) -> u8 {
     let mut d = CRC8.digest();
-    d.update(&f[..11]);
-    d.update(&f[12..]);
+    d.update(&f[..field::footer::CRC]);
+    d.update(&f[field::footer::CRC + 1..]);
     d.finalize()
 }
 
