@@ -41,7 +41,8 @@
 //! ## Event loops
 //!
 //! An async daemon does not block in [`Waiter::wait`]: it registers the doorbell's descriptor
-//! ([`Doorbell::as_raw_fd`]) with its reactor (e.g. `tokio::io::unix::AsyncFd`) and runs the
+//! ([`Doorbell::as_fd`], or a duplicate of it: tokio's `net::unix::pipe::Receiver` takes
+//! one safely) with its reactor and runs the
 //! waiting half itself with [`Consumer::prepare_sleep`](crate::Consumer::prepare_sleep)
 //! (announce + fence + re-check), awaiting readability only if that returned `false`, then
 //! [`Doorbell::drain`] and [`Consumer::finish_sleep`](crate::Consumer::finish_sleep).

@@ -24,7 +24,7 @@
 //! session's teardown frees all of it whatever the workload did.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -821,8 +821,14 @@ async fn serve_ring(
     bell: Doorbell,
     stop: Arc<AtomicBool>,
 ) {
-    let bell = match pipe::Receiver::from_owned_fd(bell.into_fd()) {
-        Ok(b) => b,
+    // The runtime watches a second descriptor of the doorbell's pipe (tokio's pipe
+    // receiver registers it safely); the rings are consumed through the doorbell itself.
+    let ready = match bell
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(pipe::Receiver::from_owned_fd)
+    {
+        Ok(r) => r,
         Err(e) => {
             warn!(rank, error = %e, "cannot watch the command doorbell");
             node.count_error("workload_ring");
@@ -841,7 +847,7 @@ async fn serve_ring(
         // daemon queueing completions for it without bound.
         let held_back = node.lock().workloads().0.held_back(rank);
         if held_back {
-            if let Err(e) = rung(&bell, Some(Duration::from_millis(5))).await {
+            if let Err(e) = rung(&bell, &ready, Some(Duration::from_millis(5))).await {
                 ring_closed(&node, rank, &e);
                 return;
             }
@@ -918,7 +924,7 @@ async fn serve_ring(
         // Every wake-up goes round the loop: the session's end rings our own ringer after
         // setting `stop`, and a ring from the workload with nothing new in its ring gets
         // its header looked at.
-        let woke = rung(&bell, timeout).await;
+        let woke = rung(&bell, &ready, timeout).await;
         let _ = ring.finish_sleep();
         if let Err(e) = woke {
             ring_closed(&node, rank, &e);
@@ -928,26 +934,25 @@ async fn serve_ring(
 }
 
 /// Waits until `bell` is rung (consuming the rings) or `timeout` passes: `Ok(false)` on
-/// timeout; `BrokenPipe` once every ringer is closed.
-async fn rung(bell: &pipe::Receiver, timeout: Option<Duration>) -> std::io::Result<bool> {
+/// timeout; `BrokenPipe` once every ringer is closed. `ready` is the runtime's watch on
+/// the same pipe.
+async fn rung(
+    bell: &Doorbell,
+    ready: &pipe::Receiver,
+    timeout: Option<Duration>,
+) -> std::io::Result<bool> {
     let wait = async {
-        let mut rings = [0u8; exanet_shm::doorbell::DRAIN_CHUNK];
         loop {
-            bell.readable().await?;
-            match bell.try_read(&mut rings) {
-                Ok(0) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::BrokenPipe,
-                        "every ringer of the command doorbell is closed",
-                    ))
-                }
-                Ok(_) => return Ok(true),
-                // Readiness without a ring (spurious, or already drained): wait again.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                    ) => {}
+            ready.readable().await?;
+            // Readiness without a ring (spurious, or drained already): `WouldBlock` makes
+            // the runtime forget it and wait for the next.
+            let drained = ready.try_io(|| match bell.drain()? {
+                true => Ok(()),
+                false => Err(std::io::ErrorKind::WouldBlock.into()),
+            });
+            match drained {
+                Ok(()) => return Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
         }
