@@ -357,6 +357,25 @@ impl Peer {
         self.writing.iter().all(|w| w.stream == self.stream)
     }
 
+    /// Ring space up to the first unconfirmed batch may be returned. It is, once a
+    /// quarter of the ring (`ring_len`) is owed, not after every batch: each credit is a
+    /// message and a wake-up of both services (of NetPIPE's small messages, one in three
+    /// messages and wake-ups was a credit). The writer never waits for what is held back:
+    /// a batch takes at most a quarter of the ring, and the padding before it less than
+    /// that, so with everything it wrote taken it still has room for the next. Returns
+    /// whether space is owed but held back (see [`CREDIT_DELAY_NS`]).
+    fn settle(&mut self, ring_len: u32) -> bool {
+        while let Some(&(_, end, true)) = self.unconfirmed.front() {
+            self.unconfirmed.pop_front();
+            self.credit_pos = end;
+        }
+        let owed = self.credit_pos.saturating_sub(self.credit_sent);
+        if owed >= u64::from(ring_len / 4) {
+            self.credit_wanted = true;
+        }
+        owed > 0 && !self.credit_wanted
+    }
+
     fn has_message(&self) -> bool {
         (self.opening == Opening::Wanted && !self.open_posted && self.old_writes_done())
             || self.early.is_some()
@@ -971,7 +990,7 @@ impl IpService {
             .find(|u| !u.2 && u.0 % NOTIFY_SLOTS == slot as u32)
         {
             u.2 = true;
-            self.credit_owed |= Self::settle(p, u64::from(ring / 4));
+            self.credit_owed |= p.settle(ring);
             let mut out = Vec::new();
             self.take_arrived(i, src, &mut read, &mut out);
             self.list(i);
@@ -1010,25 +1029,6 @@ impl IpService {
 
     /// Reads the batch of `len` bytes at peer `i`'s tail; false when it belongs to a
     /// replaced stream (the tail stays).
-    /// Ring space up to the first unconfirmed batch may be returned. It is, once a
-    /// quarter of the ring is owed, not after every batch: each credit is a message and a
-    /// wake-up of both services (of NetPIPE's small messages, one in three messages and
-    /// wake-ups was a credit). The writer never waits for what is held back: a batch takes
-    /// at most a quarter of the ring, and the padding before it less than that, so with
-    /// everything it wrote taken it still has room for the next.
-    /// Returns whether space is owed but held back (see [`CREDIT_DELAY_NS`]).
-    fn settle(p: &mut Peer, owed_at_most: u64) -> bool {
-        while let Some(&(_, end, true)) = p.unconfirmed.front() {
-            p.unconfirmed.pop_front();
-            p.credit_pos = end;
-        }
-        let owed = p.credit_pos.saturating_sub(p.credit_sent);
-        if owed >= owed_at_most {
-            p.credit_wanted = true;
-        }
-        owed > 0 && !p.credit_wanted
-    }
-
     fn take_batch(
         &mut self,
         i: usize,
@@ -1062,7 +1062,7 @@ impl IpService {
                     .push_back((p.rx_seq, p.tail + skip + len, confirmed));
                 p.tail += skip + len;
                 p.rx_seq = p.rx_seq.wrapping_add(1);
-                self.credit_owed |= Self::settle(p, u64::from(ring / 4));
+                self.credit_owed |= p.settle(ring);
                 self.drop(Drop::Malformed, 1);
                 return true;
             }
@@ -1071,7 +1071,7 @@ impl IpService {
             .push_back((p.rx_seq, p.tail + skip + len, confirmed));
         p.tail += skip + len;
         p.rx_seq = p.rx_seq.wrapping_add(1);
-        self.credit_owed |= Self::settle(p, u64::from(ring / 4));
+        self.credit_owed |= p.settle(ring);
         self.stats.batches_in += 1;
         let mut not_for_me = 0;
         let mut malformed = 0;
