@@ -32,34 +32,18 @@ fn image() -> String {
         .unwrap_or_else(|| "exanet:latest".into())
 }
 
-/// A test's scratch directory, removed when the test ends however it ends: a test that
-/// failed used to leave its compose file and rack behind.
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(tag: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!("exanet-ct-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Scratch(d)
+/// A test's scratch directory, removed when the test ends however it ends (a test that
+/// failed used to leave its compose file and rack behind).
+/// Open to every user as a plain directory is (tempfile makes its own 0700), since what
+/// the containers run may not be root.
+fn scratch(tag: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix(&format!("exanet-ct-{tag}-"))
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
 }
 
 fn command(program: &str, args: &[&str]) -> Command {
@@ -369,9 +353,10 @@ fn perf(compose: &Compose, node: &str, args: &[&str]) -> Vec<Value> {
 #[test]
 #[ignore = "needs Docker and the exanet image: scripts/test-containers.sh"]
 fn compose_rack_runs_workloads_restarts_and_is_scraped() {
-    let dir = scratch("compose");
+    let scratch_dir = scratch("compose");
+    let dir = scratch_dir.path();
     let project = format!("exanet-ct-{}", std::process::id());
-    generate(&dir, &project, &["--prometheus", "--grafana"]);
+    generate(dir, &project, &["--prometheus", "--grafana"]);
     let compose = Compose {
         dir: dir.to_path_buf(),
         project: project.clone(),
@@ -897,9 +882,10 @@ fn swarm_stack_deploys_the_rack_and_pings_across_it() {
         );
         swarm.created = true;
     }
-    let dir = scratch("swarm");
+    let scratch_dir = scratch("swarm");
+    let dir = scratch_dir.path();
     let stack = format!("{SWARM_NAME_PREFIX}-{}", std::process::id());
-    generate(&dir, &stack, &[]);
+    generate(dir, &stack, &[]);
     swarm.stack = Some(stack.clone());
     let mut deploy = command(
         "docker",
@@ -1007,7 +993,8 @@ fn swarm_stack_deploys_the_rack_and_pings_across_it() {
 #[ignore = "needs ansible-playbook: scripts/test-containers.sh"]
 fn ansible_playbook_passes_syntax_and_check_mode() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ansible");
-    let work = scratch("ansible");
+    let scratch_dir = scratch("ansible");
+    let work = scratch_dir.path();
     let bin_dir = bins().exactl.parent().unwrap().to_path_buf();
     let extra = format!(
         "exanet_bin_dir={} exanet_stage_dir={} exanet_shape=1x1x1",
@@ -1065,7 +1052,8 @@ fn kubernetes_kustomization_renders_every_node_once() {
         );
         return;
     }
-    let dir = scratch("k8s");
+    let scratch_dir = scratch("k8s");
+    let dir = scratch_dir.path();
     let mut c = Command::new(bins().exactl);
     c.args(["rack", "k8s", "--shape", "4x4x2", "--out"])
         .arg(dir.as_os_str());
