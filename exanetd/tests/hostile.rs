@@ -1142,17 +1142,7 @@ fn garbage_commands_and_scribbled_rings() {
         // Post commands and ring, while a second thread keeps rewriting the indices with
         // garbage for a second.
         for i in 0..300u32 {
-            let c = Command::Send {
-                tag: i,
-                op: SendMessage {
-                    vi: pk,
-                    ch: (i % 4) as u8,
-                    dst: own,
-                    payload: vec![1; 8],
-                },
-                at: exanet_proto::model::ModelTime::ZERO,
-            };
-            let _ = w.commands.push(&c.encode());
+            let _ = w.commands.push(&send_on(pk, i, own, vec![1; 8]).encode());
             let _ = w.to_daemon.ring();
         }
         let t0 = Instant::now();
@@ -1728,16 +1718,7 @@ fn doorbell_and_command_floods_share_the_runtime() {
                 let t0 = Instant::now();
                 let (mut posted, mut ends) = (0u32, 0usize);
                 while t0.elapsed() < Duration::from_secs(2) {
-                    let c = Command::Send {
-                        tag: posted,
-                        op: SendMessage {
-                            vi: pk,
-                            ch: (posted % 4) as u8,
-                            dst: own,
-                            payload: vec![i as u8; 8],
-                        },
-                        at: exanet_proto::model::ModelTime::ZERO,
-                    };
+                    let c = send_on(pk, posted, own, vec![i as u8; 8]);
                     if w.commands.push(&c.encode()).is_ok() {
                         posted += 1;
                         let _ = w.to_daemon.ring();
@@ -1781,4 +1762,18 @@ fn take_completions(w: &mut Workload) -> usize {
         }
     }
     ends
+}
+
+/// Send `tag` of `payload` to `dst` on packetizer `pk`, over its channels in turn.
+fn send_on(pk: u8, tag: u32, dst: Gvas, payload: Vec<u8>) -> Command {
+    Command::Send {
+        tag,
+        op: SendMessage {
+            vi: pk,
+            ch: (tag % 4) as u8,
+            dst,
+            payload,
+        },
+        at: exanet_proto::model::ModelTime::ZERO,
+    }
 }
