@@ -600,20 +600,30 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
         }
         return out;
     }
-    let columns = vec![
+    let counted: Vec<FaultKind> = FaultKind::ALL
+        .iter()
+        .copied()
+        .filter(|k| k.counter().is_some())
+        .collect();
+    let mut columns = vec![
         Column::left("LINK").min(16),
         Column::left("STATE").min(5),
         Column::left("FAULTS").min(40),
-        Column::right("DROPPED").min(9),
-        Column::right("CORRUPTED").min(9),
+    ];
+    columns.extend(
+        counted
+            .iter()
+            .filter_map(|k| Some(Column::right(k.counter_header()?).min(9))),
+    );
+    columns.extend([
         Column::right("DELAYED").min(9),
         Column::right("HELD").min(9),
         Column::right("RX_BAD").min(9),
-    ];
+    ]);
     let cells = rows.iter().map(|r| {
         let f = r.l.faults.unwrap_or_default();
         let st = r.l.fault_stats;
-        vec![
+        let mut row = vec![
             format!("{}->{}", r.from, r.l.peer),
             match (r.l.admin_down, r.l.state) {
                 (true, _) => "cut",
@@ -622,12 +632,14 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
             }
             .to_string(),
             describe(&f),
-            st.dropped_cells.to_string(),
-            st.corrupted_cells.to_string(),
+        ];
+        row.extend(counted.iter().map(|&k| st.cells(k).to_string()));
+        row.extend([
             st.delayed_frames.to_string(),
             r.l.held_bytes.to_string(),
             r.l.rx_corrupt_cells.to_string(),
-        ]
+        ]);
+        row
     });
     out.push_str(&Table::new(columns).rows(cells).render());
     out
@@ -929,7 +941,9 @@ mod tests {
         }))
         .unwrap();
         l.faults = Some(faults);
-        l.fault_stats.dropped_cells = 123_456;
+        for _ in 0..123_456 {
+            l.fault_stats.count(FaultKind::Loss);
+        }
         l
     }
 

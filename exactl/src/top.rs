@@ -86,8 +86,17 @@ pub struct LinkRates {
     pub utilization: f64,
     /// Seconds an output had a cell but no credit, per second.
     pub stall: f64,
-    pub dropped: f64,
-    pub corrupted: f64,
+    /// Cells each fault kind with a counter acted on, per second, by its counter word
+    /// (`drop`, `corrupt`, ...: the fault table's).
+    pub faulted: BTreeMap<&'static str, f64>,
+}
+
+impl LinkRates {
+    /// Cells the faults acted on, all kinds together, per second.
+    pub fn faulted_total(&self) -> f64 {
+        // Folded from +0: a sum of no f64 is -0, which would print as "-0".
+        self.faulted.values().fold(0.0, |a, b| a + b)
+    }
 }
 
 /// One direction of a link, as its sender reports it.
@@ -181,6 +190,17 @@ impl Frame {
             .fold(0.0, |a, b| a + b)
     }
 
+    /// Cells the faults acted on per second over every link, by counter word.
+    fn faulted_totals(&self) -> BTreeMap<&'static str, f64> {
+        let mut out = BTreeMap::new();
+        for r in self.link_rows.iter().filter_map(|r| r.rates.as_ref()) {
+            for (word, v) in &r.faulted {
+                *out.entry(*word).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+
     fn ni_total(&self, f: impl Fn(&NiRates) -> f64) -> f64 {
         self.node_rows
             .iter()
@@ -235,14 +255,11 @@ fn link_rates(prev: Option<&LinkStatus>, cur: &LinkStatus, dt: f64) -> LinkRates
             0.0
         },
         stall: delta_f(p.stall_seconds, cur.stall_seconds) / dt,
-        dropped: per_s(delta(
-            p.fault_stats.dropped_cells,
-            cur.fault_stats.dropped_cells,
-        )),
-        corrupted: per_s(delta(
-            p.fault_stats.corrupted_cells,
-            cur.fault_stats.corrupted_cells,
-        )),
+        faulted: cur
+            .fault_stats
+            .counted()
+            .map(|(k, word, n)| (word, per_s(delta(p.fault_stats.cells(k), n))))
+            .collect(),
     }
 }
 
@@ -422,7 +439,7 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
     let _ = writeln!(
         out,
         "rack {rack:?} ({shape}), rates over {:.2}s: {}/{} nodes answering, {}/{} links up, \
-         tx {}, stalls {:.3} s/s, retx {}/s, nacks {}/s, dropped {}/s",
+         tx {}, stalls {:.3} s/s, retx {}/s, nacks {}/s, faulted {}/s",
         f.seconds,
         f.nodes_answering,
         f.nodes,
@@ -432,7 +449,7 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
         shown(f.total(|r| r.stall)),
         count_per_s(f.ni_total(|n| n.retransmissions)),
         count_per_s(f.ni_total(|n| n.nacks_sent_total())),
-        count_per_s(f.total(|r| r.dropped + r.corrupted)),
+        count_per_s(f.total(|r| r.faulted_total())),
     );
     out.push('\n');
     let links = Table::new(vec![
@@ -442,8 +459,7 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
         Column::right("TX").min(11),
         Column::right("UTIL").min(6),
         Column::right("STALL").min(8),
-        Column::right("DROPPED/s").min(9),
-        Column::right("CORRUPT/s").min(8),
+        Column::right("FAULTED/s").min(9),
         Column::right("QUEUE").min(9),
         Column::left("FAULTS").gap(2),
     ])
@@ -456,8 +472,7 @@ pub fn render(rack: &str, shape: &Shape, f: &Frame, limit: usize) -> String {
             or_dash(rt, |x| bytes_per_s(x.tx_bytes)),
             or_dash(rt, |x| format!("{:.1}%", shown(x.utilization * 100.0))),
             or_dash(rt, |x| format!("{:.3}", shown(x.stall))),
-            or_dash(rt, |x| count_per_s(x.dropped)),
-            or_dash(rt, |x| count_per_s(x.corrupted)),
+            or_dash(rt, |x| count_per_s(x.faulted_total())),
             r.queue_bytes.to_string(),
             r.faults.as_deref().unwrap_or("-").to_string(),
         ]
@@ -563,8 +578,7 @@ pub fn to_json(f: &Frame, limit: usize) -> Value {
                 "tx_cells_per_s": rt.map(|x| x.tx_cells),
                 "utilization": rt.map(|x| x.utilization),
                 "stall_per_s": rt.map(|x| x.stall),
-                "dropped_per_s": rt.map(|x| x.dropped),
-                "corrupted_per_s": rt.map(|x| x.corrupted),
+                "faulted_per_s": rt.map(|x| &x.faulted),
             })
         })
         .collect();
@@ -599,12 +613,12 @@ pub fn to_json(f: &Frame, limit: usize) -> Value {
         "totals": {
             "tx_bytes_per_s": f.total(|r| r.tx_bytes),
             "stall_per_s": f.total(|r| r.stall),
-            "dropped_per_s": f.total(|r| r.dropped),
-            "corrupted_per_s": f.total(|r| r.corrupted),
+            "faulted_per_s": f.total(|r| r.faulted_total()),
             "retransmissions_per_s": f.ni_total(|n| n.retransmissions),
             "timeouts_per_s": f.ni_total(|n| n.timeouts),
             "nacks_sent_per_s": f.ni_total(|n| n.nacks_sent_total()),
         },
+        "faulted_by_kind_per_s": f.faulted_totals(),
         "link_directions": links,
         "node_ni": nodes,
     })
@@ -708,7 +722,9 @@ mod tests {
         l.tx_bytes += 4_000_000_000;
         l.tx_cells += 1000;
         l.stall_seconds += 0.5;
-        l.fault_stats.dropped_cells = 20;
+        for _ in 0..20 {
+            l.fault_stats.count(exanet_proto::fault::FaultKind::Loss);
+        }
         l.faults = Some(exanet_proto::fault::LinkFaults {
             loss: 0.05,
             ..Default::default()
@@ -734,12 +750,16 @@ mod tests {
         assert_eq!(r.tx_cells, 500.0);
         assert!((r.utilization - 1.0).abs() < 1e-9, "{}", r.utilization);
         assert_eq!(r.stall, 0.25);
-        assert_eq!(r.dropped, 10.0);
+        assert_eq!(r.faulted["drop"], 10.0);
+        assert_eq!((r.faulted["corrupt"], r.faulted_total()), (0.0, 10.0));
         assert_eq!(f.link_rows[0].faults.as_deref(), Some("loss 5%"));
         assert!((f.link_rows[1].rates.as_ref().unwrap().utilization - 0.25).abs() < 1e-9);
         // Idle directions: zero, not absent.
         let idle = row(&f, "M1QAF2", "M1QAF1").rates.as_ref().unwrap();
-        assert_eq!((idle.tx_bytes, idle.stall, idle.dropped), (0.0, 0.0, 0.0));
+        assert_eq!(
+            (idle.tx_bytes, idle.stall, idle.faulted_total()),
+            (0.0, 0.0, 0.0)
+        );
         assert_eq!(row(&f, "M1QAF2", "M1QAF1").faults, None);
 
         let text = render("t", &s, &f, 3);
@@ -841,7 +861,7 @@ mod tests {
         assert_eq!(f.nodes_answering, 3);
         for r in &f.link_rows {
             if let Some(x) = &r.rates {
-                for v in [x.tx_bytes, x.utilization, x.stall, x.dropped] {
+                for v in [x.tx_bytes, x.utilization, x.stall, x.faulted_total()] {
                     assert!(v.is_finite() && (0.0..=1e9).contains(&v), "{r:?}");
                 }
             }

@@ -177,12 +177,11 @@ fn run_sim(cfg: SimConfig, per_dst: u64) -> SimRun {
     assert!(sim.run_until(Instant::from_micros(10_000_000)));
     let secs = start.elapsed().as_secs_f64();
     assert!(sim.is_quiet() && sim.errors().is_empty());
-    let delivered: u64 = sim.nodes().iter().map(|n| n.stats().load_rx_cells).sum();
+    let delivered: u64 = sim.nodes().map(|n| n.stats().load_rx_cells).sum();
     assert_eq!(delivered, per_dst * u64::from(n) * u64::from(n - 1));
     let events = sim.processed();
     let link_cells = sim
         .nodes()
-        .iter()
         .map(|n| {
             let sw = n.switch();
             sw.link_ports()

@@ -115,6 +115,25 @@ pub struct Seen {
     pub modeled: ModelTime,
 }
 
+/// Offers every cell in `frames` (whole frames, as a link's writer hands them to the wire)
+/// to `offer`, seen as `seen` says with each cell's own VC and modeled time: what a
+/// capture of a link's sent cells records. The daemon's link writers and the simulator's
+/// links both capture through here, so their records are the same bytes.
+pub fn sent_cells(frames: bytes::Bytes, seen: Seen, mut offer: impl FnMut(&Seen, &[u8])) {
+    let mut dec = crate::frame::FrameDecoder::new();
+    dec.push_bytes(frames);
+    while let Some((_, raw)) = dec.next_frame_and_cell_bytes() {
+        if let Some(raw) = raw {
+            let seen = Seen {
+                vc: raw.vc,
+                modeled: raw.stamp.tail,
+                ..seen
+            };
+            offer(&seen, &raw.wire);
+        }
+    }
+}
+
 /// One captured cell: the capture header and the cell's bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {

@@ -21,10 +21,18 @@
 //!   swapping them). Delay and rate apply to every frame, credits included, since both
 //!   travel on the same wire; loss and corruption apply to cells only, because the
 //!   emulated link-level flow control is reliable.
+//! - **duplicate** sends a cell twice. The copy is a real cell on the wire: it takes
+//!   link-level credit as the cell does (the neighbour's buffer holds it), so a cell is
+//!   copied only when its output has that credit; the NI at its destination must see
+//!   it as a duplicate and deliver the data once.
+//! - **reorder** holds a share of cells back by up to `reorder-window`, letting later
+//!   frames overtake them: the one fault that breaks the links' FIFO order, for testing
+//!   what end-to-end protocols make of it (ExaNet links never reorder).
 //! - **down** is carried out by the link's owner (it ends the link session and refuses
 //!   new ones); the injector only records it.
 //!
-//! Loss and corruption are independent draws; a lost cell is not also counted corrupt.
+//! Loss, corruption, duplication and reordering are independent draws, in that order; a
+//! lost cell is not also counted corrupt.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -53,6 +61,12 @@ pub struct LinkFaults {
     pub loss: f64,
     /// Probability (0..=1) that a cell has one bit flipped.
     pub corrupt: f64,
+    /// Probability (0..=1) that a cell is sent twice.
+    pub duplicate: f64,
+    /// Probability (0..=1) that a cell is held back for later frames to overtake.
+    pub reorder: f64,
+    /// Up to how long a reordered cell is held back, nanoseconds.
+    pub reorder_ns: u64,
     /// The link is cut.
     pub down: bool,
 }
@@ -66,6 +80,8 @@ pub enum FaultError {
     TooLong { what: &'static str, ns: u64 },
     #[error("rate {bps} bit/s is below the {min} bit/s minimum", min = MIN_RATE_BPS)]
     RateTooLow { bps: u64 },
+    #[error("reorder {0} needs a reorder-window above 0 (how far back a reordered cell falls)")]
+    ReorderWindow(f64),
 }
 
 impl LinkFaults {
@@ -90,6 +106,9 @@ impl LinkFaults {
                 }
             }
         }
+        if self.reorder > 0.0 && self.reorder_ns == 0 {
+            return Err(FaultError::ReorderWindow(self.reorder));
+        }
         Ok(())
     }
 
@@ -98,11 +117,12 @@ impl LinkFaults {
         *self == LinkFaults::default()
     }
 
-    /// Frames are held back (delay, jitter or rate).
+    /// Frames are held back (delay, jitter, rate or reordering).
     pub fn shapes(&self) -> bool {
-        FaultKind::ALL
-            .iter()
-            .any(|k| k.unit().shapes() && !k.get(self).is_clear())
+        self.reorder > 0.0
+            || FaultKind::ALL
+                .iter()
+                .any(|k| k.unit().shapes() && !k.get(self).is_clear())
     }
 }
 
@@ -184,7 +204,11 @@ pub struct FaultUnitMismatch {
 /// - `help`: the one-line help of the command-line flag;
 /// - `off`: an extra flag (and its help) that clears the fault, where a zero value could
 ///   not be typed or would read wrongly (`--no-rate`, `--up`);
-/// - `metric`: the `setting` label of the `exanet_link_fault_setting` gauge, if exported.
+/// - `metric`: the `setting` label of the `exanet_link_fault_setting` gauge, if exported;
+/// - `counter`: for kinds that act on cells one by one, the word for the cells it acted
+///   on (the `fault` label of `exanet_link_faults_injected_total`, a key of
+///   [`FaultStats`] and of `exactl top --json`) and the header of its column in `exactl
+///   link show`.
 macro_rules! fault_kinds {
     ($(
         $(#[doc = $doc:literal])*
@@ -194,7 +218,8 @@ macro_rules! fault_kinds {
             unit: $unit:ident,
             help: $help:literal,
             off: $off:expr,
-            metric: $metric:expr $(,)?
+            metric: $metric:expr,
+            counter: $counter:expr $(,)?
         }
     )*) => {
         /// One kind of fault a link direction can be given. [`FaultKind::ALL`] is the
@@ -253,6 +278,19 @@ macro_rules! fault_kinds {
                 match self { $(FaultKind::$kind => $metric,)* }
             }
 
+            /// The word for the cells it acted on, if it counts them (see
+            /// [`FaultStats::cells`]).
+            pub fn counter(self) -> Option<&'static str> {
+                let c: Option<(&'static str, &'static str)> = match self { $(FaultKind::$kind => $counter,)* };
+                c.map(|(word, _)| word)
+            }
+
+            /// The header of its counter's column in tables.
+            pub fn counter_header(self) -> Option<&'static str> {
+                let c: Option<(&'static str, &'static str)> = match self { $(FaultKind::$kind => $counter,)* };
+                c.map(|(_, header)| header)
+            }
+
             /// Its value in `faults`.
             pub fn get(self, faults: &LinkFaults) -> FaultValue {
                 match self { $(FaultKind::$kind => FaultValue::$unit(faults.$field),)* }
@@ -290,6 +328,7 @@ fault_kinds! {
         help: "Added to every frame, e.g. 200us, 1.5ms (0 removes it)",
         off: None,
         metric: Some("delay_seconds"),
+        counter: None,
     }
     /// A uniform extra delay per frame, up to the value (frames stay in order).
     Jitter {
@@ -299,6 +338,7 @@ fault_kinds! {
         help: "Uniform extra delay up to this much per frame (links stay FIFO)",
         off: None,
         metric: Some("jitter_seconds"),
+        counter: None,
     }
     /// The serialisation rate of the link.
     Rate {
@@ -308,6 +348,7 @@ fault_kinds! {
         help: "Link rate in bits (100Mbit, 1Gbit, 100Mbps) or bytes per second (12.5MB/s, 1GiB/s)",
         off: Some(("no-rate", "Remove a rate limit")),
         metric: Some("rate_bytes_per_second"),
+        counter: None,
     }
     /// Cells lost on the wire.
     Loss {
@@ -317,6 +358,7 @@ fault_kinds! {
         help: "Share of cells lost, e.g. 0.1%, 30%",
         off: None,
         metric: Some("loss_ratio"),
+        counter: Some(("drop", "DROPPED")),
     }
     /// Cells with one bit flipped.
     Corrupt {
@@ -326,6 +368,37 @@ fault_kinds! {
         help: "Share of cells with a flipped bit, e.g. 1%",
         off: None,
         metric: Some("corrupt_ratio"),
+        counter: Some(("corrupt", "CORRUPTED")),
+    }
+    /// Cells sent twice.
+    Duplicate {
+        name: "duplicate",
+        field: duplicate,
+        unit: Probability,
+        help: "Share of cells sent twice, e.g. 1% (the copy takes link credit as the cell does)",
+        off: None,
+        metric: Some("duplicate_ratio"),
+        counter: Some(("duplicate", "DUPLICATED")),
+    }
+    /// Cells held back for later frames to overtake (the only fault that reorders).
+    Reorder {
+        name: "reorder",
+        field: reorder,
+        unit: Probability,
+        help: "Share of cells held back by up to --reorder-window, overtaken by later frames",
+        off: None,
+        metric: Some("reorder_ratio"),
+        counter: Some(("reorder", "REORDERED")),
+    }
+    /// How far back a reordered cell falls.
+    ReorderWindow {
+        name: "reorder-window",
+        field: reorder_ns,
+        unit: Duration,
+        help: "Up to how long a reordered cell is held back, e.g. 50us",
+        off: None,
+        metric: Some("reorder_window_seconds"),
+        counter: None,
     }
     /// The link is cut: its session ends and neither end reconnects.
     Down {
@@ -335,10 +408,12 @@ fault_kinds! {
         help: "Cut the link: its session ends and neither end reconnects until --up",
         off: Some(("up", "Restore a cut link")),
         metric: None,
+        counter: None,
     }
 }
 
-/// What happens to one cell on the wire.
+/// What happens to one cell on the wire (its duplication and reordering are drawn
+/// apart: see [`FaultInjector::duplicates`] and [`FaultInjector::reorder_ns`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CellFate {
     Pass,
@@ -353,12 +428,73 @@ pub enum CellFate {
 /// What the injector has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultStats {
-    pub dropped_cells: u64,
-    pub corrupted_cells: u64,
-    /// Frames held back by delay, jitter or rate.
+    /// Cells each kind with a counter acted on, by [`FaultKind::index`]; written as a
+    /// map from the kinds' counter words (`{"drop": 3, "corrupt": 1}`).
+    #[serde(with = "cells_by_counter")]
+    cells: [u64; FaultKind::COUNT],
+    /// Frames held back by delay, jitter, rate or reordering.
     pub delayed_frames: u64,
     /// Total time frames were held back, nanoseconds.
     pub delay_ns: u64,
+}
+
+impl FaultStats {
+    /// Cells `kind` acted on (0 for kinds without a counter).
+    pub fn cells(&self, kind: FaultKind) -> u64 {
+        self.cells[kind.index()]
+    }
+
+    /// Counts a cell `kind` acted on.
+    pub fn count(&mut self, kind: FaultKind) {
+        self.cells[kind.index()] += 1;
+    }
+
+    /// Every kind with a counter, its counter word and its count, in table order.
+    pub fn counted(&self) -> impl Iterator<Item = (FaultKind, &'static str, u64)> + '_ {
+        FaultKind::ALL
+            .iter()
+            .filter_map(|&k| Some((k, k.counter()?, self.cells(k))))
+    }
+
+    /// Cells all kinds acted on together.
+    pub fn total_cells(&self) -> u64 {
+        self.cells.iter().sum()
+    }
+}
+
+/// [`FaultStats::cells`] on the wire: a map from counter words, so that reports stay
+/// readable and a kind added later does not shift the others.
+mod cells_by_counter {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::FaultKind;
+
+    pub fn serialize<S: Serializer>(
+        cells: &[u64; FaultKind::COUNT],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let map: BTreeMap<&str, u64> = FaultKind::ALL
+            .iter()
+            .filter_map(|&k| Some((k.counter()?, cells[k.index()])))
+            .collect();
+        map.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[u64; FaultKind::COUNT], D::Error> {
+        let map = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut cells = [0; FaultKind::COUNT];
+        for (word, n) in map {
+            // A word this build does not know comes from a newer peer: not an error.
+            if let Some(k) = FaultKind::ALL.iter().find(|k| k.counter() == Some(&word)) {
+                cells[k.index()] = n;
+            }
+        }
+        Ok(cells)
+    }
 }
 
 /// The injector of one link direction.
@@ -415,15 +551,35 @@ impl FaultInjector {
     /// Draws the fate of a cell of `len` encoded bytes.
     pub fn cell_fate(&mut self, len: usize) -> CellFate {
         if self.rng.chance(self.faults.loss) {
-            self.stats.dropped_cells += 1;
+            self.stats.count(FaultKind::Loss);
             return CellFate::Drop;
         }
         if len > 0 && self.rng.chance(self.faults.corrupt) {
-            self.stats.corrupted_cells += 1;
+            self.stats.count(FaultKind::Corrupt);
             let bit = self.rng.below(len as u64 * 8) as usize;
             return CellFate::Corrupt { bit };
         }
         CellFate::Pass
+    }
+
+    /// Draws whether a cell is sent twice; `credit` takes the copy's link credit and says
+    /// whether it was there (without it the cell goes once, uncounted).
+    pub fn duplicates(&mut self, credit: impl FnOnce() -> bool) -> bool {
+        let copy = self.rng.chance(self.faults.duplicate) && credit();
+        if copy {
+            self.stats.count(FaultKind::Duplicate);
+        }
+        copy
+    }
+
+    /// Draws how long a cell is held back for later frames to overtake it (0: not).
+    pub fn reorder_ns(&mut self) -> u64 {
+        if self.rng.chance(self.faults.reorder) {
+            self.stats.count(FaultKind::Reorder);
+            1 + self.rng.below(self.faults.reorder_ns)
+        } else {
+            0
+        }
     }
 
     /// When a frame of `len` bytes handed to the wire at `now` leaves: after the rate's
@@ -584,9 +740,15 @@ mod tests {
         let (b, sb) = run(42);
         assert_eq!(a, b, "same seed, same fates");
         assert_eq!(sa, sb);
-        assert!((1_700..2_300).contains(&sa.dropped_cells), "{sa:?}");
+        assert!(
+            (1_700..2_300).contains(&sa.cells(FaultKind::Loss)),
+            "{sa:?}"
+        );
         // Corruption is drawn among the 90% that survive loss.
-        assert!((700..1_100).contains(&sa.corrupted_cells), "{sa:?}");
+        assert!(
+            (700..1_100).contains(&sa.cells(FaultKind::Corrupt)),
+            "{sa:?}"
+        );
         for f in &a {
             if let CellFate::Corrupt { bit } = f {
                 assert!(*bit < 272 * 8);

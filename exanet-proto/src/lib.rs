@@ -18,6 +18,8 @@
 //!   simulator send through;
 //! - [`rng`]: the seeded generator behind simulated jitter and injected faults;
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
+//! - [`station`]: one node as both drivers run it: its node, its workload service and
+//!   its links' sessions (hello, replacement, the operator's cut);
 //! - [`workload`]: the NI's service to attached workloads (the attach protocol is
 //!   [`attach`]);
 //! - [`collective`]: software collectives as state machines (barrier, broadcast, reduce, allreduce);
@@ -49,6 +51,7 @@ pub mod rng;
 pub mod routing;
 pub mod shape;
 pub mod sim;
+pub mod station;
 pub mod switch;
 pub mod time;
 pub mod topology;

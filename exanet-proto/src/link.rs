@@ -10,7 +10,7 @@ use bytes::BytesMut;
 
 use crate::cell::{Cell, CellError};
 use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
-use crate::frame::{self, CELL_FRAME_HEADER, CREDIT_FRAME_LEN};
+use crate::frame::{self, FrameError, CELL_FRAME_HEADER, CREDIT_FRAME_LEN};
 use crate::model::ModelTime;
 use crate::routing::{Vc, NVCS};
 use crate::time::Instant;
@@ -65,9 +65,10 @@ impl Departure {
     }
 
     /// What the far end decodes from a cell frame: the cell (its payload marked corrupt
-    /// when the payload CRC fails), or `Err(bytes)` when the header or footer CRC fails and
-    /// the receiver must refund the credit of `bytes` it cannot use. `None` for a credit.
-    pub fn received_cell(self) -> Option<Result<(Vc, Cell), u32>> {
+    /// when the payload CRC fails), or the error its frame decoder gives when the header or
+    /// footer CRC fails (the receiver refunds the credit of the bytes it cannot use).
+    /// `None` for a credit.
+    pub fn received_cell(self) -> Option<Result<(Vc, Cell), FrameError>> {
         match self {
             Departure::Cell {
                 vc,
@@ -81,8 +82,9 @@ impl Departure {
             } => {
                 let len = cell.wire_len();
                 let mut b = BytesMut::with_capacity(len);
-                if cell.encode(&mut b).is_err() {
-                    return Some(Err(len as u32));
+                if let Err(err) = cell.encode(&mut b) {
+                    let len = len as u32;
+                    return Some(Err(FrameError::Cell { vc, len, err }));
                 }
                 flip_bit(&mut b, bit);
                 Some(
@@ -91,7 +93,11 @@ impl Departure {
                             c.stamp = cell.stamp;
                             (vc, c)
                         })
-                        .map_err(|_| len as u32),
+                        .map_err(|err| FrameError::Cell {
+                            vc,
+                            len: len as u32,
+                            err,
+                        }),
                 )
             }
             Departure::Credit { .. } => None,
@@ -103,7 +109,10 @@ impl Departure {
 #[derive(Debug)]
 pub struct LinkSender {
     faults: FaultInjector,
-    /// Frames held back by delay, jitter or rate, with when each leaves; FIFO.
+    /// Frames that left and wait for the link's owner to put them on the wire.
+    out: VecDeque<Departure>,
+    /// Frames held back by the faults, with when each leaves, in that order (FIFO but
+    /// for the cells reordering holds back further).
     held: VecDeque<(Instant, Departure)>,
     held_bytes: usize,
     /// Credit of cells the faults dropped, by VC, owed back to this end's own output.
@@ -115,6 +124,7 @@ impl LinkSender {
     pub fn new(seed: u64) -> LinkSender {
         LinkSender {
             faults: FaultInjector::new(seed),
+            out: VecDeque::new(),
             held: VecDeque::new(),
             held_bytes: 0,
             owed: [0; NVCS],
@@ -153,56 +163,84 @@ impl LinkSender {
         self.held_bytes
     }
 
-    /// Hands a cell to the wire at `now`: it leaves now (returned), or is held back by
-    /// shaping (see [`poll`](Self::poll)), or is lost and its credit owed back (see
-    /// [`take_owed`](Self::take_owed)).
-    pub fn send_cell(&mut self, now: Instant, vc: Vc, cell: Cell) -> Option<Departure> {
-        let mut flip = None;
-        if !self.faults.faults().is_clear() {
-            let len = cell.wire_len();
-            match self.faults.cell_fate(len) {
-                CellFate::Pass => {}
-                CellFate::Drop => {
-                    // Handed back by the owner when it next serves the link, not here:
-                    // crediting the output from inside the loop that feeds it would let
-                    // it drop cells for as long as there are any.
-                    let owed = &mut self.owed[usize::from(vc.0)];
-                    *owed = owed.saturating_add(len as u32);
-                    return None;
-                }
-                CellFate::Corrupt { bit } => flip = Some(bit),
-            }
-        }
-        self.depart(now, Departure::Cell { vc, cell, flip })
-    }
-
-    /// Hands a credit to the wire at `now` (see [`Departure::Credit`]).
-    pub fn send_credit(
+    /// Hands a cell to the wire at `now`: it leaves now, or is held back by shaping (see
+    /// [`poll`](Self::poll) for both), or is lost and its credit owed back (see
+    /// [`take_owed`](Self::take_owed)). A duplicated cell leaves twice, if `credit` can
+    /// take the copy's link credit from the output.
+    pub fn send_cell(
         &mut self,
         now: Instant,
         vc: Vc,
-        bytes: u32,
-        freed: ModelTime,
-    ) -> Option<Departure> {
-        self.depart(now, Departure::Credit { vc, bytes, freed })
+        cell: Cell,
+        credit: impl FnOnce(u32) -> bool,
+    ) {
+        if self.faults.faults().is_clear() {
+            self.depart(
+                now,
+                Departure::Cell {
+                    vc,
+                    cell,
+                    flip: None,
+                },
+                0,
+            );
+            return;
+        }
+        let len = cell.wire_len();
+        let flip = match self.faults.cell_fate(len) {
+            CellFate::Pass => None,
+            CellFate::Drop => {
+                // Handed back by the owner when it next serves the link, not here:
+                // crediting the output from inside the loop that feeds it would let it
+                // drop cells for as long as there are any.
+                let owed = &mut self.owed[usize::from(vc.0)];
+                *owed = owed.saturating_add(len as u32);
+                return;
+            }
+            CellFate::Corrupt { bit } => Some(bit),
+        };
+        let copy = self
+            .faults
+            .duplicates(|| credit(len as u32))
+            .then(|| cell.clone());
+        let late = self.faults.reorder_ns();
+        self.depart(now, Departure::Cell { vc, cell, flip }, late);
+        if let Some(cell) = copy {
+            self.depart(now, Departure::Cell { vc, cell, flip }, 0);
+        }
     }
 
-    fn depart(&mut self, now: Instant, d: Departure) -> Option<Departure> {
+    /// Hands a credit to the wire at `now` (see [`Departure::Credit`]).
+    pub fn send_credit(&mut self, now: Instant, vc: Vc, bytes: u32, freed: ModelTime) {
+        self.depart(now, Departure::Credit { vc, bytes, freed }, 0);
+    }
+
+    /// `late`: held back this much beyond its turn, for later frames to overtake it.
+    fn depart(&mut self, now: Instant, d: Departure, late: u64) {
         if self.held.is_empty() && self.faults.faults().is_clear() {
-            return Some(d);
+            self.out.push_back(d);
+            return;
         }
         let len = d.frame_len();
         let at = self.faults.release_at(now, len);
-        if at <= now && self.held.is_empty() {
-            return Some(d);
+        if at <= now && late == 0 && self.held.is_empty() {
+            self.out.push_back(d);
+            return;
         }
         self.held_bytes += len;
-        self.held.push_back((at, d));
-        None
+        let at = at + late;
+        // Behind everything due no later than it: only a reordered cell lands before
+        // frames already held.
+        let i = self.held.partition_point(|(t, _)| *t <= at);
+        self.held.insert(i, (at, d));
     }
 
-    /// The next held frame due at `now`, in the order they were sent.
+    /// The next frame to put on the wire at `now`: those that left, then the held ones
+    /// that fell due, in order.
     pub fn poll(&mut self, now: Instant) -> Option<Departure> {
+        if let Some(d) = self.out.pop_front() {
+            return Some(d);
+        }
         match self.held.front() {
             Some((at, _)) if *at <= now => {
                 let (_, d) = self.held.pop_front()?;
@@ -211,6 +249,11 @@ impl LinkSender {
             }
             _ => None,
         }
+    }
+
+    /// Nothing waits to leave, now or later.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty() && self.held.is_empty()
     }
 
     /// When the next held frame is due.
@@ -233,7 +276,8 @@ impl LinkSender {
     /// credit of dropped cells (the next session starts from its peer's grant, and handing
     /// it back on top would overrun the peer's queue). Returns the frames discarded.
     pub fn reset(&mut self) -> usize {
-        let n = self.held.len();
+        let n = self.held.len() + self.out.len();
+        self.out.clear();
         self.held.clear();
         self.held_bytes = 0;
         self.owed = [0; NVCS];
@@ -245,7 +289,8 @@ impl LinkSender {
 mod tests {
     use super::*;
     use crate::cell::CellType;
-    use crate::frame::{Frame, FrameDecoder, FrameError};
+    use crate::fault::FaultKind;
+    use crate::frame::{Frame, FrameDecoder};
     use crate::gvas::{Gvas, Pdid};
     use crate::shape::NodeId;
 
@@ -260,10 +305,21 @@ mod tests {
         lf
     }
 
+    /// Sends a cell (credit for copies always there) and takes what leaves at once.
+    fn send(s: &mut LinkSender, now: Instant, vc: Vc, c: Cell) -> Option<Departure> {
+        s.send_cell(now, vc, c, |_| true);
+        s.poll(now)
+    }
+
+    fn credit(s: &mut LinkSender, now: Instant, vc: Vc, n: u32) -> Option<Departure> {
+        s.send_credit(now, vc, n, ModelTime::ZERO);
+        s.poll(now)
+    }
+
     #[test]
     fn without_faults_every_frame_leaves_at_once_untouched() {
         let mut s = LinkSender::new(1);
-        let d = s.send_cell(Instant::ZERO, Vc(1), cell(3));
+        let d = send(&mut s, Instant::ZERO, Vc(1), cell(3));
         assert_eq!(
             d,
             Some(Departure::Cell {
@@ -272,12 +328,10 @@ mod tests {
                 flip: None
             })
         );
-        assert!(s
-            .send_credit(Instant::ZERO, Vc(2), 99, ModelTime::ZERO)
-            .is_some());
+        assert!(credit(&mut s, Instant::ZERO, Vc(2), 99).is_some());
         assert_eq!(
-            (s.held_bytes(), s.poll_at(), s.take_owed()),
-            (0, None, None)
+            (s.held_bytes(), s.poll_at(), s.take_owed(), s.is_empty()),
+            (0, None, None, true)
         );
     }
 
@@ -286,16 +340,14 @@ mod tests {
         let mut s = LinkSender::new(1);
         s.set_faults(faults(|f| f.loss = 1.0), Instant::ZERO)
             .unwrap();
-        assert_eq!(s.send_cell(Instant::ZERO, Vc(2), cell(1)), None);
-        assert_eq!(s.send_cell(Instant::ZERO, Vc(2), cell(2)), None);
+        assert_eq!(send(&mut s, Instant::ZERO, Vc(2), cell(1)), None);
+        assert_eq!(send(&mut s, Instant::ZERO, Vc(2), cell(2)), None);
         let len = cell(1).wire_len() as u32;
         assert_eq!(s.take_owed(), Some([0, 0, 2 * len, 0]));
         assert_eq!(s.take_owed(), None, "owed credit is handed back once");
-        assert_eq!(s.stats().dropped_cells, 2);
+        assert_eq!(s.stats().cells(FaultKind::Loss), 2);
         // Credit is never lost.
-        assert!(s
-            .send_credit(Instant::ZERO, Vc(0), 5, ModelTime::ZERO)
-            .is_some());
+        assert!(credit(&mut s, Instant::ZERO, Vc(0), 5).is_some());
     }
 
     #[test]
@@ -303,8 +355,8 @@ mod tests {
         let mut s = LinkSender::new(1);
         let t0 = Instant::ZERO;
         s.set_faults(faults(|f| f.delay_ns = 1000), t0).unwrap();
-        assert_eq!(s.send_cell(t0, Vc(0), cell(1)), None);
-        assert_eq!(s.send_credit(t0 + 10, Vc(0), 64, ModelTime::ZERO), None);
+        assert_eq!(send(&mut s, t0, Vc(0), cell(1)), None);
+        assert_eq!(credit(&mut s, t0 + 10, Vc(0), 64), None);
         assert_eq!(s.poll_at(), Some(t0 + 1000));
         assert_eq!(s.poll(t0 + 999), None);
         assert!(matches!(s.poll(t0 + 1000), Some(Departure::Cell { .. })));
@@ -319,15 +371,76 @@ mod tests {
         let mut s = LinkSender::new(1);
         s.set_faults(faults(|f| f.delay_ns = 1000), Instant::ZERO)
             .unwrap();
-        s.send_cell(Instant::ZERO, Vc(0), cell(1));
+        s.send_cell(Instant::ZERO, Vc(0), cell(1), |_| true);
         s.set_faults(faults(|f| f.loss = 1.0), Instant::ZERO)
             .unwrap();
-        s.send_cell(Instant::ZERO, Vc(0), cell(2));
+        s.send_cell(Instant::ZERO, Vc(0), cell(2), |_| true);
         assert_eq!(s.reset(), 1);
         assert_eq!(
             (s.held_bytes(), s.poll_at(), s.take_owed()),
             (0, None, None)
         );
+    }
+
+    #[test]
+    fn a_duplicated_cell_leaves_twice_only_with_credit_for_the_copy() {
+        let mut s = LinkSender::new(1);
+        s.set_faults(faults(|f| f.duplicate = 1.0), Instant::ZERO)
+            .unwrap();
+        let len = cell(1).wire_len() as u32;
+        let mut asked = Vec::new();
+        s.send_cell(Instant::ZERO, Vc(1), cell(1), |n| {
+            asked.push(n);
+            true
+        });
+        s.send_cell(Instant::ZERO, Vc(1), cell(2), |_| false);
+        let out: Vec<Departure> = std::iter::from_fn(|| s.poll(Instant::ZERO)).collect();
+        let want = |n| Departure::Cell {
+            vc: Vc(1),
+            cell: cell(n),
+            flip: None,
+        };
+        assert_eq!(out, vec![want(1), want(1), want(2)]);
+        assert_eq!(
+            asked,
+            vec![len],
+            "the copy takes the cell's own length of credit"
+        );
+        assert_eq!(
+            s.stats().cells(FaultKind::Duplicate),
+            1,
+            "only copies sent count"
+        );
+    }
+
+    #[test]
+    fn reordered_cells_are_overtaken_and_everything_leaves_once() {
+        let mut s = LinkSender::new(5);
+        let f = faults(|f| {
+            f.reorder = 0.3;
+            f.reorder_ns = 10_000;
+        });
+        s.set_faults(f, Instant::ZERO).unwrap();
+        for n in 0..100u8 {
+            s.send_cell(Instant(u64::from(n) * 100), Vc(0), cell(n), |_| true);
+        }
+        let mut order = Vec::new();
+        let mut now = Instant::ZERO;
+        while !s.is_empty() {
+            while let Some(Departure::Cell { cell, .. }) = s.poll(now) {
+                order.push(cell.payload[0]);
+            }
+            now = s.poll_at().unwrap_or(now);
+        }
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<u8>>(), "each cell once");
+        assert_ne!(order, sorted, "some cells were overtaken");
+        let held = s.stats().cells(FaultKind::Reorder);
+        assert!((15..50).contains(&held), "{held} of 100 at 30%");
+        assert_eq!(s.held_bytes(), 0);
+        let bad = faults(|f| f.reorder = 0.1);
+        assert!(s.set_faults(bad, now).is_err(), "reorder needs a window");
     }
 
     #[test]
@@ -337,14 +450,12 @@ mod tests {
             .unwrap();
         let mut wire = BytesMut::new();
         for n in 0..64 {
-            let d = s.send_cell(Instant::ZERO, Vc(1), cell(n)).unwrap();
+            let d = send(&mut s, Instant::ZERO, Vc(1), cell(n)).unwrap();
             assert!(matches!(d, Departure::Cell { flip: Some(_), .. }));
             let decoded = d.clone().received_cell().unwrap();
             d.encode(&mut wire).unwrap();
-            s.send_credit(Instant::ZERO, Vc(3), 11, ModelTime(5))
-                .unwrap()
-                .encode(&mut wire)
-                .unwrap();
+            s.send_credit(Instant::ZERO, Vc(3), 11, ModelTime(5));
+            s.poll(Instant::ZERO).unwrap().encode(&mut wire).unwrap();
             // What the far end decodes from the stream is what `received_cell` says.
             let mut dec = FrameDecoder::new();
             dec.push_bytes(std::mem::take(&mut wire).freeze());
@@ -353,7 +464,7 @@ mod tests {
                     assert_eq!((vc, c.is_corrupt()), (dvc, dc.is_corrupt()));
                     assert!(c.is_corrupt() || c != cell(n), "some bit must differ");
                 }
-                (Some(Err(FrameError::Cell { len, .. })), Err(want)) => assert_eq!(len, want),
+                (Some(Err(got)), Err(want)) => assert_eq!(got, want),
                 (got, want) => panic!("stream gave {got:?}, received_cell {want:?}"),
             }
             assert!(

@@ -155,7 +155,7 @@ families! {
     /// `fault` is `drop` or `corrupt`.
     LinkFaultsInjected: Counter Int "exanet_link_faults_injected_total"
         ["node", "peer", "port", "kind", "fault"]
-        "Cells this node's fault injector dropped or corrupted on the link (fault: drop, corrupt)";
+        "Cells this node's fault injector acted on over the link (fault: drop, corrupt, duplicate, reorder)";
     LinkFaultDelayedFrames: Counter Int "exanet_link_fault_delayed_frames_total"
         ["node", "peer", "port", "kind"]
         "Frames held back by the link's delay, jitter or rate setting";
@@ -176,7 +176,7 @@ families! {
     /// [`crate::fault::FaultValue::metric_value`].
     LinkFaultSetting: Gauge Float "exanet_link_fault_setting"
         ["node", "peer", "port", "kind", "setting"]
-        "Faults set on what this node sends over the link (setting: delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio)";
+        "Faults set on what this node sends over the link (setting: delay_seconds, jitter_seconds, rate_bytes_per_second, loss_ratio, corrupt_ratio, duplicate_ratio, reorder_ratio, reorder_window_seconds)";
     NodeForwarded: Counter Int "exanet_node_cells_forwarded_total"
         ["node"]
         "Cells switched from one link to another";
@@ -519,6 +519,19 @@ mod tests {
         assert!(!s
             .iter()
             .any(|x| x.family == Family::NiNacks && x.labels[0] == "tx"));
+    }
+
+    #[test]
+    fn fault_injected_help_lists_the_fault_kinds_counters() {
+        let words: Vec<&str> = crate::fault::FaultKind::ALL
+            .iter()
+            .filter_map(|k| k.counter())
+            .collect();
+        let help = Family::LinkFaultsInjected.spec().help;
+        assert!(
+            help.ends_with(&format!("(fault: {})", words.join(", "))),
+            "{help}"
+        );
     }
 
     #[test]

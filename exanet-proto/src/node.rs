@@ -225,6 +225,12 @@ impl Node {
         self.counted(r)
     }
 
+    /// Takes `bytes` of link credit on (`port`, `vc`) for a copy of a cell the link's
+    /// faults duplicate (see [`Switch::spend_credit`]).
+    pub fn spend_credit(&mut self, port: Port, vc: Vc, bytes: u32) -> bool {
+        self.switch.spend_credit(port, vc, bytes)
+    }
+
     /// Returns credit for bytes that arrived on `(port, vc)` but could not be decoded.
     pub fn refund(&mut self, port: Port, vc: Vc, bytes: u32) -> Result<(), SwitchError> {
         let r = self.switch.refund(port, vc, bytes);

@@ -1,28 +1,34 @@
-//! A whole rack in one process: every node's core wired to its neighbours through
+//! A whole rack in one process: every node's [`Station`] wired to its neighbours through
 //! simulated links, driven by a discrete-event loop in simulated time. Deterministic for a
-//! given seed. This is what the rack tests and the switch benchmark run on; the
-//! modeled-time mode and fault injection grow from it.
+//! given seed. This is what the rack tests and the switch benchmark run on.
 //!
 //! Links serialise cells at their kind's rate (16 or 10 Gb/s) and deliver them after a
-//! fixed latency plus seeded jitter; credit frames take the latency but no bandwidth.
+//! fixed latency plus seeded jitter; credit frames and hellos take the latency but no
+//! bandwidth. A link is a connection between two stations, as a QUIC connection is between
+//! two daemons: each end runs a session with a hello, the lower-numbered end dials, a cut
+//! link (`down`) closes it, and what was in flight on a closed or replaced connection is
+//! lost with it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use bytes::BytesMut;
 
-use crate::cell::{Cell, HEADER_LEN};
-use crate::fault::{flip_bit, FaultError, FaultStats, LinkFaults};
-use crate::link::{Departure, LinkSender};
+use crate::capture::{self, CaptureFilter, Direction, Record, Seen};
+use crate::cell::{Cell, CellError};
+use crate::fault::{FaultError, FaultStats, LinkFaults};
+use crate::frame::{Frame, FrameError, Hello};
+use crate::link::Departure;
 use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
 use crate::node::{Node, NodeError, NodeEvent};
 use crate::routing::Vc;
 use crate::shape::{NodeId, Shape};
+use crate::station::{SessionId, Station, StationEvent, Wire};
 use crate::switch::{SwitchConfig, SwitchError};
 use crate::time::Instant;
 use crate::topology::{links, neighbour, port_to, LinkKind, Port, NPORTS};
-use crate::workload::{Finished, Relayed, WorkloadService};
+use crate::workload::{Finished, WorkloadService};
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -33,6 +39,9 @@ pub struct SimConfig {
     /// Up to this much extra latency per cell, drawn from the seeded generator. Links stay
     /// FIFO: a cell never overtakes the one before it.
     pub jitter_ns: u64,
+    /// How long a link's dialer waits before dialing again after its connection closed
+    /// (a daemon's first backoff).
+    pub redial_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -42,37 +51,68 @@ impl Default for SimConfig {
             switch: SwitchConfig::default(),
             latency_ns: 120,
             jitter_ns: 0,
+            redial_ns: 50_000_000,
         }
     }
+}
+
+/// The rack's identity in the simulated stations' hellos.
+const SIM_RACK: u64 = 0x5157_5241_434b;
+
+/// A simulated link connection, shared by its two ends: frames carry it, and are lost
+/// when it is no longer the one their receiving end is on.
+type ConnId = u64;
+
+/// A link end's current connection and the session its station runs over it.
+#[derive(Clone, Copy, Debug)]
+struct Conn {
+    id: ConnId,
+    sid: SessionId,
 }
 
 enum Ev {
     Cell {
         node: NodeId,
         port: Port,
+        conn: ConnId,
         vc: Vc,
         cell: Cell,
     },
     Credit {
         node: NodeId,
         port: Port,
+        conn: ConnId,
         vc: Vc,
         bytes: u32,
         freed: ModelTime,
     },
-    /// The node's NI timer.
-    Timer { node: NodeId },
+    Hello {
+        node: NodeId,
+        port: Port,
+        conn: ConnId,
+        hello: Hello,
+    },
     /// A cell refused by the receiver's CRC check: the receiver refunds its credit.
     Refused {
         node: NodeId,
         port: Port,
-        vc: Vc,
-        bytes: u32,
+        conn: ConnId,
+        error: FrameError,
     },
+    /// The node's NI timer.
+    Timer { node: NodeId },
     /// Frames the faults of a link direction held back fall due.
     Release { node: NodeId, port: Port },
     /// The credit of cells the faults of a link direction dropped goes back to its output.
     Owed { node: NodeId, port: Port },
+    /// The far end closed the connection.
+    Closed {
+        node: NodeId,
+        port: Port,
+        conn: ConnId,
+    },
+    /// The link's dialer connects.
+    Dial { node: NodeId, port: Port },
 }
 
 /// Why per-link faults cannot be set.
@@ -80,31 +120,41 @@ enum Ev {
 pub enum LinkFaultError {
     #[error("node {from} has no link to node {to}")]
     NotLinked { from: NodeId, to: NodeId },
-    #[error("a cut link is not simulated (the daemon carries out `down`)")]
-    Down,
     #[error(transparent)]
     Fault(#[from] FaultError),
-}
-
-/// What the receiver makes of `cell` with bit `bit` flipped on the wire: the cell, its
-/// payload marked corrupt if the payload CRC fails, or nothing when the header or footer
-/// CRC fails and the next switch drops it.
-fn flip_and_decode(cell: &Cell, bit: usize) -> Option<Cell> {
-    let mut b = BytesMut::with_capacity(cell.wire_len());
-    cell.encode(&mut b).ok()?;
-    flip_bit(&mut b, bit);
-    let mut c = Cell::decode(&b.freeze()).ok()?;
-    c.stamp = cell.stamp;
-    Some(c)
 }
 
 /// The simulator's generator (see [`crate::rng`]).
 pub type SimRng = crate::rng::SplitMix64;
 
+/// What one take of a station's output put on a simulated link.
+#[derive(Default)]
+struct Outbox {
+    hello: Option<Hello>,
+    frames: Vec<Departure>,
+}
+
+impl Wire for Outbox {
+    fn hello(&mut self, hello: &Hello) {
+        self.hello = Some(hello.clone());
+    }
+
+    fn frame(&mut self, d: Departure) -> Result<(), CellError> {
+        self.frames.push(d);
+        Ok(())
+    }
+}
+
+/// A capture on one simulated node: its filter and the records it took.
+struct Tap {
+    filter: CaptureFilter,
+    records: Vec<Record>,
+}
+
 pub struct Sim {
     shape: Shape,
     cfg: SimConfig,
-    nodes: Vec<Node>,
+    stations: Vec<Station>,
     now: Instant,
     heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
     slab: Vec<Option<Ev>>,
@@ -120,51 +170,37 @@ pub struct Sim {
     processed: u64,
     /// The NI timer each node has scheduled.
     timer_at: Vec<Option<Instant>>,
-    faults: Faults,
-    /// Every link direction's sending end, by node and port: the same one each daemon
-    /// sends through, so the operator's faults act here as they do on a real rack.
-    senders: Vec<Vec<LinkSender>>,
     /// The release event each link direction has scheduled for its held frames.
     release_at: HashMap<(NodeId, Port), Instant>,
     /// Link directions with an `Ev::Owed` scheduled.
     owed_pending: HashSet<(NodeId, Port)>,
-    /// Each node's service to the workloads attached through it: the NI events of their
-    /// ranks become their completions, as on a daemon, instead of [`Sim::take_events`].
-    workloads: Vec<WorkloadService>,
     /// Operations of attached workloads that ended, by node.
     finished: Vec<(NodeId, Finished)>,
-}
-
-/// Faults applied to cells as they arrive over a link, drawn from the seeded generator.
-/// A dropped cell returns its credit (the link itself stays lossless in bookkeeping). A
-/// corrupted cell gets a flipped payload bit and travels on marked corrupt, as decoding it
-/// would mark it, to be NACKed by its destination. Reordering delays a cell past later
-/// ones.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Faults {
-    /// Probability (0..=1) that a cell is lost.
-    pub loss: f64,
-    /// Probability that a cell arrives with a flipped payload bit.
-    pub corrupt: f64,
-    /// Probability that an NI cell is delivered twice to its destination NI.
-    pub duplicate: f64,
-    /// Probability that a cell is held back by up to `reorder_ns`.
-    pub reorder: f64,
-    pub reorder_ns: u64,
+    /// The connection each link end is on, by node and port.
+    conns: Vec<[Option<Conn>; NPORTS]>,
+    next_conn: ConnId,
+    /// Link ends whose dialer has an `Ev::Dial` scheduled.
+    dialing: HashSet<(NodeId, Port)>,
+    taps: HashMap<NodeId, Tap>,
 }
 
 impl Sim {
-    /// A rack with every link up.
+    /// A rack with every link up: each link's sessions begin and exchange their hellos at
+    /// time zero, as a rack that has come up.
     pub fn new(shape: Shape, cfg: SimConfig) -> Result<Sim, NodeError> {
-        let nodes = shape
+        let stations = shape
             .node_ids()
-            .map(|id| Node::new(shape, id, cfg.switch))
-            .collect::<Result<Vec<_>, _>>()?;
-        let n = nodes.len();
+            .map(|id| {
+                let node = Node::new(shape, id, cfg.switch)?;
+                let workloads = WorkloadService::new(cfg.seed ^ u64::from(id.0).rotate_left(32));
+                Ok(Station::new(node, workloads, SIM_RACK, cfg.seed))
+            })
+            .collect::<Result<Vec<_>, NodeError>>()?;
+        let n = stations.len();
         let mut sim = Sim {
             shape,
             cfg,
-            nodes,
+            stations,
             now: Instant::ZERO,
             heap: BinaryHeap::new(),
             slab: Vec::new(),
@@ -177,38 +213,52 @@ impl Sim {
             errors: Vec::new(),
             processed: 0,
             timer_at: vec![None; n],
-            faults: Faults::default(),
-            senders: (0..n as u64)
-                .map(|i| {
-                    (0..NPORTS as u64)
-                        .map(|p| LinkSender::new(cfg.seed ^ (i << 8 | p)))
-                        .collect()
-                })
-                .collect(),
             release_at: HashMap::new(),
             owed_pending: HashSet::new(),
-            workloads: (0..n as u64)
-                .map(|i| WorkloadService::new(cfg.seed ^ i.rotate_left(32)))
-                .collect(),
             finished: Vec::new(),
+            conns: vec![[None; NPORTS]; n],
+            next_conn: 1,
+            dialing: HashSet::new(),
+            taps: HashMap::new(),
         };
         for l in links(&shape) {
-            let ga = sim.nodes[l.a.0 as usize].link_up(l.a_port)?;
-            let gb = sim.nodes[l.b.0 as usize].link_up(l.b_port)?;
-            sim.nodes[l.a.0 as usize].peer_grant(l.a_port, gb, Instant::ZERO)?;
-            sim.nodes[l.b.0 as usize].peer_grant(l.b_port, ga, Instant::ZERO)?;
+            sim.connect(l.a, l.a_port, true);
         }
         Ok(sim)
     }
 
-    /// Applies `f` to every cell arriving over a link from now on.
-    pub fn set_faults(&mut self, f: Faults) {
-        self.faults = f;
+    /// Sets `faults` on every direction of every link, each drawing from its own
+    /// generator (see [`Sim::set_link_faults`] for one).
+    pub fn set_faults(&mut self, faults: LinkFaults) -> Result<(), FaultError> {
+        for i in 0..self.stations.len() {
+            let node = NodeId(i as u32);
+            for (peer, _) in self.neighbours(node) {
+                match self.set_link_faults(
+                    node,
+                    peer,
+                    faults,
+                    self.cfg.seed ^ u64::from(node.0) << 8 ^ u64::from(peer.0),
+                ) {
+                    Ok(()) => {}
+                    Err(LinkFaultError::Fault(e)) => return Err(e),
+                    Err(LinkFaultError::NotLinked { .. }) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn neighbours(&self, node: NodeId) -> Vec<(NodeId, Port)> {
+        self.stations[node.0 as usize]
+            .ends()
+            .map(|(p, e)| (e.peer, p))
+            .collect()
     }
 
     /// Sets the faults on what `from` sends to its neighbour `to`, as `exactl link set`
     /// does on a daemon: loss and corruption drawn per cell from `seed`, delay, jitter and
-    /// rate added to the link's own timing.
+    /// rate added to the link's own timing, and `down` cutting the link (its connection
+    /// closes, and it connects again, with new sessions and hellos, once set up).
     pub fn set_link_faults(
         &mut self,
         from: NodeId,
@@ -216,33 +266,169 @@ impl Sim {
         faults: LinkFaults,
         seed: u64,
     ) -> Result<(), LinkFaultError> {
-        if faults.down {
-            return Err(LinkFaultError::Down);
-        }
         let port = port_to(&self.shape, from, to).ok_or(LinkFaultError::NotLinked { from, to })?;
         let now = self.now;
-        let s = self.sender(from, port);
-        s.reseed(seed);
-        s.set_faults(faults, now)?;
-        // Clearing a shaping fault releases held frames at once.
-        self.schedule_release(from, port);
+        let set = self.stations[from.0 as usize].set_faults(port, faults, Some(seed), now)?;
+        if set.ended.is_some() {
+            self.close(from, port);
+        }
+        if set.up_again {
+            self.schedule_dial(from, port, self.cfg.latency_ns);
+        }
+        self.pump(from);
         Ok(())
     }
 
     /// What the faults on `from`'s link to `to` have done (zero if it has none).
     pub fn link_fault_stats(&self, from: NodeId, to: NodeId) -> FaultStats {
         port_to(&self.shape, from, to)
-            .map(|p| self.senders[from.0 as usize][p.index()].stats())
+            .and_then(|p| self.stations[from.0 as usize].end(p))
+            .map(|e| e.fault_stats())
             .unwrap_or_default()
     }
 
-    fn sender(&mut self, node: NodeId, port: Port) -> &mut LinkSender {
-        &mut self.senders[node.0 as usize][port.index()]
+    /// The link between `a` and `b` connects again while its old connection still stands,
+    /// as when a daemon restarts before its neighbour notices: the new sessions replace
+    /// the old ones, and what was in flight on the old connection is lost.
+    pub fn reconnect(&mut self, a: NodeId, b: NodeId) -> Result<(), LinkFaultError> {
+        let port =
+            port_to(&self.shape, a, b).ok_or(LinkFaultError::NotLinked { from: a, to: b })?;
+        self.schedule_dial(a, port, 0);
+        Ok(())
+    }
+
+    /// Starts capturing the cells `node` sends and receives that `filter` takes (one
+    /// capture per node; starting another replaces it).
+    pub fn capture(&mut self, node: NodeId, filter: CaptureFilter) {
+        let tap = Tap {
+            filter,
+            records: Vec::new(),
+        };
+        self.taps.insert(node, tap);
+    }
+
+    /// The records `node`'s capture took since the last call, as a daemon's capture
+    /// writes them.
+    pub fn take_capture(&mut self, node: NodeId) -> Vec<Record> {
+        self.taps
+            .get_mut(&node)
+            .map(|t| std::mem::take(&mut t.records))
+            .unwrap_or_default()
+    }
+
+    /// Connects the link on (`node`, `port`): both ends begin a session (replacing any
+    /// they had) and send their hellos, which land a link latency later, or at once for a
+    /// rack coming up.
+    fn connect(&mut self, node: NodeId, port: Port, at_once: bool) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
+        let now = self.now;
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let mut hellos = Vec::new();
+        for (n, p) in [(node, port), (peer, peer_port)] {
+            match self.stations[n.0 as usize].begin_session(p, now) {
+                Ok(sid) => self.conns[n.0 as usize][p.index()] = Some(Conn { id: conn, sid }),
+                // The acceptor refused (the operator cut it): the dialer's session closes
+                // with it, and it dials again once the link is set up.
+                Err(_) => {
+                    if n == peer {
+                        self.close(node, port);
+                    }
+                    return;
+                }
+            }
+            if at_once {
+                let mut out = Outbox::default();
+                let sid = self.conns[n.0 as usize][p.index()].map(|c| c.sid);
+                if let Some(sid) = sid {
+                    let _ = self.stations[n.0 as usize].take_output(p, sid, now, &mut out);
+                }
+                hellos.extend(out.hello.map(|h| (n, h)));
+            }
+        }
+        for (n, h) in hellos {
+            let (to, to_port) = if n == node {
+                (peer, peer_port)
+            } else {
+                (node, port)
+            };
+            self.on_hello(to, to_port, conn, &h);
+        }
+        self.pump(node);
+        self.pump(peer);
+    }
+
+    /// Ends the session of (`node`, `port`) and closes its connection: the far end hears
+    /// of it a link latency later.
+    fn close(&mut self, node: NodeId, port: Port) {
+        let Some(c) = self.conns[node.0 as usize][port.index()].take() else {
+            return;
+        };
+        let now = self.now;
+        self.stations[node.0 as usize].end_session(port, c.sid, now);
+        if let Some((peer, peer_port)) = neighbour(&self.shape, node, port) {
+            let ev = Ev::Closed {
+                node: peer,
+                port: peer_port,
+                conn: c.id,
+            };
+            self.schedule(now + self.cfg.latency_ns, ev);
+        }
+        self.after_close(node, port);
+    }
+
+    /// The dialer of a closed link dials again after its backoff, unless the operator cut
+    /// it: then it is dialed when set up again.
+    fn after_close(&mut self, node: NodeId, port: Port) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
+        let cut = self.stations[node.0 as usize].is_admin_down(port)
+            || self.stations[peer.0 as usize].is_admin_down(peer_port);
+        if !cut {
+            self.schedule_dial(node, port, self.cfg.redial_ns);
+        }
+    }
+
+    /// Schedules the dial of the link on (`node`, `port`) by its dialer, the lower-numbered
+    /// end, `after` from now.
+    fn schedule_dial(&mut self, node: NodeId, port: Port, after: u64) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
+        let (d, dp) = if node < peer {
+            (node, port)
+        } else {
+            (peer, peer_port)
+        };
+        if self.dialing.insert((d, dp)) {
+            self.schedule(self.now + after, Ev::Dial { node: d, port: dp });
+        }
+    }
+
+    fn on_hello(&mut self, node: NodeId, port: Port, conn: ConnId, h: &Hello) {
+        let Some(c) = self.current(node, port, conn) else {
+            return;
+        };
+        let now = self.now;
+        if self.stations[node.0 as usize]
+            .on_hello(port, c.sid, h, now)
+            .is_err()
+        {
+            self.close(node, port);
+        }
+    }
+
+    /// The session (`node`, `port`) runs over `conn`, if that is still its connection.
+    fn current(&self, node: NodeId, port: Port, conn: ConnId) -> Option<Conn> {
+        self.conns[node.0 as usize][port.index()].filter(|c| c.id == conn)
     }
 
     /// Makes sure a release event is due when the first frame held on (`node`, `port`) is.
-    fn schedule_release(&mut self, node: NodeId, port: Port) {
-        let Some(due) = self.sender(node, port).poll_at() else {
+    fn schedule_release(&mut self, node: NodeId, port: Port, due: Option<Instant>) {
+        let Some(due) = due else {
             return;
         };
         if self
@@ -256,20 +442,109 @@ impl Sim {
         self.schedule(due.max(self.now), Ev::Release { node, port });
     }
 
-    /// Puts a frame that leaves `node` on `port` now on the link: cells are serialised at
-    /// the link's rate and arrive after its latency (plus jitter), in order; credits take
-    /// the latency but no bandwidth.
-    fn transmit(&mut self, node: NodeId, port: Port, d: Departure) {
-        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+    /// Puts what (`node`, `port`) sends now on the link.
+    fn write(&mut self, node: NodeId, port: Port) {
+        let Some(c) = self.conns[node.0 as usize][port.index()] else {
             return;
         };
         let now = self.now;
+        let mut out = Outbox::default();
+        let Ok(due) = self.stations[node.0 as usize].take_output(port, c.sid, now, &mut out) else {
+            return;
+        };
+        if let Some(h) = out.hello {
+            self.transmit_hello(node, port, c.id, h);
+        }
+        for d in out.frames {
+            self.transmit(node, port, c.id, d);
+        }
+        self.schedule_release(node, port, due);
+        let owes = self.stations[node.0 as usize]
+            .end(port)
+            .is_some_and(|e| e.owes());
+        if owes && self.owed_pending.insert((node, port)) {
+            // Handed back as a credit frame from the far end would be: a link latency
+            // later, and not from inside this loop (see `LinkSender::send_cell`).
+            self.schedule(now + self.cfg.latency_ns, Ev::Owed { node, port });
+        }
+    }
+
+    fn transmit_hello(&mut self, node: NodeId, port: Port, conn: ConnId, hello: Hello) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
         let (i, p) = (node.0 as usize, port.index());
-        let (vc, received) = match d {
+        // Before anything the session sends after it.
+        let at = (self.now + self.cfg.latency_ns).max(self.last_arrival[i][p]);
+        self.last_arrival[i][p] = at;
+        let ev = Ev::Hello {
+            node: peer,
+            port: peer_port,
+            conn,
+            hello,
+        };
+        self.schedule(at, ev);
+    }
+
+    /// Offers a departing cell to the captures of its two ends, read back from the bytes
+    /// that leave the port as a daemon's capture reads them.
+    fn tap(&mut self, node: NodeId, port: Port, peer: NodeId, d: &Departure) {
+        if !matches!(d, Departure::Cell { .. }) || self.taps.is_empty() {
+            return;
+        }
+        let Some(peer_port) = neighbour(&self.shape, node, port).map(|(_, p)| p) else {
+            return;
+        };
+        let ends = [
+            (node, port, peer, Direction::Sent),
+            (peer, peer_port, node, Direction::Received),
+        ];
+        if !ends.iter().any(|e| self.taps.contains_key(&e.0)) {
+            return;
+        }
+        let mut b = BytesMut::new();
+        if d.encode(&mut b).is_err() {
+            return;
+        }
+        let b = b.freeze();
+        for (at, at_port, other, direction) in ends {
+            let Some(tap) = self.taps.get_mut(&at) else {
+                continue;
+            };
+            let seen = Seen {
+                direction,
+                node: at,
+                peer: other,
+                port: at_port,
+                vc: Vc(0),
+                modeled: ModelTime::ZERO,
+            };
+            capture::sent_cells(b.clone(), seen, |seen, cell| {
+                if tap.filter.matches(cell) {
+                    let mut rec = Vec::new();
+                    Record::encode_into(seen, cell, &mut rec);
+                    tap.records.extend(Record::decode(&rec).ok());
+                }
+            });
+        }
+    }
+
+    /// Puts a frame that leaves `node` on `port` now on the link: cells are serialised at
+    /// the link's rate and arrive after its latency (plus jitter), in order; credits take
+    /// the latency but no bandwidth.
+    fn transmit(&mut self, node: NodeId, port: Port, conn: ConnId, d: Departure) {
+        let Some((peer, peer_port)) = neighbour(&self.shape, node, port) else {
+            return;
+        };
+        self.tap(node, port, peer, &d);
+        let now = self.now;
+        let (i, p) = (node.0 as usize, port.index());
+        let len = match d {
             Departure::Credit { vc, bytes, freed } => {
                 let ev = Ev::Credit {
                     node: peer,
                     port: peer_port,
+                    conn,
                     vc,
                     bytes,
                     freed,
@@ -277,9 +552,8 @@ impl Sim {
                 self.schedule(now + self.cfg.latency_ns, ev);
                 return;
             }
-            Departure::Cell { vc, ref cell, .. } => (vc, (cell.wire_len(), d.received_cell())),
+            Departure::Cell { ref cell, .. } => cell.wire_len(),
         };
-        let (len, received) = received;
         let gbps = match port {
             Port::Torus(..) => LinkKind::TorusX.gbps(),
             _ => LinkKind::IntraQfdb.gbps(),
@@ -288,31 +562,25 @@ impl Sim {
         let start = self.busy_until[i][p].max(now);
         self.busy_until[i][p] = start + ser;
         let jitter = self.rng.below(self.cfg.jitter_ns + 1);
-        let mut at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
+        let at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
         self.last_arrival[i][p] = at;
-        if self.chance(self.faults.reorder) {
-            at = at + 1 + self.rng.below(self.faults.reorder_ns);
-        }
-        let ev = match received {
+        let ev = match d.received_cell() {
             Some(Ok((vc, cell))) => Ev::Cell {
                 node: peer,
                 port: peer_port,
+                conn,
                 vc,
                 cell,
             },
-            Some(Err(bytes)) => Ev::Refused {
+            Some(Err(error)) => Ev::Refused {
                 node: peer,
                 port: peer_port,
-                vc,
-                bytes,
+                conn,
+                error,
             },
             None => return,
         };
         self.schedule(at, ev);
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        self.rng.chance(p)
     }
 
     pub fn shape(&self) -> &Shape {
@@ -324,16 +592,22 @@ impl Sim {
     }
 
     pub fn node(&self, id: NodeId) -> &Node {
-        &self.nodes[id.0 as usize]
+        self.stations[id.0 as usize].node()
     }
 
     /// Mutable access to a node; call [`Sim::kick`] after giving it work.
     pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
-        &mut self.nodes[id.0 as usize]
+        self.stations[id.0 as usize].node_mut()
     }
 
-    pub fn nodes(&self) -> &[Node] {
-        &self.nodes
+    /// Every node, by id.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.stations.iter().map(|s| s.node())
+    }
+
+    /// Node `id` as its driver sees it: its links' sessions and faults.
+    pub fn station(&self, id: NodeId) -> &Station {
+        &self.stations[id.0 as usize]
     }
 
     /// Events the nodes reported, with the node and the time.
@@ -344,8 +618,8 @@ impl Sim {
     /// Node `id`'s service to attached workloads, with the NI and memory it serves them
     /// with; call [`Sim::kick`] after giving it work.
     pub fn workloads(&mut self, id: NodeId) -> (&mut WorkloadService, &mut Ni, &mut dyn Memory) {
-        let (ni, mem) = self.nodes[id.0 as usize].ni_mut();
-        (&mut self.workloads[id.0 as usize], ni, mem)
+        let (svc, ni, mem) = self.stations[id.0 as usize].workloads();
+        (svc, ni, mem)
     }
 
     /// Operations of attached workloads that ended since the last call, by node.
@@ -365,7 +639,7 @@ impl Sim {
 
     /// Lets every node act on work given to it from outside the event loop.
     pub fn kick_all(&mut self) {
-        for i in 0..self.nodes.len() {
+        for i in 0..self.stations.len() {
             self.pump(NodeId(i as u32));
         }
     }
@@ -392,45 +666,20 @@ impl Sim {
     fn pump(&mut self, id: NodeId) {
         let now = self.now;
         let i = id.0 as usize;
-        let mut touched = [false; NPORTS];
-        while let Some(t) = self.nodes[i].poll_transmit(now) {
-            touched[t.port.index()] = true;
-            if let Some(d) = self.senders[i][t.port.index()].send_cell(now, t.vc, t.cell) {
-                self.transmit(id, t.port, d);
+        self.stations[i].pump(now);
+        let ready: Vec<Port> = self.stations[i].take_ready().collect();
+        for port in ready {
+            self.write(id, port);
+        }
+        while let Some(e) = self.stations[i].poll_event() {
+            match e {
+                StationEvent::Finished(f) => self.finished.push((id, f)),
+                StationEvent::Node(e) => self.events.push((id, now, e)),
             }
         }
-        while let Some((port, vc, bytes, freed)) = self.nodes[i].poll_credit() {
-            touched[port.index()] = true;
-            if let Some(d) = self.senders[i][port.index()].send_credit(now, vc, bytes, freed) {
-                self.transmit(id, port, d);
-            }
-        }
-        for port in Port::all().filter(|p| touched[p.index()]) {
-            self.schedule_release(id, port);
-            if self.senders[i][port.index()].owes() && self.owed_pending.insert((id, port)) {
-                // Handed back as a credit frame from the far end would be: a link latency
-                // later, and not from inside this loop (see `LinkSender::send_cell`).
-                self.schedule(now + self.cfg.latency_ns, Ev::Owed { node: id, port });
-            }
-        }
-        while let Some(e) = self.nodes[i].poll_event() {
-            let e = match e {
-                NodeEvent::Ni(ev) => {
-                    let (ni, _) = self.nodes[i].ni_mut();
-                    match self.workloads[i].on_event(ni, ev, now) {
-                        Relayed::NotAttached(ev) => NodeEvent::Ni(ev),
-                        Relayed::Queued(f) => {
-                            self.finished.extend(f.map(|f| (id, f)));
-                            continue;
-                        }
-                        Relayed::NotRelayed => continue,
-                    }
-                }
-                e => e,
-            };
-            self.events.push((id, now, e));
-        }
-        if let Some(t) = self.nodes[i].poll_timeout() {
+        self.errors
+            .extend(self.stations[i].take_errors().into_iter().map(|e| (id, e)));
+        if let Some(t) = self.stations[i].poll_timeout() {
             if self.timer_at[i].is_none_or(|s| t < s) {
                 self.timer_at[i] = Some(t);
                 self.schedule(t.max(now), Ev::Timer { node: id });
@@ -452,103 +701,84 @@ impl Sim {
             Ev::Cell {
                 node,
                 port,
+                conn,
                 vc,
                 cell,
             } => {
-                let f = self.faults;
-                let n = node.0 as usize;
-                let mut cell = cell;
-                if self.chance(f.corrupt) && !cell.payload.is_empty() {
-                    // Bit `b` (least significant first) of payload byte `i` flips.
-                    let i = self.rng.below(cell.payload.len() as u64) as usize;
-                    let b = self.rng.below(8) as usize;
-                    cell = flip_and_decode(&cell, (HEADER_LEN + i) * 8 + 7 - b)
-                        .expect("a payload flip leaves the header and footer CRCs sound");
-                }
-                if self.chance(f.loss) {
-                    let _ = self.nodes[n].refund(port, vc, cell.wire_len() as u32);
-                } else {
-                    let dup = cell.dst.node() == node
-                        && !matches!(
-                            cell.kind,
-                            crate::CellType::Probe
-                                | crate::CellType::ProbeReply
-                                | crate::CellType::Load
-                        )
-                        && self.chance(f.duplicate);
-                    let copy = dup.then(|| cell.clone());
-                    if let Err(e) = self.nodes[n].receive(port, vc, cell, now) {
-                        self.errors.push((node, e));
-                    }
-                    if let Some(c) = copy {
-                        // A duplicate bypasses the link (it would need credit nobody paid).
-                        self.nodes[n].deliver_to_ni(c, now);
-                    }
+                if let Some(c) = self.current(node, port, conn) {
+                    let f = Frame::Cell(vc, cell);
+                    let _ = self.stations[node.0 as usize].on_frames(port, c.sid, [f], now);
                 }
                 node
             }
             Ev::Credit {
                 node,
                 port,
+                conn,
                 vc,
                 bytes,
                 freed,
             } => {
-                if let Err(e) = self.nodes[node.0 as usize].credit(port, vc, bytes, freed, now) {
-                    self.errors.push((node, e));
+                if let Some(c) = self.current(node, port, conn) {
+                    let f = Frame::Credit(vc, bytes, freed);
+                    let _ = self.stations[node.0 as usize].on_frames(port, c.sid, [f], now);
                 }
                 node
             }
-            Ev::Timer { node } => {
-                self.fire_timer(node);
+            Ev::Hello {
+                node,
+                port,
+                conn,
+                hello,
+            } => {
+                self.on_hello(node, port, conn, &hello);
                 node
             }
             Ev::Refused {
                 node,
                 port,
-                vc,
-                bytes,
+                conn,
+                error,
             } => {
-                let _ = self.nodes[node.0 as usize].refund(port, vc, bytes);
+                if self.current(node, port, conn).is_some() {
+                    self.stations[node.0 as usize].on_bad_frame(port, &error, now);
+                }
+                node
+            }
+            Ev::Timer { node } => {
+                self.timer_at[node.0 as usize] = None;
+                self.stations[node.0 as usize].handle_timeout(now);
                 node
             }
             Ev::Release { node, port } => {
                 self.release_at.remove(&(node, port));
-                while let Some(d) = self.sender(node, port).poll(now) {
-                    self.transmit(node, port, d);
-                }
-                self.schedule_release(node, port);
+                self.write(node, port);
                 node
             }
             Ev::Owed { node, port } => {
                 self.owed_pending.remove(&(node, port));
-                if let Some(owed) = self.sender(node, port).take_owed() {
-                    for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
-                        if let Err(e) = self.nodes[node.0 as usize].credit(
-                            port,
-                            Vc(vc as u8),
-                            n,
-                            ModelTime::ZERO,
-                            now,
-                        ) {
-                            self.errors.push((node, e));
-                        }
-                    }
+                self.stations[node.0 as usize].settle_owed(port, now);
+                node
+            }
+            Ev::Closed { node, port, conn } => {
+                if let Some(c) = self.current(node, port, conn) {
+                    self.conns[node.0 as usize][port.index()] = None;
+                    self.stations[node.0 as usize].end_session(port, c.sid, now);
+                    self.after_close(node, port);
+                }
+                node
+            }
+            Ev::Dial { node, port } => {
+                self.dialing.remove(&(node, port));
+                // A dialer whose own end is cut waits until it is set up.
+                if !self.stations[node.0 as usize].is_admin_down(port) {
+                    self.connect(node, port, false);
                 }
                 node
             }
         };
         self.pump(node);
         true
-    }
-
-    fn fire_timer(&mut self, node: NodeId) {
-        let i = node.0 as usize;
-        self.timer_at[i] = None;
-        let now = self.now;
-        if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
-            self.nodes[i].handle_timeout(now);
-        }
     }
 
     /// Runs until no event is left or simulated time passes `until`. Returns true when the
@@ -570,6 +800,6 @@ impl Sim {
 
     /// True when every node is idle and nothing is in flight.
     pub fn is_quiet(&self) -> bool {
-        self.heap.is_empty() && self.nodes.iter().all(|n| n.is_idle())
+        self.heap.is_empty() && self.stations.iter().all(|s| s.is_idle())
     }
 }

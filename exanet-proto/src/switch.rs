@@ -442,6 +442,23 @@ impl Switch {
         Ok(())
     }
 
+    /// Takes `bytes` of credit on (`port`, `vc`) for a copy of a cell that link faults
+    /// send twice: the copy occupies the neighbour's buffer as the cell does, and its
+    /// credit comes back as the cell's does. False (nothing taken) when the output does
+    /// not have it.
+    pub fn spend_credit(&mut self, port: Port, vc: Vc, bytes: u32) -> bool {
+        if self.check_link_port(port).is_err() || vc.0 as usize >= NVCS {
+            return false;
+        }
+        let o = &mut self.outputs[slot(port, vc)];
+        if !o.up || o.credits < bytes {
+            return false;
+        }
+        o.credits -= bytes;
+        o.outstanding += bytes;
+        true
+    }
+
     /// The NI consumed `bytes` of cells delivered to it.
     pub fn local_credit(&mut self, bytes: u32) {
         let o = &mut self.outputs[slot(Port::Local, Vc::ZERO)];

@@ -3,13 +3,14 @@
 //! operation, from one QFDB to 1024 ranks; under loss and corruption every rank ends with
 //! the right result or a failure, never a wrong result or a hang; jobs never mix.
 
+use exanet_proto::fault::LinkFaults;
 use exanet_proto::gvas::Pdid;
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{Allreduce, DataType, Failure, NiError, NiEvent, ReduceOp, VecMemory};
 use exanet_proto::node::NodeEvent;
 use exanet_proto::rng::SplitMix64;
 use exanet_proto::shape::{NodeId, Shape};
-use exanet_proto::sim::{Faults, Sim, SimConfig};
+use exanet_proto::sim::{Sim, SimConfig};
 
 // The references the expectations come from (by path: shared with the unit tests).
 #[path = "support/reference.rs"]
@@ -249,13 +250,13 @@ fn a_prototype_rack_and_1024_ranks_in_the_simulator() {
 #[test]
 fn loss_and_corruption_never_give_a_wrong_result_or_a_hang() {
     let mut sim = rack("4x1x1", 5);
-    sim.set_faults(Faults {
+    sim.set_faults(LinkFaults {
         loss: 0.01,
         corrupt: 0.001,
         duplicate: 0.01,
-        reorder: 0.0,
-        reorder_ns: 0,
-    });
+        ..Default::default()
+    })
+    .unwrap();
     let mut rng = SplitMix64::new(9);
     let m = members(4, 0);
     let mut ok = 0;
@@ -359,11 +360,7 @@ fn jobs_never_mix() {
             assert_eq!(i32::from_le_bytes(v), want, "rank {rank} of node {node}");
         }
     }
-    let violations: u64 = sim
-        .nodes()
-        .iter()
-        .map(|n| n.ni().stats.pdid_violations)
-        .sum();
+    let violations: u64 = sim.nodes().map(|n| n.ni().stats.pdid_violations).sum();
     assert_eq!(violations, 0);
 }
 

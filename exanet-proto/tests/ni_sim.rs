@@ -6,12 +6,13 @@
 
 use std::collections::HashMap;
 
+use exanet_proto::fault::LinkFaults;
 use exanet_proto::ni::{
     mailbox_gvas, ChannelState, Failure, NackReason, NiConfig, NiEvent, RdmaRead, RdmaWrite,
     SendMessage, TransferId, VecMemory,
 };
 use exanet_proto::node::NodeEvent;
-use exanet_proto::sim::{Faults, Sim, SimConfig, SimRng};
+use exanet_proto::sim::{Sim, SimConfig, SimRng};
 use exanet_proto::{Gvas, Instant, NodeId, Pdid, Shape};
 
 const PDID: Pdid = Pdid(7);
@@ -38,7 +39,7 @@ fn cfg() -> NiConfig {
 
 /// A rack whose nodes have rank 0 attached with PDID 7, one RDMA page and memory for
 /// sources and destination windows.
-fn rack(shape: &str, seed: u64, faults: Faults) -> Sim {
+fn rack(shape: &str, seed: u64, faults: LinkFaults) -> Sim {
     let shape: Shape = shape.parse().unwrap();
     let mut sim = Sim::new(
         shape,
@@ -60,20 +61,21 @@ fn rack(shape: &str, seed: u64, faults: Faults) -> Sim {
         ni.attach(0, PDID).unwrap();
         assert_eq!(ni.rdma.alloc_page(0).unwrap(), 0);
     }
-    sim.set_faults(faults);
+    sim.set_faults(faults).unwrap();
     sim
 }
 
 /// Per link hop. A 64-cell block crossing three hops loses some cell in ~1 of 3
 /// attempts at these rates, so every transfer needs retransmissions to finish; at 1% per
 /// hop a block would fail ~86% of attempts and some would run out of attempts.
-fn faults() -> Faults {
-    Faults {
+fn faults() -> LinkFaults {
+    LinkFaults {
         loss: 0.002,
         corrupt: 0.001,
         duplicate: 0.01,
         reorder: 0.02,
         reorder_ns: 5_000,
+        ..Default::default()
     }
 }
 
@@ -188,12 +190,8 @@ fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
         assert!(expect.is_empty());
     }
     assert_eq!(total, 25 * 8 * CHANNELS as usize);
-    let retrans: u64 = sim
-        .nodes()
-        .iter()
-        .map(|n| n.ni().stats.retransmissions)
-        .sum();
-    let dups: u64 = sim.nodes().iter().map(|n| n.ni().stats.duplicates).sum();
+    let retrans: u64 = sim.nodes().map(|n| n.ni().stats.retransmissions).sum();
+    let dups: u64 = sim.nodes().map(|n| n.ni().stats.duplicates).sum();
     assert!(
         retrans > 0 && dups > 0,
         "faults must have been exercised: {retrans} retransmissions, {dups} duplicates"
@@ -206,12 +204,13 @@ fn a_late_copy_never_overwrites_newer_data() {
     // A few cells are held back for up to 200 ms, far longer than a write takes, while the
     // channel rewrites the same window with a new pattern as soon as the previous write
     // completes: old cells keep arriving during later writes and after the last one.
-    let f = Faults {
+    let f = LinkFaults {
         loss: 0.01,
         corrupt: 0.0,
         duplicate: 0.05,
         reorder: 0.005,
         reorder_ns: 200_000_000,
+        ..Default::default()
     };
     let mut sim = rack("1x1x1", 3, f);
     let (src, dst) = (NodeId(1), NodeId(3));
@@ -259,7 +258,6 @@ fn a_late_copy_never_overwrites_newer_data() {
     );
     assert!(
         sim.nodes()
-            .iter()
             .map(|n| n.ni().stats.stale_cells + n.ni().stats.duplicates)
             .sum::<u64>()
             > 0
@@ -268,7 +266,7 @@ fn a_late_copy_never_overwrites_newer_data() {
 
 #[test]
 fn pdid_mismatch_never_delivers_and_is_counted() {
-    let mut sim = rack("1x1x1", 5, Faults::default());
+    let mut sim = rack("1x1x1", 5, LinkFaults::default());
     let dst = NodeId(2);
     // Rank 1 of the destination belongs to another protection domain.
     {
@@ -313,7 +311,7 @@ fn pdid_mismatch_never_delivers_and_is_counted() {
 
 #[test]
 fn page_faults_are_retried_then_reported() {
-    let mut sim = rack("1x1x1", 9, Faults::default());
+    let mut sim = rack("1x1x1", 9, LinkFaults::default());
     let dst = NodeId(1);
     // Nothing registered at this VA on the destination.
     let g = Gvas::new(PDID, dst, 0, 0x7000_0000).unwrap();
@@ -347,7 +345,7 @@ fn page_faults_are_retried_then_reported() {
 /// nothing is cut or sent for it, however long it is (security issue, defect 5).
 #[test]
 fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
-    let mut sim = rack("1x1x1", 10, Faults::default());
+    let mut sim = rack("1x1x1", 10, LinkFaults::default());
     let g = Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap();
     let now = sim.now();
     let (ni, m) = sim.node_mut(NodeId(0)).ni_mut();
@@ -396,7 +394,7 @@ fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
 /// 4 GiB write from registered memory used to build 262,144 block records when posted.
 #[test]
 fn a_transfer_keeps_only_its_window_whatever_its_length() {
-    let mut sim = rack("1x1x1", 12, Faults::default());
+    let mut sim = rack("1x1x1", 12, LinkFaults::default());
     let big = 0x40_0000_0000;
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
     ni.attach(1, PDID).unwrap();
@@ -449,7 +447,7 @@ fn a_transfer_keeps_only_its_window_whatever_its_length() {
 /// and another rank's transfer on the same NI still runs beside it.
 #[test]
 fn one_rank_cannot_take_the_whole_rdma_engine() {
-    let mut sim = rack("1x1x1", 13, Faults::default());
+    let mut sim = rack("1x1x1", 13, LinkFaults::default());
     const MIB: u64 = 1 << 20;
     let (src, dst) = (NodeId(0), NodeId(1));
     let mut c = cfg();
@@ -542,7 +540,7 @@ fn one_rank_cannot_take_the_whole_rdma_engine() {
 /// server makes any transfer for it.
 #[test]
 fn a_read_of_unregistered_memory_is_refused_when_asked() {
-    let mut sim = rack("1x1x1", 14, Faults::default());
+    let mut sim = rack("1x1x1", 14, LinkFaults::default());
     let (reader, server) = (NodeId(0), NodeId(3));
     let now = sim.now();
     let (ni, _) = sim.node_mut(reader).ni_mut();
@@ -677,7 +675,7 @@ fn packetizer_messages_reach_mailboxes_exactly_once() {
 
 #[test]
 fn full_mailbox_nacks_and_wrong_pdid_nacks() {
-    let mut sim = rack("1x1x1", 17, Faults::default());
+    let mut sim = rack("1x1x1", 17, LinkFaults::default());
     let (src, dst) = (NodeId(0), NodeId(3));
     let mb = sim.node_mut(dst).ni_mut().0.mailboxes.alloc(0, 1).unwrap();
     let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
@@ -754,7 +752,7 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
 
 #[test]
 fn large_unaligned_read_across_qfdbs() {
-    let mut sim = rack("2x1x1", 21, Faults::default());
+    let mut sim = rack("2x1x1", 21, LinkFaults::default());
     let (reader, server) = (NodeId(1), NodeId(6));
     let len: u64 = (1 << 20) + 3;
     {
@@ -789,7 +787,7 @@ fn large_unaligned_read_across_qfdbs() {
 
 #[test]
 fn a_failed_served_read_writes_nothing_more_into_the_reader() {
-    let mut sim = rack("1x1x1", 23, Faults::default());
+    let mut sim = rack("1x1x1", 23, LinkFaults::default());
     let (reader, server) = (NodeId(0), NodeId(2));
     for id in [reader, server] {
         let mut c = cfg();
@@ -836,7 +834,7 @@ fn a_failed_served_read_writes_nothing_more_into_the_reader() {
 
 #[test]
 fn a_restarted_ni_is_not_taken_for_its_previous_run() {
-    let mut sim = rack("1x1x1", 29, Faults::default());
+    let mut sim = rack("1x1x1", 29, LinkFaults::default());
     let (src, dst) = (NodeId(1), NodeId(3));
     for round in 1..=2u8 {
         write_mem(&mut sim, src, SRC_VA, &[round; 4096]);
@@ -884,7 +882,7 @@ fn a_restarted_ni_is_not_taken_for_its_previous_run() {
 
 #[test]
 fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
-    let mut sim = rack("1x1x1", 31, Faults::default());
+    let mut sim = rack("1x1x1", 31, LinkFaults::default());
     let now = sim.now();
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
     let pk = ni.packetizer.alloc(0).unwrap();
@@ -919,7 +917,7 @@ fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
 /// function of the seed.
 #[test]
 fn operator_link_faults_are_recovered_and_reproducible() {
-    use exanet_proto::fault::{FaultStats, LinkFaults};
+    use exanet_proto::fault::{FaultKind, FaultStats};
     use exanet_proto::sim::LinkFaultError;
 
     type Outcome = (
@@ -929,7 +927,7 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         u64,
     );
     let run = |seed: u64| -> Outcome {
-        let mut sim = rack("2x1x1", 11, Faults::default());
+        let mut sim = rack("2x1x1", 11, LinkFaults::default());
         let shape = *sim.shape();
         let (a, b) = (
             shape.parse_node("M1QAF1").unwrap(),
@@ -941,7 +939,7 @@ fn operator_link_faults_are_recovered_and_reproducible() {
             delay_ns: 20_000,
             jitter_ns: 5_000,
             rate_bps: 5_000_000_000,
-            down: false,
+            ..Default::default()
         };
         sim.set_link_faults(a, b, f, seed).unwrap();
         sim.set_link_faults(b, a, f, seed ^ 1).unwrap();
@@ -972,7 +970,6 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         }
         let crc_nacks: u64 = sim
             .nodes()
-            .iter()
             .map(|n| n.ni().stats.nacks_sent[NackReason::Crc as usize])
             .sum();
         (
@@ -985,8 +982,14 @@ fn operator_link_faults_are_recovered_and_reproducible() {
     // The return direction carries only ACKs (about one fault in expectation): a seed
     // whose draws hit it too.
     let (r1, ab, ba, crc) = run(2);
-    assert!(ab.dropped_cells > 0 && ab.corrupted_cells > 0, "{ab:?}");
-    assert!(ba.dropped_cells + ba.corrupted_cells > 0, "{ba:?}");
+    assert!(
+        ab.cells(FaultKind::Loss) > 0 && ab.cells(FaultKind::Corrupt) > 0,
+        "{ab:?}"
+    );
+    assert!(
+        ba.cells(FaultKind::Loss) + ba.cells(FaultKind::Corrupt) > 0,
+        "{ba:?}"
+    );
     assert!(ab.delayed_frames > 0 && ab.delay_ns >= ab.delayed_frames * 20_000);
     assert!(
         crc > 0,
@@ -1002,19 +1005,11 @@ fn operator_link_faults_are_recovered_and_reproducible() {
     assert_ne!(ab, ab3, "another seed, other fault draws");
 
     // What the simulator cannot carry out is refused, naming why.
-    let mut sim = rack("2x1x1", 1, Faults::default());
+    let mut sim = rack("2x1x1", 1, LinkFaults::default());
     let (x, y) = (NodeId(1), NodeId(6));
     assert_eq!(
         sim.set_link_faults(x, y, LinkFaults::default(), 0),
         Err(LinkFaultError::NotLinked { from: x, to: y })
-    );
-    let cut = LinkFaults {
-        down: true,
-        ..Default::default()
-    };
-    assert_eq!(
-        sim.set_link_faults(NodeId(0), NodeId(1), cut, 0),
-        Err(LinkFaultError::Down)
     );
 }
 
@@ -1115,7 +1110,7 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
 #[test]
 fn packetizer_resends_after_crc_nacks_are_counted() {
     use exanet_proto::fault::LinkFaults;
-    let mut sim = rack("1x1x1", 5, Faults::default());
+    let mut sim = rack("1x1x1", 5, LinkFaults::default());
     let (a, b) = (NodeId(0), NodeId(1));
     let bad = LinkFaults {
         corrupt: 0.3,
@@ -1177,7 +1172,7 @@ fn heal_run(loss: f64, seed: u64, max_attempts: u8) -> Healed {
     use exanet_proto::fault::LinkFaults;
     const MIB: u64 = 1 << 20;
     const LEN: u64 = 4 * MIB;
-    let mut sim = rack("2x1x1", seed, Faults::default());
+    let mut sim = rack("2x1x1", seed, LinkFaults::default());
     let shape = *sim.shape();
     let [src, dst, a, b] =
         ["M1QAF2", "M1QBF3", "M1QAF1", "M1QBF1"].map(|n| shape.parse_node(n).unwrap());
@@ -1332,7 +1327,7 @@ fn send_one(sim: &mut Sim, src: NodeId, pk: u8, to: Gvas, payload: &[u8]) -> Cha
 fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    let mut sim = rack("1x1x1", 23, Faults::default());
+    let mut sim = rack("1x1x1", 23, LinkFaults::default());
     let (src, dst) = (NodeId(0), NodeId(2));
     let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
     let mut n = 0u32;
@@ -1403,7 +1398,7 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
 /// for it, and never takes back what it handed out.
 #[test]
 fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
-    let mut sim = rack("1x1x1", 29, Faults::default());
+    let mut sim = rack("1x1x1", 29, LinkFaults::default());
     let (src, dst) = (NodeId(1), NodeId(3));
     let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
     let cap = 3;

@@ -76,7 +76,6 @@ fn run_to_quiet(
 fn assert_quiet(sim: &Sim, what: &str) {
     let stuck: Vec<String> = sim
         .nodes()
-        .iter()
         .filter(|n| !n.is_idle())
         .map(|n| {
             let mut q = String::new();
@@ -539,7 +538,7 @@ fn assert_backpressure_exercised(s: &Saturation, what: &str) {
             stalled += sw.stall_ns(p, now);
         }
     }
-    let window = s.sim.nodes()[0].switch().config().window;
+    let window = s.sim.node(NodeId(0)).switch().config().window;
     assert!(
         fullest + WIRE > window,
         "{what}: no link queue ever filled (fullest {fullest} B of {window})"
@@ -574,6 +573,7 @@ fn all_to_all_saturation_with_jitter_and_seeds() {
             switch: small(),
             latency_ns: 120,
             jitter_ns: 400,
+            ..Default::default()
         };
         let r = saturate(s, cfg, &all, 10);
         assert_backpressure_exercised(&r, "4x4x2 all-to-all with jitter");
@@ -595,6 +595,7 @@ fn saturation_is_deterministic_for_a_seed() {
         switch: small(),
         latency_ns: 120,
         jitter_ns: 300,
+        ..Default::default()
     };
     let a = saturate(s, cfg, &all, 10);
     let b = saturate(s, cfg, &all, 10);
@@ -720,7 +721,7 @@ fn dateline_flows(s: &Shape) -> usize {
 /// Some torus input held more than one VC's window at once: both VCs were occupied, so
 /// VC1 carried traffic while VC0 was full.
 fn both_vcs_filled(s: &Saturation) -> bool {
-    s.sim.nodes().iter().any(|n| {
+    s.sim.nodes().any(|n| {
         let sw = n.switch();
         sw.link_ports().any(|p| {
             matches!(p, Port::Torus(..)) && sw.port_stats(p).peak_queue_bytes > sw.input_capacity(p)
@@ -769,6 +770,7 @@ fn dateline_ring_of_five_under_saturation() {
             switch: small(),
             latency_ns: 120,
             jitter_ns: jitter,
+            ..Default::default()
         };
         let r = saturate_to(s, cfg, &all, &two_away, 100);
         assert_backpressure_exercised(&r, "5x1x1");
@@ -789,6 +791,7 @@ fn dateline_rings_of_six_and_three_under_saturation() {
         switch: small(),
         latency_ns: 120,
         jitter_ns: 200,
+        ..Default::default()
     };
     let r = saturate(s, cfg, &all, 6);
     assert_backpressure_exercised(&r, "6x3x1");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use exanet_proto::attach::{self, status, Command, Completion, Resource};
-use exanet_proto::fault::LinkFaults;
+use exanet_proto::fault::{FaultKind, LinkFaults};
 use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::ni::op::{RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::ni::{mailbox_gvas, MemFault, Memory, VecMemory};
@@ -405,8 +405,8 @@ fn scenario(seed: u64) -> (Vec<Completion>, Vec<Completion>, u64) {
         total as usize
     );
     assert!(finished.iter().all(|(_, f)| f.ok));
-    let dropped =
-        sim.link_fault_stats(f1a, f1b).dropped_cells + sim.link_fault_stats(f1b, f1a).dropped_cells;
+    let dropped = sim.link_fault_stats(f1a, f1b).cells(FaultKind::Loss)
+        + sim.link_fault_stats(f1b, f1a).cells(FaultKind::Loss);
     (seen_a, seen_b, dropped)
 }
 

@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use exanet_proto::fault::LinkFaults;
+use exanet_proto::fault::{FaultKind, LinkFaults};
 use exanetd::control::{request, LinkState, Request, Response};
 use exanetd::control_client::ControlClient;
 use support::TestRack;
@@ -51,7 +51,7 @@ fn main() {
     let drops = |r: &TestRack| {
         r.status("M1QAF1")
             .and_then(|s| s.links.into_iter().find(|l| l.peer == "M1QAF2"))
-            .map_or(0, |l| l.fault_stats.dropped_cells)
+            .map_or(0, |l| l.fault_stats.cells(FaultKind::Loss))
     };
     // First contact pays the QUIC handshake; exactl pays it once per command.
     let h0 = Instant::now();

@@ -9,9 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use exanet_proto::capture::{Direction, Seen};
-use exanet_proto::frame::{Frame, FrameDecoder, FrameError, Hello};
-use exanet_proto::{NodeId, Port};
+use exanet_proto::capture::{self, Direction, Seen};
+use exanet_proto::frame::{Frame, FrameDecoder, Hello};
+use exanet_proto::model::ModelTime;
+use exanet_proto::station::SessionEnd;
+use exanet_proto::{NodeId, Port, Vc};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use rand::Rng;
 use rustls::pki_types::CertificateDer;
@@ -21,9 +23,6 @@ use tracing::{debug, info, warn};
 use crate::node::NodeHandle;
 use crate::rack::dns_name;
 
-const CLOSE_SHUTDOWN: u32 = 0;
-const CLOSE_PROTOCOL: u32 = 1;
-const CLOSE_REPLACED: u32 = 2;
 /// How much a reader takes from QUIC at once before feeding the core.
 const READ_CHUNK: usize = 256 * 1024;
 /// Longest a hello may take to arrive on a fresh connection.
@@ -136,7 +135,7 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Ar
             }
             if let Err(e) = accept_session(&node, conn.clone()).await {
                 warn!(%remote, error = %e, "incoming link refused");
-                conn.close(VarInt::from_u32(CLOSE_PROTOCOL), e.as_bytes());
+                conn.close(VarInt::from_u32(SessionEnd::Protocol.code()), e.as_bytes());
             }
         });
     }
@@ -162,12 +161,7 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
     let hello = read_hello(&mut recv, &mut dec).await?;
     let shape = node.rack.shape();
     // Which of our ports does this peer sit on?
-    let Some(port) = node
-        .links()
-        .into_iter()
-        .find(|(_, p, pp, _)| *p == hello.node && *pp == hello.port)
-        .map(|(port, ..)| port)
-    else {
+    let Some(port) = node.lock().station.port_of_hello(&hello) else {
         node.count_error("hello_neighbour");
         return Err(format!(
             "peer claims to be node {} port {}, not a neighbour of ours",
@@ -225,17 +219,18 @@ async fn run_session(
     mut recv: RecvStream,
     accepted: Option<(Hello, FrameDecoder)>,
 ) {
-    let sid = node.next_session_id();
     let wake = Arc::new(Notify::new());
-    let digest = node.rack.digest();
-    {
+    let sid = {
         let now = node.now();
         let mut core = node.lock();
-        if let Err(e) = core.begin_session(port, sid, wake.clone(), conn.clone(), digest, now) {
-            warn!(%port, error = %e, "cannot start link session");
-            return;
+        match core.begin_session(port, wake.clone(), conn.clone(), now) {
+            Ok(sid) => sid,
+            Err(e) => {
+                warn!(%port, error = %e, "cannot start link session");
+                return;
+            }
         }
-    }
+    };
     let writer = async {
         let timer = crate::precise_timer::PreciseTimer::get();
         let mut armed = None;
@@ -248,7 +243,7 @@ async fn run_session(
             wake.notified().await;
             let now = node.now();
             let Some(out) = node.lock().take_output(port, sid, now) else {
-                return "replaced";
+                return (SessionEnd::Replaced, "replaced");
             };
             // Frames held back by link shaping: wake when the first falls due. tokio's
             // timer would round sub-millisecond delays up to milliseconds.
@@ -261,28 +256,24 @@ async fn run_session(
             if node.taps.any() && !out.bytes.is_empty() && node.taps.wants(port, Direction::Sent) {
                 // Captures of sent cells read back what leaves the port (corrupted by
                 // fault injection or not); an output is whole frames.
-                let mut sent = FrameDecoder::new();
-                sent.push_bytes(out.bytes.clone());
-                while let Some((_, raw)) = sent.next_frame_and_cell_bytes() {
-                    if let Some(raw) = raw {
-                        let seen = Seen {
-                            direction: Direction::Sent,
-                            node: node.id,
-                            peer,
-                            port,
-                            vc: raw.vc,
-                            modeled: raw.stamp.tail,
-                        };
-                        node.taps.offer(&seen, &raw.wire);
-                    }
-                }
+                let seen = Seen {
+                    direction: Direction::Sent,
+                    node: node.id,
+                    peer,
+                    port,
+                    vc: Vc(0),
+                    modeled: ModelTime::ZERO,
+                };
+                capture::sent_cells(out.bytes.clone(), seen, |seen, cell| {
+                    node.taps.offer(seen, cell)
+                });
             }
             if out.bytes.is_empty() {
                 // Woken for nothing to send (the injector dropped it all): let the other
                 // tasks run, or a link losing every cell would spin here unopposed.
                 tokio::task::yield_now().await;
             } else if send.write_chunk(out.bytes).await.is_err() {
-                return "write failed";
+                return (SessionEnd::Shutdown, "write failed");
             }
         }
     };
@@ -295,20 +286,15 @@ async fn run_session(
                     Ok(h) => (h, dec),
                     Err(e) => {
                         warn!(%port, error = %e, "no hello from dialed peer");
-                        return "no hello";
+                        return (SessionEnd::Protocol, "no hello");
                     }
                 }
             }
         };
-        {
-            let mut core = node.lock();
-            if let Err(e) = core.check_hello(port, &hello, digest) {
-                warn!(%port, error = %e, "peer hello refused");
-                core.node.count_error(e.kind());
-                return "bad hello";
-            }
-            let now = node.now();
-            core.accept_hello(port, sid, &hello, now);
+        let now = node.now();
+        if let Err(e) = node.lock().on_hello(port, sid, &hello, now) {
+            warn!(%port, error = %e, "peer hello refused");
+            return (SessionEnd::Protocol, "bad hello");
         }
         let mut frames = Vec::new();
         let (me, peer) = (node.id, hello.node);
@@ -337,16 +323,8 @@ async fn run_session(
                     Ok(f) => frames.push(f),
                     Err(e) => {
                         warn!(%port, error = %e, "bad frame from peer");
-                        let mut core = node.lock();
-                        core.node.count_error(e.kind());
-                        if let FrameError::Cell { vc, len, .. } = e {
-                            core.count_rx_corrupt(port);
-                            // The frame length was sound, so the sender spent credit on it.
-                            let _ = core.node.refund(port, vc, len);
-                            let now = node.now();
-                            core.pump(now);
-                        }
-                        fatal |= e.is_fatal();
+                        let now = node.now();
+                        fatal |= node.lock().on_bad_frame(port, &e, now);
                     }
                 }
             }
@@ -356,30 +334,25 @@ async fn run_session(
                     .lock()
                     .apply(port, sid, std::mem::take(&mut frames), now)
                 {
-                    return "replaced";
+                    return (SessionEnd::Replaced, "replaced");
                 }
             }
             if fatal {
-                return "stream out of sync";
+                return (SessionEnd::Protocol, "stream out of sync");
             }
             match recv.read_chunk(READ_CHUNK, true).await {
                 Ok(Some(c)) => dec.push_bytes(c.bytes),
-                Ok(None) => return "peer closed",
-                Err(_) => return "read failed",
+                Ok(None) => return (SessionEnd::Shutdown, "peer closed"),
+                Err(_) => return (SessionEnd::Shutdown, "read failed"),
             }
         }
     };
-    let why = tokio::select! {
+    let (end, why) = tokio::select! {
         w = writer => w,
         r = reader => r,
     };
     debug!(%port, why, "link session over");
     let now = node.now();
     node.lock().end_session(port, sid, now);
-    let code = match why {
-        "replaced" => CLOSE_REPLACED,
-        "bad hello" | "stream out of sync" | "no hello" => CLOSE_PROTOCOL,
-        _ => CLOSE_SHUTDOWN,
-    };
-    conn.close(VarInt::from_u32(code), why.as_bytes());
+    conn.close(VarInt::from_u32(end.code()), why.as_bytes());
 }

@@ -254,7 +254,7 @@ impl Metrics {
             self.put(Family::LinkUp, &base, l.state == LinkState::Up);
             self.put(Family::LinkSessions, &base, l.sessions);
             let fs = &l.fault_stats;
-            for (fault, v) in [("drop", fs.dropped_cells), ("corrupt", fs.corrupted_cells)] {
+            for (_, fault, v) in fs.counted() {
                 self.put(Family::LinkFaultsInjected, &with(fault), v);
             }
             self.put(Family::LinkFaultDelayedFrames, &base, fs.delayed_frames);
@@ -318,7 +318,7 @@ mod tests {
     use super::*;
     use crate::control::LinkStatus;
     use crate::control::NiStatus;
-    use exanet_proto::fault::{FaultStats, LinkFaults};
+    use exanet_proto::fault::{FaultKind, FaultStats, LinkFaults};
     use exanet_proto::metric::{NiCount, NI_COUNTERS};
     use exanet_proto::ni::NackReason;
     use exanet_proto::ni::NiStats;
@@ -348,12 +348,19 @@ mod tests {
                 loss: 0.125,
                 corrupt: 0.0625,
                 down: true,
+                ..LinkFaults::default()
             }),
-            fault_stats: FaultStats {
-                dropped_cells: base + 9,
-                corrupted_cells: base + 10,
-                delayed_frames: base + 11,
-                delay_ns: 3_000_000_000,
+            fault_stats: {
+                let mut fs = FaultStats::default();
+                fs.delayed_frames = base + 11;
+                fs.delay_ns = 3_000_000_000;
+                for _ in 0..base + 9 {
+                    fs.count(FaultKind::Loss);
+                }
+                for _ in 0..base + 10 {
+                    fs.count(FaultKind::Corrupt);
+                }
+                fs
             },
             held_bytes: base + 12,
             rx_corrupt_cells: base + 13,

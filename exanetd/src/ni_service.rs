@@ -597,7 +597,7 @@ fn attach_rank(
         (&who.job, &who.job_limits, &Holding::default(), job_ranks),
     ) {
         // Through the guard: `node.count_error` would take the core lock a second time.
-        core.node.count_error("quota_refused");
+        core.station.count_error("quota_refused");
         return Err(x.to_string());
     }
     let pdid = who.pdid;
@@ -672,7 +672,7 @@ fn reserve(core: &mut Core, rank: u8, kind: Kind, n: u64) -> Result<(), String> 
         (&me.job, &me.job_limits, &job_total, job_ranks),
     )
     .map_err(|x| {
-        core.node.count_error("quota_refused");
+        core.station.count_error("quota_refused");
         x.to_string()
     })?;
     if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
@@ -877,7 +877,7 @@ async fn serve_ring(
                     let (svc, ni, mem) = core.workloads();
                     if let Err(e) = svc.execute(ni, mem, rank, c, now) {
                         debug!(rank, error = %e, "command refused");
-                        core.node.count_error(match e {
+                        core.station.count_error(match e {
                             ServiceError::Malformed(_) => "workload_malformed",
                             _ => "workload_refused_command",
                         });
@@ -981,7 +981,7 @@ pub async fn timer_loop(node: Arc<NodeHandle>) {
     loop {
         let deadline = {
             let mut core = node.lock();
-            let d = core.node.poll_timeout();
+            let d = core.station.poll_timeout();
             core.timer_armed = d;
             d
         };
@@ -994,7 +994,7 @@ pub async fn timer_loop(node: Arc<NodeHandle>) {
                     _ = tokio::time::sleep(wait) => {
                         let now = node.now();
                         let mut core = node.lock();
-                        core.node.handle_timeout(now);
+                        core.station.handle_timeout(now);
                         core.pump(now);
                     }
                     _ = wake.notified() => {}

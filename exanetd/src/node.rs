@@ -1,30 +1,31 @@
-//! The node core behind a lock, shared by the link tasks, the control server and the
+//! The node's station behind a lock, shared by the link tasks, the control server and the
 //! metrics endpoint. Every task that hears something feeds it in here, calls
-//! [`Core::pump`], and the pump encodes what the core wants sent into the per-link output
-//! buffers and wakes those links' writers. Critical sections never await.
+//! [`Core::pump`], and the pump wakes the writers of the links with something to send.
+//! What a link session is (its hello, replacement, the operator's cut) is decided by the
+//! station (`exanet_proto::station`); this is the QUIC connections and wake-ups around
+//! it. Critical sections never await.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use exanet_proto::attach::{CollectiveKind, CollectivePath, CollectiveReport};
 use exanet_proto::fault::{FaultError, LinkFaults};
-use exanet_proto::frame::{self, Frame, Hello};
-use exanet_proto::link::{Departure, LinkSender};
-use exanet_proto::model::ModelTime;
+use exanet_proto::frame::{Frame, FrameError, Hello};
 use exanet_proto::node::NodeStats;
-use exanet_proto::topology::{neighbour, node_links, NPORTS};
-use exanet_proto::{
-    CellError, Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port, Shape, Vc,
+use exanet_proto::station::{
+    HelloError, SessionEnd, SessionId, SessionRefused, Station, StationEvent,
 };
+use exanet_proto::topology::NPORTS;
+use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port};
 use tokio::sync::{oneshot, Notify};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use exanet_proto::ni::{Memory, Ni};
 use exanet_proto::reserved::Reservations;
-use exanet_proto::workload::{Relayed, WorkloadService};
+use exanet_proto::workload::WorkloadService;
 
 use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
 use crate::rack::Rack;
@@ -34,58 +35,41 @@ use crate::shm_memory::ShmMemory;
 /// What a link's output buffer is allocated with once frames are written into it.
 const OUT_BUFFER: usize = 64 * 1024;
 
-/// One port's link: who is at the other end and the state of the current session.
-pub struct LinkSlot {
-    pub peer: NodeId,
-    pub peer_port: Port,
-    pub kind: LinkKind,
-    session: Option<u64>,
+/// Seeds each link direction's fault draws (with the node and port; a fault plan reseeds).
+const FAULT_SEED: u64 = 0x5eed_0000_0000;
+
+/// One port's connection: the QUIC side of the station's link end.
+struct Connection {
     /// Wakes the current session's writer.
     wake: Option<Arc<Notify>>,
     /// Encoded frames waiting for the writer.
     out: BytesMut,
-    pub sessions: u64,
     /// The QUIC connection of the current session, for its transport statistics.
     conn: Option<quinn::Connection>,
-    /// What this node sends over the link passes through here: the operator's faults, the
-    /// frames they hold back, the credit of cells they lost.
-    sender: LinkSender,
-    /// Cut by the operator: no session is started until it is set up again.
-    admin_down: bool,
     /// Wakes the dialer waiting for the operator to set the link up again.
-    pub up_wake: Arc<Notify>,
-    /// Cells from the peer refused as undecodable (CRC errors and the like).
-    pub rx_corrupt_cells: u64,
+    up_wake: Arc<Notify>,
 }
 
-impl LinkSlot {
-    /// Writes what leaves the sender now into the writer's buffer.
-    fn put(&mut self, d: Option<Departure>) -> Result<(), CellError> {
-        match d {
-            Some(d) => {
-                // The writer takes the whole buffer each time; a fresh one starts at a
-                // writer's batch, not at one frame grown by doubling (copying each time).
-                if self.out.is_empty() && self.out.capacity() < OUT_BUFFER / 2 {
-                    self.out.reserve(OUT_BUFFER);
-                }
-                d.encode(&mut self.out)
-            }
-            None => Ok(()),
+impl Connection {
+    /// Drops the session's connection state, waking its writer to notice.
+    fn clear(&mut self) {
+        self.conn = None;
+        self.out.clear();
+        if let Some(w) = self.wake.take() {
+            w.notify_one();
         }
     }
 }
 
 pub struct Core {
-    pub node: Node,
-    /// The NI's service to attached workloads: their commands, completions and memory
-    /// placement.
-    workloads: WorkloadService,
+    /// The node, its workload service and its links' sessions.
+    pub station: Station,
     /// What the daemon keeps of each attached workload beside it, by rank.
     pub sessions: Vec<Option<Session>>,
     /// The NI deadline the timer task sleeps towards.
     pub timer_armed: Option<Instant>,
     timer_wake: Arc<Notify>,
-    slots: Vec<Option<LinkSlot>>,
+    conns: Vec<Connection>,
     pings: HashMap<u32, oneshot::Sender<NodeEvent>>,
     next_probe: u32,
     /// How long workloads' operations take, from command to completion.
@@ -96,247 +80,127 @@ pub struct Core {
         std::collections::BTreeMap<(String, CollectiveKind, CollectivePath), CollectiveReport>,
 }
 
-/// Why a peer's hello was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum HelloError {
-    #[error("peer speaks link version {0}, this daemon {ver}", ver = frame::VERSION)]
-    Version(u8),
-    #[error("peer belongs to another rack (digest {0:#x})")]
-    OtherRack(u64),
-    #[error("peer runs a {x}x{y}x{z} rack, this one is {mine}", x = .0 .0, y = .0 .1, z = .0 .2, mine = .1)]
-    Shape((u16, u16, u16), Shape),
-    #[error("peer claims to be node {claimed} on port {port}, which is not our neighbour there")]
-    NotNeighbour { claimed: NodeId, port: Port },
-}
-
-impl HelloError {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            HelloError::Version(_) => "hello_version",
-            HelloError::OtherRack(_) => "hello_rack",
-            HelloError::Shape(..) => "hello_shape",
-            HelloError::NotNeighbour { .. } => "hello_neighbour",
-        }
-    }
-}
-
 impl Core {
-    /// Encodes everything the core wants to send and wakes the writers concerned.
+    pub fn node(&self) -> &Node {
+        self.station.node()
+    }
+
+    /// Lets the station act on what it was given and wakes the writers of the links it
+    /// has output for.
     pub fn pump(&mut self, now: Instant) {
-        let mut woken = [false; NPORTS];
-        while let Some(t) = self.node.poll_transmit(now) {
-            let i = t.port.index();
-            match self.slots[i].as_mut().filter(|s| s.session.is_some()) {
-                Some(slot) => {
-                    woken[i] = true;
-                    let d = slot.sender.send_cell(now, t.vc, t.cell);
-                    if let Err(e) = slot.put(d) {
-                        // Cells in the core were validated on the way in; a bug.
-                        warn!(error = %e, "dropping unencodable cell");
-                        self.node.count_error("encode");
-                    }
-                }
-                None => {
-                    // The core only transmits on ports whose session granted credit.
-                    warn!(port = %t.port, "cell for a link without a session dropped");
-                    self.node.count_error("no_session");
-                }
+        self.station.pump(now);
+        for port in self.station.take_ready() {
+            if let Some(w) = self.conns[port.index()].wake.as_ref() {
+                w.notify_one();
             }
         }
-        while let Some((port, vc, bytes, freed)) = self.node.poll_credit() {
-            let i = port.index();
-            if let Some(slot) = self.slots[i].as_mut().filter(|s| s.session.is_some()) {
-                let d = slot.sender.send_credit(now, vc, bytes, freed);
-                let _ = slot.put(d);
-                woken[i] = true;
-            }
-        }
-        while let Some(ev) = self.node.poll_event() {
+        while let Some(ev) = self.station.poll_event() {
             match ev {
-                NodeEvent::ProbeReply { id, .. } => {
+                StationEvent::Node(ev @ NodeEvent::ProbeReply { id, .. }) => {
                     if let Some(tx) = self.pings.remove(&id) {
                         let _ = tx.send(ev);
                     }
                 }
-                NodeEvent::LoadSent => debug!("load generator done"),
-                NodeEvent::LoadDelivered { .. } => {}
-                NodeEvent::Ni(ev) => {
-                    let (ni, _) = self.node.ni_mut();
-                    match self.workloads.on_event(ni, ev, now) {
-                        Relayed::Queued(Some(f)) => self.latency.observe(f.op, f.ok, f.latency_ns),
-                        Relayed::Queued(None) | Relayed::NotAttached(_) => {}
-                        Relayed::NotRelayed => self.node.count_error("notification_not_relayed"),
-                    }
-                }
+                StationEvent::Node(NodeEvent::LoadSent) => debug!("load generator done"),
+                StationEvent::Node(_) => {}
+                StationEvent::Finished(f) => self.latency.observe(f.op, f.ok, f.latency_ns),
             }
         }
+        for e in self.station.take_errors() {
+            debug!(error = %e, "switch refused a frame");
+        }
         // A sooner NI deadline than the timer task sleeps towards: wake it to re-arm.
-        if let Some(t) = self.node.poll_timeout() {
+        if let Some(t) = self.station.poll_timeout() {
             if self.timer_armed.is_none_or(|a| t < a) {
                 self.timer_armed = Some(t);
                 self.timer_wake.notify_one();
-            }
-        }
-        for (i, w) in woken.iter().enumerate() {
-            if *w {
-                if let Some(n) = self.slots[i].as_ref().and_then(|s| s.wake.as_ref()) {
-                    n.notify_one();
-                }
             }
         }
     }
 
     /// The workload service, with the NI and memory it serves the workloads with.
     pub fn workloads(&mut self) -> (&mut WorkloadService, &mut Ni, &mut (dyn Memory + Send)) {
-        let (ni, mem) = self.node.ni_mut();
-        (&mut self.workloads, ni, mem)
+        self.station.workloads()
     }
 
     /// Moves what `rank`'s completion ring has room for into it (call it when the
     /// workload may have made room).
     pub fn drain(&mut self, rank: u8) {
-        let (svc, ni, _) = self.workloads();
-        svc.drain(ni, rank);
+        self.station.drain(rank);
     }
 
-    fn slot(&mut self, port: Port) -> Option<&mut LinkSlot> {
-        self.slots.get_mut(port.index()).and_then(|s| s.as_mut())
-    }
-
-    /// Starts session `sid` on `port`, replacing any older one, and queues our hello.
+    /// Starts a session on `port` over `conn`, replacing any older one, and queues our
+    /// hello for `wake`'s writer.
     pub fn begin_session(
         &mut self,
         port: Port,
-        sid: u64,
         wake: Arc<Notify>,
         conn: quinn::Connection,
-        rack_digest: u64,
         now: Instant,
-    ) -> Result<(), SessionRefused> {
-        let me = self.node.id();
-        let shape = *self.node.switch().shape();
-        if self.slot(port).is_some_and(|s| s.admin_down) {
-            return Err(SessionRefused::AdminDown);
-        }
-        if self.slot(port).is_some_and(|s| s.session.is_some()) {
-            // A peer that restarted reconnects before we noticed the old session die.
-            self.node.link_down(port, now)?;
-        }
-        let grant = self.node.link_up(port)?;
-        let slot = self
-            .slot(port)
-            .expect("link_up succeeded, so the port has a link");
-        if let Some(old) = slot.wake.replace(wake.clone()) {
-            old.notify_one();
-        }
-        slot.session = Some(sid);
-        slot.conn = Some(conn);
-        slot.sessions += 1;
-        slot.out.clear();
-        frame::encode_hello(
-            &Hello::new(me, port, &shape, rack_digest, grant),
-            &mut slot.out,
-        );
+    ) -> Result<SessionId, SessionRefused> {
+        let sid = self.station.begin_session(port, now)?;
+        let c = &mut self.conns[port.index()];
+        c.clear();
+        c.wake = Some(wake.clone());
+        c.conn = Some(conn);
         wake.notify_one();
+        Ok(sid)
+    }
+
+    /// The peer's hello on session `sid`: checked (refusals are counted), then the link
+    /// carries cells.
+    pub fn on_hello(
+        &mut self,
+        port: Port,
+        sid: SessionId,
+        h: &Hello,
+        now: Instant,
+    ) -> Result<(), HelloError> {
+        self.station.on_hello(port, sid, h, now)?;
+        self.pump(now);
         Ok(())
-    }
-
-    /// Checks a peer's hello against what this port's neighbour must say.
-    pub fn check_hello(&self, port: Port, h: &Hello, rack_digest: u64) -> Result<(), HelloError> {
-        let shape = *self.node.switch().shape();
-        if h.version != frame::VERSION {
-            return Err(HelloError::Version(h.version));
-        }
-        if h.rack != rack_digest {
-            return Err(HelloError::OtherRack(h.rack));
-        }
-        if h.shape != (shape.x() as u16, shape.y() as u16, shape.z() as u16) {
-            return Err(HelloError::Shape(h.shape, shape));
-        }
-        match neighbour(&shape, self.node.id(), port) {
-            Some((n, p)) if n == h.node && p == h.port => Ok(()),
-            _ => Err(HelloError::NotNeighbour {
-                claimed: h.node,
-                port,
-            }),
-        }
-    }
-
-    /// Applies the peer's hello of session `sid`: the link may now carry cells.
-    pub fn accept_hello(&mut self, port: Port, sid: u64, h: &Hello, now: Instant) {
-        if self.slot(port).and_then(|s| s.session) != Some(sid) {
-            return;
-        }
-        if self.node.peer_grant(port, h.grant, now).is_ok() {
-            self.pump(now);
-        }
     }
 
     /// Applies frames received on session `sid` of `port`. Returns false when the session
     /// is no longer current (the caller should stop).
-    pub fn apply(&mut self, port: Port, sid: u64, frames: Vec<Frame>, now: Instant) -> bool {
-        if self.slot(port).and_then(|s| s.session) != Some(sid) {
-            return false;
-        }
-        for f in frames {
-            match f {
-                Frame::Cell(vc, cell) => {
-                    if let Err(e) = self.node.receive(port, vc, cell, now) {
-                        debug!(%port, error = %e, "cell refused");
-                    }
-                }
-                Frame::Credit(vc, n, freed) => {
-                    let _ = self.node.credit(port, vc, n, freed, now);
-                }
-                Frame::Hello(_) => self.node.count_error("hello_repeated"),
-            }
-        }
+    pub fn apply(&mut self, port: Port, sid: SessionId, frames: Vec<Frame>, now: Instant) -> bool {
+        let current = self.station.on_frames(port, sid, frames, now).is_ok();
         self.pump(now);
-        true
+        current
+    }
+
+    /// A frame from `port` that could not be decoded; true when the stream is out of sync.
+    pub fn on_bad_frame(&mut self, port: Port, e: &FrameError, now: Instant) -> bool {
+        let fatal = self.station.on_bad_frame(port, e, now);
+        self.pump(now);
+        fatal
     }
 
     /// Ends session `sid` on `port` if it is still the current one.
-    pub fn end_session(&mut self, port: Port, sid: u64, now: Instant) {
-        let Some(slot) = self.slot(port) else { return };
-        if slot.session != Some(sid) {
-            return;
+    pub fn end_session(&mut self, port: Port, sid: SessionId, now: Instant) {
+        if self.station.end_session(port, sid, now) {
+            self.conns[port.index()].clear();
         }
-        slot.session = None;
-        slot.conn = None;
-        slot.out.clear();
-        // Held frames and owed credit were on the wire: lost with it.
-        slot.sender.reset();
-        if let Some(w) = slot.wake.take() {
-            w.notify_one();
-        }
-        let _ = self.node.link_down(port, now);
     }
 
     /// The bytes the writer of session `sid` should send next, and when frames held back
     /// by shaping fall due; `None` when the session is over and the writer should stop.
-    pub fn take_output(&mut self, port: Port, sid: u64, now: Instant) -> Option<Output> {
-        let slot = self.slot(port)?;
-        if slot.session != Some(sid) {
+    pub fn take_output(&mut self, port: Port, sid: SessionId, now: Instant) -> Option<Output> {
+        if self.station.end(port)?.session() != Some(sid) {
             return None;
         }
-        if let Some(owed) = slot.sender.take_owed() {
-            for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
-                // Lost on the wire: they never held modeled buffer space.
-                let _ = self
-                    .node
-                    .credit(port, Vc(vc as u8), n, ModelTime::ZERO, now);
-            }
-            self.pump(now);
+        self.station.settle_owed(port, now);
+        self.pump(now);
+        let out = &mut self.conns[port.index()].out;
+        // The writer takes the whole buffer each time; a fresh one starts at a writer's
+        // batch, not at one frame grown by doubling (copying each time).
+        if out.is_empty() && out.capacity() < OUT_BUFFER / 2 {
+            out.reserve(OUT_BUFFER);
         }
-        let slot = self.slot(port)?;
-        while let Some(d) = slot.sender.poll(now) {
-            if let Err(e) = slot.put(Some(d)) {
-                warn!(error = %e, "dropping unencodable held cell");
-            }
-        }
+        let next_due = self.station.take_output(port, sid, now, out).ok()?;
         Some(Output {
-            bytes: slot.out.split().freeze(),
-            next_due: slot.sender.poll_at(),
+            bytes: out.split().freeze(),
+            next_due,
         })
     }
 
@@ -350,25 +214,17 @@ impl Core {
         seed: Option<u64>,
         now: Instant,
     ) -> Result<(), FaultError> {
-        let Some(slot) = self.slot(port) else {
-            return Ok(());
-        };
-        if let Some(seed) = seed {
-            slot.sender.reseed(seed);
-        }
-        slot.sender.set_faults(faults, now)?;
-        let was_down = std::mem::replace(&mut slot.admin_down, faults.down);
-        if faults.down && !was_down {
-            if let (Some(sid), Some(conn)) = (slot.session, slot.conn.clone()) {
-                conn.close(quinn::VarInt::from_u32(CLOSE_ADMIN_DOWN), b"link set down");
-                self.end_session(port, sid, now);
+        let set = self.station.set_faults(port, faults, seed, now)?;
+        let c = &mut self.conns[port.index()];
+        if set.ended.is_some() {
+            if let Some(conn) = c.conn.take() {
+                let end = SessionEnd::AdminDown;
+                conn.close(quinn::VarInt::from_u32(end.code()), end.label().as_bytes());
             }
-        } else if !faults.down && was_down {
-            slot.up_wake.notify_one();
+            c.clear();
         }
-        // Held frames may have just fallen due.
-        if let Some(w) = self.slot(port).and_then(|s| s.wake.as_ref()) {
-            w.notify_one();
+        if set.up_again {
+            c.up_wake.notify_one();
         }
         self.pump(now);
         Ok(())
@@ -376,22 +232,9 @@ impl Core {
 
     /// The operator has cut the link on `port`.
     pub fn is_admin_down(&self, port: Port) -> bool {
-        self.slots
-            .get(port.index())
-            .and_then(|s| s.as_ref())
-            .is_some_and(|s| s.admin_down)
-    }
-
-    /// Counts a cell from the neighbour on `port` refused as undecodable.
-    pub fn count_rx_corrupt(&mut self, port: Port) {
-        if let Some(slot) = self.slot(port) {
-            slot.rx_corrupt_cells += 1;
-        }
+        self.station.is_admin_down(port)
     }
 }
-
-/// QUIC close code of a link the operator set down.
-pub const CLOSE_ADMIN_DOWN: u32 = 3;
 
 /// What a link writer sends next.
 pub struct Output {
@@ -400,20 +243,11 @@ pub struct Output {
     pub next_due: Option<Instant>,
 }
 
-/// Why a link session could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionRefused {
-    #[error("the link is set down by the operator")]
-    AdminDown,
-    #[error(transparent)]
-    Switch(#[from] exanet_proto::SwitchError),
-}
-
 fn ni_status(core: &Core) -> NiStatus {
     NiStatus {
         attached: core.sessions.iter().filter(|s| s.is_some()).count() as u32,
-        counters: core.node.ni().stats.clone(),
-        reserved: core.workloads.reservations().list(),
+        counters: core.node().ni().stats.clone(),
+        reserved: core.station.workload_service().reservations().list(),
         workloads: core
             .sessions
             .iter()
@@ -443,7 +277,6 @@ pub struct NodeHandle {
     pub rack: Rack,
     pub id: NodeId,
     pub name: String,
-    sessions: AtomicU64,
     /// Wakes the NI timer task when a sooner deadline appears.
     pub timer_wake: Arc<Notify>,
     /// How long workload command rings are polled after activity before sleeping.
@@ -486,42 +319,27 @@ impl NodeHandle {
         let memory = ShmMemory::new();
         node.set_memory(Box::new(memory.clone()));
         let timer_wake = Arc::new(Notify::new());
-        let mut slots: Vec<Option<LinkSlot>> = (0..NPORTS).map(|_| None).collect();
-        for l in node_links(&shape, id) {
-            let port = l.port_of(id).expect("link of this node");
-            let (peer, peer_port) = l.other(id).expect("link of this node");
-            slots[port.index()] = Some(LinkSlot {
-                peer,
-                peer_port,
-                kind: l.kind,
-                session: None,
+        // Seeded afresh per run: where a rank's memory goes must differ from the previous
+        // run's (see `WorkloadService::place_region`).
+        let workloads =
+            WorkloadService::new(rand::random()).with_reservations(Reservations::with_service(
+                exanet_proto::Pdid(exanet_control::ip::pdid(rack.file.ip.as_ref())),
+            ));
+        let conns = (0..NPORTS)
+            .map(|_| Connection {
                 wake: None,
                 out: BytesMut::new(),
-                sessions: 0,
                 conn: None,
-                // Each link direction draws its own faults; a fault plan reseeds them.
-                sender: LinkSender::new(
-                    u64::from(id.0) << 8 | port.index() as u64 ^ 0x5eed_0000_0000,
-                ),
-                admin_down: false,
                 up_wake: Arc::new(Notify::new()),
-                rx_corrupt_cells: 0,
-            });
-        }
+            })
+            .collect();
         Ok(Arc::new(NodeHandle {
             core: Mutex::new(Core {
-                node,
-                // Seeded afresh per run: where a rank's memory goes must differ from the
-                // previous run's (see `WorkloadService::place_region`).
-                workloads: WorkloadService::new(rand::random()).with_reservations(
-                    Reservations::with_service(exanet_proto::Pdid(exanet_control::ip::pdid(
-                        rack.file.ip.as_ref(),
-                    ))),
-                ),
+                station: Station::new(node, workloads, rack.digest(), FAULT_SEED),
                 sessions: (0..exanet_proto::ni::RANKS).map(|_| None).collect(),
                 timer_armed: None,
                 timer_wake: timer_wake.clone(),
-                slots,
+                conns,
                 pings: HashMap::new(),
                 next_probe: 1,
                 latency: crate::metrics::Latency::new(&shape.display(id)),
@@ -531,7 +349,6 @@ impl NodeHandle {
             name: shape.display(id),
             rack,
             id,
-            sessions: AtomicU64::new(1),
             timer_wake,
             spin,
             memory,
@@ -557,8 +374,8 @@ impl NodeHandle {
     /// While the link on `port` is set down, what wakes when it is set up again.
     pub fn admin_gate(&self, port: Port) -> Option<Arc<Notify>> {
         let core = self.lock();
-        let slot = core.slots.get(port.index())?.as_ref()?;
-        slot.admin_down.then(|| slot.up_wake.clone())
+        core.is_admin_down(port)
+            .then(|| core.conns[port.index()].up_wake.clone())
     }
 
     /// Sets faults on the link to `peer` (what this node sends to it).
@@ -570,12 +387,9 @@ impl NodeHandle {
     ) -> Result<(), LinkFaultError> {
         let now = self.now();
         let mut core = self.lock();
-        let port = Port::all()
-            .find(|p| {
-                core.slots[p.index()]
-                    .as_ref()
-                    .is_some_and(|s| s.peer == peer)
-            })
+        let port = core
+            .station
+            .port_to(peer)
             .ok_or_else(|| LinkFaultError::NotNeighbour(self.rack.shape().display(peer)))?;
         core.set_faults(port, faults, seed, now)?;
         Ok(())
@@ -585,43 +399,37 @@ impl NodeHandle {
     pub fn clear_link_faults(&self) {
         let now = self.now();
         let mut core = self.lock();
-        for p in Port::all() {
-            if core.slots[p.index()].is_some() {
-                let _ = core.set_faults(p, LinkFaults::default(), None, now);
-            }
+        let ports: Vec<Port> = core.station.ends().map(|(p, _)| p).collect();
+        for p in ports {
+            let _ = core.set_faults(p, LinkFaults::default(), None, now);
         }
-    }
-
-    pub fn next_session_id(&self) -> u64 {
-        self.sessions.fetch_add(1, Ordering::Relaxed)
     }
 
     /// This node's links: (port, peer, peer port, kind).
     pub fn links(&self) -> Vec<(Port, NodeId, Port, LinkKind)> {
         let core = self.lock();
-        Port::all()
-            .filter_map(|p| {
-                core.slots[p.index()]
-                    .as_ref()
-                    .map(|s| (p, s.peer, s.peer_port, s.kind))
-            })
+        core.station
+            .ends()
+            .map(|(p, e)| (p, e.peer, e.peer_port, e.kind))
             .collect()
     }
 
     pub fn count_error(&self, kind: &'static str) {
-        self.lock().node.count_error(kind);
+        self.lock().station.count_error(kind);
     }
 
     pub fn status(&self) -> NodeStatus {
         let now = self.now();
         let core = self.lock();
-        let sw = core.node.switch();
+        let sw = core.node().switch();
         let shape = self.rack.shape();
-        let links = Port::all()
-            .filter_map(|p| {
-                let s = core.slots[p.index()].as_ref()?;
+        let links = core
+            .station
+            .ends()
+            .map(|(p, s)| {
                 let st = sw.port_stats(p);
-                Some(LinkStatus {
+                let conn = core.conns[p.index()].conn.as_ref();
+                LinkStatus {
                     port: p.to_string(),
                     peer: shape.display(s.peer),
                     kind: s.kind.label().to_string(),
@@ -631,7 +439,7 @@ impl NodeHandle {
                     } else {
                         LinkState::Down
                     },
-                    sessions: s.sessions,
+                    sessions: s.sessions(),
                     tx_cells: st.tx_cells,
                     tx_bytes: st.tx_bytes,
                     rx_cells: st.rx_cells,
@@ -640,13 +448,13 @@ impl NodeHandle {
                     queue_cells: sw.queue_cells(p) as u64,
                     queue_bytes: u64::from(sw.queue_bytes(p)),
                     in_flight_bytes: u64::from(sw.in_flight(p)),
-                    admin_down: s.admin_down,
-                    faults: (!s.sender.faults().is_clear()).then(|| *s.sender.faults()),
-                    fault_stats: s.sender.stats(),
-                    held_bytes: s.sender.held_bytes() as u64,
-                    rx_corrupt_cells: s.rx_corrupt_cells,
+                    admin_down: s.is_admin_down(),
+                    faults: (!s.faults().is_clear()).then(|| *s.faults()),
+                    fault_stats: s.fault_stats(),
+                    held_bytes: s.held_bytes() as u64,
+                    rx_corrupt_cells: s.rx_corrupt_cells(),
                     modeled_busy_seconds: st.modeled_busy_ps as f64 * 1e-12,
-                    quic: s.conn.as_ref().map(|c| {
+                    quic: conn.map(|c| {
                         let st = c.stats();
                         QuicStats {
                             rtt_us: st.path.rtt.as_secs_f64() * 1e6,
@@ -657,10 +465,10 @@ impl NodeHandle {
                             congestion_events: st.path.congestion_events,
                         }
                     }),
-                })
+                }
             })
             .collect();
-        let ns: &NodeStats = core.node.stats();
+        let ns: &NodeStats = core.node().stats();
         NodeStatus {
             node: self.name.clone(),
             id: self.id.0,
@@ -712,7 +520,7 @@ impl NodeHandle {
                 let mut core = self.lock();
                 let id = core.next_probe;
                 core.next_probe = core.next_probe.wrapping_add(1).max(1);
-                core.node.send_probe(dst, id)?;
+                core.station.node_mut().send_probe(dst, id)?;
                 core.pings.insert(id, tx);
                 let now = self.now();
                 core.pump(now);
@@ -765,7 +573,7 @@ impl NodeHandle {
     pub fn start_load(&self, dsts: &[NodeId], cells: u64, payload: usize) -> Result<(), NodeError> {
         let now = self.now();
         let mut core = self.lock();
-        core.node.start_load(dsts, cells, payload)?;
+        core.station.node_mut().start_load(dsts, cells, payload)?;
         core.pump(now);
         Ok(())
     }

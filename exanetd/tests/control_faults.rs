@@ -10,7 +10,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use exanet_proto::fault::LinkFaults;
+use exanet_proto::fault::{FaultKind, LinkFaults};
 use exanetd::control::{request, LinkState, LinkStatus, NodeStatus, Request, Response};
 use exanetd::control_client::ControlClient;
 use exanetd::rack::{Layout, Rack};
@@ -171,7 +171,7 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     let st = r.status(a).unwrap();
     let l = link(&st, b);
     assert_eq!(l.faults, Some(all_lost));
-    assert!(l.fault_stats.dropped_cells >= 3, "{l:?}");
+    assert!(l.fault_stats.cells(FaultKind::Loss) >= 3, "{l:?}");
     let m = r.metrics(a);
     let drops = sample(
         &m,
@@ -197,7 +197,7 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     assert_eq!(set(&r, a, b, all_bad), Response::Ok);
     assert_eq!(ping(&r, a, b, 4, 300).0, 0, "a corrupt probe was answered");
     let st = r.status(a).unwrap();
-    assert!(link(&st, b).fault_stats.corrupted_cells >= 4);
+    assert!(link(&st, b).fault_stats.cells(FaultKind::Corrupt) >= 4);
     let b_after = r.status(b).unwrap();
     // A flipped header or footer bit fails that CRC as the frame is decoded (counted on
     // the link; its error kind too, so errors are not summed); a payload bit fails the
