@@ -42,13 +42,13 @@ const IP_SERVICE_FILES: u64 = 22;
 /// the service sizes it.
 fn ip_ring_len(nodes: u64, mtu: u64) -> u64 {
     let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-    u64::from(exanet_proto::ip::ring_len(clamp(nodes), clamp(mtu)))
+    u64::from(exanet_ip_proto::ring_len(clamp(nodes), clamp(mtu)))
 }
 
 /// Registered memory of one node's IP service when no node has talked to it yet: its send
 /// buffers (one per RDMA write channel) and its attach rings.
 pub fn ip_registered_at_rest_per_node() -> u64 {
-    exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * u64::from(exanet_proto::ip::MAX_BATCH)
+    exanet_proto::ni::rdma::WRITE_CHANNELS as u64 * u64::from(exanet_ip_proto::MAX_BATCH)
         + ATTACH_RINGS
 }
 
@@ -57,7 +57,7 @@ pub fn ip_registered_at_rest_per_node() -> u64 {
 /// rings are registered a slab at a time as peers first send (an idle rack has none), but
 /// a rack is only brought up where every node could talk to every other.
 pub fn ip_registered_per_node(nodes: u64, mtu: u64) -> u64 {
-    let area = (ip_ring_len(nodes, mtu) + exanet_proto::ip::service::NOTIFY_SLOT) * nodes;
+    let area = (ip_ring_len(nodes, mtu) + exanet_ip_proto::service::NOTIFY_SLOT) * nodes;
     area + ip_registered_at_rest_per_node()
 }
 

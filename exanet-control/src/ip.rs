@@ -7,7 +7,7 @@
 
 use std::net::Ipv4Addr;
 
-use exanet_proto::ip::RackSubnet;
+use exanet_ip_proto::RackSubnet;
 use exanet_proto::{NodeId, Shape};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -124,7 +124,7 @@ pub fn check(subnet: Ipv4Net, shape: &Shape) -> Result<(), IpError> {
 }
 
 fn room(p: u8) -> u64 {
-    exanet_proto::ip::addr::room(p)
+    exanet_ip_proto::addr::room(p)
 }
 
 fn room_fits(p: u8, nodes: u32) -> bool {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use clap::Parser;
 use exanet::{Config, Endpoint};
 use exanet_control::rack::Rack;
-use exanet_proto::ip::{
+use exanet_ip_proto::{
     ring_len, slab_rings, IpConfig, IpService, IP_MAILBOX_VI, IP_RANK, MAX_BATCH, MAX_IN_FLIGHT,
 };
 use tracing::{error, info};
@@ -213,7 +213,7 @@ fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use exanet_proto::ip::{AREA_BUDGET, RING_LEN};
+    use exanet_ip_proto::{AREA_BUDGET, RING_LEN};
 
     #[test]
     fn rings_shrink_with_the_rack_but_always_hold_four_mtu_batches() {
@@ -227,7 +227,7 @@ mod tests {
             let r = ring_len(nodes, mtu);
             let cfg = IpConfig {
                 me: exanet_proto::NodeId(0),
-                subnet: exanet_proto::ip::RackSubnet::new([10, 200, 0, 0].into(), 16, nodes),
+                subnet: exanet_ip_proto::RackSubnet::new([10, 200, 0, 0].into(), 16, nodes),
                 mtu,
                 ring_len: r,
                 max_batch: MAX_BATCH,
@@ -241,7 +241,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{nodes} nodes, MTU {mtu}: {e}"));
             // Every slab registered stays within what a rank may hold, and the slabs
             // together are a ring per node, no more.
-            assert!(cfg.slabs() <= exanet_proto::ip::MAX_SLABS, "{nodes} nodes");
+            assert!(cfg.slabs() <= exanet_ip_proto::MAX_SLABS, "{nodes} nodes");
             let all: u64 = (0..cfg.slabs()).map(|k| cfg.slab_len(k)).sum();
             assert_eq!(all, cfg.area_len(), "{nodes} nodes");
         }

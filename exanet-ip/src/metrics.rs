@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use exanet_proto::ip::{Drop, IpStats};
+use exanet_ip_proto::{Drop, IpStats};
 use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use tracing::warn;
 

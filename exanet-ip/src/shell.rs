@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as WallInstant};
 
 use exanet::{Endpoint, Error, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
-use exanet_proto::ip::{IpService, Outgoing, PeerOp, IP_MAILBOX_VI, IP_RANK};
+use exanet_ip_proto::{IpService, Outgoing, PeerOp, IP_MAILBOX_VI, IP_RANK};
 use exanet_proto::{Instant, NodeId};
 use tracing::{debug, warn};
 

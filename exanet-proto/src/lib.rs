@@ -22,11 +22,14 @@
 //!   its links' sessions (hello, replacement, the operator's cut);
 //! - [`workload`]: the NI's service to attached workloads (the attach protocol is
 //!   [`attach`]);
-//! - [`collective`]: software collectives as state machines (barrier, broadcast, reduce, allreduce);
 //! - [`model`]: modeled time, what the ExaNeSt hardware would have taken;
 //! - [`fidelity`]: the report's measurements repeated in modeled time;
 //! - [`capture`]: which cells a capture takes and the records it writes;
 //! - [`sim`]: a whole rack in simulated time.
+
+//!
+//! What runs over the NI rather than inside it lives in crates of its own: the software
+//! collectives (`exanet-collective`) and the IP service's state machine (`exanet-ip-proto`).
 
 #![forbid(unsafe_code)]
 
@@ -34,12 +37,10 @@ pub mod attach;
 pub mod capture;
 pub mod cell;
 mod code;
-pub mod collective;
 pub mod fault;
 pub mod fidelity;
 pub mod frame;
 pub mod gvas;
-pub mod ip;
 pub mod link;
 pub mod metric;
 pub mod model;

@@ -2,8 +2,8 @@
 //!
 //! Some resources are found by peers without a directory, by a fixed number, and whoever
 //! takes one first is found in place of its owner:
-//! - the rack's IP service attaches at rank [`crate::ip::IP_RANK`] and receives on mailbox
-//!   [`crate::ip::IP_MAILBOX_VI`] on every node; a job that took either before the service
+//! - the rack's IP service attaches at rank [`IP_RANK`] and receives on mailbox
+//!   [`IP_MAILBOX_VI`] on every node; a job that took either before the service
 //!   started (or restarted) denied IP over ExaNet to that node;
 //! - a rank's collective mailbox is interface [`COLLECTIVE_MAILBOX_BASE`] + rank (peers
 //!   address a member's collective mailbox by its rank); a job that took interfaces 48..55
@@ -16,8 +16,15 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gvas::Pdid;
-use crate::ip::{IP_MAILBOX_VI, IP_RANK};
-use crate::ni::RANKS;
+use crate::ni::{MAILBOX_VIS, RANKS};
+
+/// The rank the IP service attaches at on every node, so peers find its mailbox without a
+/// directory: the highest, leaving the low ranks to jobs, which are given the lowest free.
+pub const IP_RANK: u8 = RANKS as u8 - 1;
+
+/// The mailbox (virtual interface) the service receives its control messages on: the
+/// last, since workloads are given the lowest free one and expect to start at 0.
+pub const IP_MAILBOX_VI: u8 = MAILBOX_VIS as u8 - 1;
 
 /// The collective mailbox of rank `r` is interface `COLLECTIVE_MAILBOX_BASE + r`.
 pub const COLLECTIVE_MAILBOX_BASE: u8 = 48;

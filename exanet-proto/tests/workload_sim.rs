@@ -476,7 +476,7 @@ fn a_rank_and_a_mailbox_interface_can_be_asked_for_by_number() {
     ));
     let other = svc.attach(ni, PDID, Box::new(Ring::default())).unwrap();
     assert_eq!(other, 0, "the lowest free rank, not the one asked for");
-    let last = exanet_proto::ip::IP_MAILBOX_VI;
+    let last = exanet_proto::reserved::IP_MAILBOX_VI;
     assert_eq!(usize::from(last), exanet_proto::ni::MAILBOX_VIS - 1);
     let (vi, _) = svc
         .alloc(ni, ip, Resource::Mailbox, Some(16), Some(last))

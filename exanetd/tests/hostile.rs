@@ -1380,8 +1380,8 @@ fn descriptors_whose_close_blocks_never_reach_the_daemon() {
 #[test]
 fn kept_resources_cannot_be_squatted_and_reports_stay_with_their_job() {
     use exanet_proto::attach::{CollectiveKind, CollectivePath, CollectiveReport};
-    use exanet_proto::ip::{IP_MAILBOX_VI, IP_RANK};
     use exanet_proto::reserved::collective_mailbox;
+    use exanet_proto::reserved::{IP_MAILBOX_VI, IP_RANK};
     let r = rack("hostile-squat");
     let watch = Watch::start(&r);
     let path = attach_path(&r, NODE);

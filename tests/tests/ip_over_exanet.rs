@@ -502,7 +502,7 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
     let target = other
         .addr(
             ip.shape.parse_node(SRC).unwrap(),
-            exanet_proto::ip::IP_RANK,
+            exanet_proto::reserved::IP_RANK,
             0x1000,
         )
         .unwrap();

@@ -2,7 +2,7 @@
 //! code under test (`ni::allreduce::combine`), so that a mistake there fails the tests
 //! instead of moving their expectations with it; and the inputs they draw.
 //!
-//! Shared by `exanet-proto`'s own unit tests (`src/collective.rs`) and the simulator's
+//! Shared by `exanet-collective`'s unit tests (`exanet-collective/src/lib.rs`) and the simulator's
 //! (`tests/allreduce_sim.rs`), which include it by path: the importing module brings
 //! `DataType`, `ReduceOp` and `SplitMix64` into scope.
 

@@ -3,7 +3,7 @@
 //! An allreduce uses the NI's accelerator ([`Path::Accelerator`]) when the group and the
 //! vector allow it (whole QFDBs, a power of two of them, one rank per node; vectors are
 //! reduced 256 bytes per operation, as the hardware does); everything else runs in
-//! software ([`Path::Software`]): the algorithms of `exanet_proto::collective` (recursive
+//! software ([`Path::Software`]): the algorithms of `exanet_collective` (recursive
 //! doubling, binomial trees, ring) over the NI's primitives, as ExaNet-MPI sends its
 //! messages: a step of up to [`EAGER_LIMIT`] bytes (by default; see
 //! [`Collectives::set_eager_limit`]) as packetizer messages to the peer's collective
@@ -25,10 +25,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use exanet_collective::{Algorithm, Kind, SoftCollective};
 use exanet_proto::attach::{
     AllreducePost, CollectiveKind, CollectivePath, CollectiveReport, Command, Request, MEMBER_ENTRY,
 };
-use exanet_proto::collective::{Algorithm, Kind, SoftCollective};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::allreduce::{eligible, MAX_VECTOR};
 pub use exanet_proto::ni::{DataType, ReduceOp};
@@ -728,7 +728,7 @@ impl Collectives {
         &self,
         g: &Group,
         seq: u16,
-        o: exanet_proto::collective::Outgoing,
+        o: exanet_collective::Outgoing,
         st: &mut Steps,
         pool: &mut Pool,
     ) -> Result<()> {

@@ -11,6 +11,8 @@
 //! - [`service`]: the per-node state machine, without I/O: packets from the host in,
 //!   RDMA writes and messages out; notifications and messages in, packets for the host out.
 
+#![forbid(unsafe_code)]
+
 pub mod addr;
 pub mod packet;
 pub mod service;
@@ -19,13 +21,8 @@ pub mod wire;
 pub use addr::RackSubnet;
 pub use service::{Drop, IpConfig, IpService, IpStats, Outgoing, PeerOp};
 
-/// The rank the IP service attaches at on every node, so peers find its mailbox without a
-/// directory: the highest, leaving the low ranks to jobs, which are given the lowest free.
-pub const IP_RANK: u8 = crate::ni::RANKS as u8 - 1;
-
-/// The mailbox (virtual interface) the service receives its control messages on: the
-/// last, since workloads are given the lowest free one and expect to start at 0.
-pub const IP_MAILBOX_VI: u8 = crate::ni::MAILBOX_VIS as u8 - 1;
+/// The rank and mailbox the service attaches at, kept for it by every NI.
+pub use exanet_proto::reserved::{IP_MAILBOX_VI, IP_RANK};
 
 /// Largest batch written: several MTU-sized packets at the default MTU, and the
 /// receive ring (four batches at least) stays small enough for a ring per peer.

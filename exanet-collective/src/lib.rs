@@ -1,7 +1,7 @@
 //! Software collectives as state machines: barrier, broadcast, reduce and allreduce among
 //! a group of `size` members, done with point-to-point messages the way an MPI library
 //! over the NI does them (report §5.1), for what the allreduce accelerator
-//! ([`crate::ni::allreduce`]) does not cover: other operations, longer vectors, groups
+//! ([`exanet_proto::ni::allreduce`]) does not cover: other operations, longer vectors, groups
 //! that are not whole QFDBs.
 //!
 //! One [`SoftCollective`] is one member's part in one collective. The transport hands it
@@ -55,12 +55,14 @@
 //! [`SoftCollective::on_receive`] returns a typed error and leaves the collective as it
 //! was, so the honest message may still come.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::ni::allreduce::{combine, DataType, ReduceOp};
+use exanet_proto::ni::allreduce::{combine, DataType, ReduceOp};
 
 /// The most members a group may have: the ring's rounds must fit a step's 12-bit round.
 pub const MAX_GROUP: usize = 1 << ROUND_BITS;
@@ -643,19 +645,19 @@ fn ring(n: usize, me: usize, len: usize, op: ReduceOp, ty: DataType) -> Vec<Acti
     s
 }
 
-// The references the unit tests' expectations come from, shared with
+// The references the unit tests' expectations come from, shared with exanet-proto's
 // tests/allreduce_sim.rs (by path: it brings `SplitMix64` in from here).
 #[cfg(test)]
-use crate::rng::SplitMix64;
+use exanet_proto::rng::SplitMix64;
 #[cfg(test)]
-#[path = "../tests/support/reference.rs"]
+#[path = "../../exanet-proto/tests/support/reference.rs"]
 mod reference;
 
 #[cfg(test)]
 mod tests {
     use super::reference::{combined, vector};
     use super::*;
-    use crate::rng::SplitMix64;
+    use exanet_proto::rng::SplitMix64;
 
     const TYPES: [DataType; 4] = [DataType::I32, DataType::I64, DataType::F32, DataType::F64];
     const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];

@@ -279,7 +279,7 @@ mod tests {
             },
         ] {
             let b = m.encode();
-            assert!(b.len() <= crate::ni::MAX_MESSAGE);
+            assert!(b.len() <= exanet_proto::ni::MAX_MESSAGE);
             assert_eq!(Control::decode(&b), Ok(m));
             assert!(Control::decode(&b[..b.len() - 1]).is_err());
         }

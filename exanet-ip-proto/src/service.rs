@@ -15,11 +15,11 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
-use crate::ip::addr::RackSubnet;
-use crate::ip::packet::{ipv4_destination, NotIpv4};
-use crate::ip::wire::{self, Control, WireError, BATCH_HEADER, PACKET_PREFIX};
-use crate::shape::NodeId;
-use crate::time::Instant;
+use crate::addr::RackSubnet;
+use crate::packet::{ipv4_destination, NotIpv4};
+use crate::wire::{self, Control, WireError, BATCH_HEADER, PACKET_PREFIX};
+use exanet_proto::shape::NodeId;
+use exanet_proto::time::Instant;
 
 /// Batches a writer may have in flight to one peer at most: each has a notification slot
 /// of its own after the ring, so the reader tells them apart when they complete out of
@@ -1095,7 +1095,7 @@ impl IpService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ip::packet::test_packet;
+    use crate::packet::test_packet;
 
     const NODES: u32 = 4;
 
