@@ -12,7 +12,7 @@
 --   cell header    (16 B): destination GVAS (PDID 16 / node 22 / rank 3 / VA 39), type,
 --                          reserved, payload length, CRC-16/IBM-3740 over bytes 0..14
 --   payload   (0..256 B)
---   cell footer    (16 B): transaction id, source node (24 bits), rank/flags, sequence
+--   cell footer    (16 B): transaction id, source node (24 bits), rank/flags/engine, sequence
 --                          number, aux (cell index or NACK reason), CRC-8/SMBUS over the
 --                          footer without its own byte, CRC-32 (IEEE) over the payload
 --
@@ -50,6 +50,7 @@ local NACK_REASONS = {
 }
 local DIRECTIONS = { [0] = "received", [1] = "sent" }
 local CRC_STATUS = { [1] = "Good", [2] = "Bad" }
+local ENGINES = { [0] = "packetizer", [1] = "rdma", [2] = "accelerator" }
 local NOTE_KINDS = { [1] = "write done", [2] = "read done" }
 
 local f = {
@@ -76,6 +77,7 @@ local f = {
 
   payload = ProtoField.bytes("exanet.payload", "Payload"),
   rdma = ProtoField.bool("exanet.rdma", "RDMA transfer"),
+  engine = ProtoField.uint8("exanet.engine", "NI engine", base.DEC, ENGINES),
   block = ProtoField.uint64("exanet.block", "RDMA block answered"),
   bitmap = ProtoField.uint64("exanet.bitmap", "Cells of the block that arrived", base.HEX),
   read_dst_va = ProtoField.uint64("exanet.read.dst_va", "Read: reader's VA", base.HEX),
@@ -167,7 +169,6 @@ local function check(tree, field, status_field, range, carried, computed)
   return good
 end
 
-local RDMA_BIT = 0x80000000
 
 function exanet.dissector(tvb, pinfo, tree)
   if tvb:len() < 24 then return 0 end
@@ -231,7 +232,10 @@ function exanet.dissector(tvb, pinfo, tree)
   local fb = tvb(ft + 7, 1):uint()
   local seq = tvb(ft + 8, 2):uint()
   local aux = tvb(ft + 10, 1):uint()
-  local is_rdma = txn >= RDMA_BIT
+  -- Bits 6-7 of footer byte 7: the NI engine the cell belongs to (an answer: the engine
+  -- of the cell it answers).
+  local engine = shr(fb, 6)
+  local is_rdma = engine == 1
 
   if len > 0 then
     local pt = root:add(f.payload, tvb(p, len))
@@ -255,10 +259,11 @@ function exanet.dissector(tvb, pinfo, tree)
   fo:add(f.rdma, tvb(ft, 4), is_rdma):set_generated()
   fo:add(f.src_node, tvb(ft + 4, 3))
   fo:add(f.src_rank, tvb(ft + 7, 1), fb % 8)
-  local fl = fo:add(f.flags, tvb(ft + 7, 1), fb - fb % 8)
+  local fl = fo:add(f.flags, tvb(ft + 7, 1), band(fb, 0x38))
   fl:add(f.first, tvb(ft + 7, 1), band(fb, 0x08) ~= 0)
   fl:add(f.last, tvb(ft + 7, 1), band(fb, 0x10) ~= 0)
   fl:add(f.notify, tvb(ft + 7, 1), band(fb, 0x20) ~= 0)
+  fo:add(f.engine, tvb(ft + 7, 1), engine)
   fo:add(f.seq, tvb(ft + 8, 2))
   fo:add(f.aux, tvb(ft + 10, 1))
   if kind == 6 then

@@ -19,7 +19,7 @@
 //! |---|---|
 //! | 0..4 | transaction id |
 //! | 4..7 | source node id (22 bits; the top 2 bits must be 0) |
-//! | 7 | bits 0-2 source rank, bit 3 first, bit 4 last, bit 5 notify; bits 6-7 must be 0 |
+//! | 7 | bits 0-2 source rank, bit 3 first, bit 4 last, bit 5 notify, bits 6-7 the NI engine ([`Engine`]; 3 is refused) |
 //! | 8..10 | sequence number |
 //! | 10 | aux: cell index in its RDMA block, or the NACK reason of a NACK |
 //! | 11 | footer CRC: CRC-8/SMBUS over footer bytes 0..11 and 12..16 |
@@ -66,7 +66,7 @@ mod field {
         pub const TXN: Range<usize> = 0..4;
         /// The source node id, 22 bits in 3 bytes.
         pub const SRC: Range<usize> = 4..7;
-        /// Source rank (bits 0-2) and flags (bits 3-5).
+        /// Source rank (bits 0-2), flags (bits 3-5) and engine (bits 6-7).
         pub const RANK_FLAGS: usize = 7;
         pub const SEQ: Range<usize> = 8..10;
         pub const AUX: usize = 10;
@@ -122,6 +122,23 @@ impl CellType {
     }
 }
 
+numeric_code! {
+    /// Which engine of the NI a cell belongs to: its data cells carry it, and an ACK or
+    /// NACK carries that of the cell it answers, so that it reaches the engine waiting for
+    /// it without guessing from other fields.
+    pub enum Engine {
+        /// Packetizer messages (mailbox or memory writes of up to 64 B).
+        Packetizer = 0 => "packetizer",
+        /// The RDMA engine: block writes, read requests, completion notifications.
+        Rdma = 1 => "rdma",
+        /// The allreduce accelerator.
+        Accelerator = 2 => "accelerator",
+    }
+}
+
+/// Where the engine sits in footer byte 7.
+const ENGINE_SHIFT: u8 = 6;
+
 /// Footer flag bits (byte 7).
 pub const FLAG_FIRST: u8 = 1 << 3;
 pub const FLAG_LAST: u8 = 1 << 4;
@@ -138,6 +155,8 @@ pub struct Cell {
     pub src_rank: u8,
     /// FLAG_FIRST | FLAG_LAST | FLAG_NOTIFY.
     pub flags: u8,
+    /// The NI engine the cell belongs to (for an answer, that of the cell answered).
+    pub engine: Engine,
     pub seq: u16,
     pub aux: u8,
     pub payload: Bytes,
@@ -207,12 +226,19 @@ impl Cell {
             src,
             src_rank: 0,
             flags: 0,
+            engine: Engine::Packetizer,
             seq: 0,
             aux: 0,
             payload,
             corrupt_crc: None,
             stamp: Stamp::default(),
         })
+    }
+
+    /// The cell, belonging to `engine`.
+    pub fn of(mut self, engine: Engine) -> Cell {
+        self.engine = engine;
+        self
     }
 
     pub fn is_corrupt(&self) -> bool {
@@ -253,7 +279,7 @@ impl Cell {
         let mut f = [0u8; FOOTER_LEN];
         f[ft::TXN].copy_from_slice(&self.txn.to_be_bytes());
         f[ft::SRC].copy_from_slice(&self.src.0.to_be_bytes()[1..4]);
-        f[ft::RANK_FLAGS] = self.src_rank | self.flags;
+        f[ft::RANK_FLAGS] = self.src_rank | self.flags | self.engine.code() << ENGINE_SHIFT;
         f[ft::SEQ].copy_from_slice(&self.seq.to_be_bytes());
         f[ft::AUX] = self.aux;
         let crc = self
@@ -326,12 +352,13 @@ impl Cell {
         let s = &f[ft::SRC];
         let src = u32::from_be_bytes([0, s[0], s[1], s[2]]);
         let rank_flags = f[ft::RANK_FLAGS];
-        if src >= 1 << 22 || rank_flags & 0xC0 != 0 {
+        let engine = Engine::from_u8(rank_flags >> ENGINE_SHIFT);
+        let Some(engine) = engine.filter(|_| src < 1 << 22) else {
             return Err(CellError::ReservedFooter {
                 src,
                 flags: rank_flags,
             });
-        }
+        };
         let payload = buf.slice(HEADER_LEN..need - FOOTER_LEN);
         let carried = be32(&f[ft::PAYLOAD_CRC]);
         let computed = crc32fast::hash(&payload);
@@ -342,6 +369,7 @@ impl Cell {
             src: NodeId(src),
             src_rank: rank_flags & 0x07,
             flags: rank_flags & FLAGS_MASK,
+            engine,
             seq: be16(&f[ft::SEQ]),
             aux: f[ft::AUX],
             payload,
@@ -420,6 +448,27 @@ mod tests {
         assert_eq!(&f[8..10], &[2, 1]);
         assert_eq!(f[10], 63);
         assert_eq!(Cell::decode(&b).unwrap(), c);
+    }
+
+    #[test]
+    fn the_engine_sits_in_the_top_bits_of_footer_byte_7_and_code_3_is_refused() {
+        for e in Engine::ALL {
+            let c = sample().of(e);
+            let b = c.to_bytes().unwrap();
+            assert_eq!(b[OVERHEAD + 12 - FOOTER_LEN + 7] >> 6, e.code());
+            assert_eq!(Cell::decode(&b).unwrap().engine, e);
+        }
+        let mut v = sample().to_bytes().unwrap().to_vec();
+        let at = v.len() - FOOTER_LEN + 7;
+        v[at] |= 3 << 6;
+        // Re-seal the footer so that only the engine is wrong.
+        let crc_at = v.len() - FOOTER_LEN + 11;
+        let foot: Vec<u8> = v[v.len() - FOOTER_LEN..].to_vec();
+        v[crc_at] = footer_crc(foot[..].try_into().unwrap());
+        assert!(matches!(
+            Cell::decode(&Bytes::from(v)),
+            Err(CellError::ReservedFooter { .. })
+        ));
     }
 
     #[test]

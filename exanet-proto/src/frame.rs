@@ -27,7 +27,7 @@ use crate::topology::Port;
 
 /// 2: four VCs (answers in a class of their own). 3: modeled time in cell and credit
 /// frames.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 const TAG_HELLO: u8 = 0x48;
 const TAG_CELL: u8 = 0x10;
 const TAG_CREDIT: u8 = 0x20;

@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
 use exanet_proto::cell::{
-    Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY, MAX_CELL, MAX_PAYLOAD, OVERHEAD,
+    Cell, CellType, Engine, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY, MAX_CELL, MAX_PAYLOAD, OVERHEAD,
 };
 use exanet_proto::frame::{self, Frame, FrameDecoder, Hello};
 use exanet_proto::gvas::{Gvas, GvasError, Pdid, GVAS_LEN};
@@ -34,18 +34,19 @@ fn any_cell() -> impl Strategy<Value = Cell> {
         0..NODE_LIMIT,
         0u8..8,
         proptest::sample::subsequence(vec![FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY], 0..=3),
-        any::<u16>(),
+        (any::<u16>(), proptest::sample::select(&Engine::ALL[..])),
         any::<u8>(),
         proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD),
     )
         .prop_map(
-            |(dst, kind, txn, src, src_rank, flags, seq, aux, payload)| Cell {
+            |(dst, kind, txn, src, src_rank, flags, (seq, engine), aux, payload)| Cell {
                 dst,
                 kind,
                 txn,
                 src: NodeId(src),
                 src_rank,
                 flags: flags.into_iter().fold(0, |a, f| a | f),
+                engine,
                 seq,
                 aux,
                 payload: Bytes::from(payload),

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use exanet::Endpoint;
 use exanet_proto::capture::{Direction, Record};
-use exanet_proto::cell::{Cell, CellError, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
+use exanet_proto::cell::{Cell, CellError, CellType, Engine, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
 use exanet_proto::Shape;
 use exanet_tests::{pattern, run_with_timeout, skip_unless_required, TestRack};
 
@@ -184,6 +184,7 @@ const FIELDS: &[&str] = &[
     "exanet.flags.first",
     "exanet.flags.last",
     "exanet.flags.notify",
+    "exanet.engine",
     "exanet.seq",
     "exanet.aux",
     "exanet.cell_index",
@@ -288,9 +289,9 @@ fn expected(rec: &Record) -> BTreeMap<&'static str, Option<V>> {
     let u32_at = |i: usize| u64::from(u32::from_be_bytes(wire[i..i + 4].try_into().unwrap()));
     let p = &c.payload[..];
     let p64 = |i: usize| u64::from_be_bytes(p[i..i + 8].try_into().unwrap());
-    let rdma = c.txn & (1 << 31) != 0;
+    let rdma = c.engine == Engine::Rdma;
     let some_n = |v: u64| Some(V::N(v));
-    let fields: [(&'static str, Option<V>); 36] = [
+    let fields: [(&'static str, Option<V>); 37] = [
         ("exanet.gvas", Some(hex(&c.dst.to_bytes()))),
         ("exanet.pdid", some_n(u64::from(c.dst.pdid().0))),
         ("exanet.dst_node", some_n(u64::from(c.dst.node().0))),
@@ -351,6 +352,7 @@ fn expected(rec: &Record) -> BTreeMap<&'static str, Option<V>> {
             "exanet.flags.notify",
             Some(V::B(c.flags & FLAG_NOTIFY != 0)),
         ),
+        ("exanet.engine", some_n(u64::from(c.engine.code()))),
         ("exanet.seq", some_n(u64::from(c.seq))),
         ("exanet.aux", some_n(u64::from(c.aux))),
         (
@@ -458,7 +460,7 @@ fn kinds(recs: &[Record]) -> BTreeSet<&'static str> {
         let Ok(c) = Cell::decode_strict(&bytes::Bytes::from(r.cell.clone())) else {
             continue;
         };
-        let rdma = c.txn & (1 << 31) != 0;
+        let rdma = c.engine == Engine::Rdma;
         let p = &c.payload;
         let k = match c.kind {
             CellType::Write if rdma => {
@@ -640,12 +642,12 @@ fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() 
     let rdma = decoded
         .iter()
         .flatten()
-        .filter(|c| ours(c) && c.txn & (1 << 31) != 0)
+        .filter(|c| ours(c) && c.engine == Engine::Rdma)
         .count();
     let messages = decoded
         .iter()
         .flatten()
-        .filter(|c| ours(c) && c.txn & (1 << 31) == 0)
+        .filter(|c| ours(c) && c.engine == Engine::Packetizer)
         .count();
     assert!(
         rdma >= 4 + 8 * 16 + 4,

@@ -20,9 +20,9 @@
 //! payload the vector. A cell counts only if it came from the member its `seq` names,
 //! that member's node *and* rank: another rank of the same job on the member's node can
 //! neither post as that member ([`AllreduceError::NotAMember`]) nor have its cells taken
-//! for the member's (refused, `bad_address`). Each is answered (ACK or NACK with the
-//! one-byte payload [`ANSWER_MARK`], which tells the answer apart from the packetizer's
-//! and the RDMA engine's) and sent again until it is, like a packetizer message. A member
+//! for the member's (refused, `bad_address`). Each is answered (an ACK or NACK of the
+//! accelerator's [`Engine`](crate::cell::Engine), as every answer carries the engine of
+//! the cell it answers) and sent again until it is, like a packetizer message. A member
 //! that fails (an answer never comes, a peer refuses) sends an abort step to every member,
 //! so the collective fails everywhere with a reason; a member that never posts is covered
 //! by the collective's deadline ([`super::NiConfig::collective_ns`]). A result is never
@@ -34,7 +34,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use super::{backoff, Ctx, Failure, Memory, NackReason, NiEvent};
-use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST};
+use crate::cell::{Cell, CellType, Engine, FLAG_FIRST, FLAG_LAST};
 use crate::code::numeric_code;
 use crate::gvas::{Gvas, Pdid};
 use crate::model::{ModelTime, Stamp};
@@ -55,8 +55,6 @@ pub const MAX_ANNOUNCED: usize = 64;
 /// by a collective or a few, and one sender must not take every slot and leave the
 /// others' early cells refused.
 pub const MAX_ANNOUNCED_PER_SENDER: usize = 8;
-/// The payload of the accelerator's ACKs and NACKs.
-pub const ANSWER_MARK: u8 = 0xC0;
 /// The step of the result's way from a server to its clients.
 const SCATTER: u8 = 0xE;
 /// The step that tells every member the collective failed (payload: the failure).
@@ -664,18 +662,17 @@ impl Accelerator {
         let rank = cell.dst.rank();
         let key = (rank, cell.txn);
         let (step, from) = step_of(cell.seq);
-        let ack = Bytes::from_static(&[ANSWER_MARK]);
         cx.stats.allreduce_cells_received += 1;
         if self.finished.contains_key(&key) {
             // A late copy of a cell of a collective that is over: it arrived before.
-            cx.answer_with(cell, None, ack);
+            cx.answer(cell, None);
             return;
         }
         let src = (cell.src, cell.src_rank);
         if !self.contexts.contains_key(&key) {
             if step == ABORT {
                 // Nothing here to abort (not posted, or over).
-                cx.answer_with(cell, None, ack);
+                cx.answer(cell, None);
                 return;
             }
             // Announced by a peer before this rank posted it: within the peer's share
@@ -694,7 +691,7 @@ impl Accelerator {
                 }
             }
             if all >= MAX_ANNOUNCED || theirs >= MAX_ANNOUNCED_PER_SENDER {
-                cx.answer_with(cell, Some(NackReason::NoContext), ack);
+                cx.answer(cell, Some(NackReason::NoContext));
                 return;
             }
             self.contexts.insert(
@@ -725,10 +722,10 @@ impl Accelerator {
             }
         };
         if !sane {
-            cx.answer_with(cell, Some(NackReason::BadAddress), ack);
+            cx.answer(cell, Some(NackReason::BadAddress));
             return;
         }
-        cx.answer_with(cell, None, ack);
+        cx.answer(cell, None);
         if step == ABORT && ctx.plan.is_some() {
             let code = cell.payload.first().copied().unwrap_or(0);
             self.fail(cx, key, failure_of(code), false);
@@ -880,7 +877,9 @@ fn collective_cell(cx: &Ctx, pdid: Pdid, plan: &Plan, what: StepCell) -> Option<
     } = what;
     let va = (u64::from(step) << 16) | plan.me as u64;
     let dst = Gvas::new(pdid, node, rank, va).ok()?;
-    let mut c = Cell::new(dst, CellType::Collective, cx.me, payload).ok()?;
+    let mut c = Cell::new(dst, CellType::Collective, cx.me, payload)
+        .ok()?
+        .of(Engine::Accelerator);
     c.txn = key.1;
     c.src_rank = key.0;
     c.seq = seq_of(step, plan.me);

@@ -5,8 +5,10 @@
 //! Memory is whatever the node's ranks registered ([`Memory`]).
 //!
 //! # Wire conventions (on top of [`crate::cell`])
-//! - Transaction ids: bit 31 clear = a packetizer channel (`vi` 6 bits and channel 2 bits
-//!   in bits 23..31, a counter below); bit 31 set = an RDMA transfer (see [`rdma`]).
+//! - Every cell carries the NI engine it belongs to ([`Engine`]: packetizer, RDMA,
+//!   accelerator), and an answer that of the cell it answers, which is how it finds its
+//!   engine. Transaction ids: a packetizer channel's are `vi` (6 bits) and channel (2 bits)
+//!   in bits 23..31 and a counter below; an RDMA transfer's are in [`rdma`].
 //! - Packetizer messages are `Write` cells of <= 64 B. One whose destination VA lies in
 //!   the mailbox window ([`mailbox_gvas`]) is queued in that mailbox; any other is written
 //!   to memory. Each is answered with an `Ack` or `Nack` (reason in `aux`).
@@ -27,7 +29,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::cell::{Cell, CellType};
+use crate::cell::{Cell, CellType, Engine};
 use crate::gvas::{Gvas, Pdid};
 use crate::model::{Model, ModelTime, Stamp, Timeline};
 use crate::shape::NodeId;
@@ -254,15 +256,7 @@ impl Ctx<'_> {
     /// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns,
     /// for RDMA cells).
     pub(crate) fn answer(&mut self, cell: &Cell, nack: Option<NackReason>) {
-        // The accelerator's answers carry its mark wherever they are made (a CRC or PDID
-        // refusal too), or they would reach the packetizer and might end one of its
-        // messages whose txn and seq happen to match.
-        let payload = if cell.kind == CellType::Collective {
-            Bytes::from_static(&[allreduce::ANSWER_MARK])
-        } else {
-            rdma::answer_payload(cell)
-        };
-        self.answer_with(cell, nack, payload);
+        self.answer_with(cell, nack, rdma::answer_payload(cell));
     }
 
     /// [`Ctx::answer`] with the payload given.
@@ -275,7 +269,9 @@ impl Ctx<'_> {
         } else {
             CellType::Ack
         };
-        let Ok(mut c) = Cell::new(dst, kind, self.me, payload) else {
+        // The answer goes to the engine of what it answers, wherever it is made (a CRC or
+        // PDID refusal too), never to another whose txn and seq happen to match.
+        let Ok(mut c) = Cell::new(dst, kind, self.me, payload).map(|c| c.of(cell.engine)) else {
             return;
         };
         // The answer is generated once what it answers is in.
@@ -598,15 +594,19 @@ impl Ni {
                 if ours {
                     self.tick(rank, arrived);
                 }
-                if cell.payload[..] == [allreduce::ANSWER_MARK] {
-                    self.accelerator
-                        .on_answer(cx!(self, now, arrived), &cell, nack, mem);
-                } else if cell.txn & rdma::TXN_RDMA != 0 {
-                    self.rdma
-                        .on_answer(cx!(self, now, arrived), &cell, nack, mem);
-                } else {
-                    self.packetizer
-                        .on_answer(cx!(self, now, arrived), &cell, nack);
+                match cell.engine {
+                    Engine::Accelerator => {
+                        self.accelerator
+                            .on_answer(cx!(self, now, arrived), &cell, nack, mem);
+                    }
+                    Engine::Rdma => {
+                        self.rdma
+                            .on_answer(cx!(self, now, arrived), &cell, nack, mem);
+                    }
+                    Engine::Packetizer => {
+                        self.packetizer
+                            .on_answer(cx!(self, now, arrived), &cell, nack);
+                    }
                 }
             }
             _ => {
@@ -620,7 +620,7 @@ impl Ni {
                 }
                 self.tick(rank, arrived);
                 match cell.kind {
-                    CellType::Write if cell.txn & rdma::TXN_RDMA == 0 => {
+                    CellType::Write if cell.engine == Engine::Packetizer => {
                         self.stats.messages_received += 1;
                         let r = if cell.dst.va() & MAILBOX_WINDOW == MAILBOX_WINDOW {
                             self.mailboxes.deliver(cx!(self, now, written), &cell)

@@ -10,10 +10,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
     answered_bitmap, answered_block, arm, check_range, failure_code, Note, TransferId, BLOCK_SIZE,
-    CELL_SIZE, GEN_MASK, NOTIFY_BLOCK, RDMA_PAGES, READ_CHANNELS, TXN_RDMA, TXN_READ, TXN_SERVED,
+    CELL_SIZE, GEN_MASK, NOTIFY_BLOCK, RDMA_PAGES, READ_CHANNELS, TXN_READ, TXN_SERVED,
     WRITE_CHANNELS,
 };
-use crate::cell::{Cell, CellType, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
+use crate::cell::{Cell, CellType, Engine, FLAG_FIRST, FLAG_LAST, FLAG_NOTIFY};
 use crate::gvas::Gvas;
 use crate::model::{ModelTime, Stamp};
 use crate::ni::{
@@ -270,7 +270,9 @@ impl Transfer {
                 };
                 let dst = self.dst.with_va(va).map_err(|_| ())?;
                 // The NI stamps the source node on every cell it emits.
-                let mut c = Cell::new(dst, CellType::Write, NodeId(0), payload).map_err(|_| ())?;
+                let mut c = Cell::new(dst, CellType::Write, NodeId(0), payload)
+                    .map_err(|_| ())?
+                    .of(Engine::Rdma);
                 c.txn = self.txn;
                 c.src_rank = self.rank;
                 c.seq = b.seq;
@@ -302,7 +304,8 @@ impl Transfer {
             txn: n.txn,
             len: self.len,
         };
-        if let Ok(mut c) = Cell::new(n.dst, CellType::Notify, NodeId(0), note.encode()) {
+        if let Ok(c) = Cell::new(n.dst, CellType::Notify, NodeId(0), note.encode()) {
+            let mut c = c.of(Engine::Rdma);
             c.txn = self.txn;
             c.src_rank = self.rank;
             c.seq = n.seq;
@@ -389,7 +392,7 @@ impl Initiator {
     /// The last cell of a block (or a notice) left for the fabric: its answer can only be
     /// expected from now on, so its timer starts now rather than when it was cut.
     pub(super) fn on_injected(&mut self, cell: &Cell, now: Instant, cfg: &NiConfig) {
-        if cell.flags & FLAG_LAST == 0 || cell.txn & TXN_RDMA == 0 {
+        if cell.flags & FLAG_LAST == 0 || cell.engine != Engine::Rdma {
             return;
         }
         let rto = self.rto(cfg, cell.dst.node());
@@ -579,8 +582,9 @@ impl Initiator {
         let mut p = BytesMut::with_capacity(16);
         p.put_u64(dst_va);
         p.put_u64(len);
-        let mut request =
-            Cell::new(src, CellType::ReadRequest, cx.me, p.freeze()).expect("16 B payload");
+        let mut request = Cell::new(src, CellType::ReadRequest, cx.me, p.freeze())
+            .expect("16 B payload")
+            .of(Engine::Rdma);
         request.txn = id.txn();
         request.src_rank = rank;
         request.flags = FLAG_FIRST | FLAG_LAST;

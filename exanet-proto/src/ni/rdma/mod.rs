@@ -38,7 +38,7 @@ mod target;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{backoff, Ctx, Failure, Memory, NackReason, NiConfig, NiError, RdmaRead, RdmaWrite};
-use crate::cell::{Cell, CellType};
+use crate::cell::{Cell, CellType, Engine};
 use crate::time::Instant;
 use initiator::Initiator;
 use target::Target;
@@ -87,7 +87,7 @@ fn arm(wake: &mut Option<Instant>, at: Instant) {
 
 /// The payload of an answer to `cell`: the block it concerns, for RDMA cells.
 pub(crate) fn answer_payload(cell: &Cell) -> Bytes {
-    if cell.txn & TXN_RDMA == 0 {
+    if cell.engine != Engine::Rdma {
         return Bytes::new();
     }
     let block = match cell.kind {
