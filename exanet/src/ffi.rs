@@ -692,16 +692,12 @@ pub unsafe extern "C" fn exanet_region_write(
 ) -> c_int {
     guard(|| {
         with(r, "region", |r| {
-            if len == 0 {
-                return Ok(0);
+            // SAFETY: valid for `len` bytes, as the caller guarantees; private memory of
+            // the caller, not the shared region.
+            let data = unsafe { bytes_in(src, len, "src") }?;
+            if len > 0 {
+                r.region.write(offset, data)?;
             }
-            if src.is_null() {
-                return Err(invalid("src is NULL"));
-            }
-            // SAFETY: non-NULL and valid for `len` bytes, as the caller guarantees;
-            // private memory of the caller, not the shared region.
-            let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
-            r.region.write(offset, data)?;
             Ok(0)
         })
     })
@@ -720,16 +716,11 @@ pub unsafe extern "C" fn exanet_region_read(
 ) -> c_int {
     guard(|| {
         with(r, "region", |r| {
-            if len == 0 {
-                return Ok(0);
+            // SAFETY: valid for `len` bytes of writes, as the caller guarantees.
+            let buf = unsafe { bytes_mut(dst, len, "dst") }?;
+            if len > 0 {
+                r.region.read(offset, buf)?;
             }
-            if dst.is_null() {
-                return Err(invalid("dst is NULL"));
-            }
-            // SAFETY: non-NULL and valid for `len` bytes of writes, as the caller
-            // guarantees.
-            let buf = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) };
-            r.region.read(offset, buf)?;
             Ok(0)
         })
     })
@@ -850,14 +841,8 @@ pub unsafe extern "C" fn exanet_send(
                 }
                 .into());
             }
-            let data: &[u8] = if len == 0 {
-                &[]
-            } else if buf.is_null() {
-                return Err(invalid("buf is NULL"));
-            } else {
-                // SAFETY: non-NULL, valid for `len` (<= 64) bytes as the caller guarantees.
-                unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
-            };
+            // SAFETY: valid for `len` (<= 64) bytes as the caller guarantees.
+            let data = unsafe { bytes_in(buf, len, "buf") }?;
             let g = gvas_of(p.shared(), dst)?;
             let t = if ch < 0 {
                 p.send_any(g, data)?
@@ -962,13 +947,11 @@ pub unsafe extern "C" fn exanet_rdma_write(
             // SAFETY (two derefs): the caller guarantees readable pointers or NULL.
             let dst = unsafe { obj(dst, "dst") }?;
             let notify = unsafe { notify_va.as_ref() }.copied();
-            if tag.is_null() {
-                return Err(invalid("tag is NULL"));
-            }
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let tag = unsafe { OutPtr::new(tag, "tag") }?;
             let g = gvas_of(p.shared(), dst)?;
             let t = p.write(ch, &src.region, offset, g, len, notify)?;
-            // SAFETY: non-NULL, writable as the caller guarantees.
-            unsafe { tag.write(t.raw()) };
+            tag.put(t.raw());
             Ok(0)
         });
         settle(&*src, r)
@@ -997,13 +980,11 @@ pub unsafe extern "C" fn exanet_rdma_read(
             let p = &p.p;
             // SAFETY: the caller guarantees a readable pointer or NULL.
             let src = unsafe { obj(src, "src") }?;
-            if tag.is_null() {
-                return Err(invalid("tag is NULL"));
-            }
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let tag = unsafe { OutPtr::new(tag, "tag") }?;
             let g = gvas_of(p.shared(), src)?;
             let t = p.read(ch, g, &dst.region, offset, len)?;
-            // SAFETY: non-NULL, writable as the caller guarantees.
-            unsafe { tag.write(t.raw()) };
+            tag.put(t.raw());
             Ok(0)
         });
         settle(&*dst, r)
@@ -1111,18 +1092,14 @@ pub unsafe extern "C" fn exanet_group_create(
     out: *mut *mut exanet_group,
 ) -> c_int {
     guard(|| {
-        if out.is_null() || (members.is_null() && count > 0) {
-            return Err(invalid("members or out is NULL"));
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
         }
-        let list: Vec<(NodeId, u8)> = if count == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: non-NULL, readable for `count` entries as the caller guarantees.
-            unsafe { std::slice::from_raw_parts(members, count as usize) }
-                .iter()
-                .map(|m| (NodeId(m.node), m.rank))
-                .collect()
-        };
+        // SAFETY: readable for `count` entries as the caller guarantees.
+        let list: Vec<(NodeId, u8)> = unsafe { slice_in(members, count as usize, "members") }?
+            .iter()
+            .map(|m| (NodeId(m.node), m.rank))
+            .collect();
         let obj = with(c, "c", |c| {
             Ok(exanet_group {
                 g: c.c.group(id, &list)?,
@@ -1158,15 +1135,59 @@ fn reduce_args(op: c_int, ty: c_int) -> Result<(ReduceOp, DataType), Fail> {
 ///
 /// # Safety
 /// `p` is readable for `len` bytes when `len` > 0.
-unsafe fn bytes_in<'a>(p: *const c_void, len: u32, what: &str) -> Result<&'a [u8], Fail> {
+unsafe fn bytes_in<'a>(p: *const c_void, len: usize, what: &str) -> Result<&'a [u8], Fail> {
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { slice_in(p.cast::<u8>(), len, what) }
+}
+
+/// `len` values at `p`, or an empty slice for `len` 0 (`p` may then be NULL).
+///
+/// # Safety
+/// `p` is readable for `len` values of `T` when `len` > 0, for `'a`.
+unsafe fn slice_in<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Fail> {
     if len == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
         return Err(invalid(&format!("{what} is NULL")));
     }
-    // SAFETY: non-NULL, readable for `len` bytes as the caller guarantees.
-    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len as usize) })
+    // SAFETY: non-NULL, readable for `len` values as the caller guarantees.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// `len` writable bytes at `p`, or an empty slice for `len` 0.
+///
+/// # Safety
+/// `p` is writable for `len` bytes when `len` > 0, for `'a`, and nothing else uses them.
+unsafe fn bytes_mut<'a>(p: *mut c_void, len: usize, what: &str) -> Result<&'a mut [u8], Fail> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL, writable for `len` bytes and not aliased, as the caller guarantees.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
+}
+
+/// Where a call stores a result for C, checked non-NULL before the call does anything, so
+/// that a bad pointer never leaves an operation started and its result lost.
+struct OutPtr<T>(*mut T);
+
+impl<T> OutPtr<T> {
+    /// # Safety
+    /// `p` is NULL (refused) or valid for a write of `T` until the result is put.
+    unsafe fn new(p: *mut T, what: &str) -> Result<OutPtr<T>, Fail> {
+        if p.is_null() {
+            return Err(invalid(&format!("{what} is NULL")));
+        }
+        Ok(OutPtr(p))
+    }
+
+    fn put(self, v: T) {
+        // SAFETY: non-NULL (checked in `new`) and writable, as `new`'s caller guaranteed.
+        unsafe { self.0.write(v) }
+    }
 }
 
 /// Copies `v` (exactly `len` bytes) to `p`.
@@ -1233,7 +1254,7 @@ pub unsafe extern "C" fn exanet_allreduce(
             }
         };
         // SAFETY: forwarded from this function's own contract.
-        let data = unsafe { bytes_in(r#in, len, "in") }?.to_vec();
+        let data = unsafe { bytes_in(r#in, len as usize, "in") }?.to_vec();
         let v = with_group(c, g, |c, g| Ok(c.allreduce(g, op, ty, &data, path)?))?;
         // SAFETY: forwarded from this function's own contract.
         unsafe { bytes_out(out, len, &v, "out") }?;
@@ -1261,7 +1282,7 @@ pub unsafe extern "C" fn exanet_reduce(
     guard(|| {
         let (op, ty) = reduce_args(op, r#type)?;
         // SAFETY: forwarded from this function's own contract.
-        let data = unsafe { bytes_in(r#in, len, "in") }?.to_vec();
+        let data = unsafe { bytes_in(r#in, len as usize, "in") }?.to_vec();
         let (v, at_root) = with_group(c, g, |c, g| {
             Ok((
                 c.reduce(g, root as usize, op, ty, &data)?,
@@ -1290,7 +1311,7 @@ pub unsafe extern "C" fn exanet_bcast(
 ) -> c_int {
     guard(|| {
         // SAFETY: forwarded from this function's own contract.
-        let data = unsafe { bytes_in(buf, len, "buf") }?.to_vec();
+        let data = unsafe { bytes_in(buf, len as usize, "buf") }?.to_vec();
         let v = with_group(c, g, |c, g| Ok(c.bcast(g, root as usize, &data)?))?;
         // SAFETY: forwarded from this function's own contract.
         unsafe { bytes_out(buf, len, &v, "buf") }?;
@@ -1340,9 +1361,8 @@ pub unsafe extern "C" fn exanet_wait_notification(
 ) -> c_int {
     guard(|| {
         with(ep, "ep", |e| {
-            if out.is_null() {
-                return Err(invalid("out is NULL"));
-            }
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let out = unsafe { OutPtr::new(out, "out") }?;
             let n = e.ep.wait_notification(timeout(timeout_us))?;
             let v = exanet_notification_t {
                 va: n.va,
@@ -1350,8 +1370,7 @@ pub unsafe extern "C" fn exanet_wait_notification(
                 src_node: n.src_node.0,
                 at_ps: n.at.ps(),
             };
-            // SAFETY: non-NULL, writable as the caller guarantees.
-            unsafe { put(out, v, "out") }?;
+            out.put(v);
             Ok(0)
         })
     })
