@@ -23,7 +23,7 @@
 //! Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 a `rack up` that failed and
 //! could not stop all it had started.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod capture;
 mod chaos;

@@ -5,7 +5,6 @@
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -105,6 +104,8 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
         .arg(rack_dir)
         .arg("--node")
         .arg(node)
+        // A session of its own: the terminal's ^C and hang-up do not reach a daemon.
+        .arg("--new-session")
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(log)
@@ -112,7 +113,6 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
-    new_session_on_exec(&mut cmd);
     let child = cmd.spawn().map_err(|source| CliError::Spawn {
         node: node.to_string(),
         binary: binary.to_path_buf(),
@@ -315,35 +315,6 @@ pub fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
-    }
-}
-
-/// Makes the command's child start a session of its own (so that the terminal's ^C and
-/// hang-up do not reach a daemon) and mark descriptors the caller leaked to it (a pipe a
-/// test harness waits on, a jobserver) close-on-exec, so they do not live on in a
-/// long-running daemon. Closing them instead would close the pipe std uses to report a
-/// failed exec. Kernels before 5.11 lack `close_range`; nothing to do then.
-///
-/// The one `unsafe` of exactl besides its signal handler: std has no safe way to run
-/// code in the child between fork and exec.
-#[allow(unsafe_code)]
-fn new_session_on_exec(cmd: &mut Command) {
-    // SAFETY: setsid and close_range are async-signal-safe system calls that touch no
-    // memory of the parent; they are all the child does between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            #[cfg(target_os = "linux")]
-            libc::syscall(
-                libc::SYS_close_range,
-                3 as libc::c_uint,
-                libc::c_uint::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
-            Ok(())
-        });
     }
 }
 

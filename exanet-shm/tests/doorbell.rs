@@ -1,6 +1,7 @@
 //! `Doorbell` and `Waiter` on their own.
 
-use std::os::fd::{AsFd, AsRawFd};
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -61,13 +62,8 @@ fn a_peer_that_never_reads_and_clears_o_nonblock_cannot_block_a_ring() {
     let theirs = theirs.into_fd();
     // The peer clears O_NONBLOCK on its end: that is its own open file description, ours
     // stays non-blocking.
-    let fd = theirs.as_raw_fd();
-    // SAFETY: F_GETFL/F_SETFL on a descriptor this test owns; plain ints in and out.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        assert!(flags >= 0);
-        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
-    }
+    let flags = OFlag::from_bits_retain(fcntl(&theirs, FcntlArg::F_GETFL).unwrap());
+    fcntl(&theirs, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK)).unwrap();
     let start = Instant::now();
     // Far more rings than any pipe holds.
     for _ in 0..2_000_000 {
@@ -101,13 +97,15 @@ fn closing_every_ringer_ends_a_wait() {
 
 /// Ringing a doorbell whose waiter is gone fails with `BrokenPipe` and does not kill the
 /// process, even where SIGPIPE has its default action (a C program using the library): run
-/// in a child process of this test binary with SIGPIPE's action reset to the default.
+/// in a child process of this test binary where SIGPIPE kills the process.
 #[test]
 fn ringing_a_closed_doorbell_raises_no_sigpipe() {
     if std::env::var_os("EXANET_SIGPIPE_CHILD").is_some() {
-        // SAFETY: sets a signal's disposition in a single-purpose child process; no handler
-        // of ours runs (SIG_DFL), so nothing can observe a half-set state.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // Rust programs start with SIGPIPE ignored; a C program has its default action,
+        // which signal-hook carries out (the process dies) should one come.
+        let always = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        signal_hook::flag::register_conditional_default(signal_hook::consts::SIGPIPE, always)
+            .unwrap();
         for _ in 0..3 {
             let (ringer, bell) = doorbell().unwrap();
             drop(bell);

@@ -20,6 +20,10 @@ struct Cli {
     /// Runtime worker threads (1 = single-threaded, the lightest for many daemons per host).
     #[arg(long, env = "EXANETD_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     threads: u16,
+    /// Start a session of its own, as `exactl rack up` asks of local daemons: the
+    /// terminal's ^C and hang-up then never reach it.
+    #[arg(long)]
+    new_session: bool,
 }
 
 fn main() -> ExitCode {
@@ -31,6 +35,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    if cli.new_session {
+        // Fails only for a process group leader (a shell's job), which keeps its session.
+        if let Err(e) = nix::unistd::setsid() {
+            tracing::warn!(error = %e, "cannot start a session of its own; staying in the caller's");
+        }
+    }
     let dir = exanetd::rack::rack_dir(cli.rack.as_deref());
     match exanetd::daemon::run(exanetd::daemon::Options {
         rack_dir: &dir,

@@ -35,6 +35,7 @@ use exanet_proto::attach::{status, Command as Cmd, Completion, Resource};
 use exanet_proto::ni::{mailbox_gvas, NackReason, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
 use exanetd::rack::{write_rack_file, Job, Layout};
+use nix::sys::stat::{umask, Mode};
 use support::raw::attach_at;
 use support::TestRack;
 
@@ -177,9 +178,9 @@ fn jobs_of_different_users_are_isolated() {
 
     // The daemons run with an operator's strict umask: only the attach socket (0666) and
     // the way to it may be opened to other users.
-    // SAFETY: umask only sets the process's file mode mask; this test binary runs only this
-    // test (the helper is run in child processes).
-    let old_umask = unsafe { libc::umask(0o077) };
+    // umask sets the mask of the whole process; this test binary runs only this test (the
+    // helper is run in child processes).
+    let old_umask = umask(Mode::from_bits_truncate(0o077));
     let mut r = TestRack::new("cross-user", "1x1x1", env!("CARGO_BIN_EXE_exanetd"));
     let mut f = r.rack().file.clone();
     f.jobs.insert(
@@ -202,8 +203,7 @@ fn jobs_of_different_users_are_isolated() {
     );
     write_rack_file(&r.dir, &f).unwrap();
     r.start_all();
-    // SAFETY: as above.
-    unsafe { libc::umask(old_umask) };
+    umask(old_umask);
     r.wait_links_up(
         &["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"],
         Duration::from_secs(20),

@@ -350,34 +350,35 @@ fn stop_cleanly(mut r: TestRack, summary: &Summary) {
     }
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 /// What a hostile workload can try on a memfd the daemon handed it: each returns the errno
 /// (0 for success).
 mod fdops {
-    use super::errno;
+    use std::os::fd::AsFd;
 
-    pub fn ftruncate(fd: i32, len: i64) -> i32 {
-        // SAFETY: plain syscall on an open descriptor; no memory of ours is passed.
-        if unsafe { libc::ftruncate(fd, len) } == 0 {
-            0
-        } else {
-            errno()
+    use nix::fcntl::{FallocateFlags, FcntlArg, SealFlag};
+
+    /// 0 for success, the errno otherwise.
+    fn errno<T>(r: nix::Result<T>) -> i32 {
+        match r {
+            Ok(_) => 0,
+            Err(e) => e as i32,
         }
     }
 
-    pub fn fallocate(fd: i32, mode: i32, off: i64, len: i64) -> i32 {
-        // SAFETY: as above.
-        if unsafe { libc::fallocate(fd, mode, off, len) } == 0 {
-            0
-        } else {
-            errno()
-        }
+    pub fn ftruncate(fd: &impl AsFd, len: i64) -> i32 {
+        errno(nix::unistd::ftruncate(fd, len))
     }
 
-    pub fn punch(fd: i32, off: i64, len: i64) -> i32 {
+    pub fn fallocate(fd: &impl AsFd, mode: i32, off: i64, len: i64) -> i32 {
+        errno(nix::fcntl::fallocate(
+            fd,
+            FallocateFlags::from_bits_retain(mode),
+            off,
+            len,
+        ))
+    }
+
+    pub fn punch(fd: &impl AsFd, off: i64, len: i64) -> i32 {
         fallocate(
             fd,
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
@@ -386,18 +387,16 @@ mod fdops {
         )
     }
 
-    pub fn add_seals(fd: i32, seals: i32) -> i32 {
-        // SAFETY: F_ADD_SEALS takes a plain int.
-        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } == 0 {
-            0
-        } else {
-            errno()
-        }
+    pub fn add_seals(fd: &impl AsFd, seals: i32) -> i32 {
+        errno(nix::fcntl::fcntl(
+            fd,
+            FcntlArg::F_ADD_SEALS(SealFlag::from_bits_retain(seals)),
+        ))
     }
 }
 
 /// Every way to change the size or the seals of a memfd the daemon made is refused.
-fn assert_size_and_seals_fixed(fd: i32, len: i64, what: &str) {
+fn assert_size_and_seals_fixed(fd: &impl std::os::fd::AsFd, len: i64, what: &str) {
     use fdops::*;
     for (op, e) in [
         ("ftruncate to 0", ftruncate(fd, 0)),
@@ -436,13 +435,8 @@ fn hole_punching_and_truncation_of_registered_memory() {
     let evil = attach(&r, NODE, None).unwrap();
     let len = 1 << 20;
     let (mem, va) = evil.register(len);
-    let fd = mem.as_raw_fd();
-    assert_size_and_seals_fixed(fd, len as i64, "registered memory");
-    assert_size_and_seals_fixed(
-        evil.region.as_raw_fd(),
-        evil.region.len() as i64,
-        "ring memory",
-    );
+    assert_size_and_seals_fixed(&mem, len as i64, "registered memory");
+    assert_size_and_seals_fixed(&*evil.region, evil.region.len() as i64, "ring memory");
     // Registrations the quotas refuse, answered at once.
     for bad in [0, u64::MAX, 1 << 40, 5 << 30] {
         let (reply, fds) = try_request(&evil.conn, &Request::Register { len: bad }, &[]).unwrap();
@@ -464,6 +458,8 @@ fn hole_punching_and_truncation_of_registered_memory() {
     let stop = Arc::new(AtomicBool::new(false));
     let puncher = {
         let stop = stop.clone();
+        // The puncher's own descriptor of the registered memory (the same memfd).
+        let fd = mem.try_clone_fd().unwrap();
         std::thread::spawn(move || {
             let (mut punched, mut refused) = (0u64, 0u64);
             let mut i = 0i64;
@@ -474,11 +470,11 @@ fn hole_punching_and_truncation_of_registered_memory() {
                 } else {
                     ((i * 4096) % len as i64, 3 * 4096)
                 };
-                match fdops::punch(fd, off, n) {
+                match fdops::punch(&fd, off, n) {
                     0 => punched += 1,
                     e => panic!("hole punch failed with errno {e}"),
                 }
-                if fdops::ftruncate(fd, (i * 4096) % len as i64) == libc::EPERM {
+                if fdops::ftruncate(&fd, (i * 4096) % len as i64) == libc::EPERM {
                     refused += 1;
                 }
                 i += 1;
@@ -565,10 +561,7 @@ fn hole_punching_and_truncation_of_registered_memory() {
 
     // The attacker punches its ring memory too (its rings read as zeros: corrupt), then
     // leaves; so does its peer.
-    assert_eq!(
-        fdops::punch(evil.region.as_raw_fd(), 0, evil.region.len() as i64),
-        0
-    );
+    assert_eq!(fdops::punch(&*evil.region, 0, evil.region.len() as i64), 0);
     let _ = evil.to_daemon.ring();
     drop((evil, mem, peer, psrc));
     assert_attacker_freed(&r, "hole punching");
@@ -1120,10 +1113,7 @@ fn garbage_commands_and_scribbled_rings() {
                 .unwrap();
         }),
         ("ring memory punched to zeros", |w| {
-            assert_eq!(
-                fdops::punch(w.region.as_raw_fd(), 0, w.region.len() as i64),
-                0
-            );
+            assert_eq!(fdops::punch(&*w.region, 0, w.region.len() as i64), 0);
         }),
     ];
     for (what, scribble) in scribbles {

@@ -5,6 +5,8 @@
 //! ([`require`]) how a test that needs root or a tool skips, or fails when its
 //! `EXANET_REQUIRE_*` variable says it must run.
 
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -182,8 +184,8 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Run, Stri
         match child.try_wait() {
             Ok(Some(st)) => break st,
             Ok(None) if start.elapsed() >= timeout => {
-                // SAFETY: kill has no memory preconditions; the group is the child's own.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                // The group is the child's own.
+                let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!(
@@ -371,11 +373,9 @@ impl Drop for TestRack {
             for p in self.processes() {
                 if p.cmdline.contains("exanetd") && p.pid > 1 {
                     eprintln!("cleanup: killing leftover pid {}: {}", p.pid, p.cmdline);
-                    // SAFETY: kill has no memory-safety preconditions; pid > 1 names one
-                    // process, found by its command line naming this test's rack.
-                    unsafe {
-                        libc::kill(p.pid, libc::SIGKILL);
-                    }
+                    // pid > 1 names one process, found by its command line naming this
+                    // test's rack.
+                    let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
                 }
             }
         }
@@ -799,8 +799,7 @@ mod tests {
         // GNU false fails even for --version: a tool that is there but fails is not usable.
         assert!(!runs("false", "--version"));
         assert!(!runs("/nonexistent/exanet-no-such-tool", "--version"));
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(is_root(), unsafe { libc::geteuid() } == 0);
+        assert_eq!(is_root(), nix::unistd::geteuid().is_root());
     }
 
     #[test]

@@ -15,6 +15,8 @@ use exanet_tests::{
     metric_sum, parse_prometheus, pattern, run_with_timeout, skip_unless_required, Run, Sample,
     TestRack,
 };
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 /// A ring of six QFDBs: the far side is three torus hops away.
 const SHAPE: &str = "6x1x1";
@@ -44,8 +46,8 @@ impl Drop for IpRack {
             .and_then(|t| t.trim().parse::<i32>().ok())
             .filter(|&p| p > 1)
         {
-            // SAFETY: kill has no memory-safety preconditions; pid > 1 names one process.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // pid > 1 names one process.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let _ = self.rack.down();
         let _ = std::fs::remove_dir_all(&self.rack.dir);
@@ -713,8 +715,8 @@ fn mpirun_hands_sigterm_to_the_launcher_and_cleans_up() {
             .count()
     };
     assert_eq!(hostfiles(), 1, "the job's host file");
-    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // The pid is our child's.
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {

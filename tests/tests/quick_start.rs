@@ -21,6 +21,8 @@
 //! `useradd` is missing, and fail instead when `EXANET_REQUIRE_IP` (with IP) or
 //! `EXANET_REQUIRE_ROOT` (the normal user's) is set, as CI sets them.
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -142,9 +144,9 @@ impl Drop for Scratch {
             for p in processes_mentioning(&[self.rack().to_string_lossy().into_owned()]) {
                 if p.pid > 1 {
                     eprintln!("cleanup: killing leftover pid {}: {}", p.pid, p.cmdline);
-                    // SAFETY: kill has no memory-safety preconditions; pid > 1 names one
-                    // process, found by its command line naming this test's directory.
-                    unsafe { libc::kill(p.pid, libc::SIGKILL) };
+                    // pid > 1 names one process, found by its command line naming this
+                    // test's directory.
+                    let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
                 }
             }
         }
@@ -518,8 +520,7 @@ fn ctrl_c_during_rack_up_stops_what_it_started() {
         started.exists(),
         "no IP service started within {UP_LIMIT:?}"
     );
-    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -571,8 +572,8 @@ impl Drop for KillListed {
         {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             if pid > 1 && cmdline == b"sleep\x00600\x00" {
-                // SAFETY: kill has no memory-safety preconditions; pid > 1 names one process.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // pid > 1 names one process.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
     }

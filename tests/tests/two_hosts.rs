@@ -30,7 +30,8 @@
 //! link that is down stay queued, so it gets no answer until the cable is back.
 //!
 //! Needs root and `ip` (iproute2); without either it prints a SKIPPED line and passes,
-//! unless `EXANET_REQUIRE_ROOT` is set (to anything): then it fails. CI sets it.
+//! unless `EXANET_REQUIRE_ROOT` is set (to anything): then it fails. CI sets it. The
+//! daemons are started through `setpriv` (util-linux, always installed on Debian).
 //! Every address is private and only routed between these namespaces and the root
 //! namespace (an `unreachable` route covers the block, so nothing to it ever takes the
 //! default route); the namespaces have no default route; everything is removed at the
@@ -47,6 +48,8 @@ use exanet_tests::{
     http_get, is_root, pattern, run_with_timeout, runs, skip_unless_required, Ledger, Run, Tally,
     TestRack,
 };
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::Value;
 
 const SHAPE: &str = "2x2x1";
@@ -266,11 +269,8 @@ fn kill_in_namespace(ns: &str) {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if pid > 1 && String::from_utf8_lossy(&cmdline).contains("exanetd") {
             eprintln!("cleanup: killing exanetd pid {pid} left in {ns}");
-            // SAFETY: kill has no memory-safety preconditions; pid > 1 names one process,
-            // an exanetd in this test's namespace.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
+            // pid > 1 names one process, an exanetd in this test's namespace.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
 }
@@ -402,14 +402,17 @@ impl TwoHosts {
         std::fs::write(self.dir().join("rack.toml"), text).unwrap();
     }
 
-    /// `ip netns exec HOST exanetd --rack DIR --node NODE`, its output in `logs/NODE.log`.
-    /// `ip netns exec` execs the daemon in place, so the child is the daemon.
+    /// `ip netns exec HOST setpriv --pdeathsig KILL exanetd --rack DIR --node NODE`, its
+    /// output in `logs/NODE.log`. `ip netns exec` and `setpriv` each exec the next program
+    /// in place, so the child is the daemon. The daemon dies with the thread that started
+    /// it (`--pdeathsig KILL`, which survives the exec of exanetd), should this test be
+    /// killed.
     fn start_daemon(&self, node: &str) -> Child {
-        use std::os::unix::process::CommandExt;
         let log_path = self.dir().join("logs").join(format!("{node}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.net.ns[host_of(node)]])
+            .args(["setpriv", "--pdeathsig", "KILL"])
             .arg(&self.rack.bins.exanetd)
             .arg("--rack")
             .arg(self.dir())
@@ -422,14 +425,6 @@ impl TwoHosts {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent. The
-        // daemon dies with the thread that started it, should this test be killed.
-        unsafe {
-            c.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
         c.spawn()
             .unwrap_or_else(|e| panic!("cannot start the daemon of {node} with ip netns exec: {e}"))
     }
@@ -500,11 +495,8 @@ impl Drop for TwoHosts {
         // The daemons first (SIGTERM, then SIGKILL), while the network still routes to them.
         for (_, c) in &mut self.daemons {
             if let Ok(None) = c.try_wait() {
-                // SAFETY: kill has no memory-safety preconditions; the pid is our child's,
-                // not yet reaped.
-                unsafe {
-                    libc::kill(c.id() as i32, libc::SIGTERM);
-                }
+                // The pid is our child's, not yet reaped.
+                let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -260,14 +260,13 @@ impl Workload {
 }
 
 /// Makes a descriptor blocking, as a hostile workload would on the descriptors it was given.
-pub fn make_blocking(fd: &impl std::os::fd::AsRawFd) {
-    let fd = fd.as_raw_fd();
-    // SAFETY: F_GETFL/F_SETFL take and return plain ints; `fd` is open for the call.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        assert!(flags >= 0);
-        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
-    }
+pub fn make_blocking(fd: &impl std::os::fd::AsFd) {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).unwrap());
+    assert_eq!(
+        fcntl(fd, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK)),
+        Ok(0)
+    );
 }
 
 /// The daemon's open descriptors.
