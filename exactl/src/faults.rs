@@ -501,7 +501,7 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
                     let touched = l.faults.is_some()
                         || l.admin_down
                         || l.fault_stats != Default::default()
-                        || l.rx_corrupt_cells != 0;
+                        || l.counters.rx_corrupt_cells != 0;
                     if all || touched {
                         rows.push(Row {
                             from: st.node.clone(),
@@ -521,7 +521,7 @@ pub fn show(dir: &Path, as_json: bool, all: bool) -> Result<()> {
                     "from": r.from, "to": r.l.peer, "port": r.l.port, "kind": r.l.kind,
                     "state": r.l.state, "admin_down": r.l.admin_down,
                     "faults": r.l.faults, "fault_stats": r.l.fault_stats,
-                    "held_bytes": r.l.held_bytes, "rx_corrupt_cells": r.l.rx_corrupt_cells,
+                    "held_bytes": r.l.held_bytes, "rx_corrupt_cells": r.l.counters.rx_corrupt_cells,
                 })
             })
             .collect();
@@ -637,7 +637,7 @@ fn render(rows: &[Row<'_>], answered: usize, nodes: usize) -> String {
         row.extend([
             st.delayed_frames.to_string(),
             r.l.held_bytes.to_string(),
-            r.l.rx_corrupt_cells.to_string(),
+            r.l.counters.rx_corrupt_cells.to_string(),
         ]);
         row
     });

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exanet_proto::fault::{FaultStats, LinkFaults};
-use exanet_proto::metric::NiStats;
+use exanet_proto::metric::{LinkStats, NiStats};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -160,9 +160,9 @@ pub struct LinkStatus {
     /// Bytes held back by delay or rate right now.
     #[serde(default)]
     pub held_bytes: u64,
-    /// Cells from the peer refused as undecodable (bad CRC, bad header).
-    #[serde(default)]
-    pub rx_corrupt_cells: u64,
+    /// What the link end counted, each under its own key.
+    #[serde(default, flatten)]
+    pub counters: LinkStats,
     /// Modeled time this node's output to the link spent sending, seconds: against the
     /// node's `modeled_time_seconds`, the link's modeled utilization.
     #[serde(default)]

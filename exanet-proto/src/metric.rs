@@ -289,6 +289,48 @@ pub struct NiCounter {
     pub get: for<'a> fn(&'a NiStats) -> NiCount<'a>,
 }
 
+/// Where one [`LinkStats`] field is exported: a family labelled with the link (`node`,
+/// `peer`, `port`, `kind`).
+#[derive(Clone, Copy, Debug)]
+pub struct LinkCounter {
+    /// The field's name, which is also its key in a daemon's status (`LinkStatus`).
+    pub field: &'static str,
+    pub family: Family,
+    pub get: fn(&LinkStats) -> u64,
+}
+
+/// Declares the counters a link end keeps once: the [`LinkStats`] fields and the family
+/// each feeds ([`LINK_COUNTERS`]). A new one is a line here (and its family above) plus
+/// the place that counts it.
+macro_rules! link_stats {
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident => $family:ident;
+    )*) => {
+        /// Counters of one link end (`exanet_proto::station::LinkEnd`), carried in a
+        /// daemon's status report under their field names.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct LinkStats {
+            $( $(#[doc = $doc])* pub $field: u64, )*
+        }
+
+        /// Every [`LinkStats`] field and the family it feeds.
+        pub const LINK_COUNTERS: &[LinkCounter] = &[
+            $(LinkCounter {
+                field: stringify!($field),
+                family: Family::$family,
+                get: |s| s.$field,
+            },)*
+        ];
+    };
+}
+
+link_stats! {
+    /// Cells from the peer refused as undecodable (bad CRC, bad header).
+    rx_corrupt_cells => LinkRxCorrupt;
+}
+
 /// One series of an NI counter: its family, its label values after `node`, its count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NiSample {

@@ -17,6 +17,7 @@ use crate::cell::CellError;
 use crate::fault::{FaultError, FaultStats, LinkFaults};
 use crate::frame::{self, Frame, FrameError, Hello};
 use crate::link::{Departure, LinkSender};
+use crate::metric::LinkStats;
 use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
 use crate::node::{Node, NodeEvent};
@@ -166,7 +167,7 @@ pub struct LinkEnd {
     hello: Option<Hello>,
     sender: LinkSender,
     admin_down: bool,
-    rx_corrupt_cells: u64,
+    stats: LinkStats,
 }
 
 impl LinkEnd {
@@ -184,9 +185,9 @@ impl LinkEnd {
         self.admin_down
     }
 
-    /// Cells from the peer refused as undecodable (CRC errors and the like).
-    pub fn rx_corrupt_cells(&self) -> u64 {
-        self.rx_corrupt_cells
+    /// What this end counted (see [`LinkStats`]).
+    pub fn stats(&self) -> &LinkStats {
+        &self.stats
     }
 
     pub fn faults(&self) -> &LinkFaults {
@@ -247,7 +248,7 @@ impl Station {
                 hello: None,
                 sender: LinkSender::new(seed ^ (u64::from(id.0) << 8 | port.index() as u64)),
                 admin_down: false,
-                rx_corrupt_cells: 0,
+                stats: LinkStats::default(),
             });
         }
         Station {
@@ -433,7 +434,7 @@ impl Station {
         self.node.count_error(e.kind());
         if let FrameError::Cell { vc, len, .. } = *e {
             if let Some(end) = self.end_mut(port) {
-                end.rx_corrupt_cells += 1;
+                end.stats.rx_corrupt_cells += 1;
             }
             if let Err(e) = self.node.refund(port, vc, len) {
                 self.keep_error(e);

@@ -10,7 +10,7 @@
 //! neither is listed here.
 
 use exanet_proto::fault::FaultKind;
-use exanet_proto::metric::{Family, MetricType, Number, LATENCY_BUCKETS};
+use exanet_proto::metric::{Family, MetricType, Number, LATENCY_BUCKETS, LINK_COUNTERS};
 use exanet_proto::workload::OpKind;
 use prometheus::core::Collector;
 use prometheus::{
@@ -260,7 +260,9 @@ impl Metrics {
             self.put(Family::LinkFaultDelayedFrames, &base, fs.delayed_frames);
             self.put(Family::LinkFaultDelay, &base, fs.delay_ns as f64 / 1e9);
             self.put(Family::LinkAdminDown, &base, l.admin_down);
-            self.put(Family::LinkRxCorrupt, &base, l.rx_corrupt_cells);
+            for c in LINK_COUNTERS {
+                self.put(c.family, &base, (c.get)(&l.counters));
+            }
             self.put(Family::LinkFaultHeld, &base, l.held_bytes);
             let f = l.faults.unwrap_or_default();
             for kind in FaultKind::ALL {
@@ -319,7 +321,7 @@ mod tests {
     use crate::control::LinkStatus;
     use crate::control::NiStatus;
     use exanet_proto::fault::{FaultKind, FaultStats, LinkFaults};
-    use exanet_proto::metric::{NiCount, NI_COUNTERS};
+    use exanet_proto::metric::{LinkStats, NiCount, NI_COUNTERS};
     use exanet_proto::ni::NackReason;
     use exanet_proto::ni::NiStats;
 
@@ -363,7 +365,9 @@ mod tests {
                 fs
             },
             held_bytes: base + 12,
-            rx_corrupt_cells: base + 13,
+            counters: LinkStats {
+                rx_corrupt_cells: base + 13,
+            },
             modeled_busy_seconds: 0.000_125,
             quic: None,
         };

@@ -452,7 +452,7 @@ impl NodeHandle {
                     faults: (!s.faults().is_clear()).then(|| *s.faults()),
                     fault_stats: s.fault_stats(),
                     held_bytes: s.held_bytes() as u64,
-                    rx_corrupt_cells: s.rx_corrupt_cells(),
+                    counters: *s.stats(),
                     modeled_busy_seconds: st.modeled_busy_ps as f64 * 1e-12,
                     quic: conn.map(|c| {
                         let st = c.stats();

@@ -202,7 +202,7 @@ fn link_faults_take_effect_show_everywhere_and_clear() {
     // A flipped header or footer bit fails that CRC as the frame is decoded (counted on
     // the link; its error kind too, so errors are not summed); a payload bit fails the
     // probe's payload CRC at the switch.
-    let caught = |s: &NodeStatus| link(s, a).rx_corrupt_cells + errors(s, "payload_crc");
+    let caught = |s: &NodeStatus| link(s, a).counters.rx_corrupt_cells + errors(s, "payload_crc");
     assert!(
         caught(&b_after) >= caught(&b_before) + 4,
         "corruption not caught at {b}: {:?}",
