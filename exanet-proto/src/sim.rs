@@ -741,7 +741,7 @@ impl Sim {
                 error,
             } => {
                 if self.current(node, port, conn).is_some() {
-                    self.stations[node.0 as usize].on_bad_frame(port, &error, now);
+                    self.stations[node.0 as usize].on_bad_frame(port, &error);
                 }
                 node
             }

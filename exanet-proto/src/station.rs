@@ -8,6 +8,10 @@
 //! with clock times; the simulator ([`crate::sim`]) carries it through its event queue in
 //! simulated time. Neither decides anything about a link session: that is here, so a
 //! cut, a hello refused or a replaced session does the same thing in both.
+//!
+//! Like the node it holds, a station acts on what it is given only when pumped: a driver
+//! calls [`Station::pump`] after each batch of inputs (frames, a hello, a timeout, a
+//! workload's commands), once, however many inputs the batch had.
 
 use std::collections::VecDeque;
 
@@ -391,10 +395,8 @@ impl Station {
             self.node.count_error(e.kind());
             return Err(e);
         }
-        if self.end(port).and_then(|e| e.session) == Some(sid)
-            && self.node.peer_grant(port, h.grant, now).is_ok()
-        {
-            self.pump(now);
+        if self.end(port).and_then(|e| e.session) == Some(sid) {
+            let _ = self.node.peer_grant(port, h.grant, now);
         }
         Ok(())
     }
@@ -423,14 +425,13 @@ impl Station {
                 self.keep_error(e);
             }
         }
-        self.pump(now);
         Ok(())
     }
 
     /// A frame from the peer on `port` that could not be decoded (counted). A cell whose
     /// frame length was sound cost the sender credit, which is refunded. Returns whether
     /// the stream is out of sync, so that the session must end.
-    pub fn on_bad_frame(&mut self, port: Port, e: &FrameError, now: Instant) -> bool {
+    pub fn on_bad_frame(&mut self, port: Port, e: &FrameError) -> bool {
         self.node.count_error(e.kind());
         if let FrameError::Cell { vc, len, .. } = *e {
             if let Some(end) = self.end_mut(port) {
@@ -439,7 +440,6 @@ impl Station {
             if let Err(e) = self.node.refund(port, vc, len) {
                 self.keep_error(e);
             }
-            self.pump(now);
         }
         e.is_fatal()
     }
@@ -460,12 +460,12 @@ impl Station {
         true
     }
 
-    /// Hands the credit of cells the faults lost on `port` back to this end's output.
-    /// Drivers call it when they next serve the link, not from inside the pump that lost
-    /// them (see [`LinkSender::send_cell`]).
-    pub fn settle_owed(&mut self, port: Port, now: Instant) {
+    /// Hands the credit of cells the faults lost on `port` back to this end's output;
+    /// false when none was owed. Drivers call it when they next serve the link, not from
+    /// inside the pump that lost them (see [`LinkSender::send_cell`]).
+    pub fn settle_owed(&mut self, port: Port, now: Instant) -> bool {
         let Some(owed) = self.end_mut(port).and_then(|e| e.sender.take_owed()) else {
-            return;
+            return false;
         };
         for (vc, &n) in owed.iter().enumerate().filter(|(_, n)| **n > 0) {
             // Lost on the wire: they never held modeled buffer space.
@@ -476,7 +476,7 @@ impl Station {
                 self.keep_error(e);
             }
         }
-        self.pump(now);
+        true
     }
 
     /// Puts what session `sid` of `port` sends now on `wire`: our hello first, then the
@@ -544,7 +544,6 @@ impl Station {
         }
         // Held frames may have just fallen due.
         self.ready[port.index()] = true;
-        self.pump(now);
         Ok(set)
     }
 
@@ -604,7 +603,6 @@ impl Station {
         if self.node.poll_timeout().is_some_and(|t| t <= now) {
             self.node.handle_timeout(now);
         }
-        self.pump(now);
     }
 
     /// Switch errors since the last call (they are counted in the node's errors too).

@@ -171,7 +171,7 @@ impl Core {
 
     /// A frame from `port` that could not be decoded; true when the stream is out of sync.
     pub fn on_bad_frame(&mut self, port: Port, e: &FrameError, now: Instant) -> bool {
-        let fatal = self.station.on_bad_frame(port, e, now);
+        let fatal = self.station.on_bad_frame(port, e);
         self.pump(now);
         fatal
     }
@@ -189,8 +189,9 @@ impl Core {
         if self.station.end(port)?.session() != Some(sid) {
             return None;
         }
-        self.station.settle_owed(port, now);
-        self.pump(now);
+        if self.station.settle_owed(port, now) {
+            self.pump(now);
+        }
         let out = &mut self.conns[port.index()].out;
         // The writer takes the whole buffer each time; a fresh one starts at a writer's
         // batch, not at one frame grown by doubling (copying each time).
