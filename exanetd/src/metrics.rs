@@ -326,6 +326,7 @@ mod tests {
     use exanet_proto::ni::NiStats;
 
     /// A status in which every value the exporter reads is distinct and non-zero.
+    #[allow(clippy::needless_update)]
     fn sample() -> NodeStatus {
         let link = |port: &str, peer: &str, base: u64| LinkStatus {
             port: port.into(),
@@ -366,11 +367,10 @@ mod tests {
             },
             held_bytes: base + 12,
             // Counters added later read as zero here rather than needing this test
-            // edited for each.
-            counters: {
-                let mut c = LinkStats::default();
-                c.rx_corrupt_cells = base + 13;
-                c
+            // edited for each (so the update is needless only until then).
+            counters: LinkStats {
+                rx_corrupt_cells: base + 13,
+                ..LinkStats::default()
             },
             modeled_busy_seconds: 0.000_125,
             quic: None,
