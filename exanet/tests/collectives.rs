@@ -240,14 +240,21 @@ fn two_jobs_collectives_on_the_same_nodes_never_mix() {
 /// A member that gives a software collective up tells the others, which fail at once with
 /// its reason rather than wait out their own timeout. Member 2 never joins; member 0
 /// waits for it 300 ms, member 1 (which waits for member 0) would wait 60 s.
+///
+/// The abort is best effort: a member whose collective mailbox does not exist yet never
+/// hears it. So member 0 starts only once member 1 has its mailbox (each member makes its
+/// own in its thread; on a loaded machine member 1's could come after member 0's 300 ms,
+/// which failed this test about one run in eight).
 #[test]
 fn a_member_that_gives_up_aborts_the_others() {
     let rack = Rack::up("cabrt", "1x1x1");
     let nodes = ["M1QAF1", "M1QAF2", "M1QAF3"];
+    let both_ready = std::sync::Barrier::new(2);
     let out = on_members(&rack, &nodes, None, 4, |i, c, g| {
         if i == 2 {
             return None;
         }
+        both_ready.wait();
         if i == 0 {
             c.set_timeout(Duration::from_millis(300));
         }
