@@ -348,10 +348,11 @@ pub fn set(dir: &Path, a: NodeName, b: NodeName, which: &str, change: &FaultChan
             )));
         }
     }
-    // Values out of the injector's range are wrong whatever is set already.
+    // Values out of the injector's range are wrong whatever is set already (whether
+    // settings that need each other are all there is known only once merged).
     change
         .apply(LinkFaults::default())
-        .validate()
+        .validate_values()
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let dirs = directions(&shape, a, b, which)?;
     let client = crate::control::client(&rack)?;

@@ -80,12 +80,24 @@ pub enum FaultError {
     TooLong { what: &'static str, ns: u64 },
     #[error("rate {bps} bit/s is below the {min} bit/s minimum", min = MIN_RATE_BPS)]
     RateTooLow { bps: u64 },
-    #[error("reorder {0} needs a reorder-window above 0 (how far back a reordered cell falls)")]
+    #[error("reorder {}% needs a reorder-window above 0 (how far back a reordered cell falls)", .0 * 100.0)]
     ReorderWindow(f64),
 }
 
 impl LinkFaults {
+    /// Checks a setting the injector will carry out: every value in range, and settings
+    /// that need each other together (a reorder needs its window).
     pub fn validate(&self) -> Result<(), FaultError> {
+        self.validate_values()?;
+        if self.reorder > 0.0 && self.reorder_ns == 0 {
+            return Err(FaultError::ReorderWindow(self.reorder));
+        }
+        Ok(())
+    }
+
+    /// Checks each value against its own range only: what is wrong in a change whatever
+    /// it is merged with.
+    pub fn validate_values(&self) -> Result<(), FaultError> {
         // Probabilities first, then times, then the rate: the order errors were always
         // reported in when several settings are wrong at once.
         for unit in [FaultUnit::Probability, FaultUnit::Duration, FaultUnit::Rate] {
@@ -105,9 +117,6 @@ impl LinkFaults {
                     _ => {}
                 }
             }
-        }
-        if self.reorder > 0.0 && self.reorder_ns == 0 {
-            return Err(FaultError::ReorderWindow(self.reorder));
         }
         Ok(())
     }
@@ -718,6 +727,22 @@ mod tests {
             assert!(e.to_string().contains(want), "{e}");
             assert!(fi.faults().is_clear(), "a refused setting changes nothing");
         }
+    }
+
+    #[test]
+    fn a_reorder_needs_its_window_only_once_merged() {
+        let change = LinkFaults {
+            reorder: 0.03,
+            ..Default::default()
+        };
+        // Alone it is a range-checked value; as the whole setting it lacks its window.
+        assert_eq!(change.validate_values(), Ok(()));
+        assert_eq!(change.validate(), Err(FaultError::ReorderWindow(0.03)));
+        let merged = LinkFaults {
+            reorder_ns: 50_000,
+            ..change
+        };
+        assert_eq!(merged.validate(), Ok(()));
     }
 
     #[test]
