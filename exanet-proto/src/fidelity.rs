@@ -63,7 +63,7 @@ fn rack(shape: Shape, model: Model, bytes: usize) -> Sim {
         let (ni, _) = n.ni_mut();
         ni.attach(0, PDID).expect("rank 0 is free");
         ni.attach(1, PDID).expect("rank 1 is free");
-        ni.rdma.alloc_page(0).expect("a page is free");
+        ni.alloc_rdma_page(0).expect("a page is free");
     }
     sim
 }
@@ -100,8 +100,8 @@ impl Pingpong {
         let mut pk = [0u8; 2];
         for (i, &(n, r)) in ends.iter().enumerate() {
             let (ni, _) = sim.node_mut(n).ni_mut();
-            mb[i] = ni.mailboxes.alloc(r, 1024).expect("a mailbox");
-            pk[i] = ni.packetizer.alloc(r).expect("a packetizer");
+            mb[i] = ni.alloc_mailbox(r, 1024).expect("a mailbox");
+            pk[i] = ni.alloc_packetizer(r).expect("a packetizer");
         }
         let start = ModelTime::from_ns(1_000);
         let mut clock = start;

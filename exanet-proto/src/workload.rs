@@ -420,16 +420,15 @@ impl WorkloadService {
             (_, w) => w,
         };
         let index = match kind {
-            Resource::Packetizer => ni.packetizer.alloc(rank)?,
-            Resource::RdmaPage => ni.rdma.alloc_page(rank)?,
+            Resource::Packetizer => ni.alloc_packetizer(rank)?,
+            Resource::RdmaPage => ni.alloc_rdma_page(rank)?,
             Resource::Mailbox => {
                 let cap = capacity
                     .unwrap_or(DEFAULT_MAILBOX_CAPACITY)
                     .clamp(1, MAX_MAILBOX_CAPACITY);
                 let ring = &w.ring;
                 let kept = |vi| reserved.mailbox_owner(vi).is_some();
-                ni.mailboxes
-                    .alloc_counted(rank, cap as usize, want, kept, |vi| ring.consumed(vi))?
+                ni.alloc_counted_mailbox(rank, cap as usize, want, kept, |vi| ring.consumed(vi))?
             }
         };
         let mut generation = 0;
@@ -451,9 +450,9 @@ impl WorkloadService {
     ) -> Result<(), ServiceError> {
         let w = self.workload(rank)?;
         match kind {
-            Resource::Packetizer => ni.packetizer.free(rank, index),
-            Resource::Mailbox => ni.mailboxes.free(rank, index),
-            Resource::RdmaPage => ni.rdma.free_page(rank, index),
+            Resource::Packetizer => ni.free_packetizer(rank, index),
+            Resource::Mailbox => ni.free_mailbox(rank, index),
+            Resource::RdmaPage => ni.free_rdma_page(rank, index),
         }?;
         if kind == Resource::Mailbox {
             w.mailboxes.retain(|(v, _)| *v != index);
@@ -626,7 +625,7 @@ impl WorkloadService {
         let seen = ni.config().model.cpu_ni;
         for (vi, generation) in w.mailboxes.clone() {
             while w.has_room() {
-                let Ok(Some(m)) = ni.mailboxes.pop(rank, vi) else {
+                let Ok(Some(m)) = ni.pop_message(rank, vi) else {
                     break;
                 };
                 w.push(&Completion::Message {
@@ -651,7 +650,7 @@ impl WorkloadService {
         !w.backlog.is_empty()
             || w.mailboxes
                 .iter()
-                .any(|(vi, _)| ni.mailboxes.len(rank, *vi).is_ok_and(|n| n > 0))
+                .any(|(vi, _)| ni.queued_messages(rank, *vi).is_ok_and(|n| n > 0))
     }
 
     /// Whether `rank`'s commands should wait: a workload that does not read its

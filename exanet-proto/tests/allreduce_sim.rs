@@ -285,7 +285,7 @@ fn loss_and_corruption_never_give_a_wrong_result_or_a_hang() {
         }
     }
     assert!(ok >= 40 * 16 - 16, "{ok} of 640 rank results");
-    let st = &sim.node(NodeId(0)).ni().stats;
+    let st = &sim.node(NodeId(0)).ni().stats();
     assert!(st.retransmissions > 0, "no loss was recovered: {st:?}");
 }
 
@@ -360,7 +360,7 @@ fn jobs_never_mix() {
             assert_eq!(i32::from_le_bytes(v), want, "rank {rank} of node {node}");
         }
     }
-    let violations: u64 = sim.nodes().map(|n| n.ni().stats.pdid_violations).sum();
+    let violations: u64 = sim.nodes().map(|n| n.ni().stats().pdid_violations).sum();
     assert_eq!(violations, 0);
 }
 
@@ -493,7 +493,7 @@ fn a_forged_early_result_is_not_taken() {
     for (i, r) in out.results.iter().enumerate() {
         assert_eq!(r, &Ok(28i64.to_le_bytes().to_vec()), "member {i}");
     }
-    assert_eq!(sim.node(NodeId(1)).ni().stats.allreduce_early_refused, 1);
+    assert_eq!(sim.node(NodeId(1)).ni().stats().allreduce_early_refused, 1);
 }
 
 /// A cell of `step` of collective `id` that says it is member `from`'s, sent by (`node`,
@@ -607,11 +607,11 @@ fn another_rank_on_a_members_node_cannot_contribute_in_its_place() {
     sim.kick_all();
     while sim.step() {}
     assert_eq!(sums(&mut sim, 1, &m), vec![(Ok(()), 10); 4]);
-    assert_eq!(sim.node(NodeId(0)).ni().stats.allreduce_early_refused, 1);
+    assert_eq!(sim.node(NodeId(0)).ni().stats().allreduce_early_refused, 1);
 
     // After the server posted and before member 1 did: refused on arrival.
     let bad_address =
-        |sim: &Sim| sim.node(NodeId(0)).ni().stats.nacks_sent[NackReason::BadAddress as usize];
+        |sim: &Sim| sim.node(NodeId(0)).ni().stats().nacks_sent[NackReason::BadAddress as usize];
     let before = bad_address(&sim);
     for i in [0, 2, 3] {
         post_sum(&mut sim, &op(2), m[i], i as i64 + 1).unwrap();
@@ -641,7 +641,7 @@ fn another_rank_on_a_members_node_cannot_contribute_in_its_place() {
     sim.kick_all();
     while sim.step() {}
     assert_eq!(sums(&mut sim, 3, &m), vec![(Ok(()), 10); 4]);
-    assert_eq!(sim.node(NodeId(0)).ni().stats.allreduce_early_refused, 2);
+    assert_eq!(sim.node(NodeId(0)).ni().stats().allreduce_early_refused, 2);
 
     // Member 1 itself may: its abort waits for the server's post, which then fails.
     let now = sim.now();
@@ -682,7 +682,7 @@ fn one_flooding_peer_cannot_keep_a_rank_from_posting() {
         }
     };
     let no_context =
-        |sim: &Sim| sim.node(NodeId(0)).ni().stats.nacks_sent[NackReason::NoContext as usize];
+        |sim: &Sim| sim.node(NodeId(0)).ni().stats().nacks_sent[NackReason::NoContext as usize];
     let op = |id| Allreduce {
         id,
         op: ReduceOp::Sum,

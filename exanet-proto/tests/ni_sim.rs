@@ -59,7 +59,7 @@ fn rack(shape: &str, seed: u64, faults: LinkFaults) -> Sim {
         n.set_memory(Box::new(mem));
         let (ni, _) = n.ni_mut();
         ni.attach(0, PDID).unwrap();
-        assert_eq!(ni.rdma.alloc_page(0).unwrap(), 0);
+        assert_eq!(ni.alloc_rdma_page(0).unwrap(), 0);
     }
     sim.set_faults(faults).unwrap();
     sim
@@ -190,8 +190,8 @@ fn thousands_of_rdma_writes_over_faulty_links_complete_exactly_once() {
         assert!(expect.is_empty());
     }
     assert_eq!(total, 25 * 8 * CHANNELS as usize);
-    let retrans: u64 = sim.nodes().map(|n| n.ni().stats.retransmissions).sum();
-    let dups: u64 = sim.nodes().map(|n| n.ni().stats.duplicates).sum();
+    let retrans: u64 = sim.nodes().map(|n| n.ni().stats().retransmissions).sum();
+    let dups: u64 = sim.nodes().map(|n| n.ni().stats().duplicates).sum();
     assert!(
         retrans > 0 && dups > 0,
         "faults must have been exercised: {retrans} retransmissions, {dups} duplicates"
@@ -258,7 +258,7 @@ fn a_late_copy_never_overwrites_newer_data() {
     );
     assert!(
         sim.nodes()
-            .map(|n| n.ni().stats.stale_cells + n.ni().stats.duplicates)
+            .map(|n| n.ni().stats().stale_cells + n.ni().stats().duplicates)
             .sum::<u64>()
             > 0
     );
@@ -306,7 +306,7 @@ fn pdid_mismatch_never_delivers_and_is_counted() {
         seen.iter().all(|b| *b == 0),
         "a PDID violation delivered data"
     );
-    assert!(sim.node(dst).ni().stats.pdid_violations > 0);
+    assert!(sim.node(dst).ni().stats().pdid_violations > 0);
 }
 
 #[test]
@@ -336,7 +336,7 @@ fn page_faults_are_retried_then_reported() {
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PageFault)));
     assert!(
-        sim.node(dst).ni().stats.nacks_sent[NackReason::PageFault as usize]
+        sim.node(dst).ni().stats().nacks_sent[NackReason::PageFault as usize]
             >= cfg().max_attempts as u64
     );
 }
@@ -364,7 +364,7 @@ fn a_write_from_unregistered_memory_fails_at_once_whatever_its_length() {
         m,
     )
     .unwrap();
-    assert_eq!(ni.rdma.active(), 0, "no transfer state is kept for it");
+    assert_eq!(ni.rdma().active(), 0, "no transfer state is kept for it");
     assert!(ni.poll_cell().is_none(), "nothing is sent for it");
     run_quiet(&mut sim);
     let r = rdma_results(&sim.take_events());
@@ -398,7 +398,7 @@ fn a_transfer_keeps_only_its_window_whatever_its_length() {
     let big = 0x40_0000_0000;
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
     ni.attach(1, PDID).unwrap();
-    let page = ni.rdma.alloc_page(1).unwrap();
+    let page = ni.alloc_rdma_page(1).unwrap();
     let mut mem = VecMemory::new();
     // Zeroed on demand by the allocator: only the blocks cut are ever touched.
     mem.register(1, big, 1 << 32);
@@ -421,11 +421,11 @@ fn a_transfer_keeps_only_its_window_whatever_its_length() {
     )
     .unwrap();
     let window = cfg().window_blocks;
-    assert_eq!(ni.rdma.active(), 1);
+    assert_eq!(ni.rdma().active(), 1);
     assert!(
-        (1..=window).contains(&ni.rdma.live_blocks(1)),
+        (1..=window).contains(&ni.rdma().live_blocks(1)),
         "{} blocks live after posting, window {window}",
-        ni.rdma.live_blocks(1)
+        ni.rdma().live_blocks(1)
     );
     // Running it (the destination is not registered: every block is NACKed and retried)
     // never holds more than the window either.
@@ -433,14 +433,14 @@ fn a_transfer_keeps_only_its_window_whatever_its_length() {
     for step in 1..=50u64 {
         sim.kick_all();
         sim.run_until(start + step * 100_000);
-        let live = sim.node(NodeId(0)).ni().rdma.live_blocks(1);
+        let live = sim.node(NodeId(0)).ni().rdma().live_blocks(1);
         assert!(live <= window, "{live} blocks live at step {step}");
     }
     let now = sim.now();
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
     ni.detach(1, now).unwrap();
-    assert_eq!(ni.rdma.live_blocks(1), 0);
-    assert_eq!(ni.rdma.active(), 0);
+    assert_eq!(ni.rdma().live_blocks(1), 0);
+    assert_eq!(ni.rdma().active(), 0);
 }
 
 /// One rank keeping many channels busy holds at most `rank_window_blocks` blocks in flight,
@@ -456,8 +456,8 @@ fn one_rank_cannot_take_the_whole_rdma_engine() {
     let (ni, _) = sim.node_mut(src).ni_mut();
     ni.attach(0, PDID).unwrap();
     ni.attach(1, PDID).unwrap();
-    ni.rdma.alloc_page(0).unwrap();
-    let page1 = ni.rdma.alloc_page(1).unwrap();
+    ni.alloc_rdma_page(0).unwrap();
+    let page1 = ni.alloc_rdma_page(1).unwrap();
     let mut mem = VecMemory::new();
     mem.register(0, SRC_VA, (8 * MIB) as usize);
     mem.register(1, SRC_VA, MIB as usize);
@@ -510,10 +510,10 @@ fn one_rank_cannot_take_the_whole_rdma_engine() {
         sim.kick_all();
         let quiet = sim.run_until(start + step * 20_000);
         let ni = sim.node(src).ni();
-        let live = ni.rdma.live_blocks(0);
+        let live = ni.rdma().live_blocks(0);
         assert!(live <= 16, "rank 0 has {live} blocks live at step {step}");
         most = most.max(live);
-        other_ran |= ni.rdma.live_blocks(1) > 0 && live > 0;
+        other_ran |= ni.rdma().live_blocks(1) > 0 && live > 0;
         if quiet || step > 100_000 {
             break;
         }
@@ -562,7 +562,7 @@ fn a_read_of_unregistered_memory_is_refused_when_asked() {
     let start = sim.now();
     for step in 1..=30_000u64 {
         let quiet = sim.run_until(start + step * 1_000_000);
-        served = served.max(sim.node(server).ni().rdma.active());
+        served = served.max(sim.node(server).ni().rdma().active());
         if quiet {
             break;
         }
@@ -571,7 +571,7 @@ fn a_read_of_unregistered_memory_is_refused_when_asked() {
     let r = rdma_results(&sim.take_events());
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].2, Err(Failure::Nacked(NackReason::PageFault)));
-    assert!(sim.node(server).ni().stats.nacks_sent[NackReason::PageFault as usize] >= 1);
+    assert!(sim.node(server).ni().stats().nacks_sent[NackReason::PageFault as usize] >= 1);
 }
 
 #[test]
@@ -623,8 +623,8 @@ fn packetizer_messages_reach_mailboxes_exactly_once() {
     let mut vis = HashMap::new();
     for &n in &nodes {
         let (ni, _) = sim.node_mut(n).ni_mut();
-        let mb = ni.mailboxes.alloc(0, 10_000).unwrap();
-        let pk = ni.packetizer.alloc(0).unwrap();
+        let mb = ni.alloc_mailbox(0, 10_000).unwrap();
+        let pk = ni.alloc_packetizer(0).unwrap();
         vis.insert(n, (mb, pk));
     }
     let mut sent = 0u32;
@@ -662,7 +662,7 @@ fn packetizer_messages_reach_mailboxes_exactly_once() {
     for &n in &nodes {
         let (mb, _) = vis[&n];
         let (ni, _) = sim.node_mut(n).ni_mut();
-        while let Some(m) = ni.mailboxes.pop(0, mb).unwrap() {
+        while let Some(m) = ni.pop_message(0, mb).unwrap() {
             *got.entry(m.payload.to_vec()).or_insert(0) += 1;
         }
     }
@@ -677,8 +677,8 @@ fn packetizer_messages_reach_mailboxes_exactly_once() {
 fn full_mailbox_nacks_and_wrong_pdid_nacks() {
     let mut sim = rack("1x1x1", 17, LinkFaults::default());
     let (src, dst) = (NodeId(0), NodeId(3));
-    let mb = sim.node_mut(dst).ni_mut().0.mailboxes.alloc(0, 1).unwrap();
-    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let mb = sim.node_mut(dst).ni_mut().0.alloc_mailbox(0, 1).unwrap();
+    let pk = sim.node_mut(src).ni_mut().0.alloc_packetizer(0).unwrap();
     let g = mailbox_gvas(PDID, dst, 0, mb).unwrap();
     let now = sim.now();
     sim.node_mut(src)
@@ -715,7 +715,7 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
             sim.node_mut(src)
                 .ni_mut()
                 .0
-                .packetizer
+                .packetizer()
                 .state(0, pk, ch)
                 .unwrap()
         })
@@ -726,7 +726,7 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
     let now = sim.now();
     let other = sim.node_mut(NodeId(1)).ni_mut().0;
     other.attach(1, Pdid(3)).unwrap();
-    let pk1 = other.packetizer.alloc(1).unwrap();
+    let pk1 = other.alloc_packetizer(1).unwrap();
     other
         .send_message(
             1,
@@ -744,7 +744,7 @@ fn full_mailbox_nacks_and_wrong_pdid_nacks() {
         .node_mut(NodeId(1))
         .ni_mut()
         .0
-        .packetizer
+        .packetizer()
         .state(1, pk1, 0)
         .unwrap();
     assert_eq!(st, ChannelState::Nacked(NackReason::PdidMismatch));
@@ -797,7 +797,7 @@ fn a_failed_served_read_writes_nothing_more_into_the_reader() {
         n.set_ni_config(c);
         let (ni, _) = n.ni_mut();
         ni.attach(0, PDID).unwrap();
-        ni.rdma.alloc_page(0).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
     }
     // The reader's first 16 KB block is not registered; the two after it are.
     let mut mem = VecMemory::new();
@@ -876,7 +876,7 @@ fn a_restarted_ni_is_not_taken_for_its_previous_run() {
         n.set_ni_config(c);
         let (ni, _) = n.ni_mut();
         ni.attach(0, PDID).unwrap();
-        ni.rdma.alloc_page(0).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
     }
 }
 
@@ -885,7 +885,7 @@ fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
     let mut sim = rack("1x1x1", 31, LinkFaults::default());
     let now = sim.now();
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
-    let pk = ni.packetizer.alloc(0).unwrap();
+    let pk = ni.alloc_packetizer(0).unwrap();
     ni.send_message(
         0,
         &SendMessage {
@@ -898,17 +898,17 @@ fn a_packetizer_interface_with_a_message_in_flight_cannot_be_freed() {
     )
     .unwrap();
     assert!(matches!(
-        ni.packetizer.free(0, pk),
+        ni.free_packetizer(0, pk),
         Err(exanet_proto::ni::NiError::Busy { .. })
     ));
     run_quiet(&mut sim);
     // Answered (NACKed: no mailbox there), so now it can go.
     let (ni, _) = sim.node_mut(NodeId(0)).ni_mut();
     assert!(matches!(
-        ni.packetizer.state(0, pk, 2).unwrap(),
+        ni.packetizer().state(0, pk, 2).unwrap(),
         ChannelState::Nacked(_)
     ));
-    ni.packetizer.free(0, pk).unwrap();
+    ni.free_packetizer(0, pk).unwrap();
 }
 
 /// Per-link faults, as an operator sets them on a daemon (`exactl link set`), on the torus
@@ -970,7 +970,7 @@ fn operator_link_faults_are_recovered_and_reproducible() {
         }
         let crc_nacks: u64 = sim
             .nodes()
-            .map(|n| n.ni().stats.nacks_sent[NackReason::Crc as usize])
+            .map(|n| n.ni().stats().nacks_sent[NackReason::Crc as usize])
             .sum();
         (
             results,
@@ -1031,7 +1031,7 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
     smem.write(0, SRC_VA, &[0x5A; 4096]).unwrap();
     for ni in [&mut reader, &mut server] {
         ni.attach(0, PDID).unwrap();
-        ni.rdma.alloc_page(0).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
     }
     let mut now = Instant::ZERO;
     reader
@@ -1117,14 +1117,8 @@ fn packetizer_resends_after_crc_nacks_are_counted() {
         ..Default::default()
     };
     sim.set_link_faults(a, b, bad, 9).unwrap();
-    let mb = sim
-        .node_mut(b)
-        .ni_mut()
-        .0
-        .mailboxes
-        .alloc(0, 10_000)
-        .unwrap();
-    let pk = sim.node_mut(a).ni_mut().0.packetizer.alloc(0).unwrap();
+    let mb = sim.node_mut(b).ni_mut().0.alloc_mailbox(0, 10_000).unwrap();
+    let pk = sim.node_mut(a).ni_mut().0.alloc_packetizer(0).unwrap();
     for i in 0..200u32 {
         let now = sim.now();
         let msg = [i as u8; 64];
@@ -1147,7 +1141,7 @@ fn packetizer_resends_after_crc_nacks_are_counted() {
             }
         }
     }
-    let st = &sim.node(a).ni().stats;
+    let st = &sim.node(a).ni().stats();
     let crc_nacks = st.nacks_received[NackReason::Crc as usize];
     assert!(crc_nacks > 0, "no message was NACKed for its CRC");
     assert!(
@@ -1182,7 +1176,7 @@ fn heal_run(loss: f64, seed: u64, max_attempts: u8) -> Healed {
         sim.node_mut(n).set_ni_config(c);
         let (ni, _) = sim.node_mut(n).ni_mut();
         ni.attach(0, PDID).unwrap();
-        ni.rdma.alloc_page(0).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
     }
     let mut mem = VecMemory::new();
     mem.register(0, SRC_VA, (u64::from(CHANNELS) * LEN) as usize);
@@ -1243,13 +1237,13 @@ fn heal_run(loss: f64, seed: u64, max_attempts: u8) -> Healed {
             }
         }
     }
-    let st = &sim.node(dst).ni().stats;
+    let st = &sim.node(dst).ni().stats();
     Healed {
         ok,
         timed_out,
         sim_ns: sim.now().since(start),
         incomplete_nacks: st.nacks_sent[NackReason::Incomplete as usize],
-        timeouts: sim.node(src).ni().stats.timeouts,
+        timeouts: sim.node(src).ni().stats().timeouts,
     }
 }
 
@@ -1313,7 +1307,7 @@ fn send_one(sim: &mut Sim, src: NodeId, pk: u8, to: Gvas, payload: &[u8]) -> Cha
     sim.node_mut(src)
         .ni_mut()
         .0
-        .packetizer
+        .packetizer()
         .state(0, pk, 0)
         .unwrap()
 }
@@ -1329,7 +1323,7 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
     use std::sync::Arc;
     let mut sim = rack("1x1x1", 23, LinkFaults::default());
     let (src, dst) = (NodeId(0), NodeId(2));
-    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let pk = sim.node_mut(src).ni_mut().0.alloc_packetizer(0).unwrap();
     let mut n = 0u32;
     for cap in [1usize, 4] {
         // The reader's count starts anywhere: the NI counts from its value at allocation.
@@ -1342,15 +1336,14 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
             .node_mut(dst)
             .ni_mut()
             .0
-            .mailboxes
-            .alloc_counted(0, cap, None, |_| false, |_| count)
+            .alloc_counted_mailbox(0, cap, None, |_| false, |_| count)
             .unwrap();
         let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
         let mut acked = Vec::new();
         let mut popped = Vec::new();
         let pop_all = |sim: &mut Sim, popped: &mut Vec<u32>| {
             let ni = sim.node_mut(dst).ni_mut().0;
-            while let Some(m) = ni.mailboxes.pop(0, mb).unwrap() {
+            while let Some(m) = ni.pop_message(0, mb).unwrap() {
                 popped.push(u32::from_be_bytes(m.payload[..].try_into().unwrap()));
             }
         };
@@ -1370,8 +1363,8 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
             &acked[..acked.len().min(8)]
         );
         let ni = sim.node_mut(dst).ni_mut().0;
-        assert_eq!(ni.mailboxes.len(0, mb).unwrap(), 0);
-        assert_eq!(ni.mailboxes.unread(0, mb).unwrap(), cap);
+        assert_eq!(ni.queued_messages(0, mb).unwrap(), 0);
+        assert_eq!(ni.unread_messages(0, mb).unwrap(), cap);
         for round in 0..5 {
             taken.fetch_add(1, Ordering::Release);
             assert_eq!(
@@ -1400,7 +1393,7 @@ fn a_counted_mailbox_holds_popped_messages_until_the_reader_took_them() {
 fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
     let mut sim = rack("1x1x1", 29, LinkFaults::default());
     let (src, dst) = (NodeId(1), NodeId(3));
-    let pk = sim.node_mut(src).ni_mut().0.packetizer.alloc(0).unwrap();
+    let pk = sim.node_mut(src).ni_mut().0.alloc_packetizer(0).unwrap();
     let cap = 3;
     // Claims a new, huge count every time it is asked.
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -1412,8 +1405,7 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
         .node_mut(dst)
         .ni_mut()
         .0
-        .mailboxes
-        .alloc_counted(0, cap, None, |_| false, |_| count)
+        .alloc_counted_mailbox(0, cap, None, |_| false, |_| count)
         .unwrap();
     let to = mailbox_gvas(PDID, dst, 0, mb).unwrap();
     let mut acked = 0;
@@ -1422,19 +1414,19 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
             acked += 1;
         }
         let ni = sim.node_mut(dst).ni_mut().0;
-        assert!(ni.mailboxes.len(0, mb).unwrap() <= cap, "message {i}");
+        assert!(ni.queued_messages(0, mb).unwrap() <= cap, "message {i}");
     }
     // Nothing popped: the lie does not make room in the NI's own queue.
     assert_eq!(acked, cap);
     // Popped, the lie lets the next ones in (the reader's loss, bounded by its ring).
     let ni = sim.node_mut(dst).ni_mut().0;
-    while ni.mailboxes.pop(0, mb).unwrap().is_some() {}
+    while ni.pop_message(0, mb).unwrap().is_some() {}
     assert_eq!(
         send_one(&mut sim, src, pk, to, b"next"),
         ChannelState::Acked
     );
     assert_eq!(
-        sim.node_mut(dst).ni_mut().0.mailboxes.len(0, mb).unwrap(),
+        sim.node_mut(dst).ni_mut().0.queued_messages(0, mb).unwrap(),
         1
     );
 }
@@ -1454,8 +1446,8 @@ fn the_ack_of_an_earlier_copy_completes_a_message_at_its_modeled_time() {
     a.attach(0, PDID).unwrap();
     b.attach(0, PDID).unwrap();
     let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
-    let mb = b.mailboxes.alloc(0, 4).unwrap();
-    let pk = a.packetizer.alloc(0).unwrap();
+    let mb = b.alloc_mailbox(0, 4).unwrap();
+    let pk = a.alloc_packetizer(0).unwrap();
     let op = SendMessage {
         vi: pk,
         ch: 0,
@@ -1504,7 +1496,7 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
     bmem.register(0, DST_VA, 4096);
     for ni in [&mut a, &mut b] {
         ni.attach(0, PDID).unwrap();
-        ni.rdma.alloc_page(0).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
     }
     let op = RdmaWrite {
         page: 0,

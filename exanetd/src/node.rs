@@ -247,7 +247,7 @@ pub struct Output {
 fn ni_status(core: &Core) -> NiStatus {
     NiStatus {
         attached: core.sessions.iter().filter(|s| s.is_some()).count() as u32,
-        counters: core.node().ni().stats.clone(),
+        counters: core.node().ni().stats().clone(),
         reserved: core.station.workload_service().reservations().list(),
         workloads: core
             .sessions

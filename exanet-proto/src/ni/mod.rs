@@ -225,12 +225,14 @@ pub struct Ni {
     nodes: u32,
     cfg: NiConfig,
     ranks: [Option<RankCtx>; RANKS],
-    pub packetizer: Packetizer,
-    pub mailboxes: Mailboxes,
-    pub rdma: RdmaEngine,
-    pub accelerator: Accelerator,
+    // The engines are the NI's own: what the workload service and tools do with them
+    // goes through the NI's methods below, which name it.
+    pub(crate) packetizer: Packetizer,
+    pub(crate) mailboxes: Mailboxes,
+    pub(crate) rdma: RdmaEngine,
+    pub(crate) accelerator: Accelerator,
     out: Out,
-    pub stats: NiStats,
+    pub(crate) stats: NiStats,
     /// Each rank's modeled clock: the latest modeled time the NI handled an input of that
     /// rank at (its posts, the cells and answers addressed to it). One per rank, not one
     /// for the node: a rank's clock must not move because another job's did (the NI's own
@@ -399,6 +401,83 @@ impl Ni {
 
     pub fn config(&self) -> &NiConfig {
         &self.cfg
+    }
+
+    /// The NI's counters.
+    pub fn stats(&self) -> &NiStats {
+        &self.stats
+    }
+
+    /// The packetizer, to look at (channel states).
+    pub fn packetizer(&self) -> &Packetizer {
+        &self.packetizer
+    }
+
+    /// The RDMA engine, to look at (transfers and blocks under way).
+    pub fn rdma(&self) -> &RdmaEngine {
+        &self.rdma
+    }
+
+    /// The allreduce accelerator, to look at (collectives under way).
+    pub fn accelerator(&self) -> &Accelerator {
+        &self.accelerator
+    }
+
+    /// Gives `rank` a packetizer interface; returns its index.
+    pub fn alloc_packetizer(&mut self, rank: u8) -> Result<u8, NiError> {
+        self.packetizer.alloc(rank)
+    }
+
+    pub fn free_packetizer(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
+        self.packetizer.free(rank, vi)
+    }
+
+    /// Gives `rank` an RDMA page; returns its index.
+    pub fn alloc_rdma_page(&mut self, rank: u8) -> Result<u8, NiError> {
+        self.rdma.alloc_page(rank)
+    }
+
+    pub fn free_rdma_page(&mut self, rank: u8, page: u8) -> Result<(), NiError> {
+        self.rdma.free_page(rank, page)
+    }
+
+    /// Gives `rank` a mailbox of `capacity` messages, read here (see
+    /// [`Mailboxes::alloc`]); returns its interface.
+    pub fn alloc_mailbox(&mut self, rank: u8, capacity: usize) -> Result<u8, NiError> {
+        self.mailboxes.alloc(rank, capacity)
+    }
+
+    /// Gives `rank` a mailbox read further away, whose reader reports what it took (see
+    /// [`Mailboxes::alloc_counted`]).
+    pub fn alloc_counted_mailbox(
+        &mut self,
+        rank: u8,
+        capacity: usize,
+        want: Option<u8>,
+        kept: impl Fn(u8) -> bool,
+        consumed: impl FnOnce(u8) -> Box<dyn mailbox::ConsumedCount>,
+    ) -> Result<u8, NiError> {
+        self.mailboxes
+            .alloc_counted(rank, capacity, want, kept, consumed)
+    }
+
+    pub fn free_mailbox(&mut self, rank: u8, vi: u8) -> Result<(), NiError> {
+        self.mailboxes.free(rank, vi)
+    }
+
+    /// The oldest message of `rank`'s mailbox `vi`, taken out of the NI's queue.
+    pub fn pop_message(&mut self, rank: u8, vi: u8) -> Result<Option<Message>, NiError> {
+        self.mailboxes.pop(rank, vi)
+    }
+
+    /// Messages in the NI's queue of `rank`'s mailbox `vi`.
+    pub fn queued_messages(&mut self, rank: u8, vi: u8) -> Result<usize, NiError> {
+        self.mailboxes.len(rank, vi)
+    }
+
+    /// Messages that count against the mailbox's capacity (see [`Mailboxes::unread`]).
+    pub fn unread_messages(&mut self, rank: u8, vi: u8) -> Result<usize, NiError> {
+        self.mailboxes.unread(rank, vi)
     }
 
     /// A process takes rank `rank` with protection domain `pdid` (the daemon decides it).
