@@ -530,8 +530,8 @@ impl FaultInjector {
     }
 
     /// Replaces the faults from `now` on. If the new setting no longer shapes, frames
-    /// leave at once again (the sender releases those it holds: see
-    /// [`crate::link::LinkSender::set_faults`]).
+    /// leave at once again (the link's sender, `LinkSender::set_faults`, releases those it
+    /// holds).
     pub fn set(&mut self, faults: LinkFaults, now: Instant) -> Result<(), FaultError> {
         faults.validate()?;
         self.faults = faults;
@@ -593,8 +593,8 @@ impl FaultInjector {
 
     /// When a frame of `len` bytes handed to the wire at `now` leaves: after the rate's
     /// serialisation behind earlier frames, the delay and a draw of the jitter, and never
-    /// before an earlier frame (the link stays FIFO). The sender holds it until then (see
-    /// [`crate::link::LinkSender`]).
+    /// before an earlier frame (the link stays FIFO). The link's sender (`LinkSender`)
+    /// holds it until then.
     pub fn release_at(&mut self, now: Instant, len: usize) -> Instant {
         let mut at = now;
         if self.faults.rate_bps != 0 {

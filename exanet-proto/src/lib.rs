@@ -14,7 +14,7 @@
 //!   the declare-once macro of enums that are numeric codes on the wire;
 //! - [`switch`]: input queues, arbitration and credit flow control;
 //! - [`fault`]: fault injection and shaping on one direction of a link;
-//! - [`link`]: the sending end of one link direction, which both the daemon and the
+//! - `link` (private): the sending end of one link direction, which both the daemon and the
 //!   simulator send through;
 //! - [`rng`]: the seeded generator behind simulated jitter and injected faults;
 //! - [`probe`]: path-recording probe cells; [`node`]: a switch and its local services;
@@ -41,7 +41,7 @@ pub mod fault;
 pub mod fidelity;
 pub mod frame;
 pub mod gvas;
-pub mod link;
+mod link;
 pub mod metric;
 pub mod model;
 pub mod ni;

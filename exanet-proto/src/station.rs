@@ -20,7 +20,9 @@ use bytes::BytesMut;
 use crate::cell::CellError;
 use crate::fault::{FaultError, FaultStats, LinkFaults};
 use crate::frame::{self, Frame, FrameError, Hello};
-use crate::link::{Departure, LinkSender};
+/// A frame leaving on a link, as a station hands it to its [`Wire`].
+pub use crate::link::Departure;
+use crate::link::LinkSender;
 use crate::metric::LinkStats;
 use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
@@ -462,7 +464,8 @@ impl Station {
 
     /// Hands the credit of cells the faults lost on `port` back to this end's output;
     /// false when none was owed. Drivers call it when they next serve the link, not from
-    /// inside the pump that lost them (see [`LinkSender::send_cell`]).
+    /// inside the pump that lost them (a loss owes its credit rather than returning it in
+    /// the same pump, which a link losing every cell would never leave).
     pub fn settle_owed(&mut self, port: Port, now: Instant) -> bool {
         let Some(owed) = self.end_mut(port).and_then(|e| e.sender.take_owed()) else {
             return false;

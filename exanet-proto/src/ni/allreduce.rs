@@ -21,7 +21,7 @@
 //! that member's node *and* rank: another rank of the same job on the member's node can
 //! neither post as that member ([`AllreduceError::NotAMember`]) nor have its cells taken
 //! for the member's (refused, `bad_address`). Each is answered (an ACK or NACK of the
-//! accelerator's [`Engine`](crate::cell::Engine), as every answer carries the engine of
+//! accelerator's [`crate::cell::Engine`], as every answer carries the engine of
 //! the cell it answers) and sent again until it is, like a packetizer message. A member
 //! that fails (an answer never comes, a peer refuses) sends an abort step to every member,
 //! so the collective fails everywhere with a reason; a member that never posts is covered
