@@ -464,11 +464,6 @@ impl FaultStats {
             .iter()
             .filter_map(|&k| Some((k, k.counter()?, self.cells(k))))
     }
-
-    /// Cells all kinds acted on together.
-    pub fn total_cells(&self) -> u64 {
-        self.cells.iter().sum()
-    }
 }
 
 /// [`FaultStats::cells`] on the wire: a map from counter words, so that reports stay

@@ -145,10 +145,11 @@ impl Wire for Outbox {
     }
 }
 
-/// A capture on one simulated node: its filter and the records it took.
+/// A capture on one simulated node: its filter and the records it took, encoded as a
+/// daemon's capture hands them to `exactl capture`.
 struct Tap {
     filter: CaptureFilter,
-    records: Vec<Record>,
+    records: Vec<Vec<u8>>,
 }
 
 pub struct Sim {
@@ -307,13 +308,18 @@ impl Sim {
         self.taps.insert(node, tap);
     }
 
-    /// The records `node`'s capture took since the last call, as a daemon's capture
-    /// writes them.
+    /// The records `node`'s capture took since the last call, read back from the bytes a
+    /// daemon's capture would have written.
     pub fn take_capture(&mut self, node: NodeId) -> Vec<Record> {
-        self.taps
+        let records = self
+            .taps
             .get_mut(&node)
             .map(|t| std::mem::take(&mut t.records))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        records
+            .iter()
+            .map(|r| Record::decode(r).expect("a record the simulator encoded reads back"))
+            .collect()
     }
 
     /// Connects the link on (`node`, `port`): both ends begin a session (replacing any
@@ -523,7 +529,7 @@ impl Sim {
                 if tap.filter.matches(cell) {
                     let mut rec = Vec::new();
                     Record::encode_into(seen, cell, &mut rec);
-                    tap.records.extend(Record::decode(&rec).ok());
+                    tap.records.push(rec);
                 }
             });
         }

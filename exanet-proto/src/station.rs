@@ -209,11 +209,6 @@ impl LinkEnd {
         self.sender.held_bytes()
     }
 
-    /// When the next frame held back by the faults falls due.
-    pub fn next_due(&self) -> Option<Instant> {
-        self.sender.poll_at()
-    }
-
     /// Credit of lost cells waits for [`Station::settle_owed`].
     pub fn owes(&self) -> bool {
         self.sender.owes()

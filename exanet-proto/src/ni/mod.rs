@@ -418,11 +418,6 @@ impl Ni {
         &self.rdma
     }
 
-    /// The allreduce accelerator, to look at (collectives under way).
-    pub fn accelerator(&self) -> &Accelerator {
-        &self.accelerator
-    }
-
     /// Gives `rank` a packetizer interface; returns its index.
     pub fn alloc_packetizer(&mut self, rank: u8) -> Result<u8, NiError> {
         self.packetizer.alloc(rank)
