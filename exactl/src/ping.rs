@@ -9,7 +9,7 @@ use std::time::Duration;
 use exanet_control::control::{PingReport, Request, Response};
 use exanet_control::rack::Rack;
 use exanet_proto::model::Model;
-use exanet_proto::probe::ProbeBody;
+use exanet_proto::ProbeBody;
 use exanet_proto::{cell, routing, NodeId, NodeName, Shape};
 
 use crate::error::NOT_RUNNING;

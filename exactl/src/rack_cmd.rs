@@ -11,8 +11,8 @@ use exanet_control::control::{Request, Response};
 use exanet_control::control_client::ControlClient;
 use exanet_control::ports;
 use exanet_control::rack::{self, Layout, Rack, RackError, RackFile, RACK_FILE};
-use exanet_proto::switch::{DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape};
+use exanet_proto::{DEFAULT_WINDOW, MIN_WINDOW};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Health};

@@ -648,7 +648,7 @@ fn ring(n: usize, me: usize, len: usize, op: ReduceOp, ty: DataType) -> Vec<Acti
 // The references the unit tests' expectations come from, shared with exanet-proto's
 // tests/allreduce_sim.rs (by path: it brings `SplitMix64` in from here).
 #[cfg(test)]
-use exanet_proto::rng::SplitMix64;
+use exanet_proto::SplitMix64;
 #[cfg(test)]
 #[path = "../../exanet-proto/tests/support/reference.rs"]
 mod reference;
@@ -657,7 +657,7 @@ mod reference;
 mod tests {
     use super::reference::{combined, vector};
     use super::*;
-    use exanet_proto::rng::SplitMix64;
+    use exanet_proto::SplitMix64;
 
     const TYPES: [DataType; 4] = [DataType::I32, DataType::I64, DataType::F32, DataType::F64];
     const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];

@@ -82,8 +82,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use exanet_proto::model::{Model, ModelError, ModelParams};
-use exanet_proto::switch::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
 use exanet_proto::{NodeId, Shape, SwitchConfig};
+use exanet_proto::{DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW, MIN_WINDOW};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 

@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use exanet_proto::shape::NodeId;
+use exanet_proto::NodeId;
 
 /// A rack's subnet and how many nodes it addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

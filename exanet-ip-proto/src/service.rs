@@ -18,8 +18,8 @@ use std::net::Ipv4Addr;
 use crate::addr::RackSubnet;
 use crate::packet::{ipv4_destination, NotIpv4};
 use crate::wire::{self, Control, WireError, BATCH_HEADER, PACKET_PREFIX};
-use exanet_proto::shape::NodeId;
-use exanet_proto::time::Instant;
+use exanet_proto::Instant;
+use exanet_proto::NodeId;
 
 /// Batches a writer may have in flight to one peer at most: each has a notification slot
 /// of its own after the ring, so the reader tells them apart when they complete out of

@@ -19,13 +19,13 @@ use bytes::Bytes;
 
 use exanet_proto::cell::{Cell, CellType, OVERHEAD};
 use exanet_proto::gvas::{Gvas, Pdid};
-use exanet_proto::node::NodeEvent;
 use exanet_proto::routing::{route, Vc, NVCS};
-use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::switch::{Switch, SwitchConfig};
-use exanet_proto::time::Instant;
 use exanet_proto::topology::Port;
+use exanet_proto::Instant;
+use exanet_proto::NodeEvent;
+use exanet_proto::{NodeId, Shape};
+use exanet_proto::{Switch, SwitchConfig};
 
 /// Whether a cell that arrived on `inp` may leave by `out` on a dimension-order route:
 /// from an F2..F4 only onto the torus; from the torus onward the same way round the same

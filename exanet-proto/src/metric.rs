@@ -307,7 +307,7 @@ macro_rules! link_stats {
         $(#[doc = $doc:literal])*
         $field:ident => $family:ident;
     )*) => {
-        /// Counters of one link end (`exanet_proto::station::LinkEnd`), carried in a
+        /// Counters of one link end (`exanet_proto::LinkEnd`), carried in a
         /// daemon's status report under their field names.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(default)]

@@ -139,6 +139,7 @@ impl Reservations {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::Joining;
 
     #[test]
     fn the_services_rank_and_mailbox_are_its_pdids_only() {
@@ -206,7 +207,12 @@ mod tests {
         let (mut svc, mut ni) = service();
         // Asked for by number: refused, naming the owner.
         let err = svc
-            .attach_at(&mut ni, IP_RANK, Pdid(1), Box::new(Discard))
+            .attach_at(
+                &mut ni,
+                IP_RANK,
+                Joining::new("job", Pdid(1)),
+                Box::new(Discard),
+            )
             .unwrap_err();
         assert_eq!(
             err,
@@ -218,17 +224,25 @@ mod tests {
         assert!(err.to_string().contains("IP service"), "{err}");
         // As "any": ranks 0..6, then none left for this job.
         let mut got: Vec<u8> = (0..RANKS - 1)
-            .map(|_| svc.attach(&mut ni, Pdid(1), Box::new(Discard)).unwrap())
+            .map(|_| {
+                svc.attach(&mut ni, Joining::new("job", Pdid(1)), Box::new(Discard))
+                    .unwrap()
+            })
             .collect();
         got.sort();
         assert_eq!(got, (0..IP_RANK).collect::<Vec<_>>());
         assert_eq!(
-            svc.attach(&mut ni, Pdid(1), Box::new(Discard)),
+            svc.attach(&mut ni, Joining::new("job", Pdid(1)), Box::new(Discard)),
             Err(ServiceError::RanksTaken { kept: 1 })
         );
         // The service still gets its rank.
         assert_eq!(
-            svc.attach_at(&mut ni, IP_RANK, Pdid(65535), Box::new(Discard)),
+            svc.attach_at(
+                &mut ni,
+                IP_RANK,
+                Joining::new("ip", Pdid(65535)),
+                Box::new(Discard)
+            ),
             Ok(IP_RANK)
         );
     }
@@ -238,9 +252,17 @@ mod tests {
         use crate::attach::Resource;
         use crate::workload::ServiceError;
         let (mut svc, mut ni) = service();
-        let job = svc.attach(&mut ni, Pdid(1), Box::new(Discard)).unwrap();
+        // As much as the node has: only the reservations refuse here.
+        let mut who = Joining::new("job", Pdid(1));
+        who.limits = who.job_limits;
+        let job = svc.attach(&mut ni, who, Box::new(Discard)).unwrap();
         let ip = svc
-            .attach_at(&mut ni, IP_RANK, Pdid(65535), Box::new(Discard))
+            .attach_at(
+                &mut ni,
+                IP_RANK,
+                Joining::new("ip", Pdid(65535)),
+                Box::new(Discard),
+            )
             .unwrap();
         let mailbox =
             |svc: &mut crate::workload::WorkloadService, ni: &mut crate::ni::Ni, rank, vi| {

@@ -124,7 +124,7 @@ pub enum LinkFaultError {
     Fault(#[from] FaultError),
 }
 
-/// The simulator's generator (see [`crate::rng`]).
+/// The simulator's generator (see [`crate::SplitMix64`]).
 pub type SimRng = crate::rng::SplitMix64;
 
 /// What one take of a station's output put on a simulated link.

@@ -6,20 +6,23 @@
 //!
 //! The daemon wraps it in sockets, shared memory and threads (`exanetd`'s `ni_service`);
 //! the simulator ([`crate::sim`]) and the tests drive the same service directly, so a
-//! workload behaves the same on a real rack and in a simulated one. What a workload may
-//! hold (quotas) and who may attach are the daemon's: they depend on the rack file and
-//! on process credentials.
+//! workload behaves the same on a real rack and in a simulated one. Control requests
+//! (registering memory, taking and giving back NI resources, collective counts) are
+//! answered here too ([`WorkloadService::control`]), within the quotas each workload
+//! attached with ([`Joining`], [`crate::quota`]); who may attach (job keys, process
+//! credentials) is the daemon's.
 //!
 //! Nothing a workload sends is trusted: a slot that does not decode, a command the NI
 //! refuses, an index it does not hold all become a completion or error naming why, and
 //! what the service queues for a workload is bounded whatever the workload or its peers do.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use thiserror::Error;
 
 use crate::attach::{
-    self, status, AllreducePost, Command, Completion, Resource, SlotError, MEMBER_ENTRY,
+    self, status, AllreducePost, CollectiveKind, CollectivePath, CollectiveReport, Command,
+    Completion, Reply, Request, Resource, SlotError, MAX_COLLECTIVE_REPORTS, MEMBER_ENTRY,
 };
 use crate::gvas::Pdid;
 use crate::ni::allreduce::MAX_MEMBERS;
@@ -28,6 +31,7 @@ use crate::ni::{
     Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId,
     MAILBOX_WINDOW, RANKS,
 };
+use crate::quota::{self, Exceeded, Holding, Kind, Limits};
 use crate::reserved::{Owner, Reservations};
 use crate::rng::SplitMix64;
 use crate::shape::NodeId;
@@ -136,6 +140,12 @@ pub enum ServiceError {
     #[error("malformed command slot: {0}")]
     Malformed(SlotError),
     #[error(transparent)]
+    Quota(#[from] Exceeded),
+    #[error("already attached")]
+    AlreadyAttached,
+    #[error("{0} collective reports in one request; at most {MAX_COLLECTIVE_REPORTS}")]
+    TooManyReports(usize),
+    #[error(transparent)]
     Ni(#[from] NiError),
 }
 
@@ -149,6 +159,7 @@ impl ServiceError {
             | ServiceError::NoSuchRank(_)
             | ServiceError::RankReserved { .. } => "workload_refused",
             ServiceError::MailboxReserved { .. } => "workload_reserved",
+            ServiceError::Quota(_) => "quota_refused",
             _ => "workload_request",
         }
     }
@@ -162,9 +173,66 @@ pub struct Placed {
     pub len: u64,
 }
 
-struct Workload {
+/// Who attaches: the job joined, and what the process and its job may hold here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Joining {
+    pub job: String,
     /// The job's protection domain, for what is kept for one (see [`crate::reserved`]).
-    pdid: Pdid,
+    pub pdid: Pdid,
+    pub limits: Limits,
+    pub job_limits: Limits,
+}
+
+impl Joining {
+    /// A process of the only job on the node, with the default limits of that case.
+    pub fn new(job: &str, pdid: Pdid) -> Joining {
+        Joining {
+            job: job.to_string(),
+            pdid,
+            limits: Limits::for_rank(&quota::RankQuota::default()),
+            job_limits: Limits::for_job(&quota::JobQuota::default(), 1),
+        }
+    }
+}
+
+/// What a control request asks of the driver beside the service's answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Answer the workload with this.
+    Answer(Reply),
+    /// Make the memory of a new region (already counted against the quotas), then give it
+    /// a place with [`WorkloadService::place_region`], or, if it cannot be made, give the
+    /// quota back with [`WorkloadService::abandon_region`].
+    MakeRegion(PendingRegion),
+    /// The region is gone from the rank's VA space: forget its memory, then answer
+    /// [`Reply::Ok`].
+    ForgetRegion(Placed),
+}
+
+/// A region counted against its rank's quotas but not yet placed; it must end in
+/// [`WorkloadService::place_region`] or [`WorkloadService::abandon_region`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a pending region holds quota until it is placed or abandoned"]
+pub struct PendingRegion {
+    rank: u8,
+    len: u64,
+}
+
+impl PendingRegion {
+    pub fn rank(&self) -> u8 {
+        self.rank
+    }
+
+    /// How many bytes the region will have.
+    pub fn bytes(&self) -> u64 {
+        self.len
+    }
+}
+
+struct Workload {
+    /// Who attached, and what it holds against its limits.
+    joined: Joining,
+    holding: Holding,
     ring: Box<dyn CompletionRing>,
     /// Completions the ring had no room for, in order.
     backlog: VecDeque<[u8; attach::SLOT]>,
@@ -215,6 +283,9 @@ pub struct WorkloadService {
     reserved: Reservations,
     /// Draws where each rank's first region goes (see [`WorkloadService::place_region`]).
     rng: SplitMix64,
+    /// Collectives the workloads' libraries reported, by job, kind and path: what one
+    /// job's workloads report moves only that job's counts.
+    collectives: BTreeMap<(String, CollectiveKind, CollectivePath), CollectiveReport>,
 }
 
 impl WorkloadService {
@@ -224,6 +295,7 @@ impl WorkloadService {
             ranks: (0..RANKS).map(|_| None).collect(),
             reserved: Reservations::ranks_only(),
             rng: SplitMix64::new(seed),
+            collectives: BTreeMap::new(),
         }
     }
 
@@ -257,15 +329,30 @@ impl WorkloadService {
             .ok_or(ServiceError::NotAttached(rank))
     }
 
-    /// Gives a workload of job `pdid` the lowest free rank it may hold, whose completions
+    /// Who attached on `rank`, and what it holds.
+    pub fn member(&self, rank: u8) -> Option<(&Joining, &Holding)> {
+        let w = self.ranks.get(usize::from(rank))?.as_ref()?;
+        Some((&w.joined, &w.holding))
+    }
+
+    /// What workloads reported of their collectives: job, then the counts of one kind and
+    /// path.
+    pub fn collective_counts(&self) -> impl Iterator<Item = (&str, &CollectiveReport)> {
+        self.collectives
+            .iter()
+            .map(|((job, _, _), r)| (job.as_str(), r))
+    }
+
+    /// Gives a workload of `who`'s job the lowest free rank it may hold, whose completions
     /// go to `ring`.
     pub fn attach(
         &mut self,
         ni: &mut Ni,
-        pdid: Pdid,
+        who: Joining,
         ring: Box<dyn CompletionRing>,
     ) -> Result<u8, ServiceError> {
         let reserved = self.reserved;
+        let pdid = who.pdid;
         let rank = (0..RANKS as u8)
             .find(|r| {
                 !self.is_attached(*r) && Reservations::may_hold(reserved.rank_owner(*r), *r, pdid)
@@ -275,7 +362,7 @@ impl WorkloadService {
                     .filter(|r| !Reservations::may_hold(reserved.rank_owner(*r), *r, pdid))
                     .count(),
             })?;
-        self.attach_at(ni, rank, pdid, ring)
+        self.attach_at(ni, rank, who, ring)
     }
 
     /// Gives a workload of job `pdid` rank `rank`, if it is free: for services that peers
@@ -284,9 +371,10 @@ impl WorkloadService {
         &mut self,
         ni: &mut Ni,
         rank: u8,
-        pdid: Pdid,
+        who: Joining,
         ring: Box<dyn CompletionRing>,
     ) -> Result<u8, ServiceError> {
+        let pdid = who.pdid;
         if usize::from(rank) >= RANKS {
             return Err(ServiceError::NoSuchRank(rank));
         }
@@ -300,9 +388,18 @@ impl WorkloadService {
         if self.is_attached(rank) {
             return Err(ServiceError::RankTaken(rank));
         }
+        let job_ranks = self.job_members(&who.job).count() as u32;
+        quota::check(
+            Kind::Rank,
+            1,
+            &Holding::default(),
+            &who.limits,
+            (&who.job, &who.job_limits, &Holding::default(), job_ranks),
+        )?;
         ni.attach(rank, pdid)?;
         self.ranks[usize::from(rank)] = Some(Workload {
-            pdid,
+            joined: who,
+            holding: Holding::default(),
             ring,
             backlog: VecDeque::new(),
             mailboxes: Vec::new(),
@@ -344,7 +441,40 @@ impl WorkloadService {
     /// land in the new workload's memory and complete "OK". At a random one they fault
     /// (NACK page_fault) unless they hit the new regions by chance, their share of
     /// ~223 GiB.
-    pub fn place_region(&mut self, rank: u8, len: u64) -> Result<Placed, ServiceError> {
+    pub fn place_region(&mut self, pending: PendingRegion) -> Result<Placed, ServiceError> {
+        let PendingRegion { rank, len } = pending;
+        let placed = self.place(rank, len);
+        if placed.is_err() {
+            self.give_back(rank, Kind::RegisteredBytes, len);
+        }
+        placed
+    }
+
+    /// Counts a region of `len` bytes against `rank`'s quotas, before its memory is made
+    /// (so that a refused request allocates nothing).
+    pub fn begin_region(&mut self, rank: u8, len: u64) -> Result<PendingRegion, ServiceError> {
+        if len == 0 || len > MAILBOX_WINDOW {
+            return Err(ServiceError::BadLength(len));
+        }
+        if self.workload(rank)?.regions.len() >= MAX_REGIONS {
+            return Err(ServiceError::TooManyRegions { rank });
+        }
+        self.reserve(rank, Kind::RegisteredBytes, len)?;
+        Ok(PendingRegion { rank, len })
+    }
+
+    /// Gives back what a region whose memory could not be made had counted.
+    pub fn abandon_region(&mut self, pending: PendingRegion) {
+        self.give_back(pending.rank, Kind::RegisteredBytes, pending.len);
+    }
+
+    /// Counts and places a region at once, for drivers whose memory needs no making first.
+    pub fn register(&mut self, rank: u8, len: u64) -> Result<Placed, ServiceError> {
+        let pending = self.begin_region(rank, len)?;
+        self.place_region(pending)
+    }
+
+    fn place(&mut self, rank: u8, len: u64) -> Result<Placed, ServiceError> {
         if len == 0 || len > MAILBOX_WINDOW {
             return Err(ServiceError::BadLength(len));
         }
@@ -385,7 +515,100 @@ impl WorkloadService {
             .iter()
             .position(|r| r.id == id)
             .ok_or(ServiceError::NoRegion { rank, id })?;
-        Ok(w.regions.remove(i))
+        let placed = w.regions.remove(i);
+        w.holding.add(Kind::RegisteredBytes, -(placed.len as i64));
+        Ok(placed)
+    }
+
+    /// The workloads of job `job`.
+    fn job_members<'a>(&'a self, job: &'a str) -> impl Iterator<Item = &'a Workload> + 'a {
+        self.ranks
+            .iter()
+            .flatten()
+            .filter(move |w| w.joined.job == job)
+    }
+
+    /// Takes `n` of `kind` for `rank` if it and its job stay within their limits.
+    fn reserve(&mut self, rank: u8, kind: Kind, n: u64) -> Result<(), ServiceError> {
+        let me = self.workload(rank)?;
+        let (mine, joined) = (me.holding, me.joined.clone());
+        let mut job_total = Holding::default();
+        let mut job_ranks = 0;
+        for w in self.job_members(&joined.job) {
+            job_ranks += 1;
+            for k in [
+                Kind::RdmaPage,
+                Kind::Packetizer,
+                Kind::Mailbox,
+                Kind::RegisteredBytes,
+            ] {
+                job_total.add(k, w.holding.get(k) as i64);
+            }
+        }
+        quota::check(
+            kind,
+            n,
+            &mine,
+            &joined.limits,
+            (&joined.job, &joined.job_limits, &job_total, job_ranks),
+        )?;
+        self.workload(rank)?.holding.add(kind, n as i64);
+        Ok(())
+    }
+
+    /// Gives back `n` of `kind` that `rank` held.
+    fn give_back(&mut self, rank: u8, kind: Kind, n: u64) {
+        if let Ok(w) = self.workload(rank) {
+            w.holding.add(kind, -(n as i64));
+        }
+    }
+
+    /// Answers a control request of `rank` (anything but the attach that made it).
+    pub fn control(
+        &mut self,
+        ni: &mut Ni,
+        rank: u8,
+        req: Request,
+    ) -> Result<Control, ServiceError> {
+        Ok(match req {
+            Request::Attach { .. } => return Err(ServiceError::AlreadyAttached),
+            Request::Register { len } => Control::MakeRegion(self.begin_region(rank, len)?),
+            Request::Unregister { region } => Control::ForgetRegion(self.unregister(rank, region)?),
+            Request::Alloc {
+                kind,
+                capacity,
+                index,
+            } => {
+                let (index, generation) = self.alloc(ni, rank, kind, capacity, index)?;
+                Control::Answer(Reply::Allocated { index, generation })
+            }
+            Request::Free { kind, index } => {
+                self.free(ni, rank, kind, index)?;
+                Control::Answer(Reply::Ok)
+            }
+            Request::CollectiveCounts { reports } => {
+                if reports.len() > MAX_COLLECTIVE_REPORTS {
+                    return Err(ServiceError::TooManyReports(reports.len()));
+                }
+                // A workload's own counts: it can only inflate them, and they saturate; and
+                // they are its job's, so it cannot move another job's.
+                let job = self.workload(rank)?.joined.job.clone();
+                for r in reports {
+                    let t = self
+                        .collectives
+                        .entry((job.clone(), r.kind, r.path))
+                        .or_insert(CollectiveReport {
+                            kind: r.kind,
+                            path: r.path,
+                            ..CollectiveReport::default()
+                        });
+                    t.started = t.started.saturating_add(r.started);
+                    t.completed = t.completed.saturating_add(r.completed);
+                    t.failed = t.failed.saturating_add(r.failed);
+                }
+                Control::Answer(Reply::Ok)
+            }
+        })
     }
 
     /// Gives `rank` an NI resource: its index, and for a mailbox the generation of this
@@ -398,18 +621,35 @@ impl WorkloadService {
         capacity: Option<u32>,
         want: Option<u8>,
     ) -> Result<(u8, u32), ServiceError> {
-        let reserved = self.reserved;
-        let w = self.workload(rank)?;
         if want.is_some() && kind != Resource::Mailbox {
             return Err(ServiceError::IndexNotMailbox);
         }
+        self.reserve(rank, quota_kind(kind), 1)?;
+        let got = self.alloc_held(ni, rank, kind, capacity, want);
+        if got.is_err() {
+            self.give_back(rank, quota_kind(kind), 1);
+        }
+        got
+    }
+
+    /// [`alloc`](Self::alloc) once the quota has been taken.
+    fn alloc_held(
+        &mut self,
+        ni: &mut Ni,
+        rank: u8,
+        kind: Resource,
+        capacity: Option<u32>,
+        want: Option<u8>,
+    ) -> Result<(u8, u32), ServiceError> {
+        let reserved = self.reserved;
+        let w = self.workload(rank)?;
         // A mailbox asked for by number must not be someone else's; one asked for as "any"
         // is never a kept one, not even the rank's own (its collective mailbox would then
         // be busy when it asks for it by number).
         let want = match (kind, want) {
             (Resource::Mailbox, Some(vi)) => {
                 let owner = reserved.mailbox_owner(vi);
-                if !Reservations::may_hold(owner, rank, w.pdid) {
+                if !Reservations::may_hold(owner, rank, w.joined.pdid) {
                     return Err(ServiceError::MailboxReserved {
                         index: vi,
                         owner: owner.unwrap_or(Owner::Rank(rank)),
@@ -457,6 +697,7 @@ impl WorkloadService {
         if kind == Resource::Mailbox {
             w.mailboxes.retain(|(v, _)| *v != index);
         }
+        w.holding.add(quota_kind(kind), -1);
         Ok(())
     }
 
@@ -692,4 +933,195 @@ fn post_allreduce(mem: &dyn Memory, rank: u8, post: &AllreducePost) -> Result<Al
         dst_va: post.dst_va,
         len: post.len,
     })
+}
+
+/// The quota a resource counts against.
+fn quota_kind(r: Resource) -> Kind {
+    match r {
+        Resource::Packetizer => Kind::Packetizer,
+        Resource::Mailbox => Kind::Mailbox,
+        Resource::RdmaPage => Kind::RdmaPage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::{CollectiveKind, CollectivePath};
+    use crate::ni::{Ni, NiConfig};
+
+    struct Discard;
+
+    impl CompletionRing for Discard {
+        fn push(&mut self, _: &[u8; attach::SLOT]) -> bool {
+            true
+        }
+        fn has_room(&mut self) -> bool {
+            true
+        }
+        fn wake(&mut self) {}
+        fn consumed(&self, _: u8) -> Box<dyn ConsumedCount> {
+            Box::new(|| 0)
+        }
+    }
+
+    fn joining(job: &str, pdid: u16, rank_pages: u32, job_pages: u32) -> Joining {
+        let mut j = Joining::new(job, Pdid(pdid));
+        j.limits.rdma_pages = rank_pages;
+        j.job_limits.rdma_pages = job_pages;
+        j.job_limits.ranks = 2;
+        j
+    }
+
+    fn alloc_page(
+        svc: &mut WorkloadService,
+        ni: &mut Ni,
+        rank: u8,
+    ) -> Result<Control, ServiceError> {
+        let req = Request::Alloc {
+            kind: Resource::RdmaPage,
+            capacity: None,
+            index: None,
+        };
+        svc.control(ni, rank, req)
+    }
+
+    #[test]
+    fn control_requests_hold_each_rank_and_each_job_to_its_quota() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let a0 = svc
+            .attach(&mut ni, joining("a", 1, 2, 3), Box::new(Discard))
+            .unwrap();
+        let a1 = svc
+            .attach(&mut ni, joining("a", 1, 2, 3), Box::new(Discard))
+            .unwrap();
+        // The job's third rank is refused, naming the job's limit; another job's is not.
+        let e = svc
+            .attach(&mut ni, joining("a", 1, 2, 3), Box::new(Discard))
+            .unwrap_err();
+        assert_eq!(e.kind(), "quota_refused");
+        assert_eq!(e.to_string(), "job a holds 2 of its 2 ranks on this node");
+        let b = svc
+            .attach(&mut ni, joining("b", 2, 2, 3), Box::new(Discard))
+            .unwrap();
+
+        // Rank a0 may hold 2 pages; the job 3 between its ranks.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let Ok(Control::Answer(Reply::Allocated { index, .. })) =
+                alloc_page(&mut svc, &mut ni, a0)
+            else {
+                panic!("a0's first two pages are within its quota")
+            };
+            held.push(index);
+        }
+        let e = alloc_page(&mut svc, &mut ni, a0).unwrap_err();
+        assert_eq!(e.to_string(), "this process holds 2 of its 2 RDMA pages");
+        assert!(alloc_page(&mut svc, &mut ni, a1).is_ok());
+        let e = alloc_page(&mut svc, &mut ni, a1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "job a holds 3 of its 3 RDMA pages on this node"
+        );
+        // Job b's share is its own.
+        assert!(alloc_page(&mut svc, &mut ni, b).is_ok());
+        assert_eq!(svc.member(a0).unwrap().1.rdma_pages, 2);
+
+        // What is given back may be taken again; a refused free gives nothing back.
+        let free = |index| Request::Free {
+            kind: Resource::RdmaPage,
+            index,
+        };
+        assert!(svc.control(&mut ni, a0, free(99)).is_err());
+        assert_eq!(svc.member(a0).unwrap().1.rdma_pages, 2);
+        assert_eq!(
+            svc.control(&mut ni, a0, free(held[0])).unwrap(),
+            Control::Answer(Reply::Ok)
+        );
+        assert_eq!(svc.member(a0).unwrap().1.rdma_pages, 1);
+        assert!(alloc_page(&mut svc, &mut ni, a1).is_ok());
+    }
+
+    #[test]
+    fn registered_memory_counts_from_request_to_unregister() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let mut who = Joining::new("a", Pdid(1));
+        who.limits.registered_bytes = 3 << 20;
+        let r = svc.attach(&mut ni, who, Box::new(Discard)).unwrap();
+        let bytes = |svc: &WorkloadService| svc.member(r).unwrap().1.registered_bytes;
+
+        // Counted before the memory is made, so an over-quota request allocates nothing.
+        let Control::MakeRegion(first) = svc
+            .control(&mut ni, r, Request::Register { len: 2 << 20 })
+            .unwrap()
+        else {
+            panic!("a register asks for memory")
+        };
+        assert_eq!(bytes(&svc), 2 << 20);
+        let e = svc
+            .control(&mut ni, r, Request::Register { len: 2 << 20 })
+            .unwrap_err();
+        assert_eq!(e.kind(), "quota_refused");
+        let placed = svc.place_region(first).unwrap();
+        // Memory that could not be made gives its count back.
+        let Ok(Control::MakeRegion(second)) =
+            svc.control(&mut ni, r, Request::Register { len: 1 << 20 })
+        else {
+            panic!("1 MiB more fits")
+        };
+        svc.abandon_region(second);
+        assert_eq!(bytes(&svc), 2 << 20);
+        assert_eq!(
+            svc.control(&mut ni, r, Request::Unregister { region: placed.id }),
+            Ok(Control::ForgetRegion(placed))
+        );
+        assert_eq!(bytes(&svc), 0);
+        assert_eq!(
+            svc.control(&mut ni, r, Request::Register { len: 0 }),
+            Err(ServiceError::BadLength(0))
+        );
+    }
+
+    #[test]
+    fn collective_counts_are_kept_by_job_and_bounded() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let a = svc
+            .attach(&mut ni, Joining::new("a", Pdid(1)), Box::new(Discard))
+            .unwrap();
+        let b = svc
+            .attach(&mut ni, Joining::new("b", Pdid(2)), Box::new(Discard))
+            .unwrap();
+        let report = |started| CollectiveReport {
+            kind: CollectiveKind::Allreduce,
+            path: CollectivePath::Software,
+            started,
+            completed: started,
+            failed: 0,
+        };
+        for (rank, n) in [(a, 3), (a, u64::MAX), (b, 5)] {
+            let req = Request::CollectiveCounts {
+                reports: vec![report(n)],
+            };
+            assert_eq!(
+                svc.control(&mut ni, rank, req),
+                Ok(Control::Answer(Reply::Ok))
+            );
+        }
+        let counts: Vec<(&str, u64)> = svc
+            .collective_counts()
+            .map(|(job, r)| (job, r.started))
+            .collect();
+        // Saturating, and one job's reports never move another's.
+        assert_eq!(counts, [("a", u64::MAX), ("b", 5)]);
+        let req = Request::CollectiveCounts {
+            reports: vec![report(1); MAX_COLLECTIVE_REPORTS + 1],
+        };
+        assert_eq!(
+            svc.control(&mut ni, b, req),
+            Err(ServiceError::TooManyReports(MAX_COLLECTIVE_REPORTS + 1))
+        );
+    }
 }

@@ -7,10 +7,10 @@ use exanet_proto::fault::LinkFaults;
 use exanet_proto::gvas::Pdid;
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{Allreduce, DataType, Failure, NiError, NiEvent, ReduceOp, VecMemory};
-use exanet_proto::node::NodeEvent;
-use exanet_proto::rng::SplitMix64;
-use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::NodeEvent;
+use exanet_proto::SplitMix64;
+use exanet_proto::{NodeId, Shape};
 
 // The references the expectations come from (by path: shared with the unit tests).
 #[path = "support/reference.rs"]

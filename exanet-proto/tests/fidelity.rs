@@ -24,9 +24,9 @@ use exanet_proto::fidelity::{run, table, Row};
 use exanet_proto::gvas::Pdid;
 use exanet_proto::model::{Model, ModelParams, ModelTime};
 use exanet_proto::ni::{Allreduce, DataType, NiEvent, ReduceOp, VecMemory};
-use exanet_proto::node::NodeEvent;
-use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::NodeEvent;
+use exanet_proto::{NodeId, Shape};
 
 /// How a figure is checked (see the module's documentation).
 #[derive(Clone, Copy, Debug)]

@@ -11,8 +11,8 @@ use exanet_proto::ni::{
     mailbox_gvas, ChannelState, Failure, NackReason, NiConfig, NiEvent, RdmaRead, RdmaWrite,
     SendMessage, TransferId, VecMemory,
 };
-use exanet_proto::node::NodeEvent;
 use exanet_proto::sim::{Sim, SimConfig, SimRng};
+use exanet_proto::NodeEvent;
 use exanet_proto::{Gvas, Instant, NodeId, Pdid, Shape};
 
 const PDID: Pdid = Pdid(7);

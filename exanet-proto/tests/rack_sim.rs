@@ -15,13 +15,13 @@
 use std::collections::HashMap;
 
 use exanet_proto::cell::OVERHEAD;
-use exanet_proto::node::NodeEvent;
 use exanet_proto::routing::{self, Vc};
-use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::switch::SwitchConfig;
-use exanet_proto::time::Instant;
 use exanet_proto::topology::{self, LinkKind, Port};
+use exanet_proto::Instant;
+use exanet_proto::NodeEvent;
+use exanet_proto::SwitchConfig;
+use exanet_proto::{NodeId, Shape};
 
 /// Payload of the load cells: full cells, 288 B on the wire.
 const PAYLOAD: usize = 256;

@@ -11,8 +11,8 @@ use exanet_proto::frame::{self, Frame, FrameDecoder, Hello};
 use exanet_proto::gvas::{Gvas, GvasError, Pdid, GVAS_LEN};
 use exanet_proto::model::{ModelTime, Stamp};
 use exanet_proto::routing::Vc;
-use exanet_proto::shape::{Coord, NameError, NodeId, NodeName, Shape};
 use exanet_proto::topology::Port;
+use exanet_proto::{Coord, NameError, NodeId, NodeName, Shape};
 
 const NODE_LIMIT: u32 = 1 << 22;
 const VA_LIMIT: u64 = 1 << 39;

@@ -9,11 +9,11 @@
 use exanet_proto::capture::{CaptureFilter, Direction};
 use exanet_proto::cell::{Cell, CellType};
 use exanet_proto::fault::LinkFaults;
-use exanet_proto::node::NodeEvent;
-use exanet_proto::shape::{NodeId, Shape};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::time::Instant;
 use exanet_proto::topology::port_to;
+use exanet_proto::Instant;
+use exanet_proto::NodeEvent;
+use exanet_proto::{NodeId, Shape};
 
 const A: NodeId = NodeId(0);
 const B: NodeId = NodeId(1);

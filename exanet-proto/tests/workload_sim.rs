@@ -14,7 +14,7 @@ use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::ni::op::{RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::ni::{mailbox_gvas, MemFault, Memory, VecMemory};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::workload::{CompletionRing, OpKind, Placed};
+use exanet_proto::workload::{CompletionRing, Joining, OpKind, Placed};
 use exanet_proto::{Gvas, Instant, NodeId, Pdid, Shape};
 
 const PDID: Pdid = Pdid(42);
@@ -112,8 +112,14 @@ impl Workload {
     fn attach_job(sim: &mut Sim, node: NodeId, mem: &Shared, pdid: Pdid) -> Workload {
         let ring = Ring::default();
         let (svc, ni, _) = sim.workloads(node);
-        let rank = svc.attach(ni, pdid, Box::new(ring.clone())).unwrap();
-        let region = svc.place_region(rank, REGION).unwrap();
+        let rank = svc
+            .attach(
+                ni,
+                Joining::new(&format!("job{}", pdid.0), pdid),
+                Box::new(ring.clone()),
+            )
+            .unwrap();
+        let region = svc.register(rank, REGION).unwrap();
         assert_eq!(region.va % (2 << 20), 0, "regions are 2 MiB aligned");
         let (page, _) = svc.alloc(ni, rank, Resource::RdmaPage, None, None).unwrap();
         mem.0
@@ -433,15 +439,15 @@ fn a_detached_rank_is_free_for_the_next_workload_whose_memory_goes_elsewhere() {
     let first_va = first.region.va;
     assert!(svc.detach(ni, first.rank, Instant::ZERO));
     assert!(!svc.detach(ni, first.rank, Instant::ZERO), "detached once");
-    assert!(svc.place_region(first.rank, 4096).is_err());
+    assert!(svc.register(first.rank, 4096).is_err());
     let second = Workload::attach(&mut sim, node, &mem);
     assert_eq!(second.rank, first.rank, "the rank is free again");
     // Its memory goes elsewhere, so what was meant for the first workload faults.
     assert_ne!(second.region.va, first_va);
     // A rank's next regions follow its first, each on a 2 MiB boundary.
     let (svc, _, _) = sim.workloads(node);
-    let next = svc.place_region(second.rank, 4096).unwrap();
-    let after = svc.place_region(second.rank, 1).unwrap();
+    let next = svc.register(second.rank, 4096).unwrap();
+    let after = svc.register(second.rank, 1).unwrap();
     assert_eq!(
         next.va,
         second.region.va + REGION.div_ceil(2 << 20) * (2 << 20)
@@ -463,18 +469,20 @@ fn a_rank_and_a_mailbox_interface_can_be_asked_for_by_number() {
     let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
     let (svc, ni, _) = sim.workloads(NodeId(0));
     let ip = svc
-        .attach_at(ni, 7, PDID, Box::new(Ring::default()))
+        .attach_at(ni, 7, Joining::new("job", PDID), Box::new(Ring::default()))
         .unwrap();
     assert_eq!(ip, 7);
     assert!(matches!(
-        svc.attach_at(ni, 7, PDID, Box::new(Ring::default())),
+        svc.attach_at(ni, 7, Joining::new("job", PDID), Box::new(Ring::default())),
         Err(ServiceError::RankTaken(7))
     ));
     assert!(matches!(
-        svc.attach_at(ni, 8, PDID, Box::new(Ring::default())),
+        svc.attach_at(ni, 8, Joining::new("job", PDID), Box::new(Ring::default())),
         Err(ServiceError::NoSuchRank(8))
     ));
-    let other = svc.attach(ni, PDID, Box::new(Ring::default())).unwrap();
+    let other = svc
+        .attach(ni, Joining::new("job", PDID), Box::new(Ring::default()))
+        .unwrap();
     assert_eq!(other, 0, "the lowest free rank, not the one asked for");
     let last = exanet_proto::reserved::IP_MAILBOX_VI;
     assert_eq!(usize::from(last), exanet_proto::ni::MAILBOX_VIS - 1);

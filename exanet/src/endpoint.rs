@@ -9,7 +9,7 @@ use exanet_proto::gvas::{Gvas, Pdid};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::rdma::{MAX_TRANSFER, READ_CHANNELS, WRITE_CHANNELS};
 use exanet_proto::ni::{RdmaRead, RdmaWrite, SendMessage, CHANNELS, MAX_MESSAGE, RANKS};
-use exanet_proto::shape::{NodeId, Shape};
+use exanet_proto::{NodeId, Shape};
 use exanet_shm::{Doorbell, Region, Ring, Ringer};
 
 use crate::config::{read_shape, socket_path, Config};
@@ -123,7 +123,7 @@ impl Endpoint {
         if usize::from(rank) >= RANKS {
             return Err(bad(format!("rank {rank} outside 0..{RANKS}")));
         }
-        if nodes == 0 || nodes > 1 << exanet_proto::shape::NODE_ID_BITS {
+        if nodes == 0 || nodes > 1 << exanet_proto::NODE_ID_BITS {
             return Err(bad(format!("{nodes} nodes")));
         }
         if node_id >= nodes {

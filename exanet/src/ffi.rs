@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::gvas::Gvas;
 use exanet_proto::ni::MAX_MESSAGE;
-use exanet_proto::shape::NodeId;
+use exanet_proto::NodeId;
 
 use crate::collective::{Collectives, DataType, Group, Path, ReduceOp};
 use crate::error::{codes, Error, OpError};

@@ -64,7 +64,7 @@ pub use error::{Error, OpError, Result};
 pub use exanet_proto::gvas::{Gvas, Pdid};
 pub use exanet_proto::model::ModelTime;
 pub use exanet_proto::ni::{NackReason, MAILBOX_WINDOW};
-pub use exanet_proto::shape::{NameError, NodeId, NodeName, Shape};
+pub use exanet_proto::{NameError, NodeId, NodeName, Shape};
 
 /// Bytes a packetizer message carries at most.
 pub const MAX_MESSAGE: usize = exanet_proto::ni::MAX_MESSAGE;

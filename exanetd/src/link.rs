@@ -12,7 +12,7 @@ use std::time::Duration;
 use exanet_proto::capture::{self, Direction, Seen};
 use exanet_proto::frame::{Frame, FrameDecoder, Hello};
 use exanet_proto::model::ModelTime;
-use exanet_proto::station::SessionEnd;
+use exanet_proto::SessionEnd;
 use exanet_proto::{NodeId, Port, Vc};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use rand::Rng;

@@ -20,8 +20,9 @@
 //! descriptors: pipes cannot, and the attach socket refuses `SCM_RIGHTS` (Linux >= 6.16;
 //! on older kernels whatever arrives is closed by `crate::closer`, as is the connection
 //! itself, so that a close a workload made blocking never holds a lock or a session's
-//! thread). What one connection, process or job may hold is bounded (`crate::quota`), and a
-//! session's teardown frees all of it whatever the workload did.
+//! thread). What one connection may hold is bounded here, what one process or job may hold
+//! by the workload service (`exanet_proto::quota`), and a session's teardown frees all of
+//! it whatever the workload did.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -31,10 +32,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::attach::{
-    self, CollectiveReport, Command, Reply, Request, Resource, MAX_COLLECTIVE_REPORTS,
-};
-use exanet_proto::workload::ServiceError;
+use exanet_proto::attach::{self, Command, Reply, Request};
+use exanet_proto::workload::{Control, Joining, ServiceError};
 use exanet_proto::Pdid;
 use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer};
 use tokio::net::unix::pipe;
@@ -42,8 +41,8 @@ use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
 use crate::closer::{close_later, CloseLater};
-use crate::node::{Core, NodeHandle};
-use crate::quota::{self, Holding, Kind, Limits};
+use crate::node::NodeHandle;
+use crate::quota::Limits;
 use crate::session::{Ended, EndedGuard, Session, ShmRing};
 use crate::shm_memory::ShmMemory;
 
@@ -406,10 +405,9 @@ fn serve_session(
         );
         return;
     }
-    let who = Who {
+    let who = Joining {
         job: job_name.to_string(),
-        pdid: job.pdid,
-        peer,
+        pdid: Pdid(job.pdid),
         limits: Limits::for_rank(
             &node
                 .rack
@@ -435,7 +433,7 @@ fn serve_session(
     let ended = Arc::new(Ended::default());
     let _ended = EndedGuard(Arc::clone(&ended));
     reap_dead(&node);
-    let attached = match attach_rank(&node, who, want_rank, conn_copy, ended) {
+    let attached = match attach_rank(&node, who, peer, want_rank, conn_copy, ended) {
         Ok(a) => a,
         Err(e) => {
             error(conn, &node, "workload_refused", e);
@@ -506,7 +504,7 @@ fn serve_session(
                     let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
                     reply(conn, &r, &fds)
                 }
-                Err(e) => error(conn, &node, "workload_request", e),
+                Err((kind, e)) => error(conn, &node, kind, e),
             };
             if !sent {
                 break;
@@ -535,15 +533,6 @@ fn serve_session(
     info!(rank, "workload detached");
 }
 
-/// Who is attaching, and what they may hold.
-struct Who {
-    job: String,
-    pdid: u16,
-    peer: PeerCredentials,
-    limits: Limits,
-    job_limits: Limits,
-}
-
 struct Attached {
     rank: u8,
     pdid: u16,
@@ -561,7 +550,8 @@ struct Attached {
 /// Takes a free rank for `who`, within its job's quota, and makes its rings and doorbells.
 fn attach_rank(
     node: &NodeHandle,
-    who: Who,
+    who: Joining,
+    peer: PeerCredentials,
     want_rank: Option<u8>,
     conn: CloseLater<OwnedFd>,
     ended: Arc<Ended>,
@@ -583,24 +573,7 @@ fn attach_rank(
     let (from_workload_peer, from_workload) = exanet_shm::doorbell().map_err(|x| e(&x))?;
     let wake_ring = from_workload_peer.try_clone().map_err(|x| e(&x))?;
     let mut core = node.lock();
-    let job_ranks = core
-        .sessions
-        .iter()
-        .flatten()
-        .filter(|s| s.job == who.job)
-        .count() as u32;
-    if let Err(x) = quota::check(
-        Kind::Rank,
-        1,
-        &Holding::default(),
-        &who.limits,
-        (&who.job, &who.job_limits, &Holding::default(), job_ranks),
-    ) {
-        // Through the guard: `node.count_error` would take the core lock a second time.
-        core.station.count_error("quota_refused");
-        return Err(x.to_string());
-    }
-    let pdid = who.pdid;
+    let pdid = who.pdid.0;
     let ring = ShmRing {
         completions,
         to_workload,
@@ -609,20 +582,20 @@ fn attach_rank(
     };
     let (svc, ni, _) = core.workloads();
     let rank = match want_rank {
-        Some(r) => svc.attach_at(ni, r, Pdid(pdid), Box::new(ring)),
-        None => svc.attach(ni, Pdid(pdid), Box::new(ring)),
-    }
-    .map_err(|x| format!("{x} on {}", node.name))?;
-    core.sessions[rank as usize] = Some(Session {
-        job: who.job,
-        pdid,
-        peer: who.peer,
-        holding: Holding::default(),
-        limits: who.limits,
-        job_limits: who.job_limits,
-        conn,
-        ended,
-    });
+        Some(r) => svc.attach_at(ni, r, who, Box::new(ring)),
+        None => svc.attach(ni, who, Box::new(ring)),
+    };
+    let rank = match rank {
+        Ok(r) => r,
+        Err(x) => {
+            // Through the guard: `node.count_error` would take the core lock a second time.
+            if matches!(x, ServiceError::Quota(_)) {
+                core.station.count_error(x.kind());
+            }
+            return Err(format!("{x} on {}", node.name));
+        }
+    };
+    core.sessions[rank as usize] = Some(Session { peer, conn, ended });
     let nodes = node.rack.shape().nodes();
     Ok(Attached {
         rank,
@@ -650,158 +623,62 @@ fn attach_rank(
     })
 }
 
-/// Takes `n` of `kind` for `rank` if it and its job stay within their limits.
-fn reserve(core: &mut Core, rank: u8, kind: Kind, n: u64) -> Result<(), String> {
-    let Some(Some(me)) = core.sessions.get(rank as usize) else {
-        return Err(format!("rank {rank} is not attached"));
-    };
-    let mut job_total = Holding::default();
-    let mut job_ranks = 0;
-    for s in core.sessions.iter().flatten().filter(|s| s.job == me.job) {
-        job_ranks += 1;
-        job_total.rdma_pages += s.holding.rdma_pages;
-        job_total.packetizers += s.holding.packetizers;
-        job_total.mailboxes += s.holding.mailboxes;
-        job_total.registered_bytes += s.holding.registered_bytes;
-    }
-    quota::check(
-        kind,
-        n,
-        &me.holding,
-        &me.limits,
-        (&me.job, &me.job_limits, &job_total, job_ranks),
-    )
-    .map_err(|x| {
-        core.station.count_error("quota_refused");
-        x.to_string()
-    })?;
-    if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
-        me.holding.add(kind, n as i64);
-    }
-    Ok(())
-}
-
-/// Gives back `n` of `kind` that `rank` held.
-fn give_back(core: &mut Core, rank: u8, kind: Kind, n: u64) {
-    if let Some(Some(me)) = core.sessions.get_mut(rank as usize) {
-        me.holding.add(kind, -(n as i64));
-    }
-}
-
+/// Answers a control request of `rank`: the service decides, and here its memory is
+/// made and forgotten. An error names what to count it under.
 fn handle_request(
     node: &NodeHandle,
     mem: &ShmMemory,
     rank: u8,
     req: Request,
-) -> Result<(Reply, Option<OwnedFd>), String> {
-    match req {
-        Request::Attach { .. } => Err("already attached".into()),
-        Request::Register { len } => {
-            let size = usize::try_from(len)
-                .ok()
-                .filter(|s| *s > 0 && *s <= isize::MAX as usize)
-                .ok_or_else(|| format!("cannot register {len} bytes"))?;
-            reserve(&mut node.lock(), rank, Kind::RegisteredBytes, len)?;
+) -> Result<(Reply, Option<OwnedFd>), (&'static str, String)> {
+    let refused = |e: ServiceError| (e.kind(), e.to_string());
+    let control = {
+        let mut core = node.lock();
+        let (svc, ni, _) = core.workloads();
+        let control = svc.control(ni, rank, req).map_err(refused)?;
+        // Under the same lock: the NI never sees a region the service has forgotten.
+        if let Control::ForgetRegion(placed) = &control {
+            mem.remove(rank, placed.va);
+        }
+        control
+    };
+    match control {
+        Control::Answer(r) => Ok((r, None)),
+        Control::ForgetRegion(_) => Ok((Reply::Ok, None)),
+        Control::MakeRegion(pending) => {
             // Made and allocated outside the core lock: it may take a while for a large
             // region, and every other rank's traffic needs that lock.
-            let made = Region::create(&format!("exanet-{}-r{rank}", node.name), size)
-                .map_err(|e| e.to_string())
-                .and_then(|region| {
+            let made = usize::try_from(pending.bytes())
+                .ok()
+                .filter(|s| *s <= isize::MAX as usize)
+                .ok_or_else(|| format!("cannot register {} bytes", pending.bytes()))
+                .and_then(|size| {
+                    let region = Region::create(&format!("exanet-{}-r{rank}", node.name), size)
+                        .map_err(|e| e.to_string())?;
                     let fd = region.try_clone_fd().map_err(|e| e.to_string())?;
                     Ok((region, fd))
-                })
-                .and_then(|(region, fd)| {
-                    // Placed and mapped under one lock: the NI sees the region where the
-                    // service says it is, or not at all.
-                    let mut core = node.lock();
-                    let (svc, _, _) = core.workloads();
-                    let placed = svc.place_region(rank, len).map_err(|e| e.to_string())?;
-                    mem.insert(rank, placed.va, region);
-                    Ok((placed, fd))
                 });
-            match made {
-                Ok((placed, fd)) => Ok((
-                    Reply::Registered {
-                        region: placed.id,
-                        va: placed.va,
-                    },
-                    Some(fd),
-                )),
-                Err(e) => {
-                    give_back(&mut node.lock(), rank, Kind::RegisteredBytes, len);
-                    Err(e)
-                }
-            }
-        }
-        Request::Unregister { region } => {
+            // Placed and mapped under one lock: the NI sees the region where the service
+            // says it is, or not at all.
             let mut core = node.lock();
             let (svc, _, _) = core.workloads();
-            let placed = svc.unregister(rank, region).map_err(|e| e.to_string())?;
-            let len = mem.remove(rank, placed.va).unwrap_or(0);
-            give_back(&mut core, rank, Kind::RegisteredBytes, len);
-            Ok((Reply::Ok, None))
-        }
-        Request::Alloc {
-            kind,
-            capacity,
-            index,
-        } => {
-            let mut core = node.lock();
-            let q = quota_kind(kind);
-            reserve(&mut core, rank, q, 1)?;
-            let (svc, ni, _) = core.workloads();
-            match svc.alloc(ni, rank, kind, capacity, index) {
-                Ok((index, generation)) => Ok((Reply::Allocated { index, generation }, None)),
+            let (region, fd) = match made {
+                Ok(x) => x,
                 Err(e) => {
-                    give_back(&mut core, rank, q, 1);
-                    Err(e.to_string())
+                    svc.abandon_region(pending);
+                    return Err(("workload_request", e));
                 }
-            }
-        }
-        Request::Free { kind, index } => {
-            let mut core = node.lock();
-            let (svc, ni, _) = core.workloads();
-            svc.free(ni, rank, kind, index).map_err(|e| e.to_string())?;
-            give_back(&mut core, rank, quota_kind(kind), 1);
-            Ok((Reply::Ok, None))
-        }
-        Request::CollectiveCounts { reports } => {
-            if reports.len() > MAX_COLLECTIVE_REPORTS {
-                return Err(format!(
-                    "{} collective reports in one request; at most {MAX_COLLECTIVE_REPORTS}",
-                    reports.len()
-                ));
-            }
-            // A workload's own counts: it can only inflate them, and they saturate; and
-            // they are its job's, so it cannot move another job's.
-            let mut core = node.lock();
-            let Some(Some(me)) = core.sessions.get(rank as usize) else {
-                return Err(format!("rank {rank} is not attached"));
             };
-            let job = me.job.clone();
-            for r in reports {
-                let t = core
-                    .collectives
-                    .entry((job.clone(), r.kind, r.path))
-                    .or_insert(CollectiveReport {
-                        kind: r.kind,
-                        path: r.path,
-                        ..CollectiveReport::default()
-                    });
-                t.started = t.started.saturating_add(r.started);
-                t.completed = t.completed.saturating_add(r.completed);
-                t.failed = t.failed.saturating_add(r.failed);
-            }
-            Ok((Reply::Ok, None))
+            let placed = svc.place_region(pending).map_err(refused)?;
+            mem.insert(rank, placed.va, region);
+            Ok((
+                Reply::Registered {
+                    region: placed.id,
+                    va: placed.va,
+                },
+                Some(fd),
+            ))
         }
-    }
-}
-
-fn quota_kind(r: Resource) -> Kind {
-    match r {
-        Resource::Packetizer => Kind::Packetizer,
-        Resource::Mailbox => Kind::Mailbox,
-        Resource::RdmaPage => Kind::RdmaPage,
     }
 }
 

@@ -11,14 +11,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use exanet_proto::attach::{CollectiveKind, CollectivePath, CollectiveReport};
 use exanet_proto::fault::{FaultError, LinkFaults};
 use exanet_proto::frame::{Frame, FrameError, Hello};
-use exanet_proto::node::NodeStats;
-use exanet_proto::station::{
-    HelloError, SessionEnd, SessionId, SessionRefused, Station, StationEvent,
-};
 use exanet_proto::topology::NPORTS;
+use exanet_proto::NodeStats;
+use exanet_proto::{HelloError, SessionEnd, SessionId, SessionRefused, Station, StationEvent};
 use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port};
 use tokio::sync::{oneshot, Notify};
 use tracing::debug;
@@ -74,10 +71,6 @@ pub struct Core {
     next_probe: u32,
     /// How long workloads' operations take, from command to completion.
     pub latency: crate::metrics::Latency,
-    /// Collectives the workloads' libraries reported, by kind and path.
-    /// By job: what one job's workloads report moves only that job's counts.
-    pub collectives:
-        std::collections::BTreeMap<(String, CollectiveKind, CollectivePath), CollectiveReport>,
 }
 
 impl Core {
@@ -255,16 +248,17 @@ fn ni_status(core: &Core) -> NiStatus {
             .enumerate()
             .filter_map(|(rank, s)| {
                 let s = s.as_ref()?;
+                let (joined, holding) = core.station.workload_service().member(rank as u8)?;
                 Some(crate::control::WorkloadStatus {
                     rank: rank as u8,
-                    job: s.job.clone(),
-                    pdid: s.pdid,
+                    job: joined.job.clone(),
+                    pdid: joined.pdid.0,
                     pid: s.peer.pid,
                     uid: s.peer.uid,
-                    rdma_pages: s.holding.rdma_pages,
-                    packetizers: s.holding.packetizers,
-                    mailboxes: s.holding.mailboxes,
-                    registered_bytes: s.holding.registered_bytes,
+                    rdma_pages: holding.rdma_pages,
+                    packetizers: holding.packetizers,
+                    mailboxes: holding.mailboxes,
+                    registered_bytes: holding.registered_bytes,
                 })
             })
             .collect(),
@@ -344,7 +338,6 @@ impl NodeHandle {
                 pings: HashMap::new(),
                 next_probe: 1,
                 latency: crate::metrics::Latency::new(&shape.display(id)),
-                collectives: Default::default(),
             }),
             origin: std::time::Instant::now(),
             name: shape.display(id),
@@ -486,10 +479,11 @@ impl NodeHandle {
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             modeled_time_seconds: sw.modeled_now().as_secs_f64(),
             collectives: core
-                .collectives
-                .iter()
-                .map(|((job, _, _), r)| crate::control::JobCollectives {
-                    job: job.clone(),
+                .station
+                .workload_service()
+                .collective_counts()
+                .map(|(job, r)| crate::control::JobCollectives {
+                    job: job.to_string(),
                     report: *r,
                 })
                 .collect(),

@@ -1,6 +1,6 @@
 //! An attached workload as the daemon sees it, beside what the workload service
-//! (`exanet_proto::workload`) keeps of it: who attached, what it holds against its quotas,
-//! its control connection, and its completion ring in shared memory.
+//! (`exanet_proto::workload`) keeps of it (its job and what it holds against its quotas):
+//! the process, its control connection, and its completion ring in shared memory.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -13,18 +13,10 @@ use exanet_shm::{PeerCredentials, Producer, Region, Ringer};
 
 use crate::closer::CloseLater;
 
-use crate::quota::{Holding, Limits};
-
 /// The daemon's half of an attached workload, kept in the core by rank.
 pub struct Session {
-    /// Who attached: the job joined and the process (`SO_PEERCRED`).
-    pub job: String,
-    pub pdid: u16,
+    /// Who attached (`SO_PEERCRED`); its job and holdings are the workload service's.
     pub peer: PeerCredentials,
-    /// What it holds, and what it and its job may hold.
-    pub holding: Holding,
-    pub limits: Limits,
-    pub job_limits: Limits,
     /// A copy of the control connection, to tell that the workload is gone before the
     /// session's own thread has noticed (closed by a closer, as the workload is its peer);
     /// and the end of its teardown.

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exanet_proto::routing;
-use exanet_proto::shape::{NodeId, Shape};
+use exanet_proto::{NodeId, Shape};
 use exanet_tests::{
     metric_sum, parse_prometheus, pattern, run_with_timeout, skip_unless_required, Run, Sample,
     TestRack,

@@ -577,7 +577,7 @@ fn dateline_and_z_links_carry_both_ways_round_a_ring_of_four_without_deadlock() 
 // 2. Backpressure from a stopped receiver.
 
 const BP_SHAPE: &str = "2x1x1";
-const WINDOW: u64 = exanet_proto::switch::DEFAULT_WINDOW as u64;
+const WINDOW: u64 = exanet_proto::DEFAULT_WINDOW as u64;
 const BP_LEN: u64 = 4 << 20;
 const BP_WRITES: u64 = 8;
 /// Longest the receiver stays stopped: under the links' QUIC idle timeout (10 s), which

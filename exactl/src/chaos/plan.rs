@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use exanet_proto::fault::{FaultKind, FaultUnit, FaultValue, LinkFaults};
-use exanet_proto::rng::SplitMix64;
+use exanet_proto::SplitMix64;
 use exanet_proto::{topology, NodeId, NodeName, Shape};
 
 use crate::error::{CliError, Result};

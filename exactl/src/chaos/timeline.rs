@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use exanet_proto::rng::SplitMix64;
+use exanet_proto::SplitMix64;
 use exanet_proto::{NodeId, Shape};
 
 use super::plan::{usage, Plan, What};

@@ -32,7 +32,7 @@ use exanet_proto::attach::{
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::allreduce::{eligible, MAX_VECTOR};
 pub use exanet_proto::ni::{DataType, ReduceOp};
-use exanet_proto::shape::NodeId;
+use exanet_proto::NodeId;
 
 use crate::endpoint::{Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
 use crate::engine::{Chan, Incoming, Shared};

@@ -26,7 +26,7 @@ use exanet_proto::fault::LinkFaults;
 use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::ni::{Backing, BackingFault, MemFault, Memory, Regions};
 use exanet_proto::sim::{Sim, SimConfig};
-use exanet_proto::workload::CompletionRing;
+use exanet_proto::workload::{CompletionRing, Control, Joining};
 use exanet_proto::{NodeId, Pdid, Shape};
 use exanet_shm::{
     doorbell, recv_fds, send_fds, Consumer, Doorbell, Producer, Region, Ring, Ringer, Waiter,
@@ -87,8 +87,6 @@ impl Drop for Fake {
 struct Core {
     sim: Sim,
     mem: Registered,
-    /// What workloads reported of their collectives, as the daemon would count it.
-    collectives: Vec<exanet_proto::attach::CollectiveReport>,
 }
 
 impl Core {
@@ -212,11 +210,7 @@ impl Fake {
         let mut sim = Sim::new(shape, SimConfig::default()).unwrap();
         let mem = Registered::default();
         sim.node_mut(ME).set_memory(Box::new(mem.clone()));
-        let core = Arc::new(Mutex::new(Core {
-            sim,
-            mem,
-            collectives: Vec::new(),
-        }));
+        let core = Arc::new(Mutex::new(Core { sim, mem }));
         let listener = UnixListener::bind(dir.join("run").join(format!("{NODE}.ni"))).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let attaches = Arc::new(AtomicU32::new(0));
@@ -247,7 +241,8 @@ impl Fake {
         &self,
     ) -> std::collections::BTreeMap<(&'static str, &'static str), (u64, u64, u64)> {
         let mut out = std::collections::BTreeMap::new();
-        for r in &self.core.lock().unwrap().collectives {
+        let core = self.core.lock().unwrap();
+        for (_, r) in core.sim.station(ME).workload_service().collective_counts() {
             let e: &mut (u64, u64, u64) = out.entry((r.kind.label(), r.path.label())).or_default();
             e.0 += r.started;
             e.1 += r.completed;
@@ -347,7 +342,11 @@ fn attach(core: &Mutex<Core>) -> Result<Attached, String> {
     let mut core = core.lock().unwrap();
     let (svc, ni, _) = core.sim.workloads(ME);
     let rank = svc
-        .attach(ni, Pdid(PDID), Box::new(completions.clone()))
+        .attach(
+            ni,
+            Joining::new("default", Pdid(PDID)),
+            Box::new(completions.clone()),
+        )
         .map_err(|x| format!("{x} on {NODE}"))?;
     Ok(Attached {
         rank,
@@ -444,16 +443,22 @@ fn session(
     core.mem.0.lock().unwrap().clear(rank);
 }
 
-/// Answers a control request of `rank` (with the descriptor of a registered region).
+/// Answers a control request of `rank` (with the descriptor of a registered region): the
+/// service decides, as in the daemon; here its memory is made and forgotten.
 fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd>) {
     let error = |message: String| (Reply::Error { message }, None);
     let mut core = core.lock().unwrap();
     let core = &mut *core;
     let (svc, ni, _) = core.sim.workloads(ME);
-    match req {
-        Request::Attach { .. } => error("already attached".into()),
-        Request::Register { len } => {
-            let made = Region::create("fake-mem", len as usize)
+    match svc.control(ni, rank, req) {
+        Err(e) => error(e.to_string()),
+        Ok(Control::Answer(r)) => (r, None),
+        Ok(Control::ForgetRegion(placed)) => {
+            core.mem.0.lock().unwrap().remove(rank, placed.va);
+            (Reply::Ok, None)
+        }
+        Ok(Control::MakeRegion(pending)) => {
+            let made = Region::create("fake-mem", pending.bytes() as usize)
                 .map_err(|e| e.to_string())
                 .and_then(|r| {
                     let fd = r.try_clone_fd().map_err(|e| e.to_string())?;
@@ -461,48 +466,23 @@ fn control(core: &Mutex<Core>, rank: u8, req: Request) -> (Reply, Option<OwnedFd
                 });
             let (region, fd) = match made {
                 Ok(x) => x,
-                Err(e) => return error(e),
+                Err(e) => {
+                    svc.abandon_region(pending);
+                    return error(e);
+                }
             };
-            match svc.place_region(rank, len) {
+            match svc.place_region(pending) {
                 Ok(placed) => {
-                    core.mem
-                        .0
-                        .lock()
-                        .unwrap()
-                        .insert(rank, placed.va, Shm(region));
-                    (
-                        Reply::Registered {
-                            region: placed.id,
-                            va: placed.va,
-                        },
-                        Some(fd),
-                    )
+                    let mut mem = core.mem.0.lock().unwrap();
+                    mem.insert(rank, placed.va, Shm(region));
+                    let r = Reply::Registered {
+                        region: placed.id,
+                        va: placed.va,
+                    };
+                    (r, Some(fd))
                 }
                 Err(e) => error(e.to_string()),
             }
-        }
-        Request::Unregister { region } => match svc.unregister(rank, region) {
-            Ok(placed) => {
-                core.mem.0.lock().unwrap().remove(rank, placed.va);
-                (Reply::Ok, None)
-            }
-            Err(e) => error(e.to_string()),
-        },
-        Request::Alloc {
-            kind,
-            capacity,
-            index,
-        } => match svc.alloc(ni, rank, kind, capacity, index) {
-            Ok((index, generation)) => (Reply::Allocated { index, generation }, None),
-            Err(e) => error(e.to_string()),
-        },
-        Request::Free { kind, index } => match svc.free(ni, rank, kind, index) {
-            Ok(()) => (Reply::Ok, None),
-            Err(e) => error(e.to_string()),
-        },
-        Request::CollectiveCounts { reports } => {
-            core.collectives.extend(reports);
-            (Reply::Ok, None)
         }
     }
 }
