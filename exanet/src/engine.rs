@@ -26,7 +26,7 @@ use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, CONSUM
 use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
-use exanet_proto::shape::{NodeId, Shape};
+use exanet_proto::{NodeId, Shape};
 use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, Ringer, WaitError, Waiter};
 use std::sync::Arc;
 
@@ -208,7 +208,7 @@ pub(crate) struct State {
     /// takes (a completion, a message) moves it to that event's modeled time if later.
     clock: ModelTime,
     /// When the program last left a library call (host time), and calls it is inside
-    /// now: time between calls is its compute.
+    /// now: CPU time its threads spend between calls is its compute.
     left_at: Option<Instant>,
     inside: usize,
     /// [`Info::software_ps`], for what the state hands out itself.
@@ -453,8 +453,36 @@ impl Drop for Call<'_> {
         st.inside = st.inside.saturating_sub(1);
         if st.inside == 0 {
             st.left_at = Some(Instant::now());
+            if self.shared.info.compute_scale_ppm > 0 {
+                LEFT_CPU.set(thread_cpu());
+            }
         }
     }
+}
+
+thread_local! {
+    /// This thread's CPU clock when it last left a library call: what it spent on a CPU
+    /// since is what it computed.
+    static LEFT_CPU: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// The calling thread's CPU clock: it stands still while the host runs something else,
+/// so a program the host descheduled computed nothing meanwhile.
+fn thread_cpu() -> Option<Duration> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .ok()
+        .map(Duration::from)
+}
+
+/// What the thread entering a call computed since the program left the library `wall`
+/// ago: its CPU time since it last left one, at most `wall` (a thread that never left
+/// one counts its CPU time so far, at most `wall`).
+fn computed(wall: Duration) -> Duration {
+    let Some(now) = thread_cpu() else {
+        return wall;
+    };
+    now.saturating_sub(LEFT_CPU.get().unwrap_or_default())
+        .min(wall)
 }
 
 /// Whether the consumed counters fit a ring region of `region_len` bytes at `offset`.
@@ -873,14 +901,20 @@ impl Shared {
         lock(&self.state).clock
     }
 
-    /// A library call starts: the host time since the program left the previous one was
-    /// its compute, and moves the modeled clock by that, scaled. Time blocked inside the
-    /// library does not count: the modeled clock follows the events waited for instead.
+    /// A library call starts: the CPU time the calling thread spent since the program left
+    /// the previous one was its compute, and moves the modeled clock by that, scaled. Time
+    /// the host gave to other programs, sleeps, and time blocked inside the library do
+    /// not count: there the modeled clock follows the events waited for instead.
     pub(crate) fn enter(&self) -> Call<'_> {
         let mut st = lock(&self.state);
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {
-                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let spent = if self.info.compute_scale_ppm > 0 {
+                    computed(t.elapsed())
+                } else {
+                    Duration::ZERO
+                };
+                let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                 let ps = (u128::from(ns) * 1000 * u128::from(self.info.compute_scale_ppm)
                     / 1_000_000)
                     .min(u128::from(u64::MAX)) as u64;

@@ -486,7 +486,7 @@ fn attach_scaled(f: &Fake, ppm: u64) -> Endpoint {
 
 /// The endpoint's modeled clock: a post costs the daemon's software cost per call, what
 /// the program takes moves the clock to the event's modeled time, and host time between
-/// calls counts only as far as the compute scale says.
+/// calls counts as the CPU time the program spent, as far as the compute scale says.
 #[test]
 fn the_modeled_clock_follows_what_the_program_takes() {
     use common::FAKE_SOFTWARE_PS;
@@ -514,7 +514,8 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         "{at} after {before}"
     );
     mb.recv(T).unwrap();
-    // ... and all of it at scale 1.
+    // ... and at scale 1, the CPU time the program spent between calls: not the time it
+    // slept, nor what the host gave to other programs.
     let ep1 = attach_scaled(&f, 1_000_000);
     let mb1 = ep1.mailbox(4).unwrap();
     let tx1 = ep1.packetizer().unwrap();
@@ -524,9 +525,34 @@ fn the_modeled_clock_follows_what_the_program_takes() {
     std::thread::sleep(Duration::from_millis(30));
     let t = tx1.send(0, mb1.addr(), b"b").unwrap();
     let at = ep1.wait_modeled(t, T).unwrap();
+    // The CPU of a sleep call and its return: well under a millisecond.
     assert!(
-        at.ps() - before.ps() >= 30_000_000_000,
-        "{at} after {before}"
+        at.ps() - before.ps() < 1_000_000_000 + 2_000_000 + FAKE_SOFTWARE_PS,
+        "slept: {at} after {before}"
+    );
+    let before = ep1.clock();
+    let left = std::time::Instant::now();
+    let cpu = || {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        Duration::from(t)
+    };
+    let cpu0 = cpu();
+    let mut x = 0u64;
+    while left.elapsed() < Duration::from_millis(30) {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+    let spun = cpu() - cpu0;
+    let t = tx1.send(0, mb1.addr(), b"c").unwrap();
+    let wall = left.elapsed();
+    let at = ep1.wait_modeled(t, T).unwrap();
+    let ps = |d: Duration| d.as_nanos() as u64 * 1000;
+    assert!(
+        at.ps() - before.ps() >= ps(spun),
+        "spun {spun:?}: {at} after {before}"
+    );
+    assert!(
+        at.ps() - before.ps() <= ps(wall) + 2_000_000 + FAKE_SOFTWARE_PS,
+        "spun {spun:?} in {wall:?}: {at} after {before}"
     );
 }
 
