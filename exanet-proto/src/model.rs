@@ -331,8 +331,12 @@ impl Timeline {
             Some((_, e)) if *e >= t => *e = end.max(*e),
             _ => {
                 self.busy.insert(j, (t, end));
-                while self.busy.len() > Self::LIMIT {
-                    self.busy.pop_front();
+                // Forget the oldest beyond the limit, but never the interval just made: a
+                // reservation earlier than all those remembered was forgotten at once, so a
+                // stream of them (a program whose clock starts behind a busy past) crossed
+                // the resource as if it took no time.
+                if self.busy.len() > Self::LIMIT {
+                    self.busy.remove(usize::from(j == 0));
                 }
             }
         }
@@ -764,10 +768,29 @@ mod tests {
         }
         assert_eq!(t.busy.len(), Timeline::LIMIT);
         assert_eq!(t.busy.front(), Some(&(1000, 1005)));
-        // A forgotten interval's time is free again; one still kept is not.
+        // A forgotten interval's time is free again; the new one is kept (the oldest of
+        // the others makes room for it), and so is one still remembered.
         assert_eq!(t.reserve(ModelTime(0), 5), ModelTime(0));
-        assert_eq!(t.reserve(ModelTime(1000), 5), ModelTime(1005));
+        assert_eq!(t.reserve(ModelTime(0), 5), ModelTime(5));
+        assert_eq!(t.reserve(ModelTime(1010), 5), ModelTime(1015));
         assert_eq!(t.busy_until(), ModelTime((n - 1) * 10 + 5));
+    }
+
+    /// A timeline full of a past program's reservations still serialises a stream whose
+    /// clock starts before all of them (it was forgotten cell by cell, and took no time).
+    #[test]
+    fn a_stream_before_everything_remembered_is_still_serialised() {
+        let mut t = Timeline::default();
+        for i in 0..Timeline::LIMIT as u64 {
+            t.reserve(ModelTime(1_000_000 + i * 10), 5);
+        }
+        assert_eq!(t.busy.len(), Timeline::LIMIT);
+        let starts: Vec<u64> = (0..100).map(|_| t.reserve(ModelTime(0), 7).0).collect();
+        assert_eq!(starts, (0..100).map(|i| i * 7).collect::<Vec<_>>());
+        assert_eq!(t.busy.front(), Some(&(0, 700)));
+        assert_eq!(t.busy.len(), Timeline::LIMIT);
+        // What was forgotten to make room is the oldest of the past program's.
+        assert_eq!(t.busy.get(1), Some(&(1_000_010, 1_000_015)));
     }
 
     #[test]
