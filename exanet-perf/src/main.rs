@@ -6,6 +6,7 @@
 //! exanet-perf [...] pingpong run --peer NODE[:RANK] [--sizes 0,8,64] [--iterations N] [--json]
 //! exanet-perf [...] rdma-lat run --peer NODE[:RANK] [--op write|read] [--sizes 4K,4M] [--verify] [--json]
 //! exanet-perf [...] rdma-bw  run --peer NODE[:RANK] [--op write|read] [--window W] [--verify] [--json]
+//! exanet-perf [...] contend --pattern incast|shared-link|bidir|qfdb-all-to-all [--senders 8] [--size 4M] [--json]
 //! exanet-perf floor [--size 8] [--frame 256] [--batch 64] [--frames N | --duration-ms 2000] [--json]
 //! ```
 //!
@@ -22,6 +23,10 @@
 //! - `rdma-bw`: `--window` transfers in flight on as many channels, each into its own slot
 //!   of the server's buffer; bandwidth = bytes / time from the first post to the last
 //!   completion.
+//! - `contend`: RDMA write streams that compete for the rack (incast, two flows through one
+//!   torus link, both directions of one, all-to-all in a QFDB), all from this process so
+//!   that they contend in modeled time; each flow's throughput and share (see
+//!   `contend.rs`).
 //! - `floor`: no rack; QUIC alone, two endpoints set up by exanetd's own code on loopback
 //!   in this process: ping-pong one-way latency and a 256 B frame stream (see `floor.rs`).
 //!
@@ -74,6 +79,7 @@
 
 mod client;
 mod collective;
+mod contend;
 mod floor;
 mod progress;
 mod server;
@@ -135,6 +141,9 @@ enum Bench {
     Bcast(CollArgs),
     /// Barrier over a group
     Barrier(CollArgs),
+    /// RDMA write streams competing for the rack: incast, a shared torus link, both
+    /// directions of a link, all-to-all in a QFDB (one endpoint per flow, in this process)
+    Contend(ContendArgs),
     /// The floor: QUIC alone, two endpoints set up as exanetd's links, on loopback in this
     /// process (no rack): ping-pong one-way latency and a stream of 256 B frames
     Floor(FloorArgs),
@@ -174,6 +183,34 @@ struct FloorArgs {
     /// Say nothing on stderr but errors
     #[arg(long, short)]
     quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct ContendArgs {
+    /// Which flows compete
+    #[arg(long, value_enum)]
+    pattern: contend::Pattern,
+    /// incast: how many nodes send
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    senders: u32,
+    /// incast: the receiving node [default: the rack's first]
+    #[arg(long, value_name = "NODE")]
+    to: Option<String>,
+    /// Bytes per transfer (K, M suffixes)
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1M")]
+    size: u64,
+    /// Transfers per flow
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    iterations: u64,
+    /// Transfers in flight per flow
+    #[arg(long, value_name = "W", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=8))]
+    window: u8,
+    /// One JSON object per flow, then one for all, on stdout
+    #[arg(long)]
+    json: bool,
+    /// Give a transfer up after this long, milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -405,6 +442,22 @@ fn run(cli: Cli) -> Result<(), String> {
     if let Some((kind, a)) = coll {
         return collective::run(&coll_opts(&cli.global, kind, a)?);
     }
+    if let Bench::Contend(a) = &cli.bench {
+        let g = &cli.global;
+        return contend::run(&contend::Options {
+            rack: g.rack.clone(),
+            job_key: g.job_key.clone(),
+            spin: g.spin_us.map(Duration::from_micros),
+            pattern: a.pattern,
+            senders: a.senders,
+            to: a.to.clone(),
+            size: a.size,
+            iterations: a.iterations,
+            window: a.window,
+            json: a.json,
+            timeout: Duration::from_millis(a.timeout_ms),
+        });
+    }
     if let Bench::Floor(a) = &cli.bench {
         return floor::run(&floor::Options {
             size: a.size,
@@ -423,7 +476,11 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let ep = attach(&cli.global)?;
     match cli.bench {
-        Bench::Allreduce(_) | Bench::Bcast(_) | Bench::Barrier(_) | Bench::Floor(_) => {
+        Bench::Allreduce(_)
+        | Bench::Bcast(_)
+        | Bench::Barrier(_)
+        | Bench::Contend(_)
+        | Bench::Floor(_) => {
             unreachable!("run above")
         }
         Bench::Pingpong(PingRole::Serve(a))
