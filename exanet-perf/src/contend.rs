@@ -19,7 +19,7 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use exanet::{Config, Endpoint, MemoryRegion, NodeId, Shape};
+use exanet::{Config, Endpoint, MemoryRegion, NodeId, RdmaPage, Shape};
 use exanet_proto::routing::path;
 use exanet_proto::topology::{links, Link, LinkKind};
 use serde_json::json;
@@ -194,11 +194,10 @@ pub fn run(o: &Options) -> Result<(), String> {
     };
     let dir = exanet::config::rack_dir(o.rack.as_deref());
     let shape = exanet::config::read_shape(&dir).map_err(|e| e.to_string())?;
-    let to = o
-        .to
-        .as_deref()
-        .map(|n| shape.parse_node(n).map_err(|e| format!("--to {n}: {e}")))
-        .transpose()?;
+    let to =
+        o.to.as_deref()
+            .map(|n| shape.parse_node(n).map_err(|e| format!("--to {n}: {e}")))
+            .transpose()?;
     let plan = plan(&shape, o.pattern, o.senders, to)?;
     let flows = &plan.flows;
     let slot = o.size * u64::from(o.window);
@@ -223,33 +222,51 @@ pub fn run(o: &Options) -> Result<(), String> {
     let targets: Vec<(usize, u64)> = flows
         .iter()
         .map(|f| {
-            let r = receivers.iter().position(|(d, _, _)| *d == f.dst).expect("every dst");
+            let r = receivers
+                .iter()
+                .position(|(d, _, _)| *d == f.dst)
+                .expect("every dst");
             let off = next[r];
             next[r] += slot;
             (r, off)
         })
         .collect();
-    let senders: Vec<Endpoint> = flows
+    // Each flow's endpoint, RDMA page and source memory, made before any flow starts, so
+    // that a refusal ends the run rather than leaving the others at the start line.
+    let senders: Vec<(Endpoint, RdmaPage, MemoryRegion, Vec<u8>)> = flows
         .iter()
-        .map(|f| attach(&shape.display(f.src)))
-        .collect::<Result<_, _>>()?;
+        .enumerate()
+        .map(|(i, f)| {
+            let name = shape.display(f.src);
+            let ep = attach(&name)?;
+            let page = ep.rdma_page().map_err(|e| format!("{name}: {e}"))?;
+            let local = ep.register(slot).map_err(|e| format!("{name}: {e}"))?;
+            let data: Vec<u8> = (0..slot).map(|b| pattern_byte(i, b)).collect();
+            local.write(0, &data).map_err(|e| format!("{name}: {e}"))?;
+            Ok((ep, page, local, data))
+        })
+        .collect::<Result<_, String>>()?;
 
     let start = Barrier::new(flows.len());
+    // Each flow's clock starts where its daemon put it at attach; they start together at
+    // the latest of those, or they would not compete in modeled time.
+    let latest = std::sync::atomic::AtomicU64::new(0);
     let measured: Vec<Result<Measured, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = flows
             .iter()
             .enumerate()
             .map(|(i, f)| {
-                let (ep, start) = (&senders[i], &start);
+                let (ep, page, local, data) = &senders[i];
+                let (start, latest) = (&start, &latest);
                 let (r, off) = targets[i];
                 let (_, rep, rmem) = &receivers[r];
                 let (dst_rank, dst_va) = (rep.rank(), rmem.va() + off);
                 s.spawn(move || -> Result<Measured, String> {
-                    let page = ep.rdma_page().map_err(|e| e.to_string())?;
-                    let local = ep.register(slot).map_err(|e| e.to_string())?;
-                    let data: Vec<u8> = (0..slot).map(|b| pattern_byte(i, b)).collect();
-                    local.write(0, &data).map_err(|e| e.to_string())?;
+                    latest.fetch_max(ep.clock().ps(), std::sync::atomic::Ordering::Relaxed);
                     start.wait();
+                    ep.advance_clock(exanet::ModelTime(
+                        latest.load(std::sync::atomic::Ordering::Relaxed),
+                    ));
                     let (t0, m0) = (Instant::now(), ep.clock());
                     let mut inflight = std::collections::VecDeque::new();
                     let (mut posted, mut done) = (0u64, 0u64);
@@ -261,7 +278,7 @@ pub fn run(o: &Options) -> Result<(), String> {
                                 .addr(f.dst, dst_rank, dst_va + at)
                                 .map_err(|e| e.to_string())?;
                             let tag = page
-                                .write(ch, &local, at, remote, o.size, None)
+                                .write(ch, local, at, remote, o.size, None)
                                 .map_err(|e| format!("posting transfer {posted}: {e}"))?;
                             inflight.push_back(tag);
                             posted += 1;
@@ -279,14 +296,17 @@ pub fn run(o: &Options) -> Result<(), String> {
                     Ok(Measured {
                         wall,
                         modeled_ps,
-                        verified: got == data,
+                        verified: got == *data,
                     })
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a flow's thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a flow's thread panicked".into()))
+            })
             .collect()
     });
     let measured: Vec<Measured> = measured.into_iter().collect::<Result<_, _>>()?;
@@ -297,7 +317,8 @@ pub fn run(o: &Options) -> Result<(), String> {
         .map(|m| gbps(bytes, m.modeled_ps as f64 * 1e-12))
         .collect();
     let total: f64 = modeled.iter().sum();
-    let pattern = format!("{:?}", o.pattern);
+    let pattern = clap::ValueEnum::to_possible_value(&o.pattern)
+        .map_or_else(|| format!("{:?}", o.pattern), |v| v.get_name().to_string());
     let link = plan.link.map(|l| {
         (
             format!("{} -> {}", shape.display(l.a), shape.display(l.b)),
@@ -318,7 +339,7 @@ pub fn run(o: &Options) -> Result<(), String> {
                 "{}",
                 json!({
                     "bench": "contend",
-                    "pattern": pattern.to_lowercase(),
+                    "pattern": pattern,
                     "from": shape.display(f.src),
                     "to": shape.display(f.dst),
                     "size": o.size,
@@ -342,12 +363,12 @@ pub fn run(o: &Options) -> Result<(), String> {
             );
         }
     }
-    let (lo, hi) = modeled
-        .iter()
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), g| (lo.min(*g), hi.max(*g)));
+    let (lo, hi) = modeled.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), g| {
+        (lo.min(*g), hi.max(*g))
+    });
     let mut summary = json!({
         "bench": "contend",
-        "pattern": pattern.to_lowercase(),
+        "pattern": pattern,
         "flows": flows.len(),
         "size": o.size,
         "iterations": o.iterations,

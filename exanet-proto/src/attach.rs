@@ -71,7 +71,8 @@ pub const INLINE: usize = 64;
 /// `attached.software_ps`, `attached.compute_scale_ppm`), allreduce commands and
 /// `collective_counts` reports.
 /// 5: doorbells are pipes (a read end and a write end) instead of socket-pair ends, so that
-/// no channel between a workload and its daemon can carry descriptors.
+/// no channel between a workload and its daemon can carry descriptors. Later, within 5
+/// (each side reads what the other leaves out as zero): `attached.clock_ps`.
 pub const PROTOCOL_VERSION: u32 = 5;
 /// Bytes of the consumed counters: one u64 per mailbox interface.
 pub const CONSUMED_LEN: usize = crate::ni::MAILBOX_VIS * 8;
@@ -214,6 +215,11 @@ pub enum Reply {
         /// modeled compute, in millionths: the client library's clock follows them.
         software_ps: u64,
         compute_scale_ppm: u64,
+        /// Where the process's modeled clock starts, picoseconds: the wall clock within
+        /// a cycle (`ModelTime::from_wall`), so that it starts after what earlier programs
+        /// did on the rack. Absent from an older daemon: zero.
+        #[serde(default)]
+        clock_ps: u64,
     },
     /// Sent with one fd: the memfd of the memory, `len` bytes, sealed against any change
     /// of size.

@@ -79,5 +79,5 @@ pub use switch::{
     PortStats, Switch, SwitchConfig, SwitchError, Transmit, DEFAULT_LOCAL_WINDOW, DEFAULT_WINDOW,
     HW_INPUT_BUFFER, MIN_WINDOW,
 };
-pub use time::{Instant, ModelTime, Stamp};
+pub use time::{Instant, ModelTime, Stamp, START_CYCLE_DAYS};
 pub use topology::{Link, LinkKind, Port};

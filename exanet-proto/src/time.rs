@@ -69,7 +69,30 @@ impl ModelTime {
     pub fn since(self, earlier: ModelTime) -> u64 {
         self.0.saturating_sub(earlier.0)
     }
+
+    /// Where a process attaching at wall-clock time `since_unix_epoch` starts its modeled
+    /// clock: that time, within a cycle of [`START_CYCLE_DAYS`] days.
+    ///
+    /// Why the wall clock: what a rack's resources remember (links' and the NI's busy
+    /// intervals, buffer accounts) is in modeled time, and a process that started at zero
+    /// met the busy past of every program before it on the same nodes: the same rdma-bw
+    /// modeled 9.06 Gb/s through a link on a fresh rack and 2.37, then 1.83, run after run.
+    /// Modeled time runs slower than the host's for whatever the rack emulates (a modeled
+    /// microsecond takes tens of host microseconds, and compute counts at most the CPU time
+    /// it took at `compute_scale` 1), so a program that starts at the wall clock starts
+    /// after everything the programs before it did, on every node, with no exchange
+    /// between daemons (hosts keep their clocks within milliseconds). The cycle keeps
+    /// over 100 days of modeled time below `u64` picoseconds' 213.
+    pub fn from_wall(since_unix_epoch: std::time::Duration) -> ModelTime {
+        const CYCLE_NS: u128 = START_CYCLE_DAYS as u128 * 86_400 * 1_000_000_000;
+        let ns = since_unix_epoch.as_nanos() % CYCLE_NS;
+        ModelTime(ns as u64 * 1000)
+    }
 }
+
+/// The cycle of [`ModelTime::from_wall`]: where processes start their modeled clocks
+/// repeats every this many days of wall-clock time.
+pub const START_CYCLE_DAYS: u64 = 100;
 
 impl Add<u64> for ModelTime {
     type Output = ModelTime;
@@ -105,5 +128,28 @@ impl Stamp {
     /// A cell whose bytes are all there at `t` (made by the NI at `t`).
     pub fn at(t: ModelTime) -> Stamp {
         Stamp { head: t, tail: t }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clock_starts_at_the_wall_clock_within_its_cycle() {
+        use std::time::Duration;
+        let day = Duration::from_secs(86_400);
+        assert_eq!(ModelTime::from_wall(Duration::ZERO), ModelTime::ZERO);
+        let t = day * 3 + Duration::from_nanos(7);
+        assert_eq!(ModelTime::from_wall(t).ps(), t.as_nanos() as u64 * 1000);
+        // One cycle later, the same start; the latest start leaves over 100 days below
+        // the end of u64 picoseconds.
+        let cycle = day * START_CYCLE_DAYS as u32;
+        assert_eq!(
+            ModelTime::from_wall(t + cycle * 20_000),
+            ModelTime::from_wall(t)
+        );
+        let last = ModelTime::from_wall(cycle - Duration::from_nanos(1));
+        assert!(u64::MAX - last.ps() > 100 * 86_400 * 1_000_000_000_000);
     }
 }

@@ -35,7 +35,7 @@ use crate::quota::{self, Exceeded, Holding, Kind, Limits};
 use crate::reserved::{Owner, Reservations};
 use crate::rng::SplitMix64;
 use crate::shape::NodeId;
-use crate::time::Instant;
+use crate::time::{Instant, ModelTime};
 
 /// Completions queued for a workload whose ring is full, beyond which its commands wait
 /// (see [`WorkloadService::held_back`]).
@@ -181,6 +181,8 @@ pub struct Joining {
     pub pdid: Pdid,
     pub limits: Limits,
     pub job_limits: Limits,
+    /// Where its modeled clock starts (see [`ModelTime::from_wall`]).
+    pub start: ModelTime,
 }
 
 impl Joining {
@@ -191,6 +193,7 @@ impl Joining {
             pdid,
             limits: Limits::for_rank(&quota::RankQuota::default()),
             job_limits: Limits::for_job(&quota::JobQuota::default(), 1),
+            start: ModelTime::ZERO,
         }
     }
 }
@@ -396,7 +399,7 @@ impl WorkloadService {
             &who.limits,
             (&who.job, &who.job_limits, &Holding::default(), job_ranks),
         )?;
-        ni.attach(rank, pdid)?;
+        ni.attach_from(rank, pdid, who.start)?;
         self.ranks[usize::from(rank)] = Some(Workload {
             joined: who,
             holding: Holding::default(),

@@ -112,6 +112,7 @@ impl Endpoint {
             nodes,
             software_ps,
             compute_scale_ppm,
+            clock_ps,
         } = reply
         else {
             return Err(match reply {
@@ -179,6 +180,7 @@ impl Endpoint {
             consumed_offset: consumed_offset as usize,
             software_ps,
             compute_scale_ppm: r.compute_scale_ppm.unwrap_or(compute_scale_ppm),
+            clock_start: ModelTime(clock_ps),
         };
         Ok(Endpoint {
             shared: Arc::new(Shared::new(
@@ -364,6 +366,16 @@ impl Endpoint {
     /// message or notification the program takes moves it to that event's modeled time.
     pub fn clock(&self) -> ModelTime {
         self.shared.clock()
+    }
+
+    /// The program waits, in modeled time, until `t`: the clock moves there if it is
+    /// behind, never back; returns the clock. Each process's clock starts where its daemon
+    /// says (after what earlier programs did on the rack, docs/modeled-time.md), so ranks
+    /// that attached at different moments start apart until their first exchange; a
+    /// program that wants them to start together (as a benchmark of competing flows
+    /// does) moves each to the latest start.
+    pub fn advance_clock(&self, t: ModelTime) -> ModelTime {
+        self.shared.advance_clock(t)
     }
 
     /// Drops interest in `tag`: its result is discarded when it comes (failures are counted

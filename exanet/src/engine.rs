@@ -440,6 +440,9 @@ pub(crate) struct Info {
     /// How much of the host time spent outside library calls counts as modeled compute,
     /// in millionths.
     pub compute_scale_ppm: u64,
+    /// Where the modeled clock starts (the daemon's choice: after what earlier programs
+    /// did on the rack).
+    pub clock_start: ModelTime,
 }
 
 /// One library call in progress (see [`Shared::enter`]).
@@ -543,13 +546,14 @@ impl Shared {
             region: Arc::clone(cpl.region()),
             offset: info.consumed_offset,
         };
-        let software_ps = info.software_ps;
+        let (software_ps, clock) = (info.software_ps, info.clock_start);
         Shared {
             info,
             spin_ns: AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)),
             state: Mutex::new(State {
                 counters: Some(counters),
                 software_ps,
+                clock,
                 ..State::default()
             }),
             cv: Condvar::new(),
@@ -899,6 +903,14 @@ impl Shared {
     /// The workload's modeled clock.
     pub(crate) fn clock(&self) -> ModelTime {
         lock(&self.state).clock
+    }
+
+    /// The workload waits, in modeled time, until `t`; returns its clock.
+    pub(crate) fn advance_clock(&self, t: ModelTime) -> ModelTime {
+        let _call = self.enter();
+        let mut st = lock(&self.state);
+        st.clock = st.clock.max(t);
+        st.clock
     }
 
     /// A library call starts: the CPU time the calling thread spent since the program left

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use exanet_proto::attach::{self, Command, Reply, Request};
 use exanet_proto::workload::{Control, Joining, ServiceError};
-use exanet_proto::Pdid;
+use exanet_proto::{ModelTime, Pdid};
 use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer};
 use tokio::net::unix::pipe;
 use tokio::runtime::Handle;
@@ -422,6 +422,12 @@ fn serve_session(
             let jobs = &node.rack.file.jobs;
             jobs.len() + usize::from(!jobs.contains_key("default"))
         }),
+        // After whatever earlier programs did on the rack, in modeled time.
+        start: ModelTime::from_wall(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        ),
     };
     let conn_copy = match conn.try_clone() {
         Ok(c) => CloseLater::new(OwnedFd::from(c)),
@@ -573,7 +579,7 @@ fn attach_rank(
     let (from_workload_peer, from_workload) = exanet_shm::doorbell().map_err(|x| e(&x))?;
     let wake_ring = from_workload_peer.try_clone().map_err(|x| e(&x))?;
     let mut core = node.lock();
-    let pdid = who.pdid.0;
+    let (pdid, start) = (who.pdid.0, who.start);
     let ring = ShmRing {
         completions,
         to_workload,
@@ -614,6 +620,7 @@ fn attach_rank(
             nodes,
             software_ps: node.rack.model().software,
             compute_scale_ppm: node.rack.model().compute_scale_ppm,
+            clock_ps: start.ps(),
         },
         region,
         command,

@@ -477,6 +477,12 @@ impl Ni {
 
     /// A process takes rank `rank` with protection domain `pdid` (the daemon decides it).
     pub fn attach(&mut self, rank: u8, pdid: Pdid) -> Result<(), NiError> {
+        self.attach_from(rank, pdid, ModelTime::ZERO)
+    }
+
+    /// [`Ni::attach`], the process's modeled clock starting at `start`
+    /// ([`ModelTime::from_wall`] for a daemon's workloads).
+    pub fn attach_from(&mut self, rank: u8, pdid: Pdid, start: ModelTime) -> Result<(), NiError> {
         let slot = self
             .ranks
             .get_mut(rank as usize)
@@ -491,9 +497,9 @@ impl Ni {
         // A new process starts its collective ids afresh: what the rank's previous one
         // finished must not pass for late copies of the new one's.
         self.accelerator.forget_rank(rank);
-        // And its modeled time from its own clock, not where the previous one left it
+        // And its modeled time from its own start, not where the previous one left it
         // (possibly another job's).
-        self.clocks[usize::from(rank)] = ModelTime::ZERO;
+        self.clocks[usize::from(rank)] = start;
         Ok(())
     }
 

@@ -398,6 +398,7 @@ fn session(
             nodes,
             software_ps: FAKE_SOFTWARE_PS,
             compute_scale_ppm: 0,
+            clock_ps: 0,
         },
         &[
             a.region.as_raw_fd(),
