@@ -287,9 +287,16 @@ int exanet_wait_modeled(const exanet_endpoint *ep, uint32_t tag, int64_t timeout
 
 /* The endpoint's modeled clock, picoseconds: operations are posted at it, and each
  * completion, message or notification the program takes moves it to that event's
- * modeled time. Time between library calls counts as compute, scaled by the rack's
- * [model] compute_scale (EXANET_COMPUTE_SCALE overrides it; 0 for network benchmarks). */
+ * modeled time. The CPU time the program spends between library calls counts as
+ * compute, scaled by the rack's [model] compute_scale (EXANET_COMPUTE_SCALE overrides it;
+ * 0 for network benchmarks). A process's clock starts at the wall clock (within a 100-day
+ * cycle), after what earlier programs did on the rack. */
 uint64_t exanet_clock_ps(const exanet_endpoint *ep);
+
+/* The program waits, in modeled time, until `ps`: the clock moves there if it is behind,
+ * never back (to start ranks that attached at different moments together). Returns the
+ * clock (0 for NULL or a released handle). */
+uint64_t exanet_advance_clock_ps(const exanet_endpoint *ep, uint64_t ps);
 
 /* Discards the result of operation `tag`, now or when it ends. */
 int exanet_forget(const exanet_endpoint *ep, uint32_t tag);

@@ -369,7 +369,8 @@ impl Endpoint {
     }
 
     /// The program waits, in modeled time, until `t`: the clock moves there if it is
-    /// behind, never back; returns the clock. Each process's clock starts where its daemon
+    /// behind, never back (after counting, as every call does, the compute since the last
+    /// one); returns the clock. Each process's clock starts where its daemon
     /// says (after what earlier programs did on the rack, docs/modeled-time.md), so ranks
     /// that attached at different moments start apart until their first exchange; a
     /// program that wants them to start together (as a benchmark of competing flows

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use exanet_proto::gvas::Gvas;
 use exanet_proto::ni::MAX_MESSAGE;
+use exanet_proto::ModelTime;
 use exanet_proto::NodeId;
 
 use crate::collective::{Collectives, DataType, Group, Path, ReduceOp};
@@ -1034,6 +1035,13 @@ pub unsafe extern "C" fn exanet_wait_modeled(
 #[no_mangle]
 pub extern "C" fn exanet_clock_ps(ep: *const exanet_endpoint) -> u64 {
     lookup(ep, "ep").map_or(0, |e| e.ep.clock().ps())
+}
+
+/// The program waits, in modeled time, until `ps`: the clock moves there if it is behind,
+/// never back. Returns the clock (0 for NULL or a released handle).
+#[no_mangle]
+pub extern "C" fn exanet_advance_clock_ps(ep: *const exanet_endpoint, ps: u64) -> u64 {
+    lookup(ep, "ep").map_or(0, |e| e.ep.advance_clock(ModelTime(ps)).ps())
 }
 
 /// Opens the rank's collectives: its collective mailbox (interface 48 + rank), a

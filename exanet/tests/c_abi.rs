@@ -298,6 +298,7 @@ signatures! {
         *mut u64 => "uint64_t *"
     ) -> c_int => "int";
     exanet_clock_ps(*const exanet_endpoint => "const exanet_endpoint *") -> u64 => "uint64_t";
+    exanet_advance_clock_ps(*const exanet_endpoint => "const exanet_endpoint *", u64 => "uint64_t") -> u64 => "uint64_t";
     exanet_forget(*const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t")
         -> c_int => "int";
     exanet_poll(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";

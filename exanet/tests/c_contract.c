@@ -97,6 +97,15 @@ int main(int argc, char **argv) {
     CHECK("modeled", msg.at_ps > 0);
     CHECK("modeled", exanet_clock_ps(a) >= msg.at_ps);
     EXPECT("modeled", exanet_clock_ps(NULL), 0);
+    /* A wait in modeled time moves the clock forward (a second here), never back; each
+     * call also counts the CPU time since the last one (well under a millisecond). */
+    uint64_t later = exanet_clock_ps(a) + 1000000000000ull;
+    uint64_t moved = exanet_advance_clock_ps(a, later);
+    CHECK("modeled", moved >= later && moved - later < 1000000000ull);
+    uint64_t kept = exanet_advance_clock_ps(a, 0);
+    CHECK("modeled", kept >= moved && kept - moved < 1000000000ull);
+    CHECK("modeled", exanet_clock_ps(a) == kept);
+    EXPECT("modeled", exanet_advance_clock_ps(NULL, 5), 0);
     ok("modeled_times_reach_c");
 
     /* A channel that does not exist: the message says which do. */
