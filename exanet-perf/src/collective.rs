@@ -198,6 +198,11 @@ pub fn run(o: &Options) -> Result<(), String> {
         .map_err(|e| format!("attach to {node}:{rank}: {e}"))
     };
     let eps: Vec<Endpoint> = o.members.iter().map(attach).collect::<Result<_, _>>()?;
+    // Each member's clock starts where its daemon put it at attach; they start together.
+    let start = eps.iter().map(Endpoint::clock).max().unwrap_or_default();
+    for e in &eps {
+        e.advance_clock(start);
+    }
     let members: Vec<(NodeId, u8)> = eps.iter().map(|e| (e.node_id(), e.rank())).collect();
     let mut colls: Vec<Collectives> = eps
         .iter()
