@@ -321,21 +321,11 @@ mod tests {
         };
         assert!(check(Kind::RdmaPage, 1, &mine, &rank, ("a", &job, &total, 2)).is_ok());
         // Ranks count per job only.
-        assert!(check(
-            Kind::Rank,
-            1,
-            &Holding::default(),
-            &rank,
-            ("a", &job, &total, 6)
-        )
-        .is_err());
-        assert!(check(
-            Kind::Rank,
-            1,
-            &Holding::default(),
-            &rank,
-            ("a", &job, &total, 5)
-        )
-        .is_ok());
+        let one_more = |ranks| {
+            let none = Holding::default();
+            check(Kind::Rank, 1, &none, &rank, ("a", &job, &total, ranks))
+        };
+        assert!(one_more(6).is_err());
+        assert!(one_more(5).is_ok());
     }
 }
