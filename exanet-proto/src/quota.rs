@@ -126,22 +126,25 @@ impl Limits {
                 ..NODE
             }
         };
-        Limits {
-            ranks: q.max_ranks.unwrap_or(d.ranks),
-            rdma_pages: q.max_rdma_pages.unwrap_or(d.rdma_pages),
-            packetizers: q.max_packetizers.unwrap_or(d.packetizers),
-            mailboxes: q.max_mailboxes.unwrap_or(d.mailboxes),
-            registered_bytes: q
-                .max_registered_mib
-                .map_or(d.registered_bytes, |m| m.saturating_mul(MIB)),
-        }
+        Limits::over(q, d)
     }
 
     /// A rank's limits: `[ni] rank_max_*` over [`RANK_DEFAULTS`].
     pub fn for_rank(q: &RankQuota) -> Limits {
-        let d = RANK_DEFAULTS;
+        let as_job = JobQuota {
+            max_ranks: Some(1),
+            max_rdma_pages: q.max_rdma_pages,
+            max_packetizers: q.max_packetizers,
+            max_mailboxes: q.max_mailboxes,
+            max_registered_mib: q.max_registered_mib,
+        };
+        Limits::over(&as_job, RANK_DEFAULTS)
+    }
+
+    /// The settings of `q`, `d` where it has none.
+    fn over(q: &JobQuota, d: Limits) -> Limits {
         Limits {
-            ranks: 1,
+            ranks: q.max_ranks.unwrap_or(d.ranks),
             rdma_pages: q.max_rdma_pages.unwrap_or(d.rdma_pages),
             packetizers: q.max_packetizers.unwrap_or(d.packetizers),
             mailboxes: q.max_mailboxes.unwrap_or(d.mailboxes),
