@@ -1,6 +1,6 @@
 //! `exanet-perf contend`: RDMA write streams that compete for the rack, all from this
-//! process, so that their modeled clocks start together (each endpoint's at zero) and
-//! contend in modeled time.
+//! process, so that their modeled clocks start together (each moved to the latest
+//! endpoint's start, `Endpoint::advance_clock`) and contend in modeled time.
 //!
 //! Each flow is an endpoint (a rank) of its own on its source node, writing `--iterations`
 //! transfers of `--size` bytes with `--window` in flight into a slot of memory registered

@@ -81,8 +81,12 @@ impl ModelTime {
     /// microsecond takes tens of host microseconds, and compute counts at most the CPU time
     /// it took at `compute_scale` 1), so a program that starts at the wall clock starts
     /// after everything the programs before it did, on every node, with no exchange
-    /// between daemons (hosts keep their clocks within milliseconds). The cycle keeps
-    /// over 100 days of modeled time below `u64` picoseconds' 213.
+    /// between daemons. That holds while programs' clocks do not outrun the wall clock:
+    /// a `compute_scale` above 1, clocks moved ahead (`Endpoint::advance_clock`, stamps
+    /// ahead, up to `ni::MAX_LEAD` a command) and hosts whose clocks differ (a millisecond
+    /// is 1e9 ps, more than a 1 MiB transfer) can leave busy time where the next program
+    /// starts. The cycle keeps over 100 days of modeled time below `u64` picoseconds'
+    /// 213; at its wrap, clocks (and the nodes' modeled time metric) start low again.
     pub fn from_wall(since_unix_epoch: std::time::Duration) -> ModelTime {
         const CYCLE_NS: u128 = START_CYCLE_DAYS as u128 * 86_400 * 1_000_000_000;
         let ns = since_unix_epoch.as_nanos() % CYCLE_NS;

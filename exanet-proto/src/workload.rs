@@ -1088,6 +1088,29 @@ mod tests {
     }
 
     #[test]
+    fn a_region_that_finds_no_place_gives_its_count_back() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let mut who = Joining::new("a", Pdid(1));
+        who.limits.registered_bytes = 2 * MAILBOX_WINDOW;
+        who.job_limits.registered_bytes = 2 * MAILBOX_WINDOW;
+        let r = svc.attach(&mut ni, who, Box::new(Discard)).unwrap();
+        let first = svc.register(r, 2 << 20).unwrap();
+        // Counted, then no room in the VA space after the first region: refused, and the
+        // count is the first region's again.
+        let pending = svc.begin_region(r, MAILBOX_WINDOW - VA_BASE).unwrap();
+        assert_eq!(
+            svc.member(r).unwrap().1.registered_bytes,
+            first.len + MAILBOX_WINDOW - VA_BASE
+        );
+        assert!(matches!(
+            svc.place_region(pending),
+            Err(ServiceError::NoVaSpace { .. })
+        ));
+        assert_eq!(svc.member(r).unwrap().1.registered_bytes, first.len);
+    }
+
+    #[test]
     fn collective_counts_are_kept_by_job_and_bounded() {
         let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
         let mut svc = WorkloadService::new(1);

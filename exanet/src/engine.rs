@@ -452,21 +452,48 @@ pub(crate) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
+        // Read outside the lock: it is a system call.
+        let cpu = (self.shared.info.compute_scale_ppm > 0)
+            .then(thread_cpu)
+            .flatten();
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
         if st.inside == 0 {
             st.left_at = Some(Instant::now());
-            if self.shared.info.compute_scale_ppm > 0 {
-                LEFT_CPU.set(thread_cpu());
-            }
+        }
+        drop(st);
+        if let Some(cpu) = cpu {
+            left_cpu_set(self.shared, cpu);
         }
     }
 }
 
+/// Endpoints a thread remembers its CPU clock for; a thread that used more forgets the
+/// one it left longest ago (whose next call then counts at most the host time since).
+const LEFT_CPU_ENDPOINTS: usize = 16;
+
 thread_local! {
-    /// This thread's CPU clock when it last left a library call: what it spent on a CPU
-    /// since is what it computed.
-    static LEFT_CPU: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+    /// This thread's CPU clock when it last left a call of each endpoint (by the address
+    /// of its shared state), most recent last: what it spent on a CPU since is what it
+    /// computed for that endpoint, whatever it did with others meanwhile.
+    static LEFT_CPU: std::cell::RefCell<Vec<(usize, Duration)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn left_cpu_set(shared: &Shared, cpu: Duration) {
+    let key = std::ptr::from_ref(shared) as usize;
+    LEFT_CPU.with_borrow_mut(|v| {
+        v.retain(|(k, _)| *k != key);
+        if v.len() >= LEFT_CPU_ENDPOINTS {
+            v.remove(0);
+        }
+        v.push((key, cpu));
+    });
+}
+
+fn left_cpu_get(shared: &Shared) -> Option<Duration> {
+    let key = std::ptr::from_ref(shared) as usize;
+    LEFT_CPU.with_borrow(|v| v.iter().find(|(k, _)| *k == key).map(|(_, c)| *c))
 }
 
 /// The calling thread's CPU clock: it stands still while the host runs something else,
@@ -477,14 +504,15 @@ fn thread_cpu() -> Option<Duration> {
         .map(Duration::from)
 }
 
-/// What the thread entering a call computed since the program left the library `wall`
-/// ago: its CPU time since it last left one, at most `wall` (a thread that never left
-/// one counts its CPU time so far, at most `wall`).
-fn computed(wall: Duration) -> Duration {
-    let Some(now) = thread_cpu() else {
+/// What the thread entering a call of `shared` (its CPU clock `now`) computed since the
+/// program left the library `wall` ago: its CPU time since it last left a call of this
+/// endpoint, at most `wall` (a thread that never did counts its CPU time so far, at most
+/// `wall`; without a CPU clock, `wall`).
+fn computed(shared: &Shared, now: Option<Duration>, wall: Duration) -> Duration {
+    let Some(now) = now else {
         return wall;
     };
-    now.saturating_sub(LEFT_CPU.get().unwrap_or_default())
+    now.saturating_sub(left_cpu_get(shared).unwrap_or_default())
         .min(wall)
 }
 
@@ -913,18 +941,20 @@ impl Shared {
         st.clock
     }
 
-    /// A library call starts: the CPU time the calling thread spent since the program left
-    /// the previous one was its compute, and moves the modeled clock by that, scaled. Time
-    /// the host gave to other programs, sleeps, and time blocked inside the library do
-    /// not count: there the modeled clock follows the events waited for instead.
+    /// A library call starts: the CPU time the calling thread spent since it last left a
+    /// call of this endpoint (at most the host time since the program last left one) was
+    /// its compute, and moves the modeled clock by that, scaled. Time the host gave to
+    /// other programs, sleeps, and time blocked inside the library do not count: there the
+    /// modeled clock follows the events waited for instead.
     pub(crate) fn enter(&self) -> Call<'_> {
+        // Read outside the lock: it is a system call.
+        let cpu = (self.info.compute_scale_ppm > 0).then(thread_cpu);
         let mut st = lock(&self.state);
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {
-                let spent = if self.info.compute_scale_ppm > 0 {
-                    computed(t.elapsed())
-                } else {
-                    Duration::ZERO
+                let spent = match cpu {
+                    Some(now) => computed(self, now, t.elapsed()),
+                    None => Duration::ZERO,
                 };
                 let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                 let ps = (u128::from(ns) * 1000 * u128::from(self.info.compute_scale_ppm)

@@ -554,6 +554,28 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         at.ps() - before.ps() <= ps(wall) + 2_000_000 + FAKE_SOFTWARE_PS,
         "spun {spun:?} in {wall:?}: {at} after {before}"
     );
+    // A thread that uses two endpoints: what it computed between its calls of one counts
+    // for that one, whatever it called in between.
+    let ep2 = attach_scaled(&f, 1_000_000);
+    let before2 = ep2.advance_clock(exanet::ModelTime(0));
+    let before = ep1.advance_clock(exanet::ModelTime(0));
+    let t0 = std::time::Instant::now();
+    let cpu0 = cpu();
+    while t0.elapsed() < Duration::from_millis(20) {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+    let spun = cpu() - cpu0;
+    // Each endpoint is a rank of the program: both computed it.
+    let in_between = ep2.advance_clock(exanet::ModelTime(0));
+    assert!(
+        in_between.ps() - before2.ps() >= ps(spun),
+        "{in_between} after {before2}"
+    );
+    let after = ep1.advance_clock(exanet::ModelTime(0));
+    assert!(
+        after.ps() - before.ps() >= ps(spun),
+        "spun {spun:?}: {after} after {before}"
+    );
 }
 
 /// Members start when they start: one sends before the others have opened their

@@ -4,11 +4,13 @@
 //! same NIs (a heavier flow through the link, thousands of small messages between the
 //! flow's own nodes), models the same time.
 //!
-//! Two defects hid here, both found by running programs back to back: a resource's
-//! timeline forgot a reservation earlier than all those it remembered, so after a long
-//! pingpong an rdma-bw crossed the NI and the link as if they took no time; and each
-//! process's clock started at zero, in the busy past of every program before it, so the
-//! same flow through a link modeled 9.06 Gb/s on a fresh rack, then 2.37, then 1.83.
+//! The defect this catches: each process's clock started at zero, in the busy past of
+//! every program before it, so the same flows through a link modeled 9.06 Gb/s on a fresh
+//! rack, then 2.37, then 1.83 (with clocks from zero this test fails: 7.56 ms, then 30.3
+//! and 53.0 ms). Another defect found the same way, a timeline that forgot a reservation
+//! earlier than all it remembered, is the unit test
+//! `a_stream_before_everything_remembered_is_still_serialised` in exanet-proto's model:
+//! with clocks that start after the past, no program here reserves before it.
 //!
 //! Needs `exactl` and `exanetd` built with the same profile.
 
