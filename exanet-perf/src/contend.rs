@@ -14,7 +14,9 @@
 //!
 //! For each flow it reports wall-clock and modeled throughput, and its share of the
 //! flows' modeled total (1/N each when the rack shares fairly); for `shared-link` and
-//! `bidir` also the link's modeled rate, which the flows through it share.
+//! `bidir` also the link's modeled rate, which the flows through it share. With
+//! `--alone`, each flow first runs by itself, so that what it gets alone stands beside
+//! what it gets competing.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -42,6 +44,8 @@ pub struct Options {
     pub size: u64,
     pub iterations: u64,
     pub window: u8,
+    /// Measure each flow alone first, and report each flow's contended rate beside it.
+    pub alone: bool,
     pub json: bool,
     pub timeout: Duration,
 }
@@ -247,75 +251,90 @@ pub fn run(o: &Options) -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
 
-    let start = Barrier::new(flows.len());
-    // Each flow's clock starts where its daemon put it at attach; they start together at
-    // the latest of those, or they would not compete in modeled time.
-    let latest = std::sync::atomic::AtomicU64::new(0);
-    let measured: Vec<Result<Measured, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = flows
+    // Runs the flows `which` together; each starts at the latest clock of every flow's
+    // endpoint (each clock starts where its daemon put it at attach), so that they compete
+    // in modeled time and start after whatever ran before.
+    let run_flows = |which: &[usize]| -> Result<Vec<Measured>, String> {
+        let start = Barrier::new(which.len());
+        let latest = senders
             .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let (ep, page, local, data) = &senders[i];
-                let (start, latest) = (&start, &latest);
-                let (r, off) = targets[i];
-                let (_, rep, rmem) = &receivers[r];
-                let (dst_rank, dst_va) = (rep.rank(), rmem.va() + off);
-                s.spawn(move || -> Result<Measured, String> {
-                    latest.fetch_max(ep.clock().ps(), std::sync::atomic::Ordering::Relaxed);
-                    start.wait();
-                    ep.advance_clock(exanet::ModelTime(
-                        latest.load(std::sync::atomic::Ordering::Relaxed),
-                    ));
-                    let (t0, m0) = (Instant::now(), ep.clock());
-                    let mut inflight = std::collections::VecDeque::new();
-                    let (mut posted, mut done) = (0u64, 0u64);
-                    while done < o.iterations {
-                        while inflight.len() < usize::from(o.window) && posted < o.iterations {
-                            let ch = (posted % u64::from(o.window)) as u8;
-                            let at = u64::from(ch) * o.size;
-                            let remote = ep
-                                .addr(f.dst, dst_rank, dst_va + at)
-                                .map_err(|e| e.to_string())?;
-                            let tag = page
-                                .write(ch, local, at, remote, o.size, None)
-                                .map_err(|e| format!("posting transfer {posted}: {e}"))?;
-                            inflight.push_back(tag);
-                            posted += 1;
+            .map(|s| s.0.clock())
+            .max()
+            .unwrap_or_default();
+        let measured: Vec<Result<Measured, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = which
+                .iter()
+                .map(|&i| {
+                    let f = &flows[i];
+                    let (ep, page, local, data) = &senders[i];
+                    let start = &start;
+                    let (r, off) = targets[i];
+                    let (_, rep, rmem) = &receivers[r];
+                    let (dst_rank, dst_va) = (rep.rank(), rmem.va() + off);
+                    s.spawn(move || -> Result<Measured, String> {
+                        ep.advance_clock(latest);
+                        start.wait();
+                        let (t0, m0) = (Instant::now(), ep.clock());
+                        let mut inflight = std::collections::VecDeque::new();
+                        let (mut posted, mut done) = (0u64, 0u64);
+                        while done < o.iterations {
+                            while inflight.len() < usize::from(o.window) && posted < o.iterations {
+                                let ch = (posted % u64::from(o.window)) as u8;
+                                let at = u64::from(ch) * o.size;
+                                let remote = ep
+                                    .addr(f.dst, dst_rank, dst_va + at)
+                                    .map_err(|e| e.to_string())?;
+                                let tag = page
+                                    .write(ch, local, at, remote, o.size, None)
+                                    .map_err(|e| format!("posting transfer {posted}: {e}"))?;
+                                inflight.push_back(tag);
+                                posted += 1;
+                            }
+                            if let Some(tag) = inflight.pop_front() {
+                                ep.wait_modeled(tag, Some(o.timeout))
+                                    .map_err(|e| format!("transfer {done}: {e}"))?;
+                                done += 1;
+                            }
                         }
-                        if let Some(tag) = inflight.pop_front() {
-                            ep.wait_modeled(tag, Some(o.timeout))
-                                .map_err(|e| format!("transfer {done}: {e}"))?;
-                            done += 1;
-                        }
-                    }
-                    let wall = t0.elapsed();
-                    let modeled_ps = ep.clock().ps().saturating_sub(m0.ps());
-                    // Every slot's last transfer landed whole.
-                    let got = rmem.to_vec(off, slot).map_err(|e| e.to_string())?;
-                    Ok(Measured {
-                        wall,
-                        modeled_ps,
-                        verified: got == *data,
+                        let wall = t0.elapsed();
+                        let modeled_ps = ep.clock().ps().saturating_sub(m0.ps());
+                        // Every slot's last transfer landed whole.
+                        let got = rmem.to_vec(off, slot).map_err(|e| e.to_string())?;
+                        Ok(Measured {
+                            wall,
+                            modeled_ps,
+                            verified: got == *data,
+                        })
                     })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a flow's thread panicked".into()))
-            })
-            .collect()
-    });
-    let measured: Vec<Measured> = measured.into_iter().collect::<Result<_, _>>()?;
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a flow's thread panicked".into()))
+                })
+                .collect()
+        });
+        measured.into_iter().collect()
+    };
+    // Each flow alone first, when asked: what it gets with nothing to share.
+    let alone: Option<Vec<Measured>> = if o.alone {
+        let mut v = Vec::new();
+        for i in 0..flows.len() {
+            v.extend(run_flows(&[i])?);
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let all: Vec<usize> = (0..flows.len()).collect();
+    let measured = run_flows(&all)?;
 
     let bytes = o.size * o.iterations;
-    let modeled: Vec<f64> = measured
-        .iter()
-        .map(|m| gbps(bytes, m.modeled_ps as f64 * 1e-12))
-        .collect();
+    let modeled_gbps = |m: &Measured| gbps(bytes, m.modeled_ps as f64 * 1e-12);
+    let modeled: Vec<f64> = measured.iter().map(modeled_gbps).collect();
+    let alone: Option<Vec<f64>> = alone.map(|v| v.iter().map(modeled_gbps).collect());
     let total: f64 = modeled.iter().sum();
     let pattern = clap::ValueEnum::to_possible_value(&o.pattern)
         .map_or_else(|| format!("{:?}", o.pattern), |v| v.get_name().to_string());
@@ -327,11 +346,12 @@ pub fn run(o: &Options) -> Result<(), String> {
     });
     if !o.json {
         println!(
-            "{:>8} {:>8} {:>10} {:>12} {:>8} {:>8}",
-            "from", "to", "gbps", "model_gbps", "share", "verified"
+            "{:>8} {:>8} {:>10} {:>12} {:>8} {:>12} {:>8}",
+            "from", "to", "gbps", "model_gbps", "share", "model_alone", "verified"
         );
     }
-    for ((f, m), g) in flows.iter().zip(&measured).zip(&modeled) {
+    for (k, ((f, m), g)) in flows.iter().zip(&measured).zip(&modeled).enumerate() {
+        let by_itself = alone.as_ref().map(|a| a[k]);
         let wall = gbps(bytes, m.wall.as_secs_f64());
         let share = if total > 0.0 { g / total } else { 0.0 };
         if o.json {
@@ -348,17 +368,19 @@ pub fn run(o: &Options) -> Result<(), String> {
                     "gbps": crate::stats::round(wall, 3),
                     "modeled_gbps": crate::stats::round(*g, 3),
                     "modeled_share": crate::stats::round(share, 4),
+                    "modeled_gbps_alone": by_itself.map(|a| crate::stats::round(a, 3)),
                     "verified": m.verified,
                 })
             );
         } else {
             println!(
-                "{:>8} {:>8} {:>10.3} {:>12.3} {:>8.4} {:>8}",
+                "{:>8} {:>8} {:>10.3} {:>12.3} {:>8.4} {:>12} {:>8}",
                 shape.display(f.src),
                 shape.display(f.dst),
                 wall,
                 g,
                 share,
+                by_itself.map_or("-".to_string(), |a| format!("{a:.3}")),
                 m.verified
             );
         }

@@ -205,6 +205,10 @@ struct ContendArgs {
     /// Transfers in flight per flow
     #[arg(long, value_name = "W", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=8))]
     window: u8,
+    /// Run each flow by itself first and report its modeled rate alone beside the
+    /// competing one
+    #[arg(long)]
+    alone: bool,
     /// One JSON object per flow, then one for all, on stdout
     #[arg(long)]
     json: bool,
@@ -454,6 +458,7 @@ fn run(cli: Cli) -> Result<(), String> {
             size: a.size,
             iterations: a.iterations,
             window: a.window,
+            alone: a.alone,
             json: a.json,
             timeout: Duration::from_millis(a.timeout_ms),
         });
