@@ -71,6 +71,16 @@ pub fn plan(
     senders: u32,
     to: Option<NodeId>,
 ) -> Result<Plan, String> {
+    // The nodes of `n`'s QFDB.
+    let qfdb = |n: NodeId| {
+        let c = shape.coord(n).map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            shape
+                .node_ids()
+                .filter(|m| shape.coord(*m).is_ok_and(|d| d.same_qfdb(&c)))
+                .collect::<Vec<_>>(),
+        )
+    };
     let torus = || {
         links(shape)
             .into_iter()
@@ -109,15 +119,6 @@ pub fn plan(
             };
             // Sources on the link's near QFDB, destinations on its far one: the first two
             // flows with distinct ends whose only common hop is the link a -> b.
-            let qfdb = |n: NodeId| {
-                let c = shape.coord(n).map_err(|e| e.to_string())?;
-                Ok::<_, String>(
-                    shape
-                        .node_ids()
-                        .filter(|m| shape.coord(*m).is_ok_and(|d| d.same_qfdb(&c)))
-                        .collect::<Vec<_>>(),
-                )
-            };
             let mut candidates = Vec::new();
             for &src in &qfdb(l.a)? {
                 for &dst in &qfdb(l.b)? {
@@ -146,7 +147,7 @@ pub fn plan(
             ))
         }
         Pattern::QfdbAllToAll => {
-            let nodes: Vec<NodeId> = shape.node_ids().take(4).collect();
+            let nodes = qfdb(NodeId(0))?;
             let flows = nodes
                 .iter()
                 .flat_map(|&src| {

@@ -477,10 +477,8 @@ impl WorkloadService {
         self.place_region(pending)
     }
 
+    /// Places a region whose length [`WorkloadService::begin_region`] checked.
     fn place(&mut self, rank: u8, len: u64) -> Result<Placed, ServiceError> {
-        if len == 0 || len > MAILBOX_WINDOW {
-            return Err(ServiceError::BadLength(len));
-        }
         let rng = &mut self.rng;
         let w = self
             .ranks
