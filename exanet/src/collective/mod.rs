@@ -840,7 +840,7 @@ impl Collectives {
     /// Waits for a sent message's answer. A peer whose collective mailbox is full (it is
     /// behind, or many members send to it at once) or not open yet (its process has not
     /// got there: members start when they start) refuses it for now: it goes again a
-    /// little later, until `deadline`.
+    /// little later, until `deadline`, after which the collective has timed out.
     fn settle(&self, s: Sent, sent: &mut VecDeque<Sent>, deadline: Instant) -> Result<()> {
         self.answered(s, sent, deadline, self.timeout).map(drop)
     }
@@ -875,7 +875,12 @@ impl Collectives {
                         ..
                     },
                 ..
-            }) if Instant::now() < deadline => {
+            }) => {
+                // A peer that still refuses at the deadline never got there in time: that
+                // is this member's timeout, whichever of its waits noticed it first.
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout);
+                }
                 std::thread::sleep(Duration::from_micros(200));
                 let tag = self.tx.send_any(s.dst, &s.msg)?;
                 sent.push_back(Sent { tag, ..s });
