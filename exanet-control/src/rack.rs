@@ -666,6 +666,8 @@ impl Rack {
             window: self.file.window,
             local_window: self.file.local_window,
             model: self.model,
+            // Daemons do not publish their ranks' clocks yet (see docs/modeled-time.md).
+            modeled_order: false,
         }
     }
 

@@ -49,6 +49,7 @@ pub mod metric;
 pub mod model;
 pub mod ni;
 mod node;
+mod order;
 mod probe;
 pub mod quota;
 pub mod reserved;

@@ -343,6 +343,25 @@ impl Timeline {
         ModelTime(t)
     }
 
+    /// Where [`reserve`](Self::reserve) would start `dur` picoseconds ready at `ready`,
+    /// without reserving them: a lower bound on the start of anything of at least `dur`
+    /// reserved from `ready` on, now or later (reservations only fill gaps).
+    pub fn first_gap(&self, ready: ModelTime, dur: u64) -> ModelTime {
+        let mut t = ready.0;
+        let mut j = self.busy.partition_point(|&(s, _)| s <= t);
+        if j > 0 {
+            t = t.max(self.busy[j - 1].1);
+        }
+        while let Some(&(s, e)) = self.busy.get(j) {
+            if s >= t.saturating_add(dur) {
+                break;
+            }
+            t = t.max(e);
+            j += 1;
+        }
+        ModelTime(t)
+    }
+
     /// The end of the latest reservation.
     pub fn busy_until(&self) -> ModelTime {
         ModelTime(self.busy.back().map_or(0, |&(_, e)| e))

@@ -238,6 +238,20 @@ impl Node {
     }
 
     /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.
+    /// No cell with an earlier head than `t` will come in on `port` any more (see
+    /// [`crate::order`]).
+    pub fn set_horizon(&mut self, port: Port, t: ModelTime) {
+        self.switch.set_horizon(port, t);
+    }
+
+    /// The earliest head waiting in this node's switch or that its NI may still inject by
+    /// itself: its part of the rack's lower bound on timestamps (see [`crate::order`]).
+    pub fn earliest_pending(&mut self) -> ModelTime {
+        let (data, answers) = self.ni.horizon();
+        self.switch.set_ni_horizon(data, answers);
+        self.switch.earliest_pending()
+    }
+
     pub fn credit(
         &mut self,
         port: Port,
@@ -327,14 +341,22 @@ impl Node {
 
     /// Feeds the switch's injection queue from the outbox and the load generator.
     fn fill(&mut self, now: Instant) {
+        self.inject(now);
+        if self.switch.config().modeled_order {
+            let (data, answers) = self.ni.horizon();
+            self.switch.set_ni_horizon(data, answers);
+        }
+    }
+
+    fn inject(&mut self, now: Instant) {
         self.ni.refill(now, self.mem.as_ref());
         for answers in [true, false] {
-            while let Some(mut c) = self.ni.poll_cell_of(answers) {
+            while let Some(c) = self.ni.poll_cell_of(answers) {
                 if !self.switch.can_inject(c.kind, c.wire_len()) {
                     self.ni.unpoll_cell(c);
                     break;
                 }
-                self.ni.injected(&mut c, now);
+                self.ni.injected(&c, now);
                 match self.switch.inject(c, now) {
                     Ok(()) => self.stats.injected_cells += 1,
                     Err(e) => self.count_error(e.kind()),

@@ -10,7 +10,7 @@
 //! lost with it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 use bytes::BytesMut;
 
@@ -183,6 +183,10 @@ pub struct Sim {
     /// Link ends whose dialer has an `Ev::Dial` scheduled.
     dialing: HashSet<(NodeId, Port)>,
     taps: HashMap<NodeId, Tap>,
+    /// With modeled ordering on: heads of the cells on each link, by the (node, port)
+    /// they go to, and each link port's horizon as last set.
+    in_flight: HashMap<(NodeId, Port), BTreeMap<ModelTime, u32>>,
+    horizons: HashMap<(NodeId, Port), ModelTime>,
 }
 
 impl Sim {
@@ -221,6 +225,8 @@ impl Sim {
             next_conn: 1,
             dialing: HashSet::new(),
             taps: HashMap::new(),
+            in_flight: HashMap::new(),
+            horizons: HashMap::new(),
         };
         for l in links(&shape) {
             sim.connect(l.a, l.a_port, true);
@@ -571,6 +577,17 @@ impl Sim {
         let at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
         self.last_arrival[i][p] = at;
         let ev = match d.received_cell() {
+            Some(Ok((vc, cell))) if self.cfg.switch.modeled_order => {
+                let heads = self.in_flight.entry((peer, peer_port)).or_default();
+                *heads.entry(cell.stamp.head).or_default() += 1;
+                Ev::Cell {
+                    node: peer,
+                    port: peer_port,
+                    conn,
+                    vc,
+                    cell,
+                }
+            }
             Some(Ok((vc, cell))) => Ev::Cell {
                 node: peer,
                 port: peer_port,
@@ -645,13 +662,140 @@ impl Sim {
 
     /// Lets every node act on work given to it from outside the event loop.
     pub fn kick_all(&mut self) {
+        // Horizons first: the work given from outside may go before what they allow now.
+        self.reorder();
         for i in 0..self.stations.len() {
             self.pump(NodeId(i as u32));
         }
+        self.reorder();
     }
 
     pub fn kick(&mut self, id: NodeId) {
+        self.reorder();
         self.pump(id);
+        self.reorder();
+    }
+
+    /// A cell on the link to (`node`, `port`) arrived.
+    fn landed(&mut self, node: NodeId, port: Port, head: ModelTime) {
+        if let Some(heads) = self.in_flight.get_mut(&(node, port)) {
+            if let Some(n) = heads.get_mut(&head) {
+                *n -= 1;
+                if *n == 0 {
+                    heads.remove(&head);
+                }
+            }
+        }
+    }
+
+    /// With modeled ordering on, sets every link port's horizon (see [`crate::order`]):
+    /// the earliest head a cell can still come in with on it. That is the cells already
+    /// on the link, and what the upstream forwards to it from now on, which leaves behind
+    /// everything already booked on the upstream's output, from a head no earlier than
+    /// the cells the upstream holds for that link, what its NI may inject, or what may
+    /// still reach the upstream. What may still reach a node is a shortest path over the
+    /// rack (Dijkstra: every hop adds at least a traversal and a link's latency). A single
+    /// rack-wide bound, or one that ignored where held cells go, would be simpler and
+    /// much looser: cells queued behind a busy output, or bound elsewhere, would hold
+    /// back switches they can never reach, and with real buffers finite, deadlock.
+    ///
+    /// Nodes whose horizons moved may forward more, which moves what they hold: repeated
+    /// until nothing moves.
+    fn reorder(&mut self) {
+        if !self.cfg.switch.modeled_order {
+            return;
+        }
+        loop {
+            let reach = self.reach();
+            let mut moved = Vec::new();
+            for i in 0..self.stations.len() {
+                let node = NodeId(i as u32);
+                let ports: Vec<Port> = self.stations[i].ends().map(|(p, _)| p).collect();
+                for port in ports {
+                    let Some((up, up_port)) = neighbour(&self.shape, node, port) else {
+                        continue;
+                    };
+                    let on_link = self
+                        .in_flight
+                        .get(&(node, port))
+                        .and_then(|h| h.keys().next().copied())
+                        .unwrap_or(ModelTime::NEVER);
+                    let h = self.sends(up, up_port, reach[up.0 as usize]).min(on_link);
+                    if self.horizons.insert((node, port), h) != Some(h) {
+                        self.stations[i].node_mut().set_horizon(port, h);
+                        if moved.last() != Some(&node) {
+                            moved.push(node);
+                        }
+                    }
+                }
+            }
+            if moved.is_empty() {
+                return;
+            }
+            for node in moved {
+                self.pump(node);
+            }
+        }
+    }
+
+    /// The earliest head a cell `node` forwards on `port` from now on can have at the far
+    /// end, when nothing earlier than `reach` can still come in to it.
+    fn sends(&self, node: NodeId, port: Port, reach: ModelTime) -> ModelTime {
+        let sw = self.stations[node.0 as usize].node().switch();
+        let from = sw.earliest_toward(port).min(sw.ni_earliest()).min(reach);
+        sw.earliest_arrival(port, from)
+    }
+
+    /// For each node, the earliest a cell can still come in to it: on its links now, or
+    /// forwarded to it by a neighbour from what that holds, injects or receives.
+    fn reach(&mut self) -> Vec<ModelTime> {
+        for s in &mut self.stations {
+            // Brings each NI's own bound up to date.
+            s.node_mut().earliest_pending();
+        }
+        let n = self.stations.len();
+        let mut reach = vec![ModelTime::NEVER; n];
+        for (&(node, _), heads) in &self.in_flight {
+            if let Some(&h) = heads.keys().next() {
+                let r = &mut reach[node.0 as usize];
+                *r = (*r).min(h);
+            }
+        }
+        for m in 0..n {
+            let node = NodeId(m as u32);
+            let ports: Vec<Port> = self.stations[m].ends().map(|(p, _)| p).collect();
+            for port in ports {
+                let Some((peer, _)) = neighbour(&self.shape, node, port) else {
+                    continue;
+                };
+                let at = self.sends(node, port, ModelTime::NEVER);
+                let r = &mut reach[peer.0 as usize];
+                *r = (*r).min(at);
+            }
+        }
+        let mut heap: BinaryHeap<Reverse<(ModelTime, u32)>> = reach
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t < ModelTime::NEVER)
+            .map(|(i, t)| Reverse((*t, i as u32)))
+            .collect();
+        while let Some(Reverse((t, m))) = heap.pop() {
+            if t > reach[m as usize] {
+                continue;
+            }
+            let sw = self.stations[m as usize].node().switch();
+            for (port, _) in self.stations[m as usize].ends() {
+                let Some((peer, _)) = neighbour(&self.shape, NodeId(m), port) else {
+                    continue;
+                };
+                let at = sw.earliest_arrival(port, t);
+                if at < reach[peer.0 as usize] {
+                    reach[peer.0 as usize] = at;
+                    heap.push(Reverse((at, peer.0)));
+                }
+            }
+        }
+        reach
     }
 
     fn schedule(&mut self, at: Instant, ev: Ev) {
@@ -711,6 +855,9 @@ impl Sim {
                 vc,
                 cell,
             } => {
+                if self.cfg.switch.modeled_order {
+                    self.landed(node, port, cell.stamp.head);
+                }
                 if let Some(c) = self.current(node, port, conn) {
                     let f = Frame::Cell(vc, cell);
                     let _ = self.stations[node.0 as usize].on_frames(port, c.sid, [f], now);
@@ -784,6 +931,7 @@ impl Sim {
             }
         };
         self.pump(node);
+        self.reorder();
         true
     }
 

@@ -28,6 +28,7 @@ use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
 use crate::model::{Buffer, Model, ModelTime, Stamp, Timeline};
+use crate::order::Order;
 use crate::probe;
 use crate::routing::{route, Hop, RouteError, Vc, NVCS};
 use crate::shape::{NodeId, Shape};
@@ -41,6 +42,9 @@ pub const HW_INPUT_BUFFER: u32 = 4096;
 pub const DEFAULT_WINDOW: u32 = 256 * 1024;
 /// Default space for cells the node's own NI injects and receives.
 pub const DEFAULT_LOCAL_WINDOW: u32 = 64 * 1024;
+/// How many times its window an input queue holds in modeled order: the NI's queue, a
+/// rank's RDMA window (256 blocks of 16 KB, 4 MiB) over the default 64 KB local window.
+const MODELED_WINDOWS: u32 = 64;
 /// The smallest window that can hold a full cell.
 pub const MIN_WINDOW: u32 = crate::cell::MAX_CELL as u32;
 
@@ -52,6 +56,9 @@ pub struct SwitchConfig {
     pub local_window: u32,
     /// The modeled hardware: rates, latencies, traversals and the modeled input buffer.
     pub model: Model,
+    /// Forward cells in modeled-time order, waiting for the neighbours' promises (see
+    /// [`crate::order`]); off, cells are forwarded in the order the host delivers them.
+    pub modeled_order: bool,
 }
 
 impl Default for SwitchConfig {
@@ -60,6 +67,7 @@ impl Default for SwitchConfig {
             window: DEFAULT_WINDOW,
             local_window: DEFAULT_LOCAL_WINDOW,
             model: Model::default(),
+            modeled_order: false,
         }
     }
 }
@@ -149,6 +157,8 @@ struct Input {
     owed_freed: ModelTime,
     /// The modeled input buffer, as the cells that left it.
     modeled: Buffer,
+    /// Cells queued here for each output port.
+    toward: [u32; NPORTS],
 }
 
 struct Output {
@@ -172,6 +182,12 @@ pub struct Switch {
     stats: [PortStats; NPORTS],
     /// When each output is modeled-busy.
     busy: Vec<Timeline>,
+    /// When the NI's datapath is modeled-busy: it serialises every cell the NI injects,
+    /// in the order the switch takes them (modeled order when ordering is on).
+    datapath: Timeline,
+    order: Order,
+    /// What the NI may still inject by itself, (data, answers), before its datapath.
+    ni_own: (ModelTime, ModelTime),
     next_input: usize,
     /// Bit `i` set when input queue `i` holds cells: arbitration visits only those.
     occupied: u64,
@@ -215,13 +231,27 @@ impl Switch {
         let mut outputs = Vec::with_capacity(NPORTS * NVCS);
         for i in 0..NPORTS * NVCS {
             let local = i / NVCS == Port::Local.index();
+            // In modeled order cells wait in the switch until it is their turn, so its
+            // queues hold what the rest of the rack would otherwise hold in real time:
+            // the NI's cells, and a link's cells waiting for another link's (see
+            // `crate::order`). A full queue would hold back the cells that let its own
+            // move.
+            let (window, local_window) = if cfg.modeled_order {
+                (
+                    cfg.window.saturating_mul(MODELED_WINDOWS),
+                    cfg.local_window.saturating_mul(MODELED_WINDOWS),
+                )
+            } else {
+                (cfg.window, cfg.local_window)
+            };
             inputs.push(Input {
                 q: VecDeque::new(),
                 bytes: 0,
-                cap: if local { cfg.local_window } else { cfg.window },
+                cap: if local { local_window } else { window },
                 owed: 0,
                 owed_freed: ModelTime::ZERO,
                 modeled: Buffer::default(),
+                toward: [0; NPORTS],
             });
             outputs.push(Output {
                 credits: if local { cfg.local_window } else { 0 },
@@ -230,6 +260,11 @@ impl Switch {
                 stalled_since: None,
                 modeled: Buffer::default(),
             });
+        }
+        let mut order = Order::new();
+        for p in Port::all().filter(|p| !present[p.index()]) {
+            // Nothing ever comes in on a port with no link.
+            order.set_horizon(p, ModelTime::NEVER);
         }
         Ok(Switch {
             shape,
@@ -240,6 +275,9 @@ impl Switch {
             outputs,
             stats: [PortStats::default(); NPORTS],
             busy: vec![Timeline::default(); NPORTS],
+            datapath: Timeline::default(),
+            order,
+            ni_own: (ModelTime::NEVER, ModelTime::NEVER),
             next_input: 0,
             occupied: 0,
             forwarded: 0,
@@ -387,12 +425,24 @@ impl Switch {
     fn enqueue(&mut self, s: usize, hop: Hop, cell: Cell, len: u32) {
         let input = &mut self.inputs[s];
         input.bytes += len;
+        input.toward[hop.port.index()] += 1;
         self.occupied |= 1u64 << s;
-        input.q.push_back(Queued {
-            hop,
-            cell,
-            charged: len,
-        });
+        // In modeled order, a queue is kept in head order (see `crate::order`); cells
+        // mostly come in order, so the place is found near the back.
+        let at = if self.cfg.modeled_order {
+            let head = cell.stamp.head;
+            input.q.partition_point(|q| q.cell.stamp.head <= head)
+        } else {
+            input.q.len()
+        };
+        input.q.insert(
+            at,
+            Queued {
+                hop,
+                cell,
+                charged: len,
+            },
+        );
         let port = s / NVCS;
         let total: u32 = (0..NVCS).map(|v| self.inputs[port * NVCS + v].bytes).sum();
         let st = &mut self.stats[port];
@@ -494,8 +544,14 @@ impl Switch {
         None
     }
 
-    /// Sends the head cell of input `i` if its output has credit.
+    /// Sends the head cell of input `i` if its output has credit (and, with ordering on,
+    /// if no cell that goes before it can still come).
     fn try_input(&mut self, i: usize, n: usize, now: Instant) -> Option<Transmit> {
+        let key = if self.cfg.modeled_order {
+            self.may_forward(i)?
+        } else {
+            ModelTime::ZERO
+        };
         let head = self.inputs[i].q.front()?;
         let hop = head.hop;
         let records = hop.port != Port::Local
@@ -517,12 +573,19 @@ impl Switch {
         o.credits -= need;
         o.outstanding += need;
         let q = self.inputs[i].q.pop_front().expect("head exists");
+        self.inputs[i].toward[hop.port.index()] -= 1;
+        if self.cfg.modeled_order {
+            self.order.forwarded(i, key);
+        }
         let from = Port::from_index(i / NVCS).expect("valid input index");
         let mut cell = q.cell;
         if records {
             probe::record_hop(&mut cell, self.node);
         }
-        let busy = self.model_departure(i, from, hop, &mut cell, q.charged);
+        let busy = self.model_departure(i, from, hop, &mut cell, q.charged, key);
+        if from == Port::Local && self.cfg.modeled_order {
+            self.refresh_ni_horizon();
+        }
         let input = &mut self.inputs[i];
         input.bytes -= q.charged;
         input.owed += q.charged;
@@ -545,6 +608,122 @@ impl Switch {
         })
     }
 
+    /// The head cell of input `i`'s order key when it is safe to forward in modeled
+    /// order (see [`crate::order`]). A queue that is full is served anyway: its upstream
+    /// may be waiting for room to send what this switch waits for.
+    fn may_forward(&self, i: usize) -> Option<ModelTime> {
+        let key = self.admitted(i)?;
+        let input = &self.inputs[i];
+        if input.bytes + MIN_WINDOW > input.cap {
+            return Some(key);
+        }
+        let heads = |s: usize| self.admitted(s);
+        self.order
+            .is_safe(i, key, &heads, &self.cfg.model)
+            .then_some(key)
+    }
+
+    /// When the head cell of input `i` would compete for its output, in modeled time: its
+    /// head once through the NI's datapath (for the NI's own cells) and once it has room
+    /// in the input's modeled buffer. What orders cells: an NI that cuts a whole window of
+    /// blocks at once stamps them all alike, but they enter the switch one buffer's room
+    /// at a time, between the cells of the other inputs.
+    fn admitted(&self, i: usize) -> Option<ModelTime> {
+        let q = self.inputs[i].q.front()?;
+        let m = &self.cfg.model;
+        let from = Port::from_index(i / NVCS)?;
+        let mut head = q.cell.stamp.head;
+        if from == Port::Local {
+            head = self
+                .datapath
+                .first_gap(head, m.ni_rate.ps(q.cell.wire_len()));
+        }
+        let input = &self.inputs[i];
+        let admitted = match input.modeled.room_at(q.charged, m.input_buffer, head) {
+            None => head,
+            Some(room) => head.max(room + 2 * m.latency(from)),
+        };
+        Some(admitted)
+    }
+
+    /// No cell with an earlier head than `t` will come in on `port` any more (see
+    /// [`crate::order`]).
+    pub fn set_horizon(&mut self, port: Port, t: ModelTime) {
+        self.order.set_horizon(port, t);
+    }
+
+    /// The earliest head the node's NI may still inject a cell with by itself: data
+    /// cells, and answers (each class on its own injection queue).
+    pub fn set_ni_horizon(&mut self, data: ModelTime, answers: ModelTime) {
+        self.ni_own = (data, answers);
+        self.refresh_ni_horizon();
+    }
+
+    /// What the NI has still to inject crosses its datapath after what the switch took,
+    /// and enters its input buffer once there is room (as [`Switch::admitted`] has it):
+    /// a bound any looser holds back cells that the NI's own, unable to enter a full
+    /// queue, are taken to precede.
+    fn refresh_ni_horizon(&mut self) {
+        let m = &self.cfg.model;
+        let shortest = crate::cell::OVERHEAD;
+        let mut by_vc = [ModelTime::NEVER; NVCS];
+        for (kind, raw) in [
+            (CellType::Write, self.ni_own.0),
+            (CellType::Ack, self.ni_own.1),
+        ] {
+            let vc = usize::from(Vc::injection(kind).0);
+            let head = self.datapath.first_gap(raw, m.ni_rate.ps(shortest));
+            let room = self.inputs[slot(Port::Local, Vc(vc as u8))]
+                .modeled
+                .room_at(shortest as u32, m.input_buffer, head);
+            by_vc[vc] = room.map_or(head, |r| head.max(r));
+        }
+        self.order.set_ni_own(by_vc);
+    }
+
+    /// The earliest head waiting in this switch's queues, or that its NI may still
+    /// inject by itself (as last set): this node's part of the rack's lower bound (see
+    /// [`crate::order`]). Meaningful with ordering on, which keeps queues in head order.
+    pub fn earliest_pending(&self) -> ModelTime {
+        (0..self.inputs.len())
+            .filter_map(|s| self.admitted(s))
+            .fold(self.order.ni_own(), ModelTime::min)
+    }
+
+    /// The earliest order key of a cell queued here for `port`: a bound on what this
+    /// switch forwards to that port from what it holds (see [`crate::order`]).
+    pub fn earliest_toward(&self, port: Port) -> ModelTime {
+        (0..self.inputs.len())
+            .filter(|&s| self.inputs[s].toward[port.index()] > 0)
+            .filter_map(|s| self.admitted(s))
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+    }
+
+    /// What the NI may still inject by itself, as last set, through its datapath and
+    /// into its injection queues.
+    pub fn ni_earliest(&self) -> ModelTime {
+        self.order.ni_own()
+    }
+
+    /// The earliest a cell whose head is at this switch at `ready` (or later) can reach
+    /// the far end of `port`'s link: after a traversal, in the first gap of the output's
+    /// timeline (everything already booked on it goes first), and the link's latency.
+    pub fn earliest_arrival(&self, port: Port, ready: ModelTime) -> ModelTime {
+        if ready == ModelTime::NEVER {
+            return ready;
+        }
+        let m = &self.cfg.model;
+        let shortest = m.rate(port).ps(crate::cell::OVERHEAD);
+        let at = ready + m.traversal(Port::Local, port).max(1);
+        self.busy[port.index()].first_gap(at, shortest) + m.latency(port)
+    }
+
+    /// Cells forwarded out of modeled order with ordering on (see [`crate::order`]).
+    pub fn late_cells(&self) -> u64 {
+        self.order.late()
+    }
+
     /// Modeled time for the cell leaving input `i` (which came in on `from`) by `hop`:
     /// it leaves once it is in this input's modeled buffer (the upstream could not have
     /// sent it before the cells ahead freed room), has crossed the switch, the output is
@@ -558,10 +737,21 @@ impl Switch {
         hop: Hop,
         cell: &mut Cell,
         charged: u32,
+        key: ModelTime,
     ) -> u64 {
         let m = &self.cfg.model;
         let cap = m.input_buffer;
         let len = cell.wire_len();
+        if from == Port::Local {
+            // The NI's datapath serialises what it injects: the cell's first and last
+            // byte enter the switch at its rate.
+            let ser = m.ni_rate.ps(len);
+            let head = self.datapath.reserve(cell.stamp.head, ser);
+            cell.stamp = Stamp {
+                head,
+                tail: head + ser,
+            };
+        }
         let input = &mut self.inputs[i];
         // No room when it arrived: the upstream could not have sent it before room was
         // freed, and the credit for it went back over the input's link and the cell came
@@ -569,13 +759,19 @@ impl Switch {
         let admit = match input.modeled.room_at(charged, cap, cell.stamp.head) {
             None => cell.stamp.head,
             Some(room) => room + 2 * m.latency(from),
-        };
+        }
+        // In modeled order, not before its order key: the cell ahead in its queue went
+        // first (see `Switch::admitted`).
+        .max(key);
         let shift = admit.since(cell.stamp.head);
         let (head, tail) = (cell.stamp.head + shift, cell.stamp.tail + shift);
         let to = hop.port;
         let t = m.traversal(from, to);
         let lat = m.latency(to);
-        let credit = if to == Port::Local {
+        // What this end knows of the downstream buffer comes with credits, in real time:
+        // in modeled order that would make the result depend on the host again, and the
+        // downstream's own account (rule 1 there) delays the cell all the same.
+        let credit = if to == Port::Local || self.cfg.modeled_order {
             ModelTime::ZERO
         } else {
             let o = &self.outputs[slot(to, hop.vc)];

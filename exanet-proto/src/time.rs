@@ -47,6 +47,8 @@ pub struct ModelTime(pub u64);
 
 impl ModelTime {
     pub const ZERO: ModelTime = ModelTime(0);
+    /// Later than any time: what a link with nothing to come promises.
+    pub const NEVER: ModelTime = ModelTime(u64::MAX);
 
     pub fn from_ns(ns: u64) -> ModelTime {
         ModelTime(ns.saturating_mul(1000))

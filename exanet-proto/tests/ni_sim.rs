@@ -1051,13 +1051,13 @@ fn a_served_read_never_leaves_a_timer_in_the_past() {
     loop {
         now = now + 1_000;
         let mut moved = false;
-        while let Some(mut c) = reader.poll_cell() {
-            reader.injected(&mut c, now);
+        while let Some(c) = reader.poll_cell() {
+            reader.injected(&c, now);
             server.on_cell(c, now, &mut smem);
             moved = true;
         }
-        while let Some(mut c) = server.poll_cell() {
-            server.injected(&mut c, now);
+        while let Some(c) = server.poll_cell() {
+            server.injected(&c, now);
             reader.on_cell(c, now, &mut rmem);
             moved = true;
         }
@@ -1456,8 +1456,8 @@ fn the_ack_of_an_earlier_copy_completes_a_message_at_its_modeled_time() {
     };
     a.send_message_at(0, &op, Instant::ZERO, ModelTime::ZERO)
         .unwrap();
-    let mut first = a.poll_cell().unwrap();
-    a.injected(&mut first, Instant::ZERO);
+    let first = a.poll_cell().unwrap();
+    a.injected(&first, Instant::ZERO);
     b.on_cell(first, Instant(10), &mut bmem);
     let ack = b.poll_cell().expect("the ACK of the first copy");
     a.handle_timeout(Instant(5_000), &amem);
@@ -1513,12 +1513,12 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
     loop {
         now = now + 1_000;
         let mut moved = false;
-        while let Some(mut c) = a.poll_cell() {
-            a.injected(&mut c, now);
+        while let Some(c) = a.poll_cell() {
+            a.injected(&c, now);
             let notice = c.kind == CellType::Notify;
             b.on_cell(c, now, &mut bmem);
-            while let Some(mut ans) = b.poll_cell() {
-                b.injected(&mut ans, now);
+            while let Some(ans) = b.poll_cell() {
+                b.injected(&ans, now);
                 if notice && held.is_none() {
                     held = Some(ans);
                 } else {

@@ -31,7 +31,7 @@ use thiserror::Error;
 
 use crate::cell::{Cell, CellType, Engine};
 use crate::gvas::{Gvas, Pdid};
-use crate::model::{Model, ModelTime, Stamp, Timeline};
+use crate::model::{Model, ModelTime, Stamp};
 use crate::shape::NodeId;
 use crate::time::Instant;
 
@@ -238,8 +238,6 @@ pub struct Ni {
     /// for the node: a rank's clock must not move because another job's did (the NI's own
     /// work, timers and refills, happens at the clock of the rank it is for).
     clocks: [ModelTime; RANKS],
-    /// When the NI's datapath is modeled-busy (it serialises every cell it injects).
-    datapath: Timeline,
 }
 
 /// What the parts of the NI borrow while they handle one input: this node, the
@@ -324,7 +322,6 @@ impl Ni {
             out: Out::default(),
             stats: NiStats::default(),
             clocks: [ModelTime::ZERO; RANKS],
-            datapath: Timeline::default(),
         }
     }
 
@@ -773,17 +770,27 @@ impl Ni {
         Some(c)
     }
 
-    /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now`. The NI's
-    /// datapath serialises it: its stamp becomes when its first and last byte enter the
-    /// switch.
-    pub fn injected(&mut self, c: &mut Cell, now: Instant) {
-        let ser = self.cfg.model.ni_rate.ps(c.wire_len());
-        let head = self.datapath.reserve(c.stamp.head, ser);
-        c.stamp = Stamp {
-            head,
-            tail: head + ser,
-        };
+    /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now` (the switch
+    /// serialises it through the NI's datapath, in the order it takes cells).
+    pub fn injected(&mut self, c: &Cell, now: Instant) {
         self.rdma.on_injected(c, now, &self.cfg);
+    }
+
+    /// The earliest heads a cell the NI injects by itself, with nothing more reaching it,
+    /// can have, as (data, answers): for data, the cells it holds and the blocks its RDMA
+    /// engine has still to cut; for answers, those it holds (see [`crate::order`]). What
+    /// it would send in answer to what still reaches it is the switch's to bound. Not
+    /// what its ranks' programs may post next: a driver that orders cells must know
+    /// that (the simulator's tests post before they run; see `docs/modeled-time.md`).
+    pub fn horizon(&self) -> (ModelTime, ModelTime) {
+        let earliest = |q: &VecDeque<Cell>| {
+            q.iter()
+                .map(|c| c.stamp.head)
+                .min()
+                .unwrap_or(ModelTime::NEVER)
+        };
+        let data = earliest(&self.out.cells).min(self.rdma.horizon(&self.cfg));
+        (data, earliest(&self.out.answers))
     }
 
     /// Puts back a cell that could not be injected yet, keeping its place.

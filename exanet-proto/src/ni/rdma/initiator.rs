@@ -987,6 +987,36 @@ impl Initiator {
         [t, r].into_iter().flatten().min()
     }
 
+    /// The earliest head a cell this initiator sends by itself can have, with nothing
+    /// more arriving (see [`crate::order`]): the next block of each transfer whose window
+    /// is open, and a block waiting to be sent again after a refusal (at the refusal's
+    /// modeled time). Not a retransmission after a timeout: a promise to send one a
+    /// modeled timeout after its attempt would hold every switch below the departures of
+    /// the block's own cells when they queue longer than that, and the block's answer,
+    /// which lifts it, could never come. A retransmission is rare (a lost cell) and is
+    /// taken late.
+    pub(super) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
+        let mut h = ModelTime::NEVER;
+        for t in self.transfers.values() {
+            if t.next < t.count {
+                let opened = if t.next >= cfg.window_blocks as u64 {
+                    t.answers.front().copied()
+                } else {
+                    Some(ModelTime::ZERO)
+                };
+                if let Some(o) = opened {
+                    h = h.min(t.ready.max(o));
+                }
+            }
+            for b in t.live.values() {
+                if matches!(b.step, Step::Pending | Step::Retry { .. }) {
+                    h = h.min(b.modeled);
+                }
+            }
+        }
+        h
+    }
+
     pub(super) fn on_timeout(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
         let (now, cfg) = (cx.now, cx.cfg);
         let txns: Vec<u32> = self.transfers.keys().copied().collect();

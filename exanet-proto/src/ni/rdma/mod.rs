@@ -39,6 +39,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{backoff, Ctx, Failure, Memory, NackReason, NiConfig, NiError, RdmaRead, RdmaWrite};
 use crate::cell::{Cell, CellType, Engine};
+use crate::model::ModelTime;
 use crate::time::Instant;
 use initiator::Initiator;
 use target::Target;
@@ -270,6 +271,11 @@ impl RdmaEngine {
     }
 
     /// The cell from the NI's queue was injected into the fabric at `now`.
+    /// See `Initiator::horizon`: served reads are transfers of the initiator too.
+    pub(crate) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
+        self.initiator.horizon(cfg)
+    }
+
     pub(crate) fn on_injected(&mut self, cell: &Cell, now: Instant, cfg: &NiConfig) {
         self.initiator.on_injected(cell, now, cfg);
     }

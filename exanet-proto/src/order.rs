@@ -1,0 +1,171 @@
+//! Serving cells in modeled-time order, whatever order the host delivers them in.
+//!
+//! A switch computes each cell's modeled departure when it forwards it, against the
+//! timelines of its outputs and the accounts of its input buffers, so the order in which
+//! it forwards decides who waits for whom. Without help that order is the host's: a cell
+//! the host happened to deliver first reserves an output first, and an NI that injects a
+//! whole RDMA window at once books a link hundreds of microseconds ahead of cells that
+//! come a moment later in real time but earlier in modeled time. With ordering on
+//! ([`SwitchConfig::modeled_order`](crate::SwitchConfig)), a switch forwards a cell only
+//! once no cell that goes before it can still come in:
+//!
+//! - a cell's **order key** is when it competes for its output: its head once through
+//!   the NI's datapath (for the NI's own cells) and once its input's modeled buffer has
+//!   room for it (`Switch::admitted`), then the input it came in on; queues are kept in
+//!   head order, so the front of each queue is what it offers next;
+//! - every input port has a **horizon**: no cell with an earlier key will come in on it
+//!   any more. A link port's is set by the driver (below). The NI's is computed here:
+//!   what the NI may still inject by itself (`Ni::horizon`: the cells it holds, the
+//!   blocks its RDMA engine has still to cut), each traffic class apart, and what it may
+//!   answer to what can still reach it (nothing earlier than the earliest cell that can
+//!   still come in on a link, plus a traversal);
+//! - the front cell of a queue is **safe** when its key comes before every other input's
+//!   front key and horizon: the order is total, so the same cells are forwarded in the
+//!   same order on every run, whatever the host did.
+//!
+//! A link port's horizon is a lower bound on timestamps in the manner of conservative
+//! parallel simulation, made tight enough to keep things moving: the cells already on the
+//! link, and what the upstream forwards to it from now on, which leaves behind everything
+//! already booked on that output and starts from the earliest key the upstream holds for
+//! that link, may inject, or may still receive. What may still reach a node is a shortest
+//! path over the rack from what every node holds (each hop adds at least a traversal and
+//! a link's latency, so the search ends). The simulator computes it after every event
+//! ([`crate::sim`]). A single rack-wide bound would be simpler and much looser: cells
+//! queued behind a busy output, or bound elsewhere, would hold back switches they can
+//! never reach, and deadlock them once real buffers fill.
+//!
+//! Why it does not deadlock: take the earliest key anywhere. Every horizon of its switch
+//! is derived from keys no earlier than it plus at least one hop of lookahead, and every
+//! other queue there offers a later key, so it is safe; it leaves as soon as its output
+//! has credit. With ordering on, queues hold many times their window (the switch holds
+//! what real time would otherwise have held upstream), so credit runs out only far past
+//! anything the tests or benchmarks do; a queue that is nevertheless full is served
+//! anyway, rather than wait on an upstream that waits for its room, and what that puts
+//! out of order is counted.
+//!
+//! What it does not order: a retransmission after a timeout (an NI cannot promise it: the
+//! promise would hold the horizons below the departures of the block's own queued cells),
+//! cells held back by injected delay or reordering, a cell behind the front of its queue
+//! whose key is earlier than the front's (a short cell that fits a gap on the NI's
+//! datapath the front did not). Such a cell goes when its turn comes, its departure placed
+//! by the timelines as before, and counts as late ([`Order::late`]) when a later key of
+//! another input went first.
+
+use crate::model::{Model, ModelTime};
+use crate::routing::NVCS;
+use crate::topology::{Port, NPORTS};
+
+/// The order key of a cell or a horizon: its head, then the input slot it comes in on.
+pub(crate) type Key = (ModelTime, usize);
+
+/// The order key of each input slot's front cell, by slot (see `Switch::admitted`).
+pub(crate) type Heads<'a> = dyn Fn(usize) -> Option<ModelTime> + 'a;
+
+fn earliest(heads: &Heads, slot: usize) -> ModelTime {
+    heads(slot).unwrap_or(ModelTime::NEVER)
+}
+
+/// The ordering state of one switch.
+#[derive(Debug)]
+pub(crate) struct Order {
+    /// Per link port: no cell with an earlier head will come in on it (zero until the
+    /// driver says: nothing is known yet, so nothing waits on another port's cells).
+    horizon: [ModelTime; NPORTS],
+    /// What the NI may still inject by itself (its held cells, the blocks it has still to
+    /// cut), by
+    /// the virtual channel it injects on: each class has its own queue, and a class
+    /// must not wait for the other's (a full queue of one would hold back the cells that
+    /// would let the other move).
+    ni_own: [ModelTime; NVCS],
+    /// The latest key forwarded.
+    last: Key,
+    late: u64,
+}
+
+impl Order {
+    pub(crate) fn new() -> Order {
+        Order {
+            horizon: [ModelTime::ZERO; NPORTS],
+            ni_own: [ModelTime::NEVER; NVCS],
+            last: (ModelTime::ZERO, 0),
+            late: 0,
+        }
+    }
+
+    /// No cell with an earlier head than `t` will come in on `port` any more.
+    pub(crate) fn set_horizon(&mut self, port: Port, t: ModelTime) {
+        if port != Port::Local {
+            self.horizon[port.index()] = t;
+        }
+    }
+
+    /// What the NI may still inject without anything new reaching it.
+    pub(crate) fn set_ni_own(&mut self, by_vc: [ModelTime; NVCS]) {
+        self.ni_own = by_vc;
+    }
+
+    pub(crate) fn ni_own(&self) -> ModelTime {
+        self.ni_own
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+    }
+
+    /// A cell of `slot` is forwarded with order key `head`. It is late when a cell of
+    /// another input with a later key went before it (within one input, keys need not
+    /// rise: a short cell can find a gap on the NI's datapath that a long one before it
+    /// could not, and neither waited for the other).
+    pub(crate) fn forwarded(&mut self, slot: usize, head: ModelTime) {
+        if head < self.last.0 && slot != self.last.1 {
+            self.late += 1;
+        }
+        if head >= self.last.0 {
+            self.last = (head, slot);
+        }
+    }
+
+    /// Cells forwarded out of modeled order.
+    pub(crate) fn late(&self) -> u64 {
+        self.late
+    }
+
+    /// The NI's horizon: what it may inject by itself, and what it may answer to
+    /// anything still to reach it (which comes through a link input and crosses the
+    /// switch). Never less than one picosecond of lookahead, so that a switch whose
+    /// traversal is configured to zero still cannot wait on itself.
+    fn ni_horizon(&self, vc: usize, heads: &Heads, model: &Model) -> ModelTime {
+        let links = (NVCS..NPORTS * NVCS)
+            .map(|s| self.horizon[s / NVCS].min(earliest(heads, s)))
+            .min()
+            .unwrap_or(ModelTime::NEVER);
+        let to_ni = model.traversal(Port::Qfdb(1), Port::Local).max(1);
+        self.ni_own[vc].min(links + to_ni)
+    }
+
+    /// Input slot `slot`'s horizon.
+    fn slot_horizon(&self, slot: usize, heads: &Heads, model: &Model) -> ModelTime {
+        if slot / NVCS == Port::Local.index() {
+            self.ni_horizon(slot % NVCS, heads, model)
+        } else {
+            self.horizon[slot / NVCS]
+        }
+    }
+
+    /// Whether the head cell of `slot`, with `head`, may be forwarded now: every other
+    /// input's earliest (head, slot), waiting at the head of its queue or still to
+    /// come, is after it.
+    pub(crate) fn is_safe(
+        &self,
+        slot: usize,
+        head: ModelTime,
+        heads: &Heads,
+        model: &Model,
+    ) -> bool {
+        let key = (head, slot);
+        (0..NPORTS * NVCS).filter(|&s| s != slot).all(|s| {
+            let low = self.slot_horizon(s, heads, model).min(earliest(heads, s));
+            key < (low, s)
+        })
+    }
+}

@@ -1,0 +1,203 @@
+//! Contention in modeled order on a simulated rack (see `exanet_proto::order`): flows that
+//! share a resource get the shares a hand calculation gives, and the same modeled figures
+//! whatever order the host delivers cells in.
+
+use exanet_proto::ni::{NiConfig, NiEvent, RdmaWrite, VecMemory};
+use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::topology::{neighbour, Dir};
+use exanet_proto::{Gvas, ModelTime, NodeEvent, NodeId, Pdid, Port, Shape, SwitchConfig};
+
+const PDID: Pdid = Pdid(9);
+const SRC_VA: u64 = 0x10_0000;
+const DST_VA: u64 = 0x1000_0000;
+/// Each flow's RDMA write.
+const LEN: u64 = 1 << 20;
+/// Payload over wire bytes of a full RDMA cell: 256 B of data in a 288 B cell.
+const PAYLOAD_SHARE: f64 = 256.0 / 288.0;
+
+struct Run {
+    /// When each flow's write completed, in modeled time (all start at zero).
+    done: Vec<ModelTime>,
+    /// Cells forwarded out of modeled order, over the rack.
+    late: u64,
+}
+
+impl Run {
+    /// Each flow's modeled rate, Gb/s.
+    fn gbps(&self) -> Vec<f64> {
+        self.done
+            .iter()
+            .map(|t| (LEN * 8) as f64 / (t.ps() as f64 / 1000.0))
+            .collect()
+    }
+}
+
+/// Writes `LEN` bytes from each pair's first node to its second, all posted at modeled
+/// time zero, in modeled order, with `window` RDMA blocks in flight per transfer and the
+/// links' real-time latency drawn up to `jitter_ns` beyond its 120 ns.
+fn run(shape: &str, pairs: &[(NodeId, NodeId)], window: usize, jitter_ns: u64) -> Run {
+    let s: Shape = shape.parse().unwrap();
+    let mut sim = Sim::new(
+        s,
+        SimConfig {
+            seed: 7 + jitter_ns,
+            jitter_ns,
+            switch: SwitchConfig {
+                modeled_order: true,
+                ..SwitchConfig::default()
+            },
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    for id in s.node_ids() {
+        let n = sim.node_mut(id);
+        n.set_ni_config(NiConfig {
+            window_blocks: window,
+            ..NiConfig::default()
+        });
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC_VA, LEN as usize);
+        mem.register(0, DST_VA, s.nodes() as usize * LEN as usize);
+        n.set_memory(Box::new(mem));
+        let (ni, _) = n.ni_mut();
+        ni.attach(0, PDID).unwrap();
+        ni.alloc_rdma_page(0).unwrap();
+    }
+    let mut ids = Vec::new();
+    for &(a, b) in pairs {
+        let dst = Gvas::new(PDID, b, 0, DST_VA + u64::from(a.0) * LEN).unwrap();
+        let now = sim.now();
+        let (ni, mem) = sim.node_mut(a).ni_mut();
+        let op = RdmaWrite {
+            page: 0,
+            ch: 0,
+            src_va: SRC_VA,
+            dst,
+            len: LEN,
+            notify: None,
+        };
+        ids.push((
+            a,
+            ni.rdma_write_at(0, &op, now, ModelTime::ZERO, mem).unwrap(),
+        ));
+    }
+    sim.kick_all();
+    sim.run_until(sim.now() + 1_000_000_000);
+    let events = sim.take_events();
+    let done = ids
+        .iter()
+        .map(|&(n, id)| {
+            events
+                .iter()
+                .find_map(|(m, _, e)| match e {
+                    NodeEvent::Ni(NiEvent::Rdma {
+                        id: i,
+                        result: Ok(()),
+                        at,
+                        ..
+                    }) if *m == n && *i == id => Some(*at),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("the write from {n:?} did not complete"))
+        })
+        .collect();
+    let late = s
+        .node_ids()
+        .map(|n| sim.node(n).switch().late_cells())
+        .sum();
+    Run { done, late }
+}
+
+fn named(shape: &str, pairs: &[(&str, &str)]) -> Vec<(NodeId, NodeId)> {
+    let s: Shape = shape.parse().unwrap();
+    pairs
+        .iter()
+        .map(|(a, b)| (s.parse_node(a).unwrap(), s.parse_node(b).unwrap()))
+        .collect()
+}
+
+/// Two flows from two FPGAs of one QFDB to two of the next share the torus link between
+/// their F1s.
+fn shared_link() -> Vec<(NodeId, NodeId)> {
+    named("2x1x1", &[("M1QAF2", "M1QBF2"), ("M1QAF3", "M1QBF3")])
+}
+
+/// Hand calculation: a torus link carries 10 Gb/s of cells, 8.889 Gb/s of RDMA payload;
+/// two flows through it get half of that each. Their windows must cover both windows
+/// queued at the link (1 MiB at 8.889 Gb/s is 0.94 ms, over 32 blocks of 16 KB per flow
+/// at half the rate): 64 blocks do.
+#[test]
+fn two_streams_through_one_torus_link_get_half_of_it_each() {
+    let r = run("2x1x1", &shared_link(), 64, 0);
+    let link = 10.0 * PAYLOAD_SHARE;
+    for (i, g) in r.gbps().iter().enumerate() {
+        let share = g / link;
+        assert!(
+            (share - 0.5).abs() <= 0.02,
+            "flow {i}: {g:.3} Gb/s is {:.1}% of the link's {link:.3}",
+            share * 100.0
+        );
+    }
+    assert_eq!(r.late, 0);
+}
+
+/// With windows that do not cover the queue, the flows are limited by their windows,
+/// and still share alike.
+#[test]
+fn window_limited_streams_still_share_alike() {
+    let g = run("2x1x1", &shared_link(), 32, 0).gbps();
+    let link = 10.0 * PAYLOAD_SHARE;
+    assert!(g[0] + g[1] < link, "{g:?}");
+    assert!((g[0] - g[1]).abs() / g[0] < 0.01, "{g:?}");
+}
+
+/// Eight senders into one receiver, each through an input of its own: two FPGAs of the
+/// receiver's QFDB and the F1s of its six torus neighbours (a 3x3x3 rack), into F1 of
+/// the first QFDB. Hand calculation: the receiver's NI takes 19.2 Gb/s of cells, 17.07
+/// Gb/s of payload; each sender gets an eighth of it, 2.133 Gb/s.
+#[test]
+fn eight_senders_into_one_get_an_eighth_each() {
+    let shape: Shape = "3x3x3".parse().unwrap();
+    let rx = NodeId(0);
+    let mut tx = vec![NodeId(1), NodeId(2)];
+    for d in 0..3 {
+        for dir in [Dir::Plus, Dir::Minus] {
+            tx.push(neighbour(&shape, rx, Port::Torus(d, dir)).unwrap().0);
+        }
+    }
+    let pairs: Vec<_> = tx.iter().map(|&t| (t, rx)).collect();
+    let r = run("3x3x3", &pairs, 32, 0);
+    let ni = 19.2 * PAYLOAD_SHARE;
+    for (i, g) in r.gbps().iter().enumerate() {
+        let share = g / ni;
+        assert!(
+            (share - 0.125).abs() <= 0.01,
+            "sender {i}: {g:.3} Gb/s is {:.2}% of the NI's {ni:.3}",
+            share * 100.0
+        );
+    }
+    assert_eq!(r.late, 0);
+}
+
+/// The same runs with the links' real-time latency jittered up to 0.3 and 3 us give the
+/// same modeled times to the picosecond: the host's order of delivery does not enter.
+#[test]
+fn modeled_figures_do_not_depend_on_the_hosts_order() {
+    let incast = named(
+        "3x1x1",
+        &[
+            ("M1QBF1", "M1QAF2"),
+            ("M1QBF3", "M1QAF2"),
+            ("M1QCF2", "M1QAF2"),
+            ("M1QCF4", "M1QAF2"),
+        ],
+    );
+    for (shape, pairs) in [("2x1x1", shared_link()), ("3x1x1", incast)] {
+        let base = run(shape, &pairs, 32, 0);
+        for jitter in [300, 3000] {
+            let r = run(shape, &pairs, 32, jitter);
+            assert_eq!(r.done, base.done, "{shape}, jitter {jitter} ns");
+        }
+    }
+}
