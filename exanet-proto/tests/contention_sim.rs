@@ -33,9 +33,9 @@ impl Run {
 }
 
 /// Writes `LEN` bytes from each pair's first node to its second, all posted at modeled
-/// time zero, in modeled order, with `window` RDMA blocks in flight per transfer and the
-/// links' real-time latency drawn up to `jitter_ns` beyond its 120 ns.
-fn run(shape: &str, pairs: &[(NodeId, NodeId)], window: usize, jitter_ns: u64) -> Run {
+/// time zero, in modeled order, with the links' real-time latency drawn up to
+/// `jitter_ns` beyond its 120 ns.
+fn run(shape: &str, pairs: &[(NodeId, NodeId)], jitter_ns: u64) -> Run {
     let s: Shape = shape.parse().unwrap();
     let mut sim = Sim::new(
         s,
@@ -52,10 +52,7 @@ fn run(shape: &str, pairs: &[(NodeId, NodeId)], window: usize, jitter_ns: u64) -
     .unwrap();
     for id in s.node_ids() {
         let n = sim.node_mut(id);
-        n.set_ni_config(NiConfig {
-            window_blocks: window,
-            ..NiConfig::default()
-        });
+        n.set_ni_config(NiConfig::default());
         let mut mem = VecMemory::new();
         mem.register(0, SRC_VA, LEN as usize);
         mem.register(0, DST_VA, s.nodes() as usize * LEN as usize);
@@ -124,12 +121,10 @@ fn shared_link() -> Vec<(NodeId, NodeId)> {
 }
 
 /// Hand calculation: a torus link carries 10 Gb/s of cells, 8.889 Gb/s of RDMA payload;
-/// two flows through it get half of that each. Their windows must cover both windows
-/// queued at the link (1 MiB at 8.889 Gb/s is 0.94 ms, over 32 blocks of 16 KB per flow
-/// at half the rate): 64 blocks do.
+/// two flows through it get half of that each.
 #[test]
 fn two_streams_through_one_torus_link_get_half_of_it_each() {
-    let r = run("2x1x1", &shared_link(), 64, 0);
+    let r = run("2x1x1", &shared_link(), 0);
     let link = 10.0 * PAYLOAD_SHARE;
     for (i, g) in r.gbps().iter().enumerate() {
         let share = g / link;
@@ -140,16 +135,6 @@ fn two_streams_through_one_torus_link_get_half_of_it_each() {
         );
     }
     assert_eq!(r.late, 0);
-}
-
-/// With windows that do not cover the queue, the flows are limited by their windows,
-/// and still share alike.
-#[test]
-fn window_limited_streams_still_share_alike() {
-    let g = run("2x1x1", &shared_link(), 32, 0).gbps();
-    let link = 10.0 * PAYLOAD_SHARE;
-    assert!(g[0] + g[1] < link, "{g:?}");
-    assert!((g[0] - g[1]).abs() / g[0] < 0.01, "{g:?}");
 }
 
 /// Eight senders into one receiver, each through an input of its own: two FPGAs of the
@@ -167,7 +152,7 @@ fn eight_senders_into_one_get_an_eighth_each() {
         }
     }
     let pairs: Vec<_> = tx.iter().map(|&t| (t, rx)).collect();
-    let r = run("3x3x3", &pairs, 32, 0);
+    let r = run("3x3x3", &pairs, 0);
     let ni = 19.2 * PAYLOAD_SHARE;
     for (i, g) in r.gbps().iter().enumerate() {
         let share = g / ni;
@@ -194,9 +179,9 @@ fn modeled_figures_do_not_depend_on_the_hosts_order() {
         ],
     );
     for (shape, pairs) in [("2x1x1", shared_link()), ("3x1x1", incast)] {
-        let base = run(shape, &pairs, 32, 0);
+        let base = run(shape, &pairs, 0);
         for jitter in [300, 3000] {
-            let r = run(shape, &pairs, 32, jitter);
+            let r = run(shape, &pairs, jitter);
             assert_eq!(r.done, base.done, "{shape}, jitter {jitter} ns");
         }
     }
