@@ -2,7 +2,9 @@
 //! (issue 26, "Isolation"): the same RDMA flow, measured in modeled time by fresh
 //! processes on one rack, before and after other programs drove the same link and the
 //! same NIs (a heavier flow through the link, thousands of small messages between the
-//! flow's own nodes), models the same time.
+//! flow's own nodes, a program whose clock leaps to the end of modeled time, and one that
+//! stays attached to the same nodes, sending now and then, while the flow runs again),
+//! models the same time.
 //!
 //! The defect this catches: each process's clock started at zero, in the busy past of
 //! every program before it, so the same flows through a link modeled 9.06 Gb/s on a fresh
@@ -56,6 +58,21 @@ fn rdma_program(rack: &TestRack, src: &str, dst: &str, rounds: u64, len: u64) ->
     a.clock().since(start)
 }
 
+/// A hostile program: its clock leaps as far as a clock goes, then it writes through the
+/// same link (the NI takes its commands at most a day of modeled time ahead of its
+/// rank's clock, and counts them).
+fn hostile_program(rack: &TestRack, src: &str, dst: &str) {
+    let (a, b) = (attach(rack, src), attach(rack, dst));
+    let from = a.register(LEN).unwrap();
+    let to = b.register(LEN).unwrap();
+    let page = a.rdma_page().unwrap();
+    a.advance_clock(exanet::ModelTime(u64::MAX / 2));
+    let tag = page
+        .write(0, &from, 0, to.gvas(0).unwrap(), LEN, None)
+        .unwrap();
+    a.wait(tag, WAIT).unwrap();
+}
+
 /// A program of `n` small messages from `src` to `dst`, each ACKed: thousands of
 /// separate busy intervals on every resource of the path.
 fn message_program(rack: &TestRack, src: &str, dst: &str, n: u64) {
@@ -91,6 +108,28 @@ fn a_program_models_the_same_time_whatever_ran_before_it() {
     // resource remembers.
     message_program(&rack, "M1QAF1", "M1QBF1", 5000);
     after.push(rdma_program(&rack, "M1QAF1", "M1QBF1", ROUNDS, LEN));
+    hostile_program(&rack, "M1QAF1", "M1QBF1");
+    after.push(rdma_program(&rack, "M1QAF1", "M1QBF1", ROUNDS, LEN));
+    // A long-lived program on the same two nodes, attached throughout and sending a
+    // message now and then on the same link, beside the measured flow.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (a, b) = (attach(&rack, "M1QAF1"), attach(&rack, "M1QBF1"));
+            let inbox = b.mailbox(64).unwrap();
+            let addr = a.mailbox_addr(b.node_id(), b.rank(), inbox.vi()).unwrap();
+            let tx = a.packetizer().unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let tag = tx.send(0, addr, b"beside").unwrap();
+                a.wait(tag, WAIT).unwrap();
+                while inbox.try_recv().unwrap().is_some() {}
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        after.push(rdma_program(&rack, "M1QAF1", "M1QBF1", ROUNDS, LEN));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
     for t in &after {
         let off = (*t as f64 - fresh as f64).abs() / fresh as f64;
         assert!(
