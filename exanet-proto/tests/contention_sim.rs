@@ -30,6 +30,22 @@ impl Run {
             .map(|t| (LEN * 8) as f64 / (t.ps() as f64 / 1000.0))
             .collect()
     }
+
+    /// Each flow got `share` of `capacity` Gb/s, within `within` (a fraction of the
+    /// capacity), with nothing forwarded out of order.
+    fn assert_shares(&self, capacity: f64, share: f64, within: f64) {
+        for (i, g) in self.gbps().iter().enumerate() {
+            let got = g / capacity;
+            assert!(
+                (got - share).abs() <= within,
+                "flow {i}: {g:.3} Gb/s is {:.2}% of {capacity:.3} Gb/s, not {:.1}% +- {:.1}",
+                got * 100.0,
+                share * 100.0,
+                within * 100.0
+            );
+        }
+        assert_eq!(self.late, 0, "cells forwarded out of modeled order");
+    }
 }
 
 /// Writes `LEN` bytes from each pair's first node to its second, all posted at modeled
@@ -125,16 +141,7 @@ fn shared_link() -> Vec<(NodeId, NodeId)> {
 #[test]
 fn two_streams_through_one_torus_link_get_half_of_it_each() {
     let r = run("2x1x1", &shared_link(), 0);
-    let link = 10.0 * PAYLOAD_SHARE;
-    for (i, g) in r.gbps().iter().enumerate() {
-        let share = g / link;
-        assert!(
-            (share - 0.5).abs() <= 0.02,
-            "flow {i}: {g:.3} Gb/s is {:.1}% of the link's {link:.3}",
-            share * 100.0
-        );
-    }
-    assert_eq!(r.late, 0);
+    r.assert_shares(10.0 * PAYLOAD_SHARE, 0.5, 0.02);
 }
 
 /// Eight senders into one receiver, each through an input of its own: two FPGAs of the
@@ -153,16 +160,7 @@ fn eight_senders_into_one_get_an_eighth_each() {
     }
     let pairs: Vec<_> = tx.iter().map(|&t| (t, rx)).collect();
     let r = run("3x3x3", &pairs, 0);
-    let ni = 19.2 * PAYLOAD_SHARE;
-    for (i, g) in r.gbps().iter().enumerate() {
-        let share = g / ni;
-        assert!(
-            (share - 0.125).abs() <= 0.01,
-            "sender {i}: {g:.3} Gb/s is {:.2}% of the NI's {ni:.3}",
-            share * 100.0
-        );
-    }
-    assert_eq!(r.late, 0);
+    r.assert_shares(19.2 * PAYLOAD_SHARE, 0.125, 0.01);
 }
 
 /// The same runs with the links' real-time latency jittered up to 0.3 and 3 us give the
