@@ -812,6 +812,27 @@ mod tests {
         assert_eq!(t.busy.get(1), Some(&(1_000_010, 1_000_015)));
     }
 
+    /// `first_gap` is where `reserve` would start, and no later reservation of at least
+    /// as long from as late a time can start before it (what modeled order's horizons
+    /// rest on).
+    #[test]
+    fn the_first_gap_is_where_a_reservation_would_start() {
+        let mut rng = crate::rng::SplitMix64::new(3);
+        let mut t = Timeline::default();
+        for _ in 0..2000 {
+            let ready = ModelTime(rng.below(100_000));
+            let dur = 1 + rng.below(300);
+            let gap = t.first_gap(ready, dur);
+            let shorter = t.first_gap(ready, dur / 2 + 1);
+            assert!(shorter <= gap, "a shorter one fits no later");
+            assert_eq!(t.reserve(ready, dur), gap);
+            assert!(
+                t.first_gap(ready, dur) >= gap,
+                "reservations only fill gaps"
+            );
+        }
+    }
+
     #[test]
     fn credits_turn_estimates_into_known_departures() {
         let cap = 1000;
