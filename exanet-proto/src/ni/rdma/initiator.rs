@@ -317,6 +317,30 @@ impl Transfer {
     }
 }
 
+/// When the next block a rank cuts can start, by its window: at once while places it
+/// never used are left (`live` blocks and `freed` places under `cap`), else when the
+/// oldest freed place was freed.
+fn next_place(freed: &VecDeque<ModelTime>, live: usize, cap: usize) -> ModelTime {
+    if live + freed.len() < cap {
+        ModelTime::ZERO
+    } else {
+        freed.front().copied().unwrap_or(ModelTime::ZERO)
+    }
+}
+
+/// [`next_place`], and the place is taken. Freed places beyond what the window can have
+/// free (blocks failed and were dropped, the window shrank) are forgotten.
+fn take_place(freed: &mut VecDeque<ModelTime>, live: usize, cap: usize) -> ModelTime {
+    while live + freed.len() > cap {
+        freed.pop_front();
+    }
+    if live + freed.len() < cap {
+        ModelTime::ZERO
+    } else {
+        freed.pop_front().unwrap_or(ModelTime::ZERO)
+    }
+}
+
 /// A read this node asked for.
 struct PendingRead {
     rank: u8,
@@ -366,6 +390,10 @@ pub(super) struct Initiator {
     /// rank with many channels busy neither crowds out the others nor makes the engine
     /// keep more state than the windows.
     rank_live: [usize; RANKS],
+    /// By rank, the modeled times at which places of its window were freed by answers
+    /// and not taken since, oldest first: a block cut once the window was full starts
+    /// when an answer freed its place, not when its transfer could first start.
+    rank_freed: [VecDeque<ModelTime>; RANKS],
     /// No deadline of the initiator is earlier than this (`None`: it has none). Every
     /// deadline set lowers it; [`Initiator::on_timeout`] makes it exact again. It spares
     /// [`Initiator::next_deadline`], asked after every input, a scan of every block of
@@ -385,6 +413,7 @@ impl Initiator {
             reads: BTreeMap::new(),
             rtt: BTreeMap::new(),
             rank_live: [0; RANKS],
+            rank_freed: std::array::from_fn(|_| VecDeque::new()),
             wake: None,
         }
     }
@@ -649,6 +678,11 @@ impl Initiator {
                 } else {
                     ModelTime::ZERO
                 };
+                let place = take_place(
+                    &mut self.rank_freed[rank],
+                    self.rank_live[rank],
+                    cx.cfg.rank_window_blocks,
+                );
                 t.live.insert(
                     i,
                     Block {
@@ -658,7 +692,7 @@ impl Initiator {
                         unanswered: 0,
                         step: Step::Pending,
                         sent_at: cx.now,
-                        modeled: t.ready.max(opened),
+                        modeled: t.ready.max(opened).max(place),
                     },
                 );
                 self.rank_live[rank] += 1;
@@ -865,6 +899,7 @@ impl Initiator {
             None => {
                 t.live.remove(&i);
                 self.rank_live[t.rank as usize] -= 1;
+                self.rank_freed[t.rank as usize].push_back(cx.at);
                 t.done += 1;
                 t.answers.push_back(cx.at);
                 t.answered = t.answered.max(cx.at);
@@ -998,14 +1033,24 @@ impl Initiator {
     pub(super) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
         let mut h = ModelTime::NEVER;
         for t in self.transfers.values() {
-            if t.next < t.count {
+            // A block that waits for a free place in its transfer's window or its rank's
+            // waits for an answer: what it will start at is the answer's to bound.
+            let rank = usize::from(t.rank);
+            let room =
+                t.live.len() < cfg.window_blocks && self.rank_live[rank] < cfg.rank_window_blocks;
+            if room && t.next < t.count {
                 let opened = if t.next >= cfg.window_blocks as u64 {
                     t.answers.front().copied()
                 } else {
                     Some(ModelTime::ZERO)
                 };
+                let place = next_place(
+                    &self.rank_freed[rank],
+                    self.rank_live[rank],
+                    cfg.rank_window_blocks,
+                );
                 if let Some(o) = opened {
-                    h = h.min(t.ready.max(o));
+                    h = h.min(t.ready.max(o).max(place));
                 }
             }
             for b in t.live.values() {
