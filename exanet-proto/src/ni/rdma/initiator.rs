@@ -1145,6 +1145,11 @@ impl Initiator {
     }
 
     pub(super) fn detach(&mut self, cx: &mut Ctx, rank: u8) {
+        // The times its window's places came free are this process's: the next one on
+        // the rank (maybe another job's) starts with a window of its own.
+        if let Some(f) = self.rank_freed.get_mut(usize::from(rank)) {
+            f.clear();
+        }
         // Reads served from this rank's memory stop at once: the memory is going away,
         // and the rank may soon belong to another job.
         let served: Vec<u32> = self
