@@ -1549,3 +1549,62 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The places a rank's RDMA window freed are its process's: after a process that ran a
+/// day ahead in modeled time (and filled its window), the next process on the same rank
+/// starts its blocks at its own time, not when the previous one's places came free.
+#[test]
+fn the_next_process_on_a_rank_starts_with_a_window_of_its_own() {
+    use exanet_proto::model::ModelTime;
+    let mut sim = rack("1x1x1", 21, LinkFaults::default());
+    let (src, dst) = (NodeId(0), NodeId(1));
+    let mut c = cfg();
+    // Two transfers of four blocks each through a window of four.
+    c.rank_window_blocks = 4;
+    sim.node_mut(src).set_ni_config(c);
+    const LEN: u64 = 64 * 1024;
+    let day = ModelTime::from_ns(86_400 * 1_000_000_000);
+    let mut took = Vec::new();
+    for start in [day, ModelTime::ZERO] {
+        let now = sim.now();
+        let (ni, m) = sim.node_mut(src).ni_mut();
+        // The previous process (the first time, none) leaves.
+        let _ = ni.detach(0, now);
+        ni.attach_from(0, PDID, start).unwrap();
+        let page = ni.alloc_rdma_page(0).unwrap();
+        for ch in 0..2u8 {
+            let off = u64::from(ch) * LEN;
+            let op = RdmaWrite {
+                page,
+                ch,
+                src_va: SRC_VA + off,
+                dst: Gvas::new(PDID, dst, 0, DST_VA + off).unwrap(),
+                len: LEN,
+                notify: None,
+            };
+            ni.rdma_write_at(0, &op, now, start, m).unwrap();
+        }
+        run_quiet(&mut sim);
+        let ends: Vec<ModelTime> = sim
+            .take_events()
+            .into_iter()
+            .filter_map(|(_, _, e)| match e {
+                NodeEvent::Ni(NiEvent::Rdma {
+                    result: Ok(()), at, ..
+                }) => Some(at),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ends.len(),
+            2,
+            "both writes of the process starting at {start}"
+        );
+        took.push(ends.into_iter().max().unwrap().since(start));
+    }
+    // 128 KiB over one 16 Gb/s link is ~75 us of modeled time, for either process.
+    assert!(
+        took.iter().all(|&d| d < 1_000_000_000),
+        "modeled durations {took:?} ps"
+    );
+}
