@@ -666,7 +666,8 @@ impl Rack {
             window: self.file.window,
             local_window: self.file.local_window,
             model: self.model,
-            // Daemons do not publish their ranks' clocks yet (see docs/modeled-time.md).
+            // Daemons do not compute horizons (their neighbours' and their ranks') yet:
+            // docs/modeled-time.md, "Contention in modeled order".
             modeled_order: false,
         }
     }

@@ -237,21 +237,20 @@ impl Node {
         self.counted(r)
     }
 
-    /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.
     /// No cell with an earlier head than `t` will come in on `port` any more (see
     /// [`crate::order`]).
     pub fn set_horizon(&mut self, port: Port, t: ModelTime) {
         self.switch.set_horizon(port, t);
     }
 
-    /// The earliest head waiting in this node's switch or that its NI may still inject by
-    /// itself: its part of the rack's lower bound on timestamps (see [`crate::order`]).
-    pub fn earliest_pending(&mut self) -> ModelTime {
+    /// Tells the switch what the NI may still inject by itself (see [`crate::order`]):
+    /// after anything the node's owner gave the NI from outside.
+    pub fn refresh_ni_horizon(&mut self) {
         let (data, answers) = self.ni.horizon();
         self.switch.set_ni_horizon(data, answers);
-        self.switch.earliest_pending()
     }
 
+    /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.
     pub fn credit(
         &mut self,
         port: Port,
@@ -343,8 +342,7 @@ impl Node {
     fn fill(&mut self, now: Instant) {
         self.inject(now);
         if self.switch.config().modeled_order {
-            let (data, answers) = self.ni.horizon();
-            self.switch.set_ni_horizon(data, answers);
+            self.refresh_ni_horizon();
         }
     }
 

@@ -72,10 +72,9 @@ pub(crate) struct Order {
     /// driver says: nothing is known yet, so nothing waits on another port's cells).
     horizon: [ModelTime; NPORTS],
     /// What the NI may still inject by itself (its held cells, the blocks it has still to
-    /// cut), by
-    /// the virtual channel it injects on: each class has its own queue, and a class
-    /// must not wait for the other's (a full queue of one would hold back the cells that
-    /// would let the other move).
+    /// cut), by the virtual channel it injects on: each class has its own queue, and a
+    /// class must not wait for the other's (a full queue of one would hold back the cells
+    /// that would let the other move).
     ni_own: [ModelTime; NVCS],
     /// The latest key forwarded.
     last: Key,
@@ -130,26 +129,15 @@ impl Order {
         self.late
     }
 
-    /// The NI's horizon: what it may inject by itself, and what it may answer to
-    /// anything still to reach it (which comes through a link input and crosses the
-    /// switch). Never less than one picosecond of lookahead, so that a switch whose
-    /// traversal is configured to zero still cannot wait on itself.
-    fn ni_horizon(&self, vc: usize, heads: &Heads, model: &Model) -> ModelTime {
+    /// What may still reach the NI: the earliest cell waiting at or still to come in on a
+    /// link input, plus a traversal. Never less than one picosecond of lookahead, so that
+    /// a switch whose traversal is configured to zero still cannot wait on itself.
+    fn to_ni(&self, heads: &Heads, model: &Model) -> ModelTime {
         let links = (NVCS..NPORTS * NVCS)
             .map(|s| self.horizon[s / NVCS].min(earliest(heads, s)))
             .min()
             .unwrap_or(ModelTime::NEVER);
-        let to_ni = model.traversal(Port::Qfdb(1), Port::Local).max(1);
-        self.ni_own[vc].min(links + to_ni)
-    }
-
-    /// Input slot `slot`'s horizon.
-    fn slot_horizon(&self, slot: usize, heads: &Heads, model: &Model) -> ModelTime {
-        if slot / NVCS == Port::Local.index() {
-            self.ni_horizon(slot % NVCS, heads, model)
-        } else {
-            self.horizon[slot / NVCS]
-        }
+        links + model.traversal(Port::Qfdb(1), Port::Local).max(1)
     }
 
     /// Whether the head cell of `slot`, with `head`, may be forwarded now: every other
@@ -163,9 +151,16 @@ impl Order {
         model: &Model,
     ) -> bool {
         let key = (head, slot);
+        // The NI's horizon: what it may inject by itself, and what it may answer to what
+        // still reaches it.
+        let to_ni = self.to_ni(heads, model);
         (0..NPORTS * NVCS).filter(|&s| s != slot).all(|s| {
-            let low = self.slot_horizon(s, heads, model).min(earliest(heads, s));
-            key < (low, s)
+            let horizon = if s / NVCS == Port::Local.index() {
+                self.ni_own[s % NVCS].min(to_ni)
+            } else {
+                self.horizon[s / NVCS]
+            };
+            key < (horizon.min(earliest(heads, s)), s)
         })
     }
 }

@@ -8,6 +8,10 @@
 //! two daemons: each end runs a session with a hello, the lower-numbered end dials, a cut
 //! link (`down`) closes it, and what was in flight on a closed or replaced connection is
 //! lost with it.
+//!
+//! With `SwitchConfig::modeled_order`, the simulator also sets every link's horizon after
+//! each event (`Sim::reorder`), so that switches forward cells in modeled-time order
+//! whatever the simulated links' real-time jitter (see [`crate::order`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -577,9 +581,11 @@ impl Sim {
         let at = (start + ser + self.cfg.latency_ns + jitter).max(self.last_arrival[i][p]);
         self.last_arrival[i][p] = at;
         let ev = match d.received_cell() {
-            Some(Ok((vc, cell))) if self.cfg.switch.modeled_order => {
-                let heads = self.in_flight.entry((peer, peer_port)).or_default();
-                *heads.entry(cell.stamp.head).or_default() += 1;
+            Some(Ok((vc, cell))) => {
+                if self.cfg.switch.modeled_order {
+                    let heads = self.in_flight.entry((peer, peer_port)).or_default();
+                    *heads.entry(cell.stamp.head).or_default() += 1;
+                }
                 Ev::Cell {
                     node: peer,
                     port: peer_port,
@@ -588,13 +594,6 @@ impl Sim {
                     cell,
                 }
             }
-            Some(Ok((vc, cell))) => Ev::Cell {
-                node: peer,
-                port: peer_port,
-                conn,
-                vc,
-                cell,
-            },
             Some(Err(error)) => Ev::Refused {
                 node: peer,
                 port: peer_port,
@@ -750,8 +749,8 @@ impl Sim {
     /// forwarded to it by a neighbour from what that holds, injects or receives.
     fn reach(&mut self) -> Vec<ModelTime> {
         for s in &mut self.stations {
-            // Brings each NI's own bound up to date.
-            s.node_mut().earliest_pending();
+            // The NIs may have been given work from outside since they last ran.
+            s.node_mut().refresh_ni_horizon();
         }
         let n = self.stations.len();
         let mut reach = vec![ModelTime::NEVER; n];

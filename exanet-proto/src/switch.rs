@@ -56,8 +56,9 @@ pub struct SwitchConfig {
     pub local_window: u32,
     /// The modeled hardware: rates, latencies, traversals and the modeled input buffer.
     pub model: Model,
-    /// Forward cells in modeled-time order, waiting for the neighbours' promises (see
-    /// [`crate::order`]); off, cells are forwarded in the order the host delivers them.
+    /// Forward cells in modeled-time order, within horizons its driver sets on each link
+    /// port (only the simulator does, [`crate::sim`]; see [`crate::order`]); off, cells
+    /// are forwarded in the order the host delivers them.
     pub modeled_order: bool,
 }
 
@@ -582,7 +583,7 @@ impl Switch {
         if records {
             probe::record_hop(&mut cell, self.node);
         }
-        let busy = self.model_departure(i, from, hop, &mut cell, q.charged, key);
+        let busy = self.model_departure(i, from, hop, &mut cell, q.charged);
         if from == Port::Local && self.cfg.modeled_order {
             self.refresh_ni_horizon();
         }
@@ -625,7 +626,7 @@ impl Switch {
 
     /// When the head cell of input `i` would compete for its output, in modeled time: its
     /// head once through the NI's datapath (for the NI's own cells) and once it has room
-    /// in the input's modeled buffer. What orders cells: an NI that cuts a whole window of
+    /// in the input's modeled buffer, as `model_departure` will find it. What orders cells: an NI that cuts a whole window of
     /// blocks at once stamps them all alike, but they enter the switch one buffer's room
     /// at a time, between the cells of the other inputs.
     fn admitted(&self, i: usize) -> Option<ModelTime> {
@@ -681,15 +682,6 @@ impl Switch {
         self.order.set_ni_own(by_vc);
     }
 
-    /// The earliest head waiting in this switch's queues, or that its NI may still
-    /// inject by itself (as last set): this node's part of the rack's lower bound (see
-    /// [`crate::order`]). Meaningful with ordering on, which keeps queues in head order.
-    pub fn earliest_pending(&self) -> ModelTime {
-        (0..self.inputs.len())
-            .filter_map(|s| self.admitted(s))
-            .fold(self.order.ni_own(), ModelTime::min)
-    }
-
     /// The earliest order key of a cell queued here for `port`: a bound on what this
     /// switch forwards to that port from what it holds (see [`crate::order`]).
     pub fn earliest_toward(&self, port: Port) -> ModelTime {
@@ -737,7 +729,6 @@ impl Switch {
         hop: Hop,
         cell: &mut Cell,
         charged: u32,
-        key: ModelTime,
     ) -> u64 {
         let m = &self.cfg.model;
         let cap = m.input_buffer;
@@ -759,10 +750,7 @@ impl Switch {
         let admit = match input.modeled.room_at(charged, cap, cell.stamp.head) {
             None => cell.stamp.head,
             Some(room) => room + 2 * m.latency(from),
-        }
-        // In modeled order, not before its order key: the cell ahead in its queue went
-        // first (see `Switch::admitted`).
-        .max(key);
+        };
         let shift = admit.since(cell.stamp.head);
         let (head, tail) = (cell.stamp.head + shift, cell.stamp.tail + shift);
         let to = hop.port;

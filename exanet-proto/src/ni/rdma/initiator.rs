@@ -334,11 +334,11 @@ fn take_place(freed: &mut VecDeque<ModelTime>, live: usize, cap: usize) -> Model
     while live + freed.len() > cap {
         freed.pop_front();
     }
-    if live + freed.len() < cap {
-        ModelTime::ZERO
-    } else {
-        freed.pop_front().unwrap_or(ModelTime::ZERO)
+    let at = next_place(freed, live, cap);
+    if live + freed.len() == cap {
+        freed.pop_front();
     }
+    at
 }
 
 /// A read this node asked for.

@@ -270,12 +270,12 @@ impl RdmaEngine {
         self.initiator.refill(cx, mem);
     }
 
-    /// The cell from the NI's queue was injected into the fabric at `now`.
     /// See `Initiator::horizon`: served reads are transfers of the initiator too.
     pub(crate) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
         self.initiator.horizon(cfg)
     }
 
+    /// The cell from the NI's queue was injected into the fabric at `now`.
     pub(crate) fn on_injected(&mut self, cell: &Cell, now: Instant, cfg: &NiConfig) {
         self.initiator.on_injected(cell, now, cfg);
     }
