@@ -297,31 +297,15 @@ impl Timeline {
 
     /// Reserves `dur` picoseconds starting at or after `ready`; returns the start.
     pub fn reserve(&mut self, ready: ModelTime, dur: u64) -> ModelTime {
-        // One walk over the intervals from `ready` on (a link in saturation walks past
-        // the cells queued ahead), then the new one joins the interval it touches in
-        // place.
-        let mut t = ready.0;
-        // The first interval starting after `ready`; the one before it may cover `ready`.
-        // Mostly none: a stream reserves at or after the start of the latest interval.
-        let mut j = match self.busy.back() {
-            Some(&(s, _)) if s <= t => self.busy.len(),
-            _ => self.busy.partition_point(|&(s, _)| s <= t),
-        };
-        if j > 0 {
-            t = t.max(self.busy[j - 1].1);
-        }
-        let mut touching_next = false;
-        while let Some(&(s, e)) = self.busy.get(j) {
-            if s >= t.saturating_add(dur) {
-                touching_next = s == t.saturating_add(dur);
-                break;
-            }
-            t = t.max(e);
-            j += 1;
-        }
+        let Gap {
+            start: t,
+            at: j,
+            touching_next,
+        } = self.gap(ready, dur);
         if dur == 0 {
             return ModelTime(t);
         }
+        // The new interval joins the one it touches in place.
         let mut end = t.saturating_add(dur);
         if touching_next {
             end = self.busy.remove(j).expect("the walk stopped at it").1;
@@ -347,25 +331,50 @@ impl Timeline {
     /// without reserving them: a lower bound on the start of anything of at least `dur`
     /// reserved from `ready` on, now or later (reservations only fill gaps).
     pub fn first_gap(&self, ready: ModelTime, dur: u64) -> ModelTime {
+        ModelTime(self.gap(ready, dur).start)
+    }
+
+    /// The first gap of `dur` from `ready` on: one walk over the intervals from `ready`
+    /// (a link in saturation walks past the cells queued ahead).
+    fn gap(&self, ready: ModelTime, dur: u64) -> Gap {
         let mut t = ready.0;
-        let mut j = self.busy.partition_point(|&(s, _)| s <= t);
+        // The first interval starting after `ready`; the one before it may cover `ready`.
+        // Mostly none: a stream reserves at or after the start of the latest interval.
+        let mut j = match self.busy.back() {
+            Some(&(s, _)) if s <= t => self.busy.len(),
+            _ => self.busy.partition_point(|&(s, _)| s <= t),
+        };
         if j > 0 {
             t = t.max(self.busy[j - 1].1);
         }
+        let mut touching_next = false;
         while let Some(&(s, e)) = self.busy.get(j) {
             if s >= t.saturating_add(dur) {
+                touching_next = s == t.saturating_add(dur);
                 break;
             }
             t = t.max(e);
             j += 1;
         }
-        ModelTime(t)
+        Gap {
+            start: t,
+            at: j,
+            touching_next,
+        }
     }
 
     /// The end of the latest reservation.
     pub fn busy_until(&self) -> ModelTime {
         ModelTime(self.busy.back().map_or(0, |&(_, e)| e))
     }
+}
+
+/// Where [`Timeline::gap`] found room: its start, the index of the first interval after
+/// it, and whether that interval begins exactly where the room ends.
+struct Gap {
+    start: u64,
+    at: usize,
+    touching_next: bool,
 }
 
 /// The modeled occupancy of one input buffer (a link input and virtual channel): when a
