@@ -1,5 +1,5 @@
 //! `exactl capture`: the cells passing a node, or one link direction, into a pcapng file
-//! that Wireshark and tshark read with the project's dissector (`wireshark/exanet.lua`).
+//! that Wireshark and tshark read with the project's dissector (`exactl dissector`).
 //!
 //! The capturing daemon taps its links and streams the cells to exactl (see
 //! `exanetd::capture`); exactl writes one Enhanced Packet Block per cell, stamped with the
@@ -210,7 +210,7 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
         options: vec![
             InterfaceDescriptionOption::IfName(Cow::Owned(format!("exanet {what}"))),
             InterfaceDescriptionOption::IfDescription(Cow::Borrowed(
-                "ExaNet cells with the exanet capture header (wireshark/exanet.lua)",
+                "ExaNet cells with the exanet capture header (dissector: exactl dissector)",
             )),
             // Timestamps in nanoseconds.
             InterfaceDescriptionOption::IfTsResol(9),
@@ -294,6 +294,12 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
             String::new()
         }
     );
+    Ok(())
+}
+
+/// `exactl dissector`: the Wireshark dissector for the captures this build writes.
+pub fn print_dissector() -> Result<()> {
+    crate::stdout::out!("{}", exanet_proto::capture::dissector());
     Ok(())
 }
 

@@ -110,8 +110,11 @@ enum Command {
     /// Run an unmodified MPI program (Open MPI) with one rank per node, over IP over ExaNet
     Mpirun(MpirunArgs),
     /// Capture the cells passing a node or one link direction into a pcapng file (read it
-    /// with Wireshark and `wireshark/exanet.lua`)
+    /// with Wireshark and the dissector `exactl dissector` prints)
     Capture(capture::CaptureArgs),
+    /// Print the Wireshark dissector (Lua) for this build's captures, e.g.
+    /// `exactl dissector > exanet.lua; tshark -X lua_script:exanet.lua -r cap.pcapng`
+    Dissector,
 }
 
 #[derive(Debug, Args)]
@@ -430,6 +433,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Chaos(ChaosCommand::Run(a)) => chaos::run(&dir, &a),
         Command::Hosts => hosts::run(&dir),
         Command::Capture(a) => capture::run(&dir, a),
+        Command::Dissector => capture::print_dissector(),
         Command::Rack(RackCommand::Prometheus(a)) => rack_prometheus::run(&dir, a),
         Command::Exec(a) => exec::run(&dir, a.node, &a.cmd),
         Command::Mpirun(a) => {

@@ -1,6 +1,7 @@
 //! Capturing cells: which cells a capture takes ([`CaptureFilter`]) and the record each
 //! captured cell becomes ([`Record`]), the packet data of an `exactl capture` pcapng file
-//! that Wireshark reads with the project's dissector (`wireshark/exanet.lua`).
+//! that Wireshark reads with the project's dissector ([`dissector`], which `exactl
+//! dissector` prints).
 //!
 //! A record is a 24-byte capture header, then the cell exactly as it crossed the link
 //! (16-byte header, payload, 16-byte footer; corrupt cells too, as they arrived), all
@@ -21,12 +22,42 @@
 //! The filter reads the cell's raw header, without checking its CRCs, so that a capture
 //! shows corrupt cells too: a capture is for looking at what is on the wire.
 
-use crate::cell::{CellType, HEADER_LEN, OVERHEAD};
+use crate::cell::{CellType, Engine, HEADER_LEN, OVERHEAD};
 use crate::gvas::{Pdid, GVAS_LEN, NODE_BITS, PDID_BITS, RANK_BITS, VA_BITS};
 use crate::model::ModelTime;
+use crate::ni::NackReason;
 use crate::routing::Vc;
 use crate::shape::NodeId;
 use crate::topology::Port;
+
+/// The Wireshark dissector (Lua) for these records, with the names of this build's wire
+/// codes. The template is `dissector.lua` beside this file; the tables of cell types, NACK
+/// reasons and engines come from their declarations, so a new code needs no edit of the
+/// dissector and a capture is never read with names of another build.
+pub fn dissector() -> String {
+    fn table(codes: impl IntoIterator<Item = (u8, &'static str)>) -> String {
+        codes
+            .into_iter()
+            .map(|(code, label)| format!("[{code}] = \"{label}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+    DISSECTOR_TEMPLATE
+        .replace(
+            "@CELL_TYPES@",
+            &table(CellType::ALL.map(|k| (k.code(), k.label()))),
+        )
+        .replace(
+            "@NACK_REASONS@",
+            &table(NackReason::ALL.map(|k| (k.code(), k.label()))),
+        )
+        .replace(
+            "@ENGINES@",
+            &table(Engine::ALL.map(|k| (k.code(), k.label()))),
+        )
+}
+
+const DISSECTOR_TEMPLATE: &str = include_str!("dissector.lua");
 
 pub const RECORD_MAGIC: u16 = 0x584E;
 pub const RECORD_VERSION: u8 = 1;
@@ -208,6 +239,41 @@ mod tests {
     use crate::cell::Cell;
     use crate::gvas::Gvas;
     use bytes::{Bytes, BytesMut};
+
+    #[test]
+    fn the_dissector_names_every_wire_code_of_this_build() {
+        let lua = dissector();
+        assert!(!lua.contains('@'), "a placeholder left in the dissector");
+        let line = |name: &str| {
+            lua.lines()
+                .find(|l| l.starts_with(&format!("local {name} = {{")))
+                .unwrap_or_else(|| panic!("no table {name}"))
+                .to_string()
+        };
+        let (types, reasons, engines) = (line("CELL_TYPES"), line("NACK_REASONS"), line("ENGINES"));
+        for k in CellType::ALL {
+            assert!(
+                types.contains(&format!("[{}] = \"{}\"", k.code(), k.label())),
+                "{k:?}"
+            );
+        }
+        for r in NackReason::ALL {
+            assert!(
+                reasons.contains(&format!("[{}] = \"{}\"", r.code(), r.label())),
+                "{r:?}"
+            );
+        }
+        for e in Engine::ALL {
+            assert!(
+                engines.contains(&format!("[{}] = \"{}\"", e.code(), e.label())),
+                "{e:?}"
+            );
+        }
+        assert!(
+            types.contains(r#"[1] = "write", [2] = "read_request""#),
+            "{types}"
+        );
+    }
 
     fn wire(pdid: u16, dst: u32, kind: CellType) -> Vec<u8> {
         let c = Cell::new(

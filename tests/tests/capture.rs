@@ -3,7 +3,7 @@
 //! a completion notification), an RDMA read and packetizer messages across it, while the
 //! link loses cells (so that blocks are answered `incomplete` with their bitmap) and then
 //! flips bits (so that cells arrive corrupt and are answered with CRC NACKs); then real
-//! `tshark` with `wireshark/exanet.lua` reading the files.
+//! `tshark` with the dissector `exactl dissector` prints reading the files.
 //!
 //! Every field the dissector shows is checked, row by row, against what the project's own
 //! decoders make of the same record (`Record::decode`, `Cell::decode`, and the payload
@@ -48,11 +48,14 @@ fn tshark() -> Option<PathBuf> {
     None
 }
 
-fn dissector() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .join("wireshark/exanet.lua")
+/// The dissector as a user gets it: `exactl dissector`.
+fn dissector_lua() -> String {
+    let out = Command::new(exanet_tests::bins().exactl)
+        .arg("dissector")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "exactl dissector: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Every record of a pcapng file, in order.
@@ -145,7 +148,7 @@ fn interrupt(cap: &std::process::Child) {
     assert!(st.success());
 }
 
-/// Every field `wireshark/exanet.lua` defines. The test reads the dissector's own list and
+/// Every field the dissector defines. The test reads the dissector's own list and
 /// fails if it differs, so a field added there must be checked here.
 const FIELDS: &[&str] = &[
     "exanet.capture.magic",
@@ -376,9 +379,8 @@ fn expected(rec: &Record) -> BTreeMap<&'static str, Option<V>> {
     m
 }
 
-/// The fields `wireshark/exanet.lua` defines, read from its source.
-fn dissector_fields() -> BTreeSet<String> {
-    let lua = std::fs::read_to_string(dissector()).unwrap();
+/// The fields the dissector defines, read from its source.
+fn dissector_fields(lua: &str) -> BTreeSet<String> {
     lua.split("ProtoField.")
         .skip(1)
         .filter_map(|t| t.split_once("(\"").and_then(|(_, r)| r.split_once('"')))
@@ -387,10 +389,10 @@ fn dissector_fields() -> BTreeSet<String> {
 }
 
 /// tshark through the dissector, every field of every packet of `file`.
-fn dissect(tshark: &Path, file: &Path) -> Vec<BTreeMap<&'static str, Option<V>>> {
+fn dissect(tshark: &Path, lua: &Path, file: &Path) -> Vec<BTreeMap<&'static str, Option<V>>> {
     let mut cmd = Command::new(tshark);
     cmd.arg("-X")
-        .arg(format!("lua_script:{}", dissector().display()))
+        .arg(format!("lua_script:{}", lua.display()))
         .arg("-r")
         .arg(file)
         .args(["-T", "fields", "-E", "separator=|", "-E", "occurrence=f"]);
@@ -415,9 +417,9 @@ fn dissect(tshark: &Path, file: &Path) -> Vec<BTreeMap<&'static str, Option<V>>>
 
 /// Checks every row tshark shows for `file` against the project's reading of the same
 /// record; returns how many records the decoder refused (each flagged by the dissector).
-fn check_file(tshark: &Path, file: &Path) -> usize {
+fn check_file(tshark: &Path, lua: &Path, file: &Path) -> usize {
     let recs = records(file);
-    let rows = dissect(tshark, file);
+    let rows = dissect(tshark, lua, file);
     assert_eq!(
         rows.len(),
         recs.len(),
@@ -499,7 +501,8 @@ fn mode(p: &Path) -> u32 {
 #[test]
 fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() {
     let Some(tshark) = tshark() else { return };
-    let defined = dissector_fields();
+    let lua_text = dissector_lua();
+    let defined = dissector_fields(&lua_text);
     let checked: BTreeSet<String> = FIELDS.iter().map(|f| f.to_string()).collect();
     assert_eq!(
         defined, checked,
@@ -507,6 +510,8 @@ fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() 
     );
     let rack = TestRack::new("cap");
     rack.up(SHAPE, 60);
+    let lua = rack.dir.join("exanet.lua");
+    std::fs::write(&lua, &lua_text).unwrap();
     let shape: Shape = SHAPE.parse().unwrap();
     let id = |n: &str| shape.parse_node(n).unwrap().0;
     // Both directions of the torus link: the data goes FROM -> TO, the answers back.
@@ -679,9 +684,9 @@ fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() 
     }
 
     // tshark, through the dissector, every field of every row.
-    let refused = check_file(&tshark, &file);
+    let refused = check_file(&tshark, &lua, &file);
     assert!(refused > 0, "no damaged cell was read by the dissector");
-    check_file(&tshark, &back_file);
+    check_file(&tshark, &lua, &back_file);
 
     // The same capture over the QUIC control API (what a rack on other hosts uses; the
     // local one above went through the daemon's control socket): one write, then it ends.
@@ -705,7 +710,7 @@ fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() 
     });
     assert!(ours(&c) && c.payload.as_ref() == b"over quic", "{c:?}");
     assert_eq!(mode(&quic_file), 0o600);
-    check_file(&tshark, &quic_file);
+    check_file(&tshark, &lua, &quic_file);
 
     // Cells a node sends: M1QAF1 forwards the message onto the torus link.
     let tx_file = rack.dir.join("tx.pcapng");
@@ -732,7 +737,7 @@ fn every_field_of_every_captured_cell_reads_in_tshark_as_the_decoder_reads_it() 
     assert_eq!(rec.seen.direction, Direction::Sent);
     assert_eq!((rec.seen.node.0, rec.seen.peer.0), (id(FROM), id(TO)));
     assert!(ours(&c) && c.payload.as_ref() == b"forwarded", "{c:?}");
-    check_file(&tshark, &tx_file);
+    check_file(&tshark, &lua, &tx_file);
 
     // A capture that matches nothing writes nothing, and still ends when its operator
     // goes away (its tap must not stay behind, taxing the links).

@@ -1,10 +1,14 @@
 -- Wireshark dissector for ExaNet cells captured by `exactl capture` (pcapng, link type
--- USER0 = 147). Load it with
+-- USER0 = 147). This is the template `exanet_proto::capture::dissector` renders, with the
+-- tables of wire codes (cell types, NACK reasons, engines) filled in from the Rust
+-- declarations, so that a dissector always names the codes of the build that wrote the
+-- capture. Get it from exactl and load it with
 --
---     wireshark -X lua_script:wireshark/exanet.lua capture.pcapng
---     tshark -X lua_script:wireshark/exanet.lua -r capture.pcapng -V
+--     exactl dissector > exanet.lua
+--     wireshark -X lua_script:exanet.lua capture.pcapng
+--     tshark -X lua_script:exanet.lua -r capture.pcapng -V
 --
--- or copy it into Wireshark's personal plugins folder. docs/capture.md documents every
+-- or write it into Wireshark's personal plugins folder. docs/capture.md documents every
 -- field. Each packet is:
 --
 --   capture header (24 B): magic "XN", version, direction, capturing node, peer node,
@@ -39,18 +43,11 @@ else
   shl = load("return function(a, n) return (a << n) & 0xffffffff end")()
 end
 
-local CELL_TYPES = {
-  [1] = "write", [2] = "read_request", [3] = "notify_control", [4] = "notify",
-  [5] = "ack", [6] = "nack", [7] = "collective",
-  [0x40] = "probe", [0x41] = "probe_reply", [0x42] = "load",
-}
-local NACK_REASONS = {
-  [1] = "page_fault", [2] = "no_context", [3] = "crc", [4] = "bad_address",
-  [5] = "pdid_mismatch", [6] = "queue_full", [7] = "incomplete",
-}
+local CELL_TYPES = { @CELL_TYPES@ }
+local NACK_REASONS = { @NACK_REASONS@ }
 local DIRECTIONS = { [0] = "received", [1] = "sent" }
 local CRC_STATUS = { [1] = "Good", [2] = "Bad" }
-local ENGINES = { [0] = "packetizer", [1] = "rdma", [2] = "accelerator" }
+local ENGINES = { @ENGINES@ }
 local NOTE_KINDS = { [1] = "write done", [2] = "read done" }
 
 local f = {
