@@ -560,9 +560,23 @@ impl Ni {
         now: Instant,
         at: ModelTime,
     ) -> Result<(), NiError> {
+        self.send_message_of(rank, CellType::Write, op, now, at)
+    }
+
+    /// [`Ni::send_message_at`] as one cell of `kind`, which the destination NI acts on
+    /// and answers: how an operation carried by the packetizer is posted.
+    pub(crate) fn send_message_of(
+        &mut self,
+        rank: u8,
+        kind: CellType,
+        op: &SendMessage,
+        now: Instant,
+        at: ModelTime,
+    ) -> Result<(), NiError> {
         let dst = self.stamp(rank, op.dst)?;
         let at = self.posted(rank, at);
-        self.packetizer.send(cx!(self, now, at), rank, op, dst)?;
+        self.packetizer
+            .send(cx!(self, now, at), rank, kind, op, dst)?;
         self.stats.messages_sent += 1;
         Ok(())
     }

@@ -163,11 +163,14 @@ impl Packetizer {
         Ok(self.channels[idx(vi, ch)].state)
     }
 
-    /// Sends `op` for `rank` to `dst`, its destination as the NI stamped it.
+    /// Sends `op` for `rank` to `dst`, its destination as the NI stamped it, as one cell
+    /// of `kind`: the packetizer carries any one-cell operation the destination NI acts
+    /// on and answers (a message or memory write is a `Write`).
     pub(crate) fn send(
         &mut self,
         cx: &mut Ctx,
         rank: u8,
+        kind: CellType,
         op: &SendMessage,
         dst: Gvas,
     ) -> Result<(), NiError> {
@@ -184,7 +187,7 @@ impl Packetizer {
             });
         }
         c.counter = (c.counter + 1) & 0x7F_FFFF;
-        let mut cell = Cell::new(dst, CellType::Write, cx.me, Bytes::copy_from_slice(payload))
+        let mut cell = Cell::new(dst, kind, cx.me, Bytes::copy_from_slice(payload))
             .expect("a message fits a cell");
         cell.txn = (u32::from(vi) << 25) | (u32::from(ch) << 23) | c.counter;
         cell.src_rank = rank;
