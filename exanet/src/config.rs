@@ -125,6 +125,15 @@ impl Config {
         Config::default()
     }
 
+    /// The node this configuration attaches to (its canonical name) and its daemon's
+    /// socket, without attaching: for a caller that must say whether there is an NI to
+    /// attach to at all (the libfabric provider's `fi_getinfo`).
+    pub fn node_socket(&self) -> Result<(String, PathBuf)> {
+        let r = self.resolve()?;
+        let socket = socket_path(&r.rack_dir, &r.node);
+        Ok((r.node, socket))
+    }
+
     pub(crate) fn resolve(&self) -> Result<Resolved> {
         let node = match self.node.clone().filter(|n| !n.is_empty()) {
             Some(n) => n,

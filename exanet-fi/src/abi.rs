@@ -1,0 +1,359 @@
+//! libfabric 1.17's ABI as this provider sees it: the structs it fills or reads and the
+//! constants it answers with, mirrored from `<rdma/fabric.h>`, `<rdma/fi_domain.h>` and
+//! `<rdma/fi_errno.h>` (`#[repr(C)]`, field for field, in the headers' order). Only what
+//! the provider touches is here. `tests/abi.rs` compiles a C file against the installed
+//! headers that asserts every size, alignment and offset below, and every constant.
+//!
+//! Function pointers are `Option<unsafe extern "C" fn ..>`: a null pointer is `None`,
+//! which libfabric reads as "not supported" for optional operations.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// `FI_VERSION(major, minor)`.
+pub const fn fi_version(major: u32, minor: u32) -> u32 {
+    (major << 16) | minor
+}
+
+/// The API this provider is built against: libfabric loads providers of the same major
+/// version and a minor version no newer than its own.
+pub const FI_API_VERSION: u32 = fi_version(1, 17);
+
+// Capabilities and operation flags (`fabric.h`).
+pub const FI_MSG: u64 = 1 << 1;
+pub const FI_RMA: u64 = 1 << 2;
+pub const FI_TAGGED: u64 = 1 << 3;
+pub const FI_ATOMIC: u64 = 1 << 4;
+pub const FI_READ: u64 = 1 << 8;
+pub const FI_WRITE: u64 = 1 << 9;
+pub const FI_RECV: u64 = 1 << 10;
+pub const FI_SEND: u64 = 1 << 11;
+pub const FI_REMOTE_READ: u64 = 1 << 12;
+pub const FI_REMOTE_WRITE: u64 = 1 << 13;
+pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
+pub const FI_PEEK: u64 = 1 << 19;
+pub const FI_COMPLETION: u64 = 1 << 24;
+pub const FI_INJECT: u64 = 1 << 25;
+pub const FI_TRANSMIT_COMPLETE: u64 = 1 << 27;
+pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
+pub const FI_LOCAL_COMM: u64 = 1 << 51;
+pub const FI_REMOTE_COMM: u64 = 1 << 52;
+pub const FI_SOURCE: u64 = 1 << 57;
+pub const FI_DIRECTED_RECV: u64 = 1 << 59;
+
+// Modes: what a provider may require of its user.
+pub const FI_CONTEXT: u64 = 1 << 59;
+pub const FI_CONTEXT2: u64 = 1 << 52;
+
+// Memory registration modes (`int mr_mode`).
+pub const FI_MR_LOCAL: c_int = 1 << 2;
+pub const FI_MR_VIRT_ADDR: c_int = 1 << 4;
+pub const FI_MR_ALLOCATED: c_int = 1 << 5;
+pub const FI_MR_PROV_KEY: c_int = 1 << 6;
+pub const FI_MR_ENDPOINT: c_int = 1 << 9;
+
+// Message ordering.
+pub const FI_ORDER_SAS: u64 = 1 << 8;
+
+/// `FI_ADDR_UNSPEC`: no address (a receive from anyone).
+pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
+// enum fi_ep_type
+pub const FI_EP_UNSPEC: c_int = 0;
+pub const FI_EP_RDM: c_int = 3;
+
+// enum fi_av_type
+pub const FI_AV_UNSPEC: c_int = 0;
+pub const FI_AV_MAP: c_int = 1;
+pub const FI_AV_TABLE: c_int = 2;
+
+// enum fi_progress
+pub const FI_PROGRESS_UNSPEC: c_int = 0;
+pub const FI_PROGRESS_AUTO: c_int = 1;
+pub const FI_PROGRESS_MANUAL: c_int = 2;
+
+// enum fi_threading
+pub const FI_THREAD_UNSPEC: c_int = 0;
+pub const FI_THREAD_SAFE: c_int = 1;
+pub const FI_THREAD_ENDPOINT: c_int = 5;
+
+// enum fi_resource_mgmt
+pub const FI_RM_UNSPEC: c_int = 0;
+pub const FI_RM_ENABLED: c_int = 2;
+
+// Address formats (anonymous enum): ours is an opaque byte string.
+pub const FI_FORMAT_UNSPEC: u32 = 0;
+// Endpoint protocols (anonymous enum).
+pub const FI_PROTO_UNSPEC: u32 = 0;
+
+// enum fi_class (the `fclass` of a `struct fid`).
+pub const FI_CLASS_FABRIC: usize = 1;
+pub const FI_CLASS_DOMAIN: usize = 2;
+
+// Error numbers (`fi_errno.h`): returned negated.
+pub const FI_EINVAL: c_int = libc::EINVAL;
+pub const FI_ENOMEM: c_int = libc::ENOMEM;
+pub const FI_ENOSYS: c_int = libc::ENOSYS;
+pub const FI_ENODATA: c_int = libc::ENODATA;
+pub const FI_EBUSY: c_int = libc::EBUSY;
+pub const FI_EIO: c_int = libc::EIO;
+pub const FI_ENODEV: c_int = libc::ENODEV;
+
+#[repr(C)]
+pub struct fi_context {
+    pub internal: [*mut c_void; 4],
+}
+
+/// The head of every libfabric object.
+#[repr(C)]
+pub struct fid {
+    pub fclass: usize,
+    pub context: *mut c_void,
+    pub ops: *mut fi_ops,
+}
+
+#[repr(C)]
+pub struct fi_ops {
+    pub size: usize,
+    pub close: Option<unsafe extern "C" fn(*mut fid) -> c_int>,
+    pub bind: Option<unsafe extern "C" fn(*mut fid, *mut fid, u64) -> c_int>,
+    pub control: Option<unsafe extern "C" fn(*mut fid, c_int, *mut c_void) -> c_int>,
+    pub ops_open: Option<
+        unsafe extern "C" fn(*mut fid, *const c_char, u64, *mut *mut c_void, *mut c_void) -> c_int,
+    >,
+    pub tostr: Option<unsafe extern "C" fn(*const fid, *mut c_char, usize) -> c_int>,
+    pub ops_set: Option<
+        unsafe extern "C" fn(*mut fid, *const c_char, u64, *mut c_void, *mut c_void) -> c_int,
+    >,
+}
+
+#[repr(C)]
+pub struct fi_tx_attr {
+    pub caps: u64,
+    pub mode: u64,
+    pub op_flags: u64,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub inject_size: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+    pub rma_iov_limit: usize,
+    pub tclass: u32,
+}
+
+#[repr(C)]
+pub struct fi_rx_attr {
+    pub caps: u64,
+    pub mode: u64,
+    pub op_flags: u64,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub total_buffered_recv: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+}
+
+#[repr(C)]
+pub struct fi_ep_attr {
+    pub type_: c_int,
+    pub protocol: u32,
+    pub protocol_version: u32,
+    pub max_msg_size: usize,
+    pub msg_prefix_size: usize,
+    pub max_order_raw_size: usize,
+    pub max_order_war_size: usize,
+    pub max_order_waw_size: usize,
+    pub mem_tag_format: u64,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+    pub auth_key_size: usize,
+    pub auth_key: *mut u8,
+}
+
+#[repr(C)]
+pub struct fi_domain_attr {
+    pub domain: *mut fid_domain,
+    pub name: *mut c_char,
+    pub threading: c_int,
+    pub control_progress: c_int,
+    pub data_progress: c_int,
+    pub resource_mgmt: c_int,
+    pub av_type: c_int,
+    pub mr_mode: c_int,
+    pub mr_key_size: usize,
+    pub cq_data_size: usize,
+    pub cq_cnt: usize,
+    pub ep_cnt: usize,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+    pub max_ep_tx_ctx: usize,
+    pub max_ep_rx_ctx: usize,
+    pub max_ep_stx_ctx: usize,
+    pub max_ep_srx_ctx: usize,
+    pub cntr_cnt: usize,
+    pub mr_iov_limit: usize,
+    pub caps: u64,
+    pub mode: u64,
+    pub auth_key: *mut u8,
+    pub auth_key_size: usize,
+    pub max_err_data: usize,
+    pub mr_cnt: usize,
+    pub tclass: u32,
+}
+
+#[repr(C)]
+pub struct fi_fabric_attr {
+    pub fabric: *mut fid_fabric,
+    pub name: *mut c_char,
+    pub prov_name: *mut c_char,
+    pub prov_version: u32,
+    pub api_version: u32,
+}
+
+#[repr(C)]
+pub struct fi_info {
+    pub next: *mut fi_info,
+    pub caps: u64,
+    pub mode: u64,
+    pub addr_format: u32,
+    pub src_addrlen: usize,
+    pub dest_addrlen: usize,
+    pub src_addr: *mut c_void,
+    pub dest_addr: *mut c_void,
+    pub handle: *mut fid,
+    pub tx_attr: *mut fi_tx_attr,
+    pub rx_attr: *mut fi_rx_attr,
+    pub ep_attr: *mut fi_ep_attr,
+    pub domain_attr: *mut fi_domain_attr,
+    pub fabric_attr: *mut fi_fabric_attr,
+    /// `struct fid_nic *`: never set by this provider.
+    pub nic: *mut c_void,
+}
+
+/// What `fi_prov_ini` returns (`<rdma/providers/fi_prov.h>`).
+#[repr(C)]
+pub struct fi_provider {
+    pub version: u32,
+    pub fi_version: u32,
+    pub context: fi_context,
+    pub name: *const c_char,
+    pub getinfo: Option<
+        unsafe extern "C" fn(
+            u32,
+            *const c_char,
+            *const c_char,
+            u64,
+            *const fi_info,
+            *mut *mut fi_info,
+        ) -> c_int,
+    >,
+    pub fabric: Option<
+        unsafe extern "C" fn(*mut fi_fabric_attr, *mut *mut fid_fabric, *mut c_void) -> c_int,
+    >,
+    pub cleanup: Option<unsafe extern "C" fn()>,
+}
+
+/// Opaque pointer arguments this provider does not look into yet.
+pub type Opaque = *mut c_void;
+
+#[repr(C)]
+pub struct fi_ops_fabric {
+    pub size: usize,
+    pub domain: Option<
+        unsafe extern "C" fn(*mut fid_fabric, *mut fi_info, *mut *mut fid_domain, Opaque) -> c_int,
+    >,
+    pub passive_ep:
+        Option<unsafe extern "C" fn(*mut fid_fabric, *mut fi_info, *mut Opaque, Opaque) -> c_int>,
+    pub eq_open:
+        Option<unsafe extern "C" fn(*mut fid_fabric, Opaque, *mut Opaque, Opaque) -> c_int>,
+    pub wait_open: Option<unsafe extern "C" fn(*mut fid_fabric, Opaque, *mut Opaque) -> c_int>,
+    pub trywait: Option<unsafe extern "C" fn(*mut fid_fabric, *mut *mut fid, c_int) -> c_int>,
+    pub domain2: Option<
+        unsafe extern "C" fn(
+            *mut fid_fabric,
+            *mut fi_info,
+            *mut *mut fid_domain,
+            u64,
+            Opaque,
+        ) -> c_int,
+    >,
+}
+
+#[repr(C)]
+pub struct fid_fabric {
+    pub fid: fid,
+    pub ops: *mut fi_ops_fabric,
+    pub api_version: u32,
+}
+
+/// `struct fi_ops_domain`. libfabric's inline wrappers call these without a null check,
+/// so every one is set: what the provider does not offer answers `-FI_ENOSYS`.
+#[repr(C)]
+pub struct fi_ops_domain {
+    pub size: usize,
+    pub av_open:
+        Option<unsafe extern "C" fn(*mut fid_domain, Opaque, *mut Opaque, Opaque) -> c_int>,
+    pub cq_open:
+        Option<unsafe extern "C" fn(*mut fid_domain, Opaque, *mut Opaque, Opaque) -> c_int>,
+    pub endpoint:
+        Option<unsafe extern "C" fn(*mut fid_domain, *mut fi_info, *mut Opaque, Opaque) -> c_int>,
+    pub scalable_ep:
+        Option<unsafe extern "C" fn(*mut fid_domain, *mut fi_info, *mut Opaque, Opaque) -> c_int>,
+    pub cntr_open:
+        Option<unsafe extern "C" fn(*mut fid_domain, Opaque, *mut Opaque, Opaque) -> c_int>,
+    pub poll_open: Option<unsafe extern "C" fn(*mut fid_domain, Opaque, *mut Opaque) -> c_int>,
+    pub stx_ctx: Option<
+        unsafe extern "C" fn(*mut fid_domain, *mut fi_tx_attr, *mut Opaque, Opaque) -> c_int,
+    >,
+    pub srx_ctx: Option<
+        unsafe extern "C" fn(*mut fid_domain, *mut fi_rx_attr, *mut Opaque, Opaque) -> c_int,
+    >,
+    pub query_atomic:
+        Option<unsafe extern "C" fn(*mut fid_domain, c_int, c_int, Opaque, u64) -> c_int>,
+    pub query_collective:
+        Option<unsafe extern "C" fn(*mut fid_domain, c_int, Opaque, u64) -> c_int>,
+    pub endpoint2: Option<
+        unsafe extern "C" fn(*mut fid_domain, *mut fi_info, *mut Opaque, u64, Opaque) -> c_int,
+    >,
+}
+
+/// `struct fi_ops_mr`.
+#[repr(C)]
+pub struct fi_ops_mr {
+    pub size: usize,
+    pub reg: Option<
+        unsafe extern "C" fn(
+            *mut fid,
+            *const c_void,
+            usize,
+            u64,
+            u64,
+            u64,
+            u64,
+            *mut Opaque,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub regv: Option<
+        unsafe extern "C" fn(
+            *mut fid,
+            Opaque,
+            usize,
+            u64,
+            u64,
+            u64,
+            u64,
+            *mut Opaque,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub regattr: Option<unsafe extern "C" fn(*mut fid, Opaque, u64, *mut Opaque) -> c_int>,
+}
+
+#[repr(C)]
+pub struct fid_domain {
+    pub fid: fid,
+    pub ops: *mut fi_ops_domain,
+    pub mr: *mut fi_ops_mr,
+}

@@ -1,0 +1,27 @@
+//! exanet-fi: a libfabric provider named `exanet`, over the client library ([`exanet`]),
+//! so that unmodified programs written to libfabric (Open MPI's `mtl ofi`, MPICH's
+//! `ch4:ofi`, libfabric's own tools) use the emulated NI of the node they run on.
+//!
+//! libfabric 1.17 loads it from `FI_PROVIDER_PATH` as `libexanet-fi.so` (the cdylib of
+//! this crate, `libexanet_fi.so`, under the name libfabric looks for) through its
+//! `fi_prov_ini`.
+//!
+//! - [`offer`]: what the provider offers and how it answers `fi_getinfo`'s hints, in safe
+//!   Rust;
+//! - [`abi`]: libfabric's structs and constants as the provider uses them, checked
+//!   against the installed headers by `tests/abi.rs`;
+//! - `provider`: the C entry points, the crate's only unsafe code.
+//!
+//! Built so far: `fi_getinfo` (hints honoured, `-FI_ENODATA` otherwise), the fabric, and
+//! the domain, which attaches the process to its node's NI. Endpoints, address vectors,
+//! completion queues and data transfer answer `-FI_ENOSYS` until they are built (see
+//! `docs/mpi.md`).
+
+#![deny(unsafe_code)]
+
+pub mod abi;
+pub mod offer;
+#[allow(unsafe_code)]
+mod provider;
+
+pub use provider::fi_prov_ini;

@@ -1,0 +1,326 @@
+//! What the provider offers, and `fi_getinfo`'s question answered in Rust: given the
+//! application's hints, the description of the one fabric, domain and endpoint type it
+//! can give, or why not ([`Mismatch`], which `fi_getinfo` reports as `-FI_ENODATA`).
+//!
+//! One fabric (`exanet`), one domain per node (named after it: the NI of the node this
+//! process runs on), reliable datagram endpoints (`FI_EP_RDM`) with tagged and untagged
+//! messages. Progress is manual: the library makes progress inside the application's
+//! calls, as it does for the client library's own API. Every threading level is honoured
+//! (the client library is thread-safe).
+
+use crate::abi::*;
+
+/// The fabric's name.
+pub const FABRIC_NAME: &str = "exanet";
+
+/// Capabilities the provider offers (primary and secondary).
+pub const CAPS: u64 = FI_MSG
+    | FI_TAGGED
+    | FI_SEND
+    | FI_RECV
+    | FI_SOURCE
+    | FI_DIRECTED_RECV
+    | FI_LOCAL_COMM
+    | FI_REMOTE_COMM;
+
+/// Secondary capabilities: given whether or not the hints ask for them.
+const SECONDARY: u64 = FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM;
+
+/// Tags are 64 bits, every bit matched or ignored as the application says.
+pub const MEM_TAG_FORMAT: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+
+/// The largest message: what one rendezvous moves (the NI's largest RDMA transfer is far
+/// beyond what a message needs).
+pub const MAX_MSG_SIZE: usize = 1 << 30;
+
+/// What `fi_inject` takes: one packetizer message's payload less the provider's header.
+pub const INJECT_SIZE: usize = 48;
+
+/// Operations a transmit or receive context keeps queued.
+pub const QUEUE_SIZE: usize = 1024;
+
+/// The hints of one `fi_getinfo` call, as far as the provider reads them (`None`, `0` or
+/// `*_UNSPEC`: no wish).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub caps: u64,
+    pub mode: u64,
+    pub addr_format: u32,
+    pub ep_type: i32,
+    pub protocol: u32,
+    pub max_msg_size: usize,
+    pub tx_caps: u64,
+    pub rx_caps: u64,
+    pub tx_msg_order: u64,
+    pub rx_msg_order: u64,
+    pub inject_size: usize,
+    pub fabric_name: Option<String>,
+    pub prov_name: Option<String>,
+    pub domain_name: Option<String>,
+    pub threading: i32,
+    pub control_progress: i32,
+    pub data_progress: i32,
+    pub resource_mgmt: i32,
+    pub av_type: i32,
+    pub mr_mode: i32,
+}
+
+/// Why the provider has nothing for the hints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("capabilities {0:#x} are not offered")]
+    Caps(u64),
+    #[error("endpoint type {0} is not offered (only FI_EP_RDM)")]
+    EpType(i32),
+    #[error("endpoint protocol {0} is not offered")]
+    Protocol(u32),
+    #[error("address format {0} is not offered (exanet addresses are FI_FORMAT_UNSPEC)")]
+    AddrFormat(u32),
+    #[error("fabric {0:?} is not this provider's ({FABRIC_NAME:?})")]
+    Fabric(String),
+    #[error("provider {0:?} asked for")]
+    Provider(String),
+    #[error("domain {asked:?} is not this node's ({node:?})")]
+    Domain { asked: String, node: String },
+    #[error("progress mode {0} is not offered (only FI_PROGRESS_MANUAL)")]
+    Progress(i32),
+    #[error("threading level {0} is not a known one")]
+    Threading(i32),
+    #[error("address vector type {0} is not a known one")]
+    AvType(i32),
+    #[error("resource management {0} is not a known one")]
+    ResourceMgmt(i32),
+    #[error("messages of {0} B asked for; the largest is {MAX_MSG_SIZE}")]
+    MsgSize(usize),
+    #[error("inject size {0} asked for; the largest is {INJECT_SIZE}")]
+    InjectSize(usize),
+    #[error("message ordering {0:#x} is not offered")]
+    MsgOrder(u64),
+}
+
+/// The one answer the provider gives, in Rust terms (`provider.rs` lays it out as a
+/// `struct fi_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Offer {
+    pub caps: u64,
+    pub mode: u64,
+    pub tx_caps: u64,
+    pub rx_caps: u64,
+    pub msg_order: u64,
+    pub inject_size: usize,
+    pub max_msg_size: usize,
+    pub queue_size: usize,
+    pub mem_tag_format: u64,
+    pub fabric_name: String,
+    pub domain_name: String,
+    pub threading: i32,
+    pub progress: i32,
+    pub resource_mgmt: i32,
+    pub av_type: i32,
+    pub mr_mode: i32,
+}
+
+/// What the provider offers on `node` (the domain's name) for `hints`.
+pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
+    let mut o = Offer {
+        caps: CAPS,
+        mode: 0,
+        tx_caps: CAPS & !FI_RECV & !FI_DIRECTED_RECV & !FI_SOURCE,
+        rx_caps: CAPS & !FI_SEND,
+        msg_order: FI_ORDER_SAS,
+        inject_size: INJECT_SIZE,
+        max_msg_size: MAX_MSG_SIZE,
+        queue_size: QUEUE_SIZE,
+        mem_tag_format: MEM_TAG_FORMAT,
+        fabric_name: FABRIC_NAME.to_string(),
+        domain_name: node.to_string(),
+        threading: FI_THREAD_SAFE,
+        progress: FI_PROGRESS_MANUAL,
+        resource_mgmt: FI_RM_ENABLED,
+        av_type: FI_AV_TABLE,
+        mr_mode: 0,
+    };
+    let Some(h) = hints else { return Ok(o) };
+    let asked = h.caps | h.tx_caps | h.rx_caps;
+    if asked & !CAPS != 0 {
+        return Err(Mismatch::Caps(asked & !CAPS));
+    }
+    if h.caps != 0 {
+        // What was asked for, and what comes anyway: an application that asks for
+        // tagged messages only must not be told it has untagged ones too.
+        o.caps = h.caps | (CAPS & SECONDARY);
+        if o.caps & (FI_SEND | FI_RECV) == 0 {
+            o.caps |= FI_SEND | FI_RECV;
+        }
+        o.tx_caps &= o.caps;
+        o.rx_caps &= o.caps;
+    }
+    if !matches!(h.ep_type, FI_EP_UNSPEC | FI_EP_RDM) {
+        return Err(Mismatch::EpType(h.ep_type));
+    }
+    if h.protocol != FI_PROTO_UNSPEC {
+        return Err(Mismatch::Protocol(h.protocol));
+    }
+    if h.addr_format != FI_FORMAT_UNSPEC {
+        return Err(Mismatch::AddrFormat(h.addr_format));
+    }
+    if let Some(f) = h.fabric_name.as_ref().filter(|f| *f != FABRIC_NAME) {
+        return Err(Mismatch::Fabric(f.clone()));
+    }
+    if let Some(p) = h.prov_name.as_ref().filter(|p| *p != FABRIC_NAME) {
+        return Err(Mismatch::Provider(p.clone()));
+    }
+    if let Some(d) = h
+        .domain_name
+        .as_ref()
+        .filter(|d| !d.eq_ignore_ascii_case(node))
+    {
+        return Err(Mismatch::Domain {
+            asked: d.clone(),
+            node: node.to_string(),
+        });
+    }
+    for p in [h.control_progress, h.data_progress] {
+        if !matches!(p, FI_PROGRESS_UNSPEC | FI_PROGRESS_MANUAL) {
+            return Err(Mismatch::Progress(p));
+        }
+    }
+    match h.threading {
+        FI_THREAD_UNSPEC => {}
+        t if (FI_THREAD_SAFE..=FI_THREAD_ENDPOINT).contains(&t) => o.threading = t,
+        t => return Err(Mismatch::Threading(t)),
+    }
+    match h.av_type {
+        FI_AV_UNSPEC => {}
+        FI_AV_MAP | FI_AV_TABLE => o.av_type = h.av_type,
+        t => return Err(Mismatch::AvType(t)),
+    }
+    if !matches!(h.resource_mgmt, FI_RM_UNSPEC..=FI_RM_ENABLED) {
+        return Err(Mismatch::ResourceMgmt(h.resource_mgmt));
+    }
+    if h.max_msg_size > MAX_MSG_SIZE {
+        return Err(Mismatch::MsgSize(h.max_msg_size));
+    }
+    if h.inject_size > INJECT_SIZE {
+        return Err(Mismatch::InjectSize(h.inject_size));
+    }
+    let order = h.tx_msg_order | h.rx_msg_order;
+    if order & !o.msg_order != 0 {
+        return Err(Mismatch::MsgOrder(order & !o.msg_order));
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_hints_get_everything_offered() {
+        let o = offer("M1QAF2", None).unwrap();
+        assert_eq!(o.caps, CAPS);
+        assert_eq!(o.domain_name, "M1QAF2");
+        assert_eq!((o.av_type, o.progress), (FI_AV_TABLE, FI_PROGRESS_MANUAL));
+    }
+
+    #[test]
+    fn asked_capabilities_are_given_with_the_secondary_ones_only() {
+        let h = Hints {
+            caps: FI_TAGGED,
+            ..Hints::default()
+        };
+        let o = offer("M1QAF2", Some(&h)).unwrap();
+        assert_eq!(o.caps & FI_MSG, 0, "untagged messages were not asked for");
+        assert_ne!(o.caps & FI_TAGGED, 0);
+        assert_eq!(o.caps & (FI_SEND | FI_RECV), FI_SEND | FI_RECV);
+        assert_eq!(o.tx_caps & FI_MSG, 0);
+    }
+
+    #[test]
+    fn what_is_not_offered_is_refused_with_the_reason() {
+        let cases: Vec<(Hints, Mismatch)> = vec![
+            (
+                Hints {
+                    caps: FI_TAGGED | FI_ATOMIC,
+                    ..Hints::default()
+                },
+                Mismatch::Caps(FI_ATOMIC),
+            ),
+            (
+                Hints {
+                    ep_type: 1, // FI_EP_MSG
+                    ..Hints::default()
+                },
+                Mismatch::EpType(1),
+            ),
+            (
+                Hints {
+                    addr_format: 2, // FI_SOCKADDR_IN
+                    ..Hints::default()
+                },
+                Mismatch::AddrFormat(2),
+            ),
+            (
+                Hints {
+                    fabric_name: Some("tcp".into()),
+                    ..Hints::default()
+                },
+                Mismatch::Fabric("tcp".into()),
+            ),
+            (
+                Hints {
+                    domain_name: Some("M1QBF3".into()),
+                    ..Hints::default()
+                },
+                Mismatch::Domain {
+                    asked: "M1QBF3".into(),
+                    node: "M1QAF2".into(),
+                },
+            ),
+            (
+                Hints {
+                    data_progress: FI_PROGRESS_AUTO,
+                    ..Hints::default()
+                },
+                Mismatch::Progress(FI_PROGRESS_AUTO),
+            ),
+            (
+                Hints {
+                    threading: 42,
+                    ..Hints::default()
+                },
+                Mismatch::Threading(42),
+            ),
+            (
+                Hints {
+                    av_type: 7,
+                    ..Hints::default()
+                },
+                Mismatch::AvType(7),
+            ),
+            (
+                Hints {
+                    max_msg_size: MAX_MSG_SIZE + 1,
+                    ..Hints::default()
+                },
+                Mismatch::MsgSize(MAX_MSG_SIZE + 1),
+            ),
+        ];
+        for (h, want) in cases {
+            assert_eq!(offer("M1QAF2", Some(&h)), Err(want), "{h:?}");
+        }
+    }
+
+    #[test]
+    fn levels_and_vector_types_asked_for_are_the_ones_given() {
+        let h = Hints {
+            ep_type: FI_EP_RDM,
+            threading: FI_THREAD_ENDPOINT,
+            av_type: FI_AV_MAP,
+            domain_name: Some("m1qaf2".into()),
+            ..Hints::default()
+        };
+        let o = offer("M1QAF2", Some(&h)).unwrap();
+        assert_eq!((o.threading, o.av_type), (FI_THREAD_ENDPOINT, FI_AV_MAP));
+    }
+}
