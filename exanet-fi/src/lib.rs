@@ -10,6 +10,8 @@
 //!   Rust;
 //! - [`abi`]: libfabric's structs and constants as the provider uses them, checked
 //!   against the installed headers by `tests/abi.rs`;
+//! - [`msg`]: messages between endpoints as ExaNet-MPI sends them (eager through mailboxes,
+//!   rendezvous read by the receiver), tag matching and the unexpected queue, without I/O;
 //! - `provider`: the C entry points, the crate's only unsafe code.
 //!
 //! Built so far: `fi_getinfo` (hints honoured, `-FI_ENODATA` otherwise), the fabric, and
@@ -20,6 +22,7 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
+pub mod msg;
 pub mod offer;
 #[allow(unsafe_code)]
 mod provider;

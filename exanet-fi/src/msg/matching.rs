@@ -1,0 +1,108 @@
+//! Matching messages with receives, as MPI and libfabric's tagged interface define it: an
+//! arriving message goes to the first posted receive that accepts it (in the order they
+//! were posted), and a posted receive takes the first unexpected message it accepts (in
+//! the order they arrived). Tagged and untagged messages never match each other.
+
+use std::collections::VecDeque;
+
+use super::Peer;
+
+/// What a posted receive accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepts {
+    /// From this endpoint only, or from anyone.
+    pub from: Option<Peer>,
+    /// A tagged receive (`fi_trecv`) or an untagged one (`fi_recv`).
+    pub tagged: bool,
+    pub tag: u64,
+    /// Tag bits that do not have to match.
+    pub ignore: u64,
+}
+
+impl Accepts {
+    pub fn accepts(&self, from: Peer, tag: Option<u64>) -> bool {
+        if self.from.is_some_and(|f| f != from) {
+            return false;
+        }
+        match tag {
+            None => !self.tagged,
+            Some(t) => self.tagged && (t ^ self.tag) & !self.ignore == 0,
+        }
+    }
+}
+
+/// Posted receives (`R`) and messages that came before a receive for them (`U`).
+#[derive(Debug)]
+pub struct Matcher<R, U> {
+    posted: VecDeque<(Accepts, R)>,
+    unexpected: VecDeque<(Peer, Option<u64>, U)>,
+    max_unexpected: usize,
+}
+
+impl<R, U> Matcher<R, U> {
+    pub fn new(max_unexpected: usize) -> Matcher<R, U> {
+        Matcher {
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            max_unexpected,
+        }
+    }
+
+    /// Posts a receive. When an unexpected message is waiting for it, the message and
+    /// the receive come back to be completed now; otherwise the receive waits (`None`).
+    pub fn post(&mut self, accepts: Accepts, r: R) -> Option<(Peer, Option<u64>, U, R)> {
+        match self
+            .unexpected
+            .iter()
+            .position(|(from, tag, _)| accepts.accepts(*from, *tag))
+        {
+            Some(i) => {
+                let (from, tag, u) = self.unexpected.remove(i).expect("index in range");
+                Some((from, tag, u, r))
+            }
+            None => {
+                self.posted.push_back((accepts, r));
+                None
+            }
+        }
+    }
+
+    /// A message arrived: the receive it goes to, or `None` when it was queued as
+    /// unexpected. The queue's bound is kept by whoever takes messages in: they take none
+    /// while [`Matcher::has_room`] says no (a mailbox left full pushes back on senders).
+    pub fn arrive(&mut self, from: Peer, tag: Option<u64>, u: U) -> Option<(R, U)> {
+        if let Some(i) = self.posted.iter().position(|(a, _)| a.accepts(from, tag)) {
+            let (_, r) = self.posted.remove(i).expect("index in range");
+            return Some((r, u));
+        }
+        self.unexpected.push_back((from, tag, u));
+        None
+    }
+
+    /// Whether another unexpected message would fit.
+    pub fn has_room(&self) -> bool {
+        self.unexpected.len() < self.max_unexpected
+    }
+
+    /// Takes back the first posted receive `pick` chooses.
+    pub fn cancel(&mut self, pick: impl Fn(&R) -> bool) -> Option<R> {
+        let i = self.posted.iter().position(|(_, r)| pick(r))?;
+        self.posted.remove(i).map(|(_, r)| r)
+    }
+
+    /// The first unexpected message `accepts` would take, without taking it.
+    pub fn peek(&self, accepts: &Accepts) -> Option<(Peer, Option<u64>, &U)> {
+        self.unexpected
+            .iter()
+            .find(|(from, tag, _)| accepts.accepts(*from, *tag))
+            .map(|(f, t, u)| (*f, *t, u))
+    }
+
+    pub fn unexpected(&self) -> usize {
+        self.unexpected.len()
+    }
+
+    pub fn posted(&self) -> usize {
+        self.posted.len()
+    }
+}

@@ -1,0 +1,673 @@
+//! Messages between endpoints the way ExaNet-MPI sends them (report §5.2.1, Fig. 11), as a
+//! state machine without I/O: the provider's endpoint drives it with the client library
+//! and carries out what it asks.
+//!
+//! - **Eager**: a message of at most the eager limit (ExaNet-MPI's 32 bytes by default,
+//!   [`wire::EAGER_MAX`] at most) travels in one packetizer message to the receiver's
+//!   mailbox, with its tag and remote CQ data. The send completes when the destination NI
+//!   ACKs it.
+//! - **Rendezvous**, for anything longer: the sender stages the data in its registered
+//!   memory and sends a request to send (RTS: tag, length, where the data is). When a
+//!   receive matches it, the receiver reads the data with the RDMA engine into staging
+//!   memory of its own ([`Fetch`]) and tells the sender it is done (FIN), which completes
+//!   the send and frees its staging. The receiver reads, as the report's read-based
+//!   protocol does (its hardware emulated the read by a write from the receiver; this NI
+//!   reads).
+//!
+//! Messages from one endpoint to another match in the order they were sent: each carries
+//! a sequence number per destination, and the receiver takes them in that order whatever
+//! order the packetizer's channels delivered them in (a message refused for a full mailbox
+//! is sent again with its number).
+//!
+//! Messages that come before their receive wait, unexpected, in arrival order. Their
+//! queue is bounded: while it is full the endpoint takes nothing more from its mailbox
+//! ([`Engine::has_room`]), the mailbox fills, and the NI refuses further messages, which
+//! their senders send again: the bound pushes back on the senders instead of losing
+//! anything.
+
+pub mod matching;
+pub mod wire;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use thiserror::Error;
+
+use matching::{Accepts, Matcher};
+use wire::{FinStatus, Packet, WireError, EAGER_MAX};
+
+/// An endpoint: a mailbox of a rank of a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Peer {
+    pub node: u32,
+    pub rank: u8,
+    pub vi: u8,
+}
+
+/// ExaNet-MPI's eager limit.
+pub const DEFAULT_EAGER_LIMIT: usize = 32;
+/// Unexpected messages one endpoint keeps before it stops taking more in.
+pub const DEFAULT_MAX_UNEXPECTED: usize = 4096;
+/// Messages from one sender held for an earlier one still to come; a sender has no more
+/// in flight than its packetizer channels (4), so more is a protocol error.
+const HELD_MAX: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Longest message sent eager; longer ones go by rendezvous.
+    pub eager_limit: usize,
+    pub max_unexpected: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            eager_limit: DEFAULT_EAGER_LIMIT,
+            max_unexpected: DEFAULT_MAX_UNEXPECTED,
+        }
+    }
+}
+
+/// What a send carries: the bytes themselves (eager), or where the driver staged them in
+/// registered memory (rendezvous).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    Inline(Vec<u8>),
+    Staged { va: u64, len: u64 },
+}
+
+/// A packetizer message to send; the driver reports how it ended with
+/// [`Engine::packet_done`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    pub token: u64,
+    pub to: Peer,
+    pub bytes: Vec<u8>,
+}
+
+/// An RDMA read to carry out, into staging memory of the driver's, of `len` bytes at `va`
+/// of `node`'s `rank`; reported with [`Engine::fetch_done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fetch {
+    pub id: u64,
+    pub node: u32,
+    pub rank: u8,
+    pub va: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Transmit(Transmit),
+    Fetch(Fetch),
+}
+
+/// A received message's bytes: in the event, or in the staging memory of a fetch (the
+/// driver copies them out and frees it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Data {
+    Inline(Vec<u8>),
+    Fetched { fetch: u64, len: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Failure {
+    #[error("cancelled")]
+    Cancelled,
+    #[error("the destination could not be reached: {0}")]
+    Unreachable(String),
+    #[error("the receiver did not take the message")]
+    Refused,
+    #[error("reading the message failed: {0}")]
+    ReadFailed(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A send ended (for a staged send, its staging may be freed).
+    Sent {
+        ctx: u64,
+        result: Result<(), Failure>,
+    },
+    /// A receive took a message of `len` bytes; `data` holds what fitted.
+    Received {
+        ctx: u64,
+        from: Peer,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        len: u64,
+        data: Data,
+    },
+    /// A receive ended without a message.
+    RecvFailed { ctx: u64, error: Failure },
+}
+
+/// How the packetizer message of a [`Transmit`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Delivered,
+    /// Refused for now (a full mailbox, no mailbox yet): to send again.
+    Refused,
+    Failed(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum MsgError {
+    #[error("an eager message of {len} B: the eager limit is {limit}")]
+    TooLongForEager { len: usize, limit: usize },
+    #[error("malformed message from node {node} rank {rank}: {error}")]
+    Malformed {
+        node: u32,
+        rank: u8,
+        error: WireError,
+    },
+    #[error("message {seq} from {from:?} is too far ahead of {next}")]
+    TooFarAhead { from: Peer, seq: u32, next: u32 },
+    #[error("no packet {0} in flight")]
+    UnknownToken(u64),
+    #[error("no fetch {0} in flight")]
+    UnknownFetch(u64),
+}
+
+/// Counters an endpoint reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsgStats {
+    pub eager_sent: u64,
+    pub rendezvous_sent: u64,
+    pub received: u64,
+    pub unexpected: u64,
+    pub duplicates: u64,
+    pub malformed: u64,
+    pub resent: u64,
+    pub fins_lost: u64,
+}
+
+/// What a posted receive is.
+#[derive(Debug)]
+struct Posted {
+    ctx: u64,
+    capacity: u64,
+}
+
+/// A message that came in, before or as its receive.
+#[derive(Debug)]
+enum Arrival {
+    Eager {
+        cq_data: Option<u64>,
+        payload: Vec<u8>,
+    },
+    Rts {
+        cq_data: Option<u64>,
+        id: u32,
+        len: u64,
+        va: u64,
+    },
+}
+
+#[derive(Debug)]
+enum Owner {
+    Eager { ctx: u64 },
+    Rts { id: u32 },
+    Fin,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    to: Peer,
+    bytes: Vec<u8>,
+    owner: Owner,
+}
+
+#[derive(Debug)]
+struct Fetching {
+    ctx: u64,
+    from: Peer,
+    tag: Option<u64>,
+    cq_data: Option<u64>,
+    len: u64,
+    read: u64,
+    rts: u32,
+}
+
+#[derive(Debug, Default)]
+struct Inbound {
+    next: u32,
+    held: BTreeMap<u32, (Option<u64>, Arrival)>,
+}
+
+/// One endpoint's messages.
+#[derive(Debug)]
+pub struct Engine {
+    me: Peer,
+    cfg: Config,
+    matcher: Matcher<Posted, Arrival>,
+    out_seq: HashMap<Peer, u32>,
+    inbound: HashMap<Peer, Inbound>,
+    packets: HashMap<u64, InFlight>,
+    next_token: u64,
+    rendezvous: HashMap<u32, (u64, Peer)>,
+    next_rts: u32,
+    fetches: HashMap<u64, Fetching>,
+    next_fetch: u64,
+    actions: VecDeque<Action>,
+    events: VecDeque<Event>,
+    stats: MsgStats,
+}
+
+impl Engine {
+    pub fn new(me: Peer, cfg: Config) -> Engine {
+        Engine {
+            me,
+            cfg: Config {
+                eager_limit: cfg.eager_limit.min(EAGER_MAX),
+                ..cfg
+            },
+            matcher: Matcher::new(cfg.max_unexpected),
+            out_seq: HashMap::new(),
+            inbound: HashMap::new(),
+            packets: HashMap::new(),
+            next_token: 0,
+            rendezvous: HashMap::new(),
+            next_rts: 0,
+            fetches: HashMap::new(),
+            next_fetch: 0,
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: MsgStats::default(),
+        }
+    }
+
+    pub fn me(&self) -> Peer {
+        self.me
+    }
+
+    /// Messages up to this long go eager ([`Outgoing::Inline`]); longer ones are staged.
+    pub fn eager_limit(&self) -> usize {
+        self.cfg.eager_limit
+    }
+
+    pub fn stats(&self) -> MsgStats {
+        self.stats
+    }
+
+    /// Whether the endpoint may take another message from its mailbox.
+    pub fn has_room(&self) -> bool {
+        self.matcher.has_room()
+    }
+
+    /// Sends `data` to `to`, tagged or not, with optional remote CQ data; `ctx` comes back
+    /// in the [`Event::Sent`].
+    pub fn send(
+        &mut self,
+        to: Peer,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        data: Outgoing,
+        ctx: u64,
+    ) -> Result<(), MsgError> {
+        let seq_slot = self.out_seq.entry(to).or_insert(0);
+        let seq = *seq_slot;
+        let src_vi = self.me.vi;
+        let (packet, owner) = match data {
+            Outgoing::Inline(payload) => {
+                if payload.len() > self.cfg.eager_limit {
+                    return Err(MsgError::TooLongForEager {
+                        len: payload.len(),
+                        limit: self.cfg.eager_limit,
+                    });
+                }
+                self.stats.eager_sent += 1;
+                (
+                    Packet::Eager {
+                        src_vi,
+                        seq,
+                        tag,
+                        cq_data,
+                        payload,
+                    },
+                    Owner::Eager { ctx },
+                )
+            }
+            Outgoing::Staged { va, len } => {
+                let id = self.next_rts;
+                self.next_rts = self.next_rts.wrapping_add(1);
+                self.rendezvous.insert(id, (ctx, to));
+                self.stats.rendezvous_sent += 1;
+                (
+                    Packet::Rts {
+                        src_vi,
+                        seq,
+                        tag,
+                        cq_data,
+                        id,
+                        len,
+                        va,
+                    },
+                    Owner::Rts { id },
+                )
+            }
+        };
+        *seq_slot = seq.wrapping_add(1);
+        self.transmit(to, packet, owner);
+        Ok(())
+    }
+
+    fn transmit(&mut self, to: Peer, packet: Packet, owner: Owner) {
+        let bytes = packet.encode().expect("the engine builds valid packets");
+        let token = self.next_token;
+        self.next_token += 1;
+        self.packets.insert(
+            token,
+            InFlight {
+                to,
+                bytes: bytes.clone(),
+                owner,
+            },
+        );
+        self.actions
+            .push_back(Action::Transmit(Transmit { token, to, bytes }));
+    }
+
+    /// Posts a receive of up to `capacity` bytes; `ctx` comes back in its event.
+    pub fn post_recv(&mut self, accepts: Accepts, capacity: u64, ctx: u64) {
+        if let Some((from, tag, arrival, posted)) =
+            self.matcher.post(accepts, Posted { ctx, capacity })
+        {
+            self.deliver(posted, from, tag, arrival);
+        }
+    }
+
+    /// Cancels the posted receive `ctx`; false when it is not waiting (matched already,
+    /// or never posted).
+    pub fn cancel_recv(&mut self, ctx: u64) -> bool {
+        match self.matcher.cancel(|p| p.ctx == ctx) {
+            Some(p) => {
+                self.events.push_back(Event::RecvFailed {
+                    ctx: p.ctx,
+                    error: Failure::Cancelled,
+                });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a message `accepts` takes is waiting, and its sender, tag and length.
+    pub fn peek(&self, accepts: &Accepts) -> Option<(Peer, Option<u64>, u64)> {
+        self.matcher.peek(accepts).map(|(from, tag, a)| {
+            let len = match a {
+                Arrival::Eager { payload, .. } => payload.len() as u64,
+                Arrival::Rts { len, .. } => *len,
+            };
+            (from, tag, len)
+        })
+    }
+
+    /// A message from `node`'s `rank` arrived in this endpoint's mailbox.
+    pub fn on_packet(&mut self, node: u32, rank: u8, bytes: &[u8]) -> Result<(), MsgError> {
+        let packet = Packet::decode(bytes).map_err(|error| {
+            self.stats.malformed += 1;
+            MsgError::Malformed { node, rank, error }
+        })?;
+        match packet {
+            Packet::Fin { src_vi, id, status } => {
+                let from = Peer {
+                    node,
+                    rank,
+                    vi: src_vi,
+                };
+                // Only the endpoint the request went to ends it.
+                if self.rendezvous.get(&id).is_some_and(|(_, to)| *to == from) {
+                    let (ctx, _) = self.rendezvous.remove(&id).expect("checked");
+                    let result = match status {
+                        FinStatus::Done | FinStatus::Truncated => Ok(()),
+                        FinStatus::Refused => Err(Failure::Refused),
+                    };
+                    self.events.push_back(Event::Sent { ctx, result });
+                }
+                Ok(())
+            }
+            Packet::Eager {
+                src_vi,
+                seq,
+                tag,
+                cq_data,
+                payload,
+            } => self.sequenced(
+                Peer {
+                    node,
+                    rank,
+                    vi: src_vi,
+                },
+                seq,
+                tag,
+                Arrival::Eager { cq_data, payload },
+            ),
+            Packet::Rts {
+                src_vi,
+                seq,
+                tag,
+                cq_data,
+                id,
+                len,
+                va,
+            } => self.sequenced(
+                Peer {
+                    node,
+                    rank,
+                    vi: src_vi,
+                },
+                seq,
+                tag,
+                Arrival::Rts {
+                    cq_data,
+                    id,
+                    len,
+                    va,
+                },
+            ),
+        }
+    }
+
+    /// Takes `arrival` in its sender's order.
+    fn sequenced(
+        &mut self,
+        from: Peer,
+        seq: u32,
+        tag: Option<u64>,
+        arrival: Arrival,
+    ) -> Result<(), MsgError> {
+        let inbound = self.inbound.entry(from).or_default();
+        let ahead = seq.wrapping_sub(inbound.next);
+        if ahead >= u32::MAX / 2 || inbound.held.contains_key(&seq) {
+            // Behind what was taken already, or held already.
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        if ahead as usize > HELD_MAX {
+            return Err(MsgError::TooFarAhead {
+                from,
+                seq,
+                next: inbound.next,
+            });
+        }
+        inbound.held.insert(seq, (tag, arrival));
+        loop {
+            let inbound = self.inbound.get_mut(&from).expect("made above");
+            let Some((tag, arrival)) = inbound.held.remove(&inbound.next) else {
+                return Ok(());
+            };
+            inbound.next = inbound.next.wrapping_add(1);
+            self.stats.received += 1;
+            match self.matcher.arrive(from, tag, arrival) {
+                Some((posted, arrival)) => self.deliver(posted, from, tag, arrival),
+                None => self.stats.unexpected += 1,
+            }
+        }
+    }
+
+    /// A receive took a message: hand eager bytes over, or fetch a rendezvous.
+    fn deliver(&mut self, posted: Posted, from: Peer, tag: Option<u64>, arrival: Arrival) {
+        match arrival {
+            Arrival::Eager {
+                cq_data,
+                mut payload,
+            } => {
+                let len = payload.len() as u64;
+                payload.truncate(posted.capacity.min(len) as usize);
+                self.events.push_back(Event::Received {
+                    ctx: posted.ctx,
+                    from,
+                    tag,
+                    cq_data,
+                    len,
+                    data: Data::Inline(payload),
+                });
+            }
+            Arrival::Rts {
+                cq_data,
+                id,
+                len,
+                va,
+            } => {
+                let read = posted.capacity.min(len);
+                if read == 0 {
+                    // Nothing to read: done (or truncated to nothing) at once.
+                    self.fin(
+                        from,
+                        id,
+                        if len == 0 {
+                            FinStatus::Done
+                        } else {
+                            FinStatus::Truncated
+                        },
+                    );
+                    self.events.push_back(Event::Received {
+                        ctx: posted.ctx,
+                        from,
+                        tag,
+                        cq_data,
+                        len,
+                        data: Data::Inline(Vec::new()),
+                    });
+                    return;
+                }
+                let fetch = self.next_fetch;
+                self.next_fetch += 1;
+                self.fetches.insert(
+                    fetch,
+                    Fetching {
+                        ctx: posted.ctx,
+                        from,
+                        tag,
+                        cq_data,
+                        len,
+                        read,
+                        rts: id,
+                    },
+                );
+                self.actions.push_back(Action::Fetch(Fetch {
+                    id: fetch,
+                    node: from.node,
+                    rank: from.rank,
+                    va,
+                    len: read,
+                }));
+            }
+        }
+    }
+
+    fn fin(&mut self, to: Peer, id: u32, status: FinStatus) {
+        let src_vi = self.me.vi;
+        self.transmit(to, Packet::Fin { src_vi, id, status }, Owner::Fin);
+    }
+
+    /// The read of fetch `id` ended.
+    pub fn fetch_done(&mut self, id: u64, result: Result<(), String>) -> Result<(), MsgError> {
+        let f = self.fetches.remove(&id).ok_or(MsgError::UnknownFetch(id))?;
+        match result {
+            Ok(()) => {
+                let status = if f.read < f.len {
+                    FinStatus::Truncated
+                } else {
+                    FinStatus::Done
+                };
+                self.fin(f.from, f.rts, status);
+                self.events.push_back(Event::Received {
+                    ctx: f.ctx,
+                    from: f.from,
+                    tag: f.tag,
+                    cq_data: f.cq_data,
+                    len: f.len,
+                    data: Data::Fetched {
+                        fetch: id,
+                        len: f.read,
+                    },
+                });
+            }
+            Err(e) => {
+                self.fin(f.from, f.rts, FinStatus::Refused);
+                self.events.push_back(Event::RecvFailed {
+                    ctx: f.ctx,
+                    error: Failure::ReadFailed(e),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The packetizer message `token` ended.
+    pub fn packet_done(&mut self, token: u64, how: Delivery) -> Result<(), MsgError> {
+        let p = self
+            .packets
+            .remove(&token)
+            .ok_or(MsgError::UnknownToken(token))?;
+        match how {
+            Delivery::Delivered => {
+                if let Owner::Eager { ctx } = p.owner {
+                    self.events.push_back(Event::Sent {
+                        ctx,
+                        result: Ok(()),
+                    });
+                }
+            }
+            Delivery::Refused => {
+                // Sent again, same bytes, same number: the receiver takes it in order.
+                self.stats.resent += 1;
+                self.actions.push_back(Action::Transmit(Transmit {
+                    token,
+                    to: p.to,
+                    bytes: p.bytes.clone(),
+                }));
+                self.packets.insert(token, p);
+            }
+            Delivery::Failed(e) => match p.owner {
+                Owner::Eager { ctx } => self.events.push_back(Event::Sent {
+                    ctx,
+                    result: Err(Failure::Unreachable(e)),
+                }),
+                Owner::Rts { id } => {
+                    if let Some((ctx, _)) = self.rendezvous.remove(&id) {
+                        self.events.push_back(Event::Sent {
+                            ctx,
+                            result: Err(Failure::Unreachable(e)),
+                        });
+                    }
+                }
+                // The sender's staging stays until its own request fails; counted.
+                Owner::Fin => self.stats.fins_lost += 1,
+            },
+        }
+        Ok(())
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,424 @@
+//! The message engine between endpoints of a simulated fabric: packets delivered in any
+//! order, refused and sent again, rendezvous read from the sender's staged bytes.
+
+use std::collections::HashMap;
+
+use super::*;
+
+fn peer(node: u32, vi: u8) -> Peer {
+    Peer { node, rank: 0, vi }
+}
+
+fn any(tag: u64) -> Accepts {
+    Accepts {
+        from: None,
+        tagged: true,
+        tag,
+        ignore: 0,
+    }
+}
+
+/// Endpoints, what their staged sends hold, and the packets on the wire.
+struct Net {
+    eps: Vec<Engine>,
+    /// Staged bytes by (node, rank, va).
+    staged: HashMap<(u32, u8, u64), Vec<u8>>,
+    /// Fetched bytes by (endpoint index, fetch id).
+    fetched: HashMap<(usize, u64), Vec<u8>>,
+    wire: Vec<(usize, Transmit)>,
+    events: Vec<(usize, Event)>,
+    next_va: u64,
+    rng: u64,
+}
+
+impl Net {
+    fn new(peers: &[Peer], cfg: Config) -> Net {
+        Net {
+            eps: peers.iter().map(|&p| Engine::new(p, cfg)).collect(),
+            staged: HashMap::new(),
+            fetched: HashMap::new(),
+            wire: Vec::new(),
+            events: Vec::new(),
+            next_va: 0x1000,
+            rng: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    fn index(&self, p: Peer) -> usize {
+        self.eps
+            .iter()
+            .position(|e| e.me() == p)
+            .expect("known endpoint")
+    }
+
+    fn random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Sends as a driver would: eager when it fits, else staged.
+    fn send(&mut self, from: usize, to: Peer, tag: Option<u64>, data: &[u8], ctx: u64) {
+        let e = &mut self.eps[from];
+        let out = if data.len() <= e.eager_limit() {
+            Outgoing::Inline(data.to_vec())
+        } else {
+            let va = self.next_va;
+            self.next_va += 1 << 20;
+            let me = e.me();
+            self.staged.insert((me.node, me.rank, va), data.to_vec());
+            Outgoing::Staged {
+                va,
+                len: data.len() as u64,
+            }
+        };
+        e.send(to, tag, None, out, ctx).unwrap();
+    }
+
+    /// Carries out every endpoint's actions; packets go onto the wire.
+    fn act(&mut self) {
+        for i in 0..self.eps.len() {
+            while let Some(a) = self.eps[i].poll_action() {
+                match a {
+                    Action::Transmit(t) => self.wire.push((i, t)),
+                    Action::Fetch(f) => {
+                        let src = &self.staged[&(f.node, f.rank, f.va)];
+                        self.fetched
+                            .insert((i, f.id), src[..f.len as usize].to_vec());
+                        self.eps[i].fetch_done(f.id, Ok(())).unwrap();
+                    }
+                }
+            }
+            while let Some(ev) = self.eps[i].poll_event() {
+                self.events.push((i, ev));
+            }
+        }
+    }
+
+    /// Delivers everything on the wire, `shuffle`d or in order, each packet refused for a
+    /// full mailbox with probability `refuse`/8 (then sent again).
+    fn run(&mut self, shuffle: bool, refuse: u64) {
+        self.act();
+        while !self.wire.is_empty() {
+            let k = if shuffle {
+                (self.random() % self.wire.len() as u64) as usize
+            } else {
+                0
+            };
+            let (from, t) = self.wire.remove(k);
+            let me = self.eps[from].me();
+            if self.random() % 8 < refuse {
+                self.eps[from]
+                    .packet_done(t.token, Delivery::Refused)
+                    .unwrap();
+            } else {
+                let to = self.index(t.to);
+                self.eps[to].on_packet(me.node, me.rank, &t.bytes).unwrap();
+                self.eps[from]
+                    .packet_done(t.token, Delivery::Delivered)
+                    .unwrap();
+            }
+            self.act();
+        }
+    }
+
+    /// What receive `ctx` of endpoint `i` got, as bytes.
+    fn received(&self, i: usize, ctx: u64) -> Option<(Peer, Option<u64>, u64, Vec<u8>)> {
+        self.events.iter().find_map(|(at, ev)| match ev {
+            Event::Received {
+                ctx: c,
+                from,
+                tag,
+                len,
+                data,
+                ..
+            } if *at == i && *c == ctx => {
+                let bytes = match data {
+                    Data::Inline(b) => b.clone(),
+                    Data::Fetched { fetch, .. } => self.fetched[&(i, *fetch)].clone(),
+                };
+                Some((*from, *tag, *len, bytes))
+            }
+            _ => None,
+        })
+    }
+
+    fn sent(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
+        self.events.iter().find_map(|(at, ev)| match ev {
+            Event::Sent { ctx: c, result } if *at == i && *c == ctx => Some(result.clone()),
+            _ => None,
+        })
+    }
+}
+
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    (0..n as u64)
+        .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(0x9E37)) as u8)
+        .collect()
+}
+
+#[test]
+fn eager_and_rendezvous_messages_arrive_whole_posted_before_or_after() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut net = Net::new(&[a, b], Config::default());
+    let sizes = [0usize, 1, 32, 33, 4096, 1 << 20];
+    // Half the receives before the messages, half after.
+    for (k, &n) in sizes.iter().enumerate() {
+        if k % 2 == 0 {
+            net.eps[1].post_recv(any(k as u64), 1 << 20, 100 + k as u64);
+        }
+        net.send(0, b, Some(k as u64), &bytes(k as u64, n), k as u64);
+    }
+    net.run(false, 0);
+    for (k, _) in sizes.iter().enumerate() {
+        if k % 2 == 1 {
+            net.eps[1].post_recv(any(k as u64), 1 << 20, 100 + k as u64);
+        }
+    }
+    net.run(false, 0);
+    for (k, &n) in sizes.iter().enumerate() {
+        let (from, tag, len, got) = net.received(1, 100 + k as u64).expect("received");
+        assert_eq!(
+            (from, tag, len),
+            (a, Some(k as u64), n as u64),
+            "message {k}"
+        );
+        assert_eq!(got, bytes(k as u64, n), "message {k}");
+        assert_eq!(net.sent(0, k as u64), Some(Ok(())), "send {k}");
+    }
+    let s = net.eps[0].stats();
+    assert_eq!((s.eager_sent, s.rendezvous_sent), (3, 3));
+    assert_eq!(net.eps[1].stats().unexpected, 3);
+}
+
+#[test]
+fn messages_match_in_the_order_sent_whatever_order_they_arrive_in() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    for seed in 1..20u64 {
+        let mut net = Net::new(&[a, b], Config::default());
+        net.rng ^= seed;
+        for k in 0..12u64 {
+            net.eps[1].post_recv(any(7), 64, k);
+        }
+        // Same tag: only the order tells the receives apart. Mixed eager and rendezvous,
+        // delivered shuffled, a quarter refused and sent again.
+        for k in 0..12u64 {
+            let n = if k % 3 == 0 { 100 } else { 8 };
+            net.send(0, b, Some(7), &bytes(k, n), k);
+        }
+        net.run(true, 2);
+        for k in 0..12u64 {
+            let n = if k % 3 == 0 { 100 } else { 8 };
+            let (_, _, len, got) = net.received(1, k).unwrap();
+            assert_eq!(
+                (len, got.len()),
+                (n, 64.min(n as usize)),
+                "seed {seed} k {k}"
+            );
+            assert_eq!(
+                got[..],
+                bytes(k, n as usize)[..got.len()],
+                "seed {seed} k {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tags_ignore_bits_sources_and_untagged_messages_match_as_libfabric_says() {
+    let (a, b, c) = (peer(1, 0), peer(2, 0), peer(3, 5));
+    let mut net = Net::new(&[a, b, c], Config::default());
+    // From c only; from anyone with the low byte ignored; untagged.
+    net.eps[1].post_recv(
+        Accepts {
+            from: Some(c),
+            tagged: true,
+            tag: 0x10,
+            ignore: 0,
+        },
+        64,
+        1,
+    );
+    net.eps[1].post_recv(
+        Accepts {
+            from: None,
+            tagged: true,
+            tag: 0xAB00,
+            ignore: 0xFF,
+        },
+        64,
+        2,
+    );
+    net.eps[1].post_recv(
+        Accepts {
+            from: None,
+            tagged: false,
+            tag: 0,
+            ignore: 0,
+        },
+        64,
+        3,
+    );
+    net.send(0, b, Some(0x10), b"from a, tag 0x10", 10); // not for 1 (wrong source)
+    net.send(0, b, None, b"untagged", 11);
+    net.send(0, b, Some(0xAB42), b"low byte ignored", 12);
+    net.send(2, b, Some(0x10), b"from c", 13);
+    net.run(false, 0);
+    assert_eq!(net.received(1, 1).unwrap().3, b"from c");
+    assert_eq!(net.received(1, 2).unwrap().1, Some(0xAB42));
+    assert_eq!(net.received(1, 3).unwrap().3, b"untagged");
+    // The first message waits, unexpected, for a receive that accepts it.
+    assert_eq!(net.eps[1].peek(&any(0x10)), Some((a, Some(0x10), 16)));
+    net.eps[1].post_recv(any(0x10), 64, 4);
+    net.act();
+    assert_eq!(net.received(1, 4).unwrap().0, a);
+    assert_eq!(net.eps[1].peek(&any(0x10)), None);
+}
+
+#[test]
+fn a_short_receive_gets_what_fits_and_the_message_length() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let mut net = Net::new(&[a, b], Config::default());
+    net.eps[1].post_recv(any(1), 10, 1);
+    net.eps[1].post_recv(any(2), 1000, 2);
+    net.eps[1].post_recv(any(3), 0, 3);
+    net.send(0, b, Some(1), &bytes(1, 30), 1);
+    net.send(0, b, Some(2), &bytes(2, 5000), 2);
+    net.send(0, b, Some(3), &bytes(3, 5000), 3);
+    net.run(false, 0);
+    let r1 = net.received(1, 1).unwrap();
+    assert_eq!((r1.2, r1.3), (30, bytes(1, 30)[..10].to_vec()));
+    let r2 = net.received(1, 2).unwrap();
+    assert_eq!((r2.2, r2.3), (5000, bytes(2, 5000)[..1000].to_vec()));
+    let r3 = net.received(1, 3).unwrap();
+    assert_eq!((r3.2, r3.3.len()), (5000, 0));
+    // Truncation is the receiver's: every send completed.
+    for k in 1..=3 {
+        assert_eq!(net.sent(0, k), Some(Ok(())));
+    }
+}
+
+#[test]
+fn cancelled_refused_and_failed_operations_end_with_their_reason() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let mut net = Net::new(&[a, b], Config::default());
+    net.eps[1].post_recv(any(9), 64, 1);
+    assert!(net.eps[1].cancel_recv(1));
+    assert!(!net.eps[1].cancel_recv(1));
+    net.act();
+    assert!(net.events.contains(&(
+        1,
+        Event::RecvFailed {
+            ctx: 1,
+            error: Failure::Cancelled
+        }
+    )));
+    // A destination that cannot be reached fails the send (eager and rendezvous).
+    net.send(0, b, Some(1), b"x", 5);
+    net.send(0, b, Some(1), &bytes(0, 500), 6);
+    net.act();
+    for (_, t) in std::mem::take(&mut net.wire) {
+        net.eps[0]
+            .packet_done(t.token, Delivery::Failed("unreachable".into()))
+            .unwrap();
+    }
+    net.act();
+    for ctx in [5, 6] {
+        assert!(matches!(
+            net.sent(0, ctx),
+            Some(Err(Failure::Unreachable(_)))
+        ));
+    }
+    // A read that fails: the receive fails, the sender hears it was refused.
+    let mut net = Net::new(&[a, b], Config::default());
+    net.eps[1].post_recv(any(1), 1 << 20, 1);
+    net.send(0, b, Some(1), &bytes(0, 5000), 1);
+    net.act();
+    let (_, rts) = net.wire.remove(0);
+    net.eps[1].on_packet(1, 0, &rts.bytes).unwrap();
+    let Some(Action::Fetch(f)) = net.eps[1].poll_action() else {
+        panic!("a fetch")
+    };
+    net.eps[1]
+        .fetch_done(f.id, Err("page fault".into()))
+        .unwrap();
+    net.eps[0]
+        .packet_done(rts.token, Delivery::Delivered)
+        .unwrap();
+    net.run(false, 0);
+    assert!(matches!(
+        net.events.iter().find(|(i, _)| *i == 1).map(|(_, e)| e),
+        Some(Event::RecvFailed {
+            ctx: 1,
+            error: Failure::ReadFailed(_)
+        })
+    ));
+    assert_eq!(net.sent(0, 1), Some(Err(Failure::Refused)));
+}
+
+#[test]
+fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let mut e = Engine::new(b, Config::default());
+    assert!(matches!(
+        e.on_packet(1, 0, &[1, 2]),
+        Err(MsgError::Malformed { .. })
+    ));
+    let far = Packet::Eager {
+        src_vi: 0,
+        seq: 1000,
+        tag: Some(1),
+        cq_data: None,
+        payload: vec![],
+    }
+    .encode()
+    .unwrap();
+    assert!(matches!(
+        e.on_packet(1, 0, &far),
+        Err(MsgError::TooFarAhead { seq: 1000, .. })
+    ));
+    assert_eq!(
+        e.packet_done(77, Delivery::Delivered),
+        Err(MsgError::UnknownToken(77))
+    );
+    assert_eq!(e.fetch_done(5, Ok(())), Err(MsgError::UnknownFetch(5)));
+    // A FIN from another endpoint than the request went to ends nothing.
+    let mut s = Engine::new(a, Config::default());
+    s.send(b, Some(1), None, Outgoing::Staged { va: 0, len: 100 }, 1)
+        .unwrap();
+    let fin = Packet::Fin {
+        src_vi: 9,
+        id: 0,
+        status: FinStatus::Done,
+    }
+    .encode()
+    .unwrap();
+    s.on_packet(2, 0, &fin).unwrap();
+    assert_eq!(s.poll_event(), None);
+    assert_eq!(e.stats().malformed, 1);
+    // An eager send over the limit is refused before anything is sent.
+    assert_eq!(
+        s.send(b, None, None, Outgoing::Inline(vec![0; 33]), 2),
+        Err(MsgError::TooLongForEager { len: 33, limit: 32 })
+    );
+}
+
+#[test]
+fn unexpected_messages_are_bounded_by_what_the_endpoint_takes_in() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let cfg = Config {
+        max_unexpected: 3,
+        ..Config::default()
+    };
+    let mut net = Net::new(&[a, b], cfg);
+    for k in 0..3 {
+        net.send(0, b, Some(k), b"m", k);
+    }
+    net.run(false, 0);
+    assert!(!net.eps[1].has_room());
+    net.eps[1].post_recv(any(1), 8, 1);
+    net.act();
+    assert!(net.eps[1].has_room());
+    assert_eq!(net.received(1, 1).unwrap().1, Some(1));
+}

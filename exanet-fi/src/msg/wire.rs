@@ -1,0 +1,282 @@
+//! The provider's control and eager messages, each one packetizer message (at most 64
+//! bytes) into the destination endpoint's mailbox. The mailbox tells the receiver the
+//! sending node and rank; the header says which of that rank's endpoints (its mailbox)
+//! sent it. All integers are big-endian.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0 | kind: 1 eager, 2 request to send (RTS), 3 finished (FIN) |
+//! | 1 | the sender's mailbox (endpoint) |
+//! | 2 | flags: bit 0 tagged, bit 1 remote CQ data present |
+//! | 3 | eager: payload length; FIN: status (0 done, 1 truncated, 2 refused) |
+//! | 4..8 | eager, RTS: the sender's sequence number towards this endpoint; FIN: the RTS's id |
+//! | 8..16 | eager, RTS: tag (0 when untagged) |
+//! | 16..24 | eager, RTS: remote CQ data, when flagged |
+//! | eager: then the payload | |
+//! | RTS: then id (4), length (8), the staged data's VA at the sender (8) | |
+//!
+//! So an eager message carries up to [`EAGER_MAX`] bytes, remote CQ data or not.
+
+use thiserror::Error;
+
+/// The largest payload of an eager message.
+pub const EAGER_MAX: usize = 40;
+/// Bytes of one packetizer message.
+pub const PACKET_MAX: usize = 64;
+
+const EAGER: u8 = 1;
+const RTS: u8 = 2;
+const FIN: u8 = 3;
+const TAGGED: u8 = 1;
+const HAS_DATA: u8 = 2;
+const HEADER: usize = 24;
+
+/// How a rendezvous ended, as the receiver tells the sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinStatus {
+    /// Read whole.
+    Done = 0,
+    /// Read as far as the receive buffer went.
+    Truncated = 1,
+    /// Not read: the receive was cancelled, or the read failed.
+    Refused = 2,
+}
+
+/// What a message says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Packet {
+    Eager {
+        src_vi: u8,
+        seq: u32,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        payload: Vec<u8>,
+    },
+    Rts {
+        src_vi: u8,
+        seq: u32,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        id: u32,
+        len: u64,
+        va: u64,
+    },
+    Fin {
+        src_vi: u8,
+        id: u32,
+        status: FinStatus,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum WireError {
+    #[error("message of {0} B: shorter than its header")]
+    Short(usize),
+    #[error("message of {len} B: an eager message of {payload} B needs {need}")]
+    Length {
+        len: usize,
+        payload: usize,
+        need: usize,
+    },
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    #[error("unknown rendezvous status {0}")]
+    Status(u8),
+    #[error("eager payload of {0} B: at most {EAGER_MAX}")]
+    TooLong(usize),
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Packet {
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let mut b = vec![0u8; HEADER];
+        let head = |b: &mut Vec<u8>, kind, vi, tag: &Option<u64>, cq: &Option<u64>, seq: u32| {
+            b[0] = kind;
+            b[1] = vi;
+            b[2] = if tag.is_some() { TAGGED } else { 0 } | if cq.is_some() { HAS_DATA } else { 0 };
+            b[4..8].copy_from_slice(&seq.to_be_bytes());
+            b[8..16].copy_from_slice(&tag.unwrap_or(0).to_be_bytes());
+            b[16..24].copy_from_slice(&cq.unwrap_or(0).to_be_bytes());
+        };
+        match self {
+            Packet::Eager {
+                src_vi,
+                seq,
+                tag,
+                cq_data,
+                payload,
+            } => {
+                if payload.len() > EAGER_MAX {
+                    return Err(WireError::TooLong(payload.len()));
+                }
+                head(&mut b, EAGER, *src_vi, tag, cq_data, *seq);
+                b[3] = payload.len() as u8;
+                b.extend_from_slice(payload);
+            }
+            Packet::Rts {
+                src_vi,
+                seq,
+                tag,
+                cq_data,
+                id,
+                len,
+                va,
+            } => {
+                head(&mut b, RTS, *src_vi, tag, cq_data, *seq);
+                b.extend_from_slice(&id.to_be_bytes());
+                b.extend_from_slice(&len.to_be_bytes());
+                b.extend_from_slice(&va.to_be_bytes());
+            }
+            Packet::Fin { src_vi, id, status } => {
+                b.truncate(8);
+                b[0] = FIN;
+                b[1] = *src_vi;
+                b[3] = *status as u8;
+                b[4..8].copy_from_slice(&id.to_be_bytes());
+            }
+        }
+        debug_assert!(b.len() <= PACKET_MAX);
+        Ok(b)
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Packet, WireError> {
+        if b.len() < 8 {
+            return Err(WireError::Short(b.len()));
+        }
+        let (kind, src_vi, flags) = (b[0], b[1], b[2]);
+        if kind == FIN {
+            let status = match b[3] {
+                0 => FinStatus::Done,
+                1 => FinStatus::Truncated,
+                2 => FinStatus::Refused,
+                s => return Err(WireError::Status(s)),
+            };
+            return Ok(Packet::Fin {
+                src_vi,
+                id: u32_at(b, 4),
+                status,
+            });
+        }
+        if b.len() < HEADER {
+            return Err(WireError::Short(b.len()));
+        }
+        let seq = u32_at(b, 4);
+        let tag = (flags & TAGGED != 0).then(|| u64_at(b, 8));
+        let cq_data = (flags & HAS_DATA != 0).then(|| u64_at(b, 16));
+        match kind {
+            EAGER => {
+                let n = usize::from(b[3]);
+                if n > EAGER_MAX || b.len() != HEADER + n {
+                    return Err(WireError::Length {
+                        len: b.len(),
+                        payload: n,
+                        need: HEADER + n,
+                    });
+                }
+                Ok(Packet::Eager {
+                    src_vi,
+                    seq,
+                    tag,
+                    cq_data,
+                    payload: b[HEADER..].to_vec(),
+                })
+            }
+            RTS => {
+                if b.len() != HEADER + 20 {
+                    return Err(WireError::Short(b.len()));
+                }
+                Ok(Packet::Rts {
+                    src_vi,
+                    seq,
+                    tag,
+                    cq_data,
+                    id: u32_at(b, HEADER),
+                    len: u64_at(b, HEADER + 4),
+                    va: u64_at(b, HEADER + 12),
+                })
+            }
+            k => Err(WireError::Kind(k)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_within_one_packetizer_message() {
+        let packets = [
+            Packet::Eager {
+                src_vi: 3,
+                seq: 7,
+                tag: Some(u64::MAX),
+                cq_data: Some(0x0123_4567_89ab_cdef),
+                payload: vec![0xA5; EAGER_MAX],
+            },
+            Packet::Eager {
+                src_vi: 0,
+                seq: 0,
+                tag: None,
+                cq_data: None,
+                payload: vec![],
+            },
+            Packet::Rts {
+                src_vi: 63,
+                seq: u32::MAX,
+                tag: Some(42),
+                cq_data: None,
+                id: 9,
+                len: 1 << 30,
+                va: 0x7f_0000_1000,
+            },
+            Packet::Fin {
+                src_vi: 1,
+                id: 9,
+                status: FinStatus::Truncated,
+            },
+        ];
+        for p in packets {
+            let b = p.encode().unwrap();
+            assert!(b.len() <= PACKET_MAX, "{p:?}: {} B", b.len());
+            assert_eq!(Packet::decode(&b).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn malformed_messages_are_typed_errors() {
+        assert_eq!(Packet::decode(&[1, 0, 0]), Err(WireError::Short(3)));
+        let mut b = Packet::Eager {
+            src_vi: 0,
+            seq: 0,
+            tag: None,
+            cq_data: None,
+            payload: vec![1, 2, 3],
+        }
+        .encode()
+        .unwrap();
+        b[3] = 41;
+        assert!(matches!(Packet::decode(&b), Err(WireError::Length { .. })));
+        b[0] = 9;
+        assert_eq!(Packet::decode(&b), Err(WireError::Kind(9)));
+        let fin = [3, 0, 0, 7, 0, 0, 0, 1];
+        assert_eq!(Packet::decode(&fin), Err(WireError::Status(7)));
+        assert_eq!(
+            Packet::Eager {
+                src_vi: 0,
+                seq: 0,
+                tag: None,
+                cq_data: None,
+                payload: vec![0; EAGER_MAX + 1],
+            }
+            .encode(),
+            Err(WireError::TooLong(EAGER_MAX + 1))
+        );
+    }
+}
