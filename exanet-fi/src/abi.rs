@@ -90,6 +90,21 @@ pub const FI_PROTO_UNSPEC: u32 = 0;
 // enum fi_class (the `fclass` of a `struct fid`).
 pub const FI_CLASS_FABRIC: usize = 1;
 pub const FI_CLASS_DOMAIN: usize = 2;
+pub const FI_CLASS_EP: usize = 3;
+pub const FI_CLASS_AV: usize = 11;
+pub const FI_CLASS_EQ: usize = 13;
+pub const FI_CLASS_CQ: usize = 14;
+
+// enum fi_cq_format
+pub const FI_CQ_FORMAT_UNSPEC: c_int = 0;
+pub const FI_CQ_FORMAT_CONTEXT: c_int = 1;
+pub const FI_CQ_FORMAT_MSG: c_int = 2;
+pub const FI_CQ_FORMAT_DATA: c_int = 3;
+pub const FI_CQ_FORMAT_TAGGED: c_int = 4;
+
+// enum fi_wait_obj
+pub const FI_WAIT_NONE: c_int = 0;
+pub const FI_WAIT_UNSPEC: c_int = 1;
 
 // Error numbers (`fi_errno.h`): returned negated.
 pub const FI_EINVAL: c_int = libc::EINVAL;
@@ -99,6 +114,27 @@ pub const FI_ENODATA: c_int = libc::ENODATA;
 pub const FI_EBUSY: c_int = libc::EBUSY;
 pub const FI_EIO: c_int = libc::EIO;
 pub const FI_ENODEV: c_int = libc::ENODEV;
+pub const FI_EAGAIN: c_int = libc::EAGAIN;
+pub const FI_ECANCELED: c_int = libc::ECANCELED;
+pub const FI_EHOSTUNREACH: c_int = libc::EHOSTUNREACH;
+pub const FI_ECONNREFUSED: c_int = libc::ECONNREFUSED;
+pub const FI_ENOPROTOOPT: c_int = libc::ENOPROTOOPT;
+pub const FI_ENOENT: c_int = libc::ENOENT;
+pub const FI_EOPBADSTATE: c_int = 258;
+pub const FI_EAVAIL: c_int = 259;
+pub const FI_ENOCQ: c_int = 263;
+pub const FI_ETRUNC: c_int = 265;
+pub const FI_ETOOSMALL: c_int = 257;
+pub const FI_ENOMSG: c_int = libc::ENOMSG;
+pub const FI_EMSGSIZE: c_int = libc::EMSGSIZE;
+
+/// `fi_control` command of `fi_enable`.
+pub const FI_ENABLE: c_int = 6;
+/// Bind flag: only operations flagged `FI_COMPLETION` complete.
+pub const FI_SELECTIVE_COMPLETION: u64 = 1 << 59;
+pub const FI_TRANSMIT: u64 = FI_SEND;
+pub const FI_CLAIM: u64 = 1 << 59;
+pub const FI_DISCARD: u64 = 1 << 58;
 
 #[repr(C)]
 pub struct fi_context {
@@ -356,4 +392,360 @@ pub struct fid_domain {
     pub fid: fid,
     pub ops: *mut fi_ops_domain,
     pub mr: *mut fi_ops_mr,
+}
+
+#[repr(C)]
+pub struct fi_ops_ep {
+    pub size: usize,
+    pub cancel: Option<unsafe extern "C" fn(*mut fid, *mut c_void) -> isize>,
+    pub getopt:
+        Option<unsafe extern "C" fn(*mut fid, c_int, c_int, *mut c_void, *mut usize) -> c_int>,
+    pub setopt: Option<unsafe extern "C" fn(*mut fid, c_int, c_int, *const c_void, usize) -> c_int>,
+    pub tx_ctx: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            c_int,
+            *mut fi_tx_attr,
+            *mut *mut fid_ep,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub rx_ctx: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            c_int,
+            *mut fi_rx_attr,
+            *mut *mut fid_ep,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub rx_size_left: Option<unsafe extern "C" fn(*mut fid_ep) -> isize>,
+    pub tx_size_left: Option<unsafe extern "C" fn(*mut fid_ep) -> isize>,
+}
+
+#[repr(C)]
+pub struct fi_ops_cm {
+    pub size: usize,
+    pub setname: Option<unsafe extern "C" fn(*mut fid, *mut c_void, usize) -> c_int>,
+    pub getname: Option<unsafe extern "C" fn(*mut fid, *mut c_void, *mut usize) -> c_int>,
+    pub getpeer: Option<unsafe extern "C" fn(*mut fid_ep, *mut c_void, *mut usize) -> c_int>,
+    pub connect:
+        Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, *const c_void, usize) -> c_int>,
+    pub listen: Option<unsafe extern "C" fn(Opaque) -> c_int>,
+    pub accept: Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize) -> c_int>,
+    pub reject: Option<unsafe extern "C" fn(Opaque, *mut fid, *const c_void, usize) -> c_int>,
+    pub shutdown: Option<unsafe extern "C" fn(*mut fid_ep, u64) -> c_int>,
+    pub join:
+        Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, u64, *mut Opaque, Opaque) -> c_int>,
+}
+
+#[repr(C)]
+pub struct fi_msg {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+#[repr(C)]
+pub struct fi_msg_tagged {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub tag: u64,
+    pub ignore: u64,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+#[repr(C)]
+pub struct fi_ops_msg {
+    pub size: usize,
+    pub recv:
+        Option<unsafe extern "C" fn(*mut fid_ep, *mut c_void, usize, Opaque, u64, Opaque) -> isize>,
+    pub recvv: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const libc::iovec,
+            *mut Opaque,
+            usize,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub recvmsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg, u64) -> isize>,
+    pub send: Option<
+        unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, Opaque, u64, Opaque) -> isize,
+    >,
+    pub sendv: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const libc::iovec,
+            *mut Opaque,
+            usize,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub sendmsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg, u64) -> isize>,
+    pub inject: Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64) -> isize>,
+    pub senddata: Option<
+        unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, Opaque, u64, u64, Opaque) -> isize,
+    >,
+    pub injectdata:
+        Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64, u64) -> isize>,
+}
+
+#[repr(C)]
+pub struct fi_ops_tagged {
+    pub size: usize,
+    pub recv: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *mut c_void,
+            usize,
+            Opaque,
+            u64,
+            u64,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub recvv: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const libc::iovec,
+            *mut Opaque,
+            usize,
+            u64,
+            u64,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub recvmsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg_tagged, u64) -> isize>,
+    pub send: Option<
+        unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, Opaque, u64, u64, Opaque) -> isize,
+    >,
+    pub sendv: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const libc::iovec,
+            *mut Opaque,
+            usize,
+            u64,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub sendmsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg_tagged, u64) -> isize>,
+    pub inject: Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64, u64) -> isize>,
+    pub senddata: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const c_void,
+            usize,
+            Opaque,
+            u64,
+            u64,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub injectdata:
+        Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64, u64, u64) -> isize>,
+}
+
+/// An operation table the provider does not offer at all (RMA, atomics, collectives):
+/// `N` entries, each answering `-FI_ENOSYS`. The entries are declared without
+/// parameters: they read none, and on the ABIs this runs on (x86-64 and AArch64, where
+/// the caller owns its arguments) a call with arguments to a function that takes none is
+/// a call that ignores them.
+#[repr(C)]
+pub struct fi_ops_none<const N: usize> {
+    pub size: usize,
+    pub ops: [Option<unsafe extern "C" fn() -> isize>; N],
+}
+
+/// `struct fi_ops_rma`: 9 operations.
+pub type fi_ops_rma = fi_ops_none<9>;
+/// `struct fi_ops_atomic`: 13 operations.
+pub type fi_ops_atomic = fi_ops_none<13>;
+/// `struct fi_ops_collective`: 11 operations.
+pub type fi_ops_collective = fi_ops_none<11>;
+
+#[repr(C)]
+pub struct fid_ep {
+    pub fid: fid,
+    pub ops: *mut fi_ops_ep,
+    pub cm: *mut fi_ops_cm,
+    pub msg: *mut fi_ops_msg,
+    pub rma: *mut fi_ops_rma,
+    pub tagged: *mut fi_ops_tagged,
+    pub atomic: *mut fi_ops_atomic,
+    pub collective: *mut fi_ops_collective,
+}
+
+#[repr(C)]
+pub struct fi_av_attr {
+    pub type_: c_int,
+    pub rx_ctx_bits: c_int,
+    pub count: usize,
+    pub ep_per_node: usize,
+    pub name: *const c_char,
+    pub map_addr: *mut c_void,
+    pub flags: u64,
+}
+
+#[repr(C)]
+pub struct fi_ops_av {
+    pub size: usize,
+    pub insert: Option<
+        unsafe extern "C" fn(*mut fid_av, *const c_void, usize, *mut u64, u64, Opaque) -> c_int,
+    >,
+    pub insertsvc: Option<
+        unsafe extern "C" fn(
+            *mut fid_av,
+            *const c_char,
+            *const c_char,
+            *mut u64,
+            u64,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub insertsym: Option<
+        unsafe extern "C" fn(
+            *mut fid_av,
+            *const c_char,
+            usize,
+            *const c_char,
+            usize,
+            *mut u64,
+            u64,
+            Opaque,
+        ) -> c_int,
+    >,
+    pub remove: Option<unsafe extern "C" fn(*mut fid_av, *mut u64, usize, u64) -> c_int>,
+    pub lookup: Option<unsafe extern "C" fn(*mut fid_av, u64, *mut c_void, *mut usize) -> c_int>,
+    pub straddr: Option<
+        unsafe extern "C" fn(*mut fid_av, *const c_void, *mut c_char, *mut usize) -> *const c_char,
+    >,
+    pub av_set: Option<unsafe extern "C" fn(*mut fid_av, Opaque, *mut Opaque, Opaque) -> c_int>,
+}
+
+#[repr(C)]
+pub struct fid_av {
+    pub fid: fid,
+    pub ops: *mut fi_ops_av,
+}
+
+#[repr(C)]
+pub struct fi_cq_attr {
+    pub size: usize,
+    pub flags: u64,
+    pub format: c_int,
+    pub wait_obj: c_int,
+    pub signaling_vector: c_int,
+    pub wait_cond: c_int,
+    pub wait_set: Opaque,
+}
+
+#[repr(C)]
+pub struct fi_cq_tagged_entry {
+    pub op_context: *mut c_void,
+    pub flags: u64,
+    pub len: usize,
+    pub buf: *mut c_void,
+    pub data: u64,
+    pub tag: u64,
+}
+
+#[repr(C)]
+pub struct fi_cq_err_entry {
+    pub op_context: *mut c_void,
+    pub flags: u64,
+    pub len: usize,
+    pub buf: *mut c_void,
+    pub data: u64,
+    pub tag: u64,
+    pub olen: usize,
+    pub err: c_int,
+    pub prov_errno: c_int,
+    pub err_data: *mut c_void,
+    pub err_data_size: usize,
+}
+
+#[repr(C)]
+pub struct fi_ops_cq {
+    pub size: usize,
+    pub read: Option<unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize) -> isize>,
+    pub readfrom: Option<unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *mut u64) -> isize>,
+    pub readerr: Option<unsafe extern "C" fn(*mut fid_cq, *mut fi_cq_err_entry, u64) -> isize>,
+    pub sread: Option<
+        unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *const c_void, c_int) -> isize,
+    >,
+    pub sreadfrom: Option<
+        unsafe extern "C" fn(
+            *mut fid_cq,
+            *mut c_void,
+            usize,
+            *mut u64,
+            *const c_void,
+            c_int,
+        ) -> isize,
+    >,
+    pub signal: Option<unsafe extern "C" fn(*mut fid_cq) -> c_int>,
+    pub strerror: Option<
+        unsafe extern "C" fn(
+            *mut fid_cq,
+            c_int,
+            *const c_void,
+            *mut c_char,
+            usize,
+        ) -> *const c_char,
+    >,
+}
+
+#[repr(C)]
+pub struct fid_cq {
+    pub fid: fid,
+    pub ops: *mut fi_ops_cq,
+}
+
+#[repr(C)]
+pub struct fi_eq_attr {
+    pub size: usize,
+    pub flags: u64,
+    pub wait_obj: c_int,
+    pub signaling_vector: c_int,
+    pub wait_set: Opaque,
+}
+
+#[repr(C)]
+pub struct fi_ops_eq {
+    pub size: usize,
+    pub read: Option<unsafe extern "C" fn(*mut fid_eq, *mut u32, *mut c_void, usize, u64) -> isize>,
+    pub readerr: Option<unsafe extern "C" fn(*mut fid_eq, Opaque, u64) -> isize>,
+    pub write: Option<unsafe extern "C" fn(*mut fid_eq, u32, *const c_void, usize, u64) -> isize>,
+    pub sread: Option<
+        unsafe extern "C" fn(*mut fid_eq, *mut u32, *mut c_void, usize, c_int, u64) -> isize,
+    >,
+    pub strerror: Option<
+        unsafe extern "C" fn(
+            *mut fid_eq,
+            c_int,
+            *const c_void,
+            *mut c_char,
+            usize,
+        ) -> *const c_char,
+    >,
+}
+
+#[repr(C)]
+pub struct fid_eq {
+    pub fid: fid,
+    pub ops: *mut fi_ops_eq,
 }

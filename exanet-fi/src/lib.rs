@@ -22,6 +22,9 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
+mod av;
+mod cq;
+mod endpoint;
 pub mod msg;
 pub mod offer;
 #[allow(unsafe_code)]

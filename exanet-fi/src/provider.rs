@@ -13,9 +13,12 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{self, addr_of_mut};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::abi::*;
+use crate::av::{self, Av};
+use crate::cq::{Completion, Cq, Empty};
+use crate::endpoint::Endpoint;
 use crate::offer::{self, Hints, Offer};
 
 /// The provider's own version (`fi_info -p exanet -v` shows it).
@@ -276,11 +279,11 @@ struct Fabric {
     head: fid_fabric,
 }
 
-/// The domain: this process's attachment to its node's NI.
+/// The domain: this process's attachment to its node's NI, shared with its endpoints.
 #[repr(C)]
 struct Domain {
     head: fid_domain,
-    endpoint: exanet::Endpoint,
+    attachment: Arc<exanet::Endpoint>,
 }
 
 static FABRIC_FID_OPS: fi_ops = fi_ops {
@@ -297,7 +300,7 @@ static FABRIC_OPS: fi_ops_fabric = fi_ops_fabric {
     size: std::mem::size_of::<fi_ops_fabric>(),
     domain: Some(domain),
     passive_ep: Some(no_passive_ep),
-    eq_open: Some(no_eq_open),
+    eq_open: Some(eq_open),
     wait_open: Some(no_wait_open),
     trywait: Some(no_trywait),
     domain2: Some(domain2),
@@ -315,9 +318,9 @@ static DOMAIN_FID_OPS: fi_ops = fi_ops {
 
 static DOMAIN_OPS: fi_ops_domain = fi_ops_domain {
     size: std::mem::size_of::<fi_ops_domain>(),
-    av_open: Some(no_domain_open),
-    cq_open: Some(no_domain_open),
-    endpoint: Some(no_endpoint),
+    av_open: Some(av_open),
+    cq_open: Some(cq_open),
+    endpoint: Some(endpoint),
     scalable_ep: Some(no_endpoint),
     cntr_open: Some(no_domain_open),
     poll_open: Some(no_poll_open),
@@ -412,8 +415,8 @@ unsafe extern "C" fn domain2(
         if asked.is_some_and(|a| !a.eq_ignore_ascii_case(&node)) {
             return -FI_EINVAL;
         }
-        let endpoint = match exanet::Endpoint::attach_with(&config) {
-            Ok(e) => e,
+        let attachment = match exanet::Endpoint::attach_with(&config) {
+            Ok(e) => Arc::new(e),
             Err(_) => return -FI_ENODEV,
         };
         let d = Box::into_raw(Box::new(Domain {
@@ -426,7 +429,7 @@ unsafe extern "C" fn domain2(
                 ops: ptr::addr_of!(DOMAIN_OPS).cast_mut(),
                 mr: ptr::addr_of!(MR_OPS).cast_mut(),
             },
-            endpoint,
+            attachment,
         }));
         // SAFETY: non-null, writable; `Domain` starts with its `fid_domain`.
         unsafe { *out = addr_of_mut!((*d).head) };
@@ -439,8 +442,12 @@ unsafe extern "C" fn domain_close(d: *mut fid) -> c_int {
         if d.is_null() {
             return -FI_EINVAL;
         }
-        // SAFETY: `d` is the head of a `Domain` boxed by `domain2`, closed once; dropping
-        // it detaches from the NI.
+        // SAFETY: `d` is the head of a `Domain` boxed by `domain2`, not closed yet.
+        if Arc::strong_count(unsafe { &(*d.cast::<Domain>()).attachment }) > 1 {
+            // Its endpoints are still open.
+            return -FI_EBUSY;
+        }
+        // SAFETY: as above; closed once. Dropping it detaches from the NI.
         drop(unsafe { Box::from_raw(d.cast::<Domain>()) });
         0
     })
@@ -480,9 +487,6 @@ unsafe extern "C" fn no_passive_ep(
     _: *mut Opaque,
     _: Opaque,
 ) -> c_int {
-    -FI_ENOSYS
-}
-unsafe extern "C" fn no_eq_open(_: *mut fid_fabric, _: Opaque, _: *mut Opaque, _: Opaque) -> c_int {
     -FI_ENOSYS
 }
 unsafe extern "C" fn no_wait_open(_: *mut fid_fabric, _: Opaque, _: *mut Opaque) -> c_int {
@@ -577,4 +581,1363 @@ unsafe extern "C" fn no_mr_regv(
 }
 unsafe extern "C" fn no_mr_regattr(_: *mut fid, _: Opaque, _: u64, _: *mut Opaque) -> c_int {
     -FI_ENOSYS
+}
+
+// ---- Memory of the application ----------------------------------------------------------
+
+/// A buffer of the application's, which a receive writes into when its message comes.
+/// Made only here, where the application's promise is taken: the memory stays valid and
+/// untouched by it until the operation completes (libfabric's rule for posted buffers).
+#[derive(Debug)]
+pub(crate) struct UserBuf {
+    addr: usize,
+    len: usize,
+}
+
+impl UserBuf {
+    /// # Safety
+    /// `addr` is null with `len` 0, or valid for writes of `len` bytes until the receive
+    /// completes.
+    unsafe fn new(addr: *mut c_void, len: usize) -> UserBuf {
+        UserBuf {
+            addr: addr as usize,
+            len: if addr.is_null() { 0 } else { len },
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Copies what fits of `data`; returns how much.
+    pub(crate) fn write(&self, data: &[u8]) -> usize {
+        let n = data.len().min(self.len);
+        if n > 0 {
+            // SAFETY: valid for `len` >= n bytes, as promised at `new`.
+            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.addr as *mut u8, n) };
+        }
+        n
+    }
+}
+
+/// The application's bytes at `buf`.
+///
+/// # Safety
+/// `buf` is null with `len` 0, or readable for `len` bytes for the call's duration.
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if buf.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::slice::from_raw_parts(buf.cast(), len) }
+    }
+}
+
+/// The one buffer of an iovec array (`iov_limit` is 1), or an empty one.
+///
+/// # Safety
+/// `iov` is null with `count` 0, or points at `count` iovecs.
+unsafe fn one_iov(iov: *const libc::iovec, count: usize) -> Result<(*mut c_void, usize), c_int> {
+    match count {
+        0 => Ok((ptr::null_mut(), 0)),
+        1 if !iov.is_null() => {
+            // SAFETY: one iovec, as the caller guarantees.
+            let v = unsafe { &*iov };
+            Ok((v.iov_base, v.iov_len))
+        }
+        _ => Err(-FI_EINVAL),
+    }
+}
+
+fn errno(e: Result<(), c_int>) -> isize {
+    match e {
+        Ok(()) => 0,
+        Err(n) => -(n as isize),
+    }
+}
+
+// ---- Address vectors --------------------------------------------------------------------
+
+#[repr(C)]
+struct AvObj {
+    head: fid_av,
+    av: Arc<Av>,
+}
+
+static AV_FID_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(av_close),
+    bind: Some(no_bind),
+    control: Some(no_control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static AV_OPS: fi_ops_av = fi_ops_av {
+    size: std::mem::size_of::<fi_ops_av>(),
+    insert: Some(av_insert),
+    insertsvc: Some(av_insertsvc),
+    insertsym: Some(av_insertsym),
+    remove: Some(av_remove),
+    lookup: Some(av_lookup),
+    straddr: Some(av_straddr),
+    av_set: Some(av_set),
+};
+
+unsafe extern "C" fn av_open(
+    domain: *mut fid_domain,
+    attr: Opaque,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    guard(|| {
+        if domain.is_null() || out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: null or a valid fi_av_attr, as libfabric passes it.
+        let kind = match unsafe { attr.cast::<fi_av_attr>().as_ref() }.map(|a| a.type_) {
+            None | Some(FI_AV_UNSPEC) | Some(FI_AV_TABLE) => av::Kind::Table,
+            Some(FI_AV_MAP) => av::Kind::Map,
+            Some(_) => return -FI_EINVAL,
+        };
+        let obj = Box::into_raw(Box::new(AvObj {
+            head: fid_av {
+                fid: fid {
+                    fclass: FI_CLASS_AV,
+                    context,
+                    ops: ptr::addr_of!(AV_FID_OPS).cast_mut(),
+                },
+                ops: ptr::addr_of!(AV_OPS).cast_mut(),
+            },
+            av: Arc::new(Av::new(kind)),
+        }));
+        // SAFETY: non-null, writable; `AvObj` starts with its `fid_av`.
+        unsafe { *out = addr_of_mut!((*obj).head).cast() };
+        0
+    })
+}
+
+unsafe extern "C" fn av_close(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: the head of an `AvObj` boxed by `av_open`, closed once; endpoints
+        // bound to it hold the vector itself.
+        drop(unsafe { Box::from_raw(f.cast::<AvObj>()) });
+        0
+    })
+}
+
+/// The vector behind `av`.
+///
+/// # Safety
+/// `av` is null or the head of an open `AvObj`.
+unsafe fn av_of<'a>(av: *mut fid_av) -> Option<&'a Av> {
+    // SAFETY: as the caller guarantees.
+    unsafe { av.cast::<AvObj>().as_ref() }.map(|o| &*o.av)
+}
+
+unsafe extern "C" fn av_insert(
+    av: *mut fid_av,
+    addr: *const c_void,
+    count: usize,
+    fi_addr: *mut u64,
+    _flags: u64,
+    _context: Opaque,
+) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the vector it opened.
+        let Some(v) = (unsafe { av_of(av) }) else {
+            return -FI_EINVAL;
+        };
+        if count > 0 && addr.is_null() {
+            return -FI_EINVAL;
+        }
+        let Some(total) = count.checked_mul(av::ADDR_LEN) else {
+            return -FI_EINVAL;
+        };
+        // SAFETY: `count` addresses of ADDR_LEN bytes, as the application passes them.
+        let raw = unsafe { bytes(addr, total) };
+        let peers: Vec<_> = raw.chunks_exact(av::ADDR_LEN).map(av::decode).collect();
+        let ids = v.insert(&peers);
+        if !fi_addr.is_null() {
+            // SAFETY: room for `count` fi_addr_t, as the application passes it.
+            unsafe { ptr::copy_nonoverlapping(ids.as_ptr(), fi_addr, ids.len()) };
+        }
+        peers.iter().filter(|p| p.is_some()).count() as c_int
+    })
+}
+
+unsafe extern "C" fn av_insertsvc(
+    _: *mut fid_av,
+    _: *const c_char,
+    _: *const c_char,
+    _: *mut u64,
+    _: u64,
+    _: Opaque,
+) -> c_int {
+    -FI_ENOSYS
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn av_insertsym(
+    _: *mut fid_av,
+    _: *const c_char,
+    _: usize,
+    _: *const c_char,
+    _: usize,
+    _: *mut u64,
+    _: u64,
+    _: Opaque,
+) -> c_int {
+    -FI_ENOSYS
+}
+
+unsafe extern "C" fn av_set(_: *mut fid_av, _: Opaque, _: *mut Opaque, _: Opaque) -> c_int {
+    -FI_ENOSYS
+}
+
+unsafe extern "C" fn av_remove(av: *mut fid_av, fi_addr: *mut u64, count: usize, _: u64) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the vector it opened.
+        let Some(v) = (unsafe { av_of(av) }) else {
+            return -FI_EINVAL;
+        };
+        if count > 0 && fi_addr.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: `count` addresses, as the application passes them.
+        let ids = unsafe { bytes(fi_addr.cast(), count * 8) };
+        let mut bad = false;
+        for id in ids.chunks_exact(8) {
+            let id = u64::from_ne_bytes(id.try_into().expect("8 bytes"));
+            bad |= !v.remove(id);
+        }
+        if bad {
+            -FI_ENOENT
+        } else {
+            0
+        }
+    })
+}
+
+unsafe extern "C" fn av_lookup(
+    av: *mut fid_av,
+    fi_addr: u64,
+    addr: *mut c_void,
+    addrlen: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the vector it opened.
+        let Some(v) = (unsafe { av_of(av) }) else {
+            return -FI_EINVAL;
+        };
+        if addrlen.is_null() {
+            return -FI_EINVAL;
+        }
+        let Some(p) = v.lookup(fi_addr) else {
+            return -FI_ENOENT;
+        };
+        // SAFETY: non-null, readable and writable.
+        let room = unsafe { *addrlen };
+        let b = av::encode(p);
+        if !addr.is_null() {
+            // SAFETY: valid for `room` bytes; what fits is copied.
+            unsafe { ptr::copy_nonoverlapping(b.as_ptr(), addr.cast(), room.min(b.len())) };
+        }
+        // SAFETY: as above.
+        unsafe { *addrlen = b.len() };
+        if room < b.len() {
+            -FI_ETOOSMALL
+        } else {
+            0
+        }
+    })
+}
+
+unsafe extern "C" fn av_straddr(
+    _av: *mut fid_av,
+    addr: *const c_void,
+    buf: *mut c_char,
+    len: *mut usize,
+) -> *const c_char {
+    let text = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: an address of ADDR_LEN bytes, as the application passes it.
+        let raw = unsafe { bytes(addr, av::ADDR_LEN) };
+        match av::decode(raw) {
+            Some(p) => format!("exanet://{}/{}/{}", p.node, p.rank, p.vi),
+            None => "exanet://invalid".to_string(),
+        }
+    }))
+    .unwrap_or_default();
+    if buf.is_null() || len.is_null() {
+        return buf;
+    }
+    // SAFETY: `*len` is the buffer's size, as the application passes it.
+    let room = unsafe { *len };
+    if room > 0 {
+        let n = text.len().min(room - 1);
+        // SAFETY: `n + 1 <= room` bytes of the buffer.
+        unsafe {
+            ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *len = text.len() + 1 };
+    buf
+}
+
+// ---- Completion queues ------------------------------------------------------------------
+
+#[repr(C)]
+struct CqObj {
+    head: fid_cq,
+    cq: Arc<Cq>,
+}
+
+static CQ_FID_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(cq_close),
+    bind: Some(no_bind),
+    control: Some(no_control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static CQ_OPS: fi_ops_cq = fi_ops_cq {
+    size: std::mem::size_of::<fi_ops_cq>(),
+    read: Some(cq_read),
+    readfrom: Some(cq_readfrom),
+    readerr: Some(cq_readerr),
+    sread: Some(cq_sread),
+    sreadfrom: Some(cq_sreadfrom),
+    signal: Some(cq_signal),
+    strerror: Some(cq_strerror),
+};
+
+/// Bytes of one entry of a completion format.
+fn entry_size(format: c_int) -> usize {
+    match format {
+        FI_CQ_FORMAT_CONTEXT => 8,
+        FI_CQ_FORMAT_MSG => 24,
+        FI_CQ_FORMAT_DATA => 40,
+        _ => std::mem::size_of::<fi_cq_tagged_entry>(),
+    }
+}
+
+unsafe extern "C" fn cq_open(
+    domain: *mut fid_domain,
+    attr: Opaque,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    guard(|| {
+        if domain.is_null() || out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: null or a valid fi_cq_attr, as libfabric passes it.
+        let attr = unsafe { attr.cast::<fi_cq_attr>().as_ref() };
+        let format = match attr.map_or(FI_CQ_FORMAT_UNSPEC, |a| a.format) {
+            FI_CQ_FORMAT_UNSPEC => FI_CQ_FORMAT_CONTEXT,
+            f @ FI_CQ_FORMAT_CONTEXT..=FI_CQ_FORMAT_TAGGED => f,
+            _ => return -FI_EINVAL,
+        };
+        // Nothing to wait on but progress: reads poll, and `fi_cq_sread` polls too.
+        if !matches!(
+            attr.map_or(FI_WAIT_NONE, |a| a.wait_obj),
+            FI_WAIT_NONE | FI_WAIT_UNSPEC
+        ) {
+            return -FI_ENOSYS;
+        }
+        let obj = Box::into_raw(Box::new(CqObj {
+            head: fid_cq {
+                fid: fid {
+                    fclass: FI_CLASS_CQ,
+                    context,
+                    ops: ptr::addr_of!(CQ_FID_OPS).cast_mut(),
+                },
+                ops: ptr::addr_of!(CQ_OPS).cast_mut(),
+            },
+            cq: Arc::new(Cq::new(format)),
+        }));
+        // SAFETY: non-null, writable; `CqObj` starts with its `fid_cq`.
+        unsafe { *out = addr_of_mut!((*obj).head).cast() };
+        0
+    })
+}
+
+unsafe extern "C" fn cq_close(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: the head of a `CqObj` boxed by `cq_open`, closed once.
+        drop(unsafe { Box::from_raw(f.cast::<CqObj>()) });
+        0
+    })
+}
+
+/// The queue behind `cq`.
+///
+/// # Safety
+/// `cq` is null or the head of an open `CqObj`.
+unsafe fn cq_of<'a>(cq: *mut fid_cq) -> Option<&'a Arc<Cq>> {
+    // SAFETY: as the caller guarantees.
+    unsafe { cq.cast::<CqObj>().as_ref() }.map(|o| &o.cq)
+}
+
+/// Writes `c` in `format` at `buf`.
+///
+/// # Safety
+/// `buf` is valid for one entry of `format`.
+unsafe fn put_entry(buf: *mut u8, format: c_int, c: &Completion) {
+    let full = fi_cq_tagged_entry {
+        op_context: c.context as *mut c_void,
+        flags: c.flags,
+        len: c.len,
+        buf: c.buf as *mut c_void,
+        data: c.data,
+        tag: c.tag,
+    };
+    // SAFETY: the formats are prefixes of the tagged entry; `buf` holds one entry.
+    unsafe { ptr::copy_nonoverlapping(ptr::addr_of!(full).cast::<u8>(), buf, entry_size(format)) };
+}
+
+/// Reads up to `count` completions into `buf`, and their sources into `src`.
+///
+/// # Safety
+/// `buf` holds `count` entries of the queue's format; `src` is null or holds `count`.
+unsafe fn read_into(cq: *mut fid_cq, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
+    // SAFETY: libfabric passes the queue it opened.
+    let Some(q) = (unsafe { cq_of(cq) }) else {
+        return -(FI_EINVAL as isize);
+    };
+    if buf.is_null() && count > 0 {
+        return -(FI_EINVAL as isize);
+    }
+    match q.read(count) {
+        Ok(entries) => {
+            let size = entry_size(q.format);
+            for (k, c) in entries.iter().enumerate() {
+                // SAFETY: entry k of `count` >= entries.len().
+                unsafe {
+                    put_entry(buf.cast::<u8>().add(k * size), q.format, c);
+                    if !src.is_null() {
+                        *src.add(k) = c.src;
+                    }
+                }
+            }
+            entries.len() as isize
+        }
+        Err(Empty::Again) => -(FI_EAGAIN as isize),
+        Err(Empty::Failure) => -(FI_EAVAIL as isize),
+    }
+}
+
+unsafe extern "C" fn cq_read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isize {
+    // SAFETY: forwarded as libfabric passed them.
+    catch_unwind(AssertUnwindSafe(|| unsafe {
+        read_into(cq, buf, count, ptr::null_mut())
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn cq_readfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+) -> isize {
+    // SAFETY: forwarded as libfabric passed them.
+    catch_unwind(AssertUnwindSafe(|| unsafe {
+        read_into(cq, buf, count, src)
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+/// Polls for up to `timeout` ms (negative: no limit) until something completes.
+///
+/// # Safety
+/// As [`read_into`].
+unsafe fn sread_into(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    timeout: c_int,
+) -> isize {
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: forwarded as the caller guarantees.
+        let n = unsafe { read_into(cq, buf, count, src) };
+        if n != -(FI_EAGAIN as isize) {
+            return n;
+        }
+        if timeout >= 0 && start.elapsed().as_millis() >= timeout as u128 {
+            return -(FI_EAGAIN as isize);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    }
+}
+
+unsafe extern "C" fn cq_sread(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: forwarded as libfabric passed them.
+    catch_unwind(AssertUnwindSafe(|| unsafe {
+        sread_into(cq, buf, count, ptr::null_mut(), timeout)
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn cq_sreadfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: forwarded as libfabric passed them.
+    catch_unwind(AssertUnwindSafe(|| unsafe {
+        sread_into(cq, buf, count, src, timeout)
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn cq_readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags: u64) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: libfabric passes the queue it opened.
+        let Some(q) = (unsafe { cq_of(cq) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        // SAFETY: null or a valid error entry.
+        let Some(out) = (unsafe { buf.as_mut() }) else {
+            return -(FI_EINVAL as isize);
+        };
+        let Some(f) = q.read_failure() else {
+            return -(FI_EAGAIN as isize);
+        };
+        out.op_context = f.entry.context as *mut c_void;
+        out.flags = f.entry.flags;
+        out.len = f.entry.len;
+        out.buf = f.entry.buf as *mut c_void;
+        out.data = f.entry.data;
+        out.tag = f.entry.tag;
+        out.olen = f.olen;
+        out.err = f.err;
+        out.prov_errno = f.err;
+        // No provider data: a caller's own err_data buffer is left as it gave it.
+        out.err_data_size = 0;
+        1
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn cq_signal(_: *mut fid_cq) -> c_int {
+    0
+}
+
+unsafe extern "C" fn cq_strerror(
+    _: *mut fid_cq,
+    prov_errno: c_int,
+    _: *const c_void,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    // The provider's error numbers are libfabric's.
+    let text = std::io::Error::from_raw_os_error(prov_errno).to_string();
+    if buf.is_null() || len == 0 {
+        return c"exanet provider error".as_ptr();
+    }
+    let n = text.len().min(len - 1);
+    // SAFETY: `buf` holds `len` bytes, as the caller passes it.
+    unsafe {
+        ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), n);
+        *buf.add(n) = 0;
+    }
+    buf
+}
+
+// ---- Event queues -----------------------------------------------------------------------
+
+/// An event queue: an `FI_EP_RDM` endpoint of this provider raises no events (address
+/// vectors insert synchronously), but applications open one with the fabric.
+#[repr(C)]
+struct EqObj {
+    head: fid_eq,
+}
+
+static EQ_FID_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(eq_close),
+    bind: Some(no_bind),
+    control: Some(no_control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static EQ_OPS: fi_ops_eq = fi_ops_eq {
+    size: std::mem::size_of::<fi_ops_eq>(),
+    read: Some(eq_read),
+    readerr: Some(eq_readerr),
+    write: Some(eq_write),
+    sread: Some(eq_sread),
+    strerror: Some(eq_strerror),
+};
+
+unsafe extern "C" fn eq_open(
+    fabric: *mut fid_fabric,
+    _attr: Opaque,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    guard(|| {
+        if fabric.is_null() || out.is_null() {
+            return -FI_EINVAL;
+        }
+        let obj = Box::into_raw(Box::new(EqObj {
+            head: fid_eq {
+                fid: fid {
+                    fclass: FI_CLASS_EQ,
+                    context,
+                    ops: ptr::addr_of!(EQ_FID_OPS).cast_mut(),
+                },
+                ops: ptr::addr_of!(EQ_OPS).cast_mut(),
+            },
+        }));
+        // SAFETY: non-null, writable; `EqObj` starts with its `fid_eq`.
+        unsafe { *out = addr_of_mut!((*obj).head).cast() };
+        0
+    })
+}
+
+unsafe extern "C" fn eq_close(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: the head of an `EqObj` boxed by `eq_open`, closed once.
+        drop(unsafe { Box::from_raw(f.cast::<EqObj>()) });
+        0
+    })
+}
+
+unsafe extern "C" fn eq_read(
+    _: *mut fid_eq,
+    _: *mut u32,
+    _: *mut c_void,
+    _: usize,
+    _: u64,
+) -> isize {
+    -(FI_EAGAIN as isize)
+}
+unsafe extern "C" fn eq_readerr(_: *mut fid_eq, _: Opaque, _: u64) -> isize {
+    -(FI_EAGAIN as isize)
+}
+unsafe extern "C" fn eq_write(_: *mut fid_eq, _: u32, _: *const c_void, _: usize, _: u64) -> isize {
+    -(FI_ENOSYS as isize)
+}
+unsafe extern "C" fn eq_sread(
+    _: *mut fid_eq,
+    _: *mut u32,
+    _: *mut c_void,
+    _: usize,
+    timeout: c_int,
+    _: u64,
+) -> isize {
+    // Nothing ever comes: wait out a finite timeout, then say so.
+    if timeout > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(timeout as u64));
+    }
+    -(FI_EAGAIN as isize)
+}
+unsafe extern "C" fn eq_strerror(
+    _: *mut fid_eq,
+    _: c_int,
+    _: *const c_void,
+    _: *mut c_char,
+    _: usize,
+) -> *const c_char {
+    c"exanet provider: no event queue errors".as_ptr()
+}
+
+// ---- Endpoints --------------------------------------------------------------------------
+
+#[repr(C)]
+struct EpObj {
+    head: fid_ep,
+    ep: Arc<Endpoint>,
+}
+
+static EP_FID_OPS: fi_ops = fi_ops {
+    size: std::mem::size_of::<fi_ops>(),
+    close: Some(ep_close),
+    bind: Some(ep_bind),
+    control: Some(ep_control),
+    ops_open: Some(no_ops_open),
+    tostr: Some(no_tostr),
+    ops_set: Some(no_ops_set),
+};
+
+static EP_OPS: fi_ops_ep = fi_ops_ep {
+    size: std::mem::size_of::<fi_ops_ep>(),
+    cancel: Some(ep_cancel),
+    getopt: Some(ep_getopt),
+    setopt: Some(ep_setopt),
+    tx_ctx: Some(ep_no_tx_ctx),
+    rx_ctx: Some(ep_no_rx_ctx),
+    rx_size_left: Some(ep_size_left),
+    tx_size_left: Some(ep_size_left),
+};
+
+static EP_CM: fi_ops_cm = fi_ops_cm {
+    size: std::mem::size_of::<fi_ops_cm>(),
+    setname: Some(ep_setname),
+    getname: Some(ep_getname),
+    getpeer: Some(ep_getpeer),
+    connect: Some(ep_connect),
+    listen: Some(ep_listen),
+    accept: Some(ep_accept),
+    reject: Some(ep_reject),
+    shutdown: Some(ep_shutdown),
+    join: Some(ep_join),
+};
+
+static EP_MSG: fi_ops_msg = fi_ops_msg {
+    size: std::mem::size_of::<fi_ops_msg>(),
+    recv: Some(msg_recv),
+    recvv: Some(msg_recvv),
+    recvmsg: Some(msg_recvmsg),
+    send: Some(msg_send),
+    sendv: Some(msg_sendv),
+    sendmsg: Some(msg_sendmsg),
+    inject: Some(msg_inject),
+    senddata: Some(msg_senddata),
+    injectdata: Some(msg_injectdata),
+};
+
+static EP_TAGGED: fi_ops_tagged = fi_ops_tagged {
+    size: std::mem::size_of::<fi_ops_tagged>(),
+    recv: Some(tagged_recv),
+    recvv: Some(tagged_recvv),
+    recvmsg: Some(tagged_recvmsg),
+    send: Some(tagged_send),
+    sendv: Some(tagged_sendv),
+    sendmsg: Some(tagged_sendmsg),
+    inject: Some(tagged_inject),
+    senddata: Some(tagged_senddata),
+    injectdata: Some(tagged_injectdata),
+};
+
+unsafe extern "C" fn not_offered() -> isize {
+    -(FI_ENOSYS as isize)
+}
+
+static EP_RMA: fi_ops_rma = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_rma>(),
+    ops: [Some(not_offered); 9],
+};
+static EP_ATOMIC: fi_ops_atomic = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_atomic>(),
+    ops: [Some(not_offered); 13],
+};
+static EP_COLLECTIVE: fi_ops_collective = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_collective>(),
+    ops: [Some(not_offered); 11],
+};
+
+unsafe extern "C" fn endpoint(
+    domain: *mut fid_domain,
+    info: *mut fi_info,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    guard(|| {
+        if domain.is_null() || out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: null or a valid info with null or valid attributes.
+        let info = unsafe { info.as_ref() };
+        if let Some(a) = info.and_then(|i| unsafe { i.ep_attr.as_ref() }) {
+            if !matches!(a.type_, FI_EP_UNSPEC | FI_EP_RDM) {
+                return -FI_EINVAL;
+            }
+        }
+        let rx_caps = info
+            .and_then(|i| unsafe { i.rx_attr.as_ref() })
+            .map_or(0, |a| a.caps);
+        let directed = (info.map_or(0, |i| i.caps) | rx_caps) & FI_DIRECTED_RECV != 0;
+        // SAFETY: the head of the `Domain` this provider opened.
+        let d = unsafe { &*domain.cast::<Domain>() };
+        let ep = match Endpoint::open(Arc::clone(&d.attachment), directed) {
+            Ok(ep) => ep,
+            Err(e) => {
+                tracing::debug!("exanet-fi: endpoint: {e}");
+                return -FI_ENOMEM;
+            }
+        };
+        let obj = Box::into_raw(Box::new(EpObj {
+            head: fid_ep {
+                fid: fid {
+                    fclass: FI_CLASS_EP,
+                    context,
+                    ops: ptr::addr_of!(EP_FID_OPS).cast_mut(),
+                },
+                ops: ptr::addr_of!(EP_OPS).cast_mut(),
+                cm: ptr::addr_of!(EP_CM).cast_mut(),
+                msg: ptr::addr_of!(EP_MSG).cast_mut(),
+                rma: ptr::addr_of!(EP_RMA).cast_mut(),
+                tagged: ptr::addr_of!(EP_TAGGED).cast_mut(),
+                atomic: ptr::addr_of!(EP_ATOMIC).cast_mut(),
+                collective: ptr::addr_of!(EP_COLLECTIVE).cast_mut(),
+            },
+            ep,
+        }));
+        // SAFETY: non-null, writable; `EpObj` starts with its `fid_ep`.
+        unsafe { *out = addr_of_mut!((*obj).head).cast() };
+        0
+    })
+}
+
+/// The endpoint behind `f` (a `fid` or `fid_ep` head).
+///
+/// # Safety
+/// `f` is null or the head of an open `EpObj`.
+unsafe fn ep_of<'a, T>(f: *mut T) -> Option<&'a Arc<Endpoint>> {
+    // SAFETY: as the caller guarantees.
+    unsafe { f.cast::<EpObj>().as_ref() }.map(|o| &o.ep)
+}
+
+unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: the head of an `EpObj` boxed by `endpoint`, closed once. Its mailbox,
+        // channels and staging go back to the NI with it.
+        drop(unsafe { Box::from_raw(f.cast::<EpObj>()) });
+        0
+    })
+}
+
+unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes an endpoint of this provider and an object to bind.
+        let (Some(ep), Some(obj)) = (unsafe { ep_of(f) }, unsafe { b.as_ref() }) else {
+            return -FI_EINVAL;
+        };
+        match obj.fclass {
+            FI_CLASS_AV => {
+                // SAFETY: an object of class AV of this provider is an `AvObj`.
+                let av = unsafe { &*b.cast::<AvObj>() };
+                ep.bind_av(Arc::clone(&av.av));
+                0
+            }
+            FI_CLASS_CQ => {
+                if flags & FI_SELECTIVE_COMPLETION != 0 {
+                    // Every operation completes: not what was asked for.
+                    return -FI_ENOSYS;
+                }
+                // SAFETY: an object of class CQ of this provider is a `CqObj`.
+                let cq = unsafe { &*b.cast::<CqObj>() };
+                let (tx, rx) = (flags & FI_TRANSMIT != 0, flags & FI_RECV != 0);
+                if !tx && !rx {
+                    return -FI_EINVAL;
+                }
+                ep.bind_cq(Arc::clone(&cq.cq), tx, rx);
+                0
+            }
+            FI_CLASS_EQ => 0,
+            _ => -FI_ENOSYS,
+        }
+    })
+}
+
+unsafe extern "C" fn ep_control(f: *mut fid, command: c_int, _arg: *mut c_void) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(ep) = (unsafe { ep_of(f) }) else {
+            return -FI_EINVAL;
+        };
+        match command {
+            FI_ENABLE => match ep.enable() {
+                Ok(()) => 0,
+                Err(e) => -e,
+            },
+            _ => -FI_ENOSYS,
+        }
+    })
+}
+
+unsafe extern "C" fn ep_cancel(f: *mut fid, context: *mut c_void) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(ep) = (unsafe { ep_of(f) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        if ep.cancel(context as usize) {
+            0
+        } else {
+            -(FI_ENOENT as isize)
+        }
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn ep_getopt(
+    _: *mut fid,
+    _: c_int,
+    _: c_int,
+    _: *mut c_void,
+    _: *mut usize,
+) -> c_int {
+    -FI_ENOPROTOOPT
+}
+unsafe extern "C" fn ep_setopt(
+    _: *mut fid,
+    _: c_int,
+    _: c_int,
+    _: *const c_void,
+    _: usize,
+) -> c_int {
+    -FI_ENOPROTOOPT
+}
+unsafe extern "C" fn ep_no_tx_ctx(
+    _: *mut fid_ep,
+    _: c_int,
+    _: *mut fi_tx_attr,
+    _: *mut *mut fid_ep,
+    _: Opaque,
+) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_no_rx_ctx(
+    _: *mut fid_ep,
+    _: c_int,
+    _: *mut fi_rx_attr,
+    _: *mut *mut fid_ep,
+    _: Opaque,
+) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_size_left(_: *mut fid_ep) -> isize {
+    offer::QUEUE_SIZE as isize
+}
+
+unsafe extern "C" fn ep_getname(f: *mut fid, addr: *mut c_void, addrlen: *mut usize) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(ep) = (unsafe { ep_of(f) }) else {
+            return -FI_EINVAL;
+        };
+        if addrlen.is_null() {
+            return -FI_EINVAL;
+        }
+        let b = av::encode(ep.name());
+        // SAFETY: non-null, readable and writable.
+        let room = unsafe { *addrlen };
+        // SAFETY: as above.
+        unsafe { *addrlen = b.len() };
+        if room < b.len() || addr.is_null() {
+            return -FI_ETOOSMALL;
+        }
+        // SAFETY: room for the address.
+        unsafe { ptr::copy_nonoverlapping(b.as_ptr(), addr.cast(), b.len()) };
+        0
+    })
+}
+
+unsafe extern "C" fn ep_setname(_: *mut fid, _: *mut c_void, _: usize) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_getpeer(_: *mut fid_ep, _: *mut c_void, _: *mut usize) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_connect(
+    _: *mut fid_ep,
+    _: *const c_void,
+    _: *const c_void,
+    _: usize,
+) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_listen(_: Opaque) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_accept(_: *mut fid_ep, _: *const c_void, _: usize) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_reject(_: Opaque, _: *mut fid, _: *const c_void, _: usize) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_shutdown(_: *mut fid_ep, _: u64) -> c_int {
+    -FI_ENOSYS
+}
+unsafe extern "C" fn ep_join(
+    _: *mut fid_ep,
+    _: *const c_void,
+    _: u64,
+    _: *mut Opaque,
+    _: Opaque,
+) -> c_int {
+    -FI_ENOSYS
+}
+
+/// A send of `len` bytes at `buf`.
+///
+/// # Safety
+/// `ep` is an endpoint of this provider; `buf` is null with `len` 0 or readable for `len`.
+#[allow(clippy::too_many_arguments)] // the union of libfabric's send calls
+unsafe fn do_send(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tag: Option<u64>,
+    data: Option<u64>,
+    context: *mut c_void,
+    inject: bool,
+) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as the caller guarantees.
+        let Some(e) = (unsafe { ep_of(ep) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        if inject && len > offer::INJECT_SIZE {
+            return -(FI_EMSGSIZE as isize);
+        }
+        if len > offer::MAX_MSG_SIZE {
+            return -(FI_EMSGSIZE as isize);
+        }
+        // SAFETY: as the caller guarantees; copied before the call returns.
+        let bytes = unsafe { bytes(buf, len) };
+        errno(e.send(dest, bytes, tag, data, context as usize, inject))
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+/// A receive into `len` bytes at `buf`.
+///
+/// # Safety
+/// `ep` is an endpoint of this provider; `buf` is null with `len` 0, or writable for
+/// `len` bytes until the receive completes.
+unsafe fn do_recv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    src: u64,
+    tag: Option<(u64, u64)>,
+    context: *mut c_void,
+) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as the caller guarantees.
+        let Some(e) = (unsafe { ep_of(ep) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        // SAFETY: as the caller guarantees.
+        let ub = unsafe { UserBuf::new(buf, len) };
+        errno(e.recv(src, ub, tag, context as usize))
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+unsafe extern "C" fn msg_recv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: Opaque,
+    src: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_recv(ep, buf, len, src, None, context) }
+}
+
+unsafe extern "C" fn msg_recvv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    src: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, src, None, context) },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn msg_recvmsg(ep: *mut fid_ep, msg: *const fi_msg, _flags: u64) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, m.addr, None, m.context) },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn msg_send(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: Opaque,
+    dest: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, None, None, context, false) }
+}
+
+unsafe extern "C" fn msg_sendv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    dest: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe { do_send(ep, buf, len, dest, None, None, context, false) },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn msg_sendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+        Ok((buf, len)) => unsafe {
+            do_send(
+                ep,
+                buf,
+                len,
+                m.addr,
+                None,
+                data,
+                m.context,
+                flags & FI_INJECT != 0,
+            )
+        },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn msg_inject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, None, None, ptr::null_mut(), true) }
+}
+
+unsafe extern "C" fn msg_senddata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: Opaque,
+    data: u64,
+    dest: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, None, Some(data), context, false) }
+}
+
+unsafe extern "C" fn msg_injectdata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, None, Some(data), ptr::null_mut(), true) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn tagged_recv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: Opaque,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_recv(ep, buf, len, src, Some((tag, ignore)), context) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn tagged_recvv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, src, Some((tag, ignore)), context) },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn tagged_recvmsg(
+    ep: *mut fid_ep,
+    msg: *const fi_msg_tagged,
+    flags: u64,
+) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    if flags & (FI_PEEK | FI_CLAIM | FI_DISCARD) != 0 {
+        // Probing is not built yet.
+        return -(FI_ENOSYS as isize);
+    }
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+        Ok((buf, len)) => unsafe {
+            do_recv(ep, buf, len, m.addr, Some((m.tag, m.ignore)), m.context)
+        },
+        Err(e) => e as isize,
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn tagged_send(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: Opaque,
+    dest: u64,
+    tag: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, Some(tag), None, context, false) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn tagged_sendv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe { do_send(ep, buf, len, dest, Some(tag), None, context, false) },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn tagged_sendmsg(
+    ep: *mut fid_ep,
+    msg: *const fi_msg_tagged,
+    flags: u64,
+) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    let data = (flags & FI_REMOTE_CQ_DATA != 0).then_some(m.data);
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+        Ok((buf, len)) => unsafe {
+            do_send(
+                ep,
+                buf,
+                len,
+                m.addr,
+                Some(m.tag),
+                data,
+                m.context,
+                flags & FI_INJECT != 0,
+            )
+        },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn tagged_inject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, Some(tag), None, ptr::null_mut(), true) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn tagged_senddata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: Opaque,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    context: Opaque,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe { do_send(ep, buf, len, dest, Some(tag), Some(data), context, false) }
+}
+
+unsafe extern "C" fn tagged_injectdata(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    // SAFETY: as the application passes them.
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Some(tag),
+            Some(data),
+            ptr::null_mut(),
+            true,
+        )
+    }
 }

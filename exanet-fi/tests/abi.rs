@@ -76,6 +76,36 @@ layouts! {
     }
     fi_ops_mr { size, reg, regv, regattr }
     fid_domain { fid, ops, mr }
+    fi_ops_ep { size, cancel, getopt, setopt, tx_ctx, rx_ctx, rx_size_left, tx_size_left }
+    fi_ops_cm { size, setname, getname, getpeer, connect, listen, accept, reject, shutdown, join }
+    fi_msg { msg_iov, desc, iov_count, addr, context, data }
+    fi_msg_tagged { msg_iov, desc, iov_count, addr, tag, ignore, context, data }
+    fi_ops_msg { size, recv, recvv, recvmsg, send, sendv, sendmsg, inject, senddata, injectdata }
+    fi_ops_tagged { size, recv, recvv, recvmsg, send, sendv, sendmsg, inject, senddata, injectdata }
+    fid_ep { fid, ops, cm, msg, rma, tagged, atomic, collective }
+    fi_av_attr { type_, rx_ctx_bits, count, ep_per_node, name, map_addr, flags }
+    fi_ops_av { size, insert, insertsvc, insertsym, remove, lookup, straddr, av_set }
+    fid_av { fid, ops }
+    fi_cq_attr { size, flags, format, wait_obj, signaling_vector, wait_cond, wait_set }
+    fi_cq_tagged_entry { op_context, flags, len, buf, data, tag }
+    fi_cq_err_entry { op_context, flags, len, buf, data, tag, olen, err, prov_errno, err_data, err_data_size }
+    fi_ops_cq { size, read, readfrom, readerr, sread, sreadfrom, signal, strerror }
+    fid_cq { fid, ops }
+    fi_eq_attr { size, flags, wait_obj, signaling_vector, wait_set }
+    fi_ops_eq { size, read, readerr, write, sread, strerror }
+    fid_eq { fid, ops }
+}
+
+/// The operation tables the provider does not offer, whole: only their size matters.
+fn whole_tables() -> String {
+    [
+        ("fi_ops_rma", size_of::<fi_ops_rma>()),
+        ("fi_ops_atomic", size_of::<fi_ops_atomic>()),
+        ("fi_ops_collective", size_of::<fi_ops_collective>()),
+    ]
+    .iter()
+    .map(|(s, n)| format!("_Static_assert(sizeof(struct {s}) == {n}, \"sizeof {s}\");\n"))
+    .collect()
 }
 
 /// Every constant of `src/abi.rs` with its C name, as a 64-bit value.
@@ -140,6 +170,35 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_EBUSY", c(FI_EBUSY)),
         ("FI_EIO", c(FI_EIO)),
         ("FI_ENODEV", c(FI_ENODEV)),
+        ("FI_EAGAIN", c(FI_EAGAIN)),
+        ("FI_ECANCELED", c(FI_ECANCELED)),
+        ("FI_EHOSTUNREACH", c(FI_EHOSTUNREACH)),
+        ("FI_ECONNREFUSED", c(FI_ECONNREFUSED)),
+        ("FI_ENOPROTOOPT", c(FI_ENOPROTOOPT)),
+        ("FI_ENOENT", c(FI_ENOENT)),
+        ("FI_EOPBADSTATE", c(FI_EOPBADSTATE)),
+        ("FI_EAVAIL", c(FI_EAVAIL)),
+        ("FI_ENOCQ", c(FI_ENOCQ)),
+        ("FI_ETRUNC", c(FI_ETRUNC)),
+        ("FI_ETOOSMALL", c(FI_ETOOSMALL)),
+        ("FI_ENOMSG", c(FI_ENOMSG)),
+        ("FI_EMSGSIZE", c(FI_EMSGSIZE)),
+        ("FI_ENABLE", c(FI_ENABLE)),
+        ("FI_SELECTIVE_COMPLETION", u(FI_SELECTIVE_COMPLETION)),
+        ("FI_TRANSMIT", u(FI_TRANSMIT)),
+        ("FI_CLAIM", u(FI_CLAIM)),
+        ("FI_DISCARD", u(FI_DISCARD)),
+        ("FI_CLASS_EP", u(FI_CLASS_EP as u64)),
+        ("FI_CLASS_AV", u(FI_CLASS_AV as u64)),
+        ("FI_CLASS_EQ", u(FI_CLASS_EQ as u64)),
+        ("FI_CLASS_CQ", u(FI_CLASS_CQ as u64)),
+        ("FI_CQ_FORMAT_UNSPEC", c(FI_CQ_FORMAT_UNSPEC)),
+        ("FI_CQ_FORMAT_CONTEXT", c(FI_CQ_FORMAT_CONTEXT)),
+        ("FI_CQ_FORMAT_MSG", c(FI_CQ_FORMAT_MSG)),
+        ("FI_CQ_FORMAT_DATA", c(FI_CQ_FORMAT_DATA)),
+        ("FI_CQ_FORMAT_TAGGED", c(FI_CQ_FORMAT_TAGGED)),
+        ("FI_WAIT_NONE", c(FI_WAIT_NONE)),
+        ("FI_WAIT_UNSPEC", c(FI_WAIT_UNSPEC)),
     ]
 }
 
@@ -147,9 +206,12 @@ fn source() -> String {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdint.h>\n#include <rdma/fabric.h>\n\
          #include <rdma/fi_domain.h>\n#include <rdma/fi_errno.h>\n\
-         #include <rdma/providers/fi_prov.h>\n",
+         #include <rdma/providers/fi_prov.h>\n#include <rdma/fi_endpoint.h>\n\
+         #include <rdma/fi_cm.h>\n#include <rdma/fi_tagged.h>\n#include <rdma/fi_rma.h>\n\
+         #include <rdma/fi_atomic.h>\n#include <rdma/fi_collective.h>\n#include <rdma/fi_eq.h>\n",
     );
     c += &layouts();
+    c += &whole_tables();
     for (name, value) in constants() {
         // Compared as 128-bit integers, so that neither side's width or sign decides
         // (every value here is non-negative).

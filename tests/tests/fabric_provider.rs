@@ -1,9 +1,12 @@
 //! The libfabric provider (`exanet-fi`) as libfabric itself loads it: Debian's `fi_info`
 //! finds `libexanet-fi.so` in `FI_PROVIDER_PATH` and lists it for a node of a running
 //! rack, honours hints (or answers `-FI_ENODATA`), and a C program written to libfabric
-//! opens the fabric and a domain (the process attaches to its node's NI), is refused what
-//! is not built yet with `-FI_ENOSYS`, and closes both, more times than a node has ranks
-//! (a domain that kept its rank would make the last attach fail).
+//! opens the fabric, a domain (the process attaches to its node's NI) and an endpoint and
+//! closes them, more times than a node has ranks (a domain that kept its rank would make
+//! the last attach fail). Then messages: libfabric's own `fi_pingpong` between two nodes
+//! with its data check, untagged and tagged, every size it runs; and a C program of ours
+//! that covers what fi_pingpong does not (eager sizes, tags with ignore bits, any source,
+//! messages before their receive, truncation, cancel).
 //!
 //! Needs `fi_info` (libfabric-bin) and libfabric's headers and library (libfabric-dev);
 //! without them it says it skipped, unless `EXANET_REQUIRE_LIBFABRIC` is set (CI sets it).
@@ -87,8 +90,12 @@ int main(void) {
         struct fid_ep *ep;
         CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
         CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
-        int r = fi_endpoint(domain, info, &ep, NULL);
-        printf("fi_endpoint %d\n", r);
+        CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
+        /* Nothing bound: not enabled. */
+        printf("fi_enable %d\n", fi_enable(ep));
+        /* A domain with an open endpoint is busy. */
+        printf("close busy domain %d\n", fi_close(&domain->fid));
+        CHECK("close endpoint", fi_close(&ep->fid));
         CHECK("close domain", fi_close(&domain->fid));
         CHECK("close fabric", fi_close(&fabric->fid));
     }
@@ -161,13 +168,215 @@ fn libfabric_loads_the_provider_and_opens_its_domain() {
     .unwrap();
     assert!(r.success(), "{}", r.describe());
     assert!(r.stdout.contains("domain M1QAF2"), "{}", r.stdout);
-    // Endpoints are not built yet: refused, not a crash.
+    // An endpoint with nothing bound is not enabled; a domain is busy while its
+    // endpoints are open.
     assert_eq!(
-        r.stdout.matches("fi_endpoint -38").count(),
+        r.stdout.matches("fi_enable -263").count(),
+        9,
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.stdout.matches("close busy domain -16").count(),
         9,
         "{}",
         r.stdout
     );
     assert!(r.stdout.ends_with("ok\n"), "{}", r.stdout);
+    rack.down().unwrap();
+}
+
+/// Messages between two endpoints of one process (the NI loops them back), checked byte
+/// for byte: eager and rendezvous sizes around the eager limit, a tag matched under
+/// ignore bits, untagged apart from tagged, a message sent before its receive, a short
+/// receive (FI_ETRUNC with the overflow), a cancelled receive (FI_ECANCELED).
+const MESSAGES: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
+    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
+#define EXPECT(cond) do { if (!(cond)) { fprintf(stderr, "line %d: %s\n", __LINE__, #cond); exit(1); } } while (0)
+
+static struct fid_cq *cq;
+
+/* The next completion, or the next failure (returned negative, with *err filled). */
+static int next(struct fi_cq_tagged_entry *e, struct fi_cq_err_entry *err) {
+    for (long spins = 0; spins < 200000000L; spins++) {
+        ssize_t n = fi_cq_read(cq, e, 1);
+        if (n == 1) return 1;
+        if (n == -FI_EAVAIL) {
+            memset(err, 0, sizeof *err);
+            CHECK("fi_cq_readerr", fi_cq_readerr(cq, err, 0));
+            return -1;
+        }
+        if (n != -FI_EAGAIN) CHECK("fi_cq_read", n);
+    }
+    fprintf(stderr, "no completion\n");
+    exit(1);
+}
+
+static void fill(char *b, size_t n, int seed) { for (size_t i = 0; i < n; i++) b[i] = (char)(i * 7 + seed); }
+
+int main(void) {
+    struct fi_info *hints = fi_allocinfo(), *info;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED | FI_MSG;
+    hints->fabric_attr->prov_name = strdup("exanet");
+    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
+    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
+    struct fid_ep *ep[2];
+    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
+    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
+    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE };
+    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
+    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
+    char names[2][8]; fi_addr_t addr[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK("fi_endpoint", fi_endpoint(domain, info, &ep[i], NULL));
+        CHECK("bind av", fi_ep_bind(ep[i], &av->fid, 0));
+        CHECK("bind cq", fi_ep_bind(ep[i], &cq->fid, FI_TRANSMIT | FI_RECV));
+        CHECK("fi_enable", fi_enable(ep[i]));
+        size_t len = sizeof names[i];
+        CHECK("fi_getname", fi_getname(&ep[i]->fid, names[i], &len));
+        EXPECT(len == 8);
+    }
+    EXPECT(fi_av_insert(av, names, 2, addr, 0, NULL) == 2);
+    static char tx[200000], rx[200000];
+    struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
+    size_t sizes[] = { 0, 1, 31, 32, 33, 40, 41, 1000, 100000 };
+    for (int k = 0; k < 9; k++) {
+        size_t n = sizes[k];
+        fill(tx, n, k); memset(rx, 0, n + 1);
+        int ctx_r, ctx_s;
+        CHECK("trecv", fi_trecv(ep[1], rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 0x1234, 0, &ctx_r));
+        CHECK("tsend", fi_tsend(ep[0], tx, n, NULL, addr[1], 0x1234, &ctx_s));
+        int got = 0;
+        while (got < 2) {
+            EXPECT(next(&e, &err) == 1);
+            if (e.op_context == &ctx_r) {
+                EXPECT(e.len == n && e.tag == 0x1234 && (e.flags & FI_RECV) && (e.flags & FI_TAGGED));
+                EXPECT(memcmp(rx, tx, n) == 0 && rx[n] == 0);
+            } else EXPECT(e.op_context == &ctx_s && (e.flags & FI_SEND));
+            got++;
+        }
+    }
+    printf("sizes ok\n");
+    /* Before its receive, under ignore bits; untagged kept apart. */
+    int c1, c2, c3, c4;
+    CHECK("send", fi_send(ep[0], "untagged", 8, NULL, addr[1], &c1));
+    CHECK("tsend", fi_tsend(ep[0], "tagged", 6, NULL, addr[1], 0xAB42, &c2));
+    for (int i = 0; i < 2; i++) EXPECT(next(&e, &err) == 1);
+    CHECK("trecv", fi_trecv(ep[1], rx, 64, NULL, FI_ADDR_UNSPEC, 0xAB00, 0xFF, &c3));
+    EXPECT(next(&e, &err) == 1);
+    EXPECT(e.op_context == &c3 && e.tag == 0xAB42 && e.len == 6 && memcmp(rx, "tagged", 6) == 0);
+    CHECK("recv", fi_recv(ep[1], rx, 64, NULL, FI_ADDR_UNSPEC, &c4));
+    EXPECT(next(&e, &err) == 1);
+    EXPECT(e.op_context == &c4 && e.len == 8 && memcmp(rx, "untagged", 8) == 0 && (e.flags & FI_MSG));
+    printf("matching ok\n");
+    /* A short receive: what fits, and the overflow. */
+    fill(tx, 100, 9);
+    CHECK("trecv", fi_trecv(ep[1], rx, 10, NULL, FI_ADDR_UNSPEC, 7, 0, &c1));
+    CHECK("tsend", fi_tsend(ep[0], tx, 100, NULL, addr[1], 7, &c2));
+    int truncated = 0, sent = 0;
+    while (truncated + sent < 2) {
+        if (next(&e, &err) < 0) {
+            EXPECT(err.op_context == &c1 && err.err == FI_ETRUNC && err.len == 10 && err.olen == 90);
+            EXPECT(memcmp(rx, tx, 10) == 0);
+            truncated++;
+        } else { EXPECT(e.op_context == &c2); sent++; }
+    }
+    /* A cancelled receive. */
+    CHECK("trecv", fi_trecv(ep[1], rx, 64, NULL, FI_ADDR_UNSPEC, 99, 0, &c3));
+    EXPECT(fi_cancel(&ep[1]->fid, &c3) == 0);
+    EXPECT(next(&e, &err) < 0 && err.op_context == &c3 && err.err == FI_ECANCELED);
+    EXPECT(fi_cancel(&ep[1]->fid, &c3) == -FI_ENOENT);
+    printf("failures ok\n");
+    for (int i = 0; i < 2; i++) CHECK("close ep", fi_close(&ep[i]->fid));
+    CHECK("close av", fi_close(&av->fid));
+    CHECK("close cq", fi_close(&cq->fid));
+    CHECK("close domain", fi_close(&domain->fid));
+    CHECK("close fabric", fi_close(&fabric->fid));
+    fi_freeinfo(info); fi_freeinfo(hints);
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+fn compile(tmp: &Path, name: &str, src: &str) -> PathBuf {
+    let file = tmp.join(format!("{name}.c"));
+    let exe = tmp.join(name);
+    std::fs::write(&file, src).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&file)
+        .arg("-lfabric")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cc} {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn messages_cross_the_provider_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-msg");
+    rack.up("2x1x1", 60);
+
+    let exe = compile(tmp.path(), "messages", MESSAGES);
+    let r = run_with_timeout(
+        with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2"),
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert!(r.success(), "{}", r.describe());
+    assert!(r.stdout.ends_with("ok\n"), "{}", r.stdout);
+
+    // libfabric's own ping-pong, between two QFDBs, with its data check, every size it
+    // runs (64 B to 1 MiB: rendezvous), untagged and tagged.
+    for mode in ["msg", "tagged"] {
+        let args = ["-p", "exanet", "-e", "rdm", "-m", mode, "-I", "5", "-c"];
+        let mut server = with_env(Command::new("fi_pingpong"), &prov, &rack.dir, "M1QAF2");
+        // Its own control port, so that another run on the host does not collide.
+        let port = 47592 + (std::process::id() % 1000) as u16;
+        server.args(args).args(["-B", &port.to_string()]);
+        let server = std::thread::spawn(move || run_with_timeout(server, Duration::from_secs(180)));
+        std::thread::sleep(Duration::from_millis(500));
+        let mut client = with_env(Command::new("fi_pingpong"), &prov, &rack.dir, "M1QBF3");
+        client
+            .args(args)
+            .args(["-P", &port.to_string(), "localhost"]);
+        let c = run_with_timeout(client, Duration::from_secs(180)).unwrap();
+        let s = server.join().unwrap().unwrap();
+        for (who, r) in [("client", &c), ("server", &s)] {
+            assert!(r.success(), "fi_pingpong {mode} {who}: {}", r.describe());
+            for size in ["64 ", "1k ", "64k ", "1m "] {
+                assert!(
+                    r.stdout
+                        .lines()
+                        .any(|l| l.starts_with(size) && l.contains("=5")),
+                    "fi_pingpong {mode} {who}, {size}: {}",
+                    r.stdout
+                );
+            }
+        }
+    }
     rack.down().unwrap();
 }

@@ -1,0 +1,125 @@
+//! Completion queues. Progress is manual (`FI_PROGRESS_MANUAL`): reading a queue makes
+//! progress on every endpoint bound to it first, so an application that only polls its
+//! completion queues, as MPI libraries do, keeps its messages moving.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, Weak};
+
+use crate::endpoint::Endpoint;
+
+/// One completion, in the widest format (`struct fi_cq_tagged_entry`) plus the source's
+/// `fi_addr_t` for `fi_cq_readfrom`; narrower formats are prefixes of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub context: usize,
+    pub flags: u64,
+    pub len: usize,
+    pub buf: usize,
+    pub data: u64,
+    pub tag: u64,
+    pub src: u64,
+}
+
+/// A failed operation: its completion, how much did not fit (`olen`), and the positive
+/// libfabric error number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Failed {
+    pub entry: Completion,
+    pub olen: usize,
+    pub err: i32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    Done(Completion),
+    Failed(Failed),
+}
+
+/// Why a read returned nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Empty {
+    /// Nothing completed (`-FI_EAGAIN`).
+    Again,
+    /// A failure is next: read it with `fi_cq_readerr` (`-FI_EAVAIL`).
+    Failure,
+}
+
+#[derive(Debug)]
+pub struct Cq {
+    pub format: i32,
+    queue: Mutex<VecDeque<Entry>>,
+    endpoints: Mutex<Vec<Weak<Endpoint>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cq {
+    pub fn new(format: i32) -> Cq {
+        Cq {
+            format,
+            queue: Mutex::new(VecDeque::new()),
+            endpoints: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn bind(&self, ep: Weak<Endpoint>) {
+        lock(&self.endpoints).push(ep);
+    }
+
+    pub fn done(&self, c: Completion) {
+        lock(&self.queue).push_back(Entry::Done(c));
+    }
+
+    pub fn failed(&self, f: Failed) {
+        lock(&self.queue).push_back(Entry::Failed(f));
+    }
+
+    /// Makes progress on the bound endpoints.
+    pub fn progress(&self) {
+        let eps: Vec<_> = {
+            let mut l = lock(&self.endpoints);
+            l.retain(|w| w.strong_count() > 0);
+            l.iter().filter_map(Weak::upgrade).collect()
+        };
+        for ep in eps {
+            ep.progress();
+        }
+    }
+
+    /// Up to `max` completions, oldest first, stopping before a failure.
+    pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
+        self.progress();
+        let mut q = lock(&self.queue);
+        let mut out = Vec::new();
+        while out.len() < max {
+            match q.front() {
+                Some(Entry::Done(c)) => {
+                    out.push(*c);
+                    q.pop_front();
+                }
+                Some(Entry::Failed(_)) if out.is_empty() => return Err(Empty::Failure),
+                _ => break,
+            }
+        }
+        if out.is_empty() {
+            Err(Empty::Again)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// The failure at the head of the queue, if one is.
+    pub fn read_failure(&self) -> Option<Failed> {
+        let mut q = lock(&self.queue);
+        match q.front() {
+            Some(Entry::Failed(f)) => {
+                let f = *f;
+                q.pop_front();
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! An `FI_EP_RDM` endpoint: a mailbox (its address), a packetizer interface and an RDMA
+//! page of the process's attachment, driving the message protocol ([`crate::msg`]) with
+//! the client library. Safe Rust: what touches the application's memory is a
+//! [`UserBuf`], whose maker (the C entry points) promised the memory.
+//!
+//! Progress happens in the application's calls (posting an operation, reading a bound
+//! completion queue): completed packetizer messages and reads are collected, the mailbox
+//! is drained (while the unexpected queue has room), what the protocol asks is posted on
+//! free channels (or waits for one), and what ended becomes completions.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use exanet::{Error, MemoryRegion, NackReason, NodeId, OpError, Tag};
+
+use crate::abi::*;
+use crate::av::Av;
+use crate::cq::{Completion, Cq, Failed};
+use crate::msg::matching::Accepts;
+use crate::msg::{Action, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer};
+use crate::provider::UserBuf;
+
+/// Unread messages the endpoint's mailbox holds before the NI refuses more.
+const MAILBOX_CAPACITY: u32 = 1024;
+
+/// Why an operation was not taken (a positive libfabric error number).
+pub type Errno = i32;
+
+#[derive(Debug)]
+struct SendOp {
+    context: usize,
+    flags: u64,
+    len: usize,
+    /// `fi_inject`: no completion.
+    silent: bool,
+}
+
+#[derive(Debug)]
+struct RecvOp {
+    context: usize,
+    flags: u64,
+    buf: UserBuf,
+}
+
+struct Inner {
+    ep: Arc<exanet::Endpoint>,
+    mailbox: exanet::Mailbox,
+    tx: exanet::Packetizer,
+    rdma: exanet::RdmaPage,
+    engine: Engine,
+    av: Option<Arc<Av>>,
+    txcq: Option<Arc<Cq>>,
+    rxcq: Option<Arc<Cq>>,
+    enabled: bool,
+    /// Actions waiting for a free channel, in order.
+    waiting: VecDeque<Action>,
+    packets: Vec<(Tag, u64)>,
+    fetches: Vec<(Tag, u64)>,
+    /// Where each fetch reads into, until its data is copied out.
+    fetch_regions: HashMap<u64, MemoryRegion>,
+    /// A rendezvous send's staged data, until the receiver has read it.
+    staged: HashMap<u64, MemoryRegion>,
+    sends: HashMap<u64, SendOp>,
+    recvs: HashMap<u64, RecvOp>,
+    next_op: u64,
+    /// Messages from peers that did not decode or broke the protocol.
+    protocol_errors: u64,
+}
+
+pub struct Endpoint {
+    inner: Mutex<Inner>,
+    me: Peer,
+    directed: bool,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("me", &self.me).finish()
+    }
+}
+
+fn is_transient(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Op {
+            error: OpError::Nacked {
+                reason: Some(NackReason::QueueFull | NackReason::NoContext),
+                ..
+            },
+            ..
+        }
+    )
+}
+
+impl Endpoint {
+    /// Opens an endpoint of the attachment `ep`.
+    /// `directed`: receives honour their source address (`FI_DIRECTED_RECV`); without
+    /// it libfabric says the source of a receive is ignored.
+    pub fn open(ep: Arc<exanet::Endpoint>, directed: bool) -> Result<Arc<Endpoint>, Error> {
+        let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
+        let tx = ep.packetizer()?;
+        let rdma = ep.rdma_page()?;
+        let me = Peer {
+            node: ep.node_id().0,
+            rank: ep.rank(),
+            vi: mailbox.vi(),
+        };
+        Ok(Arc::new(Endpoint {
+            me,
+            directed,
+            inner: Mutex::new(Inner {
+                engine: Engine::new(me, Config::default()),
+                ep,
+                mailbox,
+                tx,
+                rdma,
+                av: None,
+                txcq: None,
+                rxcq: None,
+                enabled: false,
+                waiting: VecDeque::new(),
+                packets: Vec::new(),
+                fetches: Vec::new(),
+                fetch_regions: HashMap::new(),
+                staged: HashMap::new(),
+                sends: HashMap::new(),
+                recvs: HashMap::new(),
+                next_op: 0,
+                protocol_errors: 0,
+            }),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This endpoint's address.
+    pub fn name(&self) -> Peer {
+        self.me
+    }
+
+    pub fn bind_av(&self, av: Arc<Av>) {
+        self.lock().av = Some(av);
+    }
+
+    /// Completions of sends (`tx`) and of receives (`rx`) go to `cq`.
+    pub fn bind_cq(self: &Arc<Self>, cq: Arc<Cq>, tx: bool, rx: bool) {
+        cq.bind(Arc::downgrade(self));
+        let mut i = self.lock();
+        if tx {
+            i.txcq = Some(Arc::clone(&cq));
+        }
+        if rx {
+            i.rxcq = Some(cq);
+        }
+    }
+
+    /// `fi_enable`: an address vector and both completion queues must be bound.
+    pub fn enable(&self) -> Result<(), Errno> {
+        let mut i = self.lock();
+        if i.av.is_none() || i.txcq.is_none() || i.rxcq.is_none() {
+            return Err(FI_ENOCQ_OR_AV);
+        }
+        i.enabled = true;
+        Ok(())
+    }
+
+    /// Sends `data` to `dest`; `silent` for `fi_inject` (no completion).
+    pub fn send(
+        &self,
+        dest: u64,
+        data: &[u8],
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        context: usize,
+        silent: bool,
+    ) -> Result<(), Errno> {
+        let mut i = self.lock();
+        if !i.enabled {
+            return Err(FI_EOPBADSTATE);
+        }
+        let to =
+            i.av.as_ref()
+                .and_then(|av| av.lookup(dest))
+                .ok_or(FI_EINVAL)?;
+        let op = i.next_op;
+        let out = if data.len() <= i.engine.eager_limit() {
+            Outgoing::Inline(data.to_vec())
+        } else {
+            let region = i.ep.register(data.len() as u64).map_err(|_| FI_ENOMEM)?;
+            region.write(0, data).map_err(|_| FI_EIO)?;
+            let out = Outgoing::Staged {
+                va: region.va(),
+                len: data.len() as u64,
+            };
+            i.staged.insert(op, region);
+            out
+        };
+        if let Err(e) = i.engine.send(to, tag, cq_data, out, op) {
+            i.staged.remove(&op);
+            tracing::debug!("exanet-fi: send refused: {e}");
+            return Err(FI_EINVAL);
+        }
+        i.next_op += 1;
+        let flags = FI_SEND | if tag.is_some() { FI_TAGGED } else { FI_MSG };
+        i.sends.insert(
+            op,
+            SendOp {
+                context,
+                flags,
+                len: data.len(),
+                silent,
+            },
+        );
+        i.progress();
+        Ok(())
+    }
+
+    /// Posts a receive into `buf` from `src` (`FI_ADDR_UNSPEC`: anyone); `tag` is
+    /// (tag, ignore) for a tagged receive.
+    pub fn recv(
+        &self,
+        src: u64,
+        buf: UserBuf,
+        tag: Option<(u64, u64)>,
+        context: usize,
+    ) -> Result<(), Errno> {
+        let mut i = self.lock();
+        if !i.enabled {
+            return Err(FI_EOPBADSTATE);
+        }
+        let from = if src == FI_ADDR_UNSPEC || !self.directed {
+            None
+        } else {
+            Some(
+                i.av.as_ref()
+                    .and_then(|av| av.lookup(src))
+                    .ok_or(FI_EINVAL)?,
+            )
+        };
+        let accepts = Accepts {
+            from,
+            tagged: tag.is_some(),
+            tag: tag.map_or(0, |t| t.0),
+            ignore: tag.map_or(0, |t| t.1),
+        };
+        let op = i.next_op;
+        i.next_op += 1;
+        let capacity = buf.len() as u64;
+        let flags = FI_RECV | if tag.is_some() { FI_TAGGED } else { FI_MSG };
+        i.recvs.insert(
+            op,
+            RecvOp {
+                context,
+                flags,
+                buf,
+            },
+        );
+        i.engine.post_recv(accepts, capacity, op);
+        i.progress();
+        Ok(())
+    }
+
+    /// `fi_cancel`: cancels the posted receive with `context`, if it is still waiting.
+    pub fn cancel(&self, context: usize) -> bool {
+        let mut i = self.lock();
+        let ops: Vec<u64> = i
+            .recvs
+            .iter()
+            .filter(|(_, r)| r.context == context)
+            .map(|(op, _)| *op)
+            .collect();
+        let cancelled = ops.into_iter().any(|op| i.engine.cancel_recv(op));
+        i.progress();
+        cancelled
+    }
+
+    pub fn progress(&self) {
+        self.lock().progress();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.protocol_errors > 0 {
+            tracing::warn!(
+                "exanet-fi: endpoint {:?} closed after {} malformed or out-of-protocol messages",
+                self.engine.me(),
+                self.protocol_errors
+            );
+        }
+    }
+}
+
+/// `-FI_ENOCQ` / `-FI_ENOAV` are both "not bound yet"; libfabric's `fi_enable` reports
+/// the missing binding as `-FI_ENOCQ` for a queue, and this provider does for both.
+const FI_ENOCQ_OR_AV: Errno = FI_ENOCQ;
+
+impl Inner {
+    fn progress(&mut self) {
+        if let Err(e) = self.ep.poll() {
+            tracing::debug!("exanet-fi: poll: {e}");
+        }
+        self.collect_packets();
+        self.collect_fetches();
+        while self.engine.has_room() {
+            match self.mailbox.try_recv() {
+                Ok(Some(m)) => {
+                    if let Err(e) = self.engine.on_packet(m.src_node.0, m.src_rank, &m.payload) {
+                        self.protocol_errors += 1;
+                        tracing::warn!("exanet-fi: {e}");
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!("exanet-fi: mailbox: {e}");
+                    break;
+                }
+            }
+        }
+        while let Some(a) = self.engine.poll_action() {
+            self.waiting.push_back(a);
+        }
+        self.post_waiting();
+        while let Some(ev) = self.engine.poll_event() {
+            self.complete(ev);
+        }
+    }
+
+    fn collect_packets(&mut self) {
+        let mut k = 0;
+        while k < self.packets.len() {
+            let (tag, token) = self.packets[k];
+            let how = match self.ep.wait(tag, Some(Duration::ZERO)) {
+                Err(Error::Timeout) => {
+                    k += 1;
+                    continue;
+                }
+                Ok(()) => Delivery::Delivered,
+                Err(e) if is_transient(&e) => Delivery::Refused,
+                Err(e) => Delivery::Failed(e.to_string()),
+            };
+            self.packets.swap_remove(k);
+            if let Err(e) = self.engine.packet_done(token, how) {
+                tracing::warn!("exanet-fi: {e}");
+            }
+        }
+    }
+
+    fn collect_fetches(&mut self) {
+        let mut k = 0;
+        while k < self.fetches.len() {
+            let (tag, id) = self.fetches[k];
+            let result = match self.ep.wait(tag, Some(Duration::ZERO)) {
+                Err(Error::Timeout) => {
+                    k += 1;
+                    continue;
+                }
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    self.fetch_regions.remove(&id);
+                    Err(e.to_string())
+                }
+            };
+            self.fetches.swap_remove(k);
+            if let Err(e) = self.engine.fetch_done(id, result) {
+                tracing::warn!("exanet-fi: {e}");
+            }
+        }
+    }
+
+    /// Posts what waits, in order, while channels are free.
+    fn post_waiting(&mut self) {
+        while let Some(a) = self.waiting.pop_front() {
+            match self.post(&a) {
+                Ok(()) => {}
+                Err(Error::ChannelBusy { .. }) => {
+                    self.waiting.push_front(a);
+                    return;
+                }
+                Err(e) => self.post_failed(a, e),
+            }
+        }
+    }
+
+    fn post(&mut self, a: &Action) -> Result<(), Error> {
+        match a {
+            Action::Transmit(t) => {
+                let dst = self
+                    .ep
+                    .mailbox_addr(NodeId(t.to.node), t.to.rank, t.to.vi)?;
+                let tag = self.free_packetizer_channel(|tx, ch| tx.send(ch, dst, &t.bytes))?;
+                self.packets.push((tag, t.token));
+            }
+            Action::Fetch(f) => {
+                let src = self.ep.addr(NodeId(f.node), f.rank, f.va)?;
+                if !self.fetch_regions.contains_key(&f.id) {
+                    let region = self.ep.register(f.len)?;
+                    self.fetch_regions.insert(f.id, region);
+                }
+                let region = &self.fetch_regions[&f.id];
+                let mut tag = None;
+                let mut last = None;
+                for ch in 0..exanet::RDMA_READ_CHANNELS {
+                    match self.rdma.read(ch, src, region, 0, f.len) {
+                        Ok(t) => {
+                            tag = Some(t);
+                            break;
+                        }
+                        Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                let tag = tag.ok_or_else(|| last.expect("a channel was tried"))?;
+                self.fetches.push((tag, f.id));
+            }
+        }
+        Ok(())
+    }
+
+    fn free_packetizer_channel(
+        &self,
+        send: impl Fn(&exanet::Packetizer, u8) -> Result<Tag, Error>,
+    ) -> Result<Tag, Error> {
+        let mut last = None;
+        for ch in 0..exanet::PACKETIZER_CHANNELS {
+            match send(&self.tx, ch) {
+                Ok(t) => return Ok(t),
+                Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("a channel was tried"))
+    }
+
+    /// An action the NI refused outright ends its operation.
+    fn post_failed(&mut self, a: Action, e: Error) {
+        tracing::debug!("exanet-fi: {a:?}: {e}");
+        let r = match a {
+            Action::Transmit(t) => self
+                .engine
+                .packet_done(t.token, Delivery::Failed(e.to_string())),
+            Action::Fetch(f) => {
+                self.fetch_regions.remove(&f.id);
+                self.engine.fetch_done(f.id, Err(e.to_string()))
+            }
+        };
+        if let Err(e) = r {
+            tracing::warn!("exanet-fi: {e}");
+        }
+    }
+
+    fn complete(&mut self, ev: Event) {
+        match ev {
+            Event::Sent { ctx, result } => {
+                self.staged.remove(&ctx);
+                let Some(op) = self.sends.remove(&ctx) else {
+                    return;
+                };
+                let Some(cq) = self.txcq.clone() else { return };
+                let entry = Completion {
+                    context: op.context,
+                    flags: op.flags,
+                    len: op.len,
+                    ..Completion::default()
+                };
+                match result {
+                    Ok(()) if op.silent => {}
+                    Ok(()) => cq.done(entry),
+                    Err(f) => cq.failed(Failed {
+                        entry,
+                        olen: 0,
+                        err: errno_of(&f),
+                    }),
+                }
+            }
+            Event::Received {
+                ctx,
+                from,
+                tag,
+                cq_data,
+                len,
+                data,
+            } => {
+                let Some(op) = self.recvs.remove(&ctx) else {
+                    return;
+                };
+                let written = match data {
+                    Data::Inline(b) => op.buf.write(&b),
+                    Data::Fetched { fetch, len } => {
+                        let region = self.fetch_regions.remove(&fetch);
+                        let mut b = vec![0u8; len as usize];
+                        match region.map(|r| r.read(0, &mut b)) {
+                            Some(Ok(())) => op.buf.write(&b),
+                            _ => 0,
+                        }
+                    }
+                };
+                let Some(cq) = self.rxcq.clone() else { return };
+                let src = self
+                    .av
+                    .as_ref()
+                    .map_or(FI_ADDR_UNSPEC, |av| av.reverse(from));
+                let entry = Completion {
+                    context: op.context,
+                    flags: op.flags
+                        | if cq_data.is_some() {
+                            FI_REMOTE_CQ_DATA
+                        } else {
+                            0
+                        },
+                    len: written,
+                    buf: op.buf.addr(),
+                    data: cq_data.unwrap_or(0),
+                    tag: tag.unwrap_or(0),
+                    src,
+                };
+                if (written as u64) < len {
+                    cq.failed(Failed {
+                        entry,
+                        olen: (len - written as u64) as usize,
+                        err: FI_ETRUNC,
+                    });
+                } else {
+                    cq.done(entry);
+                }
+            }
+            Event::RecvFailed { ctx, error } => {
+                let Some(op) = self.recvs.remove(&ctx) else {
+                    return;
+                };
+                if let Some(cq) = self.rxcq.clone() {
+                    cq.failed(Failed {
+                        entry: Completion {
+                            context: op.context,
+                            flags: op.flags,
+                            buf: op.buf.addr(),
+                            ..Completion::default()
+                        },
+                        olen: 0,
+                        err: errno_of(&error),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn errno_of(f: &Failure) -> i32 {
+    match f {
+        Failure::Cancelled => FI_ECANCELED,
+        Failure::Unreachable(_) => FI_EHOSTUNREACH,
+        Failure::Refused => FI_ECONNREFUSED,
+        Failure::ReadFailed(_) => FI_EIO,
+    }
+}
