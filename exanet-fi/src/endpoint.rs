@@ -27,6 +27,29 @@ const MAILBOX_CAPACITY: u32 = 1024;
 /// Why an operation was not taken (a positive libfabric error number).
 pub type Errno = i32;
 
+/// Whether an operation asks for a completion (under `FI_SELECTIVE_COMPLETION` only
+/// those flagged `FI_COMPLETION` get one; failures always do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completes {
+    /// A call without flags: as the endpoint's operation flags say.
+    ByDefault,
+    /// A `*msg` call: as its flags say.
+    Flagged(bool),
+    /// `fi_inject`: never.
+    Never,
+}
+
+/// What a probe (`FI_PEEK`) does with the message it finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Leaves it.
+    Peek,
+    /// Sets it aside for a receive with `FI_CLAIM`.
+    Claim,
+    /// Throws it away.
+    Discard,
+}
+
 #[derive(Debug)]
 struct SendOp {
     context: usize,
@@ -41,6 +64,7 @@ struct RecvOp {
     context: usize,
     flags: u64,
     buf: UserBuf,
+    silent: bool,
 }
 
 struct Inner {
@@ -53,6 +77,10 @@ struct Inner {
     txcq: Option<Arc<Cq>>,
     rxcq: Option<Arc<Cq>>,
     enabled: bool,
+    /// Bound with `FI_SELECTIVE_COMPLETION`: (transmit, receive).
+    selective: (bool, bool),
+    /// `FI_COMPLETION` in the operation flags the endpoint was opened with.
+    default_completion: (bool, bool),
     /// Actions waiting for a free channel, in order.
     waiting: VecDeque<Action>,
     packets: Vec<(Tag, u64)>,
@@ -97,7 +125,11 @@ impl Endpoint {
     /// Opens an endpoint of the attachment `ep`.
     /// `directed`: receives honour their source address (`FI_DIRECTED_RECV`); without
     /// it libfabric says the source of a receive is ignored.
-    pub fn open(ep: Arc<exanet::Endpoint>, directed: bool) -> Result<Arc<Endpoint>, Error> {
+    pub fn open(
+        ep: Arc<exanet::Endpoint>,
+        directed: bool,
+        default_completion: (bool, bool),
+    ) -> Result<Arc<Endpoint>, Error> {
         let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
         let tx = ep.packetizer()?;
         let rdma = ep.rdma_page()?;
@@ -119,6 +151,8 @@ impl Endpoint {
                 txcq: None,
                 rxcq: None,
                 enabled: false,
+                selective: (false, false),
+                default_completion,
                 waiting: VecDeque::new(),
                 packets: Vec::new(),
                 fetches: Vec::new(),
@@ -145,15 +179,18 @@ impl Endpoint {
         self.lock().av = Some(av);
     }
 
-    /// Completions of sends (`tx`) and of receives (`rx`) go to `cq`.
-    pub fn bind_cq(self: &Arc<Self>, cq: Arc<Cq>, tx: bool, rx: bool) {
+    /// Completions of sends (`tx`) and of receives (`rx`) go to `cq`; `selective`: only
+    /// those of operations that ask for one.
+    pub fn bind_cq(self: &Arc<Self>, cq: Arc<Cq>, tx: bool, rx: bool, selective: bool) {
         cq.bind(Arc::downgrade(self));
         let mut i = self.lock();
         if tx {
             i.txcq = Some(Arc::clone(&cq));
+            i.selective.0 = selective;
         }
         if rx {
             i.rxcq = Some(cq);
+            i.selective.1 = selective;
         }
     }
 
@@ -167,7 +204,7 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Sends `data` to `dest`; `silent` for `fi_inject` (no completion).
+    /// Sends `data` to `dest`.
     pub fn send(
         &self,
         dest: u64,
@@ -175,9 +212,10 @@ impl Endpoint {
         tag: Option<u64>,
         cq_data: Option<u64>,
         context: usize,
-        silent: bool,
+        completes: Completes,
     ) -> Result<(), Errno> {
         let mut i = self.lock();
+        let silent = !i.completes(completes, true);
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
         }
@@ -226,11 +264,22 @@ impl Endpoint {
         buf: UserBuf,
         tag: Option<(u64, u64)>,
         context: usize,
+        completes: Completes,
     ) -> Result<(), Errno> {
         let mut i = self.lock();
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
         }
+        let accepts = self.accepts(&i, src, tag)?;
+        let capacity = buf.len() as u64;
+        let op = i.add_recv(buf, tag.is_some(), context, completes);
+        i.engine.post_recv(accepts, capacity, op);
+        i.progress();
+        Ok(())
+    }
+
+    /// What a receive from `src` with `tag` (tag, ignore) accepts.
+    fn accepts(&self, i: &Inner, src: u64, tag: Option<(u64, u64)>) -> Result<Accepts, Errno> {
         let from = if src == FI_ADDR_UNSPEC || !self.directed {
             None
         } else {
@@ -240,25 +289,93 @@ impl Endpoint {
                     .ok_or(FI_EINVAL)?,
             )
         };
-        let accepts = Accepts {
+        Ok(Accepts {
             from,
             tagged: tag.is_some(),
             tag: tag.map_or(0, |t| t.0),
             ignore: tag.map_or(0, |t| t.1),
-        };
-        let op = i.next_op;
-        i.next_op += 1;
-        let capacity = buf.len() as u64;
+        })
+    }
+
+    /// A probe (`FI_PEEK`) for a message from `src` with `tag`: completes at once on the
+    /// receive queue, with the message's length, tag and data, or fails with
+    /// `FI_ENOMSG`. A claim's identifier comes back for the receive that takes it.
+    pub fn probe(
+        &self,
+        src: u64,
+        tag: Option<(u64, u64)>,
+        context: usize,
+        probe: Probe,
+    ) -> Result<Option<u64>, Errno> {
+        let mut i = self.lock();
+        if !i.enabled {
+            return Err(FI_EOPBADSTATE);
+        }
+        i.progress();
+        let accepts = self.accepts(&i, src, tag)?;
         let flags = FI_RECV | if tag.is_some() { FI_TAGGED } else { FI_MSG };
-        i.recvs.insert(
-            op,
-            RecvOp {
-                context,
-                flags,
-                buf,
-            },
-        );
-        i.engine.post_recv(accepts, capacity, op);
+        let found = match probe {
+            Probe::Peek => i.engine.peek(&accepts).map(|p| (None, p)),
+            Probe::Claim | Probe::Discard => i.engine.claim(&accepts).map(|(c, p)| (Some(c), p)),
+        };
+        let Some(cq) = i.rxcq.clone() else {
+            return Err(FI_ENOCQ);
+        };
+        let Some((claim, p)) = found else {
+            cq.failed(Failed {
+                entry: Completion {
+                    context,
+                    flags,
+                    ..Completion::default()
+                },
+                olen: 0,
+                err: FI_ENOMSG,
+            });
+            return Ok(None);
+        };
+        let src =
+            i.av.as_ref()
+                .map_or(FI_ADDR_UNSPEC, |av| av.reverse(p.from));
+        cq.done(Completion {
+            context,
+            flags: flags
+                | if p.cq_data.is_some() {
+                    FI_REMOTE_CQ_DATA
+                } else {
+                    0
+                },
+            len: p.len as usize,
+            buf: 0,
+            data: p.cq_data.unwrap_or(0),
+            tag: p.tag.unwrap_or(0),
+            src,
+        });
+        if let (Probe::Discard, Some(c)) = (probe, claim) {
+            // Taken into nothing; its completion is not wanted.
+            let op = i.add_recv(UserBuf::empty(), tag.is_some(), context, Completes::Never);
+            i.engine.recv_claimed(c, 0, op);
+            i.progress();
+            return Ok(None);
+        }
+        Ok(claim)
+    }
+
+    /// Receives the message a probe claimed (`FI_CLAIM`) into `buf` (empty: discards it).
+    pub fn recv_claimed(
+        &self,
+        claim: u64,
+        buf: UserBuf,
+        tagged: bool,
+        context: usize,
+        completes: Completes,
+    ) -> Result<(), Errno> {
+        let mut i = self.lock();
+        let capacity = buf.len() as u64;
+        let op = i.add_recv(buf, tagged, context, completes);
+        if !i.engine.recv_claimed(claim, capacity, op) {
+            i.recvs.remove(&op);
+            return Err(FI_EINVAL);
+        }
         i.progress();
         Ok(())
     }
@@ -299,6 +416,37 @@ impl Drop for Inner {
 const FI_ENOCQ_OR_AV: Errno = FI_ENOCQ;
 
 impl Inner {
+    /// Whether an operation gets a completion when it succeeds.
+    fn completes(&self, c: Completes, tx: bool) -> bool {
+        let (selective, default) = if tx {
+            (self.selective.0, self.default_completion.0)
+        } else {
+            (self.selective.1, self.default_completion.1)
+        };
+        match c {
+            Completes::Never => false,
+            Completes::ByDefault => !selective || default,
+            Completes::Flagged(f) => !selective || f,
+        }
+    }
+
+    fn add_recv(&mut self, buf: UserBuf, tagged: bool, context: usize, c: Completes) -> u64 {
+        let op = self.next_op;
+        self.next_op += 1;
+        let silent = !self.completes(c, false);
+        let flags = FI_RECV | if tagged { FI_TAGGED } else { FI_MSG };
+        self.recvs.insert(
+            op,
+            RecvOp {
+                context,
+                flags,
+                buf,
+                silent,
+            },
+        );
+        op
+    }
+
     fn progress(&mut self) {
         if let Err(e) = self.ep.poll() {
             tracing::debug!("exanet-fi: poll: {e}");
@@ -517,13 +665,13 @@ impl Inner {
                     tag: tag.unwrap_or(0),
                     src,
                 };
-                if (written as u64) < len {
+                if (written as u64) < len && !(op.silent && op.buf.len() == 0) {
                     cq.failed(Failed {
                         entry,
                         olen: (len - written as u64) as usize,
                         err: FI_ETRUNC,
                     });
-                } else {
+                } else if !op.silent {
                     cq.done(entry);
                 }
             }

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use crate::abi::*;
 use crate::av::{self, Av};
 use crate::cq::{Completion, Cq, Empty};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Completes, Endpoint, Probe};
 use crate::offer::{self, Hints, Offer};
 
 /// The provider's own version (`fi_info -p exanet -v` shows it).
@@ -603,6 +603,11 @@ impl UserBuf {
             addr: addr as usize,
             len: if addr.is_null() { 0 } else { len },
         }
+    }
+
+    /// No memory: a receive that takes a message into nothing.
+    pub(crate) fn empty() -> UserBuf {
+        UserBuf { addr: 0, len: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -1377,13 +1382,17 @@ unsafe extern "C" fn endpoint(
                 return -FI_EINVAL;
             }
         }
-        let rx_caps = info
-            .and_then(|i| unsafe { i.rx_attr.as_ref() })
-            .map_or(0, |a| a.caps);
-        let directed = (info.map_or(0, |i| i.caps) | rx_caps) & FI_DIRECTED_RECV != 0;
+        let rx = info.and_then(|i| unsafe { i.rx_attr.as_ref() });
+        let tx = info.and_then(|i| unsafe { i.tx_attr.as_ref() });
+        let directed =
+            (info.map_or(0, |i| i.caps) | rx.map_or(0, |a| a.caps)) & FI_DIRECTED_RECV != 0;
+        let default_completion = (
+            tx.is_some_and(|a| a.op_flags & FI_COMPLETION != 0),
+            rx.is_some_and(|a| a.op_flags & FI_COMPLETION != 0),
+        );
         // SAFETY: the head of the `Domain` this provider opened.
         let d = unsafe { &*domain.cast::<Domain>() };
-        let ep = match Endpoint::open(Arc::clone(&d.attachment), directed) {
+        let ep = match Endpoint::open(Arc::clone(&d.attachment), directed, default_completion) {
             Ok(ep) => ep,
             Err(e) => {
                 tracing::debug!("exanet-fi: endpoint: {e}");
@@ -1448,17 +1457,14 @@ unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
                 0
             }
             FI_CLASS_CQ => {
-                if flags & FI_SELECTIVE_COMPLETION != 0 {
-                    // Every operation completes: not what was asked for.
-                    return -FI_ENOSYS;
-                }
                 // SAFETY: an object of class CQ of this provider is a `CqObj`.
                 let cq = unsafe { &*b.cast::<CqObj>() };
                 let (tx, rx) = (flags & FI_TRANSMIT != 0, flags & FI_RECV != 0);
                 if !tx && !rx {
                     return -FI_EINVAL;
                 }
-                ep.bind_cq(Arc::clone(&cq.cq), tx, rx);
+                let selective = flags & FI_SELECTIVE_COMPLETION != 0;
+                ep.bind_cq(Arc::clone(&cq.cq), tx, rx, selective);
                 0
             }
             FI_CLASS_EQ => 0,
@@ -1610,14 +1616,14 @@ unsafe fn do_send(
     tag: Option<u64>,
     data: Option<u64>,
     context: *mut c_void,
-    inject: bool,
+    completes: Completes,
 ) -> isize {
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as the caller guarantees.
         let Some(e) = (unsafe { ep_of(ep) }) else {
             return -(FI_EINVAL as isize);
         };
-        if inject && len > offer::INJECT_SIZE {
+        if completes == Completes::Never && len > offer::INJECT_SIZE {
             return -(FI_EMSGSIZE as isize);
         }
         if len > offer::MAX_MSG_SIZE {
@@ -1625,7 +1631,7 @@ unsafe fn do_send(
         }
         // SAFETY: as the caller guarantees; copied before the call returns.
         let bytes = unsafe { bytes(buf, len) };
-        errno(e.send(dest, bytes, tag, data, context as usize, inject))
+        errno(e.send(dest, bytes, tag, data, context as usize, completes))
     }))
     .unwrap_or(-(FI_EIO as isize))
 }
@@ -1642,6 +1648,7 @@ unsafe fn do_recv(
     src: u64,
     tag: Option<(u64, u64)>,
     context: *mut c_void,
+    completes: Completes,
 ) -> isize {
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as the caller guarantees.
@@ -1650,7 +1657,7 @@ unsafe fn do_recv(
         };
         // SAFETY: as the caller guarantees.
         let ub = unsafe { UserBuf::new(buf, len) };
-        errno(e.recv(src, ub, tag, context as usize))
+        errno(e.recv(src, ub, tag, context as usize, completes))
     }))
     .unwrap_or(-(FI_EIO as isize))
 }
@@ -1664,7 +1671,7 @@ unsafe extern "C" fn msg_recv(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_recv(ep, buf, len, src, None, context) }
+    unsafe { do_recv(ep, buf, len, src, None, context, Completes::ByDefault) }
 }
 
 unsafe extern "C" fn msg_recvv(
@@ -1677,19 +1684,31 @@ unsafe extern "C" fn msg_recvv(
 ) -> isize {
     // SAFETY: as the application passes them.
     match unsafe { one_iov(iov, count) } {
-        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, src, None, context) },
+        Ok((buf, len)) => unsafe {
+            do_recv(ep, buf, len, src, None, context, Completes::ByDefault)
+        },
         Err(e) => e as isize,
     }
 }
 
-unsafe extern "C" fn msg_recvmsg(ep: *mut fid_ep, msg: *const fi_msg, _flags: u64) -> isize {
+unsafe extern "C" fn msg_recvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
     // SAFETY: null or a valid message, as the application passes it.
     let Some(m) = (unsafe { msg.as_ref() }) else {
         return -(FI_EINVAL as isize);
     };
     // SAFETY: as the application passes them.
     match unsafe { one_iov(m.msg_iov, m.iov_count) } {
-        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, m.addr, None, m.context) },
+        Ok((buf, len)) => unsafe {
+            do_recv(
+                ep,
+                buf,
+                len,
+                m.addr,
+                None,
+                m.context,
+                Completes::Flagged(flags & FI_COMPLETION != 0),
+            )
+        },
         Err(e) => e as isize,
     }
 }
@@ -1703,7 +1722,18 @@ unsafe extern "C" fn msg_send(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, None, None, context, false) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            None,
+            None,
+            context,
+            Completes::ByDefault,
+        )
+    }
 }
 
 unsafe extern "C" fn msg_sendv(
@@ -1716,7 +1746,18 @@ unsafe extern "C" fn msg_sendv(
 ) -> isize {
     // SAFETY: as the application passes them.
     match unsafe { one_iov(iov, count) } {
-        Ok((buf, len)) => unsafe { do_send(ep, buf, len, dest, None, None, context, false) },
+        Ok((buf, len)) => unsafe {
+            do_send(
+                ep,
+                buf,
+                len,
+                dest,
+                None,
+                None,
+                context,
+                Completes::ByDefault,
+            )
+        },
         Err(e) => e as isize,
     }
 }
@@ -1738,7 +1779,7 @@ unsafe extern "C" fn msg_sendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64
                 None,
                 data,
                 m.context,
-                flags & FI_INJECT != 0,
+                msg_completes(flags),
             )
         },
         Err(e) => e as isize,
@@ -1752,7 +1793,18 @@ unsafe extern "C" fn msg_inject(
     dest: u64,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, None, None, ptr::null_mut(), true) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            None,
+            None,
+            ptr::null_mut(),
+            Completes::Never,
+        )
+    }
 }
 
 unsafe extern "C" fn msg_senddata(
@@ -1765,7 +1817,18 @@ unsafe extern "C" fn msg_senddata(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, None, Some(data), context, false) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            None,
+            Some(data),
+            context,
+            Completes::ByDefault,
+        )
+    }
 }
 
 unsafe extern "C" fn msg_injectdata(
@@ -1776,7 +1839,18 @@ unsafe extern "C" fn msg_injectdata(
     dest: u64,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, None, Some(data), ptr::null_mut(), true) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            None,
+            Some(data),
+            ptr::null_mut(),
+            Completes::Never,
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // libfabric's signature
@@ -1791,7 +1865,17 @@ unsafe extern "C" fn tagged_recv(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_recv(ep, buf, len, src, Some((tag, ignore)), context) }
+    unsafe {
+        do_recv(
+            ep,
+            buf,
+            len,
+            src,
+            Some((tag, ignore)),
+            context,
+            Completes::ByDefault,
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // libfabric's signature
@@ -1807,7 +1891,17 @@ unsafe extern "C" fn tagged_recvv(
 ) -> isize {
     // SAFETY: as the application passes them.
     match unsafe { one_iov(iov, count) } {
-        Ok((buf, len)) => unsafe { do_recv(ep, buf, len, src, Some((tag, ignore)), context) },
+        Ok((buf, len)) => unsafe {
+            do_recv(
+                ep,
+                buf,
+                len,
+                src,
+                Some((tag, ignore)),
+                context,
+                Completes::ByDefault,
+            )
+        },
         Err(e) => e as isize,
     }
 }
@@ -1817,20 +1911,74 @@ unsafe extern "C" fn tagged_recvmsg(
     msg: *const fi_msg_tagged,
     flags: u64,
 ) -> isize {
-    // SAFETY: null or a valid message, as the application passes it.
-    let Some(m) = (unsafe { msg.as_ref() }) else {
-        return -(FI_EINVAL as isize);
-    };
-    if flags & (FI_PEEK | FI_CLAIM | FI_DISCARD) != 0 {
-        // Probing is not built yet.
-        return -(FI_ENOSYS as isize);
-    }
-    // SAFETY: as the application passes them.
-    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
-        Ok((buf, len)) => unsafe {
-            do_recv(ep, buf, len, m.addr, Some((m.tag, m.ignore)), m.context)
-        },
-        Err(e) => e as isize,
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: null or a valid message, as the application passes it.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return -(FI_EINVAL as isize);
+        };
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(e) = (unsafe { ep_of(ep) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        let tag = Some((m.tag, m.ignore));
+        let completes = Completes::Flagged(flags & FI_COMPLETION != 0);
+        // A claim travels in the application's `struct fi_context` (libfabric's rule for
+        // FI_CLAIM), as its number plus one in the first word.
+        let ctx = m.context.cast::<fi_context>();
+        if flags & FI_PEEK != 0 {
+            let probe = match (flags & FI_CLAIM != 0, flags & FI_DISCARD != 0) {
+                (true, _) => Probe::Claim,
+                (false, true) => Probe::Discard,
+                (false, false) => Probe::Peek,
+            };
+            if probe == Probe::Claim && ctx.is_null() {
+                return -(FI_EINVAL as isize);
+            }
+            return match e.probe(m.addr, tag, m.context as usize, probe) {
+                Ok(Some(claim)) => {
+                    // SAFETY: a `struct fi_context`, as FI_CLAIM requires.
+                    unsafe { (*ctx).internal[0] = (claim + 1) as *mut c_void };
+                    0
+                }
+                Ok(None) => 0,
+                Err(n) => -(n as isize),
+            };
+        }
+        if flags & FI_CLAIM != 0 {
+            if ctx.is_null() {
+                return -(FI_EINVAL as isize);
+            }
+            // SAFETY: the `struct fi_context` the claiming probe wrote.
+            let claim = unsafe { (*ctx).internal[0] } as u64;
+            if claim == 0 {
+                return -(FI_EINVAL as isize);
+            }
+            let buf = if flags & FI_DISCARD != 0 {
+                UserBuf::empty()
+            } else {
+                // SAFETY: as the application passes them.
+                match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+                    Ok((buf, len)) => unsafe { UserBuf::new(buf, len) },
+                    Err(n) => return n as isize,
+                }
+            };
+            return errno(e.recv_claimed(claim - 1, buf, true, m.context as usize, completes));
+        }
+        // SAFETY: as the application passes them.
+        match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+            Ok((buf, len)) => unsafe { do_recv(ep, buf, len, m.addr, tag, m.context, completes) },
+            Err(n) => n as isize,
+        }
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+/// Whether a `*msg` send asks for a completion.
+fn msg_completes(flags: u64) -> Completes {
+    if flags & FI_INJECT != 0 {
+        Completes::Never
+    } else {
+        Completes::Flagged(flags & FI_COMPLETION != 0)
     }
 }
 
@@ -1845,7 +1993,18 @@ unsafe extern "C" fn tagged_send(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, Some(tag), None, context, false) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Some(tag),
+            None,
+            context,
+            Completes::ByDefault,
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // libfabric's signature
@@ -1860,7 +2019,18 @@ unsafe extern "C" fn tagged_sendv(
 ) -> isize {
     // SAFETY: as the application passes them.
     match unsafe { one_iov(iov, count) } {
-        Ok((buf, len)) => unsafe { do_send(ep, buf, len, dest, Some(tag), None, context, false) },
+        Ok((buf, len)) => unsafe {
+            do_send(
+                ep,
+                buf,
+                len,
+                dest,
+                Some(tag),
+                None,
+                context,
+                Completes::ByDefault,
+            )
+        },
         Err(e) => e as isize,
     }
 }
@@ -1886,7 +2056,7 @@ unsafe extern "C" fn tagged_sendmsg(
                 Some(m.tag),
                 data,
                 m.context,
-                flags & FI_INJECT != 0,
+                msg_completes(flags),
             )
         },
         Err(e) => e as isize,
@@ -1901,7 +2071,18 @@ unsafe extern "C" fn tagged_inject(
     tag: u64,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, Some(tag), None, ptr::null_mut(), true) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Some(tag),
+            None,
+            ptr::null_mut(),
+            Completes::Never,
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // libfabric's signature
@@ -1916,7 +2097,18 @@ unsafe extern "C" fn tagged_senddata(
     context: Opaque,
 ) -> isize {
     // SAFETY: as the application passes them.
-    unsafe { do_send(ep, buf, len, dest, Some(tag), Some(data), context, false) }
+    unsafe {
+        do_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Some(tag),
+            Some(data),
+            context,
+            Completes::ByDefault,
+        )
+    }
 }
 
 unsafe extern "C" fn tagged_injectdata(
@@ -1937,7 +2129,7 @@ unsafe extern "C" fn tagged_injectdata(
             Some(tag),
             Some(data),
             ptr::null_mut(),
-            true,
+            Completes::Never,
         )
     }
 }

@@ -98,6 +98,15 @@ impl<R, U> Matcher<R, U> {
             .map(|(f, t, u)| (*f, *t, u))
     }
 
+    /// Takes the first unexpected message `accepts` would take.
+    pub fn take(&mut self, accepts: &Accepts) -> Option<(Peer, Option<u64>, U)> {
+        let i = self
+            .unexpected
+            .iter()
+            .position(|(from, tag, _)| accepts.accepts(*from, *tag))?;
+        self.unexpected.remove(i)
+    }
+
     pub fn unexpected(&self) -> usize {
         self.unexpected.len()
     }

@@ -141,6 +141,15 @@ pub enum Event {
     RecvFailed { ctx: u64, error: Failure },
 }
 
+/// A waiting message, as a probe sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peeked {
+    pub from: Peer,
+    pub tag: Option<u64>,
+    pub len: u64,
+    pub cq_data: Option<u64>,
+}
+
 /// How the packetizer message of a [`Transmit`] ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -179,6 +188,19 @@ pub struct MsgStats {
     pub malformed: u64,
     pub resent: u64,
     pub fins_lost: u64,
+}
+
+fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
+    let (len, cq_data) = match a {
+        Arrival::Eager { payload, cq_data } => (payload.len() as u64, *cq_data),
+        Arrival::Rts { len, cq_data, .. } => (*len, *cq_data),
+    };
+    Peeked {
+        from,
+        tag,
+        len,
+        cq_data,
+    }
 }
 
 /// What a posted receive is.
@@ -248,6 +270,9 @@ pub struct Engine {
     next_rts: u32,
     fetches: HashMap<u64, Fetching>,
     next_fetch: u64,
+    /// Messages a probe claimed, for the receive that names them.
+    claimed: HashMap<u64, (Peer, Option<u64>, Arrival)>,
+    next_claim: u64,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
     stats: MsgStats,
@@ -270,6 +295,8 @@ impl Engine {
             next_rts: 0,
             fetches: HashMap::new(),
             next_fetch: 0,
+            claimed: HashMap::new(),
+            next_claim: 0,
             actions: VecDeque::new(),
             events: VecDeque::new(),
             stats: MsgStats::default(),
@@ -391,15 +418,32 @@ impl Engine {
         }
     }
 
-    /// Whether a message `accepts` takes is waiting, and its sender, tag and length.
-    pub fn peek(&self, accepts: &Accepts) -> Option<(Peer, Option<u64>, u64)> {
-        self.matcher.peek(accepts).map(|(from, tag, a)| {
-            let len = match a {
-                Arrival::Eager { payload, .. } => payload.len() as u64,
-                Arrival::Rts { len, .. } => *len,
-            };
-            (from, tag, len)
-        })
+    /// The first waiting message `accepts` would take (`FI_PEEK`).
+    pub fn peek(&self, accepts: &Accepts) -> Option<Peeked> {
+        self.matcher
+            .peek(accepts)
+            .map(|(from, tag, a)| peeked(from, tag, a))
+    }
+
+    /// [`Engine::peek`], and the message is set aside for [`Engine::recv_claimed`]
+    /// (`FI_PEEK | FI_CLAIM`): no other receive takes it.
+    pub fn claim(&mut self, accepts: &Accepts) -> Option<(u64, Peeked)> {
+        let (from, tag, a) = self.matcher.take(accepts)?;
+        let p = peeked(from, tag, &a);
+        let id = self.next_claim;
+        self.next_claim += 1;
+        self.claimed.insert(id, (from, tag, a));
+        Some((id, p))
+    }
+
+    /// Receives the claimed message `claim` into up to `capacity` bytes (0 discards
+    /// it); false when no such claim is waiting.
+    pub fn recv_claimed(&mut self, claim: u64, capacity: u64, ctx: u64) -> bool {
+        let Some((from, tag, a)) = self.claimed.remove(&claim) else {
+            return false;
+        };
+        self.deliver(Posted { ctx, capacity }, from, tag, a);
+        true
     }
 
     /// A message from `node`'s `rank` arrived in this endpoint's mailbox.

@@ -269,11 +269,32 @@ fn tags_ignore_bits_sources_and_untagged_messages_match_as_libfabric_says() {
     assert_eq!(net.received(1, 2).unwrap().1, Some(0xAB42));
     assert_eq!(net.received(1, 3).unwrap().3, b"untagged");
     // The first message waits, unexpected, for a receive that accepts it.
-    assert_eq!(net.eps[1].peek(&any(0x10)), Some((a, Some(0x10), 16)));
+    let p = net.eps[1].peek(&any(0x10)).unwrap();
+    assert_eq!((p.from, p.tag, p.len), (a, Some(0x10), 16));
     net.eps[1].post_recv(any(0x10), 64, 4);
     net.act();
     assert_eq!(net.received(1, 4).unwrap().0, a);
     assert_eq!(net.eps[1].peek(&any(0x10)), None);
+}
+
+#[test]
+fn a_claimed_message_goes_only_to_the_receive_that_names_it() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let mut net = Net::new(&[a, b], Config::default());
+    net.send(0, b, Some(5), &bytes(5, 3000), 1);
+    net.send(0, b, Some(5), b"second", 2);
+    net.run(false, 0);
+    let (claim, p) = net.eps[1].claim(&any(5)).unwrap();
+    assert_eq!((p.from, p.len), (a, 3000));
+    // A receive for the same tag takes the next one, not the claimed one.
+    net.eps[1].post_recv(any(5), 64, 10);
+    net.act();
+    assert_eq!(net.received(1, 10).unwrap().3, b"second");
+    assert!(net.eps[1].recv_claimed(claim, 4096, 11));
+    assert!(!net.eps[1].recv_claimed(claim, 4096, 12));
+    net.run(false, 0);
+    assert_eq!(net.received(1, 11).unwrap().3, bytes(5, 3000));
+    assert_eq!(net.sent(0, 1), Some(Ok(())));
 }
 
 #[test]
