@@ -35,6 +35,7 @@ pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
 pub const FI_PEEK: u64 = 1 << 19;
 pub const FI_COMPLETION: u64 = 1 << 24;
 pub const FI_INJECT: u64 = 1 << 25;
+pub const FI_INJECT_COMPLETE: u64 = 1 << 26;
 pub const FI_TRANSMIT_COMPLETE: u64 = 1 << 27;
 pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
 pub const FI_LOCAL_COMM: u64 = 1 << 51;

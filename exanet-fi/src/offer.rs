@@ -36,6 +36,16 @@ pub const MAX_MSG_SIZE: usize = 1 << 30;
 /// What `fi_inject` takes: one packetizer message's payload less the provider's header.
 pub const INJECT_SIZE: usize = 48;
 
+/// Bytes of remote CQ data a message carries.
+pub const CQ_DATA_SIZE: usize = 8;
+
+/// Default operation flags an application may ask for: completions (which
+/// `FI_SELECTIVE_COMPLETION` makes selective), and when a send completes. Every send
+/// completes once delivered, which is the strongest of the three.
+const TX_OP_FLAGS: u64 =
+    FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE;
+const RX_OP_FLAGS: u64 = FI_COMPLETION;
+
 /// Operations a transmit or receive context keeps queued.
 pub const QUEUE_SIZE: usize = 1024;
 
@@ -53,7 +63,10 @@ pub struct Hints {
     pub rx_caps: u64,
     pub tx_msg_order: u64,
     pub rx_msg_order: u64,
+    pub tx_op_flags: u64,
+    pub rx_op_flags: u64,
     pub inject_size: usize,
+    pub cq_data_size: usize,
     pub fabric_name: Option<String>,
     pub prov_name: Option<String>,
     pub domain_name: Option<String>,
@@ -96,6 +109,10 @@ pub enum Mismatch {
     InjectSize(usize),
     #[error("message ordering {0:#x} is not offered")]
     MsgOrder(u64),
+    #[error("default operation flags {0:#x} are not offered")]
+    OpFlags(u64),
+    #[error("{0} B of remote CQ data asked for; a message carries {CQ_DATA_SIZE}")]
+    CqDataSize(usize),
 }
 
 /// The one answer the provider gives, in Rust terms (`provider.rs` lays it out as a
@@ -106,6 +123,8 @@ pub struct Offer {
     pub mode: u64,
     pub tx_caps: u64,
     pub rx_caps: u64,
+    pub tx_op_flags: u64,
+    pub rx_op_flags: u64,
     pub msg_order: u64,
     pub inject_size: usize,
     pub max_msg_size: usize,
@@ -127,6 +146,8 @@ pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
         mode: 0,
         tx_caps: CAPS & !FI_RECV & !FI_DIRECTED_RECV & !FI_SOURCE,
         rx_caps: CAPS & !FI_SEND,
+        tx_op_flags: 0,
+        rx_op_flags: 0,
         msg_order: FI_ORDER_SAS,
         inject_size: INJECT_SIZE,
         max_msg_size: MAX_MSG_SIZE,
@@ -203,6 +224,16 @@ pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
     }
     if h.inject_size > INJECT_SIZE {
         return Err(Mismatch::InjectSize(h.inject_size));
+    }
+    if h.tx_op_flags & !TX_OP_FLAGS != 0 || h.rx_op_flags & !RX_OP_FLAGS != 0 {
+        return Err(Mismatch::OpFlags(
+            (h.tx_op_flags & !TX_OP_FLAGS) | (h.rx_op_flags & !RX_OP_FLAGS),
+        ));
+    }
+    o.tx_op_flags = h.tx_op_flags;
+    o.rx_op_flags = h.rx_op_flags;
+    if h.cq_data_size > CQ_DATA_SIZE {
+        return Err(Mismatch::CqDataSize(h.cq_data_size));
     }
     let order = h.tx_msg_order | h.rx_msg_order;
     if order & !o.msg_order != 0 {
@@ -309,6 +340,31 @@ mod tests {
         for (h, want) in cases {
             assert_eq!(offer("M1QAF2", Some(&h)), Err(want), "{h:?}");
         }
+    }
+
+    #[test]
+    fn default_operation_flags_asked_for_are_given_and_others_refused() {
+        let h = Hints {
+            tx_op_flags: FI_COMPLETION,
+            rx_op_flags: FI_COMPLETION,
+            cq_data_size: 4,
+            ..Hints::default()
+        };
+        let o = offer("M1QAF2", Some(&h)).unwrap();
+        assert_eq!(
+            (o.tx_op_flags, o.rx_op_flags),
+            (FI_COMPLETION, FI_COMPLETION)
+        );
+        let h = Hints {
+            rx_op_flags: FI_PEEK,
+            ..Hints::default()
+        };
+        assert_eq!(offer("M1QAF2", Some(&h)), Err(Mismatch::OpFlags(FI_PEEK)));
+        let h = Hints {
+            cq_data_size: 16,
+            ..Hints::default()
+        };
+        assert_eq!(offer("M1QAF2", Some(&h)), Err(Mismatch::CqDataSize(16)));
     }
 
     #[test]

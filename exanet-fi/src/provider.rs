@@ -97,11 +97,13 @@ unsafe fn read_hints(h: &fi_info) -> Hints {
     if let Some(a) = unsafe { h.tx_attr.as_ref() } {
         out.tx_caps = a.caps;
         out.tx_msg_order = a.msg_order;
+        out.tx_op_flags = a.op_flags;
         out.inject_size = a.inject_size;
     }
     if let Some(a) = unsafe { h.rx_attr.as_ref() } {
         out.rx_caps = a.caps;
         out.rx_msg_order = a.msg_order;
+        out.rx_op_flags = a.op_flags;
     }
     if let Some(a) = unsafe { h.fabric_attr.as_ref() } {
         out.fabric_name = unsafe { text(a.name) };
@@ -115,6 +117,7 @@ unsafe fn read_hints(h: &fi_info) -> Hints {
         out.resource_mgmt = a.resource_mgmt;
         out.av_type = a.av_type;
         out.mr_mode = a.mr_mode;
+        out.cq_data_size = a.cq_data_size;
     }
     out
 }
@@ -200,11 +203,13 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
             return ptr::null_mut();
         }
         tx.caps = o.tx_caps;
+        tx.op_flags = o.tx_op_flags;
         tx.msg_order = o.msg_order;
         tx.inject_size = o.inject_size;
         tx.size = o.queue_size;
         tx.iov_limit = 1;
         rx.caps = o.rx_caps;
+        rx.op_flags = o.rx_op_flags;
         rx.msg_order = o.msg_order;
         rx.size = o.queue_size;
         rx.iov_limit = 1;
@@ -220,6 +225,7 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         d.resource_mgmt = o.resource_mgmt;
         d.av_type = o.av_type;
         d.mr_mode = o.mr_mode;
+        d.cq_data_size = offer::CQ_DATA_SIZE;
         d.cq_cnt = 64;
         d.ep_cnt = 64;
         d.tx_ctx_cnt = 1;

@@ -131,6 +131,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_PEEK", u(FI_PEEK)),
         ("FI_COMPLETION", u(FI_COMPLETION)),
         ("FI_INJECT", u(FI_INJECT)),
+        ("FI_INJECT_COMPLETE", u(FI_INJECT_COMPLETE)),
         ("FI_TRANSMIT_COMPLETE", u(FI_TRANSMIT_COMPLETE)),
         ("FI_DELIVERY_COMPLETE", u(FI_DELIVERY_COMPLETE)),
         ("FI_LOCAL_COMM", u(FI_LOCAL_COMM)),
