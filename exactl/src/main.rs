@@ -130,6 +130,10 @@ struct MpirunArgs {
     /// transport settings it needs on the rack)
     #[arg(long, value_enum, default_value = "openmpi", env = "EXANET_MPI")]
     mpi: mpirun::Mpi,
+    /// What carries the messages: TCP over IP over ExaNet, or the NI itself through the
+    /// libfabric provider exanet (Open MPI; being built, see docs/mpi.md)
+    #[arg(long, value_enum, default_value = "ip", env = "EXANET_MPI_FABRIC")]
+    fabric: mpirun::Fabric,
     /// The launcher to run [default: mpirun.openmpi or mpirun; with --mpi mpich,
     /// mpiexec.hydra, mpiexec.mpich or mpiexec: the first on PATH]
     #[arg(long, value_name = "PATH", env = "EXANET_MPIRUN")]
@@ -454,6 +458,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let code = mpirun::run(
                 &dir,
                 a.mpi,
+                a.fabric,
                 ranks,
                 a.mpirun.as_ref(),
                 &a.mpi_args,

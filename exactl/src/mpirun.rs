@@ -57,6 +57,15 @@ pub enum Ranks {
     All,
 }
 
+/// What carries the program's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fabric {
+    /// The NI itself, through the libfabric provider `exanet` (Open MPI's pml cm, mtl ofi)
+    Ni,
+    /// TCP over IP over ExaNet
+    Ip,
+}
+
 /// The MPI families `exactl mpirun` knows how to launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mpi {
@@ -140,19 +149,33 @@ impl Mpi {
             .collect()
     }
 
-    /// The settings the family runs with on the rack (see the module docs).
-    pub fn env(self, agent: &Path, subnet: &str) -> Vec<(String, String)> {
+    /// The settings the family runs with on the rack (see the module docs); `provider`:
+    /// the directory of the libfabric provider, when the NI carries the messages.
+    pub fn env(self, agent: &Path, subnet: &str, provider: Option<&Path>) -> Vec<(String, String)> {
         let pairs: Vec<(&str, String)> = match self {
             Mpi::Openmpi => {
                 let mut env = vec![
                     ("OMPI_MCA_plm_rsh_agent", agent.display().to_string()),
                     ("OMPI_MCA_plm_rsh_no_tree_spawn", "1".into()),
-                    ("OMPI_MCA_pml", "ob1".into()),
-                    ("OMPI_MCA_btl", "tcp,self".into()),
+                ];
+                match provider {
+                    Some(dir) => env.extend([
+                        ("OMPI_MCA_pml", "cm".into()),
+                        ("OMPI_MCA_mtl", "ofi".into()),
+                        ("OMPI_MCA_mtl_ofi_provider_include", "exanet".into()),
+                        ("FI_PROVIDER", "exanet".into()),
+                        ("FI_PROVIDER_PATH", dir.display().to_string()),
+                    ]),
+                    None => env.extend([
+                        ("OMPI_MCA_pml", "ob1".into()),
+                        ("OMPI_MCA_btl", "tcp,self".into()),
+                    ]),
+                }
+                env.extend([
                     ("OMPI_MCA_btl_tcp_if_include", subnet.into()),
                     ("OMPI_MCA_oob_tcp_if_include", subnet.into()),
                     ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
-                ];
+                ]);
                 if nix::unistd::geteuid().is_root() {
                     env.push(("OMPI_ALLOW_RUN_AS_ROOT", "1".into()));
                     env.push(("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".into()));
@@ -215,10 +238,34 @@ pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
     Ok(agent)
 }
 
-/// Runs `program` with one rank per chosen node; returns its exit status.
+/// The directory libfabric loads the provider from (`FI_PROVIDER_PATH`): the rack's
+/// `run/fi`, holding `libexanet-fi.so`, the name libfabric looks for, for the
+/// `libexanet_fi.so` built beside this exactl.
+fn provider_dir(rack: &Rack) -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
+    let lib = exe.with_file_name("libexanet_fi.so");
+    if !lib.exists() {
+        return Err(CliError::Failed(format!(
+            "the libfabric provider is not built: no {} (cargo build --release -p exanet-fi, \
+             or --fabric ip)",
+            lib.display()
+        )));
+    }
+    let dir = rack.layout().run_dir().join("fi");
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    let link = dir.join("libexanet-fi.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link).map_err(|e| CliError::io("link", &link, e))?;
+    Ok(dir)
+}
+
+/// Runs `program` with one rank per chosen node, its messages over `fabric`; returns its
+/// exit status.
 pub fn run(
     dir: &Path,
     mpi: Mpi,
+    fabric: Fabric,
     ranks: Ranks,
     launcher: Option<&OsString>,
     mpirun_args: &[OsString],
@@ -264,6 +311,26 @@ pub fn run(
     std::fs::write(&hostfile, mpi.hostfile(&names))
         .map_err(|e| CliError::io("write", &hostfile, e))?;
     let launcher = mpi.launcher(launcher)?;
+    let provider = match (fabric, mpi) {
+        (Fabric::Ip, _) => None,
+        (Fabric::Ni, Mpi::Openmpi) => Some(provider_dir(&rack)?),
+        (Fabric::Ni, Mpi::Mpich) => {
+            return Err(CliError::Usage(
+                "--fabric ni needs an MPI that reaches fabrics through libfabric: Open MPI \
+                 (mtl ofi); Debian's MPICH is ch4:ucx (use --fabric ip, or an MPICH built \
+                 with ch4:ofi, see docs/mpi.md)"
+                    .into(),
+            ))
+        }
+    };
+    eprintln!(
+        "exactl: {} ranks, messages over {}",
+        names.len(),
+        match fabric {
+            Fabric::Ni => "the NI (libfabric provider exanet, Open MPI pml cm / mtl ofi)",
+            Fabric::Ip => "TCP over IP over ExaNet",
+        }
+    );
 
     // mpirun runs on the first node: the orteds it starts reach it over the fabric.
     crate::node_host::enter(
@@ -283,11 +350,15 @@ pub fn run(
         // host name (the node's name).
         Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
     };
+    command.args(mpi.args(names.len(), &hostfile, &agent));
+    if provider.is_some() {
+        // orted hands on only OMPI_* and what -x names.
+        command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
+    }
     command
-        .args(mpi.args(names.len(), &hostfile, &agent))
         .args(mpirun_args)
         .args(program)
-        .envs(mpi.env(&agent, &rack.ip_subnet().to_string()))
+        .envs(mpi.env(&agent, &rack.ip_subnet().to_string(), provider.as_deref()))
         .env("EXANET_RACK", &abs_dir);
     // Ctrl-C reaches the launcher (the terminal signals the whole foreground group) and
     // ends the job its own way; exactl stays to remove the host file and pass the status
