@@ -506,15 +506,30 @@ fn mpirun_np_spelling(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> 
     let Some(sub) = args.iter().position(|a| a == "mpirun") else {
         return args;
     };
-    // Options of exactl mpirun that take a value: their value is never the program.
-    const VALUED: [&str; 6] = ["--nodes", "--np", "-n", "--mpi", "--mpirun", "--mpi-arg"];
+    // Options of exactl mpirun that take a value (its own and the global ones, as clap
+    // declares them): their value is never the program.
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let valued: Vec<String> = cmd
+        .find_subcommand("mpirun")
+        .map(|m| {
+            m.get_arguments()
+                .filter(|a| !a.is_positional() && a.get_action().takes_values())
+                .flat_map(|a| {
+                    let long = a.get_long().map(|l| format!("--{l}"));
+                    let short = a.get_short().map(|c| format!("-{c}"));
+                    long.into_iter().chain(short)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let mut out: Vec<std::ffi::OsString> = args[..=sub].to_vec();
     let mut rest = args[sub + 1..].iter();
     while let Some(a) = rest.next() {
         let text = a.to_string_lossy();
         if a == "-np" {
             out.push("--np".into());
-        } else if VALUED.contains(&text.as_ref()) {
+        } else if valued.iter().any(|v| v == text.as_ref()) {
             out.push(a.clone());
             out.extend(rest.next().cloned());
         } else if text.starts_with('-') && text != "--" {
@@ -615,17 +630,26 @@ mod tests {
         assert_eq!(a.np, Some(4));
         assert_eq!(a.mpi_args, vec![std::ffi::OsString::from("-x")]);
         assert_eq!(a.program, ["prog", "-np", "2"]);
+        let a = parse(&["exactl", "mpirun", "--fabric", "ni", "-np", "3", "prog"]);
+        assert_eq!((a.fabric, a.np), (mpirun::Fabric::Ni, Some(3)));
+        assert_eq!(a.program, ["prog"]);
         let a = parse(&["exactl", "mpirun", "--mpi-arg", "-np", "prog", "-np"]);
         assert_eq!(a.np, None, "a value of --mpi-arg is not exactl's -np");
         assert_eq!(a.mpi_args, ["-np"]);
         assert_eq!(a.program, ["prog", "-np"]);
-        // After the MPI is chosen, -np is still exactl's.
-        for mpi in [&["--mpi", "mpich"][..], &["--mpi=mpich"]] {
+        // After the MPI or the fabric is chosen, -np is still exactl's.
+        for (mpi, fabric) in [
+            (&["--mpi", "mpich"][..], &["--fabric", "ip"][..]),
+            (&["--mpi=mpich"], &["--fabric=ip"]),
+            (&["--mpi", "mpich"], &["--rack", "/r"]),
+        ] {
             let mut args = vec!["exactl", "mpirun"];
             args.extend_from_slice(mpi);
+            args.extend_from_slice(fabric);
             args.extend_from_slice(&["--mpirun", "echo", "-np", "8", "--", "prog"]);
             let a = parse(&args);
             assert_eq!(a.mpi, mpirun::Mpi::Mpich, "{args:?}");
+            assert_eq!(a.fabric, mpirun::Fabric::Ip, "{args:?}");
             assert_eq!(a.np, Some(8), "{args:?}");
             assert_eq!(a.program, ["prog"], "{args:?}");
         }
