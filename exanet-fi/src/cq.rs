@@ -104,6 +104,12 @@ impl Cq {
             }
         }
         if out.is_empty() {
+            drop(q);
+            // The application polls again at once (MPI libraries do, without end): on a
+            // host whose cores it shares with the daemons that carry its messages, give
+            // them the core between polls (as Open MPI's mpi_yield_when_idle does for
+            // its own transports).
+            std::thread::yield_now();
             Err(Empty::Again)
         } else {
             Ok(out)

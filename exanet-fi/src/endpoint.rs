@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use exanet::{Error, MemoryRegion, NackReason, NodeId, OpError, Tag};
+use exanet::{Error, NackReason, NodeId, OpError, Tag};
 
 use crate::abi::*;
 use crate::av::Av;
@@ -20,6 +20,7 @@ use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{Action, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer};
 use crate::provider::UserBuf;
+use crate::staging::{Slot, Staging};
 
 /// Unread messages the endpoint's mailbox holds before the NI refuses more.
 const MAILBOX_CAPACITY: u32 = 1024;
@@ -85,10 +86,11 @@ struct Inner {
     waiting: VecDeque<Action>,
     packets: Vec<(Tag, u64)>,
     fetches: Vec<(Tag, u64)>,
+    staging: Staging,
     /// Where each fetch reads into, until its data is copied out.
-    fetch_regions: HashMap<u64, MemoryRegion>,
+    fetch_slots: HashMap<u64, Slot>,
     /// A rendezvous send's staged data, until the receiver has read it.
-    staged: HashMap<u64, MemoryRegion>,
+    staged: HashMap<u64, Slot>,
     sends: HashMap<u64, SendOp>,
     recvs: HashMap<u64, RecvOp>,
     next_op: u64,
@@ -156,7 +158,8 @@ impl Endpoint {
                 waiting: VecDeque::new(),
                 packets: Vec::new(),
                 fetches: Vec::new(),
-                fetch_regions: HashMap::new(),
+                staging: Staging::default(),
+                fetch_slots: HashMap::new(),
                 staged: HashMap::new(),
                 sends: HashMap::new(),
                 recvs: HashMap::new(),
@@ -227,17 +230,26 @@ impl Endpoint {
         let out = if data.len() <= i.engine.eager_limit() {
             Outgoing::Inline(data.to_vec())
         } else {
-            let region = i.ep.register(data.len() as u64).map_err(|_| FI_ENOMEM)?;
-            region.write(0, data).map_err(|_| FI_EIO)?;
+            let ep = Arc::clone(&i.ep);
+            let slot = i
+                .staging
+                .alloc(&ep, data.len() as u64)
+                .map_err(|_| FI_ENOMEM)?;
+            if i.staging.write(&slot, data).is_err() {
+                i.staging.free(slot);
+                return Err(FI_EIO);
+            }
             let out = Outgoing::Staged {
-                va: region.va(),
+                va: i.staging.va(&slot),
                 len: data.len() as u64,
             };
-            i.staged.insert(op, region);
+            i.staged.insert(op, slot);
             out
         };
         if let Err(e) = i.engine.send(to, tag, cq_data, out, op) {
-            i.staged.remove(&op);
+            if let Some(slot) = i.staged.remove(&op) {
+                i.staging.free(slot);
+            }
             tracing::debug!("exanet-fi: send refused: {e}");
             return Err(FI_EINVAL);
         }
@@ -508,7 +520,9 @@ impl Inner {
                 }
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    self.fetch_regions.remove(&id);
+                    if let Some(slot) = self.fetch_slots.remove(&id) {
+                        self.staging.free(slot);
+                    }
                     Err(e.to_string())
                 }
             };
@@ -544,15 +558,16 @@ impl Inner {
             }
             Action::Fetch(f) => {
                 let src = self.ep.addr(NodeId(f.node), f.rank, f.va)?;
-                if !self.fetch_regions.contains_key(&f.id) {
-                    let region = self.ep.register(f.len)?;
-                    self.fetch_regions.insert(f.id, region);
+                if !self.fetch_slots.contains_key(&f.id) {
+                    let slot = self.staging.alloc(&self.ep, f.len)?;
+                    self.fetch_slots.insert(f.id, slot);
                 }
-                let region = &self.fetch_regions[&f.id];
+                let slot = self.fetch_slots[&f.id];
+                let region = self.staging.region(&slot);
                 let mut tag = None;
                 let mut last = None;
                 for ch in 0..exanet::RDMA_READ_CHANNELS {
-                    match self.rdma.read(ch, src, region, 0, f.len) {
+                    match self.rdma.read(ch, src, region, slot.offset, f.len) {
                         Ok(t) => {
                             tag = Some(t);
                             break;
@@ -591,7 +606,9 @@ impl Inner {
                 .engine
                 .packet_done(t.token, Delivery::Failed(e.to_string())),
             Action::Fetch(f) => {
-                self.fetch_regions.remove(&f.id);
+                if let Some(slot) = self.fetch_slots.remove(&f.id) {
+                    self.staging.free(slot);
+                }
                 self.engine.fetch_done(f.id, Err(e.to_string()))
             }
         };
@@ -603,7 +620,9 @@ impl Inner {
     fn complete(&mut self, ev: Event) {
         match ev {
             Event::Sent { ctx, result } => {
-                self.staged.remove(&ctx);
+                if let Some(slot) = self.staged.remove(&ctx) {
+                    self.staging.free(slot);
+                }
                 let Some(op) = self.sends.remove(&ctx) else {
                     return;
                 };
@@ -638,12 +657,16 @@ impl Inner {
                 let written = match data {
                     Data::Inline(b) => op.buf.write(&b),
                     Data::Fetched { fetch, len } => {
-                        let region = self.fetch_regions.remove(&fetch);
+                        let slot = self.fetch_slots.remove(&fetch);
                         let mut b = vec![0u8; len as usize];
-                        match region.map(|r| r.read(0, &mut b)) {
+                        let n = match slot.map(|s| self.staging.read(&s, &mut b)) {
                             Some(Ok(())) => op.buf.write(&b),
                             _ => 0,
+                        };
+                        if let Some(s) = slot {
+                            self.staging.free(s);
                         }
+                        n
                     }
                 };
                 let Some(cq) = self.rxcq.clone() else { return };

@@ -29,5 +29,6 @@ pub mod msg;
 pub mod offer;
 #[allow(unsafe_code)]
 mod provider;
+mod staging;
 
 pub use provider::fi_prov_ini;
