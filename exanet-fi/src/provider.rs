@@ -24,6 +24,46 @@ use crate::offer::{self, Hints, Offer};
 /// The provider's own version (`fi_info -p exanet -v` shows it).
 const PROVIDER_VERSION: u32 = fi_version(0, 1);
 
+/// The `fi_ops` of an object that offers nothing but its `close`.
+const fn fid_ops(close: unsafe extern "C" fn(*mut fid) -> c_int) -> fi_ops {
+    fi_ops {
+        size: std::mem::size_of::<fi_ops>(),
+        close: Some(close),
+        bind: Some(no_bind),
+        control: Some(no_control),
+        ops_open: Some(no_ops_open),
+        tostr: Some(no_tostr),
+        ops_set: Some(no_ops_set),
+    }
+}
+
+/// Closes the object `f` heads: a `T` boxed by its open, whose first field is the
+/// libfabric object `f` points at.
+///
+/// # Safety
+/// `f` is null or the head of a `T` boxed by this provider and not closed yet.
+unsafe fn close_boxed<T>(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: as the caller guarantees; closed once.
+        drop(unsafe { Box::from_raw(f.cast::<T>()) });
+        0
+    })
+}
+
+/// Hands a new object to the application: boxed, and `*out` pointed at its head (its
+/// first field, the libfabric object).
+///
+/// # Safety
+/// `out` is non-null and writable; `T` is `#[repr(C)]` with the libfabric object first.
+unsafe fn hand_out<T>(obj: T, out: *mut Opaque) -> c_int {
+    // SAFETY: as the caller guarantees; the box's address is its first field's.
+    unsafe { *out = Box::into_raw(Box::new(obj)).cast() };
+    0
+}
+
 /// Runs `f`, turning a panic into `-FI_EIO` rather than unwinding into C.
 fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-FI_EIO)
@@ -292,15 +332,7 @@ struct Domain {
     attachment: Arc<exanet::Endpoint>,
 }
 
-static FABRIC_FID_OPS: fi_ops = fi_ops {
-    size: std::mem::size_of::<fi_ops>(),
-    close: Some(fabric_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: Some(no_tostr),
-    ops_set: Some(no_ops_set),
-};
+static FABRIC_FID_OPS: fi_ops = fid_ops(fabric_close);
 
 static FABRIC_OPS: fi_ops_fabric = fi_ops_fabric {
     size: std::mem::size_of::<fi_ops_fabric>(),
@@ -312,15 +344,7 @@ static FABRIC_OPS: fi_ops_fabric = fi_ops_fabric {
     domain2: Some(domain2),
 };
 
-static DOMAIN_FID_OPS: fi_ops = fi_ops {
-    size: std::mem::size_of::<fi_ops>(),
-    close: Some(domain_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: Some(no_tostr),
-    ops_set: Some(no_ops_set),
-};
+static DOMAIN_FID_OPS: fi_ops = fid_ops(domain_close);
 
 static DOMAIN_OPS: fi_ops_domain = fi_ops_domain {
     size: std::mem::size_of::<fi_ops_domain>(),
@@ -379,14 +403,8 @@ unsafe extern "C" fn fabric(
 }
 
 unsafe extern "C" fn fabric_close(f: *mut fid) -> c_int {
-    guard(|| {
-        if f.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: `f` is the head of a `Fabric` boxed by `fabric`, closed once.
-        drop(unsafe { Box::from_raw(f.cast::<Fabric>()) });
-        0
-    })
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<Fabric>(f) }
 }
 
 /// `fi_domain`: attaches this process to its node's NI.
@@ -679,15 +697,7 @@ struct AvObj {
     av: Arc<Av>,
 }
 
-static AV_FID_OPS: fi_ops = fi_ops {
-    size: std::mem::size_of::<fi_ops>(),
-    close: Some(av_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: Some(no_tostr),
-    ops_set: Some(no_ops_set),
-};
+static AV_FID_OPS: fi_ops = fid_ops(av_close);
 
 static AV_OPS: fi_ops_av = fi_ops_av {
     size: std::mem::size_of::<fi_ops_av>(),
@@ -716,7 +726,7 @@ unsafe extern "C" fn av_open(
             Some(FI_AV_MAP) => av::Kind::Map,
             Some(_) => return -FI_EINVAL,
         };
-        let obj = Box::into_raw(Box::new(AvObj {
+        let obj = AvObj {
             head: fid_av {
                 fid: fid {
                     fclass: FI_CLASS_AV,
@@ -726,23 +736,15 @@ unsafe extern "C" fn av_open(
                 ops: ptr::addr_of!(AV_OPS).cast_mut(),
             },
             av: Arc::new(Av::new(kind)),
-        }));
-        // SAFETY: non-null, writable; `AvObj` starts with its `fid_av`.
-        unsafe { *out = addr_of_mut!((*obj).head).cast() };
-        0
+        };
+        // SAFETY: `out` checked; `AvObj` starts with its `fid_av`.
+        unsafe { hand_out(obj, out) }
     })
 }
 
 unsafe extern "C" fn av_close(f: *mut fid) -> c_int {
-    guard(|| {
-        if f.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: the head of an `AvObj` boxed by `av_open`, closed once; endpoints
-        // bound to it hold the vector itself.
-        drop(unsafe { Box::from_raw(f.cast::<AvObj>()) });
-        0
-    })
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<AvObj>(f) }
 }
 
 /// The vector behind `av`.
@@ -913,15 +915,7 @@ struct CqObj {
     cq: Arc<Cq>,
 }
 
-static CQ_FID_OPS: fi_ops = fi_ops {
-    size: std::mem::size_of::<fi_ops>(),
-    close: Some(cq_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: Some(no_tostr),
-    ops_set: Some(no_ops_set),
-};
+static CQ_FID_OPS: fi_ops = fid_ops(cq_close);
 
 static CQ_OPS: fi_ops_cq = fi_ops_cq {
     size: std::mem::size_of::<fi_ops_cq>(),
@@ -968,7 +962,7 @@ unsafe extern "C" fn cq_open(
         ) {
             return -FI_ENOSYS;
         }
-        let obj = Box::into_raw(Box::new(CqObj {
+        let obj = CqObj {
             head: fid_cq {
                 fid: fid {
                     fclass: FI_CLASS_CQ,
@@ -978,22 +972,15 @@ unsafe extern "C" fn cq_open(
                 ops: ptr::addr_of!(CQ_OPS).cast_mut(),
             },
             cq: Arc::new(Cq::new(format)),
-        }));
-        // SAFETY: non-null, writable; `CqObj` starts with its `fid_cq`.
-        unsafe { *out = addr_of_mut!((*obj).head).cast() };
-        0
+        };
+        // SAFETY: `out` checked; `CqObj` starts with its `fid_cq`.
+        unsafe { hand_out(obj, out) }
     })
 }
 
 unsafe extern "C" fn cq_close(f: *mut fid) -> c_int {
-    guard(|| {
-        if f.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: the head of a `CqObj` boxed by `cq_open`, closed once.
-        drop(unsafe { Box::from_raw(f.cast::<CqObj>()) });
-        0
-    })
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<CqObj>(f) }
 }
 
 /// The queue behind `cq`.
@@ -1191,15 +1178,7 @@ struct EqObj {
     head: fid_eq,
 }
 
-static EQ_FID_OPS: fi_ops = fi_ops {
-    size: std::mem::size_of::<fi_ops>(),
-    close: Some(eq_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: Some(no_tostr),
-    ops_set: Some(no_ops_set),
-};
+static EQ_FID_OPS: fi_ops = fid_ops(eq_close);
 
 static EQ_OPS: fi_ops_eq = fi_ops_eq {
     size: std::mem::size_of::<fi_ops_eq>(),
@@ -1220,7 +1199,7 @@ unsafe extern "C" fn eq_open(
         if fabric.is_null() || out.is_null() {
             return -FI_EINVAL;
         }
-        let obj = Box::into_raw(Box::new(EqObj {
+        let obj = EqObj {
             head: fid_eq {
                 fid: fid {
                     fclass: FI_CLASS_EQ,
@@ -1229,22 +1208,15 @@ unsafe extern "C" fn eq_open(
                 },
                 ops: ptr::addr_of!(EQ_OPS).cast_mut(),
             },
-        }));
-        // SAFETY: non-null, writable; `EqObj` starts with its `fid_eq`.
-        unsafe { *out = addr_of_mut!((*obj).head).cast() };
-        0
+        };
+        // SAFETY: `out` checked; `EqObj` starts with its `fid_eq`.
+        unsafe { hand_out(obj, out) }
     })
 }
 
 unsafe extern "C" fn eq_close(f: *mut fid) -> c_int {
-    guard(|| {
-        if f.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: the head of an `EqObj` boxed by `eq_open`, closed once.
-        drop(unsafe { Box::from_raw(f.cast::<EqObj>()) });
-        0
-    })
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<EqObj>(f) }
 }
 
 unsafe extern "C" fn eq_read(
@@ -1405,7 +1377,7 @@ unsafe extern "C" fn endpoint(
                 return -FI_ENOMEM;
             }
         };
-        let obj = Box::into_raw(Box::new(EpObj {
+        let obj = EpObj {
             head: fid_ep {
                 fid: fid {
                     fclass: FI_CLASS_EP,
@@ -1421,10 +1393,9 @@ unsafe extern "C" fn endpoint(
                 collective: ptr::addr_of!(EP_COLLECTIVE).cast_mut(),
             },
             ep,
-        }));
-        // SAFETY: non-null, writable; `EpObj` starts with its `fid_ep`.
-        unsafe { *out = addr_of_mut!((*obj).head).cast() };
-        0
+        };
+        // SAFETY: `out` checked; `EpObj` starts with its `fid_ep`.
+        unsafe { hand_out(obj, out) }
     })
 }
 
@@ -1438,15 +1409,8 @@ unsafe fn ep_of<'a, T>(f: *mut T) -> Option<&'a Arc<Endpoint>> {
 }
 
 unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
-    guard(|| {
-        if f.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: the head of an `EpObj` boxed by `endpoint`, closed once. Its mailbox,
-        // channels and staging go back to the NI with it.
-        drop(unsafe { Box::from_raw(f.cast::<EpObj>()) });
-        0
-    })
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<EpObj>(f) }
 }
 
 unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
