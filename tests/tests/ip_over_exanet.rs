@@ -974,21 +974,24 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         String::from_utf8_lossy(&cc.stderr)
     );
     let prog = prog.to_string_lossy().to_string();
-    let r = run_with_timeout(
-        ip.rack.command(&[
-            "mpirun",
-            "--fabric",
-            "ni",
-            "-np",
-            "8",
-            "--mpi-arg=--timeout",
-            "--mpi-arg=100",
-            "--",
-            &prog,
-        ]),
-        Duration::from_secs(150),
-    )
-    .unwrap();
+    let run = || {
+        run_with_timeout(
+            ip.rack.command(&[
+                "mpirun",
+                "--fabric",
+                "ni",
+                "-np",
+                "8",
+                "--mpi-arg=--timeout",
+                "--mpi-arg=100",
+                "--",
+                &prog,
+            ]),
+            Duration::from_secs(150),
+        )
+        .unwrap()
+    };
+    let r = run();
     assert!(r.success(), "exactl mpirun --fabric ni: {}", r.describe());
     assert!(
         r.stderr.contains("messages over the NI"),
@@ -1000,4 +1003,24 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         "{}",
         r.describe()
     );
+    // Again with 1% of the cells lost on the torus link between the QFDBs, both ways:
+    // the NI's retransmissions and the provider's resends keep every byte right.
+    let l = ip.rack.exactl(&["link", "set", "M1QAF1", "M1QBF1", "--loss", "1%"]);
+    assert!(l.success(), "{}", l.describe());
+    let r = run();
+    assert!(
+        r.success() && r.stdout.contains("MPI over the NI: ok on 8 ranks"),
+        "with 1% loss: {}",
+        r.describe()
+    );
+    let show = ip.rack.exactl(&["link", "show", "--json"]);
+    assert!(show.success(), "{}", show.describe());
+    let links: serde_json::Value = serde_json::from_str(&show.stdout).unwrap();
+    let dropped: u64 = links["links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["fault_stats"]["cells"]["drop"].as_u64())
+        .sum();
+    assert!(dropped > 0, "the loss dropped cells: {}", show.stdout);
 }
