@@ -96,6 +96,9 @@ struct Inner {
     next_op: u64,
     /// Messages from peers that did not decode or broke the protocol.
     protocol_errors: u64,
+    /// The attachment is gone (its daemon died or went away): every operation failed
+    /// with `FI_EIO`, and new ones are refused with it.
+    broken: bool,
 }
 
 pub struct Endpoint {
@@ -165,6 +168,7 @@ impl Endpoint {
                 recvs: HashMap::new(),
                 next_op: 0,
                 protocol_errors: 0,
+                broken: false,
             }),
         }))
     }
@@ -221,6 +225,9 @@ impl Endpoint {
         let silent = !i.completes(completes, true);
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
+        }
+        if i.broken {
+            return Err(FI_EIO);
         }
         let to =
             i.av.as_ref()
@@ -282,6 +289,9 @@ impl Endpoint {
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
         }
+        if i.broken {
+            return Err(FI_EIO);
+        }
         let accepts = self.accepts(&i, src, tag)?;
         let capacity = buf.len() as u64;
         let op = i.add_recv(buf, tag.is_some(), context, completes);
@@ -322,6 +332,9 @@ impl Endpoint {
         let mut i = self.lock();
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
+        }
+        if i.broken {
+            return Err(FI_EIO);
         }
         i.progress();
         let accepts = self.accepts(&i, src, tag)?;
@@ -382,6 +395,9 @@ impl Endpoint {
         completes: Completes,
     ) -> Result<(), Errno> {
         let mut i = self.lock();
+        if i.broken {
+            return Err(FI_EIO);
+        }
         let capacity = buf.len() as u64;
         let op = i.add_recv(buf, tagged, context, completes);
         if !i.engine.recv_claimed(claim, capacity, op) {
@@ -460,8 +476,15 @@ impl Inner {
     }
 
     fn progress(&mut self) {
+        if self.broken {
+            return;
+        }
         if let Err(e) = self.ep.poll() {
             tracing::debug!("exanet-fi: poll: {e}");
+            if matches!(e, Error::Disconnected | Error::Broken(_)) {
+                self.break_down();
+                return;
+            }
         }
         self.collect_packets();
         self.collect_fetches();
@@ -476,6 +499,10 @@ impl Inner {
                 Ok(None) => break,
                 Err(e) => {
                     tracing::debug!("exanet-fi: mailbox: {e}");
+                    if matches!(e, Error::Disconnected | Error::Broken(_)) {
+                        self.break_down();
+                        return;
+                    }
                     break;
                 }
             }
@@ -487,6 +514,45 @@ impl Inner {
         while let Some(ev) = self.engine.poll_event() {
             self.complete(ev);
         }
+    }
+
+    /// The attachment is gone: every operation in progress fails with `FI_EIO` on its
+    /// queue (a receive waiting for a message that can no longer come must not wait for
+    /// ever), and the endpoint takes no more.
+    fn break_down(&mut self) {
+        self.broken = true;
+        tracing::warn!("exanet-fi: endpoint {:?}: the NI is gone", self.engine.me());
+        for (_, op) in self.sends.drain() {
+            if let Some(cq) = &self.txcq {
+                cq.failed(Failed {
+                    entry: Completion {
+                        context: op.context,
+                        flags: op.flags,
+                        len: op.len,
+                        ..Completion::default()
+                    },
+                    olen: 0,
+                    err: FI_EIO,
+                });
+            }
+        }
+        for (_, op) in self.recvs.drain() {
+            if let Some(cq) = &self.rxcq {
+                cq.failed(Failed {
+                    entry: Completion {
+                        context: op.context,
+                        flags: op.flags,
+                        buf: op.buf.addr(),
+                        ..Completion::default()
+                    },
+                    olen: 0,
+                    err: FI_EIO,
+                });
+            }
+        }
+        self.waiting.clear();
+        self.packets.clear();
+        self.fetches.clear();
     }
 
     fn collect_packets(&mut self) {

@@ -1145,7 +1145,14 @@ impl Shared {
     /// `slice` (spin, then sleep) for completions and drain those.
     fn lead(&self, slice: Duration) -> Result<()> {
         let mut p = lock(&self.cpl);
-        if self.drain(&mut p)? > 0 || slice.is_zero() {
+        if self.drain(&mut p)? > 0 {
+            return Ok(());
+        }
+        if slice.is_zero() {
+            // A program that only polls (a libfabric provider's progress, an MPI
+            // library's) never waits on the doorbell, where a closed daemon shows: it
+            // looks at the daemon itself once per liveness slice instead.
+            self.check_alive(&mut p)?;
             return Ok(());
         }
         let waiter = Waiter::new(self.spin());
@@ -1180,7 +1187,15 @@ impl Shared {
         }
         if ready {
             self.drain(&mut p)?;
-        } else if p.last_alive_check.elapsed() >= LIVENESS_SLICE {
+        } else {
+            self.check_alive(&mut p)?;
+        }
+        Ok(())
+    }
+
+    /// Asks whether the daemon is still there, at most once per liveness slice.
+    fn check_alive(&self, p: &mut Poller) -> Result<()> {
+        if p.last_alive_check.elapsed() >= LIVENESS_SLICE {
             p.last_alive_check = Instant::now();
             // Skip the check if a control request is going on: it will notice.
             if let Ok(mut c) = self.ctrl.try_lock() {

@@ -380,3 +380,100 @@ fn messages_cross_the_provider_byte_for_byte() {
     }
     rack.down().unwrap();
 }
+
+/// A program waits for a message when its node's daemon dies: the receive fails with
+/// FI_EIO on its queue (it does not wait for ever), a new send is refused with -FI_EIO,
+/// and everything still closes.
+const DAEMON_DIES: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
+    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
+
+int main(void) {
+    struct fi_info *hints = fi_allocinfo(), *info;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    hints->fabric_attr->prov_name = strdup("exanet");
+    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
+    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
+    struct fid_ep *ep; struct fid_cq *cq;
+    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
+    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
+    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
+    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
+    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
+    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
+    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
+    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+    CHECK("fi_enable", fi_enable(ep));
+    char name[8]; size_t len = sizeof name; fi_addr_t self;
+    CHECK("fi_getname", fi_getname(&ep->fid, name, &len));
+    if (fi_av_insert(av, name, 1, &self, 0, NULL) != 1) return 1;
+    static char buf[64]; int ctx;
+    CHECK("trecv", fi_trecv(ep, buf, sizeof buf, NULL, FI_ADDR_UNSPEC, 1, 0, &ctx));
+    printf("waiting\n");
+    fflush(stdout);
+    struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
+    time_t start = time(NULL);
+    for (;;) {
+        ssize_t n = fi_cq_read(cq, &e, 1);
+        if (n == -FI_EAVAIL) {
+            memset(&err, 0, sizeof err);
+            CHECK("readerr", fi_cq_readerr(cq, &err, 0));
+            printf("receive failed: %d, context %s\n", err.err, err.op_context == &ctx ? "ok" : "wrong");
+            break;
+        }
+        if (n == 1) { printf("unexpected completion\n"); return 1; }
+        if (time(NULL) - start > 60) { printf("still waiting\n"); return 1; }
+    }
+    printf("send after: %ld\n", (long)fi_tsend(ep, "x", 1, NULL, self, 1, &ctx));
+    CHECK("close ep", fi_close(&ep->fid));
+    CHECK("close av", fi_close(&av->fid));
+    CHECK("close cq", fi_close(&cq->fid));
+    CHECK("close domain", fi_close(&domain->fid));
+    CHECK("close fabric", fi_close(&fabric->fid));
+    fi_freeinfo(info); fi_freeinfo(hints);
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn a_daemon_that_dies_fails_what_waits_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-dies");
+    rack.up("1x1x1", 60);
+    let exe = compile(tmp.path(), "dies", DAEMON_DIES);
+    let mut cmd = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2");
+    cmd.stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "waiting\n");
+    let k = rack.exactl(&["node", "kill", "M1QAF2"]);
+    assert!(k.success(), "{}", k.describe());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{rest}");
+    assert!(rest.contains("receive failed: 5, context ok"), "{rest}");
+    assert!(rest.contains("send after: -5\n"), "{rest}");
+    assert!(rest.ends_with("ok\n"), "{rest}");
+    rack.down().unwrap();
+}

@@ -1005,7 +1005,9 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     );
     // Again with 1% of the cells lost on the torus link between the QFDBs, both ways:
     // the NI's retransmissions and the provider's resends keep every byte right.
-    let l = ip.rack.exactl(&["link", "set", "M1QAF1", "M1QBF1", "--loss", "1%"]);
+    let l = ip
+        .rack
+        .exactl(&["link", "set", "M1QAF1", "M1QBF1", "--loss", "1%"]);
     assert!(l.success(), "{}", l.describe());
     let r = run();
     assert!(
