@@ -113,6 +113,21 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// Refused for good by the destination: another job's endpoint (its PDID), or an
+/// address that names no memory there.
+fn is_denied(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Op {
+            error: OpError::Nacked {
+                reason: Some(NackReason::PdidMismatch | NackReason::BadAddress),
+                ..
+            },
+            ..
+        }
+    )
+}
+
 fn is_transient(e: &Error) -> bool {
     matches!(
         e,
@@ -566,6 +581,7 @@ impl Inner {
                 }
                 Ok(()) => Delivery::Delivered,
                 Err(e) if is_transient(&e) => Delivery::Refused,
+                Err(e) if is_denied(&e) => Delivery::Denied(e.to_string()),
                 Err(e) => Delivery::Failed(e.to_string()),
             };
             self.packets.swap_remove(k);
@@ -789,6 +805,7 @@ fn errno_of(f: &Failure) -> i32 {
     match f {
         Failure::Cancelled => FI_ECANCELED,
         Failure::Unreachable(_) => FI_EHOSTUNREACH,
+        Failure::Denied(_) => FI_EACCES,
         Failure::Refused => FI_ECONNREFUSED,
         Failure::ReadFailed(_) => FI_EIO,
     }

@@ -177,6 +177,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_ECONNREFUSED", c(FI_ECONNREFUSED)),
         ("FI_ENOPROTOOPT", c(FI_ENOPROTOOPT)),
         ("FI_ENOENT", c(FI_ENOENT)),
+        ("FI_EACCES", c(FI_EACCES)),
         ("FI_EOPBADSTATE", c(FI_EOPBADSTATE)),
         ("FI_EAVAIL", c(FI_EAVAIL)),
         ("FI_ENOCQ", c(FI_ENOCQ)),

@@ -477,3 +477,159 @@ fn a_daemon_that_dies_fails_what_waits_for_it() {
     assert!(rest.ends_with("ok\n"), "{rest}");
     rack.down().unwrap();
 }
+
+/// Two jobs (keys, so PDIDs) on the same nodes through the provider: each job's own
+/// messages go through, and a message of one to the other's endpoint is refused by the
+/// destination NI (its PDID) and fails with FI_EACCES, eager or by rendezvous.
+const JOBS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
+    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
+
+static struct fid_cq *cq;
+
+/* The next completion (1) or failure (its error number, negative), within 10 s. */
+static int next(struct fi_cq_tagged_entry *e) {
+    time_t start = time(NULL);
+    while (time(NULL) - start < 10) {
+        ssize_t n = fi_cq_read(cq, e, 1);
+        if (n == 1) return 1;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err = {0};
+            CHECK("readerr", fi_cq_readerr(cq, &err, 0));
+            return -err.err;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *file = argv[1], *role = argv[2];
+    struct fi_info *hints = fi_allocinfo(), *info;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    hints->fabric_attr->prov_name = strdup("exanet");
+    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
+    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av; struct fid_ep *ep;
+    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
+    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
+    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
+    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
+    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
+    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
+    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
+    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+    CHECK("fi_enable", fi_enable(ep));
+    char me[8]; size_t len = sizeof me; fi_addr_t self;
+    CHECK("fi_getname", fi_getname(&ep->fid, me, &len));
+    if (fi_av_insert(av, me, 1, &self, 0, NULL) != 1) return 1;
+    /* Its own job works: a message to itself, eager and by rendezvous. */
+    static char tx[1000], rx[1000];
+    struct fi_cq_tagged_entry e;
+    for (int n = 8; n <= 1000; n += 992) {
+        int rc, sc;
+        memset(tx, n, sizeof tx);
+        CHECK("trecv", fi_trecv(ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 2, 0, &rc));
+        CHECK("tsend", fi_tsend(ep, tx, n, NULL, self, 2, &sc));
+        for (int i = 0; i < 2; i++) if (next(&e) != 1) { printf("own job failed\n"); return 1; }
+        if (memcmp(rx, tx, n)) { printf("own job: wrong bytes\n"); return 1; }
+    }
+    printf("own job ok\n");
+    fflush(stdout);
+    if (!strcmp(role, "serve")) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        FILE *f = fopen(tmp, "w"); fwrite(me, 1, 8, f); fclose(f);
+        rename(tmp, file);
+        int rc;
+        CHECK("trecv", fi_trecv(ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 1, 0, &rc));
+        printf(next(&e) == 1 ? "got a message\n" : "nothing came\n");
+    } else {
+        char other[8]; FILE *f = NULL;
+        for (int i = 0; i < 200 && !(f = fopen(file, "r")); i++) usleep(50000);
+        if (!f || fread(other, 1, 8, f) != 8) { printf("no address\n"); return 1; }
+        fclose(f);
+        fi_addr_t to;
+        if (fi_av_insert(av, other, 1, &to, 0, NULL) != 1) return 1;
+        for (int n = 8; n <= 1000; n += 992) {
+            int sc;
+            CHECK("tsend", fi_tsend(ep, tx, n, NULL, to, 1, &sc));
+            printf("%d B to the other job: %d\n", n, next(&e));
+        }
+    }
+    fflush(stdout);
+    fi_close(&ep->fid); fi_close(&av->fid); fi_close(&cq->fid);
+    fi_close(&domain->fid); fi_close(&fabric->fid);
+    fi_freeinfo(info); fi_freeinfo(hints);
+    return 0;
+}
+"#;
+
+#[test]
+fn two_jobs_on_the_same_nodes_are_kept_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-jobs");
+    rack.up("1x1x1", 60);
+    rack.down().unwrap();
+    let file = rack.dir.join("rack.toml");
+    let mut toml = std::fs::read_to_string(&file).unwrap();
+    toml.push_str(
+        "\n[jobs.alpha]\nkey = \"alpha-key\"\npdid = 40\n\n[jobs.beta]\nkey = \"beta-key\"\npdid = 41\n",
+    );
+    std::fs::write(&file, toml).unwrap();
+    rack.up("1x1x1", 60);
+    let exe = compile(tmp.path(), "jobs", JOBS);
+    let addr = tmp.path().join("alpha.addr");
+    let run = |node: &str, key: &str, role: &str| {
+        let mut c = with_env(Command::new(&exe), &prov, &rack.dir, node);
+        c.env("EXANET_JOB_KEY", key).arg(&addr).arg(role);
+        run_with_timeout(c, Duration::from_secs(60))
+    };
+    let (serve, intrude) = std::thread::scope(|s| {
+        let a = s.spawn(|| run("M1QAF2", "alpha-key", "serve"));
+        let b = s.spawn(|| run("M1QAF3", "beta-key", "intrude"));
+        (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+    });
+    for r in [&serve, &intrude] {
+        assert!(r.success(), "{}", r.describe());
+        assert!(r.stdout.starts_with("own job ok\n"), "{}", r.describe());
+    }
+    // Refused by the destination for its PDID: FI_EACCES (13), eager and rendezvous.
+    assert!(
+        intrude.stdout.contains("8 B to the other job: -13\n")
+            && intrude.stdout.contains("1000 B to the other job: -13\n"),
+        "{}",
+        intrude.describe()
+    );
+    assert!(
+        serve.stdout.contains("nothing came"),
+        "{}",
+        serve.describe()
+    );
+    // The destination counted the refusals.
+    let st = rack.exactl(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    let nacked: u64 = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["ni"]["nacks_sent"]["pdid_mismatch"].as_u64())
+        .sum();
+    assert!(nacked >= 2, "PDID NACKs sent: {}", st.stdout);
+    rack.down().unwrap();
+}

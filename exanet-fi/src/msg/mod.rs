@@ -115,6 +115,8 @@ pub enum Failure {
     Cancelled,
     #[error("the destination could not be reached: {0}")]
     Unreachable(String),
+    #[error("the destination refused it: {0}")]
+    Denied(String),
     #[error("the receiver did not take the message")]
     Refused,
     #[error("reading the message failed: {0}")]
@@ -156,6 +158,8 @@ pub enum Delivery {
     Delivered,
     /// Refused for now (a full mailbox, no mailbox yet): to send again.
     Refused,
+    /// Refused for good (another job's endpoint, an address that names nothing).
+    Denied(String),
     Failed(String),
 }
 
@@ -684,24 +688,36 @@ impl Engine {
                 }));
                 self.packets.insert(token, p);
             }
-            Delivery::Failed(e) => match p.owner {
-                Owner::Eager { ctx } => self.events.push_back(Event::Sent {
-                    ctx,
-                    result: Err(Failure::Unreachable(e)),
-                }),
-                Owner::Rts { id } => {
-                    if let Some((ctx, _)) = self.rendezvous.remove(&id) {
-                        self.events.push_back(Event::Sent {
-                            ctx,
-                            result: Err(Failure::Unreachable(e)),
-                        });
-                    }
-                }
-                // The sender's staging stays until its own request fails; counted.
-                Owner::Fin => self.stats.fins_lost += 1,
-            },
+            Delivery::Failed(_) | Delivery::Denied(_) => {
+                let failure = match how {
+                    Delivery::Denied(e) => Failure::Denied(e),
+                    Delivery::Failed(e) => Failure::Unreachable(e),
+                    _ => unreachable!("matched above"),
+                };
+                self.failed(p.owner, failure);
+            }
         }
         Ok(())
+    }
+
+    /// The packet of `owner` could not be delivered.
+    fn failed(&mut self, owner: Owner, failure: Failure) {
+        match owner {
+            Owner::Eager { ctx } => self.events.push_back(Event::Sent {
+                ctx,
+                result: Err(failure),
+            }),
+            Owner::Rts { id } => {
+                if let Some((ctx, _)) = self.rendezvous.remove(&id) {
+                    self.events.push_back(Event::Sent {
+                        ctx,
+                        result: Err(failure),
+                    });
+                }
+            }
+            // The sender's staging stays until its own request fails; counted.
+            Owner::Fin => self.stats.fins_lost += 1,
+        }
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
