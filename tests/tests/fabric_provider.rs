@@ -250,7 +250,7 @@ int main(void) {
         EXPECT(len == 8);
     }
     EXPECT(fi_av_insert(av, names, 2, addr, 0, NULL) == 2);
-    /* The last size is read in six pieces, the last one short. */
+    /* The last size spans many RDMA blocks, the last one short. */
     static char tx[3000005], rx[3000005];
     struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
     size_t sizes[] = { 0, 1, 31, 32, 33, 40, 41, 1000, 100000, 3000000 + 5 };
