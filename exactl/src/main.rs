@@ -134,6 +134,10 @@ struct MpirunArgs {
     /// libfabric provider exanet (Open MPI; being built, see docs/mpi.md)
     #[arg(long, value_enum, default_value = "ip", env = "EXANET_MPI_FABRIC")]
     fabric: mpirun::Fabric,
+    /// MPI_Wtime answers each rank's modeled clock (what the ExaNeSt hardware would have
+    /// taken), so that the program's own timings are modeled (needs --fabric ni)
+    #[arg(long)]
+    modeled: bool,
     /// The launcher to run [default: mpirun.openmpi or mpirun; with --mpi mpich,
     /// mpiexec.hydra, mpiexec.mpich or mpiexec: the first on PATH]
     #[arg(long, value_name = "PATH", env = "EXANET_MPIRUN")]
@@ -457,12 +461,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
             };
             let code = mpirun::run(
                 &dir,
-                a.mpi,
-                a.fabric,
-                ranks,
-                a.mpirun.as_ref(),
-                &a.mpi_args,
-                &a.program,
+                mpirun::Launch {
+                    mpi: a.mpi,
+                    fabric: a.fabric,
+                    modeled: a.modeled,
+                    ranks,
+                    launcher: a.mpirun,
+                    mpirun_args: a.mpi_args,
+                    program: a.program,
+                },
             )?;
             std::process::exit(code)
         }

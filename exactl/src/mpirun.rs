@@ -260,17 +260,36 @@ fn provider_dir(rack: &Rack) -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-/// Runs `program` with one rank per chosen node, its messages over `fabric`; returns its
-/// exit status.
-pub fn run(
-    dir: &Path,
-    mpi: Mpi,
-    fabric: Fabric,
-    ranks: Ranks,
-    launcher: Option<&OsString>,
-    mpirun_args: &[OsString],
-    program: &[OsString],
-) -> Result<i32> {
+/// What `exactl mpirun` launches, and how.
+pub struct Launch {
+    pub mpi: Mpi,
+    pub fabric: Fabric,
+    /// `MPI_Wtime` answers the rank's modeled clock (needs `Fabric::Ni`).
+    pub modeled: bool,
+    pub ranks: Ranks,
+    pub launcher: Option<OsString>,
+    pub mpirun_args: Vec<OsString>,
+    pub program: Vec<OsString>,
+}
+
+/// Runs the program with one rank per chosen node; returns its exit status.
+pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
+    let Launch {
+        mpi,
+        fabric,
+        modeled,
+        ranks,
+        launcher,
+        mpirun_args,
+        program,
+    } = launch;
+    let launcher = launcher.as_ref();
+    if modeled && fabric != Fabric::Ni {
+        return Err(CliError::Usage(
+            "--modeled needs --fabric ni: over IP the program's messages carry no modeled time"
+                .into(),
+        ));
+    }
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     if !matches!(
@@ -351,13 +370,21 @@ pub fn run(
         Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
     };
     command.args(mpi.args(names.len(), &hostfile, &agent));
-    if provider.is_some() {
+    if let Some(dir) = &provider {
         // orted hands on only OMPI_* and what -x names.
         command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
+        if modeled {
+            // The provider's own MPI_Wtime, ahead of libmpi's: the rank's modeled clock.
+            // The same file libfabric loads, so one copy of it serves both.
+            command
+                .env("LD_PRELOAD", dir.join("libexanet-fi.so"))
+                .args(["-x", "LD_PRELOAD"]);
+            eprintln!("exactl: MPI_Wtime answers each rank's modeled clock");
+        }
     }
     command
-        .args(mpirun_args)
-        .args(program)
+        .args(&mpirun_args)
+        .args(&program)
         .envs(mpi.env(&agent, &rack.ip_subnet().to_string(), provider.as_deref()))
         .env("EXANET_RACK", &abs_dir);
     // Ctrl-C reaches the launcher (the terminal signals the whole foreground group) and

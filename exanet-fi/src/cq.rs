@@ -76,14 +76,15 @@ impl Cq {
         lock(&self.queue).push_back(Entry::Failed(f));
     }
 
+    fn endpoints(&self) -> Vec<std::sync::Arc<Endpoint>> {
+        let mut l = lock(&self.endpoints);
+        l.retain(|w| w.strong_count() > 0);
+        l.iter().filter_map(Weak::upgrade).collect()
+    }
+
     /// Makes progress on the bound endpoints.
     pub fn progress(&self) {
-        let eps: Vec<_> = {
-            let mut l = lock(&self.endpoints);
-            l.retain(|w| w.strong_count() > 0);
-            l.iter().filter_map(Weak::upgrade).collect()
-        };
-        for ep in eps {
+        for ep in self.endpoints() {
             ep.progress();
         }
     }
@@ -105,6 +106,11 @@ impl Cq {
         }
         if out.is_empty() {
             drop(q);
+            // Nothing came: until the next poll the application waits, it does not
+            // compute (its polling loop's CPU must not move the modeled clock).
+            for ep in self.endpoints() {
+                ep.idle();
+            }
             // The application polls again at once (MPI libraries do, without end): on a
             // host whose cores it shares with the daemons that carry its messages, give
             // them the core between polls (as Open MPI's mpi_yield_when_idle does for

@@ -105,6 +105,10 @@ pub struct Endpoint {
     inner: Mutex<Inner>,
     me: Peer,
     directed: bool,
+    /// The attachment, outside the lock: every call holds it (`exanet::Endpoint::hold`),
+    /// so that the provider's own time counts as the library's, not as the program's
+    /// compute.
+    attachment: Arc<exanet::Endpoint>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -161,6 +165,7 @@ impl Endpoint {
         Ok(Arc::new(Endpoint {
             me,
             directed,
+            attachment: Arc::clone(&ep),
             inner: Mutex::new(Inner {
                 engine: Engine::new(me, Config::default()),
                 ep,
@@ -236,6 +241,7 @@ impl Endpoint {
         context: usize,
         completes: Completes,
     ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
         let mut i = self.lock();
         let silent = !i.completes(completes, true);
         if !i.enabled {
@@ -300,6 +306,7 @@ impl Endpoint {
         context: usize,
         completes: Completes,
     ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
         let mut i = self.lock();
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
@@ -344,6 +351,7 @@ impl Endpoint {
         context: usize,
         probe: Probe,
     ) -> Result<Option<u64>, Errno> {
+        let _held = self.attachment.hold();
         let mut i = self.lock();
         if !i.enabled {
             return Err(FI_EOPBADSTATE);
@@ -409,6 +417,7 @@ impl Endpoint {
         context: usize,
         completes: Completes,
     ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
         let mut i = self.lock();
         if i.broken {
             return Err(FI_EIO);
@@ -425,6 +434,7 @@ impl Endpoint {
 
     /// `fi_cancel`: cancels the posted receive with `context`, if it is still waiting.
     pub fn cancel(&self, context: usize) -> bool {
+        let _held = self.attachment.hold();
         let mut i = self.lock();
         let ops: Vec<u64> = i
             .recvs
@@ -438,7 +448,14 @@ impl Endpoint {
     }
 
     pub fn progress(&self) {
+        let _held = self.attachment.hold();
         self.lock().progress();
+    }
+
+    /// The application found nothing to do and polls again: its time until then is
+    /// waiting, not compute (`exanet::Endpoint::idle`).
+    pub fn idle(&self) {
+        self.attachment.idle();
     }
 }
 

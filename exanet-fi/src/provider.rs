@@ -69,6 +69,42 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-FI_EIO)
 }
 
+/// The attachment whose modeled clock `MPI_Wtime` answers: the last domain opened.
+static MODELED: std::sync::Mutex<std::sync::Weak<exanet::Endpoint>> =
+    std::sync::Mutex::new(std::sync::Weak::new());
+
+/// `MPI_Wtime` for `exactl mpirun --modeled`, which preloads this library ahead of the
+/// MPI library: the rank's modeled clock in seconds (what the ExaNeSt hardware would
+/// have taken, counting the compute since the program's last call as the client library
+/// does), so that a program's own timings are modeled. Before a domain is open, or after
+/// it closed, the host's monotonic clock. Loaded by libfabric without the preload, these
+/// symbols interpose nothing.
+#[no_mangle]
+pub extern "C" fn MPI_Wtime() -> f64 {
+    catch_unwind(|| {
+        let ep = MODELED.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+        match ep {
+            Some(ep) => ep.advance_clock(exanet::ModelTime::ZERO).as_secs_f64(),
+            None => host_seconds(),
+        }
+    })
+    .unwrap_or_else(|_| host_seconds())
+}
+
+/// `MPI_Wtick` beside [`MPI_Wtime`]: modeled time counts picoseconds.
+#[no_mangle]
+pub extern "C" fn MPI_Wtick() -> f64 {
+    1e-12
+}
+
+fn host_seconds() -> f64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 struct Provider(*mut fi_provider);
 // SAFETY: the pointer is written once, before it is shared, and afterwards only libfabric
 // reads or writes the struct (its `context`), under its own lock.
@@ -443,6 +479,7 @@ unsafe extern "C" fn domain2(
             Ok(e) => Arc::new(e),
             Err(_) => return -FI_ENODEV,
         };
+        *MODELED.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&attachment);
         let d = Box::into_raw(Box::new(Domain {
             head: fid_domain {
                 fid: fid {

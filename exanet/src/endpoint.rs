@@ -22,6 +22,10 @@ use crate::error::{Error, Result};
 /// Largest ring region accepted from the daemon.
 const MAX_RING_REGION: u64 = 1 << 30;
 
+/// See [`Endpoint::hold`].
+#[must_use = "the time counts as the library's only while the guard lives"]
+pub struct Held<'a>(#[allow(dead_code)] crate::engine::Call<'a>);
+
 /// Names a posted operation; [`Endpoint::wait`] collects its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tag(pub(crate) u32);
@@ -377,6 +381,22 @@ impl Endpoint {
     /// does) moves each to the latest start.
     pub fn advance_clock(&self, t: ModelTime) -> ModelTime {
         self.shared.advance_clock(t)
+    }
+
+    /// Says the program has nothing to do but wait for this endpoint until its next call,
+    /// as a program that polls (an MPI library's progress loop) does between polls that
+    /// found nothing: that host time is waiting, not compute, and does not move the
+    /// modeled clock (see docs/modeled-time.md). Without it, the CPU a polling loop burns
+    /// outside the library would count as the program's compute.
+    pub fn idle(&self) {
+        self.shared.idle()
+    }
+
+    /// Marks the program as inside a library built on this one (a libfabric provider, an
+    /// MPI transport) until the guard drops: that time is the library's, as the time
+    /// inside this library's own calls is, not the program's compute.
+    pub fn hold(&self) -> Held<'_> {
+        Held(self.shared.enter())
     }
 
     /// Drops interest in `tag`: its result is discarded when it comes (failures are counted

@@ -933,6 +933,15 @@ impl Shared {
         lock(&self.state).clock
     }
 
+    /// The program only waits for this endpoint until its next call: that host time is
+    /// not compute.
+    pub(crate) fn idle(&self) {
+        let mut st = lock(&self.state);
+        if st.inside == 0 {
+            st.left_at = None;
+        }
+    }
+
     /// The workload waits, in modeled time, until `t`; returns its clock.
     pub(crate) fn advance_clock(&self, t: ModelTime) -> ModelTime {
         let _call = self.enter();

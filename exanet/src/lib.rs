@@ -55,7 +55,7 @@ pub mod ffi;
 
 pub use config::Config;
 pub use endpoint::{
-    Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag, RDMA_READ_CHANNELS,
+    Endpoint, Held, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag, RDMA_READ_CHANNELS,
     RDMA_WRITE_CHANNELS,
 };
 pub use engine::{Message, Notification, Stats};

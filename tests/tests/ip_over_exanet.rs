@@ -1025,4 +1025,85 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         .filter_map(|l| l["fault_stats"]["cells"]["drop"].as_u64())
         .sum();
     assert!(dropped > 0, "the loss dropped cells: {}", show.stdout);
+
+    // --modeled: MPI_Wtime answers the rank's modeled clock. A ping-pong timed by the
+    // program itself reports what the hardware would have taken (the report's MPI
+    // one-way latencies are 1.17 to 2.56 us), not the host's hundreds of microseconds.
+    let c = ip.rack.exactl(&["link", "clear", "--all"]);
+    assert!(c.success(), "{}", c.describe());
+    let src = ip.rack.dir.join("wtime.c");
+    std::fs::write(&src, MPI_WTIME_PROGRAM).unwrap();
+    let wtime = ip.rack.dir.join("wtime");
+    let cc = Command::new(OPEN_MPI.cc)
+        .arg("-O2")
+        .arg("-o")
+        .arg(&wtime)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let wtime = wtime.to_string_lossy().to_string();
+    let one_way = |modeled: bool| -> (f64, f64) {
+        let mut args = vec!["mpirun", "--fabric", "ni", "--nodes", "M1QAF2,M1QBF3"];
+        if modeled {
+            args.push("--modeled");
+        }
+        args.extend(["--", &wtime]);
+        let r = run_with_timeout(ip.rack.command(&args), Duration::from_secs(120)).unwrap();
+        assert!(r.success(), "{}", r.describe());
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("one-way"))
+            .unwrap_or_else(|| panic!("{}", r.describe()));
+        let mut w = line.split_whitespace().skip(1);
+        let us: f64 = w.next().unwrap().parse().unwrap();
+        let tick: f64 = w.next().unwrap().parse().unwrap();
+        (us, tick)
+    };
+    let (modeled, tick) = one_way(true);
+    assert_eq!(tick, 1e-12, "MPI_Wtick is the provider's");
+    assert!(
+        (0.5..10.0).contains(&modeled),
+        "modeled 8 B one-way {modeled} us"
+    );
+    let (host, tick) = one_way(false);
+    assert_ne!(
+        tick, 1e-12,
+        "without --modeled, MPI_Wtime is the MPI library's"
+    );
+    assert!(host > modeled * 5.0, "host {host} us, modeled {modeled} us");
 }
+
+/// 8 B ping-pong between two ranks, timed with MPI_Wtime: "one-way US TICK".
+const MPI_WTIME_PROGRAM: &str = r#"
+#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank; char b[8] = {0};
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    double t0 = 0, t1 = 0;
+    for (int round = 0; round < 2; round++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        for (int i = 0; i < 100; i++) {
+            if (rank == 0) {
+                MPI_Send(b, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
+                MPI_Recv(b, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Recv(b, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(b, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
+            }
+        }
+        t1 = MPI_Wtime();
+    }
+    if (rank == 0) printf("one-way %.4f %g\n", (t1 - t0) / 200 * 1e6, MPI_Wtick());
+    MPI_Finalize();
+    return 0;
+}
+"#;
