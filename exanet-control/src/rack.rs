@@ -36,6 +36,7 @@
 //! rank_max_packetizers = 32
 //! rank_max_mailboxes = 32
 //! rank_max_registered_mib = 4096
+//! mpi_eager_limit = 32          # longest MPI message sent eager by the libfabric provider
 //!
 //! [jobs.default]                # the job of workloads that attach without a key
 //! pdid = 1                      # (this is also what applies when no default is given)
@@ -300,7 +301,19 @@ pub struct NiSettings {
     pub rank_max_mailboxes: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_max_registered_mib: Option<u64>,
+    /// Longest message the libfabric provider sends eager, in one packetizer message;
+    /// longer ones go by rendezvous ([`DEFAULT_MPI_EAGER_LIMIT`] when absent, at most
+    /// [`MPI_EAGER_MAX`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi_eager_limit: Option<u32>,
 }
+
+/// ExaNet-MPI's eager limit (report §5.2.1): messages up to 32 bytes go in one packetizer
+/// message.
+pub const DEFAULT_MPI_EAGER_LIMIT: u32 = 32;
+/// What the provider's eager message carries at most: a 64-byte packetizer message less
+/// its 24-byte header (`exanet-fi`'s wire format; a test there checks the two agree).
+pub const MPI_EAGER_MAX: u32 = 40;
 
 /// `[model]` in the rack file: the parameters of the modeled hardware
 /// ([`ModelParams`], whose documentation gives each one's source), in its units (rates in
@@ -466,6 +479,12 @@ impl Rack {
             }
         }
         if let Some(ni) = &file.ni {
+            if let Some(e) = ni.mpi_eager_limit.filter(|&e| e > MPI_EAGER_MAX) {
+                return Err(format!(
+                    "ni.mpi_eager_limit = {e}: an eager message carries at most \
+                     {MPI_EAGER_MAX} bytes"
+                ));
+            }
             if ni.window_blocks.is_some_and(|w| !(1..=4096).contains(&w)) {
                 return Err("ni.window_blocks must be 1..=4096".into());
             }
@@ -968,6 +987,10 @@ mod tests {
         assert!(e.contains("64 hex digits"), "{e}");
         let e = with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_ranks = 9\n").unwrap_err();
         assert!(e.contains("max_ranks = 9"), "{e}");
+        let r = with_jobs("[ni]\nmpi_eager_limit = 8\n").unwrap();
+        assert_eq!(r.file.ni.as_ref().and_then(|n| n.mpi_eager_limit), Some(8));
+        let e = with_jobs("[ni]\nmpi_eager_limit = 41\n").unwrap_err();
+        assert!(e.to_string().contains("at most 40"), "{e}");
         let e = with_jobs("[ni]\nrank_max_mailboxes = 65\n").unwrap_err();
         assert!(e.contains("rank_max_mailboxes"), "{e}");
         assert!(with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_rank = 2\n").is_err());

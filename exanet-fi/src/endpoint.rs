@@ -149,10 +149,12 @@ impl Endpoint {
     /// Opens an endpoint of the attachment `ep`.
     /// `directed`: receives honour their source address (`FI_DIRECTED_RECV`); without
     /// it libfabric says the source of a receive is ignored.
+    /// `eager_limit`: the longest message sent eager (the rack's `[ni] mpi_eager_limit`).
     pub fn open(
         ep: Arc<exanet::Endpoint>,
         directed: bool,
         default_completion: (bool, bool),
+        eager_limit: usize,
     ) -> Result<Arc<Endpoint>, Error> {
         let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
         let tx = ep.packetizer()?;
@@ -167,7 +169,13 @@ impl Endpoint {
             directed,
             attachment: Arc::clone(&ep),
             inner: Mutex::new(Inner {
-                engine: Engine::new(me, Config::default()),
+                engine: Engine::new(
+                    me,
+                    Config {
+                        eager_limit,
+                        ..Config::default()
+                    },
+                ),
                 ep,
                 mailbox,
                 tx,

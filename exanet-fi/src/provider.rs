@@ -366,6 +366,18 @@ struct Fabric {
 struct Domain {
     head: fid_domain,
     attachment: Arc<exanet::Endpoint>,
+    /// The rack's `[ni] mpi_eager_limit`.
+    eager_limit: usize,
+}
+
+/// The rack's eager limit: `[ni] mpi_eager_limit`, else ExaNet-MPI's. A rack file that
+/// does not load leaves the default (attaching has found the rack already).
+fn eager_limit() -> usize {
+    use exanet_control::rack::{Rack, DEFAULT_MPI_EAGER_LIMIT};
+    Rack::load(&exanet::config::rack_dir(None))
+        .ok()
+        .and_then(|r| r.file.ni.and_then(|n| n.mpi_eager_limit))
+        .unwrap_or(DEFAULT_MPI_EAGER_LIMIT) as usize
 }
 
 static FABRIC_FID_OPS: fi_ops = fid_ops(fabric_close);
@@ -491,6 +503,7 @@ unsafe extern "C" fn domain2(
                 mr: ptr::addr_of!(MR_OPS).cast_mut(),
             },
             attachment,
+            eager_limit: eager_limit(),
         }));
         // SAFETY: non-null, writable; `Domain` starts with its `fid_domain`.
         unsafe { *out = addr_of_mut!((*d).head) };
@@ -1407,7 +1420,12 @@ unsafe extern "C" fn endpoint(
         );
         // SAFETY: the head of the `Domain` this provider opened.
         let d = unsafe { &*domain.cast::<Domain>() };
-        let ep = match Endpoint::open(Arc::clone(&d.attachment), directed, default_completion) {
+        let ep = match Endpoint::open(
+            Arc::clone(&d.attachment),
+            directed,
+            default_completion,
+            d.eager_limit,
+        ) {
             Ok(ep) => ep,
             Err(e) => {
                 tracing::debug!("exanet-fi: endpoint: {e}");

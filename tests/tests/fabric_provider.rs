@@ -634,3 +634,109 @@ fn two_jobs_on_the_same_nodes_are_kept_apart() {
     assert!(nacked >= 2, "PDID NACKs sent: {}", st.stdout);
     rack.down().unwrap();
 }
+
+/// RDMA transfers the rack's NIs completed.
+fn rdma_transfers(rack: &TestRack) -> u64 {
+    let st = rack.exactl(&["status", "--json"]);
+    assert!(st.success(), "{}", st.describe());
+    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["ni"]["rdma_transfers_done"].as_u64())
+        .sum()
+}
+
+/// Sixteen 8-byte messages from an endpoint to itself, each received into a posted
+/// receive and checked.
+const SMALL_MESSAGES: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
+    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
+
+int main(void) {
+    struct fi_info *hints = fi_allocinfo(), *info;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    hints->fabric_attr->prov_name = strdup("exanet");
+    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
+    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
+    struct fid_ep *ep; struct fid_cq *cq;
+    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
+    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
+    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
+    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
+    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
+    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
+    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
+    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+    CHECK("fi_enable", fi_enable(ep));
+    char name[8]; size_t len = 8; fi_addr_t self;
+    CHECK("fi_getname", fi_getname(&ep->fid, name, &len));
+    if (fi_av_insert(av, name, 1, &self, 0, NULL) != 1) return 1;
+    for (int k = 0; k < 16; k++) {
+        char tx[8], rx[8] = {0}; int a, b;
+        for (int i = 0; i < 8; i++) tx[i] = (char)(k * 8 + i);
+        CHECK("trecv", fi_trecv(ep, rx, 8, NULL, FI_ADDR_UNSPEC, 1, 0, &a));
+        CHECK("tsend", fi_tsend(ep, tx, 8, NULL, self, 1, &b));
+        struct fi_cq_tagged_entry e;
+        for (int got = 0; got < 2;) {
+            ssize_t n = fi_cq_read(cq, &e, 1);
+            if (n == 1) got++;
+            else if (n != -FI_EAGAIN) { fprintf(stderr, "cq: %ld\n", (long)n); return 1; }
+        }
+        if (memcmp(rx, tx, 8)) { fprintf(stderr, "message %d: wrong bytes\n", k); return 1; }
+    }
+    fi_close(&ep->fid); fi_close(&av->fid); fi_close(&cq->fid);
+    fi_close(&domain->fid); fi_close(&fabric->fid);
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+/// `[ni] mpi_eager_limit` in the rack file decides what goes eager: by default an 8-byte
+/// message is one packetizer message, and with 0 it goes by rendezvous (an RDMA read),
+/// every byte still right.
+#[test]
+fn the_eager_limit_comes_from_the_rack_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-eager");
+    rack.up("1x1x1", 60);
+    let exe = compile(tmp.path(), "small", SMALL_MESSAGES);
+    let run = || {
+        let r = run_with_timeout(
+            with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+        assert!(r.success() && r.stdout == "ok\n", "{}", r.describe());
+    };
+    run();
+    assert_eq!(rdma_transfers(&rack), 0, "8 B messages go eager by default");
+    rack.down().unwrap();
+    let file = rack.dir.join("rack.toml");
+    let mut toml = std::fs::read_to_string(&file).unwrap();
+    toml.push_str("\n[ni]\nmpi_eager_limit = 0\n");
+    std::fs::write(&file, toml).unwrap();
+    rack.up("1x1x1", 60);
+    run();
+    assert!(
+        rdma_transfers(&rack) >= 16,
+        "with mpi_eager_limit = 0 every message is an RDMA read"
+    );
+    rack.down().unwrap();
+}

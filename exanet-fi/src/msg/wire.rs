@@ -250,6 +250,16 @@ mod tests {
     }
 
     #[test]
+    fn the_rack_file_bounds_the_eager_limit_by_this_format() {
+        assert_eq!(EAGER_MAX, PACKET_MAX - HEADER);
+        assert_eq!(EAGER_MAX, exanet_control::rack::MPI_EAGER_MAX as usize);
+        assert!(
+            exanet_control::rack::DEFAULT_MPI_EAGER_LIMIT as usize <= EAGER_MAX,
+            "the default fits"
+        );
+    }
+
+    #[test]
     fn malformed_messages_are_typed_errors() {
         assert_eq!(Packet::decode(&[1, 0, 0]), Err(WireError::Short(3)));
         let mut b = Packet::Eager {
