@@ -5,7 +5,12 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, Weak};
 
-use crate::endpoint::Endpoint;
+/// What a completion queue makes progress on when it is read: its bound endpoints.
+pub trait Progress: Send + Sync {
+    fn progress(&self);
+    /// The application found nothing and polls again: it waits, it does not compute.
+    fn idle(&self);
+}
 
 /// One completion, in the widest format (`struct fi_cq_tagged_entry`) plus the source's
 /// `fi_addr_t` for `fi_cq_readfrom`; narrower formats are prefixes of it.
@@ -48,7 +53,7 @@ pub enum Empty {
 pub struct Cq {
     pub format: i32,
     queue: Mutex<VecDeque<Entry>>,
-    endpoints: Mutex<Vec<Weak<Endpoint>>>,
+    endpoints: Mutex<Vec<Weak<dyn Progress>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,7 +69,7 @@ impl Cq {
         }
     }
 
-    pub fn bind(&self, ep: Weak<Endpoint>) {
+    pub fn bind(&self, ep: Weak<dyn Progress>) {
         lock(&self.endpoints).push(ep);
     }
 
@@ -76,7 +81,7 @@ impl Cq {
         lock(&self.queue).push_back(Entry::Failed(f));
     }
 
-    fn endpoints(&self) -> Vec<std::sync::Arc<Endpoint>> {
+    fn endpoints(&self) -> Vec<std::sync::Arc<dyn Progress>> {
         let mut l = lock(&self.endpoints);
         l.retain(|w| w.strong_count() > 0);
         l.iter().filter_map(Weak::upgrade).collect()

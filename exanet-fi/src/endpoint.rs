@@ -1,7 +1,8 @@
 //! An `FI_EP_RDM` endpoint: a mailbox (its address), a packetizer interface and an RDMA
 //! page of the process's attachment, driving the message protocol ([`crate::msg`]) with
 //! the client library. Safe Rust: what touches the application's memory is a
-//! [`UserBuf`], whose maker (the C entry points) promised the memory.
+//! [`RecvBuf`], which the C entry points implement over the memory the application
+//! promised them.
 //!
 //! Progress happens in the application's calls (posting an operation, reading a bound
 //! completion queue): completed packetizer messages and reads are collected, the mailbox
@@ -19,11 +20,38 @@ use crate::av::Av;
 use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{Action, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer};
-use crate::provider::UserBuf;
 use crate::staging::{Slot, Staging};
 
 /// Unread messages the endpoint's mailbox holds before the NI refuses more.
 const MAILBOX_CAPACITY: u32 = 1024;
+
+/// Where a receive puts its message: the application's memory, behind the C entry
+/// points (which took the application's promise that it stays valid until the receive
+/// completes), or nothing.
+pub trait RecvBuf: Send + std::fmt::Debug {
+    /// Bytes it holds.
+    fn len(&self) -> usize;
+    /// Its address, as the completion reports it.
+    fn addr(&self) -> usize;
+    /// Copies what fits of `data`; returns how much.
+    fn write(&self, data: &[u8]) -> usize;
+}
+
+/// No memory: a receive that takes a message into nothing (a discarded probe's).
+#[derive(Debug)]
+pub struct NoBuf;
+
+impl RecvBuf for NoBuf {
+    fn len(&self) -> usize {
+        0
+    }
+    fn addr(&self) -> usize {
+        0
+    }
+    fn write(&self, _: &[u8]) -> usize {
+        0
+    }
+}
 
 /// Why an operation was not taken (a positive libfabric error number).
 pub type Errno = i32;
@@ -64,7 +92,7 @@ struct SendOp {
 struct RecvOp {
     context: usize,
     flags: u64,
-    buf: UserBuf,
+    buf: Box<dyn RecvBuf>,
     silent: bool,
 }
 
@@ -217,7 +245,8 @@ impl Endpoint {
     /// Completions of sends (`tx`) and of receives (`rx`) go to `cq`; `selective`: only
     /// those of operations that ask for one.
     pub fn bind_cq(self: &Arc<Self>, cq: Arc<Cq>, tx: bool, rx: bool, selective: bool) {
-        cq.bind(Arc::downgrade(self));
+        let me: Arc<dyn crate::cq::Progress> = self.clone();
+        cq.bind(Arc::downgrade(&me));
         let mut i = self.lock();
         if tx {
             i.txcq = Some(Arc::clone(&cq));
@@ -309,7 +338,7 @@ impl Endpoint {
     pub fn recv(
         &self,
         src: u64,
-        buf: UserBuf,
+        buf: Box<dyn RecvBuf>,
         tag: Option<(u64, u64)>,
         context: usize,
         completes: Completes,
@@ -408,7 +437,7 @@ impl Endpoint {
         });
         if let (Probe::Discard, Some(c)) = (probe, claim) {
             // Taken into nothing; its completion is not wanted.
-            let op = i.add_recv(UserBuf::empty(), tag.is_some(), context, Completes::Never);
+            let op = i.add_recv(Box::new(NoBuf), tag.is_some(), context, Completes::Never);
             i.engine.recv_claimed(c, 0, op);
             i.progress();
             return Ok(None);
@@ -420,7 +449,7 @@ impl Endpoint {
     pub fn recv_claimed(
         &self,
         claim: u64,
-        buf: UserBuf,
+        buf: Box<dyn RecvBuf>,
         tagged: bool,
         context: usize,
         completes: Completes,
@@ -467,6 +496,15 @@ impl Endpoint {
     }
 }
 
+impl crate::cq::Progress for Endpoint {
+    fn progress(&self) {
+        Endpoint::progress(self)
+    }
+    fn idle(&self) {
+        Endpoint::idle(self)
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.protocol_errors > 0 {
@@ -498,7 +536,13 @@ impl Inner {
         }
     }
 
-    fn add_recv(&mut self, buf: UserBuf, tagged: bool, context: usize, c: Completes) -> u64 {
+    fn add_recv(
+        &mut self,
+        buf: Box<dyn RecvBuf>,
+        tagged: bool,
+        context: usize,
+        c: Completes,
+    ) -> u64 {
         let op = self.next_op;
         self.next_op += 1;
         let silent = !self.completes(c, false);

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use crate::abi::*;
 use crate::av::{self, Av};
 use crate::cq::{Completion, Cq, Empty};
-use crate::endpoint::{Completes, Endpoint, Probe};
+use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf};
 use crate::offer::{self, Hints, Offer};
 
 /// The provider's own version (`fi_info -p exanet -v` shows it).
@@ -663,7 +663,7 @@ unsafe extern "C" fn no_mr_regattr(_: *mut fid, _: Opaque, _: u64, _: *mut Opaqu
 /// Made only here, where the application's promise is taken: the memory stays valid and
 /// untouched by it until the operation completes (libfabric's rule for posted buffers).
 #[derive(Debug)]
-pub(crate) struct UserBuf {
+struct UserBuf {
     addr: usize,
     len: usize,
 }
@@ -678,22 +678,18 @@ impl UserBuf {
             len: if addr.is_null() { 0 } else { len },
         }
     }
+}
 
-    /// No memory: a receive that takes a message into nothing.
-    pub(crate) fn empty() -> UserBuf {
-        UserBuf { addr: 0, len: 0 }
-    }
-
-    pub(crate) fn len(&self) -> usize {
+impl RecvBuf for UserBuf {
+    fn len(&self) -> usize {
         self.len
     }
 
-    pub(crate) fn addr(&self) -> usize {
+    fn addr(&self) -> usize {
         self.addr
     }
 
-    /// Copies what fits of `data`; returns how much.
-    pub(crate) fn write(&self, data: &[u8]) -> usize {
+    fn write(&self, data: &[u8]) -> usize {
         let n = data.len().min(self.len);
         if n > 0 {
             // SAFETY: valid for `len` >= n bytes, as promised at `new`.
@@ -1682,7 +1678,7 @@ unsafe fn do_recv(
         };
         // SAFETY: as the caller guarantees.
         let ub = unsafe { UserBuf::new(buf, len) };
-        errno(e.recv(src, ub, tag, context as usize, completes))
+        errno(e.recv(src, Box::new(ub), tag, context as usize, completes))
     }))
     .unwrap_or(-(FI_EIO as isize))
 }
@@ -1978,12 +1974,12 @@ unsafe extern "C" fn tagged_recvmsg(
             if claim == 0 {
                 return -(FI_EINVAL as isize);
             }
-            let buf = if flags & FI_DISCARD != 0 {
-                UserBuf::empty()
+            let buf: Box<dyn RecvBuf> = if flags & FI_DISCARD != 0 {
+                Box::new(NoBuf)
             } else {
                 // SAFETY: as the application passes them.
                 match unsafe { one_iov(m.msg_iov, m.iov_count) } {
-                    Ok((buf, len)) => unsafe { UserBuf::new(buf, len) },
+                    Ok((buf, len)) => Box::new(unsafe { UserBuf::new(buf, len) }),
                     Err(n) => return n as isize,
                 }
             };

@@ -382,14 +382,17 @@ fn messages_cross_the_provider_byte_for_byte() {
     rack.down().unwrap();
 }
 
-/// A program waits for a message when its node's daemon dies: the receive fails with
-/// FI_EIO on its queue (it does not wait for ever), a new send is refused with -FI_EIO,
-/// and everything still closes.
-const DAEMON_DIES: &str = r#"
+/// What the single-endpoint C programs below share: the headers, CHECK, and one tagged
+/// endpoint opened with its completion queue and address vector, its own address inserted
+/// (`struct one`).
+macro_rules! one_endpoint {
+    () => {
+        r#"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -400,55 +403,80 @@ const DAEMON_DIES: &str = r#"
 #define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
     fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
 
-int main(void) {
-    struct fi_info *hints = fi_allocinfo(), *info;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
-    hints->fabric_attr->prov_name = strdup("exanet");
-    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
+struct one {
+    struct fi_info *hints, *info;
     struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
     struct fid_ep *ep; struct fid_cq *cq;
-    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
-    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
+    char name[8]; fi_addr_t self;
+};
+
+static void open_one(struct one *o) {
+    o->hints = fi_allocinfo();
+    o->hints->ep_attr->type = FI_EP_RDM;
+    o->hints->caps = FI_TAGGED;
+    o->hints->fabric_attr->prov_name = strdup("exanet");
+    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, o->hints, &o->info));
+    CHECK("fi_fabric", fi_fabric(o->info->fabric_attr, &o->fabric, NULL));
+    CHECK("fi_domain", fi_domain(o->fabric, o->info, &o->domain, NULL));
     struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
-    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
+    CHECK("fi_cq_open", fi_cq_open(o->domain, &cq_attr, &o->cq, NULL));
     struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
-    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
-    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
-    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CHECK("fi_enable", fi_enable(ep));
-    char name[8]; size_t len = sizeof name; fi_addr_t self;
-    CHECK("fi_getname", fi_getname(&ep->fid, name, &len));
-    if (fi_av_insert(av, name, 1, &self, 0, NULL) != 1) return 1;
+    CHECK("fi_av_open", fi_av_open(o->domain, &av_attr, &o->av, NULL));
+    CHECK("fi_endpoint", fi_endpoint(o->domain, o->info, &o->ep, NULL));
+    CHECK("bind av", fi_ep_bind(o->ep, &o->av->fid, 0));
+    CHECK("bind cq", fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV));
+    CHECK("fi_enable", fi_enable(o->ep));
+    size_t len = sizeof o->name;
+    CHECK("fi_getname", fi_getname(&o->ep->fid, o->name, &len));
+    if (fi_av_insert(o->av, o->name, 1, &o->self, 0, NULL) != 1) exit(1);
+}
+
+static void close_one(struct one *o) {
+    CHECK("close ep", fi_close(&o->ep->fid));
+    CHECK("close av", fi_close(&o->av->fid));
+    CHECK("close cq", fi_close(&o->cq->fid));
+    CHECK("close domain", fi_close(&o->domain->fid));
+    CHECK("close fabric", fi_close(&o->fabric->fid));
+    fi_freeinfo(o->info);
+    fi_freeinfo(o->hints);
+}
+"#
+    };
+}
+
+/// A program waits for a message when its node's daemon dies: the receive fails with
+/// FI_EIO on its queue (it does not wait for ever), a new send is refused with -FI_EIO,
+/// and everything still closes.
+const DAEMON_DIES: &str = concat!(
+    one_endpoint!(),
+    r#"
+int main(void) {
+    struct one o;
+    open_one(&o);
     static char buf[64]; int ctx;
-    CHECK("trecv", fi_trecv(ep, buf, sizeof buf, NULL, FI_ADDR_UNSPEC, 1, 0, &ctx));
+    CHECK("trecv", fi_trecv(o.ep, buf, sizeof buf, NULL, FI_ADDR_UNSPEC, 1, 0, &ctx));
     printf("waiting\n");
     fflush(stdout);
     struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
     time_t start = time(NULL);
     for (;;) {
-        ssize_t n = fi_cq_read(cq, &e, 1);
+        ssize_t n = fi_cq_read(o.cq, &e, 1);
         if (n == -FI_EAVAIL) {
             memset(&err, 0, sizeof err);
-            CHECK("readerr", fi_cq_readerr(cq, &err, 0));
+            CHECK("readerr", fi_cq_readerr(o.cq, &err, 0));
             printf("receive failed: %d, context %s\n", err.err, err.op_context == &ctx ? "ok" : "wrong");
             break;
         }
         if (n == 1) { printf("unexpected completion\n"); return 1; }
         if (time(NULL) - start > 60) { printf("still waiting\n"); return 1; }
     }
-    printf("send after: %ld\n", (long)fi_tsend(ep, "x", 1, NULL, self, 1, &ctx));
-    CHECK("close ep", fi_close(&ep->fid));
-    CHECK("close av", fi_close(&av->fid));
-    CHECK("close cq", fi_close(&cq->fid));
-    CHECK("close domain", fi_close(&domain->fid));
-    CHECK("close fabric", fi_close(&fabric->fid));
-    fi_freeinfo(info); fi_freeinfo(hints);
+    printf("send after: %ld\n", (long)fi_tsend(o.ep, "x", 1, NULL, o.self, 1, &ctx));
+    close_one(&o);
     printf("ok\n");
     return 0;
 }
-"#;
+"#
+);
 
 #[test]
 fn a_daemon_that_dies_fails_what_waits_for_it() {
@@ -482,22 +510,9 @@ fn a_daemon_that_dies_fails_what_waits_for_it() {
 /// Two jobs (keys, so PDIDs) on the same nodes through the provider: each job's own
 /// messages go through, and a message of one to the other's endpoint is refused by the
 /// destination NI (its PDID) and fails with FI_EACCES, eager or by rendezvous.
-const JOBS: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <rdma/fabric.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_tagged.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_errno.h>
-
-#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
-    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
-
+const JOBS: &str = concat!(
+    one_endpoint!(),
+    r#"
 static struct fid_cq *cq;
 
 /* The next completion (1) or failure (its error number, negative), within 10 s. */
@@ -517,33 +532,17 @@ static int next(struct fi_cq_tagged_entry *e) {
 
 int main(int argc, char **argv) {
     const char *file = argv[1], *role = argv[2];
-    struct fi_info *hints = fi_allocinfo(), *info;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
-    hints->fabric_attr->prov_name = strdup("exanet");
-    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
-    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av; struct fid_ep *ep;
-    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
-    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
-    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
-    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
-    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
-    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
-    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
-    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CHECK("fi_enable", fi_enable(ep));
-    char me[8]; size_t len = sizeof me; fi_addr_t self;
-    CHECK("fi_getname", fi_getname(&ep->fid, me, &len));
-    if (fi_av_insert(av, me, 1, &self, 0, NULL) != 1) return 1;
+    struct one o;
+    open_one(&o);
+    cq = o.cq;
     /* Its own job works: a message to itself, eager and by rendezvous. */
     static char tx[1000], rx[1000];
     struct fi_cq_tagged_entry e;
     for (int n = 8; n <= 1000; n += 992) {
         int rc, sc;
         memset(tx, n, sizeof tx);
-        CHECK("trecv", fi_trecv(ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 2, 0, &rc));
-        CHECK("tsend", fi_tsend(ep, tx, n, NULL, self, 2, &sc));
+        CHECK("trecv", fi_trecv(o.ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 2, 0, &rc));
+        CHECK("tsend", fi_tsend(o.ep, tx, n, NULL, o.self, 2, &sc));
         for (int i = 0; i < 2; i++) if (next(&e) != 1) { printf("own job failed\n"); return 1; }
         if (memcmp(rx, tx, n)) { printf("own job: wrong bytes\n"); return 1; }
     }
@@ -552,10 +551,10 @@ int main(int argc, char **argv) {
     if (!strcmp(role, "serve")) {
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s.tmp", file);
-        FILE *f = fopen(tmp, "w"); fwrite(me, 1, 8, f); fclose(f);
+        FILE *f = fopen(tmp, "w"); fwrite(o.name, 1, 8, f); fclose(f);
         rename(tmp, file);
         int rc;
-        CHECK("trecv", fi_trecv(ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 1, 0, &rc));
+        CHECK("trecv", fi_trecv(o.ep, rx, sizeof rx, NULL, FI_ADDR_UNSPEC, 1, 0, &rc));
         printf(next(&e) == 1 ? "got a message\n" : "nothing came\n");
     } else {
         char other[8]; FILE *f = NULL;
@@ -563,20 +562,19 @@ int main(int argc, char **argv) {
         if (!f || fread(other, 1, 8, f) != 8) { printf("no address\n"); return 1; }
         fclose(f);
         fi_addr_t to;
-        if (fi_av_insert(av, other, 1, &to, 0, NULL) != 1) return 1;
+        if (fi_av_insert(o.av, other, 1, &to, 0, NULL) != 1) return 1;
         for (int n = 8; n <= 1000; n += 992) {
             int sc;
-            CHECK("tsend", fi_tsend(ep, tx, n, NULL, to, 1, &sc));
+            CHECK("tsend", fi_tsend(o.ep, tx, n, NULL, to, 1, &sc));
             printf("%d B to the other job: %d\n", n, next(&e));
         }
     }
     fflush(stdout);
-    fi_close(&ep->fid); fi_close(&av->fid); fi_close(&cq->fid);
-    fi_close(&domain->fid); fi_close(&fabric->fid);
-    fi_freeinfo(info); fi_freeinfo(hints);
+    close_one(&o);
     return 0;
 }
-"#;
+"#
+);
 
 #[test]
 fn two_jobs_on_the_same_nodes_are_kept_apart() {
@@ -650,60 +648,31 @@ fn rdma_transfers(rack: &TestRack) -> u64 {
 
 /// Sixteen 8-byte messages from an endpoint to itself, each received into a posted
 /// receive and checked.
-const SMALL_MESSAGES: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <rdma/fabric.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_tagged.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_errno.h>
-
-#define CHECK(what, expr) do { long r_ = (long)(expr); if (r_ < 0) { \
-    fprintf(stderr, "%s: %ld (%s)\n", what, r_, fi_strerror((int)-r_)); exit(1); } } while (0)
-
+const SMALL_MESSAGES: &str = concat!(
+    one_endpoint!(),
+    r#"
 int main(void) {
-    struct fi_info *hints = fi_allocinfo(), *info;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
-    hints->fabric_attr->prov_name = strdup("exanet");
-    CHECK("fi_getinfo", fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
-    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
-    struct fid_ep *ep; struct fid_cq *cq;
-    CHECK("fi_fabric", fi_fabric(info->fabric_attr, &fabric, NULL));
-    CHECK("fi_domain", fi_domain(fabric, info, &domain, NULL));
-    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED };
-    CHECK("fi_cq_open", fi_cq_open(domain, &cq_attr, &cq, NULL));
-    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-    CHECK("fi_av_open", fi_av_open(domain, &av_attr, &av, NULL));
-    CHECK("fi_endpoint", fi_endpoint(domain, info, &ep, NULL));
-    CHECK("bind av", fi_ep_bind(ep, &av->fid, 0));
-    CHECK("bind cq", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CHECK("fi_enable", fi_enable(ep));
-    char name[8]; size_t len = 8; fi_addr_t self;
-    CHECK("fi_getname", fi_getname(&ep->fid, name, &len));
-    if (fi_av_insert(av, name, 1, &self, 0, NULL) != 1) return 1;
+    struct one o;
+    open_one(&o);
     for (int k = 0; k < 16; k++) {
         char tx[8], rx[8] = {0}; int a, b;
         for (int i = 0; i < 8; i++) tx[i] = (char)(k * 8 + i);
-        CHECK("trecv", fi_trecv(ep, rx, 8, NULL, FI_ADDR_UNSPEC, 1, 0, &a));
-        CHECK("tsend", fi_tsend(ep, tx, 8, NULL, self, 1, &b));
+        CHECK("trecv", fi_trecv(o.ep, rx, 8, NULL, FI_ADDR_UNSPEC, 1, 0, &a));
+        CHECK("tsend", fi_tsend(o.ep, tx, 8, NULL, o.self, 1, &b));
         struct fi_cq_tagged_entry e;
         for (int got = 0; got < 2;) {
-            ssize_t n = fi_cq_read(cq, &e, 1);
+            ssize_t n = fi_cq_read(o.cq, &e, 1);
             if (n == 1) got++;
             else if (n != -FI_EAGAIN) { fprintf(stderr, "cq: %ld\n", (long)n); return 1; }
         }
         if (memcmp(rx, tx, 8)) { fprintf(stderr, "message %d: wrong bytes\n", k); return 1; }
     }
-    fi_close(&ep->fid); fi_close(&av->fid); fi_close(&cq->fid);
-    fi_close(&domain->fid); fi_close(&fabric->fid);
+    close_one(&o);
     printf("ok\n");
     return 0;
 }
-"#;
+"#
+);
 
 /// `[ni] mpi_eager_limit` in the rack file decides what goes eager: by default an 8-byte
 /// message is one packetizer message, and with 0 it goes by rendezvous (an RDMA read),
