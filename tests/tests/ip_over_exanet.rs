@@ -89,6 +89,27 @@ impl IpRack {
         ip
     }
 
+    /// Compiles the C source `src` with the MPI compiler `cc` into the rack's directory
+    /// (the nodes share this host's files); returns the program's path.
+    fn compile(&self, cc: &str, name: &str, src: &str) -> String {
+        let file = self.rack.dir.join(format!("{name}.c"));
+        std::fs::write(&file, src).unwrap();
+        let prog = self.rack.dir.join(name);
+        let out = Command::new(cc)
+            .arg("-O2")
+            .arg("-o")
+            .arg(&prog)
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{cc}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        prog.to_string_lossy().to_string()
+    }
+
     fn addr(&self, node: &str) -> String {
         let id = self.shape.parse_node(node).unwrap();
         format!("10.200.0.{}", id.0 + 1)
@@ -567,22 +588,7 @@ fn mpi_program_runs_on_eight_nodes_of_two_qfdbs(test: &str, family: &Family) {
         return;
     }
     let ip = IpRack::up_with(SMALL_SHAPE);
-    let src = ip.rack.dir.join("ring.c");
-    std::fs::write(&src, MPI_RING).unwrap();
-    let prog = ip.rack.dir.join(format!("ring-{}", family.name));
-    let cc = Command::new(family.cc)
-        .arg("-O2")
-        .arg("-o")
-        .arg(&prog)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}: {}",
-        family.cc,
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let prog = ip.compile(family.cc, &format!("ring-{}", family.name), MPI_RING);
     // Packets the IP services of two ranks' nodes delivered to their hosts.
     let delivered = || -> f64 {
         ["M1QAF1", "M1QBF4"]
@@ -597,7 +603,6 @@ fn mpi_program_runs_on_eight_nodes_of_two_qfdbs(test: &str, family: &Family) {
             .sum()
     };
     let before = delivered();
-    let prog = prog.to_string_lossy().to_string();
     let mpi = format!("--mpi={}", family.name);
     // The launcher gives up first and says where each daemon and rank stood.
     let mut args = vec!["mpirun", &mpi, "-np", "8"];
@@ -958,22 +963,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         return;
     }
     let ip = IpRack::up_with(SMALL_SHAPE);
-    let src = ip.rack.dir.join("ni.c");
-    std::fs::write(&src, MPI_NI_PROGRAM).unwrap();
-    let prog = ip.rack.dir.join("ni");
-    let cc = Command::new(OPEN_MPI.cc)
-        .arg("-O2")
-        .arg("-o")
-        .arg(&prog)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let prog = prog.to_string_lossy().to_string();
+    let prog = ip.compile(OPEN_MPI.cc, "ni", MPI_NI_PROGRAM);
     let run = || {
         run_with_timeout(
             ip.rack.command(&[
@@ -1031,22 +1021,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     // one-way latencies are 1.17 to 2.56 us), not the host's hundreds of microseconds.
     let c = ip.rack.exactl(&["link", "clear", "--all"]);
     assert!(c.success(), "{}", c.describe());
-    let src = ip.rack.dir.join("wtime.c");
-    std::fs::write(&src, MPI_WTIME_PROGRAM).unwrap();
-    let wtime = ip.rack.dir.join("wtime");
-    let cc = Command::new(OPEN_MPI.cc)
-        .arg("-O2")
-        .arg("-o")
-        .arg(&wtime)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let wtime = wtime.to_string_lossy().to_string();
+    let wtime = ip.compile(OPEN_MPI.cc, "wtime", MPI_WTIME_PROGRAM);
     let one_way = |modeled: bool| -> (f64, f64) {
         let mut args = vec!["mpirun", "--fabric", "ni", "--nodes", "M1QAF2,M1QBF3"];
         if modeled {
