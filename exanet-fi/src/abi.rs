@@ -126,6 +126,7 @@ pub const FI_EOPBADSTATE: c_int = 258;
 pub const FI_EAVAIL: c_int = 259;
 pub const FI_ENOCQ: c_int = 263;
 pub const FI_ETRUNC: c_int = 265;
+pub const FI_ENOAV: c_int = 267;
 pub const FI_ETOOSMALL: c_int = 257;
 pub const FI_ENOMSG: c_int = libc::ENOMSG;
 pub const FI_EMSGSIZE: c_int = libc::EMSGSIZE;

@@ -87,16 +87,13 @@ impl Cq {
         l.iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Makes progress on the bound endpoints.
-    pub fn progress(&self) {
-        for ep in self.endpoints() {
+    /// Up to `max` completions, oldest first, stopping before a failure, after progress
+    /// on the bound endpoints.
+    pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
+        let eps = self.endpoints();
+        for ep in &eps {
             ep.progress();
         }
-    }
-
-    /// Up to `max` completions, oldest first, stopping before a failure.
-    pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
-        self.progress();
         let mut q = lock(&self.queue);
         let mut out = Vec::new();
         while out.len() < max {
@@ -113,7 +110,7 @@ impl Cq {
             drop(q);
             // Nothing came: until the next poll the application waits, it does not
             // compute (its polling loop's CPU must not move the modeled clock).
-            for ep in self.endpoints() {
+            for ep in &eps {
                 ep.idle();
             }
             // The application polls again at once (MPI libraries do, without end): on a

@@ -88,12 +88,36 @@ struct SendOp {
     silent: bool,
 }
 
+impl SendOp {
+    /// Its completion entry.
+    fn entry(&self) -> Completion {
+        Completion {
+            context: self.context,
+            flags: self.flags,
+            len: self.len,
+            ..Completion::default()
+        }
+    }
+}
+
 #[derive(Debug)]
 struct RecvOp {
     context: usize,
     flags: u64,
     buf: Box<dyn RecvBuf>,
     silent: bool,
+}
+
+impl RecvOp {
+    /// Its completion entry, before anything is known of a message.
+    fn entry(&self) -> Completion {
+        Completion {
+            context: self.context,
+            flags: self.flags,
+            buf: self.buf.addr(),
+            ..Completion::default()
+        }
+    }
 }
 
 struct Inner {
@@ -261,8 +285,11 @@ impl Endpoint {
     /// `fi_enable`: an address vector and both completion queues must be bound.
     pub fn enable(&self) -> Result<(), Errno> {
         let mut i = self.lock();
-        if i.av.is_none() || i.txcq.is_none() || i.rxcq.is_none() {
-            return Err(FI_ENOCQ_OR_AV);
+        if i.txcq.is_none() || i.rxcq.is_none() {
+            return Err(FI_ENOCQ);
+        }
+        if i.av.is_none() {
+            return Err(FI_ENOAV);
         }
         i.enabled = true;
         Ok(())
@@ -517,10 +544,6 @@ impl Drop for Inner {
     }
 }
 
-/// `-FI_ENOCQ` / `-FI_ENOAV` are both "not bound yet"; libfabric's `fi_enable` reports
-/// the missing binding as `-FI_ENOCQ` for a queue, and this provider does for both.
-const FI_ENOCQ_OR_AV: Errno = FI_ENOCQ;
-
 impl Inner {
     /// Whether an operation gets a completion when it succeeds.
     fn completes(&self, c: Completes, tx: bool) -> bool {
@@ -606,32 +629,19 @@ impl Inner {
     fn break_down(&mut self) {
         self.broken = true;
         tracing::warn!("exanet-fi: endpoint {:?}: the NI is gone", self.engine.me());
+        let failed = |entry| Failed {
+            entry,
+            olen: 0,
+            err: FI_EIO,
+        };
         for (_, op) in self.sends.drain() {
             if let Some(cq) = &self.txcq {
-                cq.failed(Failed {
-                    entry: Completion {
-                        context: op.context,
-                        flags: op.flags,
-                        len: op.len,
-                        ..Completion::default()
-                    },
-                    olen: 0,
-                    err: FI_EIO,
-                });
+                cq.failed(failed(op.entry()));
             }
         }
         for (_, op) in self.recvs.drain() {
             if let Some(cq) = &self.rxcq {
-                cq.failed(Failed {
-                    entry: Completion {
-                        context: op.context,
-                        flags: op.flags,
-                        buf: op.buf.addr(),
-                        ..Completion::default()
-                    },
-                    olen: 0,
-                    err: FI_EIO,
-                });
+                cq.failed(failed(op.entry()));
             }
         }
         self.waiting.clear();
@@ -778,12 +788,7 @@ impl Inner {
                     return;
                 };
                 let Some(cq) = self.txcq.clone() else { return };
-                let entry = Completion {
-                    context: op.context,
-                    flags: op.flags,
-                    len: op.len,
-                    ..Completion::default()
-                };
+                let entry = op.entry();
                 match result {
                     Ok(()) if op.silent => {}
                     Ok(()) => cq.done(entry),
@@ -855,12 +860,7 @@ impl Inner {
                 };
                 if let Some(cq) = self.rxcq.clone() {
                     cq.failed(Failed {
-                        entry: Completion {
-                            context: op.context,
-                            flags: op.flags,
-                            buf: op.buf.addr(),
-                            ..Completion::default()
-                        },
+                        entry: op.entry(),
                         olen: 0,
                         err: errno_of(&error),
                     });

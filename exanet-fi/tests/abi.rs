@@ -182,6 +182,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_EAVAIL", c(FI_EAVAIL)),
         ("FI_ENOCQ", c(FI_ENOCQ)),
         ("FI_ETRUNC", c(FI_ETRUNC)),
+        ("FI_ENOAV", c(FI_ENOAV)),
         ("FI_ETOOSMALL", c(FI_ETOOSMALL)),
         ("FI_ENOMSG", c(FI_ENOMSG)),
         ("FI_EMSGSIZE", c(FI_EMSGSIZE)),

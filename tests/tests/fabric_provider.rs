@@ -621,29 +621,30 @@ fn two_jobs_on_the_same_nodes_are_kept_apart() {
         serve.describe()
     );
     // The destination counted the refusals.
-    let st = rack.exactl(&["status", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
-    let nacked: u64 = v["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n["ni"]["nacks_sent"]["pdid_mismatch"].as_u64())
-        .sum();
-    assert!(nacked >= 2, "PDID NACKs sent: {}", st.stdout);
+    let nacked = ni_counter(&rack, |ni| &ni["nacks_sent"]["pdid_mismatch"]);
+    assert!(nacked >= 2, "PDID NACKs sent: {nacked}");
     rack.down().unwrap();
+}
+
+/// An NI counter of `exactl status --json`, summed over the rack's nodes; `pick` finds it
+/// in a node's `ni` object (absent counts as 0: maps by reason leave out zeros).
+fn ni_counter(rack: &TestRack, pick: impl Fn(&serde_json::Value) -> &serde_json::Value) -> u64 {
+    let st = rack.exactl(&["status", "--json"]);
+    assert!(st.success(), "{}", st.describe());
+    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    let nodes = v["nodes"].as_array().expect("nodes in the status");
+    nodes
+        .iter()
+        .map(|n| {
+            assert!(n["ni"].is_object(), "no NI in {n}");
+            pick(&n["ni"]).as_u64().unwrap_or(0)
+        })
+        .sum()
 }
 
 /// RDMA transfers the rack's NIs completed.
 fn rdma_transfers(rack: &TestRack) -> u64 {
-    let st = rack.exactl(&["status", "--json"]);
-    assert!(st.success(), "{}", st.describe());
-    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
-    v["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n["ni"]["rdma_transfers_done"].as_u64())
-        .sum()
+    ni_counter(rack, |ni| &ni["rdma_transfers_done"])
 }
 
 /// Sixteen 8-byte messages from an endpoint to itself, each received into a posted
