@@ -244,20 +244,38 @@ pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
 fn provider_dir(rack: &Rack) -> Result<std::path::PathBuf> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
-    let lib = exe.with_file_name("libexanet_fi.so");
-    if !lib.exists() {
+    let beside = exe.with_file_name(PROVIDER_LIB);
+    let Some(lib) = newest_provider(&exe) else {
         return Err(CliError::Failed(format!(
             "the libfabric provider is not built: no {} (cargo build --release -p exanet-fi, \
              or --fabric ip)",
-            lib.display()
+            beside.display()
         )));
-    }
+    };
     let dir = rack.layout().run_dir().join("fi");
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
     let link = dir.join("libexanet-fi.so");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&lib, &link).map_err(|e| CliError::io("link", &link, e))?;
     Ok(dir)
+}
+
+/// The file name cargo gives the provider library.
+const PROVIDER_LIB: &str = "libexanet_fi.so";
+
+/// The provider built with this exactl: beside it (`cargo build`), or in `deps/` beside it,
+/// where `cargo test` leaves it without copying it up. When both exist the newer is the one
+/// built from the current source, since `cargo test` rewrites only the one in `deps/`.
+fn newest_provider(exe: &Path) -> Option<std::path::PathBuf> {
+    let dir = exe.parent()?;
+    [dir.join(PROVIDER_LIB), dir.join("deps").join(PROVIDER_LIB)]
+        .into_iter()
+        .filter_map(|p| {
+            let modified = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+            Some((modified, p))
+        })
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
 }
 
 /// What `exactl mpirun` launches, and how.

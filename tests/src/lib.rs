@@ -52,6 +52,21 @@ pub fn bin_dir() -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
+/// The libfabric provider of this build, as `exactl mpirun` picks it: beside the binaries
+/// (`cargo build`) or in `deps/` (`cargo test` builds it there and does not copy it up);
+/// the newer when both exist. `None` when neither is built.
+pub fn provider_lib() -> Option<PathBuf> {
+    let dir = bin_dir().ok()?;
+    [
+        dir.join("libexanet_fi.so"),
+        dir.join("deps").join("libexanet_fi.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(modified, _)| *modified)
+    .map(|(_, p)| p)
+}
+
 /// Finds `exactl` and `exanetd`, or says how to build them.
 pub fn find_bins() -> Result<Bins, String> {
     let dir = bin_dir()?;

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use exanet_tests::{bin_dir, run_with_timeout, runs, skip_unless_required, Run, TestRack};
+use exanet_tests::{
+    bin_dir, provider_lib, run_with_timeout, runs, skip_unless_required, Run, TestRack,
+};
 
 const REQUIRE: &str = "EXANET_REQUIRE_LIBFABRIC";
 const LIMIT: Duration = Duration::from_secs(60);
@@ -31,12 +33,12 @@ fn provider_dir(tmp: &Path) -> Option<PathBuf> {
         );
         return None;
     }
-    let lib = bin_dir().unwrap().join("libexanet_fi.so");
-    assert!(
-        lib.exists(),
-        "{} is not built: run `cargo build --workspace` with the same profile first",
-        lib.display()
-    );
+    let lib = provider_lib().unwrap_or_else(|| {
+        panic!(
+            "libexanet_fi.so is not built in {} (nor in its deps/): run `cargo test --workspace`",
+            bin_dir().unwrap().display()
+        )
+    });
     let dir = tmp.join("fi");
     std::fs::create_dir_all(&dir).unwrap();
     std::os::unix::fs::symlink(&lib, dir.join("libexanet-fi.so")).unwrap();
