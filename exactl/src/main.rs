@@ -130,12 +130,14 @@ struct MpirunArgs {
     /// transport settings it needs on the rack)
     #[arg(long, value_enum, default_value = "openmpi", env = "EXANET_MPI")]
     mpi: mpirun::Mpi,
-    /// What carries the messages: TCP over IP over ExaNet, or the NI itself through the
-    /// libfabric provider exanet (Open MPI; being built, see docs/mpi.md)
-    #[arg(long, value_enum, default_value = "ip", env = "EXANET_MPI_FABRIC")]
-    fabric: mpirun::Fabric,
-    /// MPI_Wtime answers each rank's modeled clock (what the ExaNeSt hardware would have
-    /// taken), so that the program's own timings are modeled (needs --fabric ni)
+    /// What carries the messages: the NI itself through the libfabric provider exanet
+    /// (Open MPI), or TCP over IP over ExaNet [default: ni with Open MPI when the provider
+    /// is built beside exactl, otherwise ip; exactl says which it chose and why]
+    #[arg(long, value_enum, env = "EXANET_MPI_FABRIC")]
+    fabric: Option<mpirun::Fabric>,
+    /// MPI_Wtime and the program thread's gettimeofday answer each rank's modeled clock
+    /// (what the ExaNeSt hardware would have taken), so that the program's own timings are
+    /// modeled (needs --fabric ni)
     #[arg(long)]
     modeled: bool,
     /// The launcher to run [default: mpirun.openmpi or mpirun; with --mpi mpich,
@@ -638,7 +640,7 @@ mod tests {
         assert_eq!(a.mpi_args, vec![std::ffi::OsString::from("-x")]);
         assert_eq!(a.program, ["prog", "-np", "2"]);
         let a = parse(&["exactl", "mpirun", "--fabric", "ni", "-np", "3", "prog"]);
-        assert_eq!((a.fabric, a.np), (mpirun::Fabric::Ni, Some(3)));
+        assert_eq!((a.fabric, a.np), (Some(mpirun::Fabric::Ni), Some(3)));
         assert_eq!(a.program, ["prog"]);
         let a = parse(&["exactl", "mpirun", "--mpi-arg", "-np", "prog", "-np"]);
         assert_eq!(a.np, None, "a value of --mpi-arg is not exactl's -np");
@@ -656,7 +658,7 @@ mod tests {
             args.extend_from_slice(&["--mpirun", "echo", "-np", "8", "--", "prog"]);
             let a = parse(&args);
             assert_eq!(a.mpi, mpirun::Mpi::Mpich, "{args:?}");
-            assert_eq!(a.fabric, mpirun::Fabric::Ip, "{args:?}");
+            assert_eq!(a.fabric, Some(mpirun::Fabric::Ip), "{args:?}");
             assert_eq!(a.np, Some(8), "{args:?}");
             assert_eq!(a.program, ["prog"], "{args:?}");
         }

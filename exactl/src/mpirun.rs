@@ -66,6 +66,38 @@ pub enum Fabric {
     Ip,
 }
 
+impl Fabric {
+    /// The fabric to use, and why: the one asked for; otherwise the NI wherever it can
+    /// carry the program (Open MPI, the provider built beside this exactl), since that is
+    /// the path ExaNeSt's MPI took; otherwise IP, which carries every MPI.
+    pub fn choose(asked: Option<Fabric>, mpi: Mpi, modeled: bool) -> (Fabric, &'static str) {
+        if let Some(f) = asked {
+            return (f, "as asked");
+        }
+        if modeled {
+            return (Fabric::Ni, "--modeled needs it");
+        }
+        if mpi == Mpi::Mpich {
+            return (
+                Fabric::Ip,
+                "the default for MPICH: Debian's is ch4:ucx, which cannot load the provider",
+            );
+        }
+        let exe = std::env::current_exe().ok();
+        if exe.as_deref().and_then(newest_provider).is_some() {
+            (
+                Fabric::Ni,
+                "the default: the provider is built beside exactl",
+            )
+        } else {
+            (
+                Fabric::Ip,
+                "the default without the provider: cargo build --release -p exanet-fi builds it",
+            )
+        }
+    }
+}
+
 /// The MPI families `exactl mpirun` knows how to launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mpi {
@@ -281,8 +313,10 @@ fn newest_provider(exe: &Path) -> Option<std::path::PathBuf> {
 /// What `exactl mpirun` launches, and how.
 pub struct Launch {
     pub mpi: Mpi,
-    pub fabric: Fabric,
-    /// `MPI_Wtime` answers the rank's modeled clock (needs `Fabric::Ni`).
+    /// `None`: [`Fabric::choose`] picks.
+    pub fabric: Option<Fabric>,
+    /// `MPI_Wtime` and the program thread's `gettimeofday` answer the rank's modeled clock
+    /// (needs `Fabric::Ni`).
     pub modeled: bool,
     pub ranks: Ranks,
     pub launcher: Option<OsString>,
@@ -302,6 +336,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         program,
     } = launch;
     let launcher = launcher.as_ref();
+    let (fabric, why) = Fabric::choose(fabric, mpi, modeled);
     if modeled && fabric != Fabric::Ni {
         return Err(CliError::Usage(
             "--modeled needs --fabric ni: over IP the program's messages carry no modeled time"
@@ -361,7 +396,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         }
     };
     eprintln!(
-        "exactl: {} ranks, messages over {}",
+        "exactl: {} ranks, messages over {} ({why})",
         names.len(),
         match fabric {
             Fabric::Ni => "the NI (libfabric provider exanet, Open MPI pml cm / mtl ofi)",
@@ -392,12 +427,13 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         // orted hands on only OMPI_* and what -x names.
         command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
         if modeled {
-            // The provider's own MPI_Wtime, ahead of libmpi's: the rank's modeled clock.
+            // The provider's own MPI_Wtime and gettimeofday, ahead of libmpi's and libc's:
+            // the rank's modeled clock.
             // The same file libfabric loads, so one copy of it serves both.
             command
                 .env("LD_PRELOAD", dir.join("libexanet-fi.so"))
                 .args(["-x", "LD_PRELOAD"]);
-            eprintln!("exactl: MPI_Wtime answers each rank's modeled clock");
+            eprintln!("exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock");
         }
     }
     command
@@ -441,6 +477,20 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fabric_asked_for_or_needed_is_the_one_used() {
+        for mpi in [Mpi::Openmpi, Mpi::Mpich] {
+            for f in [Fabric::Ni, Fabric::Ip] {
+                assert_eq!(Fabric::choose(Some(f), mpi, false).0, f);
+            }
+        }
+        assert_eq!(Fabric::choose(None, Mpi::Openmpi, true).0, Fabric::Ni);
+        // Debian's MPICH cannot load the provider: IP unless asked otherwise.
+        let (f, why) = Fabric::choose(None, Mpi::Mpich, false);
+        assert_eq!(f, Fabric::Ip);
+        assert!(why.contains("ch4:ucx"), "{why}");
+    }
 
     /// The agent skips what ssh takes before the host, strips a user, and hands the rest
     /// to `exactl exec` as one shell line: run with a stand-in exactl that prints its

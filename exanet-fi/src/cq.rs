@@ -4,13 +4,26 @@
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 /// What a completion queue makes progress on when it is read: its bound endpoints.
 pub trait Progress: Send + Sync {
     fn progress(&self);
     /// The application found nothing and polls again: it waits, it does not compute.
     fn idle(&self);
+    /// How many NI completions the endpoint's attachment has seen (a wait's starting point).
+    fn events(&self) -> u64;
+    /// Sleeps until the attachment sees more than `seen` completions, or `timeout`.
+    fn wait(&self, seen: u64, timeout: Duration);
 }
+
+/// Empty reads closer together than this are a polling loop (MPI_Wait and its kin), not an
+/// application that tests now and then between its own work.
+const POLLING_LOOP: Duration = Duration::from_micros(200);
+
+/// How long a read in a polling loop sleeps on the doorbell when nothing comes: a message
+/// wakes it at once, so this bounds only how late it sees work that rings no doorbell.
+const LOOP_SLEEP: Duration = Duration::from_millis(1);
 
 /// One completion, in the widest format (`struct fi_cq_tagged_entry`) plus the source's
 /// `fi_addr_t` for `fi_cq_readfrom`; narrower formats are prefixes of it.
@@ -54,6 +67,8 @@ pub struct Cq {
     pub format: i32,
     queue: Mutex<VecDeque<Entry>>,
     endpoints: Mutex<Vec<Weak<dyn Progress>>>,
+    /// When the last read that found nothing returned.
+    last_empty: Mutex<Option<Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,6 +81,7 @@ impl Cq {
             format,
             queue: Mutex::new(VecDeque::new()),
             endpoints: Mutex::new(Vec::new()),
+            last_empty: Mutex::new(None),
         }
     }
 
@@ -91,9 +107,49 @@ impl Cq {
     /// on the bound endpoints.
     pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
         let eps = self.endpoints();
+        // Taken before progress, so that a completion between the progress and a sleep
+        // below ends the sleep at once instead of being slept through.
+        let seen: Vec<u64> = eps.iter().map(|ep| ep.events()).collect();
         for ep in &eps {
             ep.progress();
         }
+        let out = self.take(max)?;
+        if !out.is_empty() {
+            *lock(&self.last_empty) = None;
+            return Ok(out);
+        }
+        // Nothing came: until the next poll the application waits, it does not compute
+        // (its polling loop's CPU must not move the modeled clock).
+        for ep in &eps {
+            ep.idle();
+        }
+        let now = Instant::now();
+        let looping = lock(&self.last_empty).is_some_and(|t| now - t < POLLING_LOOP);
+        match (&eps[..], looping) {
+            // An MPI library waiting polls again at once, without end. On a host whose
+            // cores it shares with the daemons that carry its messages, its spinning is
+            // what delays them: sleep on the attachment's doorbell until something comes.
+            ([ep], true) => {
+                ep.wait(seen[0], LOOP_SLEEP);
+                for ep in &eps {
+                    ep.progress();
+                }
+            }
+            // The first empty poll, or several endpoints (one doorbell each): give the
+            // core away once, as Open MPI's mpi_yield_when_idle does for its transports.
+            _ => std::thread::yield_now(),
+        }
+        let out = self.take(max)?;
+        *lock(&self.last_empty) = out.is_empty().then(Instant::now);
+        if out.is_empty() {
+            Err(Empty::Again)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// Up to `max` queued completions, oldest first, stopping before a failure.
+    fn take(&self, max: usize) -> Result<Vec<Completion>, Empty> {
         let mut q = lock(&self.queue);
         let mut out = Vec::new();
         while out.len() < max {
@@ -106,22 +162,7 @@ impl Cq {
                 _ => break,
             }
         }
-        if out.is_empty() {
-            drop(q);
-            // Nothing came: until the next poll the application waits, it does not
-            // compute (its polling loop's CPU must not move the modeled clock).
-            for ep in &eps {
-                ep.idle();
-            }
-            // The application polls again at once (MPI libraries do, without end): on a
-            // host whose cores it shares with the daemons that carry its messages, give
-            // them the core between polls (as Open MPI's mpi_yield_when_idle does for
-            // its own transports).
-            std::thread::yield_now();
-            Err(Empty::Again)
-        } else {
-            Ok(out)
-        }
+        Ok(out)
     }
 
     /// The failure at the head of the queue, if one is.

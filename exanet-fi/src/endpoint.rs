@@ -530,6 +530,13 @@ impl crate::cq::Progress for Endpoint {
     fn idle(&self) {
         Endpoint::idle(self)
     }
+    fn events(&self) -> u64 {
+        self.attachment.events()
+    }
+    fn wait(&self, seen: u64, timeout: std::time::Duration) {
+        // A failure here (the daemon gone) is found and reported by the next progress.
+        let _ = self.attachment.wait_events(seen, Some(timeout));
+    }
 }
 
 impl Drop for Inner {

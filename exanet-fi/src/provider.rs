@@ -69,9 +69,39 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-FI_EIO)
 }
 
-/// The attachment whose modeled clock `MPI_Wtime` answers: the last domain opened.
-static MODELED: std::sync::Mutex<std::sync::Weak<exanet::Endpoint>> =
-    std::sync::Mutex::new(std::sync::Weak::new());
+/// What `exactl mpirun --modeled` answers the program's clocks from: the last domain
+/// opened.
+struct Modeled {
+    attachment: std::sync::Weak<exanet::Endpoint>,
+    /// The thread that opened it, the program's own: only its `gettimeofday` is modeled,
+    /// so that the MPI runtime's helper threads keep their timeouts in host time.
+    thread: libc::pthread_t,
+    /// Host wall-clock time and the rank's modeled clock at the opening: `gettimeofday`
+    /// goes on from the first by what the second has moved since.
+    wall: std::time::Duration,
+    model: exanet::ModelTime,
+}
+
+static MODELED: std::sync::Mutex<Option<Modeled>> = std::sync::Mutex::new(None);
+
+fn modeled() -> std::sync::MutexGuard<'static, Option<Modeled>> {
+    MODELED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The attachment's modeled clock, with the compute since the program's last call.
+fn modeled_now(ep: &exanet::Endpoint) -> exanet::ModelTime {
+    ep.advance_clock(exanet::ModelTime::ZERO)
+}
+
+fn remember_modeled(attachment: &Arc<exanet::Endpoint>) {
+    *modeled() = Some(Modeled {
+        attachment: Arc::downgrade(attachment),
+        // SAFETY: pthread_self has no preconditions.
+        thread: unsafe { libc::pthread_self() },
+        wall: wall_clock(),
+        model: modeled_now(attachment),
+    });
+}
 
 /// `MPI_Wtime` for `exactl mpirun --modeled`, which preloads this library ahead of the
 /// MPI library: the rank's modeled clock in seconds (what the ExaNeSt hardware would
@@ -82,9 +112,9 @@ static MODELED: std::sync::Mutex<std::sync::Weak<exanet::Endpoint>> =
 #[no_mangle]
 pub extern "C" fn MPI_Wtime() -> f64 {
     catch_unwind(|| {
-        let ep = MODELED.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+        let ep = modeled().as_ref().and_then(|m| m.attachment.upgrade());
         match ep {
-            Some(ep) => ep.advance_clock(exanet::ModelTime::ZERO).as_secs_f64(),
+            Some(ep) => modeled_now(&ep).as_secs_f64(),
             None => host_seconds(),
         }
     })
@@ -95,6 +125,54 @@ pub extern "C" fn MPI_Wtime() -> f64 {
 #[no_mangle]
 pub extern "C" fn MPI_Wtick() -> f64 {
     1e-12
+}
+
+/// `gettimeofday` under `exactl mpirun --modeled`, for programs that time themselves with
+/// it rather than `MPI_Wtime` (NetPIPE does): on the thread that opened the domain, the
+/// host's time at the opening plus the modeled time since; anywhere else, or with no
+/// domain open, the host's time. Interposes only when preloaded.
+///
+/// # Safety
+/// As `gettimeofday(2)`: `tv`, if not null, points to a writable `struct timeval`; `tz`,
+/// if not null, to a writable `struct timezone`.
+#[no_mangle]
+pub unsafe extern "C" fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_int {
+    let now = catch_unwind(|| {
+        let m = modeled();
+        let m = m.as_ref()?;
+        // SAFETY: pthread_self has no preconditions; pthread_equal compares two ids.
+        if unsafe { libc::pthread_equal(m.thread, libc::pthread_self()) } == 0 {
+            return None;
+        }
+        let ep = m.attachment.upgrade()?;
+        let since_ps = modeled_now(&ep).since(m.model);
+        Some(m.wall + std::time::Duration::from_nanos(since_ps / 1000))
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_else(wall_clock);
+    if !tv.is_null() {
+        // SAFETY: the caller's contract: `tv` points to a writable timeval.
+        unsafe {
+            *tv = libc::timeval {
+                tv_sec: now.as_secs() as libc::time_t,
+                tv_usec: now.subsec_micros() as libc::suseconds_t,
+            }
+        };
+    }
+    if !tz.is_null() {
+        // SAFETY: the caller's contract: `tz` points to a writable struct timezone (two
+        // ints), which Linux fills with zeros.
+        unsafe { ptr::write_bytes(tz.cast::<u8>(), 0, 2 * std::mem::size_of::<c_int>()) };
+    }
+    0
+}
+
+/// The host's wall-clock time since the epoch.
+fn wall_clock() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 fn host_seconds() -> f64 {
@@ -491,7 +569,7 @@ unsafe extern "C" fn domain2(
             Ok(e) => Arc::new(e),
             Err(_) => return -FI_ENODEV,
         };
-        *MODELED.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&attachment);
+        remember_modeled(&attachment);
         let d = Box::into_raw(Box::new(Domain {
             head: fid_domain {
                 fid: fid {

@@ -605,7 +605,8 @@ fn mpi_program_runs_on_eight_nodes_of_two_qfdbs(test: &str, family: &Family) {
     let before = delivered();
     let mpi = format!("--mpi={}", family.name);
     // The launcher gives up first and says where each daemon and rank stood.
-    let mut args = vec!["mpirun", &mpi, "-np", "8"];
+    // Over IP, by name: with the provider built, Open MPI's default is the NI.
+    let mut args = vec!["mpirun", &mpi, "--fabric=ip", "-np", "8"];
     if family.name == "openmpi" {
         args.extend([
             "--mpi-arg=--timeout",
