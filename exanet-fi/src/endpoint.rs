@@ -541,6 +541,22 @@ impl crate::cq::Progress for Endpoint {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        let s = self.engine.stats();
+        // What the unexpected queue and the protocol's repairs did, for whoever tunes an
+        // MPI run (FI_LOG_LEVEL=info).
+        tracing::info!(
+            "exanet-fi: endpoint {:?} closed: sent {} eager and {} by rendezvous, received \
+             {} ({} unexpected), {} duplicates dropped, {} resent, {} FINs lost, {} malformed",
+            self.engine.me(),
+            s.eager_sent,
+            s.rendezvous_sent,
+            s.received,
+            s.unexpected,
+            s.duplicates,
+            s.resent,
+            s.fins_lost,
+            s.malformed
+        );
         if self.protocol_errors > 0 {
             tracing::warn!(
                 "exanet-fi: endpoint {:?} closed after {} malformed or out-of-protocol messages",

@@ -14,10 +14,7 @@
 //!   rendezvous read by the receiver), tag matching and the unexpected queue, without I/O;
 //! - `provider`: the C entry points, the crate's only unsafe code.
 //!
-//! Built so far: `fi_getinfo` (hints honoured, `-FI_ENODATA` otherwise), the fabric, and
-//! the domain, which attaches the process to its node's NI. Endpoints, address vectors,
-//! completion queues and data transfer answer `-FI_ENOSYS` until they are built (see
-//! `docs/mpi.md`).
+//! What is built and what is not, with the figures: `docs/mpi.md`.
 
 #![deny(unsafe_code)]
 
@@ -25,6 +22,7 @@ pub mod abi;
 mod av;
 mod cq;
 mod endpoint;
+mod log;
 pub mod msg;
 pub mod offer;
 #[allow(unsafe_code)]

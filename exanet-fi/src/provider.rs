@@ -197,6 +197,7 @@ pub extern "C" fn fi_prov_ini() -> *mut fi_provider {
     static PROVIDER: OnceLock<Provider> = OnceLock::new();
     PROVIDER
         .get_or_init(|| {
+            crate::log::init();
             // libfabric keeps its own state in `context`: the struct must be writable and
             // live as long as the library is loaded, hence leaked.
             Provider(Box::into_raw(Box::new(fi_provider {

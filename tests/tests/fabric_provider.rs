@@ -344,13 +344,25 @@ fn messages_cross_the_provider_byte_for_byte() {
     rack.up("2x1x1", 60);
 
     let exe = compile(tmp.path(), "messages", MESSAGES);
-    let r = run_with_timeout(
-        with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2"),
-        Duration::from_secs(120),
-    )
-    .unwrap();
+    let mut c = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2");
+    // libfabric's own log level: the provider then says what each endpoint did.
+    c.env("FI_LOG_LEVEL", "info");
+    let r = run_with_timeout(c, Duration::from_secs(120)).unwrap();
     assert!(r.success(), "{}", r.describe());
     assert!(r.stdout.ends_with("ok\n"), "{}", r.stdout);
+    let closed: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("closed: sent"))
+        .collect();
+    assert!(
+        closed.iter().any(|l| !l.contains("sent 0 eager"))
+            && closed.iter().any(|l| !l.contains("and 0 by rendezvous"))
+            && closed.iter().any(|l| !l.contains("(0 unexpected)")),
+        "each endpoint's counters at close, with eager, rendezvous and unexpected \
+         messages among them: {}",
+        r.stderr
+    );
 
     // libfabric's own ping-pong, between two QFDBs, with its data check, every size it
     // runs (64 B to 1 MiB: rendezvous), untagged and tagged.
