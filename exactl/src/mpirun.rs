@@ -433,6 +433,16 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             command
                 .env("LD_PRELOAD", dir.join("libexanet-fi.so"))
                 .args(["-x", "LD_PRELOAD"]);
+            // A send of ExaNet-MPI's rendezvous waited for its FIN (the receiver read
+            // the application's buffer): so do the modeled ones.
+            command
+                .env("FI_EXANET_SEND_COMPLETION", "delivery")
+                .args(["-x", "FI_EXANET_SEND_COMPLETION"]);
+            // ExaNeSt's cores polled: a rank that sleeps between polls runs the MPI
+            // library's own code with cold caches, and that CPU time is modeled compute.
+            command
+                .env("FI_EXANET_IDLE", "poll")
+                .args(["-x", "FI_EXANET_IDLE"]);
             eprintln!("exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock");
         }
     }

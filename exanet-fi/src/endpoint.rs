@@ -19,7 +19,9 @@ use crate::abi::*;
 use crate::av::Av;
 use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
-use crate::msg::{Action, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer};
+use crate::msg::{
+    Action, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer,
+};
 use crate::staging::{Slot, Staging};
 
 /// Unread messages the endpoint's mailbox holds before the NI refuses more.
@@ -62,8 +64,8 @@ pub type Errno = i32;
 pub enum Completes {
     /// A call without flags: as the endpoint's operation flags say.
     ByDefault,
-    /// A `*msg` call: as its flags say.
-    Flagged(bool),
+    /// A `*msg` call: as its flags say (`FI_COMPLETION`, `FI_DELIVERY_COMPLETE`).
+    Flagged(u64),
     /// `fi_inject`: never.
     Never,
 }
@@ -134,6 +136,8 @@ struct Inner {
     selective: (bool, bool),
     /// `FI_COMPLETION` in the operation flags the endpoint was opened with.
     default_completion: (bool, bool),
+    /// `FI_DELIVERY_COMPLETE` in the transmit context's operation flags.
+    delivery_complete: bool,
     /// Actions waiting for a free channel, in order.
     waiting: VecDeque<Action>,
     packets: Vec<(Tag, u64)>,
@@ -206,6 +210,7 @@ impl Endpoint {
         ep: Arc<exanet::Endpoint>,
         directed: bool,
         default_completion: (bool, bool),
+        delivery_complete: bool,
         eager_limit: usize,
     ) -> Result<Arc<Endpoint>, Error> {
         let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
@@ -238,6 +243,7 @@ impl Endpoint {
                 enabled: false,
                 selective: (false, false),
                 default_completion,
+                delivery_complete,
                 waiting: VecDeque::new(),
                 packets: Vec::new(),
                 fetches: Vec::new(),
@@ -334,6 +340,7 @@ impl Endpoint {
             let out = Outgoing::Staged {
                 va: i.staging.va(&slot),
                 len: data.len() as u64,
+                complete: i.send_completes(completes),
             };
             i.staged.insert(op, slot);
             out
@@ -578,7 +585,23 @@ impl Inner {
         match c {
             Completes::Never => false,
             Completes::ByDefault => !selective || default,
-            Completes::Flagged(f) => !selective || f,
+            Completes::Flagged(f) => !selective || f & FI_COMPLETION != 0,
+        }
+    }
+
+    /// When a rendezvous send completes: when the receiver has the request, its data
+    /// staged (libfabric's transmit completion), unless the application asked for
+    /// delivery completion.
+    fn send_completes(&self, c: Completes) -> Complete {
+        let delivery = match c {
+            Completes::Flagged(f) => f & FI_DELIVERY_COMPLETE != 0,
+            Completes::ByDefault => self.delivery_complete,
+            Completes::Never => false,
+        };
+        if delivery {
+            Complete::Delivery
+        } else {
+            Complete::Transmit
         }
     }
 
@@ -803,10 +826,12 @@ impl Inner {
 
     fn complete(&mut self, ev: Event) {
         match ev {
-            Event::Sent { ctx, result } => {
+            Event::Released { ctx } => {
                 if let Some(slot) = self.staged.remove(&ctx) {
                     self.staging.free(slot);
                 }
+            }
+            Event::Sent { ctx, result } => {
                 let Some(op) = self.sends.remove(&ctx) else {
                     return;
                 };

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::abi::*;
 use crate::av::{self, Av};
-use crate::cq::{Completion, Cq, Empty};
+use crate::cq::{Completion, Cq, Empty, Idle};
 use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf};
 use crate::offer::{self, Hints, Offer};
 
@@ -447,6 +447,8 @@ struct Domain {
     attachment: Arc<exanet::Endpoint>,
     /// The rack's `[ni] mpi_eager_limit`.
     eager_limit: usize,
+    /// Rendezvous sends complete when read by default (`FI_EXANET_SEND_COMPLETION`).
+    delivery_complete: bool,
 }
 
 /// The rack's eager limit: `[ni] mpi_eager_limit`, else ExaNet-MPI's. A rack file that
@@ -457,6 +459,28 @@ fn eager_limit() -> usize {
         .ok()
         .and_then(|r| r.file.ni.and_then(|n| n.mpi_eager_limit))
         .unwrap_or(DEFAULT_MPI_EAGER_LIMIT) as usize
+}
+
+/// The environment variable that says when a rendezvous send completes by default.
+const SEND_COMPLETION_ENV: &str = "FI_EXANET_SEND_COMPLETION";
+
+/// Whether rendezvous sends complete only once read (`delivery`), as ExaNet-MPI's did:
+/// its receiver read the application's own buffer, so its sender waited for the FIN.
+/// This provider stages what it sends, so by default (`transmit`) a send completes when
+/// its request has arrived: one message instead of the request, the read and the FIN.
+/// `exactl mpirun --modeled` asks for `delivery`, so that modeled timings are ExaNet-MPI's.
+fn delivery_by_default() -> bool {
+    match std::env::var(SEND_COMPLETION_ENV).as_deref() {
+        Ok("delivery") => true,
+        Ok("transmit") | Err(_) => false,
+        Ok(other) => {
+            tracing::warn!(
+                "exanet-fi: {SEND_COMPLETION_ENV}={other:?} is neither transmit nor delivery: \
+                 transmit"
+            );
+            false
+        }
+    }
 }
 
 static FABRIC_FID_OPS: fi_ops = fid_ops(fabric_close);
@@ -583,6 +607,7 @@ unsafe extern "C" fn domain2(
             },
             attachment,
             eager_limit: eager_limit(),
+            delivery_complete: delivery_by_default(),
         }));
         // SAFETY: non-null, writable; `Domain` starts with its `fid_domain`.
         unsafe { *out = addr_of_mut!((*d).head) };
@@ -1096,7 +1121,7 @@ unsafe extern "C" fn cq_open(
                 },
                 ops: ptr::addr_of!(CQ_OPS).cast_mut(),
             },
-            cq: Arc::new(Cq::new(format)),
+            cq: Arc::new(Cq::new(format, Idle::from_env())),
         };
         // SAFETY: `out` checked; `CqObj` starts with its `fid_cq`.
         unsafe { hand_out(obj, out) }
@@ -1493,12 +1518,14 @@ unsafe extern "C" fn endpoint(
             tx.is_some_and(|a| a.op_flags & FI_COMPLETION != 0),
             rx.is_some_and(|a| a.op_flags & FI_COMPLETION != 0),
         );
+        let asked_delivery = tx.is_some_and(|a| a.op_flags & FI_DELIVERY_COMPLETE != 0);
         // SAFETY: the head of the `Domain` this provider opened.
         let d = unsafe { &*domain.cast::<Domain>() };
         let ep = match Endpoint::open(
             Arc::clone(&d.attachment),
             directed,
             default_completion,
+            asked_delivery || d.delivery_complete,
             d.eager_limit,
         ) {
             Ok(ep) => ep,
@@ -1806,7 +1833,7 @@ unsafe extern "C" fn msg_recvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64
                 m.addr,
                 None,
                 m.context,
-                Completes::Flagged(flags & FI_COMPLETION != 0),
+                Completes::Flagged(flags),
             )
         },
         Err(e) => e as isize,
@@ -2021,7 +2048,7 @@ unsafe extern "C" fn tagged_recvmsg(
             return -(FI_EINVAL as isize);
         };
         let tag = Some((m.tag, m.ignore));
-        let completes = Completes::Flagged(flags & FI_COMPLETION != 0);
+        let completes = Completes::Flagged(flags);
         // A claim travels in the application's `struct fi_context` (libfabric's rule for
         // FI_CLAIM), as its number plus one in the first word.
         let ctx = m.context.cast::<fi_context>();
@@ -2078,7 +2105,7 @@ fn msg_completes(flags: u64) -> Completes {
     if flags & FI_INJECT != 0 {
         Completes::Never
     } else {
-        Completes::Flagged(flags & FI_COMPLETION != 0)
+        Completes::Flagged(flags)
     }
 }
 

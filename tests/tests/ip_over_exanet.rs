@@ -915,6 +915,9 @@ int main(int argc, char **argv) {
         }
         for (int r = 1; r < size; r++) for (int k = 0; k < 4; k++) EXPECT(got[r][k] == 1);
     }
+    /* A sender's MPI_Send may end before rank 0 took the message (the provider staged
+     * it): without this, rank 0's any-tag probes could meet the next part's messages. */
+    MPI_Barrier(MPI_COMM_WORLD);
 
     /* Nonblocking: receives posted for three tags from the previous rank, sends in the
      * reverse order, completed as they end. */

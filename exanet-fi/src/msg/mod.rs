@@ -72,7 +72,14 @@ impl Default for Config {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outgoing {
     Inline(Vec<u8>),
-    Staged { va: u64, len: u64 },
+    Staged {
+        va: u64,
+        len: u64,
+        /// When the send completes: once the receiver's provider has the request (the
+        /// data is staged, so the application's buffer is free: libfabric's transmit
+        /// completion), or only once the receiver has read it (`FI_DELIVERY_COMPLETE`).
+        complete: Complete,
+    },
 }
 
 /// A packetizer message to send; the driver reports how it ended with
@@ -125,11 +132,14 @@ pub enum Failure {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A send ended (for a staged send, its staging may be freed).
+    /// A send completed: its buffer may be reused.
     Sent {
         ctx: u64,
         result: Result<(), Failure>,
     },
+    /// A staged send's staging may be freed: the receiver read it or never will (after
+    /// its `Sent`, or with it).
+    Released { ctx: u64 },
     /// A receive took a message of `len` bytes; `data` holds what fitted.
     Received {
         ctx: u64,
@@ -181,6 +191,15 @@ pub enum MsgError {
     UnknownFetch(u64),
 }
 
+/// When a rendezvous send completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Complete {
+    /// When the request is delivered: one message, not the read and its FIN after it.
+    Transmit,
+    /// When the receiver's FIN says it read the data.
+    Delivery,
+}
+
 /// Counters an endpoint reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MsgStats {
@@ -192,6 +211,9 @@ pub struct MsgStats {
     pub malformed: u64,
     pub resent: u64,
     pub fins_lost: u64,
+    /// Rendezvous sends that had completed (transmit completion) and whose receiver then
+    /// could not read them; the receive reported the failure.
+    pub refused_after_completion: u64,
 }
 
 fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
@@ -243,6 +265,16 @@ struct InFlight {
     owner: Owner,
 }
 
+/// A rendezvous send, from its request to the receiver's FIN.
+#[derive(Debug)]
+struct Rendezvous {
+    ctx: u64,
+    to: Peer,
+    complete: Complete,
+    /// Its `Sent` went out already.
+    completed: bool,
+}
+
 #[derive(Debug)]
 struct Fetching {
     ctx: u64,
@@ -270,7 +302,7 @@ pub struct Engine {
     inbound: HashMap<Peer, Inbound>,
     packets: HashMap<u64, InFlight>,
     next_token: u64,
-    rendezvous: HashMap<u32, (u64, Peer)>,
+    rendezvous: HashMap<u32, Rendezvous>,
     next_rts: u32,
     fetches: HashMap<u64, Fetching>,
     next_fetch: u64,
@@ -358,10 +390,18 @@ impl Engine {
                     Owner::Eager { ctx },
                 )
             }
-            Outgoing::Staged { va, len } => {
+            Outgoing::Staged { va, len, complete } => {
                 let id = self.next_rts;
                 self.next_rts = self.next_rts.wrapping_add(1);
-                self.rendezvous.insert(id, (ctx, to));
+                self.rendezvous.insert(
+                    id,
+                    Rendezvous {
+                        ctx,
+                        to,
+                        complete,
+                        completed: false,
+                    },
+                );
                 self.stats.rendezvous_sent += 1;
                 (
                     Packet::Rts {
@@ -464,13 +504,18 @@ impl Engine {
                     vi: src_vi,
                 };
                 // Only the endpoint the request went to ends it.
-                if self.rendezvous.get(&id).is_some_and(|(_, to)| *to == from) {
-                    let (ctx, _) = self.rendezvous.remove(&id).expect("checked");
+                if self.rendezvous.get(&id).is_some_and(|r| r.to == from) {
+                    let r = self.rendezvous.remove(&id).expect("checked");
                     let result = match status {
                         FinStatus::Done | FinStatus::Truncated => Ok(()),
                         FinStatus::Refused => Err(Failure::Refused),
                     };
-                    self.events.push_back(Event::Sent { ctx, result });
+                    if !r.completed {
+                        self.events.push_back(Event::Sent { ctx: r.ctx, result });
+                    } else if result.is_err() {
+                        self.stats.refused_after_completion += 1;
+                    }
+                    self.events.push_back(Event::Released { ctx: r.ctx });
                 }
                 Ok(())
             }
@@ -670,14 +715,24 @@ impl Engine {
             .remove(&token)
             .ok_or(MsgError::UnknownToken(token))?;
         match how {
-            Delivery::Delivered => {
-                if let Owner::Eager { ctx } = p.owner {
-                    self.events.push_back(Event::Sent {
-                        ctx,
-                        result: Ok(()),
-                    });
+            Delivery::Delivered => match p.owner {
+                Owner::Eager { ctx } => self.events.push_back(Event::Sent {
+                    ctx,
+                    result: Ok(()),
+                }),
+                Owner::Rts { id } => {
+                    if let Some(r) = self.rendezvous.get_mut(&id) {
+                        if r.complete == Complete::Transmit && !r.completed {
+                            r.completed = true;
+                            self.events.push_back(Event::Sent {
+                                ctx: r.ctx,
+                                result: Ok(()),
+                            });
+                        }
+                    }
                 }
-            }
+                Owner::Fin => {}
+            },
             Delivery::Refused => {
                 // Sent again, same bytes, same number: the receiver takes it in order.
                 self.stats.resent += 1;
@@ -708,11 +763,14 @@ impl Engine {
                 result: Err(failure),
             }),
             Owner::Rts { id } => {
-                if let Some((ctx, _)) = self.rendezvous.remove(&id) {
-                    self.events.push_back(Event::Sent {
-                        ctx,
-                        result: Err(failure),
-                    });
+                if let Some(r) = self.rendezvous.remove(&id) {
+                    if !r.completed {
+                        self.events.push_back(Event::Sent {
+                            ctx: r.ctx,
+                            result: Err(failure),
+                        });
+                    }
+                    self.events.push_back(Event::Released { ctx: r.ctx });
                 }
             }
             // The sender's staging stays until its own request fails; counted.

@@ -29,6 +29,8 @@ struct Net {
     events: Vec<(usize, Event)>,
     next_va: u64,
     rng: u64,
+    /// When staged sends complete.
+    complete: Complete,
 }
 
 impl Net {
@@ -41,6 +43,7 @@ impl Net {
             events: Vec::new(),
             next_va: 0x1000,
             rng: 0x9E37_79B9_7F4A_7C15,
+            complete: Complete::Transmit,
         }
     }
 
@@ -71,6 +74,7 @@ impl Net {
             Outgoing::Staged {
                 va,
                 len: data.len() as u64,
+                complete: self.complete,
             }
         };
         e.send(to, tag, None, out, ctx).unwrap();
@@ -142,6 +146,13 @@ impl Net {
             }
             _ => None,
         })
+    }
+
+    /// Whether endpoint `i` released the staging of send `ctx`.
+    fn released(&self, i: usize, ctx: u64) -> bool {
+        self.events
+            .iter()
+            .any(|(at, ev)| *at == i && *ev == Event::Released { ctx })
     }
 
     fn sent(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
@@ -351,31 +362,42 @@ fn cancelled_refused_and_failed_operations_end_with_their_reason() {
             Some(Err(Failure::Unreachable(_)))
         ));
     }
-    // A read that fails: the receive fails, the sender hears it was refused.
-    let mut net = Net::new(&[a, b], Config::default());
-    net.eps[1].post_recv(any(1), 1 << 20, 1);
-    net.send(0, b, Some(1), &bytes(0, 5000), 1);
-    net.act();
-    let (_, rts) = net.wire.remove(0);
-    net.eps[1].on_packet(1, 0, &rts.bytes).unwrap();
-    let Some(Action::Fetch(f)) = net.eps[1].poll_action() else {
-        panic!("a fetch")
-    };
-    net.eps[1]
-        .fetch_done(f.id, Err("page fault".into()))
-        .unwrap();
-    net.eps[0]
-        .packet_done(rts.token, Delivery::Delivered)
-        .unwrap();
-    net.run(false, 0);
-    assert!(matches!(
-        net.events.iter().find(|(i, _)| *i == 1).map(|(_, e)| e),
-        Some(Event::RecvFailed {
-            ctx: 1,
-            error: Failure::ReadFailed(_)
-        })
-    ));
-    assert_eq!(net.sent(0, 1), Some(Err(Failure::Refused)));
+    // A read that fails: the receive fails; a sender that asked for delivery completion
+    // hears it was refused, one with transmit completion had completed when the request
+    // arrived (the failure is counted); both free their staging.
+    for complete in [Complete::Delivery, Complete::Transmit] {
+        let mut net = Net::new(&[a, b], Config::default());
+        net.complete = complete;
+        net.eps[1].post_recv(any(1), 1 << 20, 1);
+        net.send(0, b, Some(1), &bytes(0, 5000), 1);
+        net.act();
+        let (_, rts) = net.wire.remove(0);
+        net.eps[1].on_packet(1, 0, &rts.bytes).unwrap();
+        let Some(Action::Fetch(f)) = net.eps[1].poll_action() else {
+            panic!("a fetch")
+        };
+        net.eps[1]
+            .fetch_done(f.id, Err("page fault".into()))
+            .unwrap();
+        net.eps[0]
+            .packet_done(rts.token, Delivery::Delivered)
+            .unwrap();
+        net.run(false, 0);
+        assert!(matches!(
+            net.events.iter().find(|(i, _)| *i == 1).map(|(_, e)| e),
+            Some(Event::RecvFailed {
+                ctx: 1,
+                error: Failure::ReadFailed(_)
+            })
+        ));
+        let (sent, late) = match complete {
+            Complete::Delivery => (Err(Failure::Refused), 0),
+            Complete::Transmit => (Ok(()), 1),
+        };
+        assert_eq!(net.sent(0, 1), Some(sent));
+        assert_eq!(net.eps[0].stats().refused_after_completion, late);
+        assert!(net.released(0, 1));
+    }
 }
 
 #[test]
@@ -406,8 +428,12 @@ fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
     assert_eq!(e.fetch_done(5, Ok(())), Err(MsgError::UnknownFetch(5)));
     // A FIN from another endpoint than the request went to ends nothing.
     let mut s = Engine::new(a, Config::default());
-    s.send(b, Some(1), None, Outgoing::Staged { va: 0, len: 100 }, 1)
-        .unwrap();
+    let staged = Outgoing::Staged {
+        va: 0,
+        len: 100,
+        complete: Complete::Delivery,
+    };
+    s.send(b, Some(1), None, staged, 1).unwrap();
     let fin = Packet::Fin {
         src_vi: 9,
         id: 0,
