@@ -6,25 +6,31 @@
 #     the NI's own latency (the issue's target: NetPIPE within twice it);
 #   hpcc (4 ranks: M1QAF1, M1QAF3, M1QBF1, M1QBF3; Debian's example hpccinf.txt, N = 1000):
 #     wall time, average ping-pong latency and bandwidth, HPL GFlop/s;
-#   LAMMPS melt and peptide (lmp, the same 4 ranks; Debian's example inputs): loop time and
-#     wall time, and whether the last thermo output before "Loop time" is the same on both.
+#   LAMMPS melt and peptide (lmp, the same 4 ranks, or LAMMPS_RANKS = 8: every node of both
+#     QFDBs; Debian's example inputs): loop time and wall time, and whether the last thermo
+#     output before "Loop time" is the same on both.
 # The host runs are `mpirun.openmpi -np N --oversubscribe` with Open MPI's defaults (shared
-# memory between the ranks); the rack's are `exactl mpirun --nodes ...` (TCP over IP over
-# ExaNet, one rank per node, see docs/ip.md "MPI").
+# memory between the ranks); the rack's are `exactl mpirun --fabric FABRIC --nodes ...`, one
+# rank per node: FABRIC ni (the default) is the NI through the libfabric provider
+# (docs/mpi.md), ip is TCP over IP over ExaNet (docs/ip.md "MPI").
 # Prints a line per run, then each figure's min/median/max over the rounds and the median of
 # the per-round ratios rack/host. A failed run says why; the script then exits 1 at the end.
 # Needs root, /dev/net/tun, Debian's openmpi-bin netpipe-openmpi hpcc lammps lammps-examples,
 # and release builds (built here if missing):
-#   cargo build --release -p exanetd -p exactl -p exanet-ip -p exanet-perf
-# Usage: scripts/bench-apps.sh [ROUNDS]   (default 1)
+#   cargo build --release -p exanetd -p exactl -p exanet-ip -p exanet-perf -p exanet-fi
+# Usage: scripts/bench-apps.sh [ROUNDS [FABRIC [LAMMPS_RANKS]]]   (default 1 ni 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-1}
+fabric=${2:-ni}
+lammps_ranks=${3:-4}
 case $rounds in '' | *[!0-9]* | 0) echo "bench-apps: ROUNDS must be a positive number" >&2; exit 2 ;; esac
+case $fabric in ni | ip) ;; *) echo "bench-apps: FABRIC must be ni or ip" >&2; exit 2 ;; esac
+case $lammps_ranks in 4 | 8) ;; *) echo "bench-apps: LAMMPS_RANKS must be 4 or 8" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "bench-apps: needs root (network namespaces)" >&2; exit 2; }
 bin=$PWD/target/release
-for b in exanetd exactl exanet-ip exanet-perf; do
-  [ -x "$bin/$b" ] || cargo build --release -q -p exanetd -p exactl -p exanet-ip -p exanet-perf
+for b in exanetd exactl exanet-ip exanet-perf libexanet_fi.so; do
+  [ -e "$bin/$b" ] || cargo build --release -q -p exanetd -p exactl -p exanet-ip -p exanet-perf -p exanet-fi
 done
 for t in mpirun.openmpi NPopenmpi hpcc lmp; do
   command -v "$t" >/dev/null || { echo "bench-apps: $t is missing (apt-get install openmpi-bin netpipe-openmpi hpcc lammps)" >&2; exit 2; }
@@ -59,6 +65,7 @@ cd "$work"
 failed=0
 nodes2=M1QAF1,M1QBF1
 nodes4=M1QAF1,M1QAF3,M1QBF1,M1QBF3
+nodes8=M1QAF1,M1QAF2,M1QAF3,M1QAF4,M1QBF1,M1QBF2,M1QBF3,M1QBF4
 limit=600 # seconds one run may take before it counts as failed
 
 # run WHERE NP LOG CMD...: runs CMD with NP ranks on the host or the rack, output in LOG;
@@ -72,7 +79,8 @@ run() {
   else
     local nodes=$nodes4
     [ "$np" = 2 ] && nodes=$nodes2
-    timeout -k 10 "$limit" "$bin/exactl" --rack "$rack" mpirun --nodes "$nodes" -- "$@" >"$log" 2>&1 || rc=$?
+    [ "$np" = 8 ] && nodes=$nodes8
+    timeout -k 10 "$limit" "$bin/exactl" --rack "$rack" mpirun --fabric "$fabric" --nodes "$nodes" -- "$@" >"$log" 2>&1 || rc=$?
   fi
   t1=$(date +%s.%N)
   wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
@@ -163,7 +171,7 @@ lammps() {
   local round=$1 name=$2 where same
   declare -A W T
   for where in host rack; do
-    run "$where" 4 "$name-$where.log" lmp -in "in.$name" -log none || return 0
+    run "$where" "$lammps_ranks" "$name-$where.log" lmp -in "in.$name" -log none || return 0
     T[$where]=$(sed -n 's/^Loop time of \([0-9.e+-]*\) .*/\1/p' "$name-$where.log" | tail -1)
     if [ -z "${T[$where]}" ]; then
       echo "FAILED: $where LAMMPS $name printed no \"Loop time\"" >&2; tail -5 "$name-$where.log" >&2; failed=1; return 0
@@ -186,6 +194,7 @@ lammps() {
   fi
 }
 
+echo "bench-apps: the rack's runs over $fabric; LAMMPS on $lammps_ranks ranks"
 for round in $(seq "$rounds"); do
   netpipe "$round"
   hpcc_run "$round"

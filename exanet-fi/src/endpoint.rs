@@ -540,9 +540,14 @@ impl crate::cq::Progress for Endpoint {
     fn events(&self) -> u64 {
         self.attachment.events()
     }
-    fn wait(&self, seen: u64, timeout: std::time::Duration) {
+    fn posted(&self) -> u64 {
+        self.lock().next_op
+    }
+    fn wait(&self, seen: u64, timeout: std::time::Duration) -> bool {
         // A failure here (the daemon gone) is found and reported by the next progress.
-        let _ = self.attachment.wait_events(seen, Some(timeout));
+        self.attachment
+            .wait_events(seen, Some(timeout))
+            .unwrap_or(true)
     }
 }
 
