@@ -15,6 +15,8 @@ pub trait Progress: Send + Sync {
     fn events(&self) -> u64;
     /// How many operations the application has posted on the endpoint so far.
     fn posted(&self) -> u64;
+    /// Whether an RDMA read of the endpoint is in progress (its completion will come).
+    fn reading(&self) -> bool;
     /// Sleeps until the attachment sees more than `seen` completions (true), or
     /// `timeout` (false).
     fn wait(&self, seen: u64, timeout: Duration) -> bool;
@@ -137,11 +139,13 @@ impl Polling {
         self.streak = 0;
     }
 
-    /// A read slept; `woken`: a completion ended it.
-    fn slept(&mut self, woken: bool) {
+    /// A read slept; `woken`: a completion ended it; `expected`: one is on its way (an
+    /// RDMA read in progress), so a sleep it did not end yet says nothing.
+    fn slept(&mut self, woken: bool, expected: bool) {
         if woken {
             self.misses = 0;
             self.needed = (self.needed / 2).max(STREAK_MIN);
+        } else if expected {
         } else {
             // A long wait (a 4 MiB read, a peer the host has not run) lets a few sleeps
             // run out before its completion comes; only a run of them says nobody waits.
@@ -249,7 +253,9 @@ impl Cq {
             // what delays them: sleep on the attachment's doorbell until something comes.
             ([ep], true) if self.idle == Idle::Sleep => {
                 let woken = ep.wait(seen[0], LOOP_SLEEP);
-                lock(&self.polling).slept(woken);
+                // A sleep through part of a long read (4 MiB take milliseconds) was
+                // still a wait for a completion that comes.
+                lock(&self.polling).slept(woken, ep.reading());
                 for ep in &eps {
                     ep.progress();
                 }
@@ -320,22 +326,27 @@ mod tests {
         assert_eq!(p.needed, STREAK_MIN);
         // A long wait: a few sleeps run out, then a completion ends one.
         for _ in 0..MISSES - 1 {
-            p.slept(false);
+            p.slept(false, false);
         }
         assert_eq!(p.needed, STREAK_MIN);
-        p.slept(true);
+        p.slept(true, false);
+        assert_eq!((p.needed, p.misses), (STREAK_MIN, 0));
+        // Sleeps through a long read say nothing.
+        for _ in 0..MISSES * 4 {
+            p.slept(false, true);
+        }
         assert_eq!((p.needed, p.misses), (STREAK_MIN, 0));
         // Nobody waits: runs of sleeps that nothing wakes back the sleeping off, to the
         // most.
         for _ in 0..MISSES * 20 {
-            p.slept(false);
+            p.slept(false, false);
         }
         assert_eq!(p.needed, STREAK_MAX);
         // Completions ending sleeps bring it back down, halving.
-        p.slept(true);
+        p.slept(true, false);
         assert_eq!(p.needed, STREAK_MAX / 2);
         for _ in 0..20 {
-            p.slept(true);
+            p.slept(true, false);
         }
         assert_eq!(p.needed, STREAK_MIN);
         // A read that finds something ends the streak, not what was learnt.
