@@ -15,8 +15,9 @@ pub trait Progress: Send + Sync {
     fn events(&self) -> u64;
     /// How many operations the application has posted on the endpoint so far.
     fn posted(&self) -> u64;
-    /// Whether an RDMA read of the endpoint is in progress (its completion will come).
-    fn reading(&self) -> bool;
+    /// Whether a completion is on its way to the endpoint: its own RDMA read in progress,
+    /// or a FIN for a send whose data a receiver is reading.
+    fn expecting(&self) -> bool;
     /// Sleeps until the attachment sees more than `seen` completions (true), or
     /// `timeout` (false).
     fn wait(&self, seen: u64, timeout: Duration) -> bool;
@@ -140,7 +141,7 @@ impl Polling {
     }
 
     /// A read slept; `woken`: a completion ended it; `expected`: one is on its way (an
-    /// RDMA read in progress), so a sleep it did not end yet says nothing.
+    /// RDMA read in progress, a FIN), so a sleep it did not end yet says nothing.
     fn slept(&mut self, woken: bool, expected: bool) {
         if woken {
             self.misses = 0;
@@ -253,9 +254,9 @@ impl Cq {
             // what delays them: sleep on the attachment's doorbell until something comes.
             ([ep], true) if self.idle == Idle::Sleep => {
                 let woken = ep.wait(seen[0], LOOP_SLEEP);
-                // A sleep through part of a long read (4 MiB take milliseconds) was
-                // still a wait for a completion that comes.
-                lock(&self.polling).slept(woken, ep.reading());
+                // A sleep through part of a long read (4 MiB take milliseconds, on
+                // either side) was still a wait for a completion that comes.
+                lock(&self.polling).slept(woken, ep.expecting());
                 for ep in &eps {
                     ep.progress();
                 }

@@ -543,8 +543,9 @@ impl crate::cq::Progress for Endpoint {
     fn posted(&self) -> u64 {
         self.lock().next_op
     }
-    fn reading(&self) -> bool {
-        !self.lock().fetches.is_empty()
+    fn expecting(&self) -> bool {
+        let i = self.lock();
+        !i.fetches.is_empty() || !i.staged.is_empty()
     }
     fn wait(&self, seen: u64, timeout: std::time::Duration) -> bool {
         // A failure here (the daemon gone) is found and reported by the next progress.
