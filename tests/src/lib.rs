@@ -52,6 +52,28 @@ pub fn bin_dir() -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
+/// Writes the C source `src` to `dir/name.c` and compiles it with `cc` and `flags` into
+/// `dir/name`; a failed compile fails the test with the compiler's message. The flags
+/// follow the source, so that libraries (`-lfabric`) come after what uses them.
+pub fn compile_c(cc: &str, dir: &Path, name: &str, src: &str, flags: &[&str]) -> PathBuf {
+    let file = dir.join(format!("{name}.c"));
+    let exe = dir.join(name);
+    std::fs::write(&file, src).unwrap();
+    let out = Command::new(cc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&file)
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cc} {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
 /// The libfabric provider of this build, as `exactl mpirun` picks it: beside the binaries
 /// (`cargo build`) or in `deps/` (`cargo test` builds it there and does not copy it up);
 /// the newer when both exist. `None` when neither is built.

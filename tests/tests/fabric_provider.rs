@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use exanet_tests::{
-    bin_dir, provider_lib, run_with_timeout, runs, skip_unless_required, Run, TestRack,
+    bin_dir, compile_c, provider_lib, run_with_timeout, runs, skip_unless_required, Run, TestRack,
 };
 
 const REQUIRE: &str = "EXANET_REQUIRE_LIBFABRIC";
@@ -147,22 +147,7 @@ fn libfabric_loads_the_provider_and_opens_its_domain() {
     assert!(!r.success() && r.stderr.contains("-61"), "{}", r.describe());
 
     // A program written to libfabric, linked with Debian's libfabric.
-    let src = tmp.path().join("open.c");
-    let exe = tmp.path().join("open");
-    std::fs::write(&src, PROGRAM).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
-    let out = Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-lfabric")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cc}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = compile(tmp.path(), "open", PROGRAM);
     let r = run_with_timeout(
         with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2"),
         LIMIT,
@@ -314,24 +299,16 @@ int main(void) {
 }
 "#;
 
+/// Compiles a program written to libfabric, linked with Debian's libfabric.
 fn compile(tmp: &Path, name: &str, src: &str) -> PathBuf {
-    let file = tmp.join(format!("{name}.c"));
-    let exe = tmp.join(name);
-    std::fs::write(&file, src).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
-    let out = Command::new(&cc)
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&file)
-        .arg("-lfabric")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cc} {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    compile_c(
+        &cc,
+        tmp,
+        name,
+        src,
+        &["-std=gnu11", "-O1", "-Wall", "-Werror", "-lfabric"],
+    )
 }
 
 #[test]

@@ -6,14 +6,13 @@
 //! set (to anything; CI sets it) it fails instead.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exanet_proto::routing;
 use exanet_proto::{NodeId, Shape};
 use exanet_tests::{
-    metric_sum, parse_prometheus, pattern, run_with_timeout, skip_unless_required, Run, Sample,
-    TestRack,
+    compile_c, metric_sum, parse_prometheus, pattern, run_with_timeout, skip_unless_required, Run,
+    Sample, TestRack,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -92,21 +91,7 @@ impl IpRack {
     /// Compiles the C source `src` with the MPI compiler `cc` into the rack's directory
     /// (the nodes share this host's files); returns the program's path.
     fn compile(&self, cc: &str, name: &str, src: &str) -> String {
-        let file = self.rack.dir.join(format!("{name}.c"));
-        std::fs::write(&file, src).unwrap();
-        let prog = self.rack.dir.join(name);
-        let out = Command::new(cc)
-            .arg("-O2")
-            .arg("-o")
-            .arg(&prog)
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{cc}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let prog = compile_c(cc, &self.rack.dir, name, src, &["-O2"]);
         prog.to_string_lossy().to_string()
     }
 
