@@ -438,8 +438,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             command
                 .env("FI_EXANET_SEND_COMPLETION", "delivery")
                 .args(["-x", "FI_EXANET_SEND_COMPLETION"]);
-            // ExaNeSt's cores polled: a rank that sleeps between polls runs the MPI
-            // library's own code with cold caches, and that CPU time is modeled compute.
+            // ExaNeSt's cores polled: a rank that sleeps between polls spends more CPU
+            // time in the MPI library's own code after each wake-up, and that CPU time
+            // is modeled compute (docs/mpi.md).
             command
                 .env("FI_EXANET_IDLE", "poll")
                 .args(["-x", "FI_EXANET_IDLE"]);

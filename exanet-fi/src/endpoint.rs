@@ -540,9 +540,6 @@ impl crate::cq::Progress for Endpoint {
     fn events(&self) -> u64 {
         self.attachment.events()
     }
-    fn posted(&self) -> u64 {
-        self.lock().next_op
-    }
     fn expecting(&self) -> bool {
         let i = self.lock();
         !i.fetches.is_empty() || !i.staged.is_empty()
