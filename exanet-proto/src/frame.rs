@@ -7,6 +7,7 @@
 //! | Hello  | `0x48`, version u8, node u32, port u8, shape X u16, Y u16, Z u16, rack u64, grant u32 per VC, VC0 first (37 B) |
 //! | Cell   | `0x10 + vc`, length u16, modeled head u64, modeled tail u64, the cell ([`crate::cell`]) |
 //! | Credit | `0x20 + vc`, bytes u32, modeled time the space was freed u64 |
+//! | Marker | `0x4d`, epoch u64: every frame before it was sent before the sender's part of cut `epoch` ([`crate::cut`]) |
 //!
 //! Modeled times are picoseconds ([`crate::model`]): when the cell's first and last byte
 //! reach the far end, and when the credited buffer space became free. They travel here,
@@ -26,11 +27,12 @@ use crate::shape::{NodeId, Shape};
 use crate::topology::Port;
 
 /// 2: four VCs (answers in a class of their own). 3: modeled time in cell and credit
-/// frames.
-pub const VERSION: u8 = 4;
+/// frames. 5: cut markers.
+pub const VERSION: u8 = 5;
 const TAG_HELLO: u8 = 0x48;
 const TAG_CELL: u8 = 0x10;
 const TAG_CREDIT: u8 = 0x20;
+const TAG_MARKER: u8 = 0x4d;
 pub const HELLO_LEN: usize = 21 + 4 * NVCS;
 
 /// The first frame each end sends on a new link session: who it is, which port of it this
@@ -66,6 +68,8 @@ pub enum Frame {
     Cell(Vc, Cell),
     /// Credit of `bytes` on a VC, freed at a modeled time.
     Credit(Vc, u32, ModelTime),
+    /// The sender's marker of a cut (see [`crate::cut`]).
+    Marker(u64),
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -158,6 +162,14 @@ pub fn encode_credit(vc: Vc, bytes: u32, freed: ModelTime, out: &mut BytesMut) {
     out.put_u64(freed.0);
 }
 
+/// Bytes of a marker frame: the tag and the epoch.
+pub const MARKER_FRAME_LEN: usize = 1 + 8;
+
+pub fn encode_marker(epoch: u64, out: &mut BytesMut) {
+    out.put_u8(TAG_MARKER);
+    out.put_u64(epoch);
+}
+
 /// Incremental decoder for one direction of a link. Frames that lie whole inside a pushed
 /// chunk are sliced out of it without copying; only a frame split across chunks is copied.
 #[derive(Default)]
@@ -177,6 +189,7 @@ fn frame_len(b: &[u8]) -> Result<Option<usize>, FrameError> {
     };
     match tag {
         TAG_HELLO => Ok(Some(HELLO_LEN)),
+        TAG_MARKER => Ok(Some(MARKER_FRAME_LEN)),
         t if (TAG_CELL..TAG_CELL + NVCS as u8).contains(&t) => {
             if b.len() < 3 {
                 return Ok(None);
@@ -216,6 +229,7 @@ fn parse(mut b: Bytes) -> Result<Frame, FrameError> {
                 None => Err(FrameError::BadPort(port_idx)),
             }
         }
+        TAG_MARKER => Ok(Frame::Marker(b.get_u64())),
         t if t >= TAG_CREDIT => {
             let bytes = b.get_u32();
             Ok(Frame::Credit(

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 
 use crate::cell::{Cell, CellError};
 use crate::fault::{flip_bit, CellFate, FaultError, FaultInjector, FaultStats, LinkFaults};
-use crate::frame::{self, FrameError, CELL_FRAME_HEADER, CREDIT_FRAME_LEN};
+use crate::frame::{self, FrameError, CELL_FRAME_HEADER, CREDIT_FRAME_LEN, MARKER_FRAME_LEN};
 use crate::model::ModelTime;
 use crate::routing::{Vc, NVCS};
 use crate::time::Instant;
@@ -33,6 +33,8 @@ pub enum Departure {
         /// When the space was freed, in modeled time.
         freed: ModelTime,
     },
+    /// A cut's marker (see [`crate::cut`]): behind every frame sent before it, as credit is.
+    Marker { epoch: u64 },
 }
 
 impl Departure {
@@ -41,6 +43,7 @@ impl Departure {
         match self {
             Departure::Cell { cell, .. } => CELL_FRAME_HEADER + cell.wire_len(),
             Departure::Credit { .. } => CREDIT_FRAME_LEN,
+            Departure::Marker { .. } => MARKER_FRAME_LEN,
         }
     }
 
@@ -59,6 +62,10 @@ impl Departure {
             }
             Departure::Credit { vc, bytes, freed } => {
                 frame::encode_credit(*vc, *bytes, *freed, out);
+                Ok(())
+            }
+            Departure::Marker { epoch } => {
+                frame::encode_marker(*epoch, out);
                 Ok(())
             }
         }
@@ -100,7 +107,7 @@ impl Departure {
                         }),
                 )
             }
-            Departure::Credit { .. } => None,
+            Departure::Credit { .. } | Departure::Marker { .. } => None,
         }
     }
 }
@@ -213,6 +220,11 @@ impl LinkSender {
     /// Hands a credit to the wire at `now` (see [`Departure::Credit`]).
     pub fn send_credit(&mut self, now: Instant, vc: Vc, bytes: u32, freed: ModelTime) {
         self.depart(now, Departure::Credit { vc, bytes, freed }, 0);
+    }
+
+    /// Hands a cut's marker to the wire at `now`, behind what was sent before it.
+    pub fn send_marker(&mut self, now: Instant, epoch: u64) {
+        self.depart(now, Departure::Marker { epoch }, 0);
     }
 
     /// `late`: held back this much beyond its turn, for later frames to overtake it.

@@ -19,6 +19,7 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::routing::RouteError;
@@ -281,7 +282,7 @@ impl Model {
 /// time, not the end of the latest reservation: workloads' clocks differ (one computed
 /// for a modeled second, another did not), so cells reach a resource out of modeled
 /// order, and one far ahead must not push back those that would have gone first.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
     /// (start, end), picoseconds, in order, disjoint and not touching. A deque rather than
     /// a search tree: reservations come nearly in order, so the work is at the back and a
@@ -360,6 +361,16 @@ impl Timeline {
             start: t,
             at: j,
             touching_next,
+        }
+    }
+
+    /// What of this timeline matters to reservations ready at `from` or later: the
+    /// intervals that end after it, at most `limit` of them. A timeline cut short is a
+    /// lower bound of the whole: [`first_gap`](Self::first_gap) on it finds a gap no later.
+    pub fn since(&self, from: ModelTime, limit: usize) -> Timeline {
+        let first = self.busy.partition_point(|&(_, e)| e <= from.0);
+        Timeline {
+            busy: self.busy.range(first..).take(limit).copied().collect(),
         }
     }
 

@@ -243,11 +243,28 @@ impl Node {
         self.switch.set_horizon(port, t);
     }
 
+    /// See [`Switch::set_feeds`].
+    pub fn set_feeds(&mut self, feeds: crate::routing::Feeds) {
+        self.switch.set_feeds(feeds);
+    }
+
+    /// [`set_horizon`](Self::set_horizon), unless the port's horizon is already later.
+    pub fn raise_horizon(&mut self, port: Port, t: ModelTime) {
+        self.switch.raise_horizon(port, t);
+    }
+
     /// Tells the switch what the NI may still inject by itself (see [`crate::order`]):
     /// after anything the node's owner gave the NI from outside.
     pub fn refresh_ni_horizon(&mut self) {
-        let (data, answers) = self.ni.horizon();
-        self.switch.set_ni_horizon(data, answers);
+        let (shape, here) = (*self.switch.shape(), self.id());
+        let port_of = |dst: NodeId| {
+            crate::routing::route(&shape, here, dst, Port::Local, crate::routing::Vc::ZERO)
+                .ok()
+                .map(|h| h.port)
+        };
+        let (data, answers) = self.ni.horizon(&port_of);
+        let relays = self.ni.relays();
+        self.switch.set_ni_horizon(data, answers, relays);
     }
 
     /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.

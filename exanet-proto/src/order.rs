@@ -52,7 +52,7 @@
 //! another input went first.
 
 use crate::model::{Model, ModelTime};
-use crate::routing::NVCS;
+use crate::routing::{Feeds, FEEDS_ALL, NVCS};
 use crate::topology::{Port, NPORTS};
 
 /// The order key of a cell or a horizon: its head, then the input slot it comes in on.
@@ -72,12 +72,18 @@ pub(crate) struct Order {
     /// driver says: nothing is known yet, so nothing waits on another port's cells).
     horizon: [ModelTime; NPORTS],
     /// What the NI may still inject by itself (its held cells, the blocks it has still to
-    /// cut), by the virtual channel it injects on: each class has its own queue, and a
-    /// class must not wait for the other's (a full queue of one would hold back the cells
-    /// that would let the other move).
-    ni_own: [ModelTime; NVCS],
-    /// The latest key forwarded.
-    last: Key,
+    /// cut), by the virtual channel it injects on and the output those cells take: each
+    /// class has its own queue, and a class must not wait for the other's (a full queue
+    /// of one would hold back the cells that would let the other move).
+    ni_own: [[ModelTime; NPORTS]; NVCS],
+    /// Whether the NI may send anywhere in reaction to what reaches it (an accelerated
+    /// collective under way forwards what it combines), not only back to the source.
+    relays: bool,
+    /// Which inputs can send cells to which outputs: a cell waits only for those that
+    /// can send to its own.
+    feeds: Feeds,
+    /// The latest key forwarded to each output.
+    last: [Key; NPORTS],
     late: u64,
 }
 
@@ -85,8 +91,10 @@ impl Order {
     pub(crate) fn new() -> Order {
         Order {
             horizon: [ModelTime::ZERO; NPORTS],
-            ni_own: [ModelTime::NEVER; NVCS],
-            last: (ModelTime::ZERO, 0),
+            ni_own: [[ModelTime::NEVER; NPORTS]; NVCS],
+            relays: true,
+            feeds: FEEDS_ALL,
+            last: [(ModelTime::ZERO, 0); NPORTS],
             late: 0,
         }
     }
@@ -98,29 +106,72 @@ impl Order {
         }
     }
 
-    /// What the NI may still inject without anything new reaching it.
-    pub(crate) fn set_ni_own(&mut self, by_vc: [ModelTime; NVCS]) {
+    /// [`set_horizon`](Self::set_horizon), unless the port's is already later.
+    pub(crate) fn raise_horizon(&mut self, port: Port, t: ModelTime) {
+        if port != Port::Local {
+            let h = &mut self.horizon[port.index()];
+            *h = (*h).max(t);
+        }
+    }
+
+    /// What the NI may still inject without anything new reaching it, by VC and output,
+    /// and whether it relays.
+    pub(crate) fn set_ni_own(&mut self, by_vc: [[ModelTime; NPORTS]; NVCS], relays: bool) {
         self.ni_own = by_vc;
+        self.relays = relays;
     }
 
     pub(crate) fn ni_own(&self) -> ModelTime {
         self.ni_own
             .iter()
+            .flatten()
             .copied()
             .min()
             .unwrap_or(ModelTime::NEVER)
     }
 
-    /// A cell of `slot` is forwarded with order key `head`. It is late when a cell of
-    /// another input with a later key went before it (within one input, keys need not
-    /// rise: a short cell can find a gap on the NI's datapath that a long one before it
-    /// could not, and neither waited for the other).
-    pub(crate) fn forwarded(&mut self, slot: usize, head: ModelTime) {
-        if head < self.last.0 && slot != self.last.1 {
+    /// What the NI may still inject by itself onto `port`.
+    pub(crate) fn ni_toward(&self, port: Port) -> ModelTime {
+        self.ni_own
+            .iter()
+            .map(|v| v[port.index()])
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+    }
+
+    pub(crate) fn relays(&self) -> bool {
+        self.relays
+    }
+
+    /// The earliest of the link horizons and what the NI may inject by itself.
+    pub(crate) fn floor(&self) -> ModelTime {
+        self.horizon
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+            .min(self.ni_own())
+    }
+
+    pub(crate) fn set_feeds(&mut self, feeds: Feeds) {
+        self.feeds = feeds;
+    }
+
+    pub(crate) fn feeds(&self) -> &Feeds {
+        &self.feeds
+    }
+
+    /// A cell of `slot` is forwarded to `to` with order key `head`. It is late when a cell
+    /// of another input with a later key went to the same output before it (within one
+    /// input, keys need not rise: a short cell can find a gap on the NI's datapath that a
+    /// long one before it could not, and neither waited for the other).
+    pub(crate) fn forwarded(&mut self, slot: usize, head: ModelTime, to: Port) {
+        let last = &mut self.last[to.index()];
+        if head < last.0 && slot != last.1 {
             self.late += 1;
         }
-        if head >= self.last.0 {
-            self.last = (head, slot);
+        if head >= last.0 {
+            *last = (head, slot);
         }
     }
 
@@ -129,38 +180,55 @@ impl Order {
         self.late
     }
 
-    /// What may still reach the NI: the earliest cell waiting at or still to come in on a
-    /// link input, plus a traversal. Never less than one picosecond of lookahead, so that
-    /// a switch whose traversal is configured to zero still cannot wait on itself.
-    fn to_ni(&self, heads: &Heads, model: &Model) -> ModelTime {
+    /// What may still reach the NI that it would react to on `to`: the earliest cell
+    /// waiting at or still to come in on a link input whose cells it replies to by `to`
+    /// (or on any input it takes cells from, when it relays), plus a traversal. Never
+    /// less than one picosecond of lookahead, so that a switch whose traversal is
+    /// configured to zero still cannot wait on itself.
+    fn to_ni(&self, to: Port, heads: &Heads, model: &Model) -> ModelTime {
+        let bit = 1 << to.index();
+        let local = 1 << Port::Local.index();
+        let reacts = |p: usize| {
+            self.feeds.replies[p] & bit != 0
+                || (self.relays
+                    && self.feeds.through[p] & local != 0
+                    && self.feeds.through[Port::Local.index()] & bit != 0)
+        };
         let links = (NVCS..NPORTS * NVCS)
+            .filter(|&s| reacts(s / NVCS))
             .map(|s| self.horizon[s / NVCS].min(earliest(heads, s)))
             .min()
             .unwrap_or(ModelTime::NEVER);
         links + model.traversal(Port::Qfdb(1), Port::Local).max(1)
     }
 
-    /// Whether the head cell of `slot`, with `head`, may be forwarded now: every other
-    /// input's earliest (head, slot), waiting at the head of its queue or still to
-    /// come, is after it.
+    /// Whether the head cell of `slot`, with `head`, bound for `to`, may be forwarded
+    /// now: the earliest (head, slot) of every other input that can send to `to`,
+    /// waiting at the head of its queue or still to come, is after it. Outputs are
+    /// independent: what a cell finds on its way is its output's timeline and the
+    /// downstream buffer, and cells of one input keep their order.
     pub(crate) fn is_safe(
         &self,
         slot: usize,
         head: ModelTime,
+        to: Port,
         heads: &Heads,
         model: &Model,
     ) -> bool {
         let key = (head, slot);
         // The NI's horizon: what it may inject by itself, and what it may answer to what
         // still reaches it.
-        let to_ni = self.to_ni(heads, model);
-        (0..NPORTS * NVCS).filter(|&s| s != slot).all(|s| {
-            let horizon = if s / NVCS == Port::Local.index() {
-                self.ni_own[s % NVCS].min(to_ni)
-            } else {
-                self.horizon[s / NVCS]
-            };
-            key < (horizon.min(earliest(heads, s)), s)
-        })
+        let to_ni = self.to_ni(to, heads, model);
+        let feeding = |s: usize| self.feeds.through[s / NVCS] & (1 << to.index()) != 0;
+        (0..NPORTS * NVCS)
+            .filter(|&s| s != slot && feeding(s))
+            .all(|s| {
+                let horizon = if s / NVCS == Port::Local.index() {
+                    self.ni_own[s % NVCS][to.index()].min(to_ni)
+                } else {
+                    self.horizon[s / NVCS]
+                };
+                key < (horizon.min(earliest(heads, s)), s)
+            })
     }
 }

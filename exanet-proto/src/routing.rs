@@ -42,7 +42,7 @@ use thiserror::Error;
 
 use crate::cell::CellType;
 use crate::shape::{Coord, NodeId, Shape};
-use crate::topology::{Dir, Port};
+use crate::topology::{Dir, Port, NPORTS};
 
 /// A virtual channel on a link: bit 0 is the dateline VC (only torus links use it), bit 1
 /// the class (set for answers).
@@ -197,9 +197,89 @@ fn path_from(
     }
 }
 
+/// Where what comes in on each port of a node can make cells leave, over every route of
+/// the rack (bit `o` of a mask is port index `o`; the NI is port 0 both ways: what it
+/// injects, what it takes in). Modeled ordering ([`crate::order`]) needs it: a cell waits
+/// only for the inputs that can send cells to its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Feeds {
+    /// By input: the outputs its cells take, passing through or delivered to the NI.
+    pub through: [u16; NPORTS],
+    /// By input: the outputs the NI's replies to its cells take, back toward their
+    /// sources (answers, the blocks an answer lets go, the data of a read it serves).
+    pub replies: [u16; NPORTS],
+}
+
+const ALL_PORTS: u16 = (1 << NPORTS) - 1;
+
+/// Every port feeding every port: what a switch assumes when it knows no routes.
+pub const FEEDS_ALL: Feeds = Feeds {
+    through: [ALL_PORTS; NPORTS],
+    replies: [ALL_PORTS; NPORTS],
+};
+
+/// [`Feeds`] of every node of the rack, from every route between two of its nodes
+/// (answers take the data routes).
+pub fn feeds(shape: &Shape) -> Result<Vec<Feeds>, RouteError> {
+    let none = Feeds {
+        through: [0; NPORTS],
+        replies: [0; NPORTS],
+    };
+    let mut out = vec![none; shape.nodes() as usize];
+    for src in shape.node_ids() {
+        for dst in shape.node_ids() {
+            let mut in_port = Port::Local;
+            for (here, hop) in path(shape, src, dst)? {
+                out[here.0 as usize].through[in_port.index()] |= 1 << hop.port.index();
+                if let Some((_, arrive)) = crate::topology::neighbour(shape, here, hop.port) {
+                    in_port = arrive;
+                }
+            }
+            let back = route(shape, dst, src, Port::Local, Vc::ZERO)?.port;
+            out[dst.0 as usize].replies[in_port.index()] |= 1 << back.index();
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn feeds_follow_the_routes() {
+        let s: Shape = "2x1x1".parse().unwrap();
+        let f = feeds(&s).unwrap();
+        let bit = |p: Port| 1u16 << p.index();
+        let f2 = s.parse_node("M1QAF2").unwrap();
+        let f1 = s.parse_node("M1QAF1").unwrap();
+        let at_f2 = f[f2.0 as usize].through;
+        // F2 takes in what comes from F1 and F3, and sends nothing on that it got from
+        // another FPGA: routes inside a QFDB are direct, and only F1 has the torus.
+        assert_eq!(at_f2[Port::Qfdb(1).index()], bit(Port::Local));
+        assert_eq!(at_f2[Port::Qfdb(3).index()], bit(Port::Local));
+        assert_eq!(
+            at_f2[Port::Local.index()],
+            bit(Port::Local) | bit(Port::Qfdb(1)) | bit(Port::Qfdb(3)) | bit(Port::Qfdb(4))
+        );
+        // F1 passes the other QFDB's cells on to its FPGAs, and theirs to the torus.
+        let x = Port::Torus(0, Dir::Plus);
+        let at_f1 = f[f1.0 as usize].through;
+        assert_eq!(
+            at_f1[x.index()],
+            bit(Port::Local) | bit(Port::Qfdb(2)) | bit(Port::Qfdb(3)) | bit(Port::Qfdb(4))
+        );
+        assert_eq!(at_f1[Port::Qfdb(2).index()], bit(Port::Local) | bit(x));
+        // Replies go back the way their cells came: F2 answers F3 on F3's link, and the
+        // other QFDB by F1.
+        let replies = f[f2.0 as usize].replies;
+        assert_eq!(replies[Port::Qfdb(3).index()], bit(Port::Qfdb(3)));
+        assert_eq!(replies[Port::Qfdb(1).index()], bit(Port::Qfdb(1)));
+        assert!(feeds(&Shape::PROTOTYPE).unwrap().iter().all(|n| {
+            // Nothing leaves by the port it came in on.
+            (0..NPORTS).all(|i| i == 0 || n.through[i] & (1 << i) == 0)
+        }));
+    }
 
     #[test]
     fn answers_take_the_data_route_in_their_own_class() {

@@ -22,11 +22,12 @@ use crate::capture::{self, CaptureFilter, Direction, Record, Seen};
 use crate::cell::{Cell, CellError};
 use crate::fault::{FaultError, FaultStats, LinkFaults};
 use crate::frame::{Frame, FrameError, Hello};
+use crate::horizon::{self, Coordinator, CutView, NodeCut};
 use crate::link::Departure;
 use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
 use crate::node::{Node, NodeError, NodeEvent};
-use crate::routing::Vc;
+use crate::routing::{self, Feeds, Vc};
 use crate::shape::{NodeId, Shape};
 use crate::station::{SessionId, Station, StationEvent, Wire};
 use crate::switch::{SwitchConfig, SwitchError};
@@ -46,6 +47,10 @@ pub struct SimConfig {
     /// How long a link's dialer waits before dialing again after its connection closed
     /// (a daemon's first backoff).
     pub redial_ns: u64,
+    /// With modeled order: `Some(ns)` takes horizons from consistent cuts gathered by a
+    /// [`Coordinator`] this far (one way) from every node, as daemons must, instead of
+    /// from the whole rack after every event (see [`crate::horizon`]).
+    pub coordinator_ns: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -56,6 +61,7 @@ impl Default for SimConfig {
             latency_ns: 120,
             jitter_ns: 0,
             redial_ns: 50_000_000,
+            coordinator_ns: None,
         }
     }
 }
@@ -117,6 +123,22 @@ enum Ev {
     },
     /// The link's dialer connects.
     Dial { node: NodeId, port: Port },
+    /// A cut's marker comes in.
+    Marker {
+        node: NodeId,
+        port: Port,
+        conn: ConnId,
+        epoch: u64,
+    },
+    /// The coordinator's order to begin a cut reaches a node.
+    BeginCut { node: NodeId, epoch: u64 },
+    /// A node's part of a cut reaches the coordinator.
+    Part { node: NodeId, cut: Box<NodeCut> },
+    /// The coordinator's horizons reach a node.
+    Horizons {
+        node: NodeId,
+        horizons: Vec<(Port, ModelTime)>,
+    },
 }
 
 /// Why per-link faults cannot be set.
@@ -191,6 +213,10 @@ pub struct Sim {
     /// they go to, and each link port's horizon as last set.
     in_flight: HashMap<(NodeId, Port), BTreeMap<ModelTime, u32>>,
     horizons: HashMap<(NodeId, Port), ModelTime>,
+    /// With horizons from cuts: the coordinator, and whether it waits for work to appear
+    /// before it starts another cut.
+    coordinator: Option<Coordinator>,
+    coordinator_idle: bool,
 }
 
 impl Sim {
@@ -231,7 +257,21 @@ impl Sim {
             taps: HashMap::new(),
             in_flight: HashMap::new(),
             horizons: HashMap::new(),
+            coordinator: match cfg.coordinator_ns {
+                Some(_) => Some(Coordinator::new(shape).map_err(SwitchError::from)?),
+                None => None,
+            },
+            coordinator_idle: true,
         };
+        if cfg.switch.modeled_order {
+            for (i, f) in routing::feeds(&shape)
+                .map_err(SwitchError::from)?
+                .into_iter()
+                .enumerate()
+            {
+                sim.stations[i].node_mut().set_feeds(f);
+            }
+        }
         for l in links(&shape) {
             sim.connect(l.a, l.a_port, true);
         }
@@ -568,6 +608,19 @@ impl Sim {
                 self.schedule(now + self.cfg.latency_ns, ev);
                 return;
             }
+            Departure::Marker { epoch } => {
+                // Behind every cell before it on the link.
+                let at = (now + self.cfg.latency_ns).max(self.last_arrival[i][p]);
+                self.last_arrival[i][p] = at;
+                let ev = Ev::Marker {
+                    node: peer,
+                    port: peer_port,
+                    conn,
+                    epoch,
+                };
+                self.schedule(at, ev);
+                return;
+            }
             Departure::Cell { ref cell, .. } => cell.wire_len(),
         };
         let gbps = match port {
@@ -582,7 +635,7 @@ impl Sim {
         self.last_arrival[i][p] = at;
         let ev = match d.received_cell() {
             Some(Ok((vc, cell))) => {
-                if self.cfg.switch.modeled_order {
+                if self.omniscient() {
                     let heads = self.in_flight.entry((peer, peer_port)).or_default();
                     *heads.entry(cell.stamp.head).or_default() += 1;
                 }
@@ -667,12 +720,16 @@ impl Sim {
             self.pump(NodeId(i as u32));
         }
         self.reorder();
+        for i in 0..self.stations.len() {
+            self.after_cut_step(NodeId(i as u32));
+        }
     }
 
     pub fn kick(&mut self, id: NodeId) {
         self.reorder();
         self.pump(id);
         self.reorder();
+        self.after_cut_step(id);
     }
 
     /// A cell on the link to (`node`, `port`) arrived.
@@ -687,44 +744,35 @@ impl Sim {
         }
     }
 
-    /// With modeled ordering on, sets every link port's horizon (see [`crate::order`]):
-    /// the earliest head a cell can still come in with on it. That is the cells already
-    /// on the link, and what the upstream forwards to it from now on, which leaves behind
-    /// everything already booked on the upstream's output, from a head no earlier than
-    /// the cells the upstream holds for that link, what its NI may inject, or what may
-    /// still reach the upstream. What may still reach a node is a shortest path over the
-    /// rack (Dijkstra: every hop adds at least a traversal and a link's latency). A single
-    /// rack-wide bound, or one that ignored where held cells go, would be simpler and
-    /// much looser: cells queued behind a busy output, or bound elsewhere, would hold
-    /// back switches they can never reach, and with real buffers finite, deadlock.
-    ///
-    /// Nodes whose horizons moved may forward more, which moves what they hold: repeated
-    /// until nothing moves.
+    /// Whether horizons come from the whole rack after every event.
+    fn omniscient(&self) -> bool {
+        self.cfg.switch.modeled_order && self.coordinator.is_none()
+    }
+
+    /// With modeled ordering on and no coordinator, sets every link port's horizon from
+    /// the whole rack as it is (see [`crate::horizon`]). Nodes whose horizons moved may
+    /// forward more, which moves what they hold: repeated until nothing moves.
     fn reorder(&mut self) {
-        if !self.cfg.switch.modeled_order {
+        if !self.omniscient() {
             return;
         }
         loop {
-            let reach = self.reach();
+            for s in &mut self.stations {
+                // The NIs may have been given work from outside since they last ran.
+                s.node_mut().refresh_ni_horizon();
+            }
+            let view = Whole {
+                stations: &self.stations,
+                in_flight: &self.in_flight,
+            };
             let mut moved = Vec::new();
-            for i in 0..self.stations.len() {
-                let node = NodeId(i as u32);
-                let ports: Vec<Port> = self.stations[i].ends().map(|(p, _)| p).collect();
-                for port in ports {
-                    let Some((up, up_port)) = neighbour(&self.shape, node, port) else {
-                        continue;
-                    };
-                    let on_link = self
-                        .in_flight
-                        .get(&(node, port))
-                        .and_then(|h| h.keys().next().copied())
-                        .unwrap_or(ModelTime::NEVER);
-                    let h = self.sends(up, up_port, reach[up.0 as usize]).min(on_link);
-                    if self.horizons.insert((node, port), h) != Some(h) {
-                        self.stations[i].node_mut().set_horizon(port, h);
-                        if moved.last() != Some(&node) {
-                            moved.push(node);
-                        }
+            for (node, port, h) in horizon::horizons(&self.shape, &view) {
+                if self.horizons.insert((node, port), h) != Some(h) {
+                    self.stations[node.0 as usize]
+                        .node_mut()
+                        .set_horizon(port, h);
+                    if moved.last() != Some(&node) {
+                        moved.push(node);
                     }
                 }
             }
@@ -737,64 +785,62 @@ impl Sim {
         }
     }
 
-    /// The earliest head a cell `node` forwards on `port` from now on can have at the far
-    /// end, when nothing earlier than `reach` can still come in to it.
-    fn sends(&self, node: NodeId, port: Port, reach: ModelTime) -> ModelTime {
-        let sw = self.stations[node.0 as usize].node().switch();
-        let from = sw.earliest_toward(port).min(sw.ni_earliest()).min(reach);
-        sw.earliest_arrival(port, from)
+    /// Cuts the coordinator completed (with horizons from cuts).
+    pub fn cuts(&self) -> u64 {
+        self.coordinator.as_ref().map_or(0, Coordinator::cuts)
     }
 
-    /// For each node, the earliest a cell can still come in to it: on its links now, or
-    /// forwarded to it by a neighbour from what that holds, injects or receives.
-    fn reach(&mut self) -> Vec<ModelTime> {
-        for s in &mut self.stations {
-            // The NIs may have been given work from outside since they last ran.
-            s.node_mut().refresh_ni_horizon();
+    /// With horizons from cuts: sends `node`'s part of a cut, once complete, to the
+    /// coordinator, and wakes the coordinator when `node` has work and no cut is coming.
+    fn after_cut_step(&mut self, node: NodeId) {
+        let Some(delay) = self.cfg.coordinator_ns else {
+            return;
+        };
+        let now = self.now;
+        if let Some(cut) = self.stations[node.0 as usize].take_cut() {
+            let cut = Box::new(cut);
+            self.schedule(now + delay, Ev::Part { node, cut });
         }
-        let n = self.stations.len();
-        let mut reach = vec![ModelTime::NEVER; n];
-        for (&(node, _), heads) in &self.in_flight {
-            if let Some(&h) = heads.keys().next() {
-                let r = &mut reach[node.0 as usize];
-                *r = (*r).min(h);
+        if self.coordinator_idle && self.stations[node.0 as usize].node().switch().holds() {
+            self.coordinator_idle = false;
+            self.start_cut();
+        }
+    }
+
+    /// Has the coordinator start a cut and every node hear of it.
+    fn start_cut(&mut self) {
+        let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
+            return;
+        };
+        if let Some(epoch) = c.start() {
+            let at = self.now + delay;
+            for node in self.shape.node_ids() {
+                self.schedule(at, Ev::BeginCut { node, epoch });
             }
         }
-        for m in 0..n {
-            let node = NodeId(m as u32);
-            let ports: Vec<Port> = self.stations[m].ends().map(|(p, _)| p).collect();
-            for port in ports {
-                let Some((peer, _)) = neighbour(&self.shape, node, port) else {
-                    continue;
-                };
-                let at = self.sends(node, port, ModelTime::NEVER);
-                let r = &mut reach[peer.0 as usize];
-                *r = (*r).min(at);
-            }
+    }
+
+    /// A node's part of the cut reaches the coordinator; once all have, the horizons go
+    /// out and, if anything was pending, the next cut starts.
+    fn on_part(&mut self, node: NodeId, cut: NodeCut) {
+        let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
+            return;
+        };
+        let horizons = match c.report(node, cut) {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => panic!("the simulator's coordinator refused a part: {e}"),
+        };
+        let at = self.now + delay;
+        for (i, horizons) in horizons.by_node.into_iter().enumerate() {
+            let node = NodeId(i as u32);
+            self.schedule(at, Ev::Horizons { node, horizons });
         }
-        let mut heap: BinaryHeap<Reverse<(ModelTime, u32)>> = reach
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t < ModelTime::NEVER)
-            .map(|(i, t)| Reverse((*t, i as u32)))
-            .collect();
-        while let Some(Reverse((t, m))) = heap.pop() {
-            if t > reach[m as usize] {
-                continue;
-            }
-            let sw = self.stations[m as usize].node().switch();
-            for (port, _) in self.stations[m as usize].ends() {
-                let Some((peer, _)) = neighbour(&self.shape, NodeId(m), port) else {
-                    continue;
-                };
-                let at = sw.earliest_arrival(port, t);
-                if at < reach[peer.0 as usize] {
-                    reach[peer.0 as usize] = at;
-                    heap.push(Reverse((at, peer.0)));
-                }
-            }
+        if horizons.pending {
+            self.start_cut();
+        } else {
+            self.coordinator_idle = true;
         }
-        reach
     }
 
     fn schedule(&mut self, at: Instant, ev: Ev) {
@@ -854,7 +900,7 @@ impl Sim {
                 vc,
                 cell,
             } => {
-                if self.cfg.switch.modeled_order {
+                if self.omniscient() {
                     self.landed(node, port, cell.stamp.head);
                 }
                 if let Some(c) = self.current(node, port, conn) {
@@ -920,6 +966,30 @@ impl Sim {
                 }
                 node
             }
+            Ev::Marker {
+                node,
+                port,
+                conn,
+                epoch,
+            } => {
+                if let Some(c) = self.current(node, port, conn) {
+                    let f = Frame::Marker(epoch);
+                    let _ = self.stations[node.0 as usize].on_frames(port, c.sid, [f], now);
+                }
+                node
+            }
+            Ev::BeginCut { node, epoch } => {
+                self.stations[node.0 as usize].begin_cut(epoch, now);
+                node
+            }
+            Ev::Part { node, cut } => {
+                self.on_part(node, *cut);
+                return true;
+            }
+            Ev::Horizons { node, horizons } => {
+                self.stations[node.0 as usize].set_horizons(&horizons);
+                node
+            }
             Ev::Dial { node, port } => {
                 self.dialing.remove(&(node, port));
                 // A dialer whose own end is cut waits until it is set up.
@@ -931,6 +1001,7 @@ impl Sim {
         };
         self.pump(node);
         self.reorder();
+        self.after_cut_step(node);
         true
     }
 
@@ -954,5 +1025,57 @@ impl Sim {
     /// True when every node is idle and nothing is in flight.
     pub fn is_quiet(&self) -> bool {
         self.heap.is_empty() && self.stations.iter().all(|s| s.is_idle())
+    }
+}
+
+/// The whole simulated rack as horizons are computed from it: every node as it is, and
+/// the cells on every link.
+struct Whole<'a> {
+    stations: &'a [Station],
+    in_flight: &'a HashMap<(NodeId, Port), BTreeMap<ModelTime, u32>>,
+}
+
+impl CutView for Whole<'_> {
+    fn ports(&self, node: NodeId) -> Vec<Port> {
+        self.stations[node.0 as usize]
+            .ends()
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    fn ni(&self, node: NodeId, port: Port) -> ModelTime {
+        self.stations[node.0 as usize]
+            .node()
+            .switch()
+            .ni_toward(port)
+    }
+
+    fn relays(&self, node: NodeId) -> bool {
+        self.stations[node.0 as usize].node().switch().ni_relays()
+    }
+
+    fn toward(&self, node: NodeId, port: Port) -> ModelTime {
+        self.stations[node.0 as usize]
+            .node()
+            .switch()
+            .earliest_toward(port)
+    }
+
+    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime {
+        self.stations[node.0 as usize]
+            .node()
+            .switch()
+            .earliest_arrival(port, ready)
+    }
+
+    fn on_link(&self, node: NodeId, port: Port) -> ModelTime {
+        self.in_flight
+            .get(&(node, port))
+            .and_then(|h| h.keys().next().copied())
+            .unwrap_or(ModelTime::NEVER)
+    }
+
+    fn feeds(&self, node: NodeId) -> Feeds {
+        *self.stations[node.0 as usize].node().switch().feeds()
     }
 }

@@ -18,8 +18,10 @@ use std::collections::VecDeque;
 use bytes::BytesMut;
 
 use crate::cell::CellError;
+use crate::cut::{self, Cut};
 use crate::fault::{FaultError, FaultStats, LinkFaults};
 use crate::frame::{self, Frame, FrameError, Hello};
+use crate::horizon::NodeCut;
 /// A frame leaving on a link, as a station hands it to its [`Wire`].
 pub use crate::link::Departure;
 use crate::link::LinkSender;
@@ -226,6 +228,8 @@ pub struct Station {
     ready: [bool; NPORTS],
     events: VecDeque<StationEvent>,
     errors: Vec<SwitchError>,
+    /// This node's part in the latest cut of the rack (see [`crate::cut`]).
+    cut: Cut,
 }
 
 impl Station {
@@ -261,6 +265,7 @@ impl Station {
             ready: [false; NPORTS],
             events: VecDeque::new(),
             errors: Vec::new(),
+            cut: Cut::default(),
         }
     }
 
@@ -411,8 +416,17 @@ impl Station {
         }
         for f in frames {
             let r = match f {
-                Frame::Cell(vc, cell) => self.node.receive(port, vc, cell, now),
+                Frame::Cell(vc, cell) => {
+                    self.cut.cell(port, cell.stamp.head);
+                    self.node.receive(port, vc, cell, now)
+                }
                 Frame::Credit(vc, n, freed) => self.node.credit(port, vc, n, freed, now),
+                Frame::Marker(epoch) => {
+                    // The first marker of a cut begins it here, before anything after it.
+                    self.begin_cut(epoch, now);
+                    self.cut.marker(port, epoch);
+                    Ok(())
+                }
                 Frame::Hello(_) => {
                     self.node.count_error("hello_repeated");
                     Ok(())
@@ -451,6 +465,7 @@ impl Station {
         end.hello = None;
         end.sender.reset();
         self.ready[port.index()] = true;
+        self.cut.link_down(port);
         if let Err(e) = self.node.link_down(port, now) {
             self.keep_error(e);
         }
@@ -506,6 +521,43 @@ impl Station {
             self.node.count_error("encode");
         }
         Ok(due)
+    }
+
+    /// Begins this node's part of cut `epoch` (see [`crate::cut`]), unless it has begun it
+    /// or a later one: records what it holds and sends a marker on every link that is up.
+    pub fn begin_cut(&mut self, epoch: u64, now: Instant) {
+        if epoch <= self.cut.epoch() {
+            return;
+        }
+        // The NI may have been given work since it last ran.
+        self.node.refresh_ni_horizon();
+        let ports: Vec<Port> = self.ends().map(|(p, _)| p).collect();
+        let up: Vec<Port> = self
+            .ends()
+            .filter(|(_, e)| e.session.is_some())
+            .map(|(p, _)| p)
+            .collect();
+        let held = cut::holdings(self.node.switch(), &ports);
+        self.cut.begin(epoch, held, &up);
+        for p in up {
+            if let Some(end) = self.ends[p.index()].as_mut() {
+                end.sender.send_marker(now, epoch);
+                self.ready[p.index()] = true;
+            }
+        }
+    }
+
+    /// This node's part of the latest cut, once complete (see [`crate::cut`]).
+    pub fn take_cut(&mut self) -> Option<NodeCut> {
+        self.cut.take()
+    }
+
+    /// Applies a coordinator's horizons to this node's link inputs: each is kept if later
+    /// than the one the input has (both are bounds, see [`crate::horizon`]).
+    pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)]) {
+        for &(port, h) in horizons {
+            self.node.raise_horizon(port, h);
+        }
     }
 
     /// Ports with output or a session change since the last call.

@@ -27,10 +27,11 @@ use std::collections::VecDeque;
 use thiserror::Error;
 
 use crate::cell::{Cell, CellType};
+use crate::horizon::Outlook;
 use crate::model::{Buffer, Model, ModelTime, Stamp, Timeline};
 use crate::order::Order;
 use crate::probe;
-use crate::routing::{route, Hop, RouteError, Vc, NVCS};
+use crate::routing::{route, Feeds, Hop, RouteError, Vc, NVCS};
 use crate::shape::{NodeId, Shape};
 use crate::time::Instant;
 use crate::topology::{neighbour, Port, NPORTS};
@@ -187,8 +188,9 @@ pub struct Switch {
     /// in the order the switch takes them (modeled order when ordering is on).
     datapath: Timeline,
     order: Order,
-    /// What the NI may still inject by itself, (data, answers), before its datapath.
-    ni_own: (ModelTime, ModelTime),
+    /// What the NI may still inject by itself, (data, answers) by output, before its
+    /// datapath, and whether it relays.
+    ni_own: ([ModelTime; NPORTS], [ModelTime; NPORTS], bool),
     next_input: usize,
     /// Bit `i` set when input queue `i` holds cells: arbitration visits only those.
     occupied: u64,
@@ -278,7 +280,7 @@ impl Switch {
             busy: vec![Timeline::default(); NPORTS],
             datapath: Timeline::default(),
             order,
-            ni_own: (ModelTime::NEVER, ModelTime::NEVER),
+            ni_own: ([ModelTime::NEVER; NPORTS], [ModelTime::NEVER; NPORTS], true),
             next_input: 0,
             occupied: 0,
             forwarded: 0,
@@ -576,7 +578,7 @@ impl Switch {
         let q = self.inputs[i].q.pop_front().expect("head exists");
         self.inputs[i].toward[hop.port.index()] -= 1;
         if self.cfg.modeled_order {
-            self.order.forwarded(i, key);
+            self.order.forwarded(i, key, hop.port);
         }
         let from = Port::from_index(i / NVCS).expect("valid input index");
         let mut cell = q.cell;
@@ -619,8 +621,9 @@ impl Switch {
             return Some(key);
         }
         let heads = |s: usize| self.admitted(s);
+        let to = input.q.front()?.hop.port;
         self.order
-            .is_safe(i, key, &heads, &self.cfg.model)
+            .is_safe(i, key, to, &heads, &self.cfg.model)
             .then_some(key)
     }
 
@@ -653,10 +656,31 @@ impl Switch {
         self.order.set_horizon(port, t);
     }
 
-    /// The earliest head the node's NI may still inject a cell with by itself: data
-    /// cells, and answers (each class on its own injection queue).
-    pub fn set_ni_horizon(&mut self, data: ModelTime, answers: ModelTime) {
-        self.ni_own = (data, answers);
+    /// [`set_horizon`](Self::set_horizon), unless the port's horizon is already later.
+    pub fn raise_horizon(&mut self, port: Port, t: ModelTime) {
+        self.order.raise_horizon(port, t);
+    }
+
+    /// Tells the ordering which inputs can send cells to which outputs (see
+    /// [`crate::routing::feeds`]); without it, a cell waits for every input.
+    pub fn set_feeds(&mut self, feeds: Feeds) {
+        self.order.set_feeds(feeds);
+    }
+
+    pub fn feeds(&self) -> &Feeds {
+        self.order.feeds()
+    }
+
+    /// The earliest head the node's NI may still inject a cell with by itself, by the
+    /// output it takes: data cells, and answers (each class on its own injection queue);
+    /// and whether the NI relays (see [`crate::order`]).
+    pub fn set_ni_horizon(
+        &mut self,
+        data: [ModelTime; NPORTS],
+        answers: [ModelTime; NPORTS],
+        relays: bool,
+    ) {
+        self.ni_own = (data, answers, relays);
         self.refresh_ni_horizon();
     }
 
@@ -667,19 +691,26 @@ impl Switch {
     fn refresh_ni_horizon(&mut self) {
         let m = &self.cfg.model;
         let shortest = crate::cell::OVERHEAD;
-        let mut by_vc = [ModelTime::NEVER; NVCS];
+        let mut by_vc = [[ModelTime::NEVER; NPORTS]; NVCS];
         for (kind, raw) in [
-            (CellType::Write, self.ni_own.0),
-            (CellType::Ack, self.ni_own.1),
+            (CellType::Write, &self.ni_own.0),
+            (CellType::Ack, &self.ni_own.1),
         ] {
             let vc = usize::from(Vc::injection(kind).0);
-            let head = self.datapath.first_gap(raw, m.ni_rate.ps(shortest));
-            let room = self.inputs[slot(Port::Local, Vc(vc as u8))]
-                .modeled
-                .room_at(shortest as u32, m.input_buffer, head);
-            by_vc[vc] = room.map_or(head, |r| head.max(r));
+            let room_from = |head: ModelTime| {
+                self.inputs[slot(Port::Local, Vc(vc as u8))]
+                    .modeled
+                    .room_at(shortest as u32, m.input_buffer, head)
+                    .map_or(head, |r| head.max(r))
+            };
+            for (p, &t) in raw.iter().enumerate() {
+                if t < ModelTime::NEVER {
+                    let head = self.datapath.first_gap(t, m.ni_rate.ps(shortest));
+                    by_vc[vc][p] = room_from(head);
+                }
+            }
         }
-        self.order.set_ni_own(by_vc);
+        self.order.set_ni_own(by_vc, self.ni_own.2);
     }
 
     /// The earliest order key of a cell queued here for `port`: a bound on what this
@@ -698,17 +729,57 @@ impl Switch {
         self.order.ni_own()
     }
 
+    /// What the NI may still inject by itself onto `port`, as last set.
+    pub fn ni_toward(&self, port: Port) -> ModelTime {
+        self.order.ni_toward(port)
+    }
+
+    /// Whether the NI may send anywhere in reaction to what reaches it, as last set.
+    pub fn ni_relays(&self) -> bool {
+        self.order.relays()
+    }
+
     /// The earliest a cell whose head is at this switch at `ready` (or later) can reach
     /// the far end of `port`'s link: after a traversal, in the first gap of the output's
     /// timeline (everything already booked on it goes first), and the link's latency.
     pub fn earliest_arrival(&self, port: Port, ready: ModelTime) -> ModelTime {
-        if ready == ModelTime::NEVER {
-            return ready;
-        }
         let m = &self.cfg.model;
-        let shortest = m.rate(port).ps(crate::cell::OVERHEAD);
-        let at = ready + m.traversal(Port::Local, port).max(1);
-        self.busy[port.index()].first_gap(at, shortest) + m.latency(port)
+        crate::horizon::arrival(
+            &self.busy[port.index()],
+            ready,
+            m.traversal(Port::Local, port),
+            m.rate(port).ps(crate::cell::OVERHEAD),
+            m.latency(port),
+        )
+    }
+
+    /// What [`earliest_arrival`](Self::earliest_arrival) on `port` needs, for cells ready
+    /// at `from` or later, with at most `limit` of the output's busy intervals (see
+    /// [`crate::horizon`]).
+    pub fn outlook(&self, port: Port, from: ModelTime, limit: usize) -> Outlook {
+        let m = &self.cfg.model;
+        Outlook {
+            traversal_ps: m.traversal(Port::Local, port),
+            shortest_ps: m.rate(port).ps(crate::cell::OVERHEAD),
+            latency_ps: m.latency(port),
+            busy: self.busy[port.index()].since(from, limit),
+        }
+    }
+
+    /// The earliest key anything this switch holds or its NI may inject has, and the
+    /// horizon of every link input: what it forwards from now on has no earlier key
+    /// (the floor of what a cut needs of its outputs' timelines).
+    pub fn earliest_key(&self) -> ModelTime {
+        let held = (0..self.inputs.len())
+            .filter_map(|s| self.admitted(s))
+            .min()
+            .unwrap_or(ModelTime::NEVER);
+        held.min(self.order.floor())
+    }
+
+    /// Whether the switch holds a cell or its NI has something to inject by itself.
+    pub fn holds(&self) -> bool {
+        self.ni_earliest() < ModelTime::NEVER || self.inputs.iter().any(|i| !i.q.is_empty())
     }
 
     /// Cells forwarded out of modeled order with ordering on (see [`crate::order`]).

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::ops::{Add, Sub};
 
+use serde::{Deserialize, Serialize};
+
 /// Nanoseconds since an origin chosen by whoever drives the core.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Instant(pub u64);
@@ -42,7 +44,9 @@ impl Sub<Instant> for Instant {
 }
 
 /// Modeled time in picoseconds since the rack's modeled origin.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct ModelTime(pub u64);
 
 impl ModelTime {

@@ -98,6 +98,7 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             n,
             ModelTime(t)
         )),
+        any::<u64>().prop_map(Frame::Marker),
     ]
 }
 
@@ -106,6 +107,7 @@ fn encode_frame(f: &Frame, out: &mut BytesMut) {
         Frame::Hello(h) => frame::encode_hello(h, out),
         Frame::Cell(vc, c) => frame::encode_cell(*vc, c, out).unwrap(),
         Frame::Credit(vc, n, t) => frame::encode_credit(*vc, *n, *t, out),
+        Frame::Marker(epoch) => frame::encode_marker(*epoch, out),
     }
 }
 

@@ -314,6 +314,12 @@ fn seq_of(step: u8, index: usize) -> u16 {
 }
 
 impl Accelerator {
+    /// Whether a collective is under way here: what reaches it may be forwarded to any
+    /// member.
+    pub(crate) fn busy(&self) -> bool {
+        !self.contexts.is_empty()
+    }
+
     /// Checks `op` against the rack (`nodes` nodes) and the posting rank `me` (node and
     /// rank): whole QFDBs, a power of two of them, `me` among them, a vector the
     /// accelerator takes. A node's QFDB and FPGA follow from its id (SPEC §2: id = qfdb *

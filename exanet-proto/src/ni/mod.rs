@@ -34,6 +34,7 @@ use crate::gvas::{Gvas, Pdid};
 use crate::model::{Model, ModelTime, Stamp};
 use crate::shape::NodeId;
 use crate::time::Instant;
+use crate::topology::{Port, NPORTS};
 
 pub use allreduce::{Accelerator, Allreduce, AllreduceError, DataType, ReduceOp};
 pub use mailbox::{Mailboxes, Message, MAILBOX_VIS};
@@ -791,20 +792,38 @@ impl Ni {
     }
 
     /// The earliest heads a cell the NI injects by itself, with nothing more reaching it,
-    /// can have, as (data, answers): for data, the cells it holds and the blocks its RDMA
-    /// engine has still to cut; for answers, those it holds (see [`crate::order`]). What
-    /// it would send in answer to what still reaches it is the switch's to bound. Not
-    /// what its ranks' programs may post next: a driver that orders cells must know
-    /// that (the simulator's tests post before they run; see `docs/modeled-time.md`).
-    pub fn horizon(&self) -> (ModelTime, ModelTime) {
-        let earliest = |q: &VecDeque<Cell>| {
-            q.iter()
-                .map(|c| c.stamp.head)
-                .min()
-                .unwrap_or(ModelTime::NEVER)
+    /// can have, by the output it takes (`port_of` a destination; `None` for one no
+    /// route reaches, which counts on every output), as (data, answers): for data, the
+    /// cells it holds and the blocks its RDMA engine has still to cut; for answers, those
+    /// it holds (see [`crate::order`]). What it would send in reaction to what still
+    /// reaches it is the switch's to bound. Not what its ranks' programs may post next: a
+    /// driver that orders cells must know that (the simulator's tests post before they
+    /// run; see `docs/modeled-time.md`).
+    pub fn horizon(
+        &self,
+        port_of: &dyn Fn(NodeId) -> Option<Port>,
+    ) -> ([ModelTime; NPORTS], [ModelTime; NPORTS]) {
+        let mut data = [ModelTime::NEVER; NPORTS];
+        let mut answers = [ModelTime::NEVER; NPORTS];
+        let at = |by: &mut [ModelTime; NPORTS], dst: NodeId, t: ModelTime| match port_of(dst) {
+            Some(p) => by[p.index()] = by[p.index()].min(t),
+            None => by.iter_mut().for_each(|b| *b = (*b).min(t)),
         };
-        let data = earliest(&self.out.cells).min(self.rdma.horizon(&self.cfg));
-        (data, earliest(&self.out.answers))
+        for c in &self.out.cells {
+            at(&mut data, c.dst.node(), c.stamp.head);
+        }
+        for c in &self.out.answers {
+            at(&mut answers, c.dst.node(), c.stamp.head);
+        }
+        self.rdma
+            .horizon(&self.cfg, &mut |dst, t| at(&mut data, dst, t));
+        (data, answers)
+    }
+
+    /// Whether the NI may send anywhere in reaction to what reaches it, not only back to
+    /// where it came from: an accelerated collective under way forwards what it combines.
+    pub fn relays(&self) -> bool {
+        self.accelerator.busy()
     }
 
     /// Puts back a cell that could not be injected yet, keeping its place.

@@ -1030,9 +1030,10 @@ impl Initiator {
     /// the block's own cells when they queue longer than that, and the block's answer,
     /// which lifts it, could never come. A retransmission is rare (a lost cell) and is
     /// taken late.
-    pub(super) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
-        let mut h = ModelTime::NEVER;
+    /// Each bound goes to `at` with the node the cells go to.
+    pub(super) fn horizon(&self, cfg: &NiConfig, at: &mut dyn FnMut(NodeId, ModelTime)) {
         for t in self.transfers.values() {
+            let mut h = ModelTime::NEVER;
             // A block that waits for a free place in its transfer's window or its rank's
             // waits for an answer: what it will start at is the answer's to bound.
             let rank = usize::from(t.rank);
@@ -1058,8 +1059,10 @@ impl Initiator {
                     h = h.min(b.modeled);
                 }
             }
+            if h < ModelTime::NEVER {
+                at(t.dst.node(), h);
+            }
         }
-        h
     }
 
     pub(super) fn on_timeout(&mut self, cx: &mut Ctx, mem: &dyn Memory) {

@@ -40,6 +40,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::{backoff, Ctx, Failure, Memory, NackReason, NiConfig, NiError, RdmaRead, RdmaWrite};
 use crate::cell::{Cell, CellType, Engine};
 use crate::model::ModelTime;
+use crate::shape::NodeId;
 use crate::time::Instant;
 use initiator::Initiator;
 use target::Target;
@@ -271,8 +272,8 @@ impl RdmaEngine {
     }
 
     /// See `Initiator::horizon`: served reads are transfers of the initiator too.
-    pub(crate) fn horizon(&self, cfg: &NiConfig) -> ModelTime {
-        self.initiator.horizon(cfg)
+    pub(crate) fn horizon(&self, cfg: &NiConfig, at: &mut dyn FnMut(NodeId, ModelTime)) {
+        self.initiator.horizon(cfg, at)
     }
 
     /// The cell from the NI's queue was injected into the fabric at `now`.

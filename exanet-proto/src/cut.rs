@@ -1,0 +1,204 @@
+//! A node's part in a consistent cut of the rack (Chandy and Lamport's snapshot), from
+//! which the [`Coordinator`](crate::horizon::Coordinator) computes link horizons for
+//! daemons that each see only themselves (see [`crate::horizon`]).
+//!
+//! A node begins cut `epoch` when told to, or when the first marker of that epoch comes in
+//! on a link, whichever is first. It then records what it holds (the earliest key it has
+//! for each output, what its NI may inject, its outputs' timelines) and sends a marker on
+//! every link that is up, behind every cell it sent before. On each link it then records
+//! the heads of the cells that come in until that link's marker does: those were on the
+//! link at the cut. Its part is complete when every link it sent a marker on has
+//! answered with one, or went down (what was on a link that went down is lost with it).
+
+use crate::horizon::{NodeCut, Outlook, PortCut, OUTLOOK_INTERVALS};
+use crate::time::ModelTime;
+use crate::topology::{Port, NPORTS};
+
+/// A node's progress through the latest cut it began.
+#[derive(Debug, Default)]
+pub(crate) struct Cut {
+    /// The latest epoch begun (0: none).
+    epoch: u64,
+    /// Links whose marker is still to come in.
+    waiting: [bool; NPORTS],
+    /// The part being recorded; taken once complete.
+    part: Option<NodeCut>,
+    /// The part complete and not yet taken.
+    done: Option<NodeCut>,
+}
+
+/// What a node holds at the moment it begins a cut.
+pub(crate) struct Holdings {
+    pub relays: bool,
+    /// Each link port: the earliest key held for it, what the NI may inject onto it, and
+    /// its output's outlook.
+    pub ports: Vec<(Port, ModelTime, ModelTime, Outlook)>,
+}
+
+impl Cut {
+    /// The latest epoch begun.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Begins `epoch` with what the node holds, waiting for a marker on each port of
+    /// `up`. False when `epoch` is not newer than the latest begun (a repeated order or a
+    /// marker of a cut already begun).
+    pub(crate) fn begin(&mut self, epoch: u64, held: Holdings, up: &[Port]) -> bool {
+        if epoch <= self.epoch {
+            return false;
+        }
+        self.epoch = epoch;
+        self.waiting = [false; NPORTS];
+        for p in up {
+            self.waiting[p.index()] = true;
+        }
+        let ports = held
+            .ports
+            .into_iter()
+            .map(|(port, toward, ni, outlook)| PortCut {
+                port,
+                toward,
+                ni,
+                on_link: ModelTime::NEVER,
+                outlook,
+            })
+            .collect();
+        // A part of an older cut not taken is of no use any more.
+        self.done = None;
+        self.part = Some(NodeCut {
+            epoch,
+            relays: held.relays,
+            ports,
+        });
+        self.settle();
+        true
+    }
+
+    /// A cell with `head` came in on `port`.
+    pub(crate) fn cell(&mut self, port: Port, head: ModelTime) {
+        if !self.waiting[port.index()] {
+            return;
+        }
+        if let Some(p) = self
+            .part
+            .as_mut()
+            .and_then(|c| c.ports.iter_mut().find(|p| p.port == port))
+        {
+            p.on_link = p.on_link.min(head);
+        }
+    }
+
+    /// The marker of `epoch` came in on `port` (the caller has begun `epoch` if it is
+    /// new). A marker of an older cut is ignored.
+    pub(crate) fn marker(&mut self, port: Port, epoch: u64) {
+        if epoch == self.epoch {
+            self.waiting[port.index()] = false;
+            self.settle();
+        }
+    }
+
+    /// The link on `port` went down: its marker will not come.
+    pub(crate) fn link_down(&mut self, port: Port) {
+        self.waiting[port.index()] = false;
+        self.settle();
+    }
+
+    fn settle(&mut self) {
+        if self.waiting.iter().all(|w| !w) {
+            if let Some(p) = self.part.take() {
+                self.done = Some(p);
+            }
+        }
+    }
+
+    /// The node's part of the latest cut, once complete.
+    pub(crate) fn take(&mut self) -> Option<NodeCut> {
+        self.done.take()
+    }
+}
+
+/// The outlook of each of a switch's link outputs, from the earliest key it may still
+/// forward (see [`crate::horizon`]).
+pub(crate) fn holdings(sw: &crate::switch::Switch, ports: &[Port]) -> Holdings {
+    let from = sw.earliest_key();
+    Holdings {
+        relays: sw.ni_relays(),
+        ports: ports
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    sw.earliest_toward(p),
+                    sw.ni_toward(p),
+                    sw.outlook(p, from, OUTLOOK_INTERVALS),
+                )
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held() -> Holdings {
+        Holdings {
+            relays: false,
+            ports: vec![
+                (
+                    Port::Qfdb(1),
+                    ModelTime(7),
+                    ModelTime(5),
+                    Outlook::default(),
+                ),
+                (
+                    Port::Qfdb(2),
+                    ModelTime::NEVER,
+                    ModelTime(6),
+                    Outlook::default(),
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_part_records_what_came_in_on_each_link_until_its_marker() {
+        let mut c = Cut::default();
+        assert!(c.begin(1, held(), &[Port::Qfdb(1), Port::Qfdb(2)]));
+        c.cell(Port::Qfdb(1), ModelTime(40));
+        c.cell(Port::Qfdb(1), ModelTime(30));
+        c.marker(Port::Qfdb(1), 1);
+        // After its marker, a cell on the link is not of this cut.
+        c.cell(Port::Qfdb(1), ModelTime(3));
+        c.cell(Port::Qfdb(2), ModelTime(50));
+        assert!(
+            c.take().is_none(),
+            "the second link's marker is still to come"
+        );
+        c.marker(Port::Qfdb(2), 1);
+        let part = c.take().expect("complete");
+        assert_eq!(part.epoch, 1);
+        assert_eq!(part.ports[0].ni, ModelTime(5));
+        assert_eq!(part.ports[0].on_link, ModelTime(30));
+        assert_eq!(part.ports[0].toward, ModelTime(7));
+        assert_eq!(part.ports[1].on_link, ModelTime(50));
+        assert!(c.take().is_none(), "taken once");
+    }
+
+    #[test]
+    fn old_epochs_and_links_that_go_down_do_not_hold_a_cut() {
+        let mut c = Cut::default();
+        assert!(c.begin(2, held(), &[Port::Qfdb(1), Port::Qfdb(2)]));
+        assert!(!c.begin(2, held(), &[]), "an epoch is begun once");
+        assert!(!c.begin(1, held(), &[]), "an older epoch is not begun");
+        c.marker(Port::Qfdb(1), 1);
+        c.link_down(Port::Qfdb(2));
+        assert!(c.take().is_none(), "an older marker does not answer");
+        c.marker(Port::Qfdb(1), 2);
+        assert_eq!(c.take().map(|p| p.epoch), Some(2));
+        // A node with no link up has its part at once.
+        assert!(c.begin(3, held(), &[]));
+        assert_eq!(c.take().map(|p| p.epoch), Some(3));
+    }
+}

@@ -1,0 +1,376 @@
+//! Link horizons from a view of the whole rack, and the coordinator that gathers that view
+//! from nodes that each see only themselves.
+//!
+//! A switch serving cells in modeled order ([`crate::order`]) needs, for each link input,
+//! a horizon: no cell with an earlier order key will come in on it any more. It is the
+//! cells already on the link, and what the upstream forwards to it from now on: from the
+//! earliest key the upstream holds for that link, may inject, or may still receive,
+//! behind everything already booked on that output, plus a traversal and the link's
+//! latency. What may still reach a node is a shortest path over the rack from what every
+//! node holds (each hop adds at least a traversal and a latency, so the search ends).
+//! [`horizons`] computes all of them from a [`CutView`] of the rack.
+//!
+//! The simulator sees the whole rack at once and computes horizons after every event.
+//! Daemons see only themselves, so the view is assembled from a **consistent cut**
+//! ([`crate::cut`]): each node records its part when it begins the cut and sends a marker
+//! on every link, and records the cells that come in on each link until that link's
+//! marker arrives: those were on the link at the cut. Links are FIFO, so every cell is
+//! in exactly one node's part or on exactly one link, at a position no further along than
+//! it really is. Horizons computed from it are lower bounds on what arrives after the
+//! cut: a cell that moved on since only arrives later, with a later key, because every
+//! hop adds its lookahead. A node applies a horizon no earlier than the one it has (both
+//! are bounds), so the [`Coordinator`] can start the next cut while nodes still act on the
+//! last.
+//!
+//! A node's part carries its outputs' timelines only from its own earliest key on, and at
+//! most [`OUTLOOK_INTERVALS`] of them: an output's timeline cut short finds gaps no later
+//! than the whole one, so horizons from it are looser, never wrong.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::model::Timeline;
+use crate::routing::{self, Feeds, RouteError};
+use crate::shape::{NodeId, Shape};
+use crate::time::ModelTime;
+use crate::topology::{neighbour, Port, NPORTS};
+
+/// Busy intervals of an output a node's part of a cut carries.
+pub const OUTLOOK_INTERVALS: usize = 64;
+
+/// When a cell ready at an output reaches the far end of its link: after a traversal, in
+/// the first gap of the output's timeline, and the link's latency.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outlook {
+    pub traversal_ps: u64,
+    /// The shortest cell's time on the output.
+    pub shortest_ps: u64,
+    pub latency_ps: u64,
+    pub busy: Timeline,
+}
+
+impl Outlook {
+    /// The earliest a cell ready at `ready` or later reaches the far end.
+    pub fn arrival(&self, ready: ModelTime) -> ModelTime {
+        arrival(
+            &self.busy,
+            ready,
+            self.traversal_ps,
+            self.shortest_ps,
+            self.latency_ps,
+        )
+    }
+}
+
+/// See [`Outlook::arrival`]; shared with the switch, which computes it on its own timeline.
+/// A traversal is never less than a picosecond, so that a switch configured with none
+/// still cannot wait on itself.
+pub(crate) fn arrival(
+    busy: &Timeline,
+    ready: ModelTime,
+    traversal_ps: u64,
+    shortest_ps: u64,
+    latency_ps: u64,
+) -> ModelTime {
+    if ready == ModelTime::NEVER {
+        return ready;
+    }
+    busy.first_gap(ready + traversal_ps.max(1), shortest_ps) + latency_ps
+}
+
+/// One link port in a node's part of a cut.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PortCut {
+    pub port: Port,
+    /// The earliest order key of a cell the node holds for this port.
+    pub toward: ModelTime,
+    /// What the node's NI may still inject by itself onto this port.
+    pub ni: ModelTime,
+    /// The earliest head of the cells that were on the link coming in on this port.
+    pub on_link: ModelTime,
+    pub outlook: Outlook,
+}
+
+/// A node's part of a cut of the rack.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeCut {
+    pub epoch: u64,
+    /// Whether the node's NI may send anywhere in reaction to what reaches it.
+    pub relays: bool,
+    /// Its link ports, up or not.
+    pub ports: Vec<PortCut>,
+}
+
+impl NodeCut {
+    /// Whether the node holds, injects or receives anything: a rack whose every part has
+    /// nothing pending needs no further cut until something happens.
+    pub fn pending(&self) -> bool {
+        self.ports.iter().any(|p| {
+            p.toward < ModelTime::NEVER || p.ni < ModelTime::NEVER || p.on_link < ModelTime::NEVER
+        })
+    }
+}
+
+/// The rack as horizons are computed from it.
+pub(crate) trait CutView {
+    /// The node's link ports, up or not.
+    fn ports(&self, node: NodeId) -> Vec<Port>;
+    /// What the node's NI may still inject by itself onto `port`.
+    fn ni(&self, node: NodeId, port: Port) -> ModelTime;
+    /// Whether the node's NI may send anywhere in reaction to what reaches it.
+    fn relays(&self, node: NodeId) -> bool;
+    /// The earliest key of a cell the node holds for `port`.
+    fn toward(&self, node: NodeId, port: Port) -> ModelTime;
+    /// The earliest a cell ready at the node at `ready` reaches the far end of `port`.
+    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime;
+    /// The earliest head of the cells on the link coming in on `port`.
+    fn on_link(&self, node: NodeId, port: Port) -> ModelTime;
+    /// Where the cells that come in on each of the node's ports can leave.
+    fn feeds(&self, node: NodeId) -> Feeds;
+}
+
+/// Every link port's horizon, from a view of the whole rack: the earliest head a cell can
+/// still come in with on it. That is the cells on the link, and what the upstream sends on
+/// it from now on: from what it holds for that link and what its NI may inject, and what
+/// may still come in to it on an input whose cells can leave by that link, either passing
+/// through or answered by its NI ([`crate::routing::feeds`]). A shortest path over the
+/// rack's link directions (Dijkstra: every hop adds at least a traversal and a link's
+/// latency). A bound that ignored where cells can go would hold every switch to the
+/// earliest cell near it: a sender's own cells, one hop out and back, would bound what
+/// may come in to it, and it could send a cell or two per horizon.
+pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port, ModelTime)> {
+    let at = |n: NodeId, p: Port| n.0 as usize * NPORTS + p.index();
+    let local = 1u16 << Port::Local.index();
+    let mut h = vec![ModelTime::NEVER; shape.nodes() as usize * NPORTS];
+    for node in shape.node_ids() {
+        for port in view.ports(node) {
+            let Some((up, up_port)) = neighbour(shape, node, port) else {
+                continue;
+            };
+            let held = view.toward(up, up_port).min(view.ni(up, up_port));
+            h[at(node, port)] = view
+                .on_link(node, port)
+                .min(view.arrival(up, up_port, held));
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<(ModelTime, u32, usize)>> = shape
+        .node_ids()
+        .flat_map(|n| view.ports(n).into_iter().map(move |p| (n, p)))
+        .filter(|&(n, p)| h[at(n, p)] < ModelTime::NEVER)
+        .map(|(n, p)| Reverse((h[at(n, p)], n.0, p.index())))
+        .collect();
+    while let Some(Reverse((t, n, p))) = heap.pop() {
+        let node = NodeId(n);
+        if t > h[at(node, Port::from_index(p).expect("a port index"))] {
+            continue;
+        }
+        let feeds = view.feeds(node);
+        let mut goes = feeds.through[p];
+        if goes & local != 0 {
+            // The NI replies to what reaches it toward where it came from, and a relaying
+            // NI may send on anywhere.
+            goes |= feeds.replies[p];
+            if view.relays(node) {
+                goes |= feeds.through[Port::Local.index()];
+            }
+        }
+        for q in view.ports(node) {
+            if goes & (1 << q.index()) == 0 {
+                continue;
+            }
+            let Some((peer, peer_port)) = neighbour(shape, node, q) else {
+                continue;
+            };
+            let t = view.arrival(node, q, t);
+            let slot = &mut h[at(peer, peer_port)];
+            if t < *slot {
+                *slot = t;
+                heap.push(Reverse((t, peer.0, peer_port.index())));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for node in shape.node_ids() {
+        for port in view.ports(node) {
+            if neighbour(shape, node, port).is_some() {
+                out.push((node, port, h[at(node, port)]));
+            }
+        }
+    }
+    out
+}
+
+/// A report the coordinator cannot take.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum CutError {
+    #[error("node {node} is not in the rack ({nodes} nodes)")]
+    NoSuchNode { node: NodeId, nodes: u32 },
+    #[error("node {node} reported cut {got}, but cut {want} is under way")]
+    WrongEpoch { node: NodeId, got: u64, want: u64 },
+    #[error("node {node} reported cut {epoch} twice")]
+    Twice { node: NodeId, epoch: u64 },
+    #[error("node {node} reported port {port:?}, which it has no link on")]
+    NoSuchPort { node: NodeId, port: Port },
+}
+
+/// Horizons for the nodes, from one cut.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Horizons {
+    pub epoch: u64,
+    /// By node: each link port's horizon.
+    pub by_node: Vec<Vec<(Port, ModelTime)>>,
+    /// Whether anything was pending in the cut: if so, another cut is worth taking.
+    pub pending: bool,
+}
+
+/// Gathers the nodes' parts of a cut and computes every link's horizon from them. Sans-IO:
+/// the driver tells every node to begin the epoch [`Coordinator::start`] returns, hands it
+/// each node's part, and hands each node its horizons.
+#[derive(Debug)]
+pub struct Coordinator {
+    shape: Shape,
+    feeds: Vec<Feeds>,
+    epoch: u64,
+    parts: Vec<Option<NodeCut>>,
+    missing: usize,
+    cuts: u64,
+}
+
+impl Coordinator {
+    pub fn new(shape: Shape) -> Result<Coordinator, RouteError> {
+        Ok(Coordinator {
+            feeds: routing::feeds(&shape)?,
+            shape,
+            epoch: 0,
+            parts: vec![None; shape.nodes() as usize],
+            missing: 0,
+            cuts: 0,
+        })
+    }
+
+    /// Starts a cut unless one is under way: the epoch every node must begin.
+    pub fn start(&mut self) -> Option<u64> {
+        if self.missing > 0 {
+            return None;
+        }
+        self.epoch += 1;
+        self.parts.iter_mut().for_each(|p| *p = None);
+        self.missing = self.parts.len();
+        Some(self.epoch)
+    }
+
+    /// Whether a cut is under way.
+    pub fn under_way(&self) -> bool {
+        self.missing > 0
+    }
+
+    /// Cuts completed.
+    pub fn cuts(&self) -> u64 {
+        self.cuts
+    }
+
+    /// Takes `node`'s part of the cut under way; once every node's is in, the horizons.
+    pub fn report(&mut self, node: NodeId, cut: NodeCut) -> Result<Option<Horizons>, CutError> {
+        let nodes = self.shape.nodes();
+        let slot = self
+            .parts
+            .get_mut(node.0 as usize)
+            .ok_or(CutError::NoSuchNode { node, nodes })?;
+        if cut.epoch != self.epoch || self.missing == 0 {
+            return Err(CutError::WrongEpoch {
+                node,
+                got: cut.epoch,
+                want: self.epoch,
+            });
+        }
+        if slot.is_some() {
+            return Err(CutError::Twice {
+                node,
+                epoch: cut.epoch,
+            });
+        }
+        if let Some(p) = cut
+            .ports
+            .iter()
+            .find(|p| neighbour(&self.shape, node, p.port).is_none())
+        {
+            return Err(CutError::NoSuchPort { node, port: p.port });
+        }
+        *slot = Some(cut);
+        self.missing -= 1;
+        if self.missing > 0 {
+            return Ok(None);
+        }
+        self.cuts += 1;
+        let view = Parts {
+            parts: &self.parts,
+            feeds: &self.feeds,
+        };
+        let mut by_node = vec![Vec::new(); nodes as usize];
+        for (node, port, h) in horizons(&self.shape, &view) {
+            by_node[node.0 as usize].push((port, h));
+        }
+        let pending = self.parts.iter().flatten().any(NodeCut::pending);
+        Ok(Some(Horizons {
+            epoch: self.epoch,
+            by_node,
+            pending,
+        }))
+    }
+}
+
+/// The view of a cut every node has reported its part of.
+struct Parts<'a> {
+    parts: &'a [Option<NodeCut>],
+    feeds: &'a [Feeds],
+}
+
+impl Parts<'_> {
+    fn port(&self, node: NodeId, port: Port) -> Option<&PortCut> {
+        self.parts[node.0 as usize]
+            .as_ref()?
+            .ports
+            .iter()
+            .find(|p| p.port == port)
+    }
+}
+
+impl CutView for Parts<'_> {
+    fn ports(&self, node: NodeId) -> Vec<Port> {
+        self.parts[node.0 as usize]
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.ports.iter().map(|p| p.port).collect())
+    }
+
+    fn ni(&self, node: NodeId, port: Port) -> ModelTime {
+        self.port(node, port).map_or(ModelTime::NEVER, |p| p.ni)
+    }
+
+    fn relays(&self, node: NodeId) -> bool {
+        self.parts[node.0 as usize]
+            .as_ref()
+            .is_none_or(|c| c.relays)
+    }
+
+    fn toward(&self, node: NodeId, port: Port) -> ModelTime {
+        self.port(node, port).map_or(ModelTime::NEVER, |p| p.toward)
+    }
+
+    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime {
+        // A port a node did not report sends nothing.
+        self.port(node, port)
+            .map_or(ModelTime::NEVER, |p| p.outlook.arrival(ready))
+    }
+
+    fn on_link(&self, node: NodeId, port: Port) -> ModelTime {
+        self.port(node, port)
+            .map_or(ModelTime::NEVER, |p| p.on_link)
+    }
+
+    fn feeds(&self, node: NodeId) -> Feeds {
+        self.feeds[node.0 as usize]
+    }
+}
