@@ -69,6 +69,8 @@
 //! software_ns = 0.0             # software cost per send/receive call
 //! accel_setup_ns = 3000.0       # programming the allreduce accelerator, per operation
 //! compute_scale = 1.0           # share of host compute time counted as modeled time
+//! order = "host"                # "modeled": switches serve cells in modeled-time order,
+//!                               # from cuts of the rack (docs/modeled-time.md); slower
 //!
 //! [deploy]                      # optional: what runs the daemons (default: local processes)
 //! kind = "compose"              # local | compose | external
@@ -315,6 +317,9 @@ pub const DEFAULT_MPI_EAGER_LIMIT: u32 = 32;
 /// its 24-byte header (`exanet-fi`'s wire format; a test there checks the two agree).
 pub const MPI_EAGER_MAX: u32 = 40;
 
+/// The NI's retransmission floor (real time) when cells are served in modeled order.
+pub const ORDERED_RETRANSMIT_NS: u64 = 2_000_000_000;
+
 /// `[model]` in the rack file: the parameters of the modeled hardware
 /// ([`ModelParams`], whose documentation gives each one's source), in its units (rates in
 /// Gb/s, times in nanoseconds, the input buffer in bytes). Absent fields keep the
@@ -352,6 +357,22 @@ pub struct ModelSettings {
     pub accel_setup_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compute_scale: Option<f64>,
+    /// In which order switches serve competing cells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<CellOrder>,
+}
+
+/// In which order switches serve cells that compete for an output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CellOrder {
+    /// The order the host delivers them in: as fast as the host goes, but contended
+    /// figures depend on scheduling.
+    #[default]
+    Host,
+    /// Modeled-time order, from consistent cuts of the rack gathered by the first node's
+    /// daemon: the same figures on every run, at the cost of the cuts.
+    Modeled,
 }
 
 impl ModelSettings {
@@ -685,10 +706,13 @@ impl Rack {
             window: self.file.window,
             local_window: self.file.local_window,
             model: self.model,
-            // Daemons do not compute horizons (their neighbours' and their ranks') yet:
-            // docs/modeled-time.md, "Contention in modeled order".
-            modeled_order: false,
+            modeled_order: self.order() == CellOrder::Modeled,
         }
+    }
+
+    /// In which order switches serve competing cells (`[model] order`).
+    pub fn order(&self) -> CellOrder {
+        self.file.model.and_then(|m| m.order).unwrap_or_default()
     }
 
     /// The modeled hardware's parameters as the rack file gives them (`[model]`, the
@@ -732,6 +756,11 @@ impl Rack {
             if let Some(a) = ni.max_attempts {
                 c.max_attempts = a;
             }
+        }
+        if self.order() == CellOrder::Modeled {
+            // Blocks wait for cuts in real time; one sent again because it waited is not
+            // ordered, and its copy costs modeled time.
+            c.retransmit_ns = c.retransmit_ns.max(ORDERED_RETRANSMIT_NS);
         }
         c
     }

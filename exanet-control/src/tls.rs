@@ -21,6 +21,8 @@ use crate::rack::{dns_name, Layout};
 pub const ALPN: &[u8] = b"exanet-link/1";
 /// ALPN of the control API on the same endpoint (served by exanetd's `control_server`).
 pub const ALPN_CONTROL: &[u8] = b"exanet-control/1";
+/// ALPN of a daemon's connection to the rack's cut coordinator (exanetd's `cuts`).
+pub const ALPN_CUTS: &[u8] = b"exanet-cuts/1";
 /// The identity the control API accepts: the operator certificate `tls/exactl.pem`,
 /// signed by the rack CA like the nodes' but for this name, which no node has. A node's
 /// certificate proves it is a node, not that its holder may operate the rack.
@@ -235,7 +237,7 @@ impl NodeTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.certs.clone(), self.key.clone_key())
             .map_err(cfg)?;
-        server.alpn_protocols = vec![ALPN.to_vec(), ALPN_CONTROL.to_vec()];
+        server.alpn_protocols = vec![ALPN.to_vec(), ALPN_CONTROL.to_vec(), ALPN_CUTS.to_vec()];
         let qs = quinn::crypto::rustls::QuicServerConfig::try_from(server)
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut sc = quinn::ServerConfig::with_crypto(Arc::new(qs));

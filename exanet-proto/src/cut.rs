@@ -29,6 +29,7 @@ pub(crate) struct Cut {
 
 /// What a node holds at the moment it begins a cut.
 pub(crate) struct Holdings {
+    pub busy: bool,
     pub relays: bool,
     /// Each link port: the earliest key held for it, what the NI may inject onto it, and
     /// its output's outlook.
@@ -68,6 +69,7 @@ impl Cut {
         self.done = None;
         self.part = Some(NodeCut {
             epoch,
+            busy: held.busy,
             relays: held.relays,
             ports,
         });
@@ -98,6 +100,21 @@ impl Cut {
         }
     }
 
+    /// A new session on `port` (after its hello): the latest epoch begun, whose marker
+    /// goes first on it (nothing was sent on it before), so that a peer waiting for this
+    /// link's marker gets one whatever happened to the old session. With a part under way,
+    /// the peer's marker on it is awaited in turn: cells the peer sent before its own part
+    /// began may travel on the new session.
+    pub(crate) fn session_up(&mut self, port: Port) -> Option<u64> {
+        if self.epoch == 0 {
+            return None;
+        }
+        if self.part.is_some() {
+            self.waiting[port.index()] = true;
+        }
+        Some(self.epoch)
+    }
+
     /// The link on `port` went down: its marker will not come.
     pub(crate) fn link_down(&mut self, port: Port) {
         self.waiting[port.index()] = false;
@@ -120,9 +137,11 @@ impl Cut {
 
 /// The outlook of each of a switch's link outputs, from the earliest key it may still
 /// forward (see [`crate::horizon`]).
-pub(crate) fn holdings(sw: &crate::switch::Switch, ports: &[Port]) -> Holdings {
+pub(crate) fn holdings(node: &crate::node::Node, ports: &[Port]) -> Holdings {
+    let sw = node.switch();
     let from = sw.earliest_key();
     Holdings {
+        busy: node.busy(),
         relays: sw.ni_relays(),
         ports: ports
             .iter()
@@ -144,6 +163,7 @@ mod tests {
 
     fn held() -> Holdings {
         Holdings {
+            busy: true,
             relays: false,
             ports: vec![
                 (
@@ -197,8 +217,24 @@ mod tests {
         assert!(c.take().is_none(), "an older marker does not answer");
         c.marker(Port::Qfdb(1), 2);
         assert_eq!(c.take().map(|p| p.epoch), Some(2));
-        // A node with no link up has its part at once.
-        assert!(c.begin(3, held(), &[]));
+        // A session that comes up while a part is under way is waited for, and gets the
+        // marker of the latest epoch either way.
+        assert!(c.begin(3, held(), &[Port::Qfdb(1)]));
+        assert_eq!(c.session_up(Port::Qfdb(2)), Some(3));
+        c.marker(Port::Qfdb(1), 3);
+        assert!(
+            c.take().is_none(),
+            "the new session's marker is still to come"
+        );
+        c.marker(Port::Qfdb(2), 3);
         assert_eq!(c.take().map(|p| p.epoch), Some(3));
+        assert_eq!(
+            c.session_up(Port::Qfdb(2)),
+            Some(3),
+            "complete: marker, no wait"
+        );
+        // A node with no link up has its part at once.
+        assert!(c.begin(4, held(), &[]));
+        assert_eq!(c.take().map(|p| p.epoch), Some(4));
     }
 }

@@ -98,6 +98,8 @@ pub struct PortCut {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeCut {
     pub epoch: u64,
+    /// Whether the node had cells to forward or its NI work under way.
+    pub busy: bool,
     /// Whether the node's NI may send anywhere in reaction to what reaches it.
     pub relays: bool,
     /// Its link ports, up or not.
@@ -105,12 +107,11 @@ pub struct NodeCut {
 }
 
 impl NodeCut {
-    /// Whether the node holds, injects or receives anything: a rack whose every part has
-    /// nothing pending needs no further cut until something happens.
+    /// Whether the node had work or cells came in on its links: a rack whose every part
+    /// has nothing pending needs no further cut until something happens (what programs
+    /// may post is not work: they wake the coordinator when they post).
     pub fn pending(&self) -> bool {
-        self.ports.iter().any(|p| {
-            p.toward < ModelTime::NEVER || p.ni < ModelTime::NEVER || p.on_link < ModelTime::NEVER
-        })
+        self.busy || self.ports.iter().any(|p| p.on_link < ModelTime::NEVER)
     }
 }
 
@@ -260,6 +261,13 @@ impl Coordinator {
         self.parts.iter_mut().for_each(|p| *p = None);
         self.missing = self.parts.len();
         Some(self.epoch)
+    }
+
+    /// Gives up the cut under way (a node that was to report went away): the parts
+    /// reported are dropped, and reports of it are refused from now on.
+    pub fn abort(&mut self) {
+        self.missing = 0;
+        self.parts.iter_mut().for_each(|p| *p = None);
     }
 
     /// Whether a cut is under way.

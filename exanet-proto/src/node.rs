@@ -243,6 +243,12 @@ impl Node {
         self.switch.set_horizon(port, t);
     }
 
+    /// Whether the node has cells to forward or its NI work under way (not what its
+    /// programs may still post): what keeps cuts of the rack going.
+    pub fn busy(&self) -> bool {
+        self.switch.has_cells() || self.ni.has_work()
+    }
+
     /// See [`Switch::set_feeds`].
     pub fn set_feeds(&mut self, feeds: crate::routing::Feeds) {
         self.switch.set_feeds(feeds);

@@ -801,7 +801,7 @@ impl Sim {
             let cut = Box::new(cut);
             self.schedule(now + delay, Ev::Part { node, cut });
         }
-        if self.coordinator_idle && self.stations[node.0 as usize].node().switch().holds() {
+        if self.coordinator_idle && self.stations[node.0 as usize].node().busy() {
             self.coordinator_idle = false;
             self.start_cut();
         }

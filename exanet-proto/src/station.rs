@@ -351,6 +351,7 @@ impl Station {
         let sid = self.next_session;
         self.next_session += 1;
         let rack = self.rack;
+        let marker = self.cut.session_up(port);
         let end = self.end_mut(port).ok_or(SessionRefused::NoLink(port))?;
         end.session = Some(sid);
         end.sessions += 1;
@@ -358,6 +359,9 @@ impl Station {
         // starts from its peer's grant: handing old credit back on top would overrun it.
         end.sender.reset();
         end.hello = Some(Hello::new(me, port, &shape, rack, grant));
+        if let Some(epoch) = marker {
+            end.sender.send_marker(now, epoch);
+        }
         self.ready[port.index()] = true;
         Ok(sid)
     }
@@ -529,7 +533,9 @@ impl Station {
         if epoch <= self.cut.epoch() {
             return;
         }
-        // The NI may have been given work since it last ran.
+        // What its programs are doing, and the work the NI was given since it last ran.
+        let (ni, _) = self.node.ni_mut();
+        self.workloads.refresh_programs(ni, now);
         self.node.refresh_ni_horizon();
         let ports: Vec<Port> = self.ends().map(|(p, _)| p).collect();
         let up: Vec<Port> = self
@@ -537,7 +543,7 @@ impl Station {
             .filter(|(_, e)| e.session.is_some())
             .map(|(p, _)| p)
             .collect();
-        let held = cut::holdings(self.node.switch(), &ports);
+        let held = cut::holdings(&self.node, &ports);
         self.cut.begin(epoch, held, &up);
         for p in up {
             if let Some(end) = self.ends[p.index()].as_mut() {

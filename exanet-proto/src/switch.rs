@@ -777,9 +777,9 @@ impl Switch {
         held.min(self.order.floor())
     }
 
-    /// Whether the switch holds a cell or its NI has something to inject by itself.
-    pub fn holds(&self) -> bool {
-        self.ni_earliest() < ModelTime::NEVER || self.inputs.iter().any(|i| !i.q.is_empty())
+    /// Whether the switch holds a cell.
+    pub fn has_cells(&self) -> bool {
+        self.inputs.iter().any(|i| !i.q.is_empty())
     }
 
     /// Cells forwarded out of modeled order with ordering on (see [`crate::order`]).

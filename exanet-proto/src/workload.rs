@@ -53,6 +53,10 @@ pub const DEFAULT_MAILBOX_CAPACITY: u32 = 64;
 pub const VA_BASE: u64 = 1 << 30;
 pub const VA_ALIGN: u64 = 2 << 20;
 
+/// How long a workload that does not sleep on its ring may go without a command before
+/// its program is no longer taken to be running (see [`WorkloadService::refresh_programs`]).
+pub const SILENT_NS: u64 = 2_000_000;
+
 /// A workload's completion ring, as the service needs it: the daemon's is a ring in
 /// shared memory with a doorbell, a test's a queue.
 pub trait CompletionRing: Send {
@@ -65,6 +69,20 @@ pub trait CompletionRing: Send {
     /// Where the workload counts the messages it took from mailbox `vi` (read, never
     /// trusted: see [`crate::ni::mailbox`]).
     fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount>;
+    /// What the workload is doing, as far as its ring shows: `None` where it cannot
+    /// tell (the workload's work is then taken as given, see [`crate::ni::Program`]).
+    fn activity(&mut self) -> Option<Activity> {
+        None
+    }
+}
+
+/// What a workload is doing, as its completion ring shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Activity {
+    /// It sleeps on the ring, waiting for a completion.
+    pub waiting: bool,
+    /// It took every completion pushed.
+    pub drained: bool,
 }
 
 /// The kind of a finished operation, for latency metrics.
@@ -244,6 +262,8 @@ struct Workload {
     generation: u32,
     /// Posted sends and transfers: the workload's tag and when the NI took the command.
     send_tags: HashMap<(u8, u8), (u32, Instant)>,
+    /// When it last gave a command (or was first looked at, before its first).
+    last_command: Option<Instant>,
     rdma_tags: HashMap<TransferId, (u32, Instant)>,
     /// Posted accelerated allreduces, by collective id.
     allreduce_tags: HashMap<u32, (u32, Instant)>,
@@ -408,6 +428,7 @@ impl WorkloadService {
             mailboxes: Vec::new(),
             generation: 0,
             send_tags: HashMap::new(),
+            last_command: None,
             rdma_tags: HashMap::new(),
             allreduce_tags: HashMap::new(),
             regions: Vec::new(),
@@ -715,6 +736,7 @@ impl WorkloadService {
         now: Instant,
     ) -> Result<(), ServiceError> {
         let w = self.workload(rank)?;
+        w.last_command = Some(now);
         let cmd = match cmd {
             Ok(c) => c,
             Err((tag, e)) => {
@@ -778,6 +800,13 @@ impl WorkloadService {
         let Ok(w) = self.workload(rank) else {
             return Relayed::NotAttached(ev);
         };
+        let (NiEvent::Packetizer { at, .. }
+        | NiEvent::Mailbox { at, .. }
+        | NiEvent::Rdma { at, .. }
+        | NiEvent::Notified { at, .. }
+        | NiEvent::Allreduce { at, .. }) = &ev;
+        // It wakes a program that waits for it.
+        ni.delivered(rank, *at);
         match ev {
             NiEvent::Packetizer {
                 vi, ch, state, at, ..
@@ -854,6 +883,33 @@ impl WorkloadService {
                 self.drain(ni, rank);
                 Relayed::Queued(None)
             }
+        }
+    }
+
+    /// Tells the NI what each attached workload's program is doing, as its ring shows it
+    /// (see [`crate::ni::Program`]): cells in modeled order wait for what it may post. A
+    /// program that neither sleeps on its ring nor gave a command for [`SILENT_NS`] may
+    /// be waiting for something outside the rack (another thread, a lock, another of its
+    /// endpoints): it promises nothing, so that it cannot hold the rack, and what it posts
+    /// next may be late.
+    pub fn refresh_programs(&mut self, ni: &mut Ni, now: Instant) {
+        for (rank, slot) in self.ranks.iter_mut().enumerate() {
+            let Some(w) = slot.as_mut() else { continue };
+            let Some(a) = w.ring.activity() else { continue };
+            let rank = rank as u8;
+            // Completions it has not taken include the backlog behind a full ring.
+            if a.drained && w.backlog.is_empty() {
+                ni.program_drained(rank);
+            }
+            let last = *w.last_command.get_or_insert(now);
+            let program = if a.waiting {
+                crate::ni::Program::Waiting
+            } else if now.since(last) > SILENT_NS {
+                crate::ni::Program::Scripted
+            } else {
+                crate::ni::Program::Running
+            };
+            ni.set_program(rank, program);
         }
     }
 

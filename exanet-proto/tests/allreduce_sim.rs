@@ -801,3 +801,57 @@ fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() 
         assert_eq!(times[0], times[1], "{shape}");
     }
 }
+
+/// Members that post one after another while the rack already runs in modeled order,
+/// with horizons from cuts, all complete: a post that comes after the horizons moved on
+/// is taken when it comes, never waited for.
+#[test]
+fn members_that_post_while_the_rack_runs_all_complete_with_cuts() {
+    let s: Shape = "4x1x1".parse().unwrap();
+    let mut sim = Sim::new(
+        s,
+        SimConfig {
+            seed: 3,
+            switch: exanet_proto::SwitchConfig {
+                modeled_order: true,
+                ..Default::default()
+            },
+            coordinator_ns: Some(20_000),
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    for id in s.node_ids() {
+        let n = sim.node_mut(id);
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC, 4096);
+        mem.register(0, DST, 4096);
+        n.set_memory(Box::new(mem));
+        n.ni_mut().0.attach(0, Pdid(7)).unwrap();
+    }
+    let m = members(4, 0);
+    let a = Allreduce {
+        id: 5,
+        op: ReduceOp::Sum,
+        ty: DataType::F64,
+        members: m.clone(),
+        src_va: SRC,
+        dst_va: DST,
+        len: 256,
+    };
+    for (i, &(node, rank)) in m.iter().enumerate() {
+        let now = sim.now();
+        let (ni, mem) = sim.node_mut(node).ni_mut();
+        ni.allreduce_at(rank, &a, now, ModelTime::from_ns(1_000), mem)
+            .unwrap();
+        sim.kick(node);
+        sim.run_until(sim.now() + 30_000 + i as u64 * 7_000);
+    }
+    sim.run_until(sim.now() + 100_000_000);
+    let done = sim
+        .take_events()
+        .iter()
+        .filter(|(_, _, e)| matches!(e, NodeEvent::Ni(NiEvent::Allreduce { .. })))
+        .count();
+    assert_eq!(done, 16, "{} cuts", sim.cuts());
+}

@@ -633,6 +633,17 @@ impl Producer {
         Ok(self.ring.slots - self.refresh_head()?)
     }
 
+    /// Whether the ring is empty: the consumer took every message.
+    pub fn is_drained(&mut self) -> Result<bool, RingError> {
+        Ok(self.refresh_head()? == 0)
+    }
+
+    /// Whether the consumer announced it sleeps on its doorbell (a hint the peer writes:
+    /// anything but 1 reads as awake).
+    pub fn consumer_sleeping(&self) -> Result<bool, RingError> {
+        Ok(self.word(OFF_CONSUMER_SLEEPING)?.load(Ordering::Acquire) == 1)
+    }
+
     /// Like [`Consumer::prepare_sleep`], for a producer waiting for space: announces the
     /// sleep in `producer_sleeping`, then re-checks. `true` = a slot is free, do not sleep.
     pub fn prepare_sleep(&mut self) -> Result<bool, RingError> {

@@ -60,6 +60,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
     let name = shape.display(id);
     let tls = NodeTls::load(&rack.layout(), &name)?;
     let (server_cfg, client_cfg) = tls.quic_configs(rack.file.link_timeout())?;
+    let cuts_cfg = tls.client_config(crate::tls::ALPN_CUTS)?;
     let endpoint_cfg = tls.endpoint_config();
     let rt = if opts.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -72,7 +73,14 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
             .build()
     }
     .map_err(DaemonError::Runtime)?;
-    rt.block_on(serve(rack, id, endpoint_cfg, server_cfg, client_cfg))
+    rt.block_on(serve(
+        rack,
+        id,
+        endpoint_cfg,
+        server_cfg,
+        client_cfg,
+        cuts_cfg,
+    ))
 }
 
 async fn resolve(what: &'static str, addr: &str) -> Result<std::net::SocketAddr, DaemonError> {
@@ -94,6 +102,7 @@ async fn serve(
     endpoint_cfg: quinn::EndpointConfig,
     server_cfg: quinn::ServerConfig,
     client_cfg: quinn::ClientConfig,
+    cuts_cfg: quinn::ClientConfig,
 ) -> Result<(), DaemonError> {
     let entry = rack.entry(id).clone();
     let layout = rack.layout();
@@ -143,6 +152,13 @@ async fn serve(
         endpoint.clone(),
         shutdown.clone(),
     )));
+    if node.rack.order() == crate::rack::CellOrder::Modeled {
+        tasks.push(tokio::spawn(crate::cuts::node_loop(
+            node.clone(),
+            endpoint.clone(),
+            cuts_cfg,
+        )));
+    }
     // The NI's retransmission, retry and expiry timers.
     tasks.push(tokio::spawn(crate::ni_service::timer_loop(node.clone())));
     for (port, peer, _, _) in node.links() {

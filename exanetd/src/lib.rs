@@ -13,6 +13,7 @@ pub use exanet_control::{control, control_client, ports, quota, rack, tls};
 pub mod capture;
 pub mod closer;
 pub mod control_server;
+pub mod cuts;
 pub mod daemon;
 pub mod http;
 pub mod link;

@@ -133,6 +133,20 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Ar
                 crate::control_server::serve_quic(conn, node, shutdown).await;
                 return;
             }
+            if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CUTS) {
+                match node.coordinator.clone() {
+                    Some(c) => c.serve(node, conn).await,
+                    None => {
+                        // Only the first node coordinates, and only a rack in modeled order.
+                        node.count_error("cut_not_coordinator");
+                        conn.close(
+                            VarInt::from_u32(SessionEnd::Protocol.code()),
+                            b"not the coordinator",
+                        );
+                    }
+                }
+                return;
+            }
             if let Err(e) = accept_session(&node, conn.clone()).await {
                 warn!(%remote, error = %e, "incoming link refused");
                 conn.close(VarInt::from_u32(SessionEnd::Protocol.code()), e.as_bytes());

@@ -71,6 +71,8 @@ pub struct Core {
     next_probe: u32,
     /// How long workloads' operations take, from command to completion.
     pub latency: crate::metrics::Latency,
+    /// With cells in modeled order: the connection to the rack's cut coordinator.
+    pub cuts: Option<crate::cuts::CutLink>,
 }
 
 impl Core {
@@ -82,6 +84,9 @@ impl Core {
     /// has output for.
     pub fn pump(&mut self, now: Instant) {
         self.station.pump(now);
+        if let Some(c) = self.cuts.as_mut() {
+            c.after_pump(&mut self.station);
+        }
         for port in self.station.take_ready() {
             if let Some(w) = self.conns[port.index()].wake.as_ref() {
                 w.notify_one();
@@ -280,6 +285,8 @@ pub struct NodeHandle {
     pub memory: ShmMemory,
     /// Operators' captures of the cells crossing the node's links.
     pub taps: Arc<crate::capture::Taps>,
+    /// With cells in modeled order, on the rack's first node: the cut coordinator.
+    pub coordinator: Option<Arc<crate::cuts::CoordinatorHandle>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -302,6 +309,18 @@ impl NodeHandle {
     pub fn new(rack: Rack, id: NodeId, spin: Duration) -> Result<Arc<NodeHandle>, NodeError> {
         let shape = rack.shape();
         let mut node = Node::new(shape, id, rack.switch_config())?;
+        let ordered = rack.order() == exanet_control::rack::CellOrder::Modeled;
+        let mut coordinator = None;
+        if ordered {
+            let feeds =
+                exanet_proto::routing::feeds(&shape).map_err(exanet_proto::SwitchError::from)?;
+            node.set_feeds(feeds[id.0 as usize]);
+            if id == NodeId(0) {
+                let c = crate::cuts::CoordinatorHandle::new(shape)
+                    .map_err(exanet_proto::SwitchError::from)?;
+                coordinator = Some(Arc::new(c));
+            }
+        }
         let mut ni = rack.ni_config();
         // Transaction ids of this run must not repeat those of a previous run of this
         // node that peers may still remember.
@@ -338,6 +357,7 @@ impl NodeHandle {
                 pings: HashMap::new(),
                 next_probe: 1,
                 latency: crate::metrics::Latency::new(&shape.display(id)),
+                cuts: None,
             }),
             origin: std::time::Instant::now(),
             name: shape.display(id),
@@ -347,6 +367,7 @@ impl NodeHandle {
             spin,
             memory,
             taps: Arc::default(),
+            coordinator,
         }))
     }
 

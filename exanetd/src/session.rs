@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use exanet_proto::attach;
 use exanet_proto::ni::mailbox::ConsumedCount;
-use exanet_proto::workload::CompletionRing;
+use exanet_proto::workload::{Activity, CompletionRing};
 use exanet_shm::{PeerCredentials, Producer, Region, Ringer};
 
 use crate::closer::CloseLater;
@@ -46,6 +46,15 @@ impl CompletionRing for ShmRing {
 
     fn wake(&mut self) {
         let _ = self.completions.wake_consumer(&self.to_workload);
+    }
+
+    fn activity(&mut self) -> Option<Activity> {
+        // A ring the workload broke says nothing: take it as running, which promises the
+        // least.
+        Some(Activity {
+            waiting: self.completions.consumer_sleeping().unwrap_or(false),
+            drained: self.completions.is_drained().unwrap_or(false),
+        })
     }
 
     fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount> {

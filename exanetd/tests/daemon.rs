@@ -235,7 +235,7 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
                 match f.unwrap() {
                     Frame::Hello(h) => hello = Some(h),
                     Frame::Credit(_, n, _) => credited += n,
-                    Frame::Cell(..) => {}
+                    Frame::Cell(..) | Frame::Marker(_) => {}
                 }
             }
         }

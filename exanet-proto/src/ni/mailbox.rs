@@ -266,7 +266,11 @@ impl Mailboxes {
         });
         self.seen.insert(key, cx.now);
         self.seen_order.push_back((cx.now, key));
-        cx.out.events.push_back(NiEvent::Mailbox { rank, vi });
+        cx.out.events.push_back(NiEvent::Mailbox {
+            rank,
+            vi,
+            at: cx.at,
+        });
         Ok(())
     }
 

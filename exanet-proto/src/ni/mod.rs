@@ -22,6 +22,7 @@ pub mod memory;
 pub mod nack;
 pub mod op;
 pub mod packetizer;
+mod program;
 pub mod rdma;
 
 use std::collections::VecDeque;
@@ -42,6 +43,7 @@ pub use memory::{Backing, BackingFault, MemFault, Memory, Regions, VecMemory};
 pub use nack::{NackReason, REASONS};
 pub use op::{RdmaRead, RdmaWrite, SendMessage};
 pub use packetizer::{ChannelState, Packetizer, CHANNELS, MAX_MESSAGE, PACKETIZER_VIS};
+pub use program::Program;
 pub use rdma::{RdmaEngine, TransferId, BLOCK_SIZE, RDMA_PAGES};
 
 /// Ranks (local ports) per node.
@@ -115,7 +117,12 @@ pub enum NiEvent {
         at: ModelTime,
     },
     /// A message was queued in a mailbox (each entry carries its own modeled time).
-    Mailbox { rank: u8, vi: u8 },
+    Mailbox {
+        rank: u8,
+        vi: u8,
+        /// When, in modeled time.
+        at: ModelTime,
+    },
     /// An RDMA write or read ended.
     Rdma {
         rank: u8,
@@ -239,6 +246,8 @@ pub struct Ni {
     /// for the node: a rank's clock must not move because another job's did (the NI's own
     /// work, timers and refills, happens at the clock of the rank it is for).
     clocks: [ModelTime; RANKS],
+    /// What the NI promises on behalf of its ranks' programs (see [`program`]).
+    programs: program::Programs,
 }
 
 /// What the parts of the NI borrow while they handle one input: this node, the
@@ -323,6 +332,7 @@ impl Ni {
             out: Out::default(),
             stats: NiStats::default(),
             clocks: [ModelTime::ZERO; RANKS],
+            programs: program::Programs::default(),
         }
     }
 
@@ -360,6 +370,7 @@ impl Ni {
         } else {
             at
         };
+        self.programs.posted(rank, at);
         self.tick(rank, at + self.cfg.model.cpu_ni)
     }
 
@@ -498,6 +509,7 @@ impl Ni {
         // And its modeled time from its own start, not where the previous one left it
         // (possibly another job's).
         self.clocks[usize::from(rank)] = start;
+        self.programs.attach(rank, start);
         Ok(())
     }
 
@@ -512,6 +524,7 @@ impl Ni {
         self.rdma.detach(cx!(self, now, at), rank);
         self.accelerator.detach(cx!(self, now, at), rank);
         self.accelerator.forget_rank(rank);
+        self.programs.detach(rank);
         Ok(())
     }
 
@@ -817,13 +830,45 @@ impl Ni {
         }
         self.rdma
             .horizon(&self.cfg, &mut |dst, t| at(&mut data, dst, t));
+        // A program may post to anyone.
+        let promise = self.programs.promise();
+        data.iter_mut().for_each(|d| *d = (*d).min(promise));
         (data, answers)
+    }
+
+    /// Whether the NI has cells to inject or transfers under way (not what its programs
+    /// may still post).
+    pub fn has_work(&self) -> bool {
+        let mut transfers = false;
+        self.rdma.horizon(&self.cfg, &mut |_, _| transfers = true);
+        transfers || self.has_output()
+    }
+
+    /// What `rank`'s program is doing, as the driver sees it (see [`Program`]).
+    pub fn set_program(&mut self, rank: u8, program: Program) {
+        self.programs.set(rank, program);
+    }
+
+    /// `rank`'s program took everything delivered to it.
+    pub fn program_drained(&mut self, rank: u8) {
+        self.programs.drained(rank);
+    }
+
+    /// Something was delivered to `rank`'s program at `at` (an event it will take).
+    pub fn delivered(&mut self, rank: u8, at: ModelTime) {
+        self.programs.delivered(rank, at);
+    }
+
+    /// No process attaches to this NI from now on with an earlier clock (`None`: no
+    /// process will, as in the simulator's tests).
+    pub fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
+        self.programs.set_attach_floor(floor);
     }
 
     /// Whether the NI may send anywhere in reaction to what reaches it, not only back to
     /// where it came from: an accelerated collective under way forwards what it combines.
     pub fn relays(&self) -> bool {
-        self.accelerator.busy()
+        self.accelerator.busy() || self.programs.relay()
     }
 
     /// Puts back a cell that could not be injected yet, keeping its place.

@@ -1,0 +1,175 @@
+//! What the NI may promise on behalf of its ranks' programs: a lower bound on the modeled
+//! time of anything they may still post, which cells served in modeled order must wait
+//! for ([`crate::order`]). Only the driver knows what a program does (the daemon sees
+//! whether it sleeps on its completion ring); the NI knows what it posted and what was
+//! delivered to it.
+//!
+//! - A **running** program's next post is no earlier than its last (its clock never goes
+//!   back), or than its start.
+//! - A **waiting** program (blocked in the library) posts again only once something
+//!   delivered to it wakes it, so no earlier than the earliest delivery it has not taken
+//!   yet; with none, it promises nothing, and what reaches the NI for it is what bounds
+//!   it (the NI relays).
+//! - A **scripted** rank's work is all given before the rack runs (the simulator's tests):
+//!   there is nothing to promise.
+//!
+//! A process may also attach later: no earlier than the floor the driver sets (a daemon
+//! starts processes' clocks at the wall clock, so the wall clock bounds them).
+//!
+//! What breaks a promise is a program that waited with a timeout and posts when it runs
+//! out, or one the driver stopped trusting (silent for too long while running): such a
+//! post is taken when it comes, and what it puts out of order is counted as late.
+
+use super::RANKS;
+use crate::time::ModelTime;
+
+/// What a rank's program is doing, as the driver sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Program {
+    #[default]
+    Scripted,
+    Running,
+    Waiting,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Rank {
+    attached: bool,
+    program: Program,
+    /// The latest stamp it posted with (its start until it posts).
+    last_post: ModelTime,
+    /// The earliest delivery it may not have taken yet.
+    undelivered: ModelTime,
+}
+
+impl Default for Rank {
+    fn default() -> Rank {
+        Rank {
+            attached: false,
+            program: Program::Scripted,
+            last_post: ModelTime::ZERO,
+            undelivered: ModelTime::NEVER,
+        }
+    }
+}
+
+/// The promises of one NI's ranks.
+#[derive(Debug, Default)]
+pub(crate) struct Programs {
+    ranks: [Rank; RANKS],
+    /// No process attaches from now on with an earlier start (`None`: none will).
+    attach_floor: Option<ModelTime>,
+}
+
+impl Programs {
+    pub(crate) fn attach(&mut self, rank: u8, start: ModelTime) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            *r = Rank {
+                attached: true,
+                last_post: start,
+                ..Rank::default()
+            };
+        }
+    }
+
+    pub(crate) fn detach(&mut self, rank: u8) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            *r = Rank::default();
+        }
+    }
+
+    pub(crate) fn set(&mut self, rank: u8, program: Program) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            r.program = program;
+        }
+    }
+
+    /// The rank's program took everything delivered to it.
+    pub(crate) fn drained(&mut self, rank: u8) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            r.undelivered = ModelTime::NEVER;
+        }
+    }
+
+    pub(crate) fn delivered(&mut self, rank: u8, at: ModelTime) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            r.undelivered = r.undelivered.min(at);
+        }
+    }
+
+    pub(crate) fn posted(&mut self, rank: u8, at: ModelTime) {
+        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
+            r.last_post = r.last_post.max(at);
+        }
+    }
+
+    pub(crate) fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
+        self.attach_floor = floor;
+    }
+
+    /// No program of this NI posts anything earlier, nor does one that attaches later.
+    pub(crate) fn promise(&self) -> ModelTime {
+        let mut p = self.attach_floor.unwrap_or(ModelTime::NEVER);
+        for r in self.ranks.iter().filter(|r| r.attached) {
+            p = p.min(match r.program {
+                Program::Scripted => ModelTime::NEVER,
+                Program::Running => r.last_post,
+                Program::Waiting => r.undelivered.max(r.last_post),
+            });
+        }
+        p
+    }
+
+    /// Whether a program may post anywhere in reaction to what reaches the NI for it.
+    pub(crate) fn relay(&self) -> bool {
+        self.ranks
+            .iter()
+            .any(|r| r.attached && r.program == Program::Waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_promises_its_last_post_waiting_its_earliest_delivery() {
+        let mut p = Programs::default();
+        assert_eq!(p.promise(), ModelTime::NEVER, "nothing attached, no floor");
+        p.attach(0, ModelTime(100));
+        assert_eq!(
+            p.promise(),
+            ModelTime::NEVER,
+            "scripted: nothing to promise"
+        );
+        p.set(0, Program::Running);
+        assert_eq!(p.promise(), ModelTime(100), "its start");
+        p.posted(0, ModelTime(250));
+        p.posted(0, ModelTime(200));
+        assert_eq!(p.promise(), ModelTime(250), "its latest post");
+        p.set(0, Program::Waiting);
+        assert!(p.relay());
+        assert_eq!(
+            p.promise(),
+            ModelTime::NEVER,
+            "waiting with nothing delivered"
+        );
+        p.delivered(0, ModelTime(900));
+        p.delivered(0, ModelTime(700));
+        assert_eq!(
+            p.promise(),
+            ModelTime(700),
+            "woken by its earliest delivery"
+        );
+        p.drained(0);
+        assert_eq!(p.promise(), ModelTime::NEVER);
+        p.set_attach_floor(Some(ModelTime(5000)));
+        assert_eq!(
+            p.promise(),
+            ModelTime(5000),
+            "a process that attaches later"
+        );
+        p.detach(0);
+        assert!(!p.relay());
+    }
+}

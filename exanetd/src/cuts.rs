@@ -1,0 +1,348 @@
+//! Cells in modeled order on a rack of daemons (`[model] order = "modeled"`). A daemon
+//! sees only itself, so the link horizons come from consistent cuts of the rack
+//! (`exanet_proto::horizon`): the daemon of the rack's first node runs the
+//! [`Coordinator`], and every daemon, that one included, keeps a QUIC connection to it
+//! (ALPN `exanet-cuts/1`, the rack's certificates). A daemon begins each cut it is told
+//! to (its station sends the markers), sends its part once complete, and applies the
+//! horizons it gets back. The coordinator starts the next cut while anything was pending
+//! in the last one, and otherwise waits for a daemon to say it has work.
+//!
+//! Messages are bincode, each after its length (u32, big-endian).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use exanet_proto::horizon::{Coordinator, NodeCut};
+use exanet_proto::{ModelTime, NodeId, Port};
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use rustls::pki_types::CertificateDer;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::node::NodeHandle;
+use crate::rack::dns_name;
+
+/// The longest message: a node's part carries at most 64 busy intervals per port.
+const MAX_MESSAGE: usize = 1 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ToCoordinator {
+    /// The first message: which node this is (its certificate must say the same).
+    Hello {
+        node: u32,
+    },
+    Part(NodeCut),
+    /// The node has work and the last horizons said nothing was pending.
+    Wake,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum FromCoordinator {
+    Begin(u64),
+    Horizons {
+        horizons: Vec<(Port, ModelTime)>,
+        pending: bool,
+    },
+}
+
+async fn write_msg<T: Serialize>(send: &mut SendStream, m: &T) -> Result<(), String> {
+    let body = bincode::serialize(m).map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&body);
+    send.write_all(&buf).await.map_err(|e| e.to_string())
+}
+
+/// The next message; `None` when the peer closed the stream.
+async fn read_msg<T: DeserializeOwned>(recv: &mut RecvStream) -> Result<Option<T>, String> {
+    let mut len = [0u8; 4];
+    match recv.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(format!("message of {len} B is over {MAX_MESSAGE} B"));
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    bincode::deserialize(&body)
+        .map(Some)
+        .map_err(|e| format!("undecodable message: {e}"))
+}
+
+/// A daemon's side of the connection, kept in its core: where its parts and wake-ups go.
+pub struct CutLink {
+    tx: mpsc::UnboundedSender<ToCoordinator>,
+    /// The last horizons said nothing was pending anywhere: work here must wake the
+    /// coordinator.
+    rack_idle: bool,
+}
+
+impl CutLink {
+    /// After the station ran: its part of the cut, once complete, goes to the coordinator,
+    /// and work that appeared while the rack was idle wakes it.
+    pub fn after_pump(&mut self, station: &mut exanet_proto::Station) {
+        if let Some(part) = station.take_cut() {
+            debug!(
+                epoch = part.epoch,
+                busy = part.busy,
+                "part of a cut complete"
+            );
+            let _ = self.tx.send(ToCoordinator::Part(part));
+        }
+        if self.rack_idle && station.node().busy() {
+            self.rack_idle = false;
+            let _ = self.tx.send(ToCoordinator::Wake);
+        }
+    }
+}
+
+/// Keeps this daemon connected to the coordinator for as long as it runs.
+pub async fn node_loop(node: Arc<NodeHandle>, endpoint: Endpoint, client: quinn::ClientConfig) {
+    let shape = node.rack.shape();
+    let first = NodeId(0);
+    let name = shape.display(first);
+    let addr = node.rack.entry(first).link.clone();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match connect(&endpoint, &client, &addr, &name).await {
+            Ok((conn, send, recv)) => {
+                backoff = Duration::from_millis(50);
+                info!(coordinator = %name, "cut coordinator connected");
+                let e = run_node(&node, send, recv).await;
+                node.lock().cuts = None;
+                conn.close(0u32.into(), b"");
+                warn!(coordinator = %name, error = %e, "cut coordinator lost");
+            }
+            Err(e) => debug!(coordinator = %name, error = %e, "cannot reach the cut coordinator"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn connect(
+    endpoint: &Endpoint,
+    client: &quinn::ClientConfig,
+    addr: &str,
+    name: &str,
+) -> Result<(Connection, SendStream, RecvStream), String> {
+    let sa = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to nothing"))?;
+    let conn = endpoint
+        .connect_with(client.clone(), sa, &dns_name(&name))
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    Ok((conn, send, recv))
+}
+
+async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvStream) -> String {
+    let hello = ToCoordinator::Hello { node: node.id.0 };
+    if let Err(e) = write_msg(&mut send, &hello).await {
+        return e;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if write_msg(&mut send, &m).await.is_err() {
+                return;
+            }
+        }
+    });
+    {
+        let now = node.now();
+        let mut core = node.lock();
+        core.cuts = Some(CutLink {
+            tx,
+            rack_idle: true,
+        });
+        // Work that came before the connection wakes the coordinator now.
+        core.pump(now);
+    }
+    let why = loop {
+        let m = match read_msg::<FromCoordinator>(&mut recv).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break "the coordinator closed the connection".to_string(),
+            Err(e) => break e,
+        };
+        let now = node.now();
+        let mut core = node.lock();
+        match m {
+            FromCoordinator::Begin(epoch) => {
+                // A process that attaches from now on starts its clock at the wall clock
+                // (`ni_service`), so no later: what it posts cannot go before this cut.
+                let wall = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let floor = Some(ModelTime::from_wall(wall));
+                core.station.node_mut().ni_mut().0.set_attach_floor(floor);
+                core.station.begin_cut(epoch, now);
+            }
+            FromCoordinator::Horizons { horizons, pending } => {
+                core.station.set_horizons(&horizons);
+                if let Some(c) = core.cuts.as_mut() {
+                    c.rack_idle = !pending;
+                }
+            }
+        }
+        core.pump(now);
+    };
+    writer.abort();
+    why
+}
+
+/// The coordinator, on the rack's first node.
+pub struct CoordinatorHandle {
+    state: Mutex<State>,
+}
+
+struct State {
+    coordinator: Coordinator,
+    /// Each node's connection, once it said hello.
+    nodes: Vec<Option<mpsc::UnboundedSender<FromCoordinator>>>,
+    /// No cut under way and none wanted until a node has work.
+    idle: bool,
+}
+
+impl State {
+    /// Starts a cut if none is under way and every node is connected (a cut needs every
+    /// part); otherwise the next connection starts it.
+    fn start(&mut self) {
+        if self.coordinator.under_way() || self.nodes.iter().any(Option::is_none) {
+            return;
+        }
+        if let Some(epoch) = self.coordinator.start() {
+            debug!(epoch, "cut started");
+            self.idle = false;
+            for tx in self.nodes.iter().flatten() {
+                let _ = tx.send(FromCoordinator::Begin(epoch));
+            }
+        }
+    }
+}
+
+impl CoordinatorHandle {
+    pub fn new(
+        shape: exanet_proto::Shape,
+    ) -> Result<CoordinatorHandle, exanet_proto::routing::RouteError> {
+        let coordinator = Coordinator::new(shape)?;
+        Ok(CoordinatorHandle {
+            state: Mutex::new(State {
+                coordinator,
+                nodes: (0..shape.nodes()).map(|_| None).collect(),
+                idle: true,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cuts completed.
+    pub fn cuts(&self) -> u64 {
+        self.lock().coordinator.cuts()
+    }
+
+    /// Serves one daemon's connection until it closes.
+    pub async fn serve(self: Arc<Self>, node: Arc<NodeHandle>, conn: Connection) {
+        let remote = conn.remote_address();
+        match self.serve_conn(&node, &conn).await {
+            Ok(()) => debug!(%remote, "cut connection closed"),
+            Err(e) => {
+                warn!(%remote, error = %e, "cut connection refused or broken");
+                node.count_error("cut_connection");
+            }
+        }
+    }
+
+    async fn serve_conn(&self, node: &Arc<NodeHandle>, conn: &Connection) -> Result<(), String> {
+        let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+        let Some(ToCoordinator::Hello { node: id }) = read_msg(&mut recv).await? else {
+            return Err("the first message was not a hello".into());
+        };
+        let shape = node.rack.shape();
+        if id >= shape.nodes() {
+            return Err(format!("hello names node {id}, not in the rack"));
+        }
+        let id = NodeId(id);
+        let claimed = shape.display(id);
+        let certs = conn
+            .peer_identity()
+            .and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok());
+        if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, &claimed)) {
+            return Err(format!("certificate is not issued for {claimed}"));
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if write_msg(&mut send, &m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        {
+            let mut st = self.lock();
+            st.nodes[id.0 as usize] = Some(tx);
+            // A cut under way when a node (re)connects may wait for a part it lost.
+            if st.coordinator.under_way() {
+                st.coordinator.abort();
+            }
+            st.start();
+        }
+        debug!(node = %claimed, "joined the cuts");
+        let r = loop {
+            let m = match read_msg::<ToCoordinator>(&mut recv).await {
+                Ok(Some(m)) => m,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            let mut st = self.lock();
+            match m {
+                ToCoordinator::Hello { .. } => break Err("a second hello".into()),
+                ToCoordinator::Wake => {
+                    if st.idle {
+                        st.start();
+                    }
+                }
+                ToCoordinator::Part(part) => match st.coordinator.report(id, part) {
+                    Ok(None) => {}
+                    Ok(Some(h)) => {
+                        debug!(epoch = h.epoch, pending = h.pending, "cut complete");
+                        for (tx, horizons) in st.nodes.iter().zip(h.by_node) {
+                            if let Some(tx) = tx {
+                                let pending = h.pending;
+                                let _ = tx.send(FromCoordinator::Horizons { horizons, pending });
+                            }
+                        }
+                        if h.pending {
+                            st.start();
+                        } else {
+                            st.idle = true;
+                        }
+                    }
+                    // A part of a cut given up (a node reconnected): the next one counts.
+                    Err(e) => debug!(node = %claimed, error = %e, "part not taken"),
+                },
+            }
+        };
+        writer.abort();
+        let mut st = self.lock();
+        st.nodes[id.0 as usize] = None;
+        if st.coordinator.under_way() {
+            st.coordinator.abort();
+        }
+        r
+    }
+}

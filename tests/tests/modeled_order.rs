@@ -1,0 +1,93 @@
+//! Cells in modeled order on a rack of daemons (`[model] order = "modeled"`, issue 26):
+//! two RDMA flows that share a torus link, started together in modeled time, model the
+//! same times to the picosecond run after run on one rack, whatever the host did; the
+//! daemons take cuts of the rack to know what may still come (docs/modeled-time.md).
+//!
+//! Needs `exactl` and `exanetd` built with the same profile.
+
+use std::time::Duration;
+
+use exanet::{Config, Endpoint};
+use exanet_tests::{pattern, TestRack};
+
+const LEN: u64 = 64 << 10;
+const WAIT: Option<Duration> = Some(Duration::from_secs(120));
+
+fn attach(rack: &TestRack, node: &str) -> Endpoint {
+    Endpoint::attach_with(&Config {
+        rack_dir: Some(rack.dir.clone()),
+        node: Some(node.into()),
+        compute_scale_ppm: Some(0),
+        ..Config::default()
+    })
+    .unwrap_or_else(|e| panic!("attach to {node}: {e}"))
+}
+
+/// Two writes of `LEN` through the torus link M1QAF1 -> M1QBF1, one from M1QAF1 and one
+/// from M1QAF2, from clocks set to the same modeled time: each flow's modeled duration,
+/// picoseconds, and the data checked.
+fn shared_link(rack: &TestRack) -> Vec<u64> {
+    let flows = [("M1QAF1", "M1QBF1"), ("M1QAF2", "M1QBF2")];
+    let ends: Vec<(Endpoint, Endpoint)> = flows
+        .iter()
+        .map(|(a, b)| (attach(rack, a), attach(rack, b)))
+        .collect();
+    // Start together: the latest clock of the senders, and a microsecond.
+    let start = ends.iter().map(|(a, _)| a.clock()).max().unwrap() + 1_000_000;
+    let mut posted = Vec::new();
+    for (i, (a, b)) in ends.iter().enumerate() {
+        let from = a.register(LEN).unwrap();
+        let to = b.register(LEN).unwrap();
+        from.write(0, &pattern(i as u64, LEN as usize)).unwrap();
+        let page = a.rdma_page().unwrap();
+        a.advance_clock(start);
+        let tag = page
+            .write(0, &from, 0, to.gvas(0).unwrap(), LEN, None)
+            .unwrap();
+        posted.push((tag, to, page, from));
+    }
+    let mut took = Vec::new();
+    for (i, ((a, _), (tag, to, _, _))) in ends.iter().zip(&posted).enumerate() {
+        a.wait(*tag, WAIT)
+            .unwrap_or_else(|e| panic!("flow {i}: {e}\n{}", rack.log_tails(20)));
+        assert!(
+            to.to_vec(0, LEN).unwrap() == pattern(i as u64, LEN as usize),
+            "flow {i} corrupt"
+        );
+        took.push(a.clock().since(start));
+    }
+    took
+}
+
+#[test]
+fn contended_flows_model_the_same_times_run_after_run() {
+    let rack = TestRack::new("order");
+    let r = rack.exactl_timeout(
+        &["rack", "up", "--shape", "2x1x1", "--ip", "off"],
+        Duration::from_secs(90),
+    );
+    assert!(r.success(), "rack up: {}", r.describe());
+    assert!(rack.down().is_ok_and(|r| r.success()));
+    let file = rack.dir.join("rack.toml");
+    let mut toml = std::fs::read_to_string(&file).unwrap();
+    toml.push_str("\n[model]\norder = \"modeled\"\n");
+    std::fs::write(&file, toml).unwrap();
+    let r = rack.exactl_timeout(&["rack", "up", "--ip", "off"], Duration::from_secs(90));
+    assert!(r.success(), "rack up in modeled order: {}", r.describe());
+
+    let first = shared_link(&rack);
+    eprintln!("two 64 KiB writes through one torus link: {first:?} ps");
+    // A 64 KiB write alone over a 10 Gb/s torus link takes at least 59 us of modeled
+    // time (288 B cells of 256 B at 10 Gb/s); sharing the link, at least one takes more.
+    assert!(first.iter().all(|&t| t > 59_000_000), "{first:?} ps");
+    assert!(
+        first.iter().any(|&t| t > 70_000_000),
+        "no contention: {first:?} ps"
+    );
+    for run in 1..3 {
+        let again = shared_link(&rack);
+        assert_eq!(again, first, "run {run}: modeled durations, ps");
+    }
+    let r = rack.down().expect("rack down");
+    assert!(r.success(), "rack down: {}", r.describe());
+}
