@@ -742,6 +742,33 @@ fn one_flooding_peer_cannot_keep_a_rank_from_posting() {
     assert_eq!(sums(&mut sim, 2, &m), vec![(Ok(()), 10); 4]);
 }
 
+/// A rack serving cells in modeled order (horizons from cuts gathered `coordinator_ns`
+/// from every node, or from the whole rack), rank 0 of every node attached (PDID 7).
+fn ordered_rack(s: Shape, coordinator_ns: Option<u64>) -> Sim {
+    let mut sim = Sim::new(
+        s,
+        SimConfig {
+            seed: 3,
+            switch: exanet_proto::SwitchConfig {
+                modeled_order: true,
+                ..Default::default()
+            },
+            coordinator_ns,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    for id in s.node_ids() {
+        let n = sim.node_mut(id);
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC, 4096);
+        mem.register(0, DST, 4096);
+        n.set_memory(Box::new(mem));
+        n.ni_mut().0.attach(0, Pdid(7)).unwrap();
+    }
+    sim
+}
+
 /// The 16- and 128-rank accelerated allreduce of 256 B in modeled order, with horizons
 /// from the whole rack and from cuts gathered by a coordinator 20 us from every node (as
 /// daemons would have them): the same modeled completion on every rank, to the
@@ -752,27 +779,7 @@ fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() 
         let mut times = Vec::new();
         for coordinator_ns in [None, Some(20_000)] {
             let s: Shape = shape.parse().unwrap();
-            let mut sim = Sim::new(
-                s,
-                SimConfig {
-                    seed: 3,
-                    switch: exanet_proto::SwitchConfig {
-                        modeled_order: true,
-                        ..Default::default()
-                    },
-                    coordinator_ns,
-                    ..SimConfig::default()
-                },
-            )
-            .unwrap();
-            for id in s.node_ids() {
-                let n = sim.node_mut(id);
-                let mut mem = VecMemory::new();
-                mem.register(0, SRC, 4096);
-                mem.register(0, DST, 4096);
-                n.set_memory(Box::new(mem));
-                n.ni_mut().0.attach(0, Pdid(7)).unwrap();
-            }
+            let mut sim = ordered_rack(s, coordinator_ns);
             let m = members(qfdbs, 0);
             let mut rng = SplitMix64::new(11);
             let inputs: Vec<Vec<u8>> = (0..m.len())
@@ -808,27 +815,7 @@ fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() 
 #[test]
 fn members_that_post_while_the_rack_runs_all_complete_with_cuts() {
     let s: Shape = "4x1x1".parse().unwrap();
-    let mut sim = Sim::new(
-        s,
-        SimConfig {
-            seed: 3,
-            switch: exanet_proto::SwitchConfig {
-                modeled_order: true,
-                ..Default::default()
-            },
-            coordinator_ns: Some(20_000),
-            ..SimConfig::default()
-        },
-    )
-    .unwrap();
-    for id in s.node_ids() {
-        let n = sim.node_mut(id);
-        let mut mem = VecMemory::new();
-        mem.register(0, SRC, 4096);
-        mem.register(0, DST, 4096);
-        n.set_memory(Box::new(mem));
-        n.ni_mut().0.attach(0, Pdid(7)).unwrap();
-    }
+    let mut sim = ordered_rack(s, Some(20_000));
     let m = members(4, 0);
     let a = Allreduce {
         id: 5,

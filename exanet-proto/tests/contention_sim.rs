@@ -166,6 +166,19 @@ fn named(shape: &str, pairs: &[(&str, &str)]) -> Vec<(NodeId, NodeId)> {
         .collect()
 }
 
+/// Four senders of two QFDBs into F2 of a third (3x1x1), the first through its F1.
+fn incast_of_four() -> Vec<(NodeId, NodeId)> {
+    named(
+        "3x1x1",
+        &[
+            ("M1QBF1", "M1QAF2"),
+            ("M1QBF3", "M1QAF2"),
+            ("M1QCF2", "M1QAF2"),
+            ("M1QCF4", "M1QAF2"),
+        ],
+    )
+}
+
 /// Two flows from two FPGAs of one QFDB to two of the next share the torus link between
 /// their F1s.
 fn shared_link() -> Vec<(NodeId, NodeId)> {
@@ -203,15 +216,7 @@ fn eight_senders_into_one_get_an_eighth_each() {
 /// same modeled times to the picosecond: the host's order of delivery does not enter.
 #[test]
 fn modeled_figures_do_not_depend_on_the_hosts_order() {
-    let incast = named(
-        "3x1x1",
-        &[
-            ("M1QBF1", "M1QAF2"),
-            ("M1QBF3", "M1QAF2"),
-            ("M1QCF2", "M1QAF2"),
-            ("M1QCF4", "M1QAF2"),
-        ],
-    );
+    let incast = incast_of_four();
     for (shape, pairs) in [("2x1x1", shared_link()), ("3x1x1", incast)] {
         let base = run(shape, &pairs, 0);
         for jitter in [300, 3000] {
@@ -252,15 +257,7 @@ fn a_full_rank_window_starts_blocks_when_places_free() {
 /// again is not ordered, and its copy would cost modeled time.
 #[test]
 fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
-    let incast = named(
-        "3x1x1",
-        &[
-            ("M1QBF1", "M1QAF2"),
-            ("M1QBF3", "M1QAF2"),
-            ("M1QCF2", "M1QAF2"),
-            ("M1QCF4", "M1QAF2"),
-        ],
-    );
+    let incast = incast_of_four();
     let patient = NiConfig {
         retransmit_ns: 10_000_000_000,
         ..NiConfig::default()

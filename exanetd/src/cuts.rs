@@ -133,11 +133,7 @@ async fn connect(
     addr: &str,
     name: &str,
 ) -> Result<(Connection, SendStream, RecvStream), String> {
-    let sa = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{addr} resolves to nothing"))?;
+    let sa = crate::link::resolve(addr).await?;
     let conn = endpoint
         .connect_with(client.clone(), sa, &dns_name(&name))
         .map_err(|e| e.to_string())?

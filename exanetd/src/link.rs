@@ -65,7 +65,7 @@ pub async fn dial_loop(
     }
 }
 
-async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
     tokio::net::lookup_host(addr)
         .await
         .map_err(|e| format!("cannot resolve {addr}: {e}"))?

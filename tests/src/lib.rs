@@ -304,6 +304,19 @@ impl TestRack {
         run_with_timeout(self.command(args), timeout).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// A workload attached to `node` of this rack for a network measurement: its own host
+    /// time between calls is not modeled (`compute_scale` 0).
+    #[track_caller]
+    pub fn attach_unscaled(&self, node: &str) -> exanet::Endpoint {
+        exanet::Endpoint::attach_with(&exanet::Config {
+            rack_dir: Some(self.dir.clone()),
+            node: Some(node.into()),
+            compute_scale_ppm: Some(0),
+            ..exanet::Config::default()
+        })
+        .unwrap_or_else(|e| panic!("attach to {node}: {e}"))
+    }
+
     /// [`TestRack::exactl_timeout`] with [`EXACTL_TIMEOUT`].
     #[track_caller]
     pub fn exactl(&self, args: &[&str]) -> Run {

@@ -18,7 +18,6 @@
 
 use std::time::Duration;
 
-use exanet::{Config, Endpoint};
 use exanet_tests::{pattern, TestRack};
 
 /// The measured flow: rounds of one 1 MiB RDMA write, each waited for.
@@ -26,21 +25,10 @@ const ROUNDS: u64 = 8;
 const LEN: u64 = 1 << 20;
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
 
-fn attach(rack: &TestRack, node: &str) -> Endpoint {
-    Endpoint::attach_with(&Config {
-        rack_dir: Some(rack.dir.clone()),
-        node: Some(node.into()),
-        // A network measurement: the test's own host time between calls is not modeled.
-        compute_scale_ppm: Some(0),
-        ..Config::default()
-    })
-    .unwrap_or_else(|e| panic!("attach to {node}: {e}"))
-}
-
 /// A program: `rounds` RDMA writes of `len` bytes from `src` to `dst`, each verified;
 /// returns the modeled time they took, picoseconds. Its processes end with it.
 fn rdma_program(rack: &TestRack, src: &str, dst: &str, rounds: u64, len: u64) -> u64 {
-    let (a, b) = (attach(rack, src), attach(rack, dst));
+    let (a, b) = (rack.attach_unscaled(src), rack.attach_unscaled(dst));
     let from = a.register(len).unwrap();
     let to = b.register(len).unwrap();
     let page = a.rdma_page().unwrap();
@@ -62,7 +50,7 @@ fn rdma_program(rack: &TestRack, src: &str, dst: &str, rounds: u64, len: u64) ->
 /// same link (the NI takes its commands at most a day of modeled time ahead of its
 /// rank's clock, and counts them).
 fn hostile_program(rack: &TestRack, src: &str, dst: &str) {
-    let (a, b) = (attach(rack, src), attach(rack, dst));
+    let (a, b) = (rack.attach_unscaled(src), rack.attach_unscaled(dst));
     let from = a.register(LEN).unwrap();
     let to = b.register(LEN).unwrap();
     let page = a.rdma_page().unwrap();
@@ -76,7 +64,7 @@ fn hostile_program(rack: &TestRack, src: &str, dst: &str) {
 /// A program of `n` small messages from `src` to `dst`, each ACKed: thousands of
 /// separate busy intervals on every resource of the path.
 fn message_program(rack: &TestRack, src: &str, dst: &str, n: u64) {
-    let (a, b) = (attach(rack, src), attach(rack, dst));
+    let (a, b) = (rack.attach_unscaled(src), rack.attach_unscaled(dst));
     let inbox = b.mailbox(1024).unwrap();
     let addr = a.mailbox_addr(b.node_id(), b.rank(), inbox.vi()).unwrap();
     let tx = a.packetizer().unwrap();
@@ -115,7 +103,10 @@ fn a_program_models_the_same_time_whatever_ran_before_it() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            let (a, b) = (attach(&rack, "M1QAF1"), attach(&rack, "M1QBF1"));
+            let (a, b) = (
+                rack.attach_unscaled("M1QAF1"),
+                rack.attach_unscaled("M1QBF1"),
+            );
             let inbox = b.mailbox(64).unwrap();
             let addr = a.mailbox_addr(b.node_id(), b.rank(), inbox.vi()).unwrap();
             let tx = a.packetizer().unwrap();

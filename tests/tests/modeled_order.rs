@@ -7,21 +7,11 @@
 
 use std::time::Duration;
 
-use exanet::{Config, Endpoint};
+use exanet::Endpoint;
 use exanet_tests::{pattern, TestRack};
 
 const LEN: u64 = 64 << 10;
 const WAIT: Option<Duration> = Some(Duration::from_secs(120));
-
-fn attach(rack: &TestRack, node: &str) -> Endpoint {
-    Endpoint::attach_with(&Config {
-        rack_dir: Some(rack.dir.clone()),
-        node: Some(node.into()),
-        compute_scale_ppm: Some(0),
-        ..Config::default()
-    })
-    .unwrap_or_else(|e| panic!("attach to {node}: {e}"))
-}
 
 /// Two writes of `LEN` through the torus link M1QAF1 -> M1QBF1, one from M1QAF1 and one
 /// from M1QAF2, from clocks set to the same modeled time: each flow's modeled duration,
@@ -30,7 +20,7 @@ fn shared_link(rack: &TestRack) -> Vec<u64> {
     let flows = [("M1QAF1", "M1QBF1"), ("M1QAF2", "M1QBF2")];
     let ends: Vec<(Endpoint, Endpoint)> = flows
         .iter()
-        .map(|(a, b)| (attach(rack, a), attach(rack, b)))
+        .map(|(a, b)| (rack.attach_unscaled(a), rack.attach_unscaled(b)))
         .collect();
     // Start together: the latest clock of the senders, and a microsecond.
     let start = ends.iter().map(|(a, _)| a.clock()).max().unwrap() + 1_000_000;
