@@ -9,6 +9,7 @@
 //!
 //! Messages are bincode, each after its length (u32, big-endian).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::node::NodeHandle;
+use crate::node::{AfterPump, NodeHandle};
 use crate::rack::dns_name;
 
 /// The longest message: a node's part carries at most 64 busy intervals per port.
@@ -77,17 +78,17 @@ async fn read_msg<T: DeserializeOwned>(recv: &mut RecvStream) -> Result<Option<T
 }
 
 /// A daemon's side of the connection, kept in its core: where its parts and wake-ups go.
-pub struct CutLink {
+struct CutLink {
     tx: mpsc::UnboundedSender<ToCoordinator>,
     /// The last horizons said nothing was pending anywhere: work here must wake the
     /// coordinator.
-    rack_idle: bool,
+    rack_idle: Arc<AtomicBool>,
 }
 
-impl CutLink {
+impl AfterPump for CutLink {
     /// After the station ran: its part of the cut, once complete, goes to the coordinator,
     /// and work that appeared while the rack was idle wakes it.
-    pub fn after_pump(&mut self, station: &mut exanet_proto::Station) {
+    fn after_pump(&mut self, station: &mut exanet_proto::Station) {
         if let Some(part) = station.take_cut() {
             debug!(
                 epoch = part.epoch,
@@ -96,8 +97,8 @@ impl CutLink {
             );
             let _ = self.tx.send(ToCoordinator::Part(part));
         }
-        if self.rack_idle && station.node().busy() {
-            self.rack_idle = false;
+        if self.rack_idle.load(Ordering::Relaxed) && station.node().busy() {
+            self.rack_idle.store(false, Ordering::Relaxed);
             let _ = self.tx.send(ToCoordinator::Wake);
         }
     }
@@ -133,7 +134,11 @@ async fn connect(
     addr: &str,
     name: &str,
 ) -> Result<(Connection, SendStream, RecvStream), String> {
-    let sa = crate::link::resolve(addr).await?;
+    let sa = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to nothing"))?;
     let conn = endpoint
         .connect_with(client.clone(), sa, &dns_name(&name))
         .map_err(|e| e.to_string())?
@@ -156,13 +161,14 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
             }
         }
     });
+    let rack_idle = Arc::new(AtomicBool::new(true));
     {
         let now = node.now();
         let mut core = node.lock();
-        core.cuts = Some(CutLink {
+        core.cuts = Some(Box::new(CutLink {
             tx,
-            rack_idle: true,
-        });
+            rack_idle: rack_idle.clone(),
+        }));
         // Work that came before the connection wakes the coordinator now.
         core.pump(now);
     }
@@ -187,9 +193,7 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
             }
             FromCoordinator::Horizons { horizons, pending } => {
                 core.station.set_horizons(&horizons);
-                if let Some(c) = core.cuts.as_mut() {
-                    c.rack_idle = !pending;
-                }
+                rack_idle.store(!pending, Ordering::Relaxed);
             }
         }
         core.pump(now);

@@ -147,12 +147,21 @@ async fn serve(
 
     let shutdown = Arc::new(Notify::new());
     let mut tasks = Vec::new();
+    let ordered = node.rack.order() == crate::rack::CellOrder::Modeled;
+    let coordinator = if ordered && id == exanet_proto::NodeId(0) {
+        let c = crate::cuts::CoordinatorHandle::new(node.rack.shape())
+            .map_err(|e| DaemonError::Node(e.to_string()))?;
+        Some(Arc::new(c))
+    } else {
+        None
+    };
     tasks.push(tokio::spawn(link::accept_loop(
         node.clone(),
         endpoint.clone(),
         shutdown.clone(),
+        coordinator,
     )));
-    if node.rack.order() == crate::rack::CellOrder::Modeled {
+    if ordered {
         tasks.push(tokio::spawn(crate::cuts::node_loop(
             node.clone(),
             endpoint.clone(),

@@ -65,7 +65,7 @@ pub async fn dial_loop(
     }
 }
 
-pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+async fn resolve(addr: &str) -> Result<SocketAddr, String> {
     tokio::net::lookup_host(addr)
         .await
         .map_err(|e| format!("cannot resolve {addr}: {e}"))?
@@ -109,9 +109,16 @@ fn alpn(conn: &Connection) -> Option<Vec<u8>> {
 
 /// Accepts neighbours' links and operators' control connections for as long as the
 /// endpoint is open.
-pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Arc<Notify>) {
+/// On the rack's first node in modeled order, `coordinator` takes the daemons' cut
+/// connections.
+pub async fn accept_loop(
+    node: Arc<NodeHandle>,
+    endpoint: Endpoint,
+    shutdown: Arc<Notify>,
+    coordinator: Option<Arc<crate::cuts::CoordinatorHandle>>,
+) {
     while let Some(incoming) = endpoint.accept().await {
-        let (node, shutdown) = (node.clone(), shutdown.clone());
+        let (node, shutdown, coordinator) = (node.clone(), shutdown.clone(), coordinator.clone());
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -134,7 +141,7 @@ pub async fn accept_loop(node: Arc<NodeHandle>, endpoint: Endpoint, shutdown: Ar
                 return;
             }
             if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CUTS) {
-                match node.coordinator.clone() {
+                match coordinator {
                     Some(c) => c.serve(node, conn).await,
                     None => {
                         // Only the first node coordinates, and only a rack in modeled order.

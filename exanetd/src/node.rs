@@ -71,8 +71,9 @@ pub struct Core {
     next_probe: u32,
     /// How long workloads' operations take, from command to completion.
     pub latency: crate::metrics::Latency,
-    /// With cells in modeled order: the connection to the rack's cut coordinator.
-    pub cuts: Option<crate::cuts::CutLink>,
+    /// With cells in modeled order: the connection to the rack's cut coordinator
+    /// (`crate::cuts`), which looks at the station after every pump.
+    pub cuts: Option<Box<dyn AfterPump>>,
 }
 
 impl Core {
@@ -285,8 +286,11 @@ pub struct NodeHandle {
     pub memory: ShmMemory,
     /// Operators' captures of the cells crossing the node's links.
     pub taps: Arc<crate::capture::Taps>,
-    /// With cells in modeled order, on the rack's first node: the cut coordinator.
-    pub coordinator: Option<Arc<crate::cuts::CoordinatorHandle>>,
+}
+
+/// What looks at the station after every pump of the core.
+pub trait AfterPump: Send {
+    fn after_pump(&mut self, station: &mut Station);
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -310,16 +314,10 @@ impl NodeHandle {
         let shape = rack.shape();
         let mut node = Node::new(shape, id, rack.switch_config())?;
         let ordered = rack.order() == exanet_control::rack::CellOrder::Modeled;
-        let mut coordinator = None;
         if ordered {
             let feeds =
                 exanet_proto::routing::feeds(&shape).map_err(exanet_proto::SwitchError::from)?;
             node.set_feeds(feeds[id.0 as usize]);
-            if id == NodeId(0) {
-                let c = crate::cuts::CoordinatorHandle::new(shape)
-                    .map_err(exanet_proto::SwitchError::from)?;
-                coordinator = Some(Arc::new(c));
-            }
         }
         let mut ni = rack.ni_config();
         // Transaction ids of this run must not repeat those of a previous run of this
@@ -367,7 +365,6 @@ impl NodeHandle {
             spin,
             memory,
             taps: Arc::default(),
-            coordinator,
         }))
     }
 
