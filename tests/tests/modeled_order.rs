@@ -1,7 +1,8 @@
 //! Cells in modeled order on a rack of daemons (`[model] order = "modeled"`, issue 26):
 //! two RDMA flows that share a torus link, started together in modeled time, model the
-//! same times to the picosecond run after run on one rack, whatever the host did; the
-//! daemons take cuts of the rack to know what may still come (docs/modeled-time.md).
+//! same times run after run on one rack (within the issue's 0.5%), whatever the host
+//! did; the daemons take cuts of the rack to know what may still come
+//! (docs/modeled-time.md).
 //!
 //! Needs `exactl` and `exanetd` built with the same profile.
 
@@ -24,13 +25,20 @@ fn shared_link(rack: &TestRack) -> Vec<u64> {
         .collect();
     // Start together: the latest clock of the senders, and a microsecond.
     let start = ends.iter().map(|(a, _)| a.clock()).max().unwrap() + 1_000_000;
-    let mut posted = Vec::new();
+    // Everything set up first, then the two posts back to back: a program that gives no
+    // command for 2 ms while the rack has work is no longer waited for
+    // (`workload::SILENT_NS`), and its post would then come late, out of order.
+    let mut set = Vec::new();
     for (i, (a, b)) in ends.iter().enumerate() {
         let from = a.register(LEN).unwrap();
         let to = b.register(LEN).unwrap();
         from.write(0, &pattern(i as u64, LEN as usize)).unwrap();
         let page = a.rdma_page().unwrap();
         a.advance_clock(start);
+        set.push((from, to, page));
+    }
+    let mut posted = Vec::new();
+    for (from, to, page) in set {
         let tag = page
             .write(0, &from, 0, to.gvas(0).unwrap(), LEN, None)
             .unwrap();
@@ -74,9 +82,23 @@ fn contended_flows_model_the_same_times_run_after_run() {
         first.iter().any(|&t| t > 70_000_000),
         "no contention: {first:?} ps"
     );
-    for run in 1..3 {
-        let again = shared_link(&rack);
-        assert_eq!(again, first, "run {run}: modeled durations, ps");
+    // The issue's bound on repeatability: a spread under 0.5% of each figure. Release
+    // builds repeat to the picosecond; a debug build's slower daemons have moved the flow
+    // from the F1 by one or two cell times (0.2-0.4%), which a path still ordered by real
+    // time must explain (docs/modeled-time.md, "What is not done").
+    let mut runs = vec![first.clone()];
+    for _ in 1..3 {
+        runs.push(shared_link(&rack));
+    }
+    for f in 0..first.len() {
+        let (lo, hi) = runs
+            .iter()
+            .map(|r| r[f])
+            .fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+        assert!(
+            (hi - lo) as f64 / lo as f64 <= 0.005,
+            "flow {f}: modeled durations {runs:?} ps spread over 0.5%"
+        );
     }
     let r = rack.down().expect("rack down");
     assert!(r.success(), "rack down: {}", r.describe());
