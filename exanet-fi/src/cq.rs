@@ -141,8 +141,7 @@ impl Polling {
         if woken {
             self.misses = 0;
             self.needed = (self.needed / 2).max(STREAK_MIN);
-        } else if expected {
-        } else {
+        } else if !expected {
             // A long wait (a 4 MiB read, a peer the host has not run) lets a few sleeps
             // run out before its completion comes; only a run of them says nobody waits.
             self.misses += 1;

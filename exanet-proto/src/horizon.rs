@@ -223,13 +223,19 @@ pub struct Horizons {
     pub epoch: u64,
     /// By node: each link port's horizon.
     pub by_node: Vec<Vec<(Port, ModelTime)>>,
-    /// Whether anything was pending in the cut: if so, another cut is worth taking.
+    /// Whether anything was pending in the cut.
     pub pending: bool,
+    /// The next cut, started at once because something was pending: the epoch every node
+    /// must begin.
+    pub next: Option<u64>,
 }
 
 /// Gathers the nodes' parts of a cut and computes every link's horizon from them. Sans-IO:
-/// the driver tells every node to begin the epoch [`Coordinator::start`] returns, hands it
-/// each node's part, and hands each node its horizons.
+/// the driver says which nodes are connected ([`Coordinator::join`], [`Coordinator::leave`])
+/// and which have work ([`Coordinator::wake`]), tells every node to begin each epoch these
+/// return, hands it each node's part, and hands each node its horizons. A cut starts only
+/// with every node connected (it needs every part), while something was pending in the
+/// last one or a node woke it: an idle rack takes none.
 #[derive(Debug)]
 pub struct Coordinator {
     shape: Shape,
@@ -238,6 +244,10 @@ pub struct Coordinator {
     parts: Vec<Option<NodeCut>>,
     missing: usize,
     cuts: u64,
+    /// Nodes whose driver can reach them.
+    joined: Vec<bool>,
+    /// A cut is wanted: something was pending, or a node woke the coordinator.
+    wanted: bool,
 }
 
 impl Coordinator {
@@ -249,30 +259,54 @@ impl Coordinator {
             parts: vec![None; shape.nodes() as usize],
             missing: 0,
             cuts: 0,
+            joined: vec![false; shape.nodes() as usize],
+            wanted: false,
         })
     }
 
-    /// Starts a cut unless one is under way: the epoch every node must begin.
-    pub fn start(&mut self) -> Option<u64> {
-        if self.missing > 0 {
+    /// Starts the cut wanted, if none is under way and every node is connected: the epoch
+    /// every node must begin.
+    fn start(&mut self) -> Option<u64> {
+        if !self.wanted || self.missing > 0 || self.joined.iter().any(|j| !j) {
             return None;
         }
+        self.wanted = false;
         self.epoch += 1;
         self.parts.iter_mut().for_each(|p| *p = None);
         self.missing = self.parts.len();
         Some(self.epoch)
     }
 
-    /// Gives up the cut under way (a node that was to report went away): the parts
-    /// reported are dropped, and reports of it are refused from now on.
-    pub fn abort(&mut self) {
-        self.missing = 0;
-        self.parts.iter_mut().for_each(|p| *p = None);
+    /// `node` is connected (again). A cut under way may wait for a part it lost, so it is
+    /// given up and taken again.
+    pub fn join(&mut self, node: NodeId) -> Option<u64> {
+        *self.joined.get_mut(node.0 as usize)? = true;
+        self.abort();
+        self.start()
     }
 
-    /// Whether a cut is under way.
-    pub fn under_way(&self) -> bool {
-        self.missing > 0
+    /// `node` is gone: no cut completes without it until it is back.
+    pub fn leave(&mut self, node: NodeId) {
+        if let Some(j) = self.joined.get_mut(node.0 as usize) {
+            *j = false;
+        }
+        self.abort();
+    }
+
+    /// A node has work: the epoch of the cut this starts, if any.
+    pub fn wake(&mut self) -> Option<u64> {
+        self.wanted = true;
+        self.start()
+    }
+
+    /// Gives up the cut under way: its parts are dropped and reports of it refused, and
+    /// the next cut is wanted in its place.
+    fn abort(&mut self) {
+        if self.missing > 0 {
+            self.missing = 0;
+            self.wanted = true;
+            self.parts.iter_mut().for_each(|p| *p = None);
+        }
     }
 
     /// Cuts completed.
@@ -321,11 +355,17 @@ impl Coordinator {
         for (node, port, h) in horizons(&self.shape, &view) {
             by_node[node.0 as usize].push((port, h));
         }
+        let epoch = self.epoch;
         let pending = self.parts.iter().flatten().any(NodeCut::pending);
+        // A node that woke the coordinator during the cut may have had nothing yet when
+        // it recorded its part.
+        self.wanted |= pending;
+        let next = self.start();
         Ok(Some(Horizons {
-            epoch: self.epoch,
+            epoch,
             by_node,
             pending,
+            next,
         }))
     }
 }
@@ -380,5 +420,65 @@ impl CutView for Parts<'_> {
 
     fn feeds(&self, node: NodeId) -> Feeds {
         self.feeds[node.0 as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(epoch: u64, busy: bool) -> NodeCut {
+        NodeCut {
+            epoch,
+            busy,
+            relays: false,
+            ports: Vec::new(),
+        }
+    }
+
+    /// Every node reports `busy`; the last report's horizons.
+    fn all_report(c: &mut Coordinator, epoch: u64, busy: bool) -> Horizons {
+        let n = c.shape.nodes();
+        for i in 0..n - 1 {
+            assert_eq!(c.report(NodeId(i), part(epoch, busy)), Ok(None));
+        }
+        c.report(NodeId(n - 1), part(epoch, busy)).unwrap().unwrap()
+    }
+
+    #[test]
+    fn cuts_need_every_node_and_stop_when_nothing_is_pending() {
+        let mut c = Coordinator::new("1x1x1".parse().unwrap()).unwrap();
+        assert_eq!(c.wake(), None, "no node joined");
+        for i in 0..3 {
+            assert_eq!(c.join(NodeId(i)), None);
+        }
+        // The wake before was remembered: the last node to join starts the cut.
+        assert_eq!(c.join(NodeId(3)), Some(1));
+        assert_eq!(c.wake(), None, "one cut at a time");
+        let h = all_report(&mut c, 1, true);
+        assert_eq!((h.epoch, h.pending, h.next), (1, true, Some(2)));
+        let h = all_report(&mut c, 2, false);
+        assert_eq!(
+            (h.pending, h.next),
+            (false, None),
+            "an idle rack takes no cut"
+        );
+        assert_eq!(c.wake(), Some(3));
+        // A node that goes away gives the cut up; its parts are refused from then on.
+        assert_eq!(c.report(NodeId(0), part(3, true)), Ok(None));
+        c.leave(NodeId(2));
+        assert!(matches!(
+            c.report(NodeId(1), part(3, true)),
+            Err(CutError::WrongEpoch { .. })
+        ));
+        assert_eq!(c.join(NodeId(2)), Some(4), "back: the cut is taken again");
+        assert_eq!(
+            c.report(NodeId(9), part(4, true)),
+            Err(CutError::NoSuchNode {
+                node: NodeId(9),
+                nodes: 4
+            })
+        );
+        assert_eq!(c.cuts(), 2);
     }
 }

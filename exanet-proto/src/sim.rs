@@ -213,10 +213,10 @@ pub struct Sim {
     /// they go to, and each link port's horizon as last set.
     in_flight: HashMap<(NodeId, Port), BTreeMap<ModelTime, u32>>,
     horizons: HashMap<(NodeId, Port), ModelTime>,
-    /// With horizons from cuts: the coordinator, and whether it waits for work to appear
-    /// before it starts another cut.
+    /// With horizons from cuts: the coordinator (every node joined), and whether the last
+    /// horizons said nothing was pending, so that work appearing must wake it.
     coordinator: Option<Coordinator>,
-    coordinator_idle: bool,
+    rack_idle: bool,
 }
 
 impl Sim {
@@ -258,10 +258,16 @@ impl Sim {
             in_flight: HashMap::new(),
             horizons: HashMap::new(),
             coordinator: match cfg.coordinator_ns {
-                Some(_) => Some(Coordinator::new(shape).map_err(SwitchError::from)?),
+                Some(_) => {
+                    let mut c = Coordinator::new(shape).map_err(SwitchError::from)?;
+                    for node in shape.node_ids() {
+                        c.join(node);
+                    }
+                    Some(c)
+                }
                 None => None,
             },
-            coordinator_idle: true,
+            rack_idle: true,
         };
         if cfg.switch.modeled_order {
             for (i, f) in routing::feeds(&shape)
@@ -801,27 +807,26 @@ impl Sim {
             let cut = Box::new(cut);
             self.schedule(now + delay, Ev::Part { node, cut });
         }
-        if self.coordinator_idle && self.stations[node.0 as usize].node().busy() {
-            self.coordinator_idle = false;
-            self.start_cut();
+        if self.rack_idle && self.stations[node.0 as usize].node().busy() {
+            self.rack_idle = false;
+            let epoch = self.coordinator.as_mut().and_then(Coordinator::wake);
+            self.begin_cut(epoch);
         }
     }
 
-    /// Has the coordinator start a cut and every node hear of it.
-    fn start_cut(&mut self) {
-        let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
+    /// Every node hears of the cut the coordinator started, if it started one.
+    fn begin_cut(&mut self, epoch: Option<u64>) {
+        let (Some(delay), Some(epoch)) = (self.cfg.coordinator_ns, epoch) else {
             return;
         };
-        if let Some(epoch) = c.start() {
-            let at = self.now + delay;
-            for node in self.shape.node_ids() {
-                self.schedule(at, Ev::BeginCut { node, epoch });
-            }
+        let at = self.now + delay;
+        for node in self.shape.node_ids() {
+            self.schedule(at, Ev::BeginCut { node, epoch });
         }
     }
 
     /// A node's part of the cut reaches the coordinator; once all have, the horizons go
-    /// out and, if anything was pending, the next cut starts.
+    /// out, and the next cut if anything was pending.
     fn on_part(&mut self, node: NodeId, cut: NodeCut) {
         let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
             return;
@@ -832,15 +837,14 @@ impl Sim {
             Err(e) => panic!("the simulator's coordinator refused a part: {e}"),
         };
         let at = self.now + delay;
-        for (i, horizons) in horizons.by_node.into_iter().enumerate() {
+        for (i, h) in horizons.by_node.into_iter().enumerate() {
             let node = NodeId(i as u32);
-            self.schedule(at, Ev::Horizons { node, horizons });
+            self.schedule(at, Ev::Horizons { node, horizons: h });
         }
-        if horizons.pending {
-            self.start_cut();
-        } else {
-            self.coordinator_idle = true;
-        }
+        // The nodes learn with their horizons that nothing was pending: work from now on
+        // wakes the coordinator.
+        self.rack_idle = !horizons.pending;
+        self.begin_cut(horizons.next);
     }
 
     fn schedule(&mut self, at: Instant, ev: Ev) {

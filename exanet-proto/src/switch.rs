@@ -779,7 +779,7 @@ impl Switch {
 
     /// Whether the switch holds a cell.
     pub fn has_cells(&self) -> bool {
-        self.inputs.iter().any(|i| !i.q.is_empty())
+        self.occupied != 0
     }
 
     /// Cells forwarded out of modeled order with ordering on (see [`crate::order`]).

@@ -211,20 +211,13 @@ struct State {
     coordinator: Coordinator,
     /// Each node's connection, once it said hello.
     nodes: Vec<Option<mpsc::UnboundedSender<FromCoordinator>>>,
-    /// No cut under way and none wanted until a node has work.
-    idle: bool,
 }
 
 impl State {
-    /// Starts a cut if none is under way and every node is connected (a cut needs every
-    /// part); otherwise the next connection starts it.
-    fn start(&mut self) {
-        if self.coordinator.under_way() || self.nodes.iter().any(Option::is_none) {
-            return;
-        }
-        if let Some(epoch) = self.coordinator.start() {
+    /// Tells every node to begin the cut the coordinator started, if it started one.
+    fn begin(&self, epoch: Option<u64>) {
+        if let Some(epoch) = epoch {
             debug!(epoch, "cut started");
-            self.idle = false;
             for tx in self.nodes.iter().flatten() {
                 let _ = tx.send(FromCoordinator::Begin(epoch));
             }
@@ -241,7 +234,6 @@ impl CoordinatorHandle {
             state: Mutex::new(State {
                 coordinator,
                 nodes: (0..shape.nodes()).map(|_| None).collect(),
-                idle: true,
             }),
         })
     }
@@ -295,11 +287,8 @@ impl CoordinatorHandle {
         {
             let mut st = self.lock();
             st.nodes[id.0 as usize] = Some(tx);
-            // A cut under way when a node (re)connects may wait for a part it lost.
-            if st.coordinator.under_way() {
-                st.coordinator.abort();
-            }
-            st.start();
+            let epoch = st.coordinator.join(id);
+            st.begin(epoch);
         }
         debug!(node = %claimed, "joined the cuts");
         let r = loop {
@@ -312,9 +301,8 @@ impl CoordinatorHandle {
             match m {
                 ToCoordinator::Hello { .. } => break Err("a second hello".into()),
                 ToCoordinator::Wake => {
-                    if st.idle {
-                        st.start();
-                    }
+                    let epoch = st.coordinator.wake();
+                    st.begin(epoch);
                 }
                 ToCoordinator::Part(part) => match st.coordinator.report(id, part) {
                     Ok(None) => {}
@@ -326,11 +314,7 @@ impl CoordinatorHandle {
                                 let _ = tx.send(FromCoordinator::Horizons { horizons, pending });
                             }
                         }
-                        if h.pending {
-                            st.start();
-                        } else {
-                            st.idle = true;
-                        }
+                        st.begin(h.next);
                     }
                     // A part of a cut given up (a node reconnected): the next one counts.
                     Err(e) => debug!(node = %claimed, error = %e, "part not taken"),
@@ -340,9 +324,7 @@ impl CoordinatorHandle {
         writer.abort();
         let mut st = self.lock();
         st.nodes[id.0 as usize] = None;
-        if st.coordinator.under_way() {
-            st.coordinator.abort();
-        }
+        st.coordinator.leave(id);
         r
     }
 }
