@@ -200,6 +200,9 @@ pub struct NodeStatus {
     /// The node's modeled clock, seconds: the latest modeled time a cell left its switch.
     #[serde(default)]
     pub modeled_time_seconds: f64,
+    /// Cells the switch forwarded out of modeled order (modeled order only).
+    #[serde(default)]
+    pub late_cells: u64,
     /// The network interface: attached workloads and protocol counters.
     #[serde(default)]
     pub ni: NiStatus,

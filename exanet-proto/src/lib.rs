@@ -43,6 +43,7 @@ mod code;
 mod cut;
 pub mod fault;
 pub mod fidelity;
+pub mod flows;
 pub mod frame;
 pub mod gvas;
 pub mod horizon;

@@ -201,6 +201,13 @@ families! {
     NodeModeledTime: Gauge Float "exanet_node_modeled_time_seconds"
         ["node"]
         "The node's modeled clock: the latest modeled time a cell left its switch";
+    /// [`crate::switch::Switch::late_cells`]: with `[model] order = "modeled"`, cells a
+    /// switch had to forward after a cell of another input with a later key (a post that
+    /// came after the horizons moved past it, a retransmission); their figures may
+    /// differ from run to run. Always 0 in host order.
+    NodeLateCells: Counter Int "exanet_node_late_cells_total"
+        ["node"]
+        "Cells forwarded out of modeled order (modeled order only: a late post or a retransmission)";
     /// `result` is `captured` or `dropped` (the capture could not keep up; the cell
     /// itself went on).
     NodeCaptureRecords: Counter Int "exanet_node_capture_records_total"

@@ -2,77 +2,68 @@
 //! share a resource get the shares a hand calculation gives, and the same modeled figures
 //! whatever order the host delivers cells in.
 
-use exanet_proto::ni::{NiConfig, NiEvent, RdmaWrite, VecMemory};
-use exanet_proto::sim::{Sim, SimConfig};
+use exanet_proto::flows::{self, Flow, FlowsConfig, FlowsRun};
+use exanet_proto::ni::NiConfig;
+use exanet_proto::sim::SimConfig;
 use exanet_proto::topology::{neighbour, Dir};
-use exanet_proto::{Gvas, Instant, ModelTime, NodeEvent, NodeId, Pdid, Port, Shape, SwitchConfig};
+use exanet_proto::{ModelTime, NodeId, Port, Shape, SwitchConfig};
 
-const PDID: Pdid = Pdid(9);
-const SRC_VA: u64 = 0x10_0000;
-const DST_VA: u64 = 0x1000_0000;
 /// Each flow's RDMA write.
 const LEN: u64 = 1 << 20;
 /// Payload over wire bytes of a full RDMA cell: 256 B of data in a 288 B cell.
 const PAYLOAD_SHARE: f64 = 256.0 / 288.0;
 
-struct Run {
-    /// When each flow's write completed, in modeled time (all start at zero).
-    done: Vec<ModelTime>,
-    /// Cells forwarded out of modeled order, over the rack.
-    late: u64,
-    /// Cuts a coordinator took, when horizons came from cuts.
-    cuts: u64,
-    /// When the last node event happened, in simulated real time.
-    wall: Instant,
+/// Each flow's modeled rate, Gb/s (all start at zero).
+fn gbps(r: &FlowsRun) -> Vec<f64> {
+    r.done
+        .iter()
+        .map(|t| (LEN * 8) as f64 / (t.ps() as f64 / 1000.0))
+        .collect()
 }
 
-impl Run {
-    /// Each flow's modeled rate, Gb/s.
-    fn gbps(&self) -> Vec<f64> {
-        self.done
-            .iter()
-            .map(|t| (LEN * 8) as f64 / (t.ps() as f64 / 1000.0))
-            .collect()
+/// Each flow got `share` of `capacity` Gb/s, within `within` (a fraction of the
+/// capacity), with nothing forwarded out of order.
+fn assert_shares(r: &FlowsRun, capacity: f64, share: f64, within: f64) {
+    for (i, g) in gbps(r).iter().enumerate() {
+        let got = g / capacity;
+        assert!(
+            (got - share).abs() <= within,
+            "flow {i}: {g:.3} Gb/s is {:.2}% of {capacity:.3} Gb/s, not {:.1}% +- {:.1}",
+            got * 100.0,
+            share * 100.0,
+            within * 100.0
+        );
     }
-
-    /// Each flow got `share` of `capacity` Gb/s, within `within` (a fraction of the
-    /// capacity), with nothing forwarded out of order.
-    fn assert_shares(&self, capacity: f64, share: f64, within: f64) {
-        for (i, g) in self.gbps().iter().enumerate() {
-            let got = g / capacity;
-            assert!(
-                (got - share).abs() <= within,
-                "flow {i}: {g:.3} Gb/s is {:.2}% of {capacity:.3} Gb/s, not {:.1}% +- {:.1}",
-                got * 100.0,
-                share * 100.0,
-                within * 100.0
-            );
-        }
-        assert_eq!(self.late, 0, "cells forwarded out of modeled order");
-    }
+    assert_eq!(r.late, 0, "cells forwarded out of modeled order");
 }
 
 /// Writes `LEN` bytes from each pair's first node to its second, all posted at modeled
 /// time zero, in modeled order, with the links' real-time latency drawn up to
 /// `jitter_ns` beyond its 120 ns.
-fn run(shape: &str, pairs: &[(NodeId, NodeId)], jitter_ns: u64) -> Run {
+fn run(shape: &str, pairs: &[(NodeId, NodeId)], jitter_ns: u64) -> FlowsRun {
     run_with(shape, pairs, jitter_ns, NiConfig::default(), None)
 }
 
-/// [`run`] with NIs configured by `ni`; a node that sends several flows sends each on a
-/// channel of its own, from the same source buffer. With `coordinator_ns`, horizons come
-/// from cuts of the rack gathered by a coordinator that far from every node, as on daemons.
+/// [`run`] with NIs configured by `ni`. With `coordinator_ns`, horizons come from cuts of
+/// the rack gathered by a coordinator that far from every node, as on daemons.
 fn run_with(
     shape: &str,
     pairs: &[(NodeId, NodeId)],
     jitter_ns: u64,
     ni: NiConfig,
     coordinator_ns: Option<u64>,
-) -> Run {
-    let s: Shape = shape.parse().unwrap();
-    let mut sim = Sim::new(
-        s,
-        SimConfig {
+) -> FlowsRun {
+    let flows: Vec<Flow> = pairs
+        .iter()
+        .map(|&(from, to)| Flow {
+            from,
+            to,
+            len: LEN,
+            at: ModelTime::ZERO,
+        })
+        .collect();
+    let cfg = FlowsConfig {
+        sim: SimConfig {
             seed: 7 + jitter_ns,
             jitter_ns,
             switch: SwitchConfig {
@@ -82,80 +73,11 @@ fn run_with(
             coordinator_ns,
             ..SimConfig::default()
         },
-    )
-    .unwrap();
-    for id in s.node_ids() {
-        let n = sim.node_mut(id);
-        n.set_ni_config(ni);
-        let mut mem = VecMemory::new();
-        mem.register(0, SRC_VA, LEN as usize);
-        mem.register(0, DST_VA, s.nodes() as usize * pairs.len() * LEN as usize);
-        n.set_memory(Box::new(mem));
-        let (ni, _) = n.ni_mut();
-        ni.attach(0, PDID).unwrap();
-        ni.alloc_rdma_page(0).unwrap();
-    }
-    let mut ids = Vec::new();
-    for (k, &(a, b)) in pairs.iter().enumerate() {
-        let ch = pairs[..k].iter().filter(|p| p.0 == a).count() as u8;
-        let slot = u64::from(a.0) * pairs.len() as u64 + k as u64;
-        let dst = Gvas::new(PDID, b, 0, DST_VA + slot * LEN).unwrap();
-        let now = sim.now();
-        let (ni, mem) = sim.node_mut(a).ni_mut();
-        let op = RdmaWrite {
-            page: 0,
-            ch,
-            src_va: SRC_VA,
-            dst,
-            len: LEN,
-            notify: None,
-        };
-        ids.push((
-            a,
-            ni.rdma_write_at(0, &op, now, ModelTime::ZERO, mem).unwrap(),
-        ));
-    }
-    sim.kick_all();
-    sim.run_until(sim.now() + 10_000_000_000);
-    let events = sim.take_events();
-    let wall = events
-        .iter()
-        .map(|(_, at, _)| *at)
-        .max()
-        .unwrap_or(sim.now());
-    let done = ids
-        .iter()
-        .map(|&(n, id)| {
-            events
-                .iter()
-                .find_map(|(m, _, e)| match e {
-                    NodeEvent::Ni(NiEvent::Rdma {
-                        id: i,
-                        result: Ok(()),
-                        at,
-                        ..
-                    }) if *m == n && *i == id => Some(*at),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("the write from {n:?} did not complete"))
-        })
-        .collect();
-    let late = s
-        .node_ids()
-        .map(|n| sim.node(n).switch().late_cells())
-        .sum();
-    let cuts = sim.cuts();
-    let rx: u64 = s
-        .node_ids()
-        .map(|n| sim.node(n).ni().stats().retransmissions)
-        .sum();
-    eprintln!("retransmissions {rx}");
-    Run {
-        done,
-        late,
-        cuts,
-        wall,
-    }
+        ni,
+    };
+    let r = flows::run(shape.parse().unwrap(), &flows, cfg).unwrap();
+    eprintln!("retransmissions {}", r.retransmissions);
+    r
 }
 
 fn named(shape: &str, pairs: &[(&str, &str)]) -> Vec<(NodeId, NodeId)> {
@@ -190,7 +112,7 @@ fn shared_link() -> Vec<(NodeId, NodeId)> {
 #[test]
 fn two_streams_through_one_torus_link_get_half_of_it_each() {
     let r = run("2x1x1", &shared_link(), 0);
-    r.assert_shares(10.0 * PAYLOAD_SHARE, 0.5, 0.02);
+    assert_shares(&r, 10.0 * PAYLOAD_SHARE, 0.5, 0.02);
 }
 
 /// Eight senders into one receiver, each through an input of its own: two FPGAs of the
@@ -209,7 +131,7 @@ fn eight_senders_into_one_get_an_eighth_each() {
     }
     let pairs: Vec<_> = tx.iter().map(|&t| (t, rx)).collect();
     let r = run("3x3x3", &pairs, 0);
-    r.assert_shares(19.2 * PAYLOAD_SHARE, 0.125, 0.01);
+    assert_shares(&r, 19.2 * PAYLOAD_SHARE, 0.125, 0.01);
 }
 
 /// The same runs with the links' real-time latency jittered up to 0.3 and 3 us give the

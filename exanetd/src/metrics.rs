@@ -280,6 +280,7 @@ impl Metrics {
         }
         self.put(Family::NodeUptime, &[n], s.uptime_seconds);
         self.put(Family::NodeModeledTime, &[n], s.modeled_time_seconds);
+        self.put(Family::NodeLateCells, &[n], s.late_cells);
         self.put(
             Family::NodeCaptureRecords,
             &[n, "captured"],
@@ -398,6 +399,7 @@ mod tests {
             load_rx_bytes: 36,
             errors,
             modeled_time_seconds: 0.0005,
+            late_cells: 3,
             ni: NiStatus {
                 attached: 2,
                 counters: NiStats {
@@ -497,6 +499,7 @@ mod tests {
             r#"exanet_node_uptime_seconds{node="M1QAF2"} 12.5"#,
             r#"exanet_link_modeled_busy_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF4",port="f4"} 0.000125"#,
             r#"exanet_node_modeled_time_seconds{node="M1QAF2"} 0.0005"#,
+            r#"exanet_node_late_cells_total{node="M1QAF2"} 3"#,
             r#"exanet_node_capture_records_total{node="M1QAF2",result="captured"} 61"#,
             r#"exanet_node_capture_records_total{node="M1QAF2",result="dropped"} 62"#,
             r#"exanet_ni_collectives_total{job="alice",kind="allreduce",node="M1QAF2",path="software",result="failed"} 1"#,

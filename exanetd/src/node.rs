@@ -496,6 +496,7 @@ impl NodeHandle {
             load_rx_bytes: ns.load_rx_bytes,
             errors: ns.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             modeled_time_seconds: sw.modeled_now().as_secs_f64(),
+            late_cells: sw.late_cells(),
             collectives: core
                 .station
                 .workload_service()
