@@ -10,7 +10,7 @@
 //! link at the cut. Its part is complete when every link it sent a marker on has
 //! answered with one, or went down (what was on a link that went down is lost with it).
 
-use crate::horizon::{NodeCut, Outlook, PortCut, OUTLOOK_INTERVALS};
+use crate::horizon::{NodeCut, PortCut, OUTLOOK_INTERVALS};
 use crate::time::ModelTime;
 use crate::topology::{Port, NPORTS};
 
@@ -31,9 +31,8 @@ pub(crate) struct Cut {
 pub(crate) struct Holdings {
     pub busy: bool,
     pub relays: bool,
-    /// Each link port: the earliest key held for it, what the NI may inject onto it, and
-    /// its output's outlook.
-    pub ports: Vec<(Port, ModelTime, ModelTime, Outlook)>,
+    /// Each link port as the part reports it (nothing on its link yet).
+    pub ports: Vec<PortCut>,
 }
 
 impl Cut {
@@ -54,17 +53,7 @@ impl Cut {
         for p in up {
             self.waiting[p.index()] = true;
         }
-        let ports = held
-            .ports
-            .into_iter()
-            .map(|(port, toward, ni, outlook)| PortCut {
-                port,
-                toward,
-                ni,
-                on_link: ModelTime::NEVER,
-                outlook,
-            })
-            .collect();
+        let ports = held.ports;
         // A part of an older cut not taken is of no use any more.
         self.done = None;
         self.part = Some(NodeCut {
@@ -145,13 +134,13 @@ pub(crate) fn holdings(node: &crate::node::Node, ports: &[Port]) -> Holdings {
         relays: sw.ni_relays(),
         ports: ports
             .iter()
-            .map(|&p| {
-                (
-                    p,
-                    sw.earliest_toward(p),
-                    sw.ni_toward(p),
-                    sw.outlook(p, from, OUTLOOK_INTERVALS),
-                )
+            .map(|&port| PortCut {
+                port,
+                toward: sw.earliest_toward(port),
+                ni: sw.ni_toward(port),
+                on_link: ModelTime::NEVER,
+                to_ni: sw.earliest_to_ni(port),
+                outlook: sw.outlook(port, from, OUTLOOK_INTERVALS),
             })
             .collect(),
     }
@@ -160,24 +149,29 @@ pub(crate) fn holdings(node: &crate::node::Node, ports: &[Port]) -> Holdings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::horizon::Outlook;
 
     fn held() -> Holdings {
         Holdings {
             busy: true,
             relays: false,
             ports: vec![
-                (
-                    Port::Qfdb(1),
-                    ModelTime(7),
-                    ModelTime(5),
-                    Outlook::default(),
-                ),
-                (
-                    Port::Qfdb(2),
-                    ModelTime::NEVER,
-                    ModelTime(6),
-                    Outlook::default(),
-                ),
+                PortCut {
+                    port: Port::Qfdb(1),
+                    toward: ModelTime(7),
+                    ni: ModelTime(5),
+                    on_link: ModelTime::NEVER,
+                    to_ni: ModelTime::NEVER,
+                    outlook: Outlook::default(),
+                },
+                PortCut {
+                    port: Port::Qfdb(2),
+                    toward: ModelTime::NEVER,
+                    ni: ModelTime(6),
+                    on_link: ModelTime::NEVER,
+                    to_ni: ModelTime(9),
+                    outlook: Outlook::default(),
+                },
             ],
         }
     }

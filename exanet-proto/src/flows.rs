@@ -74,7 +74,11 @@ pub enum FlowsError {
     #[error("flow {flow}: the NI refused it: {error}")]
     Refused { flow: usize, error: NiError },
     #[error("flow {flow} ({from:?} -> {to:?}) did not complete")]
-    Incomplete { flow: usize, from: NodeId, to: NodeId },
+    Incomplete {
+        flow: usize,
+        from: NodeId,
+        to: NodeId,
+    },
 }
 
 /// Runs `flows` on a rack of `shape` to completion. A node that sends several flows sends

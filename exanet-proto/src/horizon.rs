@@ -91,6 +91,9 @@ pub struct PortCut {
     pub ni: ModelTime,
     /// The earliest head of the cells that were on the link coming in on this port.
     pub on_link: ModelTime,
+    /// The earliest order key of a cell the node holds that came in on this port and goes
+    /// to its NI, which may answer it.
+    pub to_ni: ModelTime,
     pub outlook: Outlook,
 }
 
@@ -129,6 +132,8 @@ pub(crate) trait CutView {
     fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime;
     /// The earliest head of the cells on the link coming in on `port`.
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime;
+    /// The earliest key of a cell the node holds that came in on `port` and goes to its NI.
+    fn to_ni(&self, node: NodeId, port: Port) -> ModelTime;
     /// Where the cells that come in on each of the node's ports can leave.
     fn feeds(&self, node: NodeId) -> Feeds;
 }
@@ -157,6 +162,35 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
                 .min(view.arrival(up, up_port, held));
         }
     }
+    // The NI answers what reaches it toward where it came from (a relaying NI may send
+    // anywhere): what a node holds for its NI bounds what it sends back. Not a bound on
+    // the input it came in on, which would make a cell wait on itself.
+    let reacts = |node: NodeId, p: usize| {
+        let feeds = view.feeds(node);
+        let mut goes = feeds.replies[p];
+        if view.relays(node) {
+            goes |= feeds.through[Port::Local.index()];
+        }
+        goes
+    };
+    for node in shape.node_ids() {
+        for port in view.ports(node) {
+            let t = view.to_ni(node, port);
+            if t == ModelTime::NEVER {
+                continue;
+            }
+            let goes = reacts(node, port.index());
+            for q in view.ports(node) {
+                if goes & (1 << q.index()) == 0 {
+                    continue;
+                }
+                if let Some((peer, peer_port)) = neighbour(shape, node, q) {
+                    let slot = &mut h[at(peer, peer_port)];
+                    *slot = (*slot).min(view.arrival(node, q, t));
+                }
+            }
+        }
+    }
     let mut heap: BinaryHeap<Reverse<(ModelTime, u32, usize)>> = shape
         .node_ids()
         .flat_map(|n| view.ports(n).into_iter().map(move |p| (n, p)))
@@ -168,15 +202,9 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
         if t > h[at(node, Port::from_index(p).expect("a port index"))] {
             continue;
         }
-        let feeds = view.feeds(node);
-        let mut goes = feeds.through[p];
+        let mut goes = view.feeds(node).through[p];
         if goes & local != 0 {
-            // The NI replies to what reaches it toward where it came from, and a relaying
-            // NI may send on anywhere.
-            goes |= feeds.replies[p];
-            if view.relays(node) {
-                goes |= feeds.through[Port::Local.index()];
-            }
+            goes |= reacts(node, p);
         }
         for q in view.ports(node) {
             if goes & (1 << q.index()) == 0 {
@@ -416,6 +444,10 @@ impl CutView for Parts<'_> {
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime {
         self.port(node, port)
             .map_or(ModelTime::NEVER, |p| p.on_link)
+    }
+
+    fn to_ni(&self, node: NodeId, port: Port) -> ModelTime {
+        self.port(node, port).map_or(ModelTime::NEVER, |p| p.to_ni)
     }
 
     fn feeds(&self, node: NodeId) -> Feeds {

@@ -1079,6 +1079,13 @@ impl CutView for Whole<'_> {
             .unwrap_or(ModelTime::NEVER)
     }
 
+    fn to_ni(&self, node: NodeId, port: Port) -> ModelTime {
+        self.stations[node.0 as usize]
+            .node()
+            .switch()
+            .earliest_to_ni(port)
+    }
+
     fn feeds(&self, node: NodeId) -> Feeds {
         *self.stations[node.0 as usize].node().switch().feeds()
     }

@@ -159,6 +159,10 @@ struct Input {
     owed_freed: ModelTime,
     /// The modeled input buffer, as the cells that left it.
     modeled: Buffer,
+    /// In modeled order, when the last cell forwarded from here entered the modeled
+    /// buffer, if it had to wait for room (else zero): the buffer is a FIFO, so the next
+    /// may not enter before it (see `Switch::admission`).
+    backlog: ModelTime,
     /// Cells queued here for each output port.
     toward: [u32; NPORTS],
 }
@@ -254,6 +258,7 @@ impl Switch {
                 owed: 0,
                 owed_freed: ModelTime::ZERO,
                 modeled: Buffer::default(),
+                backlog: ModelTime::ZERO,
                 toward: [0; NPORTS],
             });
             outputs.push(Output {
@@ -642,12 +647,28 @@ impl Switch {
                 .datapath
                 .first_gap(head, m.ni_rate.ps(q.cell.wire_len()));
         }
+        Some(self.admission(i, from, head, q.charged))
+    }
+
+    /// When a cell of input `i` (from `from`) whose head reaches the switch at `head`
+    /// enters the input's modeled buffer: once the buffer has room for its `charged`
+    /// bytes, the room's credit having gone back over the link and the cell come over
+    /// it. In modeled order, also not before the cell ahead of it entered, when that one
+    /// had to wait: the buffer's account is a timeline with gaps (cells of other jobs,
+    /// far ahead or behind in modeled time, leave room in between), but within a backlog
+    /// a cell found room in the gap before the entries of the cells ahead of it, entered
+    /// in the past, and took its output ahead of cells that had waited. Keys then meant
+    /// little, and two flows into one output got 31% and 69% of it. Host order keeps the
+    /// gaps: its cells come in real-time order, and a floor there would let one job's
+    /// backlog hold another's cells.
+    fn admission(&self, i: usize, from: Port, head: ModelTime, charged: u32) -> ModelTime {
+        let m = &self.cfg.model;
         let input = &self.inputs[i];
-        let admitted = match input.modeled.room_at(q.charged, m.input_buffer, head) {
-            None => head,
-            Some(room) => head.max(room + 2 * m.latency(from)),
-        };
-        Some(admitted)
+        let at = head.max(input.backlog);
+        match input.modeled.room_at(charged, m.input_buffer, at) {
+            None => at,
+            Some(room) => at.max(room + 2 * m.latency(from)),
+        }
     }
 
     /// No cell with an earlier head than `t` will come in on `port` any more (see
@@ -718,6 +739,18 @@ impl Switch {
     pub fn earliest_toward(&self, port: Port) -> ModelTime {
         (0..self.inputs.len())
             .filter(|&s| self.inputs[s].toward[port.index()] > 0)
+            .filter_map(|s| self.admitted(s))
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+    }
+
+    /// The earliest order key of a cell queued here that came in on `port` and goes to
+    /// the NI, which may answer it (see [`crate::horizon`]). Only the front of each queue
+    /// counts: in modeled order the cells behind it have later keys.
+    pub fn earliest_to_ni(&self, port: Port) -> ModelTime {
+        (0..NVCS)
+            .map(|vc| slot(port, Vc(vc as u8)))
+            .filter(|&s| self.inputs[s].toward[Port::Local.index()] > 0)
             .filter_map(|s| self.admitted(s))
             .min()
             .unwrap_or(ModelTime::NEVER)
@@ -814,14 +847,15 @@ impl Switch {
                 tail: head + ser,
             };
         }
+        let admit = self.admission(i, from, cell.stamp.head, charged);
         let input = &mut self.inputs[i];
-        // No room when it arrived: the upstream could not have sent it before room was
-        // freed, and the credit for it went back over the input's link and the cell came
-        // over it.
-        let admit = match input.modeled.room_at(charged, cap, cell.stamp.head) {
-            None => cell.stamp.head,
-            Some(room) => room + 2 * m.latency(from),
-        };
+        if self.cfg.modeled_order {
+            input.backlog = if admit > cell.stamp.head {
+                admit
+            } else {
+                ModelTime::ZERO
+            };
+        }
         let shift = admit.since(cell.stamp.head);
         let (head, tail) = (cell.stamp.head + shift, cell.stamp.tail + shift);
         let to = hop.port;

@@ -65,15 +65,17 @@ fn shared_link(rack: &TestRack) -> Vec<u64> {
 
 /// Cells forwarded out of modeled order over the rack, from the daemons' metrics.
 fn late_cells(rack: &TestRack) -> u64 {
-    ["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4", "M1QBF1", "M1QBF2", "M1QBF3", "M1QBF4"]
-        .iter()
-        .map(|n| {
-            let m = rack
-                .node_metrics(n, Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("{n}'s metrics: {e}"));
-            metric_sum(&m, "exanet_node_late_cells_total", &[]) as u64
-        })
-        .sum()
+    [
+        "M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4", "M1QBF1", "M1QBF2", "M1QBF3", "M1QBF4",
+    ]
+    .iter()
+    .map(|n| {
+        let m = rack
+            .node_metrics(n, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{n}'s metrics: {e}"));
+        metric_sum(&m, "exanet_node_late_cells_total", &[]) as u64
+    })
+    .sum()
 }
 
 /// The same flows in the simulator, from the rack's own file (its model, switches and
@@ -124,7 +126,10 @@ fn contended_flows_model_what_the_simulator_does_run_after_run() {
     // A 64 KiB write alone over a 10 Gb/s torus link takes at least 59 us of modeled
     // time (288 B cells of 256 B at 10 Gb/s); sharing the link, at least one takes more.
     assert!(sim.iter().all(|&t| t > 59_000_000), "{sim:?} ps");
-    assert!(sim.iter().any(|&t| t > 70_000_000), "no contention: {sim:?} ps");
+    assert!(
+        sim.iter().any(|&t| t > 70_000_000),
+        "no contention: {sim:?} ps"
+    );
     // Three runs back to back on one rack, each the simulator's figures to the
     // picosecond unless a cell went out of modeled order (`exanet_node_late_cells_total`:
     // a debug build's slow daemons have had one or two, which moved the F1's flow by a
