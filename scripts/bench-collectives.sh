@@ -6,12 +6,20 @@
 # Needs: cargo build --release -p exanetd -p exactl -p exanet-perf
 # Software rows run twice: as ExaNet-MPI sends (steps past 32 B by rendezvous over RDMA, the
 # library's default) and with every step eager (--eager 65535: packetizer messages only).
-# Usage: [SOFTWARE_NS=418] [ITER=50] scripts/bench-collectives.sh
+# ORDER=modeled serves contended cells in modeled order ([model] order, docs/modeled-time.md):
+# every modeled figure then repeats from run to run; host order (the default) is faster.
+# Usage: [SOFTWARE_NS=418] [ITER=50] [ORDER=host|modeled] scripts/bench-collectives.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/target/release
 sw=${SOFTWARE_NS:-418}
 iter=${ITER:-50}
+order=${ORDER:-host}
+case $order in host | modeled) ;; *)
+  echo "ORDER must be host or modeled, not $order" >&2
+  exit 2
+  ;;
+esac
 export EXANET_DAEMON=$bin/exanetd
 racks=()
 cleanup() {
@@ -27,7 +35,7 @@ up() {
   r=$(mktemp -d /tmp/exanet-bench-coll.XXXX)
   EXANET_RACK=$r "$bin/exactl" rack up --shape "$1" --ip off >/dev/null 2>&1
   EXANET_RACK=$r "$bin/exactl" rack down >/dev/null 2>&1
-  printf '\n[model]\nsoftware_ns = %s\n' "$sw" >>"$r/rack.toml"
+  printf '\n[model]\nsoftware_ns = %s\norder = "%s"\n' "$sw" "$order" >>"$r/rack.toml"
   EXANET_RACK=$r "$bin/exactl" rack up --ip off >/dev/null 2>&1
   echo "$r"
 }
@@ -47,7 +55,7 @@ for line in sys.stdin:
           f"modeled min/max {lo:.2f}/{hi:.2f}  wall p50 {wall:.0f} us  accel ops {ops}")
 ' "$what" "$report"
 }
-echo "software cost per call: $sw ns; $iter iterations; modeled p50 in us"
+echo "software cost per call: $sw ns; $order order; $iter iterations; modeled p50 in us"
 printf '%-44s %9s %9s %9s\n' what report modeled error
 r16=$(up 4x1x1)
 racks+=("$r16")
