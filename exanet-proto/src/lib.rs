@@ -37,13 +37,13 @@
 #![forbid(unsafe_code)]
 
 pub mod attach;
+pub mod bench;
 pub mod capture;
 pub mod cell;
 mod code;
 mod cut;
 pub mod fault;
 pub mod fidelity;
-pub mod flows;
 pub mod frame;
 pub mod gvas;
 pub mod horizon;

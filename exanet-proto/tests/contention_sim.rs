@@ -2,7 +2,7 @@
 //! share a resource get the shares a hand calculation gives, and the same modeled figures
 //! whatever order the host delivers cells in.
 
-use exanet_proto::flows::{self, Flow, FlowsConfig, FlowsRun};
+use exanet_proto::bench::{self, BenchConfig, Flow, FlowsRun};
 use exanet_proto::ni::NiConfig;
 use exanet_proto::sim::SimConfig;
 use exanet_proto::topology::{neighbour, Dir};
@@ -63,7 +63,7 @@ fn run_with(
             at: ModelTime::ZERO,
         })
         .collect();
-    let cfg = FlowsConfig {
+    let cfg = BenchConfig {
         sim: SimConfig {
             seed: 7 + jitter_ns,
             jitter_ns,
@@ -76,7 +76,7 @@ fn run_with(
         },
         ni,
     };
-    let r = flows::run(shape.parse().unwrap(), &flows, cfg).unwrap();
+    let r = bench::flows(shape.parse().unwrap(), &flows, cfg).unwrap();
     eprintln!("retransmissions {}", r.retransmissions);
     r
 }

@@ -1,28 +1,31 @@
 //! Cells in modeled order on a rack of daemons (`[model] order = "modeled"`, issue 26):
-//! two RDMA flows that share a torus link, started together in modeled time, model the
-//! same times run after run on one rack (within the issue's 0.5%), whatever the host
-//! did; the daemons take cuts of the rack to know what may still come
-//! (docs/modeled-time.md), and model what the simulator does for the same flows.
+//! two RDMA flows that share a torus link, and an allreduce on the accelerators of four
+//! QFDBs, started together in modeled time, model what the simulator does for the same
+//! workload from the same rack file, run after run on one rack, whatever the host did;
+//! the daemons take cuts of the rack to know what may still come (docs/modeled-time.md).
 //!
 //! Needs `exactl` and `exanetd` built with the same profile.
 
 use std::time::Duration;
 
+use exanet::collective::{DataType, Path, ReduceOp};
 use exanet::Endpoint;
 use exanet_control::rack::Rack;
-use exanet_proto::flows::{self, Flow, FlowsConfig};
+use exanet_proto::bench::AllreduceRun;
+use exanet_proto::bench::{self, BenchConfig, Flow};
 use exanet_proto::sim::SimConfig;
-use exanet_proto::ModelTime;
+use exanet_proto::{ModelTime, Shape};
 use exanet_tests::{metric_sum, pattern, TestRack};
 
 const LEN: u64 = 64 << 10;
 const WAIT: Option<Duration> = Some(Duration::from_secs(120));
 
+/// The flows through the torus link M1QAF1 -> M1QBF1.
+const FLOWS: [(&str, &str); 2] = [("M1QAF1", "M1QBF1"), ("M1QAF2", "M1QBF2")];
+
 /// Two writes of `LEN` through the torus link M1QAF1 -> M1QBF1, one from M1QAF1 and one
 /// from M1QAF2, from clocks set to the same modeled time: each flow's modeled duration,
 /// picoseconds, and the data checked.
-const FLOWS: [(&str, &str); 2] = [("M1QAF1", "M1QBF1"), ("M1QAF2", "M1QBF2")];
-
 fn shared_link(rack: &TestRack) -> Vec<u64> {
     let flows = FLOWS;
     let ends: Vec<(Endpoint, Endpoint)> = flows
@@ -63,19 +66,50 @@ fn shared_link(rack: &TestRack) -> Vec<u64> {
     took
 }
 
+/// A rack of `shape` in modeled order, up.
+fn modeled_rack(tag: &str, shape: &str) -> TestRack {
+    let rack = TestRack::new(tag);
+    let r = rack.exactl_timeout(
+        &["rack", "up", "--shape", shape, "--ip", "off"],
+        Duration::from_secs(90),
+    );
+    assert!(r.success(), "rack up: {}", r.describe());
+    assert!(rack.down().is_ok_and(|r| r.success()));
+    let file = rack.dir.join("rack.toml");
+    let mut toml = std::fs::read_to_string(&file).unwrap();
+    toml.push_str("\n[model]\norder = \"modeled\"\n");
+    std::fs::write(&file, toml).unwrap();
+    let r = rack.exactl_timeout(&["rack", "up", "--ip", "off"], Duration::from_secs(90));
+    assert!(r.success(), "rack up in modeled order: {}", r.describe());
+    rack
+}
+
+/// The simulator as the rack's file configures it, horizons from cuts as on daemons.
+fn bench_config(file: &Rack) -> BenchConfig {
+    BenchConfig {
+        sim: SimConfig {
+            switch: file.switch_config(),
+            coordinator_ns: Some(20_000),
+            ..SimConfig::default()
+        },
+        ni: file.ni_config(),
+    }
+}
+
 /// Cells forwarded out of modeled order over the rack, from the daemons' metrics.
 fn late_cells(rack: &TestRack) -> u64 {
-    [
-        "M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4", "M1QBF1", "M1QBF2", "M1QBF3", "M1QBF4",
-    ]
-    .iter()
-    .map(|n| {
-        let m = rack
-            .node_metrics(n, Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("{n}'s metrics: {e}"));
-        metric_sum(&m, "exanet_node_late_cells_total", &[]) as u64
-    })
-    .sum()
+    let file = Rack::load(&rack.dir).expect("the rack file loads");
+    let shape = file.shape();
+    shape
+        .node_ids()
+        .map(|id| shape.display(id).to_string())
+        .map(|n| {
+            let m = rack
+                .node_metrics(&n, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{n}'s metrics: {e}"));
+            metric_sum(&m, "exanet_node_late_cells_total", &[]) as u64
+        })
+        .sum()
 }
 
 /// The same flows in the simulator, from the rack's own file (its model, switches and
@@ -92,35 +126,15 @@ fn simulated(rack: &TestRack) -> Vec<u64> {
             at: ModelTime::ZERO,
         })
         .collect();
-    let cfg = FlowsConfig {
-        sim: SimConfig {
-            switch: file.switch_config(),
-            coordinator_ns: Some(20_000),
-            ..SimConfig::default()
-        },
-        ni: file.ni_config(),
-    };
-    let run = flows::run(shape, &flows, cfg).expect("the simulated flows complete");
+    let run =
+        bench::flows(shape, &flows, bench_config(&file)).expect("the simulated flows complete");
     assert_eq!(run.late, 0, "simulated cells out of modeled order");
     run.took(&flows)
 }
 
 #[test]
 fn contended_flows_model_what_the_simulator_does_run_after_run() {
-    let rack = TestRack::new("order");
-    let r = rack.exactl_timeout(
-        &["rack", "up", "--shape", "2x1x1", "--ip", "off"],
-        Duration::from_secs(90),
-    );
-    assert!(r.success(), "rack up: {}", r.describe());
-    assert!(rack.down().is_ok_and(|r| r.success()));
-    let file = rack.dir.join("rack.toml");
-    let mut toml = std::fs::read_to_string(&file).unwrap();
-    toml.push_str("\n[model]\norder = \"modeled\"\n");
-    std::fs::write(&file, toml).unwrap();
-    let r = rack.exactl_timeout(&["rack", "up", "--ip", "off"], Duration::from_secs(90));
-    assert!(r.success(), "rack up in modeled order: {}", r.describe());
-
+    let rack = modeled_rack("order", "2x1x1");
     let sim = simulated(&rack);
     eprintln!("simulated: two 64 KiB writes through one torus link: {sim:?} ps");
     // A 64 KiB write alone over a 10 Gb/s torus link takes at least 59 us of modeled
@@ -154,6 +168,84 @@ fn contended_flows_model_what_the_simulator_does_run_after_run() {
         }
         late = now;
     }
+    let r = rack.down().expect("rack down");
+    assert!(r.success(), "rack down: {}", r.describe());
+}
+
+/// One allreduce of 256 B on the accelerators of every QFDB of the rack, one member per
+/// node posting from the same modeled time through the client library, as
+/// `exanet-perf allreduce --accel on` does: how long each member's call took, ps.
+fn allreduce(rack: &TestRack, shape: Shape) -> Vec<u64> {
+    let eps: Vec<Endpoint> = shape
+        .node_ids()
+        .map(|id| rack.attach_unscaled(&shape.display(id).to_string()))
+        .collect();
+    let members: Vec<_> = eps.iter().map(|e| (e.node_id(), e.rank())).collect();
+    let colls: Vec<_> = eps.iter().map(|e| e.collectives().unwrap()).collect();
+    let groups: Vec<_> = colls
+        .iter()
+        .map(|c| c.group(1, &members).unwrap())
+        .collect();
+    let start = eps.iter().map(Endpoint::clock).max().unwrap() + 1_000_000;
+    for e in &eps {
+        e.advance_clock(start);
+    }
+    let data: Vec<u8> = (0..32).flat_map(|_| 1f64.to_le_bytes()).collect();
+    let want: Vec<u8> = (0..32)
+        .flat_map(|_| (eps.len() as f64).to_le_bytes())
+        .collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..eps.len())
+            .map(|i| {
+                let (e, c, g, data) = (&eps[i], &colls[i], &groups[i], &data);
+                s.spawn(move || {
+                    let got = c
+                        .allreduce(g, ReduceOp::Sum, DataType::F64, data, Path::Accelerator)
+                        .unwrap_or_else(|e| panic!("member {i}: {e}"));
+                    (got, e.clock().since(start))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (got, took) = h.join().expect("a member thread");
+                assert!(got == want, "a member got a wrong sum");
+                took
+            })
+            .collect()
+    })
+}
+
+/// The accelerated allreduce of 16 ranks on daemons in modeled order takes, member by
+/// member, the picoseconds the simulator gives the same operation from the same rack file
+/// (the library adds the rack's software cost per call, none by default), twice back to
+/// back on one rack.
+#[test]
+fn an_accelerated_allreduce_models_what_the_simulator_does() {
+    let rack = modeled_rack("order-coll", "4x1x1");
+    let file = Rack::load(&rack.dir).expect("the rack file loads");
+    assert_eq!(file.model_params().software_ns, 0.0, "a default rack");
+    let shape = file.shape();
+    let members: Vec<_> = shape.node_ids().collect();
+    let at = ModelTime::from_ns(1_000);
+    let sim: AllreduceRun = bench::allreduce(shape, &members, 256, at, bench_config(&file))
+        .expect("the simulated allreduce completes");
+    assert_eq!(sim.late, 0, "simulated cells out of modeled order");
+    let sim: Vec<u64> = sim.done.iter().map(|d| d.since(at)).collect();
+    eprintln!("simulated: 16-rank allreduce of 256 B, by member: {sim:?} ps");
+    // Two levels of exchange between QFDBs after each QFDB's own: microseconds.
+    assert!(sim.iter().all(|&t| t > 2_000_000), "{sim:?} ps");
+    for run in 0..2 {
+        let took = allreduce(&rack, shape);
+        eprintln!("run {run}: {took:?} ps");
+        assert_eq!(took, sim, "run {run}: the daemons against the simulator");
+    }
+    assert_eq!(
+        late_cells(&rack),
+        0,
+        "cells out of modeled order on the daemons"
+    );
     let r = rack.down().expect("rack down");
     assert!(r.success(), "rack down: {}", r.describe());
 }

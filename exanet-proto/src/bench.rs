@@ -1,13 +1,17 @@
-//! RDMA flows on a simulated rack: writes from node to node, each posted at a modeled
-//! time, run to completion, and what each took.
+//! Workloads run to completion on a simulated rack, and the modeled time each part took:
+//! RDMA flows ([`flows`]) and allreduces on the accelerator ([`allreduce`]).
 //!
-//! The reference for contention figures: the simulator's tests check it against hand
-//! calculations, and a rack of daemons in modeled order given the same flows must model
-//! the same times (`tests/tests/modeled_order.rs`; docs/modeled-time.md).
+//! The yardstick of modeled figures: the simulator's tests check them against hand
+//! calculations, and a rack of daemons in modeled order given the same workload from the
+//! same rack file must model the same times (`tests/tests/modeled_order.rs`;
+//! docs/modeled-time.md).
 
 use crate::gvas::{Gvas, GvasError, Pdid};
 use crate::model::ModelTime;
-use crate::ni::{NiConfig, NiError, NiEvent, RdmaWrite, VecMemory};
+use crate::ni::{
+    Allreduce, DataType, Failure, MemFault, NiConfig, NiError, NiEvent, RdmaWrite, ReduceOp,
+    VecMemory,
+};
 use crate::node::{NodeError, NodeEvent};
 use crate::shape::{NodeId, Shape};
 use crate::sim::{Sim, SimConfig};
@@ -29,9 +33,9 @@ pub struct Flow {
     pub at: ModelTime,
 }
 
-/// The rack the flows run on.
+/// The rack a workload runs on.
 #[derive(Clone, Copy, Debug)]
-pub struct FlowsConfig {
+pub struct BenchConfig {
     /// The simulator, its switches (their model, and whether they serve cells in modeled
     /// order) and links.
     pub sim: SimConfig,
@@ -66,7 +70,7 @@ impl FlowsRun {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum FlowsError {
+pub enum BenchError {
     #[error("the simulated rack: {0}")]
     Rack(#[from] NodeError),
     #[error("flow {flow}: its destination: {error}")]
@@ -79,12 +83,32 @@ pub enum FlowsError {
         from: NodeId,
         to: NodeId,
     },
+    #[error("allreduce member {member} ({node:?}): the NI refused it: {error}")]
+    Member {
+        member: usize,
+        node: NodeId,
+        error: NiError,
+    },
+    #[error("allreduce member {member} ({node:?}): its vector: {error}")]
+    Memory {
+        member: usize,
+        node: NodeId,
+        error: MemFault,
+    },
+    #[error("allreduce member {member} ({node:?}) failed: {failure:?}")]
+    Failed {
+        member: usize,
+        node: NodeId,
+        failure: Failure,
+    },
+    #[error("allreduce member {member} ({node:?}) never completed")]
+    Unfinished { member: usize, node: NodeId },
 }
 
 /// Runs `flows` on a rack of `shape` to completion. A node that sends several flows sends
 /// each on a channel of its own, from the same source buffer; every flow writes a
 /// region of its own at its destination.
-pub fn run(shape: Shape, flows: &[Flow], cfg: FlowsConfig) -> Result<FlowsRun, FlowsError> {
+pub fn flows(shape: Shape, flows: &[Flow], cfg: BenchConfig) -> Result<FlowsRun, BenchError> {
     let mut sim = Sim::new(shape, cfg.sim)?;
     let longest = flows.iter().map(|f| f.len).max().unwrap_or(0) as usize;
     let total: u64 = flows.iter().map(|f| f.len).sum();
@@ -98,14 +122,14 @@ pub fn run(shape: Shape, flows: &[Flow], cfg: FlowsConfig) -> Result<FlowsRun, F
         let (ni, _) = n.ni_mut();
         ni.attach(0, PDID)
             .and_then(|()| ni.alloc_rdma_page(0).map(|_| ()))
-            .map_err(|error| FlowsError::Refused { flow: 0, error })?;
+            .map_err(|error| BenchError::Refused { flow: 0, error })?;
     }
     let mut ids = Vec::with_capacity(flows.len());
     let mut offset = 0;
     for (k, f) in flows.iter().enumerate() {
         let ch = flows[..k].iter().filter(|p| p.from == f.from).count() as u8;
         let dst = Gvas::new(PDID, f.to, 0, DST_VA + offset)
-            .map_err(|error| FlowsError::Destination { flow: k, error })?;
+            .map_err(|error| BenchError::Destination { flow: k, error })?;
         offset += f.len;
         let now = sim.now();
         let (ni, mem) = sim.node_mut(f.from).ni_mut();
@@ -119,7 +143,7 @@ pub fn run(shape: Shape, flows: &[Flow], cfg: FlowsConfig) -> Result<FlowsRun, F
         };
         let id = ni
             .rdma_write_at(0, &op, now, f.at, mem)
-            .map_err(|error| FlowsError::Refused { flow: k, error })?;
+            .map_err(|error| BenchError::Refused { flow: k, error })?;
         ids.push(id);
     }
     sim.kick_all();
@@ -146,7 +170,7 @@ pub fn run(shape: Shape, flows: &[Flow], cfg: FlowsConfig) -> Result<FlowsRun, F
                     }) if *n == f.from && *i == id => Some(*at),
                     _ => None,
                 })
-                .ok_or(FlowsError::Incomplete {
+                .ok_or(BenchError::Incomplete {
                     flow: k,
                     from: f.from,
                     to: f.to,
@@ -165,5 +189,111 @@ pub fn run(shape: Shape, flows: &[Flow], cfg: FlowsConfig) -> Result<FlowsRun, F
             .map(|n| sim.node(n).ni().stats().retransmissions)
             .sum(),
         wall,
+    })
+}
+
+/// An allreduce on the accelerator: when each member's completion came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllreduceRun {
+    /// When each member's completion came, in modeled time, by member.
+    pub done: Vec<ModelTime>,
+    /// Cells forwarded out of modeled order, over the rack.
+    pub late: u64,
+    /// Cuts a coordinator took, when horizons came from cuts.
+    pub cuts: u64,
+}
+
+/// Runs one allreduce of `len` bytes (a sum of doubles) on the accelerator, rank 0 of each
+/// of `members` posting it at modeled time `at`, to completion.
+pub fn allreduce(
+    shape: Shape,
+    members: &[NodeId],
+    len: u16,
+    at: ModelTime,
+    cfg: BenchConfig,
+) -> Result<AllreduceRun, BenchError> {
+    let mut sim = Sim::new(shape, cfg.sim)?;
+    for id in shape.node_ids() {
+        let n = sim.node_mut(id);
+        n.set_ni_config(cfg.ni);
+        let mut mem = VecMemory::new();
+        mem.register(0, SRC_VA, usize::from(len));
+        mem.register(0, DST_VA, usize::from(len));
+        n.set_memory(Box::new(mem));
+        n.ni_mut()
+            .0
+            .attach(0, PDID)
+            .map_err(|error| BenchError::Member {
+                member: 0,
+                node: id,
+                error,
+            })?;
+    }
+    let op = Allreduce {
+        id: 1,
+        op: ReduceOp::Sum,
+        ty: DataType::F64,
+        members: members.iter().map(|&n| (n, 0)).collect(),
+        src_va: SRC_VA,
+        dst_va: DST_VA,
+        len,
+    };
+    let ones: Vec<u8> = (0..len / 8).flat_map(|_| 1f64.to_le_bytes()).collect();
+    for (member, &node) in members.iter().enumerate() {
+        let now = sim.now();
+        let (ni, mem) = sim.node_mut(node).ni_mut();
+        mem.write(0, SRC_VA, &ones)
+            .map_err(|error| BenchError::Memory {
+                member,
+                node,
+                error,
+            })?;
+        ni.allreduce_at(0, &op, now, at, mem)
+            .map_err(|error| BenchError::Member {
+                member,
+                node,
+                error,
+            })?;
+    }
+    sim.kick_all();
+    sim.run_until(sim.now() + LIMIT_NS);
+    let mut done = vec![None; members.len()];
+    for (node, _, e) in sim.take_events() {
+        if let NodeEvent::Ni(NiEvent::Allreduce {
+            rank: 0,
+            id: 1,
+            result,
+            at,
+        }) = e
+        {
+            if let Some(member) = members.iter().position(|&m| m == node) {
+                if let Err(failure) = result {
+                    return Err(BenchError::Failed {
+                        member,
+                        node,
+                        failure,
+                    });
+                }
+                done[member] = Some(at);
+            }
+        }
+    }
+    let done = done
+        .into_iter()
+        .enumerate()
+        .map(|(member, d)| {
+            d.ok_or(BenchError::Unfinished {
+                member,
+                node: members[member],
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(AllreduceRun {
+        done,
+        late: shape
+            .node_ids()
+            .map(|n| sim.node(n).switch().late_cells())
+            .sum(),
+        cuts: sim.cuts(),
     })
 }
