@@ -54,8 +54,13 @@ pub const VA_BASE: u64 = 1 << 30;
 pub const VA_ALIGN: u64 = 2 << 20;
 
 /// How long a workload that does not sleep on its ring may go without a command before
-/// its program is no longer taken to be running (see [`WorkloadService::refresh_programs`]).
+/// its program is no longer taken to be running, unless its thread is runnable (see
+/// [`WorkloadService::refresh_programs`]).
 pub const SILENT_NS: u64 = 2_000_000;
+/// How long a workload whose thread stays runnable (on a CPU or waiting for one) may go
+/// without a command before it is no longer taken to be running either: it may be
+/// spinning on something outside the rack.
+pub const RUNNABLE_SILENT_NS: u64 = 200_000_000;
 
 /// A workload's completion ring, as the service needs it: the daemon's is a ring in
 /// shared memory with a doorbell, a test's a queue.
@@ -72,6 +77,12 @@ pub trait CompletionRing: Send {
     /// What the workload is doing, as far as its ring shows: `None` where it cannot
     /// tell (the workload's work is then taken as given, see [`crate::ni::Program`]).
     fn activity(&mut self) -> Option<Activity> {
+        None
+    }
+    /// Whether the thread that last called the workload's library is on a CPU or waiting
+    /// for one: computing, or descheduled by the host, rather than waiting for something
+    /// outside the rack. `None` where it cannot tell.
+    fn runnable(&mut self) -> Option<bool> {
         None
     }
 }
@@ -888,10 +899,13 @@ impl WorkloadService {
 
     /// Tells the NI what each attached workload's program is doing, as its ring shows it
     /// (see [`crate::ni::Program`]): cells in modeled order wait for what it may post. A
-    /// program that neither sleeps on its ring nor gave a command for [`SILENT_NS`] may
-    /// be waiting for something outside the rack (another thread, a lock, another of its
-    /// endpoints): it promises nothing, so that it cannot hold the rack, and what it posts
-    /// next may be late.
+    /// program that neither sleeps on its ring nor gave a command for [`SILENT_NS`], and
+    /// whose thread is not runnable, may be waiting for something outside the rack
+    /// (another thread, a lock, another of its endpoints): it promises nothing, so that it
+    /// cannot hold the rack, and what it posts next may be late. A thread the host merely
+    /// descheduled is runnable: taken for waiting, it made a loaded host's collectives
+    /// model other figures from run to run. One runnable and silent for
+    /// [`RUNNABLE_SILENT_NS`] may be spinning on something outside the rack.
     pub fn refresh_programs(&mut self, ni: &mut Ni, now: Instant) {
         for (rank, slot) in self.ranks.iter_mut().enumerate() {
             let Some(w) = slot.as_mut() else { continue };
@@ -902,9 +916,12 @@ impl WorkloadService {
                 ni.program_drained(rank);
             }
             let last = *w.last_command.get_or_insert(now);
+            let silent = now.since(last);
             let program = if a.waiting {
                 crate::ni::Program::Waiting
-            } else if now.since(last) > SILENT_NS {
+            } else if silent > RUNNABLE_SILENT_NS
+                || (silent > SILENT_NS && w.ring.runnable() != Some(true))
+            {
                 crate::ni::Program::Scripted
             } else {
                 crate::ni::Program::Running
@@ -1202,6 +1219,77 @@ mod tests {
         assert_eq!(
             svc.control(&mut ni, b, req),
             Err(ServiceError::TooManyReports(MAX_COLLECTIVE_REPORTS + 1))
+        );
+    }
+
+    /// A program's ring as `refresh_programs` sees it: awake, everything taken, and its
+    /// thread runnable or not as the test says.
+    struct Awake(std::sync::Arc<std::sync::Mutex<Option<bool>>>);
+
+    impl CompletionRing for Awake {
+        fn push(&mut self, _: &[u8; attach::SLOT]) -> bool {
+            true
+        }
+        fn has_room(&mut self) -> bool {
+            true
+        }
+        fn wake(&mut self) {}
+        fn consumed(&self, _: u8) -> Box<dyn ConsumedCount> {
+            Box::new(|| 0)
+        }
+        fn activity(&mut self) -> Option<Activity> {
+            Some(Activity {
+                waiting: false,
+                drained: true,
+            })
+        }
+        fn runnable(&mut self) -> Option<bool> {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    /// A program silent past `SILENT_NS` is still waited for while its thread is
+    /// runnable (the host descheduled it: it computes), up to `RUNNABLE_SILENT_NS`; one
+    /// whose thread sleeps elsewhere, or whose state cannot be read, is not.
+    #[test]
+    fn a_silent_program_is_waited_for_only_while_its_thread_is_runnable() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let state = std::sync::Arc::new(std::sync::Mutex::new(Some(true)));
+        svc.attach(
+            &mut ni,
+            Joining::new("a", Pdid(1)),
+            Box::new(Awake(state.clone())),
+        )
+        .unwrap();
+        let promise = |ni: &Ni| ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0];
+        let t0 = Instant::from_micros(1_000);
+        svc.refresh_programs(&mut ni, t0);
+        let running = promise(&ni);
+        assert!(
+            running < ModelTime::NEVER,
+            "a running program promises its clock"
+        );
+        let at = |ns: u64| Instant::from_micros(1_000 + ns / 1_000);
+        svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
+        assert_eq!(promise(&ni), running, "runnable: still waited for");
+        for unknown in [Some(false), None] {
+            *state.lock().unwrap() = unknown;
+            svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
+            assert_eq!(
+                promise(&ni),
+                ModelTime::NEVER,
+                "{unknown:?}: not waited for"
+            );
+        }
+        *state.lock().unwrap() = Some(true);
+        svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
+        assert_eq!(promise(&ni), running);
+        svc.refresh_programs(&mut ni, at(RUNNABLE_SILENT_NS + 1_000));
+        assert_eq!(
+            promise(&ni),
+            ModelTime::NEVER,
+            "runnable and silent this long: spinning on something else"
         );
     }
 }

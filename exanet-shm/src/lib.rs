@@ -91,4 +91,4 @@ pub use fdpass::{
 #[cfg(target_has_atomic = "64")]
 pub use region::SharedU64;
 pub use region::{Region, RegionError, SharedU32};
-pub use ring::{Consumer, Corruption, Producer, Ring, RingError, WaitError};
+pub use ring::{Consumer, Corruption, Producer, Ring, RingError, ThreadMark, WaitError};

@@ -18,7 +18,9 @@
 //! 0x100   4     tail                producer     index of the next slot to write
 //! 0x104   124   padding
 //! 0x180   4     consumer_sleeping   both         1 = consumer about to block on its doorbell
-//! 0x184   124   padding
+//! 0x184   4     consumer_thread     consumer     the thread (Linux tid) that last used the
+//!                                                ring's owner, 0 = not said; a hint
+//! 0x188   120   padding
 //! 0x200   4     producer_sleeping   both         1 = producer about to block (ring full)
 //! 0x204   124   padding
 //! 0x280   capacity * slot_size      slots        slot s at 0x280 + s * slot_size
@@ -118,6 +120,7 @@ const OFF_SLOT_SIZE: usize = 0x00c;
 const OFF_HEAD: usize = 0x080;
 const OFF_TAIL: usize = 0x100;
 const OFF_CONSUMER_SLEEPING: usize = 0x180;
+const OFF_CONSUMER_THREAD: usize = 0x184;
 const OFF_PRODUCER_SLEEPING: usize = 0x200;
 const OFF_SLOTS: usize = 0x280;
 
@@ -408,6 +411,7 @@ impl Ring {
         word(OFF_HEAD)?.store(index, Ordering::Relaxed);
         word(OFF_TAIL)?.store(index, Ordering::Relaxed);
         word(OFF_CONSUMER_SLEEPING)?.store(0, Ordering::Relaxed);
+        word(OFF_CONSUMER_THREAD)?.store(0, Ordering::Relaxed);
         word(OFF_PRODUCER_SLEEPING)?.store(0, Ordering::Relaxed);
         for i in 0..self.slots {
             // Message `index + i` goes into this slot next; until then it holds the stamp of
@@ -644,6 +648,12 @@ impl Producer {
         Ok(self.word(OFF_CONSUMER_SLEEPING)?.load(Ordering::Acquire) == 1)
     }
 
+    /// The thread the consumer last said used the ring's owner (see
+    /// [`Consumer::thread_mark`]), 0 if none: a hint the peer writes, never trusted.
+    pub fn consumer_thread(&self) -> Result<u32, RingError> {
+        Ok(self.word(OFF_CONSUMER_THREAD)?.load(Ordering::Relaxed))
+    }
+
     /// Like [`Consumer::prepare_sleep`], for a producer waiting for space: announces the
     /// sleep in `producer_sleeping`, then re-checks. `true` = a slot is free, do not sleep.
     pub fn prepare_sleep(&mut self) -> Result<bool, RingError> {
@@ -728,6 +738,22 @@ impl Producer {
     /// ([`Corruption::Header`]).
     pub fn check_header(&self) -> Result<(), RingError> {
         self.ring.check_header(&self.region)
+    }
+}
+
+/// The consumer's `consumer_thread` word (see [`Consumer::thread_mark`]).
+#[derive(Clone, Debug)]
+pub struct ThreadMark {
+    region: Arc<Region>,
+    offset: usize,
+}
+
+impl ThreadMark {
+    /// Says that thread `tid` uses the ring's owner now.
+    pub fn set(&self, tid: u32) {
+        if let Ok(w) = self.region.atomic_u32(self.offset) {
+            w.store(tid, Ordering::Relaxed);
+        }
     }
 }
 
@@ -871,6 +897,17 @@ impl Consumer {
         self.word(OFF_CONSUMER_SLEEPING)?
             .store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Where the consumer says which thread last used the ring's owner
+    /// ([`Producer::consumer_thread`]), as a handle any thread may write through.
+    pub fn thread_mark(&self) -> Result<ThreadMark, RingError> {
+        // Checked once here, so that marking cannot fail.
+        self.word(OFF_CONSUMER_THREAD)?;
+        Ok(ThreadMark {
+            region: Arc::clone(&self.region),
+            offset: self.ring.offset + OFF_CONSUMER_THREAD,
+        })
     }
 
     /// Rings `bell` if the producer announced that it is going to sleep on it (waiting for

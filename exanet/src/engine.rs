@@ -27,7 +27,9 @@ use exanet_proto::gvas::{Gvas, Pdid, VA_BITS};
 use exanet_proto::model::ModelTime;
 use exanet_proto::ni::{mailbox_gvas, MAILBOX_VIS, PACKETIZER_VIS, RANKS, RDMA_PAGES};
 use exanet_proto::{NodeId, Shape};
-use exanet_shm::{Consumer, Doorbell, Producer, Region, RingError, Ringer, WaitError, Waiter};
+use exanet_shm::{
+    Consumer, Doorbell, Producer, Region, RingError, Ringer, ThreadMark, WaitError, Waiter,
+};
 use std::sync::Arc;
 
 use crate::control::Control;
@@ -496,6 +498,21 @@ fn left_cpu_get(shared: &Shared) -> Option<Duration> {
     LEFT_CPU.with_borrow(|v| v.iter().find(|(k, _)| *k == key).map(|(_, c)| *c))
 }
 
+thread_local! {
+    /// The calling thread's id, asked of the kernel once (0 until then).
+    static TID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's kernel id (`gettid`).
+fn current_tid() -> u32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(u32::try_from(nix::unistd::gettid().as_raw()).unwrap_or(0));
+        }
+        t.get()
+    })
+}
+
 /// The calling thread's CPU clock: it stands still while the host runs something else,
 /// so a program the host descheduled computed nothing meanwhile.
 fn thread_cpu() -> Option<Duration> {
@@ -545,6 +562,10 @@ pub(crate) struct Shared {
     /// We ring it when we published commands and the daemon announced it sleeps.
     to_daemon: Ringer,
     ctrl: Mutex<Control>,
+    /// Where each call says which thread makes it: a program whose thread is on a CPU
+    /// or waiting for one is computing, not waiting for something outside the rack, and
+    /// the daemon keeps waiting for what it may post (`exanet_proto::workload`).
+    thread: Option<ThreadMark>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -575,6 +596,7 @@ impl Shared {
             offset: info.consumed_offset,
         };
         let (software_ps, clock) = (info.software_ps, info.clock_start);
+        let thread = cpl.thread_mark().ok();
         Shared {
             info,
             spin_ns: AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX)),
@@ -594,6 +616,7 @@ impl Shared {
             from_daemon,
             to_daemon,
             ctrl: Mutex::new(ctrl),
+            thread,
         }
     }
 
@@ -956,6 +979,9 @@ impl Shared {
     /// other programs, sleeps, and time blocked inside the library do not count: there the
     /// modeled clock follows the events waited for instead.
     pub(crate) fn enter(&self) -> Call<'_> {
+        if let Some(m) = &self.thread {
+            m.set(current_tid());
+        }
         // Read outside the lock: it is a system call.
         let cpu = (self.info.compute_scale_ppm > 0).then(thread_cpu);
         let mut st = lock(&self.state);

@@ -585,6 +585,7 @@ fn attach_rank(
         to_workload,
         rings: Arc::clone(&region),
         consumed_offset,
+        pid: peer.pid,
     };
     let (svc, ni, _) = core.workloads();
     let rank = match want_rank {

@@ -33,6 +33,8 @@ pub struct ShmRing {
     /// each mailbox (`attach`'s consumed counters).
     pub rings: Arc<Region>,
     pub consumed_offset: usize,
+    /// The workload's process (`SO_PEERCRED`), whose threads' states say whether it runs.
+    pub pid: i32,
 }
 
 impl CompletionRing for ShmRing {
@@ -57,12 +59,32 @@ impl CompletionRing for ShmRing {
         })
     }
 
+    fn runnable(&mut self) -> Option<bool> {
+        // The thread is the workload's word, so only a thread of its own process is looked
+        // at: the most a lie buys is what a command every few milliseconds buys anyway.
+        let tid = self
+            .completions
+            .consumer_thread()
+            .ok()
+            .filter(|&t| t != 0)?;
+        let stat = std::fs::read_to_string(format!("/proc/{}/task/{tid}/stat", self.pid)).ok()?;
+        thread_runnable(&stat)
+    }
+
     fn consumed(&self, vi: u8) -> Box<dyn ConsumedCount> {
         Box::new(ShmCount {
             region: Arc::clone(&self.rings),
             offset: self.consumed_offset + usize::from(vi) * 8,
         })
     }
+}
+
+/// Whether a thread's `/proc/PID/task/TID/stat` says it is on a CPU or waiting for one
+/// (state `R`). The state follows the command name in parentheses, which may itself hold
+/// anything, parentheses and spaces included: it is after the last `)`.
+fn thread_runnable(stat: &str) -> Option<bool> {
+    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+    Some(state == 'R')
 }
 
 /// A mailbox's consumed counter in a session's ring region: written by the workload, read
@@ -112,5 +134,19 @@ impl Drop for EndedGuard {
     fn drop(&mut self) {
         *self.0.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.0.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_threads_state_is_after_the_last_parenthesis_of_its_name() {
+        assert_eq!(thread_runnable("42 (exanet-perf) R 1 42 42 0"), Some(true));
+        assert_eq!(thread_runnable("42 (a) b) S 1 42"), Some(false));
+        assert_eq!(thread_runnable("42 (x) D 1"), Some(false));
+        assert_eq!(thread_runnable("42 no name"), None);
+        assert_eq!(thread_runnable("42 (x)"), None);
     }
 }
