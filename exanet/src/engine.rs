@@ -186,6 +186,10 @@ pub(crate) struct State {
     tags: HashMap<u32, TagState>,
     next_tag: u32,
     busy: HashMap<Chan, u32>,
+    /// When each channel's last operation completed, in modeled time, until the channel
+    /// is used again: the NI frees a channel with its completion (a message's ACK), so
+    /// a command on it cannot have been posted before.
+    freed: HashMap<Chan, ModelTime>,
     mailboxes: HashMap<u8, Inbox>,
     /// Messages of a mailbox whose allocation reply is not processed yet, with their
     /// generation.
@@ -240,6 +244,12 @@ impl State {
             },
         );
         self.busy.insert(chan, tag);
+        // A program that waited for the channel (in real time) waited for its completion:
+        // its clock says so, else its command would come before what freed the channel,
+        // which the daemon, ordering cells, took for its next move.
+        if let Some(at) = self.freed.remove(&chan) {
+            self.clock = self.clock.max(at);
+        }
         Ok(tag)
     }
 
@@ -257,6 +267,7 @@ impl State {
             Some(TagState::Pending { chan, forget }) => {
                 if self.busy.get(&chan) == Some(&tag) {
                     self.busy.remove(&chan);
+                    self.freed.insert(chan, at);
                 }
                 if forget {
                     self.tags.remove(&tag);
@@ -423,6 +434,15 @@ struct Claim {
 pub(crate) enum Incoming {
     Message(Message),
     Notification(Notification),
+}
+
+/// What [`Shared::next_event`] found first.
+pub(crate) enum Next {
+    /// Taken, the clock moved to it.
+    Incoming(Incoming),
+    /// This operation completed: the caller takes its completion (with
+    /// [`Shared::wait`], which moves the clock).
+    Completed(u32),
 }
 
 /// Fixed facts of an attachment.
@@ -906,13 +926,16 @@ impl Shared {
     ) -> Result<u32> {
         let _call = self.enter();
         let got = self.drive(Some(self.info.control_timeout), None, |st| {
-            for ch in 0..count {
-                let chan = chans(ch);
-                if !st.busy.contains_key(&chan) {
-                    return Ok(Some((st.start(chan)?, ch)));
-                }
+            // The free channel freed earliest in modeled time: which channels the host has
+            // freed by now is its timing, but completions come in modeled order, so the
+            // earliest freed is the same whenever the program asks.
+            let free = (0..count)
+                .filter(|&ch| !st.busy.contains_key(&chans(ch)))
+                .min_by_key(|&ch| st.freed.get(&chans(ch)).copied().unwrap_or_default());
+            match free {
+                Some(ch) => Ok(Some((st.start(chans(ch))?, ch))),
+                None => Ok(None),
             }
-            Ok(None)
         })?;
         let (tag, ch) = got.ok_or(Error::Timeout)?;
         self.push_tagged(tag, build(tag, ch))
@@ -947,6 +970,28 @@ impl Shared {
         match r {
             None => Err(Error::Timeout),
             Some((Ok(()), at)) => Ok(at),
+            Some((Err(error), _)) => Err(Error::Op { tag, error }),
+        }
+    }
+
+    /// `tag`'s completion if it came by the workload's modeled clock, without waiting and
+    /// without moving the clock (`Ok(None)` if it had not, in modeled or in real time):
+    /// what a program polling at its clock would see. Taking a completion later in
+    /// modeled time would move the clock as far as the host happened to have delivered,
+    /// and the program's figures with it.
+    pub(crate) fn done_by_clock(&self, tag: u32) -> Result<Option<ModelTime>> {
+        let _call = self.enter();
+        let r = self.drive(Some(Duration::ZERO), None, |st| match st.tags.get(&tag) {
+            None => Err(Error::UnknownTag(tag)),
+            Some(&TagState::Done(r, at)) if at <= st.clock => {
+                st.tags.remove(&tag);
+                Ok(Some((r, at)))
+            }
+            Some(_) => Ok(None),
+        })?;
+        match r {
+            None => Ok(None),
+            Some((Ok(()), at)) => Ok(Some(at)),
             Some((Err(error), _)) => Err(Error::Op { tag, error }),
         }
     }
@@ -1066,28 +1111,58 @@ impl Shared {
         lock(&self.state).claims.retain(|c| c.range.start != start);
     }
 
-    /// The next message of mailbox `vi` or notification of a claim starting at one of
-    /// `claims`, messages first; `None` after `timeout`.
-    pub(crate) fn next_incoming(
-        &self,
-        vi: u8,
-        claims: &[u64],
-        timeout: Option<Duration>,
-    ) -> Result<Option<Incoming>> {
+    /// The earliest in modeled time of what has come for the caller, without waiting: the
+    /// next message of mailbox `vi`, the next notification in one of `claims`, or the
+    /// completion of one of `tags`. The NI hands them over in modeled order, so whatever
+    /// the host had delivered by now, the earliest is the same: a caller that takes them
+    /// one by one this way sees the same sequence, and its clock the same times, on every
+    /// run. (Taking messages before completions, or whatever had come in real time,
+    /// moved the clock by the host's timing.)
+    pub(crate) fn next_event(&self, vi: u8, claims: &[u64], tags: &[u32]) -> Result<Option<Next>> {
+        enum Which {
+            Message,
+            Claim(usize),
+            Tag(u32),
+        }
         let _call = self.enter();
-        self.drive(timeout, None, |st| {
-            if let Some(m) = st.take(vi)? {
-                return Ok(Some(Incoming::Message(m)));
+        self.drive(Some(Duration::ZERO), None, |st| {
+            let mut best: Option<(ModelTime, Which)> = None;
+            let mut offer = |at: ModelTime, w: Which| {
+                if best.as_ref().is_none_or(|(b, _)| at < *b) {
+                    best = Some((at, w));
+                }
+            };
+            match st.mailboxes.get(&vi) {
+                Some(inbox) => {
+                    if let Some(m) = inbox.queue.front() {
+                        offer(m.at, Which::Message);
+                    }
+                }
+                None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
             }
-            let n = st
-                .claims
-                .iter_mut()
-                .filter(|c| claims.contains(&c.range.start))
-                .find_map(|c| c.queue.pop_front());
-            Ok(n.map(|n| {
-                st.took_event(n.at);
-                Incoming::Notification(n)
-            }))
+            for (i, c) in st.claims.iter().enumerate() {
+                if claims.contains(&c.range.start) {
+                    if let Some(n) = c.queue.front() {
+                        offer(n.at, Which::Claim(i));
+                    }
+                }
+            }
+            for &tag in tags {
+                if let Some(&TagState::Done(_, at)) = st.tags.get(&tag) {
+                    offer(at, Which::Tag(tag));
+                }
+            }
+            Ok(match best {
+                None => None,
+                Some((_, Which::Message)) => {
+                    st.take(vi)?.map(|m| Next::Incoming(Incoming::Message(m)))
+                }
+                Some((_, Which::Claim(i))) => st.claims[i].queue.pop_front().map(|n| {
+                    st.took_event(n.at);
+                    Next::Incoming(Incoming::Notification(n))
+                }),
+                Some((_, Which::Tag(tag))) => Some(Next::Completed(tag)),
+            })
         })
     }
 

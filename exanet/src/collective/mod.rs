@@ -35,7 +35,7 @@ pub use exanet_proto::ni::{DataType, ReduceOp};
 use exanet_proto::NodeId;
 
 use crate::endpoint::{Endpoint, Mailbox, MemoryRegion, Packetizer, RdmaPage, Tag};
-use crate::engine::{Chan, Incoming, Shared};
+use crate::engine::{Chan, Incoming, Next, Shared};
 use crate::error::{Error, OpError, Result};
 use exanet_proto::ni::NackReason;
 
@@ -537,12 +537,21 @@ impl Collectives {
                     }
                     let seen = self.shared.events();
                     let claims = pool.claims();
-                    match self.shared.next_incoming(
-                        self.mailbox.vi(),
-                        &claims,
-                        Some(Duration::ZERO),
-                    )? {
-                        Some(i) => i,
+                    // Messages, landings and the answers to what this member sent, in
+                    // modeled order: taken in the order the host delivered them, they
+                    // moved the clock by its timing.
+                    let tags: Vec<u32> = st
+                        .sent
+                        .iter()
+                        .map(|s| s.tag.raw())
+                        .chain(st.rdv.writing.iter().map(|&(t, _)| t))
+                        .collect();
+                    match self.shared.next_event(self.mailbox.vi(), &claims, &tags)? {
+                        Some(Next::Incoming(i)) => i,
+                        Some(Next::Completed(tag)) => {
+                            self.completed(tag, &mut st, deadline)?;
+                            continue;
+                        }
                         None => {
                             // Wake on any completion (a message, a write ending), and now
                             // and then to send again what a peer refused for now: it may
@@ -816,12 +825,30 @@ impl Collectives {
     fn reap_writes(&self, rdv: &mut Transfers) -> Result<()> {
         let mut i = 0;
         while i < rdv.writing.len() {
-            match self.shared.wait(rdv.writing[i].0, Some(Duration::ZERO)) {
-                Ok(_) => {
+            // Only what completed by the clock (see `answered`); a later completion is
+            // taken as an event, in modeled order (`Shared::next_event`).
+            match self.shared.done_by_clock(rdv.writing[i].0) {
+                Ok(Some(_)) => {
                     rdv.writing.swap_remove(i);
                 }
-                Err(Error::Timeout) => i += 1,
+                Ok(None) => i += 1,
                 Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the completion of `tag`, one of this member's sends or writes, found first
+    /// in modeled order: its clock moves to it.
+    fn completed(&self, tag: u32, st: &mut Steps, deadline: Instant) -> Result<()> {
+        if let Some(i) = st.rdv.writing.iter().position(|&(t, _)| t == tag) {
+            st.rdv.writing.swap_remove(i);
+            return self.shared.wait(tag, Some(Duration::ZERO)).map(drop);
+        }
+        if let Some(i) = st.sent.iter().position(|s| s.tag.raw() == tag) {
+            let s = st.sent.remove(i).expect("found");
+            if let Some(s) = self.answered(s, &mut st.sent, deadline, Answer::Now)? {
+                st.sent.push_back(s);
             }
         }
         Ok(())
@@ -842,32 +869,46 @@ impl Collectives {
     /// got there: members start when they start) refuses it for now: it goes again a
     /// little later, until `deadline`, after which the collective has timed out.
     fn settle(&self, s: Sent, sent: &mut VecDeque<Sent>, deadline: Instant) -> Result<()> {
-        self.answered(s, sent, deadline, self.timeout).map(drop)
+        self.answered(s, sent, deadline, Answer::Wait(self.timeout))
+            .map(drop)
     }
 
-    /// Settles, without waiting, every sent message already answered.
+    /// Settles, without waiting, every sent message answered by this member's modeled
+    /// clock (one answered later is the final settle's, which waits for it).
     fn reap(&self, sent: &mut VecDeque<Sent>, deadline: Instant) -> Result<()> {
         for _ in 0..sent.len() {
             let s = sent.pop_front().expect("counted");
-            if let Some(s) = self.answered(s, sent, deadline, Duration::ZERO)? {
+            if let Some(s) = self.answered(s, sent, deadline, Answer::ByClock)? {
                 sent.push_back(s);
             }
         }
         Ok(())
     }
 
-    /// Waits up to `wait` for `s`'s answer: `Some(s)` when none came yet; a refusal for
-    /// now sends it again (onto `sent`).
+    /// Takes `s`'s answer as `how` says: `Some(s)` when none came yet; a refusal for now
+    /// sends it again (onto `sent`).
     fn answered(
         &self,
         s: Sent,
         sent: &mut VecDeque<Sent>,
         deadline: Instant,
-        wait: Duration,
+        how: Answer,
     ) -> Result<Option<Sent>> {
-        match self.shared.wait(s.tag.raw(), Some(wait)) {
+        let answer = match how {
+            // Only what came by the clock: taking an answer later in modeled time would
+            // move the clock by what the host had delivered by now, and the figures with
+            // it from run to run.
+            Answer::ByClock => match self.shared.done_by_clock(s.tag.raw()) {
+                Ok(None) => return Ok(Some(s)),
+                Ok(Some(at)) => Ok(at),
+                Err(e) => Err(e),
+            },
+            Answer::Now => self.shared.wait(s.tag.raw(), Some(Duration::ZERO)),
+            Answer::Wait(d) => self.shared.wait(s.tag.raw(), Some(d)),
+        };
+        match answer {
             Ok(_) => Ok(None),
-            Err(Error::Timeout) if wait.is_zero() => Ok(Some(s)),
+            Err(Error::Timeout) if matches!(how, Answer::Now) => Ok(Some(s)),
             Err(Error::Op {
                 error:
                     OpError::Nacked {
@@ -896,6 +937,17 @@ impl Collectives {
             .unwrap_or_else(|p| p.into_inner())
             .keep(group, seq, m);
     }
+}
+
+/// How [`Collectives::answered`] takes an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// If it came by the member's clock, leaving the clock where it is.
+    ByClock,
+    /// If it came, moving the clock to it.
+    Now,
+    /// Waiting up to this long for it.
+    Wait(Duration),
 }
 
 /// Messages of collectives not started yet, by (group, sequence), at most [`MAX_EARLY`].
