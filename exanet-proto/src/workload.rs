@@ -94,6 +94,8 @@ pub struct Activity {
     pub waiting: bool,
     /// It took every completion pushed.
     pub drained: bool,
+    /// Commands it posted wait in its command ring, not read yet.
+    pub posting: bool,
 }
 
 /// The kind of a finished operation, for latency metrics.
@@ -917,10 +919,14 @@ impl WorkloadService {
             }
             let last = *w.last_command.get_or_insert(now);
             let silent = now.since(last);
-            let program = if a.waiting {
+            // A program that posted and then slept is running as far as its unread
+            // commands go: taken for waiting, its posts came after the promise it was
+            // given, out of modeled order.
+            let program = if a.waiting && !a.posting {
                 crate::ni::Program::Waiting
-            } else if silent > RUNNABLE_SILENT_NS
-                || (silent > SILENT_NS && w.ring.runnable() != Some(true))
+            } else if !a.posting
+                && (silent > RUNNABLE_SILENT_NS
+                    || (silent > SILENT_NS && w.ring.runnable() != Some(true)))
             {
                 crate::ni::Program::Scripted
             } else {
@@ -1222,11 +1228,23 @@ mod tests {
         );
     }
 
-    /// A program's ring as `refresh_programs` sees it: awake, everything taken, and its
-    /// thread runnable or not as the test says.
-    struct Awake(std::sync::Arc<std::sync::Mutex<Option<bool>>>);
+    /// What a program's ring shows `refresh_programs`, as the test sets it: what it does
+    /// and whether its thread is runnable.
+    type Shown = std::sync::Arc<std::sync::Mutex<(Activity, Option<bool>)>>;
 
-    impl CompletionRing for Awake {
+    /// Awake, everything taken, nothing posted, its thread runnable.
+    fn shown() -> Shown {
+        let a = Activity {
+            waiting: false,
+            drained: true,
+            posting: false,
+        };
+        std::sync::Arc::new(std::sync::Mutex::new((a, Some(true))))
+    }
+
+    struct Shows(Shown);
+
+    impl CompletionRing for Shows {
         fn push(&mut self, _: &[u8; attach::SLOT]) -> bool {
             true
         }
@@ -1238,13 +1256,10 @@ mod tests {
             Box::new(|| 0)
         }
         fn activity(&mut self) -> Option<Activity> {
-            Some(Activity {
-                waiting: false,
-                drained: true,
-            })
+            Some(self.0.lock().unwrap().0)
         }
         fn runnable(&mut self) -> Option<bool> {
-            *self.0.lock().unwrap()
+            self.0.lock().unwrap().1
         }
     }
 
@@ -1255,11 +1270,11 @@ mod tests {
     fn a_silent_program_is_waited_for_only_while_its_thread_is_runnable() {
         let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
         let mut svc = WorkloadService::new(1);
-        let state = std::sync::Arc::new(std::sync::Mutex::new(Some(true)));
+        let state = shown();
         svc.attach(
             &mut ni,
             Joining::new("a", Pdid(1)),
-            Box::new(Awake(state.clone())),
+            Box::new(Shows(state.clone())),
         )
         .unwrap();
         let promise = |ni: &Ni| ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0];
@@ -1274,7 +1289,7 @@ mod tests {
         svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
         assert_eq!(promise(&ni), running, "runnable: still waited for");
         for unknown in [Some(false), None] {
-            *state.lock().unwrap() = unknown;
+            state.lock().unwrap().1 = unknown;
             svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
             assert_eq!(
                 promise(&ni),
@@ -1282,7 +1297,7 @@ mod tests {
                 "{unknown:?}: not waited for"
             );
         }
-        *state.lock().unwrap() = Some(true);
+        state.lock().unwrap().1 = Some(true);
         svc.refresh_programs(&mut ni, at(SILENT_NS + 1_000));
         assert_eq!(promise(&ni), running);
         svc.refresh_programs(&mut ni, at(RUNNABLE_SILENT_NS + 1_000));
@@ -1291,5 +1306,32 @@ mod tests {
             ModelTime::NEVER,
             "runnable and silent this long: spinning on something else"
         );
+    }
+
+    /// A program asleep on its ring with everything taken promises nothing (what wakes it
+    /// bounds it); one that posted before it slept, whose commands the daemon has not
+    /// read, promises its clock: taken for asleep, its posts came out of modeled order.
+    #[test]
+    fn a_program_asleep_with_commands_unread_is_still_running() {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let state = shown();
+        svc.attach(
+            &mut ni,
+            Joining::new("a", Pdid(1)),
+            Box::new(Shows(state.clone())),
+        )
+        .unwrap();
+        let promise = |ni: &Ni| ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0];
+        let now = Instant::from_micros(1_000);
+        svc.refresh_programs(&mut ni, now);
+        let running = promise(&ni);
+        assert!(running < ModelTime::NEVER);
+        state.lock().unwrap().0.waiting = true;
+        svc.refresh_programs(&mut ni, now);
+        assert_eq!(promise(&ni), ModelTime::NEVER, "asleep, nothing to wake it");
+        state.lock().unwrap().0.posting = true;
+        svc.refresh_programs(&mut ni, now);
+        assert_eq!(promise(&ni), running, "asleep after posting: running");
     }
 }

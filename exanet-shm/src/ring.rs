@@ -428,6 +428,21 @@ impl Ring {
         Ok(())
     }
 
+    /// Whether messages are published and not yet taken, as the shared words say (a hint
+    /// for a third party; the consumer's own count is authoritative).
+    pub fn pending(&self, region: &Region) -> Result<bool, RingError> {
+        self.check_fits(region)?;
+        // Acquire: pairs with the producer's Release store of tail, so that whoever saw
+        // something the producer did after publishing sees the message.
+        let tail = region
+            .atomic_u32(self.offset + OFF_TAIL)?
+            .load(Ordering::Acquire);
+        let head = region
+            .atomic_u32(self.offset + OFF_HEAD)?
+            .load(Ordering::Acquire);
+        Ok(tail != head)
+    }
+
     /// Validates the header of an initialised ring against this geometry and returns the
     /// current `(head, tail)`.
     fn attach(&self, region: &Region) -> Result<(u32, u32), RingError> {

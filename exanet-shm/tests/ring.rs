@@ -462,3 +462,21 @@ fn wait_readable_once_returns_on_any_ring() {
         .wait_readable_once(&waiter, &bell, Some(Duration::from_secs(10)))
         .unwrap());
 }
+
+/// A third party sees whether published messages wait to be taken, and the thread the
+/// consumer last named, through the shared words alone.
+#[test]
+fn pending_messages_and_the_consumers_thread_are_seen_from_outside() {
+    let (region, ring) = region_with_ring(16, 64);
+    let mut p = ring.producer(region.clone()).unwrap();
+    let mut c = ring.consumer(region.clone()).unwrap();
+    assert!(!ring.pending(&region).unwrap());
+    p.push(&message(1, 8)).unwrap();
+    assert!(ring.pending(&region).unwrap());
+    let mut buf = [0u8; 64];
+    assert!(c.pop(&mut buf).unwrap().is_some());
+    assert!(!ring.pending(&region).unwrap());
+    assert_eq!(p.consumer_thread().unwrap(), 0, "not said yet");
+    c.thread_mark().unwrap().set(4242);
+    assert_eq!(p.consumer_thread().unwrap(), 4242);
+}

@@ -586,6 +586,7 @@ fn attach_rank(
         rings: Arc::clone(&region),
         consumed_offset,
         pid: peer.pid,
+        commands: cmd_ring,
     };
     let (svc, ni, _) = core.workloads();
     let rank = match want_rank {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use exanet_proto::attach;
 use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::workload::{Activity, CompletionRing};
-use exanet_shm::{PeerCredentials, Producer, Region, Ringer};
+use exanet_shm::{PeerCredentials, Producer, Region, Ring, Ringer};
 
 use crate::closer::CloseLater;
 
@@ -35,6 +35,9 @@ pub struct ShmRing {
     pub consumed_offset: usize,
     /// The workload's process (`SO_PEERCRED`), whose threads' states say whether it runs.
     pub pid: i32,
+    /// The workload's command ring in `rings`, to see whether it posted what the daemon
+    /// has not read yet.
+    pub commands: Ring,
 }
 
 impl CompletionRing for ShmRing {
@@ -53,9 +56,13 @@ impl CompletionRing for ShmRing {
     fn activity(&mut self) -> Option<Activity> {
         // A ring the workload broke says nothing: take it as running, which promises the
         // least.
+        // In this order: a program posts before it announces it sleeps, so commands it
+        // posted before sleeping are seen.
+        let waiting = self.completions.consumer_sleeping().unwrap_or(false);
         Some(Activity {
-            waiting: self.completions.consumer_sleeping().unwrap_or(false),
+            waiting,
             drained: self.completions.is_drained().unwrap_or(false),
+            posting: self.commands.pending(&self.rings).unwrap_or(true),
         })
     }
 
