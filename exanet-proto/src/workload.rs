@@ -94,7 +94,8 @@ pub struct Activity {
     pub waiting: bool,
     /// It took every completion pushed.
     pub drained: bool,
-    /// Commands it posted wait in its command ring, not read yet.
+    /// Commands it posted wait in its command ring, not read yet, or it waits for the
+    /// answer to a control request: either way it is not waiting for anything else.
     pub posting: bool,
 }
 
@@ -922,15 +923,25 @@ impl WorkloadService {
             // A program that posted and then slept is running as far as its unread
             // commands go: taken for waiting, its posts came after the promise it was
             // given, out of modeled order.
-            let program = if a.waiting && !a.posting {
-                crate::ni::Program::Waiting
-            } else if !a.posting
-                && (silent > RUNNABLE_SILENT_NS
-                    || (silent > SILENT_NS && w.ring.runnable() != Some(true)))
-            {
-                crate::ni::Program::Scripted
-            } else {
+            let program = if a.posting {
                 crate::ni::Program::Running
+            } else if a.waiting {
+                crate::ni::Program::Waiting
+            } else if silent <= SILENT_NS {
+                crate::ni::Program::Running
+            } else {
+                // Its thread's state first, then whether it sleeps on its ring: one that
+                // went to sleep on the ring in between is waiting, not gone elsewhere (it
+                // was taken for gone, and what woke it came out of modeled order).
+                let runnable = w.ring.runnable();
+                match w.ring.activity() {
+                    Some(b) if b.posting => crate::ni::Program::Running,
+                    Some(b) if b.waiting => crate::ni::Program::Waiting,
+                    _ if silent > RUNNABLE_SILENT_NS || runnable != Some(true) => {
+                        crate::ni::Program::Scripted
+                    }
+                    _ => crate::ni::Program::Running,
+                }
             };
             ni.set_program(rank, program);
         }
@@ -1310,7 +1321,8 @@ mod tests {
 
     /// A program asleep on its ring with everything taken promises nothing (what wakes it
     /// bounds it); one that posted before it slept, whose commands the daemon has not
-    /// read, promises its clock: taken for asleep, its posts came out of modeled order.
+    /// read, or that waits for a control answer, promises its clock: taken for asleep or
+    /// gone, its posts came out of modeled order.
     #[test]
     fn a_program_asleep_with_commands_unread_is_still_running() {
         let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
@@ -1333,5 +1345,14 @@ mod tests {
         state.lock().unwrap().0.posting = true;
         svc.refresh_programs(&mut ni, now);
         assert_eq!(promise(&ni), running, "asleep after posting: running");
+        // Silent, its thread asleep elsewhere, but asking the daemon something: running.
+        let late = Instant::from_micros(1_000 + SILENT_NS / 1_000 + 1);
+        state.lock().unwrap().0.waiting = false;
+        state.lock().unwrap().1 = Some(false);
+        svc.refresh_programs(&mut ni, late);
+        assert_eq!(promise(&ni), running, "asking: running");
+        state.lock().unwrap().0.posting = false;
+        svc.refresh_programs(&mut ni, late);
+        assert_eq!(promise(&ni), ModelTime::NEVER, "asleep elsewhere: gone");
     }
 }

@@ -20,7 +20,9 @@
 //! 0x180   4     consumer_sleeping   both         1 = consumer about to block on its doorbell
 //! 0x184   4     consumer_thread     consumer     the thread (Linux tid) that last used the
 //!                                                ring's owner, 0 = not said; a hint
-//! 0x188   120   padding
+//! 0x188   4     consumer_asking     consumer     1 = the ring's owner waits for an answer
+//!                                                of the producer's side; a hint
+//! 0x18c   116   padding
 //! 0x200   4     producer_sleeping   both         1 = producer about to block (ring full)
 //! 0x204   124   padding
 //! 0x280   capacity * slot_size      slots        slot s at 0x280 + s * slot_size
@@ -121,6 +123,7 @@ const OFF_HEAD: usize = 0x080;
 const OFF_TAIL: usize = 0x100;
 const OFF_CONSUMER_SLEEPING: usize = 0x180;
 const OFF_CONSUMER_THREAD: usize = 0x184;
+const OFF_CONSUMER_ASKING: usize = 0x188;
 const OFF_PRODUCER_SLEEPING: usize = 0x200;
 const OFF_SLOTS: usize = 0x280;
 
@@ -412,6 +415,7 @@ impl Ring {
         word(OFF_TAIL)?.store(index, Ordering::Relaxed);
         word(OFF_CONSUMER_SLEEPING)?.store(0, Ordering::Relaxed);
         word(OFF_CONSUMER_THREAD)?.store(0, Ordering::Relaxed);
+        word(OFF_CONSUMER_ASKING)?.store(0, Ordering::Relaxed);
         word(OFF_PRODUCER_SLEEPING)?.store(0, Ordering::Relaxed);
         for i in 0..self.slots {
             // Message `index + i` goes into this slot next; until then it holds the stamp of
@@ -669,6 +673,12 @@ impl Producer {
         Ok(self.word(OFF_CONSUMER_THREAD)?.load(Ordering::Relaxed))
     }
 
+    /// Whether the consumer said its ring's owner waits for an answer of this side (see
+    /// [`ThreadMark::asking`]): a hint the peer writes, never trusted.
+    pub fn consumer_asking(&self) -> Result<bool, RingError> {
+        Ok(self.word(OFF_CONSUMER_ASKING)?.load(Ordering::Acquire) == 1)
+    }
+
     /// Like [`Consumer::prepare_sleep`], for a producer waiting for space: announces the
     /// sleep in `producer_sleeping`, then re-checks. `true` = a slot is free, do not sleep.
     pub fn prepare_sleep(&mut self) -> Result<bool, RingError> {
@@ -768,6 +778,15 @@ impl ThreadMark {
     pub fn set(&self, tid: u32) {
         if let Ok(w) = self.region.atomic_u32(self.offset) {
             w.store(tid, Ordering::Relaxed);
+        }
+    }
+
+    /// Says whether the ring's owner waits for an answer of the producer's side (a
+    /// request on another channel), which is no wait for anything else.
+    pub fn asking(&self, yes: bool) {
+        let at = self.offset - OFF_CONSUMER_THREAD + OFF_CONSUMER_ASKING;
+        if let Ok(w) = self.region.atomic_u32(at) {
+            w.store(u32::from(yes), Ordering::Release);
         }
     }
 }
@@ -919,6 +938,7 @@ impl Consumer {
     pub fn thread_mark(&self) -> Result<ThreadMark, RingError> {
         // Checked once here, so that marking cannot fail.
         self.word(OFF_CONSUMER_THREAD)?;
+        self.word(OFF_CONSUMER_ASKING)?;
         Ok(ThreadMark {
             region: Arc::clone(&self.region),
             offset: self.ring.offset + OFF_CONSUMER_THREAD,

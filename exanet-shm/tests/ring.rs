@@ -463,8 +463,8 @@ fn wait_readable_once_returns_on_any_ring() {
         .unwrap());
 }
 
-/// A third party sees whether published messages wait to be taken, and the thread the
-/// consumer last named, through the shared words alone.
+/// A third party sees whether published messages wait to be taken, the thread the
+/// consumer last named and whether it asks something, through the shared words alone.
 #[test]
 fn pending_messages_and_the_consumers_thread_are_seen_from_outside() {
     let (region, ring) = region_with_ring(16, 64);
@@ -477,6 +477,13 @@ fn pending_messages_and_the_consumers_thread_are_seen_from_outside() {
     assert!(c.pop(&mut buf).unwrap().is_some());
     assert!(!ring.pending(&region).unwrap());
     assert_eq!(p.consumer_thread().unwrap(), 0, "not said yet");
-    c.thread_mark().unwrap().set(4242);
+    let mark = c.thread_mark().unwrap();
+    mark.set(4242);
     assert_eq!(p.consumer_thread().unwrap(), 4242);
+    assert!(!p.consumer_asking().unwrap());
+    mark.asking(true);
+    assert!(p.consumer_asking().unwrap());
+    assert_eq!(p.consumer_thread().unwrap(), 4242, "words apart");
+    mark.asking(false);
+    assert!(!p.consumer_asking().unwrap());
 }

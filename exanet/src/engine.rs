@@ -105,8 +105,9 @@ enum TagState {
         chan: Chan,
         forget: bool,
     },
-    /// The result and when it happened, in modeled time.
-    Done(Result<(), OpError>, ModelTime),
+    /// The result, when it happened in modeled time, and its place in the order the
+    /// daemon handed events over (see [`Shared::next_event`]).
+    Done(Result<(), OpError>, ModelTime, u64),
 }
 
 /// A message taken from a mailbox.
@@ -122,6 +123,8 @@ pub struct Message {
     pub payload: Vec<u8>,
     /// When the reader could see it, in modeled time.
     pub at: ModelTime,
+    /// Its place in the order the daemon handed events over (see [`Shared::next_event`]).
+    pub(crate) seq: u64,
 }
 
 /// A completion notification an RDMA write left in this rank's memory.
@@ -135,6 +138,8 @@ pub struct Notification {
     pub len: u64,
     /// When it was written, in modeled time.
     pub at: ModelTime,
+    /// Its place in the order the daemon handed events over (see [`Shared::next_event`]).
+    pub(crate) seq: u64,
 }
 
 /// Counters of one endpoint.
@@ -275,7 +280,8 @@ impl State {
                         self.stats.forgotten_failures += 1;
                     }
                 } else {
-                    self.tags.insert(tag, TagState::Done(result, at));
+                    self.tags
+                        .insert(tag, TagState::Done(result, at, self.events));
                 }
             }
             // A second completion for the same tag, or one we never posted.
@@ -357,6 +363,7 @@ impl State {
                     src_rank,
                     payload,
                     at,
+                    seq: self.events,
                 };
                 let closed = self.closed.get(&vi).is_some_and(|g| generation <= *g);
                 match self.mailboxes.get_mut(&vi) {
@@ -416,6 +423,7 @@ impl State {
                     src_node: NodeId(src_node),
                     len,
                     at,
+                    seq: self.events,
                 });
             }
         }
@@ -516,6 +524,15 @@ fn left_cpu_set(shared: &Shared, cpu: Duration) {
 fn left_cpu_get(shared: &Shared) -> Option<Duration> {
     let key = std::ptr::from_ref(shared) as usize;
     LEFT_CPU.with_borrow(|v| v.iter().find(|(k, _)| *k == key).map(|(_, c)| *c))
+}
+
+/// Withdraws [`ThreadMark::asking`] when the request ends, however it ends.
+struct Asking<'a>(&'a ThreadMark);
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.asking(false);
+    }
 }
 
 thread_local! {
@@ -706,7 +723,15 @@ impl Shared {
         if let Some(b) = &lock(&self.state).broken {
             return Err(Error::Broken(b.clone()));
         }
-        let (reply, got) = lock(&self.ctrl).request(req, fds)?;
+        // Waiting for the daemon's answer is no wait for anything outside the rack: the
+        // daemon keeps waiting for what this program posts next (see `Shared::enter`).
+        let asking = self.thread.as_ref().map(|m| {
+            m.asking(true);
+            Asking(m)
+        });
+        let r = lock(&self.ctrl).request(req, fds);
+        drop(asking);
+        let (reply, got) = r?;
         if let Reply::Error { message } = reply {
             return Err(Error::Daemon { op, message });
         }
@@ -961,7 +986,7 @@ impl Shared {
         let r = self.drive(timeout, None, |st| match st.tags.get(&tag) {
             None => Err(Error::UnknownTag(tag)),
             Some(TagState::Pending { .. }) => Ok(None),
-            Some(&TagState::Done(r, at)) => {
+            Some(&TagState::Done(r, at, _)) => {
                 st.tags.remove(&tag);
                 st.clock = st.clock.max(at);
                 Ok(Some((r, at)))
@@ -983,7 +1008,7 @@ impl Shared {
         let _call = self.enter();
         let r = self.drive(Some(Duration::ZERO), None, |st| match st.tags.get(&tag) {
             None => Err(Error::UnknownTag(tag)),
-            Some(&TagState::Done(r, at)) if at <= st.clock => {
+            Some(&TagState::Done(r, at, _)) if at <= st.clock => {
                 st.tags.remove(&tag);
                 Ok(Some((r, at)))
             }
@@ -1055,7 +1080,7 @@ impl Shared {
                 *forget = true;
                 Ok(())
             }
-            Some(TagState::Done(r, _)) => {
+            Some(TagState::Done(r, ..)) => {
                 if r.is_err() {
                     st.stats.forgotten_failures += 1;
                 }
@@ -1111,13 +1136,15 @@ impl Shared {
         lock(&self.state).claims.retain(|c| c.range.start != start);
     }
 
-    /// The earliest in modeled time of what has come for the caller, without waiting: the
-    /// next message of mailbox `vi`, the next notification in one of `claims`, or the
-    /// completion of one of `tags`. The NI hands them over in modeled order, so whatever
-    /// the host had delivered by now, the earliest is the same: a caller that takes them
-    /// one by one this way sees the same sequence, and its clock the same times, on every
-    /// run. (Taking messages before completions, or whatever had come in real time,
-    /// moved the clock by the host's timing.)
+    /// The first of what has come for the caller, without waiting: the next message of
+    /// mailbox `vi`, the next notification in one of `claims`, or the completion of one of
+    /// `tags`, whichever the daemon handed over first. What has not come yet comes after
+    /// everything that has, and the NI hands events over in modeled order, so whatever
+    /// the host had delivered by now, the first is the same: a caller that takes them one
+    /// by one this way sees the same sequence, and its clock the same times, on every
+    /// run. (Taking messages before completions, or whatever had come, moved the clock
+    /// by the host's timing; so did taking the earliest `at`, which events of different
+    /// kinds reach with different costs: one that came later could be earlier.)
     pub(crate) fn next_event(&self, vi: u8, claims: &[u64], tags: &[u32]) -> Result<Option<Next>> {
         enum Which {
             Message,
@@ -1126,16 +1153,16 @@ impl Shared {
         }
         let _call = self.enter();
         self.drive(Some(Duration::ZERO), None, |st| {
-            let mut best: Option<(ModelTime, Which)> = None;
-            let mut offer = |at: ModelTime, w: Which| {
-                if best.as_ref().is_none_or(|(b, _)| at < *b) {
-                    best = Some((at, w));
+            let mut best: Option<(u64, Which)> = None;
+            let mut offer = |seq: u64, w: Which| {
+                if best.as_ref().is_none_or(|(b, _)| seq < *b) {
+                    best = Some((seq, w));
                 }
             };
             match st.mailboxes.get(&vi) {
                 Some(inbox) => {
                     if let Some(m) = inbox.queue.front() {
-                        offer(m.at, Which::Message);
+                        offer(m.seq, Which::Message);
                     }
                 }
                 None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
@@ -1143,13 +1170,13 @@ impl Shared {
             for (i, c) in st.claims.iter().enumerate() {
                 if claims.contains(&c.range.start) {
                     if let Some(n) = c.queue.front() {
-                        offer(n.at, Which::Claim(i));
+                        offer(n.seq, Which::Claim(i));
                     }
                 }
             }
             for &tag in tags {
-                if let Some(&TagState::Done(_, at)) = st.tags.get(&tag) {
-                    offer(at, Which::Tag(tag));
+                if let Some(&TagState::Done(_, _, seq)) = st.tags.get(&tag) {
+                    offer(seq, Which::Tag(tag));
                 }
             }
             Ok(match best {

@@ -62,7 +62,8 @@ impl CompletionRing for ShmRing {
         Some(Activity {
             waiting,
             drained: self.completions.is_drained().unwrap_or(false),
-            posting: self.commands.pending(&self.rings).unwrap_or(true),
+            posting: self.completions.consumer_asking().unwrap_or(false)
+                || self.commands.pending(&self.rings).unwrap_or(true),
         })
     }
 

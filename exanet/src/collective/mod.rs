@@ -1014,6 +1014,7 @@ mod tests {
             src_rank: 0,
             payload: vec![b],
             at: ModelTime::ZERO,
+            seq: 0,
         }
     }
 
