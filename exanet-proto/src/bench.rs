@@ -179,15 +179,9 @@ pub fn flows(shape: Shape, flows: &[Flow], cfg: BenchConfig) -> Result<FlowsRun,
         .collect::<Result<_, _>>()?;
     Ok(FlowsRun {
         done,
-        late: shape
-            .node_ids()
-            .map(|n| sim.node(n).switch().late_cells())
-            .sum(),
+        late: late_cells(&sim),
         cuts: sim.cuts(),
-        retransmissions: shape
-            .node_ids()
-            .map(|n| sim.node(n).ni().stats().retransmissions)
-            .sum(),
+        retransmissions: sim.nodes().map(|n| n.ni().stats().retransmissions).sum(),
         wall,
     })
 }
@@ -290,10 +284,12 @@ pub fn allreduce(
         .collect::<Result<_, _>>()?;
     Ok(AllreduceRun {
         done,
-        late: shape
-            .node_ids()
-            .map(|n| sim.node(n).switch().late_cells())
-            .sum(),
+        late: late_cells(&sim),
         cuts: sim.cuts(),
     })
+}
+
+/// Cells forwarded out of modeled order over the simulated rack.
+fn late_cells(sim: &Sim) -> u64 {
+    sim.nodes().map(|n| n.switch().late_cells()).sum()
 }

@@ -1255,6 +1255,25 @@ mod tests {
 
     struct Shows(Shown);
 
+    /// An NI with one program attached, whose ring shows what the test sets.
+    fn one_program() -> (Ni, WorkloadService, Shown) {
+        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
+        let mut svc = WorkloadService::new(1);
+        let state = shown();
+        svc.attach(
+            &mut ni,
+            Joining::new("a", Pdid(1)),
+            Box::new(Shows(state.clone())),
+        )
+        .unwrap();
+        (ni, svc, state)
+    }
+
+    /// What the NI's programs promise, as the horizon of its data cells shows it.
+    fn promise(ni: &Ni) -> ModelTime {
+        ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0]
+    }
+
     impl CompletionRing for Shows {
         fn push(&mut self, _: &[u8; attach::SLOT]) -> bool {
             true
@@ -1279,16 +1298,7 @@ mod tests {
     /// whose thread sleeps elsewhere, or whose state cannot be read, is not.
     #[test]
     fn a_silent_program_is_waited_for_only_while_its_thread_is_runnable() {
-        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
-        let mut svc = WorkloadService::new(1);
-        let state = shown();
-        svc.attach(
-            &mut ni,
-            Joining::new("a", Pdid(1)),
-            Box::new(Shows(state.clone())),
-        )
-        .unwrap();
-        let promise = |ni: &Ni| ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0];
+        let (mut ni, mut svc, state) = one_program();
         let t0 = Instant::from_micros(1_000);
         svc.refresh_programs(&mut ni, t0);
         let running = promise(&ni);
@@ -1325,16 +1335,7 @@ mod tests {
     /// gone, its posts came out of modeled order.
     #[test]
     fn a_program_asleep_with_commands_unread_is_still_running() {
-        let mut ni = Ni::new(NodeId(0), 4, NiConfig::default());
-        let mut svc = WorkloadService::new(1);
-        let state = shown();
-        svc.attach(
-            &mut ni,
-            Joining::new("a", Pdid(1)),
-            Box::new(Shows(state.clone())),
-        )
-        .unwrap();
-        let promise = |ni: &Ni| ni.horizon(&|_| Some(crate::topology::Port::Local)).0[0];
+        let (mut ni, mut svc, state) = one_program();
         let now = Instant::from_micros(1_000);
         svc.refresh_programs(&mut ni, now);
         let running = promise(&ni);
