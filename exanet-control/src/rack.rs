@@ -761,6 +761,10 @@ impl Rack {
             // Blocks wait for cuts in real time; one sent again because it waited is not
             // ordered, and its copy costs modeled time.
             c.retransmit_ns = c.retransmit_ns.max(ORDERED_RETRANSMIT_NS);
+            // Copies sent that late come long after the original finished: a receiver
+            // that had forgotten it took a copy of an RDMA block for a new one, and a
+            // 128-rank software allreduce once gave a member a wrong sum.
+            c.remember_ns = c.remember_ns.max(c.retry_budget_ns().saturating_mul(2));
         }
         c
     }
@@ -1023,6 +1027,27 @@ mod tests {
         let e = with_jobs("[ni]\nrank_max_mailboxes = 65\n").unwrap_err();
         assert!(e.contains("rank_max_mailboxes"), "{e}");
         assert!(with_jobs("[jobs.a]\nkey = \"k\"\npdid = 5\nmax_rank = 2\n").is_err());
+    }
+
+    /// In modeled order blocks wait for cuts in real time, so the NI retransmits later,
+    /// and receivers remember what finished for twice as long as copies may still come.
+    #[test]
+    fn modeled_order_retransmits_late_and_remembers_longer() {
+        let host = with_jobs("").unwrap().ni_config();
+        let modeled = with_jobs("[model]\norder = \"modeled\"\n")
+            .unwrap()
+            .ni_config();
+        assert_eq!(modeled.retransmit_ns, ORDERED_RETRANSMIT_NS);
+        assert!(host.retransmit_ns < ORDERED_RETRANSMIT_NS);
+        assert!(modeled.remember_ns >= 2 * modeled.retry_budget_ns());
+        assert!(
+            modeled.retry_budget_ns() > host.remember_ns,
+            "the case it is for"
+        );
+        assert_eq!(
+            host.remember_ns,
+            exanet_proto::ni::NiConfig::default().remember_ns
+        );
     }
 
     #[test]

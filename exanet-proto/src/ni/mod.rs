@@ -205,6 +205,17 @@ impl Default for NiConfig {
     }
 }
 
+impl NiConfig {
+    /// How long a sender may go on sending copies of a block or message: the backoff of
+    /// every attempt. A receiver that forgets a finished one sooner may take a late copy
+    /// for a new one.
+    pub fn retry_budget_ns(&self) -> u64 {
+        (1..=self.max_attempts)
+            .map(|a| backoff(self.retransmit_ns, a))
+            .fold(0, u64::saturating_add)
+    }
+}
+
 /// The retransmission timeout of the `attempt`-th send (1-based): doubling from the base
 /// and capped at 64 times it, so a congested path is not flooded with copies of blocks
 /// that are merely queued (the timer starts when a block is cut, not when it leaves).

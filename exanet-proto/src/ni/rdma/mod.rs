@@ -37,7 +37,7 @@ mod target;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{backoff, Ctx, Failure, Memory, NackReason, NiConfig, NiError, RdmaRead, RdmaWrite};
+use super::{Ctx, Failure, Memory, NackReason, NiConfig, NiError, RdmaRead, RdmaWrite};
 use crate::cell::{Cell, CellType, Engine};
 use crate::model::ModelTime;
 use crate::shape::NodeId;
@@ -173,11 +173,7 @@ fn check_range(va: u64, len: u64) -> Result<(), NiError> {
 /// up to its whole backoff budget: remember served requests at least twice that, or a
 /// late copy would be served again.
 fn served_keep(cfg: &NiConfig) -> u64 {
-    cfg.remember_ns.max(
-        2 * (1..=cfg.max_attempts)
-            .map(|a| backoff(cfg.retransmit_ns, a))
-            .sum::<u64>(),
-    )
+    cfg.remember_ns.max(cfg.retry_budget_ns().saturating_mul(2))
 }
 
 fn failure_code(f: Failure) -> u8 {
