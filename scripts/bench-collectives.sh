@@ -43,8 +43,18 @@ up() {
 row() {
   local what=$1 report=$2 rack=$3
   shift 3
-  EXANET_RACK=$rack "$bin/exanet-perf" "$@" --iterations "$iter" --warmup 5 --json 2>/dev/null |
-    python3 -c '
+  local err
+  err=$(mktemp)
+  # A failed run (a timeout, a wrong result) says why and ends the script, as before.
+  if ! EXANET_RACK=$rack "$bin/exanet-perf" "$@" --iterations "$iter" --warmup 5 --json \
+    2>"$err" >"$err.out"; then
+    echo "$what: exanet-perf failed:" >&2
+    tail -5 "$err" >&2
+    rm -f "$err" "$err.out"
+    return 1
+  fi
+  rm -f "$err"
+  python3 -c '
 import json, sys
 what, report = sys.argv[1], float(sys.argv[2])
 for line in sys.stdin:
@@ -53,7 +63,8 @@ for line in sys.stdin:
     wall, ops = d["p50_us"], d["accelerator_ops"]
     print(f"{what:<44} {report:>9.2f} {m:>9.2f} {100*(m-report)/report:>+8.1f}%  "
           f"modeled min/max {lo:.2f}/{hi:.2f}  wall p50 {wall:.0f} us  accel ops {ops}")
-' "$what" "$report"
+' "$what" "$report" <"$err.out"
+  rm -f "$err.out"
 }
 echo "software cost per call: $sw ns; $order order; $iter iterations; modeled p50 in us"
 printf '%-44s %9s %9s %9s\n' what report modeled error
