@@ -28,7 +28,7 @@ use crate::gvas::Pdid;
 use crate::ni::allreduce::MAX_MEMBERS;
 use crate::ni::mailbox::ConsumedCount;
 use crate::ni::{
-    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, TransferId,
+    Allreduce, AllreduceError, ChannelState, Memory, Ni, NiError, NiEvent, Program, TransferId,
     MAILBOX_WINDOW, RANKS,
 };
 use crate::quota::{self, Exceeded, Holding, Kind, Limits};
@@ -97,6 +97,21 @@ pub struct Activity {
     /// Commands it posted wait in its command ring, not read yet, or it waits for the
     /// answer to a control request: either way it is not waiting for anything else.
     pub posting: bool,
+}
+
+impl Activity {
+    /// What the ring alone says the program does: it runs while commands it posted wait
+    /// unread (taken for asleep, its posts came after the promise it was given, out of
+    /// modeled order), it waits while it sleeps on the ring; `None`: neither.
+    fn shows(self) -> Option<Program> {
+        if self.posting {
+            Some(Program::Running)
+        } else if self.waiting {
+            Some(Program::Waiting)
+        } else {
+            None
+        }
+    }
 }
 
 /// The kind of a finished operation, for latency metrics.
@@ -920,27 +935,21 @@ impl WorkloadService {
             }
             let last = *w.last_command.get_or_insert(now);
             let silent = now.since(last);
-            // A program that posted and then slept is running as far as its unread
-            // commands go: taken for waiting, its posts came after the promise it was
-            // given, out of modeled order.
-            let program = if a.posting {
-                crate::ni::Program::Running
-            } else if a.waiting {
-                crate::ni::Program::Waiting
-            } else if silent <= SILENT_NS {
-                crate::ni::Program::Running
-            } else {
-                // Its thread's state first, then whether it sleeps on its ring: one that
-                // went to sleep on the ring in between is waiting, not gone elsewhere (it
-                // was taken for gone, and what woke it came out of modeled order).
-                let runnable = w.ring.runnable();
-                match w.ring.activity() {
-                    Some(b) if b.posting => crate::ni::Program::Running,
-                    Some(b) if b.waiting => crate::ni::Program::Waiting,
-                    _ if silent > RUNNABLE_SILENT_NS || runnable != Some(true) => {
-                        crate::ni::Program::Scripted
+            let program = match a.shows() {
+                Some(p) => p,
+                None if silent <= SILENT_NS => Program::Running,
+                None => {
+                    // Its thread's state first, then its ring again: one that went to
+                    // sleep on the ring in between is waiting, not gone elsewhere (it was
+                    // taken for gone, and what woke it came out of modeled order).
+                    let runnable = w.ring.runnable();
+                    match w.ring.activity().and_then(|b| b.shows()) {
+                        Some(p) => p,
+                        None if silent > RUNNABLE_SILENT_NS || runnable != Some(true) => {
+                            Program::Scripted
+                        }
+                        None => Program::Running,
                     }
-                    _ => crate::ni::Program::Running,
                 }
             };
             ni.set_program(rank, program);
@@ -1239,9 +1248,10 @@ mod tests {
         );
     }
 
-    /// What a program's ring shows `refresh_programs`, as the test sets it: what it does
-    /// and whether its thread is runnable.
-    type Shown = std::sync::Arc<std::sync::Mutex<(Activity, Option<bool>)>>;
+    /// What a program's ring shows `refresh_programs`, as the test sets it: what it does,
+    /// whether its thread is runnable, and whether it goes to sleep on its ring by the
+    /// time its thread's state is read.
+    type Shown = std::sync::Arc<std::sync::Mutex<(Activity, Option<bool>, bool)>>;
 
     /// Awake, everything taken, nothing posted, its thread runnable.
     fn shown() -> Shown {
@@ -1250,7 +1260,7 @@ mod tests {
             drained: true,
             posting: false,
         };
-        std::sync::Arc::new(std::sync::Mutex::new((a, Some(true))))
+        std::sync::Arc::new(std::sync::Mutex::new((a, Some(true), false)))
     }
 
     struct Shows(Shown);
@@ -1289,7 +1299,13 @@ mod tests {
             Some(self.0.lock().unwrap().0)
         }
         fn runnable(&mut self) -> Option<bool> {
-            self.0.lock().unwrap().1
+            let mut st = self.0.lock().unwrap();
+            if st.2 {
+                // Asleep by the time its state is read: on its ring.
+                st.0.waiting = true;
+                return Some(false);
+            }
+            st.1
         }
     }
 
@@ -1355,5 +1371,23 @@ mod tests {
         state.lock().unwrap().0.posting = false;
         svc.refresh_programs(&mut ni, late);
         assert_eq!(promise(&ni), ModelTime::NEVER, "asleep elsewhere: gone");
+    }
+
+    /// A silent program whose thread is asleep when its state is read, because it went to
+    /// sleep on its ring after the ring was first looked at, waits: it relays what
+    /// reaches its NI, which bounds what it posts next. Taken for gone, it did not.
+    #[test]
+    fn a_program_that_goes_to_sleep_on_its_ring_while_looked_at_waits() {
+        let (mut ni, mut svc, state) = one_program();
+        svc.refresh_programs(&mut ni, Instant::from_micros(1_000));
+        state.lock().unwrap().2 = true;
+        let late = Instant::from_micros(1_000 + SILENT_NS / 1_000 + 1);
+        svc.refresh_programs(&mut ni, late);
+        assert!(ni.relays(), "waiting on its ring: the NI relays for it");
+        state.lock().unwrap().2 = false;
+        state.lock().unwrap().0.waiting = false;
+        state.lock().unwrap().1 = Some(false);
+        svc.refresh_programs(&mut ni, late);
+        assert!(!ni.relays(), "asleep elsewhere: gone, nothing relayed");
     }
 }

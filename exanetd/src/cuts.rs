@@ -20,10 +20,10 @@ use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::node::{AfterPump, NodeHandle};
-use crate::rack::dns_name;
 
 /// The longest message: a node's part carries at most 64 busy intervals per port.
 const MAX_MESSAGE: usize = 1 << 20;
@@ -54,6 +54,21 @@ async fn write_msg<T: Serialize>(send: &mut SendStream, m: &T) -> Result<(), Str
     buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
     buf.extend_from_slice(&body);
     send.write_all(&buf).await.map_err(|e| e.to_string())
+}
+
+/// Writes what comes on the returned sender to `send`, in order, until the stream fails.
+fn spawn_writer<T: Serialize + Send + Sync + 'static>(
+    mut send: SendStream,
+) -> (mpsc::UnboundedSender<T>, JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if write_msg(&mut send, &m).await.is_err() {
+                return;
+            }
+        }
+    });
+    (tx, writer)
 }
 
 /// The next message; `None` when the peer closed the stream.
@@ -112,7 +127,7 @@ pub async fn node_loop(node: Arc<NodeHandle>, endpoint: Endpoint, client: quinn:
     let addr = node.rack.entry(first).link.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
-        match connect(&endpoint, &client, &addr, &name).await {
+        match crate::link::dial_once(&endpoint, &client, &addr, &name).await {
             Ok((conn, send, recv)) => {
                 backoff = Duration::from_millis(50);
                 info!(coordinator = %name, "cut coordinator connected");
@@ -128,39 +143,12 @@ pub async fn node_loop(node: Arc<NodeHandle>, endpoint: Endpoint, client: quinn:
     }
 }
 
-async fn connect(
-    endpoint: &Endpoint,
-    client: &quinn::ClientConfig,
-    addr: &str,
-    name: &str,
-) -> Result<(Connection, SendStream, RecvStream), String> {
-    let sa = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{addr} resolves to nothing"))?;
-    let conn = endpoint
-        .connect_with(client.clone(), sa, &dns_name(&name))
-        .map_err(|e| e.to_string())?
-        .await
-        .map_err(|e| e.to_string())?;
-    let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    Ok((conn, send, recv))
-}
-
 async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvStream) -> String {
     let hello = ToCoordinator::Hello { node: node.id.0 };
     if let Err(e) = write_msg(&mut send, &hello).await {
         return e;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
-            if write_msg(&mut send, &m).await.is_err() {
-                return;
-            }
-        }
-    });
+    let (tx, writer) = spawn_writer(send);
     let rack_idle = Arc::new(AtomicBool::new(true));
     {
         let now = node.now();
@@ -182,12 +170,9 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
         let mut core = node.lock();
         match m {
             FromCoordinator::Begin(epoch) => {
-                // A process that attaches from now on starts its clock at the wall clock
-                // (`ni_service`), so no later: what it posts cannot go before this cut.
-                let wall = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
-                let floor = Some(ModelTime::from_wall(wall));
+                // A process that attaches from now on starts its clock no earlier: what
+                // it posts cannot go before this cut.
+                let floor = Some(crate::ni_service::attach_clock());
                 core.station.node_mut().ni_mut().0.set_attach_floor(floor);
                 core.station.begin_cut(epoch, now);
             }
@@ -260,7 +245,7 @@ impl CoordinatorHandle {
     }
 
     async fn serve_conn(&self, node: &Arc<NodeHandle>, conn: &Connection) -> Result<(), String> {
-        let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+        let (send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
         let Some(ToCoordinator::Hello { node: id }) = read_msg(&mut recv).await? else {
             return Err("the first message was not a hello".into());
         };
@@ -276,14 +261,7 @@ impl CoordinatorHandle {
         if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, &claimed)) {
             return Err(format!("certificate is not issued for {claimed}"));
         }
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(async move {
-            while let Some(m) = rx.recv().await {
-                if write_msg(&mut send, &m).await.is_err() {
-                    return;
-                }
-            }
-        });
+        let (tx, writer) = spawn_writer(send);
         {
             let mut st = self.lock();
             st.nodes[id.0 as usize] = Some(tx);

@@ -81,7 +81,9 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 /// dial loop's backoff.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn dial_once(
+/// One dial of `peer_name` at `addr` (the links' and the cut coordinator's): resolved,
+/// connected within [`DIAL_TIMEOUT`], one bidirectional stream opened.
+pub(crate) async fn dial_once(
     endpoint: &Endpoint,
     client: &quinn::ClientConfig,
     addr: &str,

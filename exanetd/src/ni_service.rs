@@ -423,11 +423,7 @@ fn serve_session(
             jobs.len() + usize::from(!jobs.contains_key("default"))
         }),
         // After whatever earlier programs did on the rack, in modeled time.
-        start: ModelTime::from_wall(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default(),
-        ),
+        start: attach_clock(),
     };
     let conn_copy = match conn.try_clone() {
         Ok(c) => CloseLater::new(OwnedFd::from(c)),
@@ -551,6 +547,17 @@ struct Attached {
     /// The workload's ends of both doorbells, to send it.
     workload_ends: [OwnedFd; 2],
     reply: Reply,
+}
+
+/// Where the modeled clock of a process attaching now starts: the wall clock, so after
+/// whatever earlier programs did on the rack. The cut coordinator's attach floor is the
+/// same clock (`crate::cuts`): no process attaching after a cut starts before it.
+pub(crate) fn attach_clock() -> ModelTime {
+    ModelTime::from_wall(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
 }
 
 /// Takes a free rank for `who`, within its job's quota, and makes its rings and doorbells.
