@@ -272,7 +272,10 @@ impl State {
             Some(TagState::Pending { chan, forget }) => {
                 if self.busy.get(&chan) == Some(&tag) {
                     self.busy.remove(&chan);
-                    self.freed.insert(chan, at);
+                    // Only channels that are used again: a collective's is its own.
+                    if !matches!(chan, Chan::Collective { .. }) {
+                        self.freed.insert(chan, at);
+                    }
                 }
                 if forget {
                     self.tags.remove(&tag);
@@ -526,12 +529,29 @@ fn left_cpu_get(shared: &Shared) -> Option<Duration> {
     LEFT_CPU.with_borrow(|v| v.iter().find(|(k, _)| *k == key).map(|(_, c)| *c))
 }
 
-/// Withdraws [`ThreadMark::asking`] when the request ends, however it ends.
-struct Asking<'a>(&'a ThreadMark);
+/// One control request under way (or waiting for the one before it): says so in the ring
+/// header while any is, and withdraws it when the last ends, however it ends.
+struct Asking<'a> {
+    mark: &'a ThreadMark,
+    count: &'a Mutex<usize>,
+}
+
+impl<'a> Asking<'a> {
+    fn new(mark: &'a ThreadMark, count: &'a Mutex<usize>) -> Asking<'a> {
+        let mut n = lock(count);
+        *n += 1;
+        mark.asking(true);
+        Asking { mark, count }
+    }
+}
 
 impl Drop for Asking<'_> {
     fn drop(&mut self) {
-        self.0.asking(false);
+        let mut n = lock(self.count);
+        *n -= 1;
+        if *n == 0 {
+            self.mark.asking(false);
+        }
     }
 }
 
@@ -603,6 +623,8 @@ pub(crate) struct Shared {
     /// or waiting for one is computing, not waiting for something outside the rack, and
     /// the daemon keeps waiting for what it may post (`exanet_proto::workload`).
     thread: Option<ThreadMark>,
+    /// Control requests under way or waiting for the one before them (see [`Asking`]).
+    asking: Mutex<usize>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -654,6 +676,7 @@ impl Shared {
             to_daemon,
             ctrl: Mutex::new(ctrl),
             thread,
+            asking: Mutex::new(0),
         }
     }
 
@@ -725,10 +748,7 @@ impl Shared {
         }
         // Waiting for the daemon's answer is no wait for anything outside the rack: the
         // daemon keeps waiting for what this program posts next (see `Shared::enter`).
-        let asking = self.thread.as_ref().map(|m| {
-            m.asking(true);
-            Asking(m)
-        });
+        let asking = self.thread.as_ref().map(|m| Asking::new(m, &self.asking));
         let r = lock(&self.ctrl).request(req, fds);
         drop(asking);
         let (reply, got) = r?;
@@ -1380,5 +1400,34 @@ impl Shared {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command on a channel comes after the completion that freed it: the program
+    /// waited for that channel. A collective's channel is its own, never used again, so
+    /// nothing is kept of it.
+    #[test]
+    fn a_channel_reused_moves_the_clock_to_the_completion_that_freed_it() {
+        let mut st = State::default();
+        let ch = Chan::Packetizer { vi: 0, ch: 0 };
+        let tag = st.start(ch).unwrap();
+        assert!(st.start(ch).is_err(), "busy until its completion");
+        st.finish(tag, Ok(()), ModelTime(500));
+        st.clock = ModelTime(100);
+        st.start(ch).unwrap();
+        assert_eq!(st.clock, ModelTime(500));
+        // Freed before the clock: the clock stays.
+        let tag = st.start(Chan::Packetizer { vi: 0, ch: 1 }).unwrap();
+        st.finish(tag, Ok(()), ModelTime(200));
+        st.start(Chan::Packetizer { vi: 0, ch: 1 }).unwrap();
+        assert_eq!(st.clock, ModelTime(500));
+        let tag = st.start(Chan::Collective { id: 7 }).unwrap();
+        st.finish(tag, Ok(()), ModelTime(900));
+        assert!(!st.freed.contains_key(&Chan::Collective { id: 7 }));
+        assert_eq!(st.clock, ModelTime(500));
     }
 }
