@@ -760,11 +760,9 @@ impl Rack {
         if self.order() == CellOrder::Modeled {
             // Blocks wait for cuts in real time; one sent again because it waited is not
             // ordered, and its copy costs modeled time.
+            // (Receivers remember finished blocks for twice the retry budget this
+            // implies: `NiConfig::keep_ns`.)
             c.retransmit_ns = c.retransmit_ns.max(ORDERED_RETRANSMIT_NS);
-            // Copies sent that late come long after the original finished: a receiver
-            // that had forgotten it took a copy of an RDMA block for a new one, and a
-            // 128-rank software allreduce once gave a member a wrong sum.
-            c.remember_ns = c.remember_ns.max(c.retry_budget_ns().saturating_mul(2));
         }
         c
     }
@@ -1030,7 +1028,7 @@ mod tests {
     }
 
     /// In modeled order blocks wait for cuts in real time, so the NI retransmits later,
-    /// and receivers remember what finished for twice as long as copies may still come.
+    /// and receivers remember what finished for as long as copies may still come.
     #[test]
     fn modeled_order_retransmits_late_and_remembers_longer() {
         let host = with_jobs("").unwrap().ni_config();
@@ -1039,15 +1037,10 @@ mod tests {
             .ni_config();
         assert_eq!(modeled.retransmit_ns, ORDERED_RETRANSMIT_NS);
         assert!(host.retransmit_ns < ORDERED_RETRANSMIT_NS);
-        assert!(modeled.remember_ns >= 2 * modeled.retry_budget_ns());
-        assert!(
-            modeled.retry_budget_ns() > host.remember_ns,
-            "the case it is for"
-        );
-        assert_eq!(
-            host.remember_ns,
-            exanet_proto::ni::NiConfig::default().remember_ns
-        );
+        for c in [host, modeled] {
+            assert!(c.keep_ns() >= 2 * c.retry_budget_ns());
+        }
+        assert!(modeled.keep_ns() > host.keep_ns());
     }
 
     #[test]

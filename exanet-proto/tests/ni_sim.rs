@@ -1608,3 +1608,162 @@ fn the_next_process_on_a_rank_starts_with_a_window_of_its_own() {
         "modeled durations {took:?} ps"
     );
 }
+
+/// Two NIs on a wire with `delay_ns` each way; cells from the writer's peer back to the
+/// writer are dropped while `answers` is false.
+struct Wire {
+    a: exanet_proto::ni::Ni,
+    b: exanet_proto::ni::Ni,
+    amem: VecMemory,
+    bmem: VecMemory,
+    /// (arrival, to b, cell), in no order.
+    flight: Vec<(Instant, bool, exanet_proto::Cell)>,
+    now: Instant,
+    delay_ns: u64,
+    answers: bool,
+}
+
+impl Wire {
+    fn new(cfg: NiConfig, delay_ns: u64) -> Wire {
+        use exanet_proto::ni::Ni;
+        let mut a = Ni::new(NodeId(0), 2, cfg);
+        let mut b = Ni::new(NodeId(1), 2, cfg);
+        let mut amem = VecMemory::new();
+        amem.register(0, SRC_VA, 4096);
+        let mut bmem = VecMemory::new();
+        bmem.register(0, DST_VA, 4096);
+        for ni in [&mut a, &mut b] {
+            ni.attach(0, PDID).unwrap();
+            ni.alloc_rdma_page(0).unwrap();
+        }
+        Wire {
+            a,
+            b,
+            amem,
+            bmem,
+            flight: Vec::new(),
+            now: Instant::ZERO,
+            delay_ns,
+            answers: true,
+        }
+    }
+
+    /// Writes `fill` from a's SRC_VA to b's DST_VA, 4 KiB on channel `ch`.
+    fn write(&mut self, fill: u8, ch: u8) {
+        use exanet_proto::ni::Memory;
+        self.amem.write(0, SRC_VA, &[fill; 4096]).unwrap();
+        let w = RdmaWrite {
+            page: 0,
+            ch,
+            src_va: SRC_VA,
+            dst: Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap(),
+            len: 4096,
+            notify: None,
+        };
+        self.a.rdma_write(0, &w, self.now, &self.amem).unwrap();
+    }
+
+    /// Runs events in time order until `until` or until nothing is left to do; returns
+    /// a's RDMA results.
+    fn run(&mut self, until: Instant) -> Vec<Result<(), Failure>> {
+        let mut results = Vec::new();
+        loop {
+            while let Some(c) = self.a.poll_cell() {
+                self.a.injected(&c, self.now);
+                self.flight.push((self.now + self.delay_ns, true, c));
+            }
+            while let Some(c) = self.b.poll_cell() {
+                self.b.injected(&c, self.now);
+                if self.answers {
+                    self.flight.push((self.now + self.delay_ns, false, c));
+                }
+            }
+            while let Some(e) = self.a.poll_event() {
+                if let NiEvent::Rdma { result, .. } = e {
+                    results.push(result);
+                }
+            }
+            let next = self
+                .flight
+                .iter()
+                .map(|f| f.0)
+                .chain(self.a.poll_timeout())
+                .chain(self.b.poll_timeout())
+                .min();
+            let Some(next) = next.filter(|t| *t <= until) else {
+                return results;
+            };
+            self.now = next.max(self.now);
+            let (due, rest): (Vec<_>, Vec<_>) =
+                self.flight.drain(..).partition(|f| f.0 <= self.now);
+            self.flight = rest;
+            for (_, to_b, c) in due {
+                if to_b {
+                    self.b.on_cell(c, self.now, &mut self.bmem);
+                } else {
+                    self.a.on_cell(c, self.now, &mut self.amem);
+                }
+            }
+            if self.a.poll_timeout().is_some_and(|t| t <= self.now) {
+                self.a.handle_timeout(self.now, &self.amem);
+            }
+            if self.b.poll_timeout().is_some_and(|t| t <= self.now) {
+                self.b.handle_timeout(self.now, &self.bmem);
+            }
+        }
+    }
+}
+
+/// A writer whose answers are all lost keeps sending copies of a block its receiver has
+/// finished. However long its retransmission timeout has grown (it follows measured round
+/// trips), no copy may come after the receiver forgot the finished block: the receiver
+/// would take it for a new one and write old bytes over what its program wrote there
+/// since. The writer must give up first, and say so.
+#[test]
+fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
+    use exanet_proto::ni::Memory;
+    // The default configuration (what a rack runs), on a fast path and on a path whose
+    // measured round trip has raised the writer's timeout to seconds.
+    for slow in [false, true] {
+        let cfg = NiConfig::default();
+        let mut w = Wire::new(cfg, 1_000);
+        // Transfers teach the writer the path's round trip; on the slow path it grows a
+        // quarter each time (always under the timeout, so that every answer dates its
+        // send) to over a second each way.
+        for round in 0..25u8 {
+            if slow {
+                w.delay_ns = (5_000_000.0 * 1.25f64.powi(i32::from(round))) as u64;
+            }
+            w.write(round, round % 2);
+            let until = w.now + 100_000_000_000;
+            assert_eq!(w.run(until), vec![Ok(())], "warm-up {round}");
+        }
+        w.delay_ns = 1_000;
+        w.answers = false;
+        w.write(0xAA, 0);
+        // The block lands; its program then reuses the buffer.
+        let landed = w.now + 10_000;
+        assert!(w.run(landed).is_empty());
+        let mut got = [0u8; 4096];
+        w.bmem.read(0, DST_VA, &mut got).unwrap();
+        assert_eq!(got, [0xAA; 4096], "the block did not land");
+        w.bmem.write(0, DST_VA, &[0x55; 4096]).unwrap();
+        let until = w.now + 1_000 * cfg.keep_ns();
+        let results = w.run(until);
+        assert_eq!(results, vec![Err(Failure::TimedOut)], "slow path: {slow}");
+        w.bmem.read(0, DST_VA, &mut got).unwrap();
+        assert!(
+            got == [0x55; 4096],
+            "a late copy overwrote the program's bytes (slow path: {slow})"
+        );
+        // On the fast path copies come and are dropped as duplicates. On the slow one the
+        // timeout (over 4 s) is past the copy limit: the writer gives up at its first
+        // timeout; without the limit its copies came until 560 s later and overwrote.
+        if !slow {
+            assert!(
+                w.b.stats().duplicates > 0,
+                "no copy came: the test shows nothing"
+            );
+        }
+    }
+}

@@ -630,7 +630,7 @@ impl Accelerator {
                 },
             });
         }
-        let until = cx.now + cx.cfg.remember_ns;
+        let until = cx.now + cx.cfg.keep_ns();
         self.finished.insert(key, until);
         self.finished_order.push_back((until, key));
     }

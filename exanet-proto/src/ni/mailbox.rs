@@ -276,13 +276,13 @@ impl Mailboxes {
 
     /// When the oldest remembered delivery is to be forgotten.
     pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
-        self.seen_order.front().map(|(t, _)| *t + cfg.remember_ns)
+        self.seen_order.front().map(|(t, _)| *t + cfg.keep_ns())
     }
 
     /// Forgets deliveries older than the configured memory.
     pub(crate) fn expire(&mut self, now: Instant, cfg: &NiConfig) {
         while let Some(&(t, key)) = self.seen_order.front() {
-            if now.since(t) < cfg.remember_ns {
+            if now.since(t) < cfg.keep_ns() {
                 break;
             }
             self.seen_order.pop_front();

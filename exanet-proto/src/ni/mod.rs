@@ -171,7 +171,8 @@ pub struct NiConfig {
     pub rank_window_blocks: usize,
     /// Receive contexts (blocks being reassembled) per node.
     pub rx_contexts: usize,
-    /// How long a finished block or message is remembered, to recognise late duplicates.
+    /// How long a finished block or message is remembered at least, to recognise late
+    /// duplicates (longer when the senders' retry budget is: see [`NiConfig::keep_ns`]).
     pub remember_ns: u64,
     /// Where transaction ids start. The owner picks a different one each time it creates
     /// an NI (the daemon: from the clock), so that a restarted node's new transfers are
@@ -213,6 +214,25 @@ impl NiConfig {
         (1..=self.max_attempts)
             .map(|a| backoff(self.retransmit_ns, a))
             .fold(0, u64::saturating_add)
+    }
+
+    /// How long a receiver remembers a finished block, message, served read or
+    /// collective, to drop late copies: `remember_ns`, or twice the senders' retry budget
+    /// when that is longer. A sender stops sending copies half this long after its first
+    /// send (see `copy_limit_ns`), so no copy can outlive the receiver's memory of what
+    /// it duplicates and be taken for new data.
+    pub fn keep_ns(&self) -> u64 {
+        self.remember_ns
+            .max(self.retry_budget_ns().saturating_mul(2))
+    }
+
+    /// How long after its first send a sender may still send copies of a block or notice
+    /// whose retransmission timeout follows measured round trips (and so may have grown
+    /// past the configured one the retry budget counts): half of what receivers keep,
+    /// leaving the other half for a copy's way through the fabric. A transfer that needs
+    /// longer fails as timed out rather than risk a copy landing over newer data.
+    pub fn copy_limit_ns(&self) -> u64 {
+        self.keep_ns() / 2
     }
 }
 

@@ -62,6 +62,8 @@ struct Block {
     unanswered: u8,
     step: Step,
     sent_at: Instant,
+    /// When its first attempt was cut: no copy goes after `NiConfig::copy_limit_ns`.
+    first_sent: Instant,
     /// When the latest attempt's cells were cut, in modeled time.
     modeled: ModelTime,
 }
@@ -124,6 +126,8 @@ struct Notice {
     attempts: u8,
     step: Step,
     status: u8,
+    /// When it was first sent: no copy goes after `NiConfig::copy_limit_ns`.
+    first_sent: Option<Instant>,
 }
 
 impl Notice {
@@ -136,6 +140,7 @@ impl Notice {
             attempts: 0,
             step: Step::Pending,
             status: 0,
+            first_sent: None,
         }
     }
 }
@@ -296,6 +301,7 @@ impl Transfer {
             n.seq = n.seq.wrapping_add(1);
         }
         n.attempts += 1;
+        n.first_sent.get_or_insert(cx.now);
         let deadline = cx.now + backoff(cx.cfg.retransmit_ns, n.attempts);
         n.step = Step::InFlight { deadline };
         let note = Note {
@@ -692,6 +698,7 @@ impl Initiator {
                         unanswered: 0,
                         step: Step::Pending,
                         sent_at: cx.now,
+                        first_sent: cx.now,
                         modeled: t.ready.max(opened).max(place),
                     },
                 );
@@ -1085,7 +1092,8 @@ impl Initiator {
                 .collect();
             for i in due {
                 let b = t.live.get_mut(&i).expect("listed");
-                if b.attempts >= cfg.max_attempts {
+                if b.attempts >= cfg.max_attempts || now.since(b.first_sent) >= cfg.copy_limit_ns()
+                {
                     fail = Some(Failure::TimedOut);
                     break;
                 }
@@ -1111,7 +1119,10 @@ impl Initiator {
             if let Some(n) = t.notice {
                 let due = n.step.deadline().is_some_and(|d| d <= now);
                 if due && fail.is_none() {
-                    if n.attempts >= cfg.max_attempts {
+                    let aged = n
+                        .first_sent
+                        .is_some_and(|f| now.since(f) >= cfg.copy_limit_ns());
+                    if n.attempts >= cfg.max_attempts || aged {
                         fail = Some(Failure::TimedOut);
                     } else {
                         cx.stats.retransmissions += 1;

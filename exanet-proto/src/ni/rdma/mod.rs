@@ -169,13 +169,6 @@ fn check_range(va: u64, len: u64) -> Result<(), NiError> {
     Ok(())
 }
 
-/// How long a served read request is remembered. A reader retransmits its request for
-/// up to its whole backoff budget: remember served requests at least twice that, or a
-/// late copy would be served again.
-fn served_keep(cfg: &NiConfig) -> u64 {
-    cfg.remember_ns.max(cfg.retry_budget_ns().saturating_mul(2))
-}
-
 fn failure_code(f: Failure) -> u8 {
     match f {
         Failure::Nacked(r) => r as u8,

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::initiator::{ReadDone, ServedRead};
 use super::{
-    arm, check_range, failure_from_code, incomplete_payload, served_keep, Note, BLOCK_SIZE,
-    MAX_SERVED, NOTIFY_BLOCK, TXN_RDMA, TXN_SERVED,
+    arm, check_range, failure_from_code, incomplete_payload, Note, BLOCK_SIZE, MAX_SERVED,
+    NOTIFY_BLOCK, TXN_RDMA, TXN_SERVED,
 };
 use crate::cell::{Cell, FLAG_LAST};
 use crate::gvas::Gvas;
@@ -193,7 +193,7 @@ impl Target {
         }
         cx.answer(cell, None);
         self.served_seen.insert(key, cx.now);
-        arm(&mut self.wake, cx.now + served_keep(cx.cfg));
+        arm(&mut self.wake, cx.now + cx.cfg.keep_ns());
         self.served_next = (self.served_next + 1) & (TXN_SERVED - 1);
         Some(ServedRead {
             txn: TXN_RDMA | TXN_SERVED | self.served_next,
@@ -264,7 +264,7 @@ impl Target {
     fn remember_finished(&mut self, key: RxKey, seq: u16, now: Instant, cfg: &NiConfig) {
         self.finished.insert(key, (seq, now));
         self.finished_order.push_back((now, key));
-        arm(&mut self.wake, now + cfg.remember_ns);
+        arm(&mut self.wake, now + cfg.keep_ns());
     }
 
     /// No earlier than the target's next deadline (see `wake`).
@@ -283,10 +283,10 @@ impl Target {
     /// When receive state is next to be forgotten, exactly: even a node that sends
     /// nothing forgets it after a while.
     fn scan_deadlines(&self, cfg: &NiConfig) -> Option<Instant> {
-        let keep = served_keep(cfg);
+        let keep = cfg.keep_ns();
         self.finished_order
             .front()
-            .map(|(t, _)| *t + cfg.remember_ns)
+            .map(|(t, _)| *t + keep)
             .into_iter()
             .chain(self.rx.values().map(|c| c.touched + cfg.remember_ns))
             .chain(self.served_seen.values().map(|t| *t + keep))
@@ -298,7 +298,7 @@ impl Target {
         self.rx
             .retain(|_, c| now.since(c.touched) < cfg.remember_ns);
         while let Some(&(t, key)) = self.finished_order.front() {
-            if now.since(t) < cfg.remember_ns {
+            if now.since(t) < cfg.keep_ns() {
                 break;
             }
             self.finished_order.pop_front();
@@ -306,7 +306,7 @@ impl Target {
                 self.finished.remove(&key);
             }
         }
-        let keep = served_keep(cfg);
+        let keep = cfg.keep_ns();
         self.served_seen.retain(|_, t| now.since(*t) < keep);
         self.wake = self.scan_deadlines(cfg);
     }
