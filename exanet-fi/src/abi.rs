@@ -53,6 +53,11 @@ pub const FI_MR_VIRT_ADDR: c_int = 1 << 4;
 pub const FI_MR_ALLOCATED: c_int = 1 << 5;
 pub const FI_MR_PROV_KEY: c_int = 1 << 6;
 pub const FI_MR_ENDPOINT: c_int = 1 << 9;
+/// The old modes, before the bits: `FI_MR_BASIC` is `FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+/// FI_MR_PROV_KEY`, `FI_MR_SCALABLE` none of them.
+pub const FI_MR_UNSPEC: c_int = 0;
+pub const FI_MR_BASIC: c_int = 1;
+pub const FI_MR_SCALABLE: c_int = 2;
 
 // Message ordering.
 pub const FI_ORDER_SAS: u64 = 1 << 8;
@@ -93,6 +98,7 @@ pub const FI_CLASS_FABRIC: usize = 1;
 pub const FI_CLASS_DOMAIN: usize = 2;
 pub const FI_CLASS_EP: usize = 3;
 pub const FI_CLASS_AV: usize = 11;
+pub const FI_CLASS_MR: usize = 12;
 pub const FI_CLASS_EQ: usize = 13;
 pub const FI_CLASS_CQ: usize = 14;
 
@@ -126,6 +132,7 @@ pub const FI_EOPBADSTATE: c_int = 258;
 pub const FI_EAVAIL: c_int = 259;
 pub const FI_ENOCQ: c_int = 263;
 pub const FI_ETRUNC: c_int = 265;
+pub const FI_ENOKEY: c_int = 266;
 pub const FI_ENOAV: c_int = 267;
 pub const FI_ETOOSMALL: c_int = 257;
 pub const FI_ENOMSG: c_int = libc::ENOMSG;
@@ -573,8 +580,90 @@ pub struct fi_ops_none<const N: usize> {
     pub ops: [Option<unsafe extern "C" fn() -> isize>; N],
 }
 
-/// `struct fi_ops_rma`: 9 operations.
-pub type fi_ops_rma = fi_ops_none<9>;
+#[repr(C)]
+pub struct fi_rma_iov {
+    pub addr: u64,
+    pub len: usize,
+    pub key: u64,
+}
+
+#[repr(C)]
+pub struct fi_msg_rma {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub rma_iov: *const fi_rma_iov,
+    pub rma_iov_count: usize,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+/// `read`, `write`: (ep, buf, len, desc, peer, addr, key, context).
+pub type RmaFn =
+    unsafe extern "C" fn(*mut fid_ep, *mut c_void, usize, Opaque, u64, u64, u64, Opaque) -> isize;
+/// `readv`, `writev`: (ep, iov, desc, count, peer, addr, key, context).
+pub type RmaVFn = unsafe extern "C" fn(
+    *mut fid_ep,
+    *const libc::iovec,
+    *mut Opaque,
+    usize,
+    u64,
+    u64,
+    u64,
+    Opaque,
+) -> isize;
+
+#[repr(C)]
+pub struct fi_ops_rma {
+    pub size: usize,
+    pub read: Option<RmaFn>,
+    pub readv: Option<RmaVFn>,
+    pub readmsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg_rma, u64) -> isize>,
+    pub write: Option<RmaFn>,
+    pub writev: Option<RmaVFn>,
+    pub writemsg: Option<unsafe extern "C" fn(*mut fid_ep, *const fi_msg_rma, u64) -> isize>,
+    pub inject:
+        Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64, u64, u64) -> isize>,
+    pub writedata: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const c_void,
+            usize,
+            Opaque,
+            u64,
+            u64,
+            u64,
+            u64,
+            Opaque,
+        ) -> isize,
+    >,
+    pub injectdata: Option<
+        unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, u64, u64, u64, u64) -> isize,
+    >,
+}
+
+#[repr(C)]
+pub struct fid_mr {
+    pub fid: fid,
+    pub mem_desc: *mut c_void,
+    pub key: u64,
+}
+
+#[repr(C)]
+pub struct fi_mr_attr {
+    pub mr_iov: *const libc::iovec,
+    pub iov_count: usize,
+    pub access: u64,
+    pub offset: u64,
+    pub requested_key: u64,
+    pub context: *mut c_void,
+    pub auth_key_size: usize,
+    pub auth_key: *mut u8,
+    pub iface: c_int,
+    /// A union of the device's id (`uint64_t reserved`, `int cuda`, ...).
+    pub device: u64,
+}
 /// `struct fi_ops_atomic`: 13 operations.
 pub type fi_ops_atomic = fi_ops_none<13>;
 /// `struct fi_ops_collective`: 11 operations.

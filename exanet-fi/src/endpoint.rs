@@ -20,7 +20,8 @@ use crate::av::Av;
 use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{
-    Action, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer,
+    Action, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer, RmaData,
+    RmaRefusal, RmaTarget,
 };
 use crate::staging::{Slot, Staging};
 
@@ -53,6 +54,16 @@ impl RecvBuf for NoBuf {
     fn write(&self, _: &[u8]) -> usize {
         0
     }
+}
+
+/// The memory regions the application registered (`fi_mr_reg`), behind the C entry
+/// points: what a one-sided operation served here reads or writes, checked against the
+/// region's key, bounds and access.
+pub trait Regions: Send + Sync {
+    /// Writes `data` at `addr` of region `key`.
+    fn store(&self, key: u64, addr: u64, data: &[u8]) -> Result<(), RmaRefusal>;
+    /// Reads `out.len()` bytes at `addr` of region `key`.
+    fn load(&self, key: u64, addr: u64, out: &mut [u8]) -> Result<(), RmaRefusal>;
 }
 
 /// Why an operation was not taken (a positive libfabric error number).
@@ -122,8 +133,25 @@ impl RecvOp {
     }
 }
 
+/// A one-sided operation this endpoint started.
+#[derive(Debug)]
+struct RmaOp {
+    context: usize,
+    flags: u64,
+    len: usize,
+    silent: bool,
+    /// A write's staged data, or where a read's bytes land.
+    slot: Option<Slot>,
+    /// A read's destination.
+    buf: Option<Box<dyn RecvBuf>>,
+}
+
 struct Inner {
     ep: Arc<exanet::Endpoint>,
+    regions: Arc<dyn Regions>,
+    rmas: HashMap<u64, RmaOp>,
+    /// RDMA writes of served reads: (tag, reply, the staging they write from).
+    pushes: Vec<(Tag, u64, Slot)>,
     mailbox: exanet::Mailbox,
     tx: exanet::Packetizer,
     rdma: exanet::RdmaPage,
@@ -212,6 +240,7 @@ impl Endpoint {
         default_completion: (bool, bool),
         delivery_complete: bool,
         eager_limit: usize,
+        regions: Arc<dyn Regions>,
     ) -> Result<Arc<Endpoint>, Error> {
         let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
         let tx = ep.packetizer()?;
@@ -234,6 +263,9 @@ impl Endpoint {
                     },
                 ),
                 ep,
+                regions,
+                rmas: HashMap::new(),
+                pushes: Vec::new(),
                 mailbox,
                 tx,
                 rdma,
@@ -363,6 +395,86 @@ impl Endpoint {
                 silent,
             },
         );
+        i.progress();
+        Ok(())
+    }
+
+    /// Writes `data` to `target` of `dest` (`fi_write`). Completes when the target has
+    /// stored it.
+    pub fn rma_write(
+        &self,
+        dest: u64,
+        data: &[u8],
+        target: RmaTarget,
+        context: usize,
+        completes: Completes,
+    ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
+        let mut i = self.lock();
+        let silent = !i.completes(completes, true);
+        let to = i.ready_to(dest)?;
+        let op = i.next_op;
+        let (out, slot) = if data.len() <= crate::msg::wire::EAGER_MAX {
+            (RmaData::Inline(data.to_vec()), None)
+        } else {
+            let slot = i.stage(data)?;
+            let va = i.staging.va(&slot);
+            (
+                RmaData::Staged {
+                    len: data.len() as u64,
+                    va,
+                },
+                Some(slot),
+            )
+        };
+        i.next_op += 1;
+        i.rmas.insert(
+            op,
+            RmaOp {
+                context,
+                flags: FI_RMA | FI_WRITE,
+                len: data.len(),
+                silent,
+                slot,
+                buf: None,
+            },
+        );
+        i.engine.rma_write(to, target, out, op);
+        i.progress();
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `target` of `src` into `buf` (`fi_read`).
+    pub fn rma_read(
+        &self,
+        src: u64,
+        buf: Box<dyn RecvBuf>,
+        target: RmaTarget,
+        context: usize,
+        completes: Completes,
+    ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
+        let mut i = self.lock();
+        let silent = !i.completes(completes, true);
+        let to = i.ready_to(src)?;
+        let len = buf.len() as u64;
+        let ep = Arc::clone(&i.ep);
+        let slot = i.staging.alloc(&ep, len).map_err(|_| FI_ENOMEM)?;
+        let va = i.staging.va(&slot);
+        let op = i.next_op;
+        i.next_op += 1;
+        i.rmas.insert(
+            op,
+            RmaOp {
+                context,
+                flags: FI_RMA | FI_READ,
+                len: len as usize,
+                silent,
+                slot: Some(slot),
+                buf: Some(buf),
+            },
+        );
+        i.engine.rma_read(to, target, len, va, op);
         i.progress();
         Ok(())
     }
@@ -611,6 +723,34 @@ impl Inner {
         }
     }
 
+    /// The peer at `dest`, when the endpoint can start an operation.
+    fn ready_to(&self, dest: u64) -> Result<Peer, Errno> {
+        if !self.enabled {
+            return Err(FI_EOPBADSTATE);
+        }
+        if self.broken {
+            return Err(FI_EIO);
+        }
+        self.av
+            .as_ref()
+            .and_then(|av| av.lookup(dest))
+            .ok_or(FI_EINVAL)
+    }
+
+    /// `data` in a piece of staging memory.
+    fn stage(&mut self, data: &[u8]) -> Result<Slot, Errno> {
+        let ep = Arc::clone(&self.ep);
+        let slot = self
+            .staging
+            .alloc(&ep, data.len() as u64)
+            .map_err(|_| FI_ENOMEM)?;
+        if self.staging.write(&slot, data).is_err() {
+            self.staging.free(slot);
+            return Err(FI_EIO);
+        }
+        Ok(slot)
+    }
+
     fn add_recv(
         &mut self,
         buf: Box<dyn RecvBuf>,
@@ -647,6 +787,7 @@ impl Inner {
         }
         self.collect_packets();
         self.collect_fetches();
+        self.collect_pushes();
         while self.engine.has_room() {
             match self.mailbox.try_recv() {
                 Ok(Some(m)) => {
@@ -666,10 +807,18 @@ impl Inner {
                 }
             }
         }
-        while let Some(a) = self.engine.poll_action() {
-            self.waiting.push_back(a);
+        // Serving a one-sided operation (a store) makes an answer to send at once.
+        loop {
+            let mut more = false;
+            while let Some(a) = self.engine.poll_action() {
+                self.waiting.push_back(a);
+                more = true;
+            }
+            if !more {
+                break;
+            }
+            self.post_waiting();
         }
-        self.post_waiting();
         while let Some(ev) = self.engine.poll_event() {
             self.complete(ev);
         }
@@ -696,6 +845,16 @@ impl Inner {
                 cq.failed(failed(op.entry()));
             }
         }
+        for (_, op) in self.rmas.drain() {
+            if let Some(cq) = &self.txcq {
+                cq.failed(failed(Completion {
+                    context: op.context,
+                    flags: op.flags,
+                    ..Completion::default()
+                }));
+            }
+        }
+        self.pushes.clear();
         self.waiting.clear();
         self.packets.clear();
         self.fetches.clear();
@@ -746,6 +905,80 @@ impl Inner {
         }
     }
 
+    fn collect_pushes(&mut self) {
+        let mut k = 0;
+        while k < self.pushes.len() {
+            let (tag, reply, slot) = self.pushes[k];
+            let result = match self.ep.wait(tag, Some(Duration::ZERO)) {
+                Err(Error::Timeout) => {
+                    k += 1;
+                    continue;
+                }
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    tracing::debug!("exanet-fi: writing a served read: {e}");
+                    Err(RmaRefusal::Failed)
+                }
+            };
+            self.pushes.swap_remove(k);
+            self.staging.free(slot);
+            self.engine.rma_served(reply, result);
+        }
+    }
+
+    /// Stores what an RMA write brought, into the application's region.
+    fn store(&mut self, st: &crate::msg::Store) {
+        let result = match &st.data {
+            Data::Inline(b) => self.regions.store(st.key, st.addr, b),
+            Data::Fetched { fetch, len } => match self.fetch_slots.remove(fetch) {
+                Some(slot) => {
+                    let mut b = vec![0u8; *len as usize];
+                    let r = match self.staging.read(&slot, &mut b) {
+                        Ok(()) => self.regions.store(st.key, st.addr, &b),
+                        Err(_) => Err(RmaRefusal::Failed),
+                    };
+                    self.staging.free(slot);
+                    r
+                }
+                None => Err(RmaRefusal::Failed),
+            },
+        };
+        self.engine.rma_served(st.reply, result);
+    }
+
+    /// Loads what an RMA read asks from the application's region into staging and
+    /// writes it to the reader.
+    fn push(&mut self, p: &crate::msg::Push) -> Result<(), Error> {
+        let mut b = vec![0u8; p.len as usize];
+        if self.regions.load(p.key, p.addr, &mut b).is_err() {
+            self.engine.rma_served(p.reply, Err(RmaRefusal::Denied));
+            return Ok(());
+        }
+        let dst = self.ep.addr(NodeId(p.node), p.rank, p.va)?;
+        let slot = self.staging.alloc(&self.ep, p.len)?;
+        if let Err(e) = self.staging.write(&slot, &b) {
+            self.staging.free(slot);
+            return Err(e);
+        }
+        let region = self.staging.region(&slot);
+        let mut last = None;
+        for ch in 0..exanet::RDMA_WRITE_CHANNELS {
+            match self.rdma.write(ch, region, slot.offset, dst, p.len, None) {
+                Ok(tag) => {
+                    self.pushes.push((tag, p.reply, slot));
+                    return Ok(());
+                }
+                Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
+                Err(e) => {
+                    self.staging.free(slot);
+                    return Err(e);
+                }
+            }
+        }
+        self.staging.free(slot);
+        Err(last.expect("a channel was tried"))
+    }
+
     /// Posts what waits, in order, while channels are free.
     fn post_waiting(&mut self) {
         while let Some(a) = self.waiting.pop_front() {
@@ -792,6 +1025,8 @@ impl Inner {
                 let tag = tag.ok_or_else(|| last.expect("a channel was tried"))?;
                 self.fetches.push((tag, f.id));
             }
+            Action::Store(st) => self.store(st),
+            Action::Push(p) => self.push(p)?,
         }
         Ok(())
     }
@@ -823,6 +1058,11 @@ impl Inner {
                     self.staging.free(slot);
                 }
                 self.engine.fetch_done(f.id, Err(e.to_string()))
+            }
+            Action::Store(_) => Ok(()),
+            Action::Push(p) => {
+                self.engine.rma_served(p.reply, Err(RmaRefusal::Failed));
+                Ok(())
             }
         };
         if let Err(e) = r {
@@ -908,6 +1148,37 @@ impl Inner {
                     cq.done(entry);
                 }
             }
+            Event::RmaDone { ctx, result } => {
+                let Some(mut op) = self.rmas.remove(&ctx) else {
+                    return;
+                };
+                let mut result = result.map_err(|f| errno_of(&f));
+                if let (Some(slot), Some(buf)) = (op.slot, op.buf.take()) {
+                    if result.is_ok() {
+                        let mut b = vec![0u8; op.len];
+                        result = self.staging.read(&slot, &mut b).map_err(|_| FI_EIO);
+                        buf.write(&b);
+                    }
+                }
+                if let Some(slot) = op.slot {
+                    self.staging.free(slot);
+                }
+                let Some(cq) = self.txcq.clone() else { return };
+                let entry = Completion {
+                    context: op.context,
+                    flags: op.flags,
+                    ..Completion::default()
+                };
+                match result {
+                    Ok(()) if op.silent => {}
+                    Ok(()) => cq.done(entry),
+                    Err(err) => cq.failed(Failed {
+                        entry,
+                        olen: 0,
+                        err,
+                    }),
+                }
+            }
             Event::RecvFailed { ctx, error } => {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
@@ -930,6 +1201,7 @@ fn errno_of(f: &Failure) -> i32 {
         Failure::Unreachable(_) => FI_EHOSTUNREACH,
         Failure::Denied(_) => FI_EACCES,
         Failure::Refused => FI_ECONNREFUSED,
-        Failure::ReadFailed(_) => FI_EIO,
+        Failure::ReadFailed(_) | Failure::RmaFailed => FI_EIO,
+        Failure::RmaDenied => FI_EACCES,
     }
 }

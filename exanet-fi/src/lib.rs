@@ -12,6 +12,7 @@
 //!   against the installed headers by `tests/abi.rs`;
 //! - [`msg`]: messages between endpoints as ExaNet-MPI sends them (eager through mailboxes,
 //!   rendezvous read by the receiver), tag matching and the unexpected queue, without I/O;
+//! - `mr`: the memory regions an application registers for one-sided operations;
 //! - `provider`: the C entry points, the crate's only unsafe code.
 //!
 //! What is built and what is not, with the figures: `docs/mpi.md`.
@@ -23,6 +24,7 @@ mod av;
 mod cq;
 mod endpoint;
 mod log;
+mod mr;
 pub mod msg;
 pub mod offer;
 #[allow(unsafe_code)]

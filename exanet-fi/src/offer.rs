@@ -4,7 +4,8 @@
 //!
 //! One fabric (`exanet`), one domain per node (named after it: the NI of the node this
 //! process runs on), reliable datagram endpoints (`FI_EP_RDM`) with tagged and untagged
-//! messages. Progress is manual: the library makes progress inside the application's
+//! messages, and one-sided reads and writes (`FI_RMA`) of memory the target registered
+//! (carried out by the target's provider: see [`crate::msg`]). Progress is manual: the library makes progress inside the application's
 //! calls, as it does for the client library's own API. Every threading level is honoured
 //! (the client library is thread-safe).
 
@@ -21,7 +22,12 @@ pub const CAPS: u64 = FI_MSG
     | FI_SOURCE
     | FI_DIRECTED_RECV
     | FI_LOCAL_COMM
-    | FI_REMOTE_COMM;
+    | FI_REMOTE_COMM
+    | FI_RMA
+    | FI_READ
+    | FI_WRITE
+    | FI_REMOTE_READ
+    | FI_REMOTE_WRITE;
 
 /// Secondary capabilities: given whether or not the hints ask for them.
 const SECONDARY: u64 = FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM;
@@ -144,8 +150,13 @@ pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
     let mut o = Offer {
         caps: CAPS,
         mode: 0,
-        tx_caps: CAPS & !FI_RECV & !FI_DIRECTED_RECV & !FI_SOURCE,
-        rx_caps: CAPS & !FI_SEND,
+        tx_caps: CAPS
+            & !FI_RECV
+            & !FI_DIRECTED_RECV
+            & !FI_SOURCE
+            & !FI_REMOTE_READ
+            & !FI_REMOTE_WRITE,
+        rx_caps: CAPS & !FI_SEND & !FI_READ & !FI_WRITE,
         tx_op_flags: 0,
         rx_op_flags: 0,
         msg_order: FI_ORDER_SAS,

@@ -18,7 +18,9 @@ use std::sync::{Arc, OnceLock};
 use crate::abi::*;
 use crate::av::{self, Av};
 use crate::cq::{Completion, Cq, Empty, Idle};
-use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf};
+use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf, Regions};
+use crate::mr::{MrTable, Naming, RegError};
+use crate::msg::{RmaRefusal, RmaTarget};
 use crate::offer::{self, Hints, Offer};
 
 /// The provider's own version (`fi_info -p exanet -v` shows it).
@@ -363,6 +365,7 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         tx.inject_size = o.inject_size;
         tx.size = o.queue_size;
         tx.iov_limit = 1;
+        tx.rma_iov_limit = 1;
         rx.caps = o.rx_caps;
         rx.op_flags = o.rx_op_flags;
         rx.msg_order = o.msg_order;
@@ -389,6 +392,7 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         d.max_ep_rx_ctx = 1;
         d.cntr_cnt = 0;
         d.mr_iov_limit = 1;
+        d.mr_key_size = 8;
         d.caps = o.caps & (FI_LOCAL_COMM | FI_REMOTE_COMM);
         d.max_err_data = 0;
         f.api_version = api_version;
@@ -449,6 +453,8 @@ struct Domain {
     eager_limit: usize,
     /// Rendezvous sends complete when read by default (`FI_EXANET_SEND_COMPLETION`).
     delivery_complete: bool,
+    /// The regions the application registered, shared with its endpoints.
+    regions: Arc<MrTable>,
 }
 
 /// The rack's eager limit: `[ni] mpi_eager_limit`, else ExaNet-MPI's. A rack file that
@@ -514,9 +520,9 @@ static DOMAIN_OPS: fi_ops_domain = fi_ops_domain {
 
 static MR_OPS: fi_ops_mr = fi_ops_mr {
     size: std::mem::size_of::<fi_ops_mr>(),
-    reg: Some(no_mr_reg),
-    regv: Some(no_mr_regv),
-    regattr: Some(no_mr_regattr),
+    reg: Some(mr_reg),
+    regv: Some(mr_regv),
+    regattr: Some(mr_regattr),
 };
 
 /// The provider's `fabric`: opens the one fabric.
@@ -595,6 +601,11 @@ unsafe extern "C" fn domain2(
             Err(_) => return -FI_ENODEV,
         };
         remember_modeled(&attachment);
+        // SAFETY: as above.
+        let mr_mode =
+            unsafe { info.as_ref().and_then(|i| i.domain_attr.as_ref()) }.map_or(0, |d| d.mr_mode);
+        // Keys of this process's regions start where no earlier run's are likely to.
+        let first_key = wall_clock().as_nanos() as u64 & 0xffff_ffff_0000;
         let d = Box::into_raw(Box::new(Domain {
             head: fid_domain {
                 fid: fid {
@@ -608,6 +619,7 @@ unsafe extern "C" fn domain2(
             attachment,
             eager_limit: eager_limit(),
             delivery_complete: delivery_by_default(),
+            regions: Arc::new(MrTable::new(Naming::of(mr_mode), first_key)),
         }));
         // SAFETY: non-null, writable; `Domain` starts with its `fid_domain`.
         unsafe { *out = addr_of_mut!((*d).head) };
@@ -621,8 +633,9 @@ unsafe extern "C" fn domain_close(d: *mut fid) -> c_int {
             return -FI_EINVAL;
         }
         // SAFETY: `d` is the head of a `Domain` boxed by `domain2`, not closed yet.
-        if Arc::strong_count(unsafe { &(*d.cast::<Domain>()).attachment }) > 1 {
-            // Its endpoints are still open.
+        let dom = unsafe { &*d.cast::<Domain>() };
+        if Arc::strong_count(&dom.attachment) > 1 || Arc::strong_count(&dom.regions) > 1 {
+            // Its endpoints or memory regions are still open.
             return -FI_EBUSY;
         }
         // SAFETY: as above; closed once. Dropping it detaches from the NI.
@@ -729,38 +742,6 @@ unsafe extern "C" fn no_query_atomic(
 unsafe extern "C" fn no_query_collective(_: *mut fid_domain, _: c_int, _: Opaque, _: u64) -> c_int {
     -FI_ENOSYS
 }
-#[allow(clippy::too_many_arguments)] // libfabric's signature
-unsafe extern "C" fn no_mr_reg(
-    _: *mut fid,
-    _: *const c_void,
-    _: usize,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: *mut Opaque,
-    _: Opaque,
-) -> c_int {
-    -FI_ENOSYS
-}
-#[allow(clippy::too_many_arguments)] // libfabric's signature
-unsafe extern "C" fn no_mr_regv(
-    _: *mut fid,
-    _: Opaque,
-    _: usize,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: *mut Opaque,
-    _: Opaque,
-) -> c_int {
-    -FI_ENOSYS
-}
-unsafe extern "C" fn no_mr_regattr(_: *mut fid, _: Opaque, _: u64, _: *mut Opaque) -> c_int {
-    -FI_ENOSYS
-}
-
 // ---- Memory of the application ----------------------------------------------------------
 
 /// A buffer of the application's, which a receive writes into when its message comes.
@@ -836,6 +817,196 @@ fn errno(e: Result<(), c_int>) -> isize {
     match e {
         Ok(()) => 0,
         Err(n) => -(n as isize),
+    }
+}
+
+// ---- Memory regions ---------------------------------------------------------------------
+
+/// A registered region: the libfabric head first, so a `*mut fid_mr` is a `*mut MrObj`.
+#[repr(C)]
+struct MrObj {
+    head: fid_mr,
+    table: Arc<MrTable>,
+}
+
+static MR_FID_OPS: fi_ops = fid_ops(mr_close);
+
+/// Registers `len` bytes at `buf` of the domain `fid` as a target of one-sided operations.
+///
+/// # Safety
+/// `fid` is null or a domain of this provider; `out` null or writable.
+#[allow(clippy::too_many_arguments)] // libfabric's arguments
+unsafe fn register(
+    fid: *mut fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    out: *mut *mut fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: as the caller guarantees.
+        let Some(f) = (unsafe { fid.as_ref() }) else {
+            return -FI_EINVAL;
+        };
+        if f.fclass != FI_CLASS_DOMAIN || out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: a domain of this provider is a `Domain`.
+        let d = unsafe { &*fid.cast::<Domain>() };
+        let key = match d
+            .regions
+            .register(buf as usize, len, access, offset, requested_key)
+        {
+            Ok(k) => k,
+            Err(RegError::KeyInUse(_)) => return -FI_ENOKEY,
+            Err(RegError::BadBuffer) => return -FI_EINVAL,
+        };
+        let obj = Box::new(MrObj {
+            head: fid_mr {
+                fid: fid {
+                    fclass: FI_CLASS_MR,
+                    context,
+                    ops: ptr::addr_of!(MR_FID_OPS).cast_mut(),
+                },
+                // What `fi_mr_desc` gives: nothing a local operation needs.
+                mem_desc: ptr::null_mut(),
+                key,
+            },
+            table: Arc::clone(&d.regions),
+        });
+        // SAFETY: checked non-null; the application's to write.
+        unsafe { *out = Box::into_raw(obj).cast() };
+        0
+    })
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn mr_reg(
+    fid: *mut fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    _flags: u64,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    // SAFETY: as libfabric passes them.
+    unsafe {
+        register(
+            fid,
+            buf,
+            len,
+            access,
+            offset,
+            requested_key,
+            out.cast(),
+            context,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn mr_regv(
+    fid: *mut fid,
+    iov: Opaque,
+    count: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    _flags: u64,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    // SAFETY: an iovec array of `count`, as libfabric passes it.
+    match unsafe { one_iov(iov.cast(), count) } {
+        Ok((buf, len)) => unsafe {
+            register(
+                fid,
+                buf,
+                len,
+                access,
+                offset,
+                requested_key,
+                out.cast(),
+                context,
+            )
+        },
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn mr_regattr(
+    fid: *mut fid,
+    attr: Opaque,
+    _flags: u64,
+    out: *mut Opaque,
+) -> c_int {
+    // SAFETY: null or a valid attribute struct, as libfabric passes it.
+    let Some(a) = (unsafe { attr.cast::<fi_mr_attr>().as_ref() }) else {
+        return -FI_EINVAL;
+    };
+    // Host memory only (`iface` FI_HMEM_SYSTEM, 0).
+    if a.iface != 0 {
+        return -FI_ENOSYS;
+    }
+    // SAFETY: as above.
+    match unsafe { one_iov(a.mr_iov, a.iov_count) } {
+        Ok((buf, len)) => unsafe {
+            register(
+                fid,
+                buf,
+                len,
+                a.access,
+                a.offset,
+                a.requested_key,
+                out.cast(),
+                a.context,
+            )
+        },
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn mr_close(f: *mut fid) -> c_int {
+    guard(|| {
+        if f.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: an `MrObj` boxed by `register`, closed once.
+        let obj = unsafe { Box::from_raw(f.cast::<MrObj>()) };
+        obj.table.deregister(obj.head.key);
+        0
+    })
+}
+
+/// The application's regions, as endpoints copy in and out of them for the one-sided
+/// operations they serve.
+struct AppRegions(Arc<MrTable>);
+
+impl Regions for AppRegions {
+    fn store(&self, key: u64, addr: u64, data: &[u8]) -> Result<(), RmaRefusal> {
+        self.0.with_range(key, addr, data.len(), true, |at| {
+            if !data.is_empty() {
+                // SAFETY: `at..at + len` lies in a buffer the application registered
+                // for remote writes and has not closed (the table's lock is held); by
+                // registering it the application handed it to remote writers.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, data.len()) };
+            }
+        })
+    }
+
+    fn load(&self, key: u64, addr: u64, out: &mut [u8]) -> Result<(), RmaRefusal> {
+        self.0.with_range(key, addr, out.len(), false, |at| {
+            if !out.is_empty() {
+                // SAFETY: as in `store`, for remote reads.
+                unsafe { ptr::copy_nonoverlapping(at as *const u8, out.as_mut_ptr(), out.len()) };
+            }
+        })
     }
 }
 
@@ -1480,9 +1651,17 @@ unsafe extern "C" fn not_offered() -> isize {
     -(FI_ENOSYS as isize)
 }
 
-static EP_RMA: fi_ops_rma = fi_ops_none {
+static EP_RMA: fi_ops_rma = fi_ops_rma {
     size: std::mem::size_of::<fi_ops_rma>(),
-    ops: [Some(not_offered); 9],
+    read: Some(rma_read),
+    readv: Some(rma_readv),
+    readmsg: Some(rma_readmsg),
+    write: Some(rma_write),
+    writev: Some(rma_writev),
+    writemsg: Some(rma_writemsg),
+    inject: Some(rma_inject),
+    writedata: Some(rma_writedata),
+    injectdata: Some(rma_injectdata),
 };
 static EP_ATOMIC: fi_ops_atomic = fi_ops_none {
     size: std::mem::size_of::<fi_ops_atomic>(),
@@ -1527,6 +1706,7 @@ unsafe extern "C" fn endpoint(
             default_completion,
             asked_delivery || d.delivery_complete,
             d.eager_limit,
+            Arc::new(AppRegions(Arc::clone(&d.regions))),
         ) {
             Ok(ep) => ep,
             Err(e) => {
@@ -2259,4 +2439,270 @@ unsafe extern "C" fn tagged_injectdata(
             Completes::Never,
         )
     }
+}
+
+// ---- One-sided operations ---------------------------------------------------------------
+
+/// An RMA write of `len` bytes at `buf` to `target` of `dest`.
+///
+/// # Safety
+/// `ep` is an endpoint of this provider; `buf` null with `len` 0, or readable for `len`
+/// bytes for the call (the bytes are copied before it returns).
+unsafe fn do_write(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    target: RmaTarget,
+    context: *mut c_void,
+    completes: Completes,
+) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as the caller guarantees.
+        let Some(e) = (unsafe { ep_of(ep) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        if (completes == Completes::Never && len > offer::INJECT_SIZE) || len > offer::MAX_MSG_SIZE
+        {
+            return -(FI_EMSGSIZE as isize);
+        }
+        // SAFETY: as the caller guarantees.
+        let bytes = unsafe { bytes(buf, len) };
+        errno(e.rma_write(dest, bytes, target, context as usize, completes))
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+/// An RMA read of `len` bytes at `target` of `src` into `buf`.
+///
+/// # Safety
+/// `ep` is an endpoint of this provider; `buf` null with `len` 0, or writable for `len`
+/// bytes until the read completes.
+unsafe fn do_read(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    src: u64,
+    target: RmaTarget,
+    context: *mut c_void,
+    completes: Completes,
+) -> isize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as the caller guarantees.
+        let Some(e) = (unsafe { ep_of(ep) }) else {
+            return -(FI_EINVAL as isize);
+        };
+        if len > offer::MAX_MSG_SIZE {
+            return -(FI_EMSGSIZE as isize);
+        }
+        // SAFETY: as the caller guarantees: writable until the read completes.
+        let dst = Box::new(unsafe { UserBuf::new(buf, len) });
+        errno(e.rma_read(src, dst, target, context as usize, completes))
+    }))
+    .unwrap_or(-(FI_EIO as isize))
+}
+
+/// The one target of an RMA message (`rma_iov_limit` is 1), with its length.
+///
+/// # Safety
+/// `m.rma_iov` is null with a count of 0, or points at `rma_iov_count` entries.
+unsafe fn one_rma_iov(m: &fi_msg_rma) -> Result<(RmaTarget, usize), isize> {
+    if m.rma_iov_count != 1 || m.rma_iov.is_null() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY: one entry, as the caller guarantees.
+    let r = unsafe { &*m.rma_iov };
+    Ok((
+        RmaTarget {
+            key: r.key,
+            addr: r.addr,
+        },
+        r.len,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn rma_read(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: Opaque,
+    src: u64,
+    addr: u64,
+    key: u64,
+    context: Opaque,
+) -> isize {
+    let target = RmaTarget { key, addr };
+    // SAFETY: as the application passes them.
+    unsafe { do_read(ep, buf, len, src, target, context, Completes::ByDefault) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn rma_readv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    src: u64,
+    addr: u64,
+    key: u64,
+    context: Opaque,
+) -> isize {
+    let target = RmaTarget { key, addr };
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe {
+            do_read(ep, buf, len, src, target, context, Completes::ByDefault)
+        },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn rma_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    // SAFETY: as the application passes them.
+    let ((target, rlen), (buf, len)) =
+        match unsafe { (one_rma_iov(m), one_iov(m.msg_iov, m.iov_count)) } {
+            (Ok(t), Ok(b)) => (t, b),
+            (Err(e), _) => return e,
+            (_, Err(e)) => return e as isize,
+        };
+    if rlen != len {
+        return -(FI_EINVAL as isize);
+    }
+    // SAFETY: as the application passes them.
+    unsafe {
+        do_read(
+            ep,
+            buf,
+            len,
+            m.addr,
+            target,
+            m.context,
+            msg_completes(flags),
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn rma_write(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: Opaque,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    context: Opaque,
+) -> isize {
+    let target = RmaTarget { key, addr };
+    // SAFETY: as the application passes them.
+    unsafe { do_write(ep, buf, len, dest, target, context, Completes::ByDefault) }
+}
+
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn rma_writev(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut Opaque,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    context: Opaque,
+) -> isize {
+    let target = RmaTarget { key, addr };
+    // SAFETY: as the application passes them.
+    match unsafe { one_iov(iov, count) } {
+        Ok((buf, len)) => unsafe {
+            do_write(ep, buf, len, dest, target, context, Completes::ByDefault)
+        },
+        Err(e) => e as isize,
+    }
+}
+
+unsafe extern "C" fn rma_writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: null or a valid message, as the application passes it.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return -(FI_EINVAL as isize);
+    };
+    if flags & FI_REMOTE_CQ_DATA != 0 {
+        // Remote CQ data with a write is not offered (nor in what fi_getinfo says).
+        return -(FI_ENOSYS as isize);
+    }
+    // SAFETY: as the application passes them.
+    let ((target, rlen), (buf, len)) =
+        match unsafe { (one_rma_iov(m), one_iov(m.msg_iov, m.iov_count)) } {
+            (Ok(t), Ok(b)) => (t, b),
+            (Err(e), _) => return e,
+            (_, Err(e)) => return e as isize,
+        };
+    if rlen != len {
+        return -(FI_EINVAL as isize);
+    }
+    // SAFETY: as the application passes them.
+    unsafe {
+        do_write(
+            ep,
+            buf,
+            len,
+            m.addr,
+            target,
+            m.context,
+            msg_completes(flags),
+        )
+    }
+}
+
+unsafe extern "C" fn rma_inject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    let target = RmaTarget { key, addr };
+    // SAFETY: as the application passes them.
+    unsafe {
+        do_write(
+            ep,
+            buf,
+            len,
+            dest,
+            target,
+            ptr::null_mut(),
+            Completes::Never,
+        )
+    }
+}
+
+// Remote CQ data with a write is not offered: these answer -FI_ENOSYS.
+#[allow(clippy::too_many_arguments)] // libfabric's signature
+unsafe extern "C" fn rma_writedata(
+    _: *mut fid_ep,
+    _: *const c_void,
+    _: usize,
+    _: Opaque,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: Opaque,
+) -> isize {
+    -(FI_ENOSYS as isize)
+}
+unsafe extern "C" fn rma_injectdata(
+    _: *mut fid_ep,
+    _: *const c_void,
+    _: usize,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: u64,
+) -> isize {
+    -(FI_ENOSYS as isize)
 }

@@ -83,6 +83,14 @@ layouts! {
     fi_ops_msg { size, recv, recvv, recvmsg, send, sendv, sendmsg, inject, senddata, injectdata }
     fi_ops_tagged { size, recv, recvv, recvmsg, send, sendv, sendmsg, inject, senddata, injectdata }
     fid_ep { fid, ops, cm, msg, rma, tagged, atomic, collective }
+    fi_rma_iov { addr, len, key }
+    fi_msg_rma { msg_iov, desc, iov_count, addr, rma_iov, rma_iov_count, context, data }
+    fi_ops_rma { size, read, readv, readmsg, write, writev, writemsg, inject, writedata, injectdata }
+    fid_mr { fid, mem_desc, key }
+    fi_mr_attr {
+        mr_iov, iov_count, access, offset, requested_key, context, auth_key_size, auth_key,
+        iface, device,
+    }
     fi_av_attr { type_, rx_ctx_bits, count, ep_per_node, name, map_addr, flags }
     fi_ops_av { size, insert, insertsvc, insertsym, remove, lookup, straddr, av_set }
     fid_av { fid, ops }
@@ -99,7 +107,6 @@ layouts! {
 /// The operation tables the provider does not offer, whole: only their size matters.
 fn whole_tables() -> String {
     [
-        ("fi_ops_rma", size_of::<fi_ops_rma>()),
         ("fi_ops_atomic", size_of::<fi_ops_atomic>()),
         ("fi_ops_collective", size_of::<fi_ops_collective>()),
     ]
@@ -145,6 +152,9 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_MR_ALLOCATED", c(FI_MR_ALLOCATED)),
         ("FI_MR_PROV_KEY", c(FI_MR_PROV_KEY)),
         ("FI_MR_ENDPOINT", c(FI_MR_ENDPOINT)),
+        ("FI_MR_UNSPEC", c(FI_MR_UNSPEC)),
+        ("FI_MR_BASIC", c(FI_MR_BASIC)),
+        ("FI_MR_SCALABLE", c(FI_MR_SCALABLE)),
         ("FI_ORDER_SAS", u(FI_ORDER_SAS)),
         ("FI_ADDR_UNSPEC", u(FI_ADDR_UNSPEC)),
         ("FI_EP_UNSPEC", c(FI_EP_UNSPEC)),
@@ -182,6 +192,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_EAVAIL", c(FI_EAVAIL)),
         ("FI_ENOCQ", c(FI_ENOCQ)),
         ("FI_ETRUNC", c(FI_ETRUNC)),
+        ("FI_ENOKEY", c(FI_ENOKEY)),
         ("FI_ENOAV", c(FI_ENOAV)),
         ("FI_ETOOSMALL", c(FI_ETOOSMALL)),
         ("FI_ENOMSG", c(FI_ENOMSG)),
@@ -193,6 +204,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_DISCARD", u(FI_DISCARD)),
         ("FI_CLASS_EP", u(FI_CLASS_EP as u64)),
         ("FI_CLASS_AV", u(FI_CLASS_AV as u64)),
+        ("FI_CLASS_MR", u(FI_CLASS_MR as u64)),
         ("FI_CLASS_EQ", u(FI_CLASS_EQ as u64)),
         ("FI_CLASS_CQ", u(FI_CLASS_CQ as u64)),
         ("FI_CQ_FORMAT_UNSPEC", c(FI_CQ_FORMAT_UNSPEC)),

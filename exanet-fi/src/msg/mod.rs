@@ -24,6 +24,17 @@
 //! ([`Engine::has_room`]), the mailbox fills, and the NI refuses further messages, which
 //! their senders send again: the bound pushes back on the senders instead of losing
 //! anything.
+//!
+//! **One-sided operations** (`FI_RMA`) are carried out by the target's provider, in its
+//! progress, on memory the target's application registered: the NI reads and writes only
+//! memory registered with it (shared memory of the client library), not an application's
+//! own buffers. A write of up to [`EAGER_MAX`] bytes travels in its request; a longer one
+//! is staged at the writer and read by the target ([`Fetch`]), which then stores it
+//! ([`Store`]). A read asks the target to load the bytes and write them with the RDMA
+//! engine into the reader's staging ([`Push`]). Either ends with the target's answer,
+//! which completes the operation at its initiator (so a write completes once delivered).
+//! Requests being served are bounded ([`RMA_SERVED_MAX`]) the way unexpected messages
+//! are: past it the endpoint takes nothing more from its mailbox.
 
 pub mod matching;
 pub mod wire;
@@ -33,7 +44,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use thiserror::Error;
 
 use matching::{Accepts, Matcher};
-use wire::{FinStatus, Packet, WireError, EAGER_MAX};
+pub use wire::RmaData;
+use wire::{FinStatus, Packet, RmaStatus, WireError, EAGER_MAX};
 
 /// An endpoint: a mailbox of a rank of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +62,8 @@ pub const DEFAULT_MAX_UNEXPECTED: usize = 4096;
 /// Messages from one sender held for an earlier one still to come; a sender has no more
 /// in flight than its packetizer channels (4), so more is a protocol error.
 const HELD_MAX: usize = 64;
+/// One-sided requests one endpoint serves at once, from all its peers.
+pub const RMA_SERVED_MAX: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -102,10 +116,43 @@ pub struct Fetch {
     pub len: u64,
 }
 
+/// Stores `data` at `addr` of the application's region `key` (the target of an RMA
+/// write); the driver answers with [`Engine::rma_served`] and `reply`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Store {
+    pub reply: u64,
+    pub key: u64,
+    pub addr: u64,
+    pub data: Data,
+}
+
+/// Loads `len` bytes at `addr` of the application's region `key` and writes them with the
+/// RDMA engine to `va` of `node`'s `rank` (the target of an RMA read); the driver answers
+/// with [`Engine::rma_served`] and `reply`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Push {
+    pub reply: u64,
+    pub key: u64,
+    pub addr: u64,
+    pub len: u64,
+    pub node: u32,
+    pub rank: u8,
+    pub va: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     Transmit(Transmit),
     Fetch(Fetch),
+    Store(Store),
+    Push(Push),
+}
+
+/// Where a one-sided operation acts: an address in a region its target registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaTarget {
+    pub key: u64,
+    pub addr: u64,
 }
 
 /// A received message's bytes: in the event, or in the staging memory of a fetch (the
@@ -128,6 +175,10 @@ pub enum Failure {
     Refused,
     #[error("reading the message failed: {0}")]
     ReadFailed(String),
+    #[error("the target has no region with that key, or not there, or not with that access")]
+    RmaDenied,
+    #[error("the target could not carry the operation out")]
+    RmaFailed,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,6 +202,11 @@ pub enum Event {
     },
     /// A receive ended without a message.
     RecvFailed { ctx: u64, error: Failure },
+    /// A one-sided operation ended (a read's bytes are in the staging it named).
+    RmaDone {
+        ctx: u64,
+        result: Result<(), Failure>,
+    },
 }
 
 /// A waiting message, as a probe sees it.
@@ -191,6 +247,15 @@ pub enum MsgError {
     UnknownFetch(u64),
 }
 
+/// Why a target did not carry out a one-sided operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmaRefusal {
+    /// No region with that key, outside it, or without the access asked.
+    Denied,
+    /// Its memory or the NI failed.
+    Failed,
+}
+
 /// When a rendezvous send completes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Complete {
@@ -214,6 +279,13 @@ pub struct MsgStats {
     /// Rendezvous sends that had completed (transmit completion) and whose receiver then
     /// could not read them; the receive reported the failure.
     pub refused_after_completion: u64,
+    /// One-sided operations this endpoint started, and served as their target.
+    pub rma_started: u64,
+    pub rma_served: u64,
+    /// Served ones refused (bad key, range or access) or failed here.
+    pub rma_refused: u64,
+    /// Answers to served operations that could not be delivered.
+    pub rma_answers_lost: u64,
 }
 
 fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
@@ -256,6 +328,8 @@ enum Owner {
     Eager { ctx: u64 },
     Rts { id: u32 },
     Fin,
+    Rma { id: u32 },
+    RmaAnswer,
 }
 
 #[derive(Debug)]
@@ -292,6 +366,22 @@ struct Inbound {
     held: BTreeMap<u32, (Option<u64>, Arrival)>,
 }
 
+/// A one-sided operation this endpoint started, until its target answers.
+#[derive(Debug)]
+struct RmaOp {
+    ctx: u64,
+    to: Peer,
+}
+
+/// A staged RMA write being read by its target, to store once read.
+#[derive(Debug)]
+struct RmaFetch {
+    reply: u64,
+    key: u64,
+    addr: u64,
+    len: u64,
+}
+
 /// One endpoint's messages.
 #[derive(Debug)]
 pub struct Engine {
@@ -312,6 +402,12 @@ pub struct Engine {
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
     stats: MsgStats,
+    rma: HashMap<u32, RmaOp>,
+    next_rma: u32,
+    /// Operations being served here: reply -> (initiator, its id).
+    served: HashMap<u64, (Peer, u32)>,
+    next_reply: u64,
+    rma_fetches: HashMap<u64, RmaFetch>,
 }
 
 impl Engine {
@@ -336,6 +432,11 @@ impl Engine {
             actions: VecDeque::new(),
             events: VecDeque::new(),
             stats: MsgStats::default(),
+            rma: HashMap::new(),
+            next_rma: 0,
+            served: HashMap::new(),
+            next_reply: 0,
+            rma_fetches: HashMap::new(),
         }
     }
 
@@ -354,7 +455,135 @@ impl Engine {
 
     /// Whether the endpoint may take another message from its mailbox.
     pub fn has_room(&self) -> bool {
-        self.matcher.has_room()
+        self.matcher.has_room() && self.served.len() < RMA_SERVED_MAX
+    }
+
+    /// Writes `data` to `target` at `to` (`fi_write`): inline up to [`EAGER_MAX`] bytes,
+    /// else staged in the driver's registered memory. `ctx` comes back in the
+    /// [`Event::RmaDone`].
+    pub fn rma_write(&mut self, to: Peer, target: RmaTarget, data: RmaData, ctx: u64) {
+        let id = self.start_rma(to, ctx);
+        let packet = Packet::RmaWrite {
+            src_vi: self.me.vi,
+            id,
+            key: target.key,
+            addr: target.addr,
+            data,
+        };
+        if packet.encode().is_err() {
+            // Longer than a message holds: the driver should have staged it.
+            self.rma.remove(&id);
+            self.events.push_back(Event::RmaDone {
+                ctx,
+                result: Err(Failure::RmaFailed),
+            });
+            return;
+        }
+        self.transmit(to, packet, Owner::Rma { id });
+    }
+
+    /// Reads `len` bytes at `target` of `to` into `va` of the driver's registered memory
+    /// (`fi_read`); `ctx` comes back in the [`Event::RmaDone`].
+    pub fn rma_read(&mut self, to: Peer, target: RmaTarget, len: u64, va: u64, ctx: u64) {
+        let id = self.start_rma(to, ctx);
+        let packet = Packet::RmaRead {
+            src_vi: self.me.vi,
+            id,
+            key: target.key,
+            addr: target.addr,
+            len,
+            va,
+        };
+        self.transmit(to, packet, Owner::Rma { id });
+    }
+
+    fn start_rma(&mut self, to: Peer, ctx: u64) -> u32 {
+        let id = self.next_rma;
+        self.next_rma = self.next_rma.wrapping_add(1);
+        self.rma.insert(id, RmaOp { ctx, to });
+        self.stats.rma_started += 1;
+        id
+    }
+
+    /// The driver carried out (or could not) the [`Store`] or [`Push`] of `reply`.
+    pub fn rma_served(&mut self, reply: u64, result: Result<(), RmaRefusal>) {
+        let Some((to, id)) = self.served.remove(&reply) else {
+            return;
+        };
+        let status = match result {
+            Ok(()) => RmaStatus::Done,
+            Err(r) => {
+                self.stats.rma_refused += 1;
+                match r {
+                    RmaRefusal::Denied => RmaStatus::Denied,
+                    RmaRefusal::Failed => RmaStatus::Failed,
+                }
+            }
+        };
+        let src_vi = self.me.vi;
+        self.transmit(to, Packet::RmaDone { src_vi, id, status }, Owner::RmaAnswer);
+    }
+
+    /// A one-sided request from `from` arrived: serve it.
+    fn serve_rma(&mut self, from: Peer, packet: Packet) {
+        let reply = self.next_reply;
+        self.next_reply += 1;
+        self.stats.rma_served += 1;
+        let id = match &packet {
+            Packet::RmaWrite { id, .. } | Packet::RmaRead { id, .. } => *id,
+            _ => return,
+        };
+        self.served.insert(reply, (from, id));
+        match packet {
+            Packet::RmaWrite {
+                key,
+                addr,
+                data: RmaData::Inline(payload),
+                ..
+            } => self.actions.push_back(Action::Store(Store {
+                reply,
+                key,
+                addr,
+                data: Data::Inline(payload),
+            })),
+            Packet::RmaWrite {
+                key,
+                addr,
+                data: RmaData::Staged { len, va },
+                ..
+            } => {
+                let fetch = self.next_fetch;
+                self.next_fetch += 1;
+                self.rma_fetches.insert(
+                    fetch,
+                    RmaFetch {
+                        reply,
+                        key,
+                        addr,
+                        len,
+                    },
+                );
+                self.actions.push_back(Action::Fetch(Fetch {
+                    id: fetch,
+                    node: from.node,
+                    rank: from.rank,
+                    va,
+                    len,
+                }));
+            }
+            Packet::RmaRead {
+                key, addr, len, va, ..
+            } => self.actions.push_back(Action::Push(Push {
+                reply,
+                key,
+                addr,
+                len,
+                node: from.node,
+                rank: from.rank,
+                va,
+            })),
+            _ => {}
+        }
     }
 
     /// Sends `data` to `to`, tagged or not, with optional remote CQ data; `ctx` comes back
@@ -496,7 +725,31 @@ impl Engine {
             self.stats.malformed += 1;
             MsgError::Malformed { node, rank, error }
         })?;
+        let from = |src_vi| Peer {
+            node,
+            rank,
+            vi: src_vi,
+        };
         match packet {
+            Packet::RmaWrite { src_vi, .. } | Packet::RmaRead { src_vi, .. } => {
+                self.serve_rma(from(src_vi), packet);
+                Ok(())
+            }
+            Packet::RmaDone { src_vi, id, status } => {
+                // Only the endpoint the request went to ends it.
+                if self.rma.get(&id).is_some_and(|r| r.to == from(src_vi)) {
+                    let r = self.rma.remove(&id).expect("checked");
+                    let result = match status {
+                        RmaStatus::Done => Ok(()),
+                        RmaStatus::Denied => Err(Failure::RmaDenied),
+                        RmaStatus::Failed => Err(Failure::RmaFailed),
+                    };
+                    self.events.push_back(Event::RmaDone { ctx: r.ctx, result });
+                } else {
+                    self.stats.duplicates += 1;
+                }
+                Ok(())
+            }
             Packet::Fin { src_vi, id, status } => {
                 let from = Peer {
                     node,
@@ -676,6 +929,21 @@ impl Engine {
 
     /// The read of fetch `id` ended.
     pub fn fetch_done(&mut self, id: u64, result: Result<(), String>) -> Result<(), MsgError> {
+        if let Some(f) = self.rma_fetches.remove(&id) {
+            match result {
+                Ok(()) => self.actions.push_back(Action::Store(Store {
+                    reply: f.reply,
+                    key: f.key,
+                    addr: f.addr,
+                    data: Data::Fetched {
+                        fetch: id,
+                        len: f.len,
+                    },
+                })),
+                Err(_) => self.rma_served(f.reply, Err(RmaRefusal::Failed)),
+            }
+            return Ok(());
+        }
         let f = self.fetches.remove(&id).ok_or(MsgError::UnknownFetch(id))?;
         match result {
             Ok(()) => {
@@ -731,7 +999,7 @@ impl Engine {
                         }
                     }
                 }
-                Owner::Fin => {}
+                Owner::Fin | Owner::Rma { .. } | Owner::RmaAnswer => {}
             },
             Delivery::Refused => {
                 // Sent again, same bytes, same number: the receiver takes it in order.
@@ -775,6 +1043,15 @@ impl Engine {
             }
             // The sender's staging stays until its own request fails; counted.
             Owner::Fin => self.stats.fins_lost += 1,
+            Owner::Rma { id } => {
+                if let Some(r) = self.rma.remove(&id) {
+                    self.events.push_back(Event::RmaDone {
+                        ctx: r.ctx,
+                        result: Err(failure),
+                    });
+                }
+            }
+            Owner::RmaAnswer => self.stats.rma_answers_lost += 1,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::wire::RmaStatus;
 use super::*;
 
 fn peer(node: u32, vi: u8) -> Peer {
@@ -31,6 +32,11 @@ struct Net {
     rng: u64,
     /// When staged sends complete.
     complete: Complete,
+    /// Registered regions: (endpoint index, key) -> (first address, bytes, remote
+    /// writes allowed).
+    regions: HashMap<(usize, u64), (u64, Vec<u8>, bool)>,
+    /// What served reads wrote, by (node, rank, va) of the reader.
+    pushed: HashMap<(u32, u8, u64), Vec<u8>>,
 }
 
 impl Net {
@@ -44,7 +50,26 @@ impl Net {
             next_va: 0x1000,
             rng: 0x9E37_79B9_7F4A_7C15,
             complete: Complete::Transmit,
+            regions: HashMap::new(),
+            pushed: HashMap::new(),
         }
+    }
+
+    /// What region `key` of endpoint `i` allows for `len` bytes at `addr`.
+    fn range(
+        &mut self,
+        i: usize,
+        key: u64,
+        addr: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<&mut [u8], RmaRefusal> {
+        let (start, mem, writable) = self.regions.get_mut(&(i, key)).ok_or(RmaRefusal::Denied)?;
+        if write && !*writable {
+            return Err(RmaRefusal::Denied);
+        }
+        let off = addr.checked_sub(*start).ok_or(RmaRefusal::Denied)? as usize;
+        mem.get_mut(off..off + len).ok_or(RmaRefusal::Denied)
     }
 
     fn index(&self, p: Peer) -> usize {
@@ -91,6 +116,27 @@ impl Net {
                         self.fetched
                             .insert((i, f.id), src[..f.len as usize].to_vec());
                         self.eps[i].fetch_done(f.id, Ok(())).unwrap();
+                    }
+                    Action::Store(st) => {
+                        let data = match st.data {
+                            Data::Inline(b) => b,
+                            Data::Fetched { fetch, .. } => {
+                                self.fetched.remove(&(i, fetch)).unwrap()
+                            }
+                        };
+                        let r = self
+                            .range(i, st.key, st.addr, data.len(), true)
+                            .map(|m| m.copy_from_slice(&data));
+                        self.eps[i].rma_served(st.reply, r);
+                    }
+                    Action::Push(p) => {
+                        let r = self
+                            .range(i, p.key, p.addr, p.len as usize, false)
+                            .map(|m| m.to_vec());
+                        let r = r.map(|b| {
+                            self.pushed.insert((p.node, p.rank, p.va), b);
+                        });
+                        self.eps[i].rma_served(p.reply, r);
                     }
                 }
             }
@@ -153,6 +199,13 @@ impl Net {
         self.events
             .iter()
             .any(|(at, ev)| *at == i && *ev == Event::Released { ctx })
+    }
+
+    fn rma_done(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
+        self.events.iter().find_map(|(at, ev)| match ev {
+            Event::RmaDone { ctx: c, result } if *at == i && *c == ctx => Some(result.clone()),
+            _ => None,
+        })
     }
 
     fn sent(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
@@ -468,4 +521,127 @@ fn unexpected_messages_are_bounded_by_what_the_endpoint_takes_in() {
     net.act();
     assert!(net.eps[1].has_room());
     assert_eq!(net.received(1, 1).unwrap().1, Some(1));
+}
+
+#[test]
+fn one_sided_writes_and_reads_reach_the_registered_region_only() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut net = Net::new(&[a, b], Config::default());
+    // Endpoint b registers 64 KiB from address 0x9000 for remote writes (key 7) and
+    // another region for reads only (key 8).
+    net.regions
+        .insert((1, 7), (0x9000, vec![0; 64 << 10], true));
+    net.regions.insert((1, 8), (0, bytes(8, 4096), false));
+    let sizes = [1usize, 40, 41, 4096, 60 << 10];
+    for (k, &n) in sizes.iter().enumerate() {
+        let data = bytes(k as u64, n);
+        let out = if n <= EAGER_MAX {
+            RmaData::Inline(data)
+        } else {
+            let va = 0x100_0000 * (k as u64 + 1);
+            net.staged.insert((a.node, a.rank, va), data);
+            RmaData::Staged { len: n as u64, va }
+        };
+        let target = RmaTarget {
+            key: 7,
+            addr: 0x9000 + 17 * k as u64,
+        };
+        net.eps[0].rma_write(b, target, out, k as u64);
+        net.run(true, 2);
+        assert_eq!(net.rma_done(0, k as u64), Some(Ok(())), "write of {n} B");
+        let at = 17 * k;
+        assert_eq!(
+            net.regions[&(1, 7)].1[at..at + n],
+            bytes(k as u64, n)[..],
+            "write of {n} B"
+        );
+    }
+    // Reads land where the reader asked.
+    net.eps[0].rma_read(b, RmaTarget { key: 8, addr: 100 }, 1000, 0x5000, 50);
+    net.run(true, 2);
+    assert_eq!(net.rma_done(0, 50), Some(Ok(())));
+    assert_eq!(net.pushed[&(1, 0, 0x5000)], bytes(8, 4096)[100..1100]);
+    // Refused: a read-only region written, an unknown key, past the end, before the start.
+    let refused = [
+        (RmaTarget { key: 8, addr: 0 }, true, 8u64),
+        (RmaTarget { key: 9, addr: 0 }, false, 8),
+        (RmaTarget { key: 8, addr: 4000 }, false, 97),
+        (
+            RmaTarget {
+                key: 7,
+                addr: 0x8fff,
+            },
+            true,
+            2,
+        ),
+    ];
+    let before = net.regions.clone();
+    for (k, &(target, write, len)) in refused.iter().enumerate() {
+        let ctx = 60 + k as u64;
+        if write {
+            net.eps[0].rma_write(b, target, RmaData::Inline(vec![1; len as usize]), ctx);
+        } else {
+            net.eps[0].rma_read(b, target, len, 0x6000, ctx);
+        }
+        net.run(true, 0);
+        assert_eq!(
+            net.rma_done(0, ctx),
+            Some(Err(Failure::RmaDenied)),
+            "{target:?}"
+        );
+    }
+    assert_eq!(net.regions, before, "a refused operation changed nothing");
+    assert!(!net.pushed.contains_key(&(1, 0, 0x6000)));
+    assert_eq!(net.eps[1].stats().rma_refused, 4);
+    assert_eq!(net.eps[1].stats().rma_served, 10);
+}
+
+#[test]
+fn an_answer_from_another_endpoint_does_not_end_an_operation() {
+    let (a, b, c) = (peer(1, 0), peer(6, 2), peer(7, 0));
+    let mut net = Net::new(&[a, b, c], Config::default());
+    net.eps[0].rma_read(b, RmaTarget { key: 1, addr: 0 }, 8, 0x5000, 1);
+    // c forges b's answer (same id 0, as the first operation's).
+    let forged = Packet::RmaDone {
+        src_vi: c.vi,
+        id: 0,
+        status: RmaStatus::Done,
+    }
+    .encode()
+    .unwrap();
+    net.eps[0].on_packet(c.node, c.rank, &forged).unwrap();
+    net.act();
+    assert_eq!(net.rma_done(0, 1), None, "ended by a stranger");
+    net.run(false, 0);
+    assert_eq!(
+        net.rma_done(0, 1),
+        Some(Err(Failure::RmaDenied)),
+        "b has no region 1"
+    );
+}
+
+#[test]
+fn a_target_serving_too_many_operations_takes_no_more_messages() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut e = Engine::new(b, Config::default());
+    for id in 0..RMA_SERVED_MAX as u32 {
+        assert!(e.has_room());
+        let p = Packet::RmaRead {
+            src_vi: a.vi,
+            id,
+            key: 1,
+            addr: 0,
+            len: 8,
+            va: 0,
+        }
+        .encode()
+        .unwrap();
+        e.on_packet(a.node, a.rank, &p).unwrap();
+    }
+    assert!(!e.has_room(), "served without bound");
+    let Some(Action::Push(p)) = e.poll_action() else {
+        panic!("no push")
+    };
+    e.rma_served(p.reply, Ok(()));
+    assert!(e.has_room(), "an answered one frees its place");
 }

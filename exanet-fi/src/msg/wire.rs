@@ -16,6 +16,21 @@
 //! | RTS: then id (4), length (8), the staged data's VA at the sender (8) | |
 //!
 //! So an eager message carries up to [`EAGER_MAX`] bytes, remote CQ data or not.
+//!
+//! One-sided operations (`FI_RMA`) are carried out by the target's provider on memory its
+//! application registered (`fi_mr_reg`), named by the region's key and an address in it:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0 | kind: 4 RMA write, 5 RMA read, 6 RMA done |
+//! | 1 | the sender's mailbox (endpoint) |
+//! | 2 | write: flags, bit 2 staged (the data waits at the writer, to be read) |
+//! | 3 | write: inline payload length; done: status (0 done, 1 denied, 2 failed) |
+//! | 4..8 | the operation's id at its initiator |
+//! | 8..16 | write, read: the region's key |
+//! | 16..24 | write, read: the target address |
+//! | write: then the payload, or length (8) and the staged data's VA (8) | |
+//! | read: then length (8) and the VA of the reader's staging it is written into (8) | |
 
 use thiserror::Error;
 
@@ -27,6 +42,10 @@ pub const PACKET_MAX: usize = 64;
 const EAGER: u8 = 1;
 const RTS: u8 = 2;
 const FIN: u8 = 3;
+const RMA_WRITE: u8 = 4;
+const RMA_READ: u8 = 5;
+const RMA_DONE: u8 = 6;
+const STAGED: u8 = 4;
 const TAGGED: u8 = 1;
 const HAS_DATA: u8 = 2;
 const HEADER: usize = 24;
@@ -40,6 +59,24 @@ pub enum FinStatus {
     Truncated = 1,
     /// Not read: the receive was cancelled, or the read failed.
     Refused = 2,
+}
+
+/// How a one-sided operation ended at its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmaStatus {
+    Done = 0,
+    /// No region with that key, outside it, or without the access asked.
+    Denied = 1,
+    /// The target could not carry it out (its memory or the NI failed).
+    Failed = 2,
+}
+
+/// The data of an RMA write: in the message, or staged at the writer for the target to
+/// read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RmaData {
+    Inline(Vec<u8>),
+    Staged { len: u64, va: u64 },
 }
 
 /// What a message says.
@@ -65,6 +102,27 @@ pub enum Packet {
         src_vi: u8,
         id: u32,
         status: FinStatus,
+    },
+    RmaWrite {
+        src_vi: u8,
+        id: u32,
+        key: u64,
+        addr: u64,
+        data: RmaData,
+    },
+    RmaRead {
+        src_vi: u8,
+        id: u32,
+        key: u64,
+        addr: u64,
+        len: u64,
+        /// Where in the reader's registered memory the target writes the bytes.
+        va: u64,
+    },
+    RmaDone {
+        src_vi: u8,
+        id: u32,
+        status: RmaStatus,
     },
 }
 
@@ -140,6 +198,48 @@ impl Packet {
                 b[3] = *status as u8;
                 b[4..8].copy_from_slice(&id.to_be_bytes());
             }
+            Packet::RmaDone { src_vi, id, status } => {
+                b.truncate(8);
+                b[0] = RMA_DONE;
+                b[1] = *src_vi;
+                b[3] = *status as u8;
+                b[4..8].copy_from_slice(&id.to_be_bytes());
+            }
+            Packet::RmaWrite {
+                src_vi,
+                id,
+                key,
+                addr,
+                data,
+            } => {
+                rma_head(&mut b, RMA_WRITE, *src_vi, *id, *key, *addr);
+                match data {
+                    RmaData::Inline(payload) => {
+                        if payload.len() > EAGER_MAX {
+                            return Err(WireError::TooLong(payload.len()));
+                        }
+                        b[3] = payload.len() as u8;
+                        b.extend_from_slice(payload);
+                    }
+                    RmaData::Staged { len, va } => {
+                        b[2] = STAGED;
+                        b.extend_from_slice(&len.to_be_bytes());
+                        b.extend_from_slice(&va.to_be_bytes());
+                    }
+                }
+            }
+            Packet::RmaRead {
+                src_vi,
+                id,
+                key,
+                addr,
+                len,
+                va,
+            } => {
+                rma_head(&mut b, RMA_READ, *src_vi, *id, *key, *addr);
+                b.extend_from_slice(&len.to_be_bytes());
+                b.extend_from_slice(&va.to_be_bytes());
+            }
         }
         debug_assert!(b.len() <= PACKET_MAX);
         Ok(b)
@@ -163,8 +263,70 @@ impl Packet {
                 status,
             });
         }
+        if kind == RMA_DONE {
+            let status = match b[3] {
+                0 => RmaStatus::Done,
+                1 => RmaStatus::Denied,
+                2 => RmaStatus::Failed,
+                s => return Err(WireError::Status(s)),
+            };
+            return Ok(Packet::RmaDone {
+                src_vi,
+                id: u32_at(b, 4),
+                status,
+            });
+        }
         if b.len() < HEADER {
             return Err(WireError::Short(b.len()));
+        }
+        let (id, key, addr) = (u32_at(b, 4), u64_at(b, 8), u64_at(b, 16));
+        match kind {
+            RMA_WRITE if flags & STAGED != 0 => {
+                if b.len() != HEADER + 16 {
+                    return Err(WireError::Short(b.len()));
+                }
+                return Ok(Packet::RmaWrite {
+                    src_vi,
+                    id,
+                    key,
+                    addr,
+                    data: RmaData::Staged {
+                        len: u64_at(b, HEADER),
+                        va: u64_at(b, HEADER + 8),
+                    },
+                });
+            }
+            RMA_WRITE => {
+                let n = usize::from(b[3]);
+                if n > EAGER_MAX || b.len() != HEADER + n {
+                    return Err(WireError::Length {
+                        len: b.len(),
+                        payload: n,
+                        need: HEADER + n,
+                    });
+                }
+                return Ok(Packet::RmaWrite {
+                    src_vi,
+                    id,
+                    key,
+                    addr,
+                    data: RmaData::Inline(b[HEADER..].to_vec()),
+                });
+            }
+            RMA_READ => {
+                if b.len() != HEADER + 16 {
+                    return Err(WireError::Short(b.len()));
+                }
+                return Ok(Packet::RmaRead {
+                    src_vi,
+                    id,
+                    key,
+                    addr,
+                    len: u64_at(b, HEADER),
+                    va: u64_at(b, HEADER + 8),
+                });
+            }
+            _ => {}
         }
         let seq = u32_at(b, 4);
         let tag = (flags & TAGGED != 0).then(|| u64_at(b, 8));
@@ -206,6 +368,15 @@ impl Packet {
     }
 }
 
+/// The header of a one-sided operation's request.
+fn rma_head(b: &mut [u8], kind: u8, vi: u8, id: u32, key: u64, addr: u64) {
+    b[0] = kind;
+    b[1] = vi;
+    b[4..8].copy_from_slice(&id.to_be_bytes());
+    b[8..16].copy_from_slice(&key.to_be_bytes());
+    b[16..24].copy_from_slice(&addr.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +411,43 @@ mod tests {
                 src_vi: 1,
                 id: 9,
                 status: FinStatus::Truncated,
+            },
+            Packet::RmaWrite {
+                src_vi: 2,
+                id: u32::MAX,
+                key: u64::MAX,
+                addr: 0x7f12_3456_7000,
+                data: RmaData::Inline(vec![7; EAGER_MAX]),
+            },
+            Packet::RmaWrite {
+                src_vi: 2,
+                id: 1,
+                key: 3,
+                addr: 4,
+                data: RmaData::Inline(vec![]),
+            },
+            Packet::RmaWrite {
+                src_vi: 2,
+                id: 1,
+                key: 3,
+                addr: 4,
+                data: RmaData::Staged {
+                    len: 1 << 40,
+                    va: 0x1000,
+                },
+            },
+            Packet::RmaRead {
+                src_vi: 5,
+                id: 6,
+                key: 7,
+                addr: 8,
+                len: 9,
+                va: 10,
+            },
+            Packet::RmaDone {
+                src_vi: 5,
+                id: 6,
+                status: RmaStatus::Denied,
             },
         ];
         for p in packets {
@@ -277,6 +485,34 @@ mod tests {
         assert_eq!(Packet::decode(&b), Err(WireError::Kind(9)));
         let fin = [3, 0, 0, 7, 0, 0, 0, 1];
         assert_eq!(Packet::decode(&fin), Err(WireError::Status(7)));
+        let done = [6, 0, 0, 3, 0, 0, 0, 1];
+        assert_eq!(Packet::decode(&done), Err(WireError::Status(3)));
+        let mut read = Packet::RmaRead {
+            src_vi: 0,
+            id: 0,
+            key: 0,
+            addr: 0,
+            len: 1,
+            va: 0,
+        }
+        .encode()
+        .unwrap();
+        read.pop();
+        assert_eq!(Packet::decode(&read), Err(WireError::Short(39)));
+        let mut write = Packet::RmaWrite {
+            src_vi: 0,
+            id: 0,
+            key: 0,
+            addr: 0,
+            data: RmaData::Inline(vec![1; 8]),
+        }
+        .encode()
+        .unwrap();
+        write[3] = 9;
+        assert!(matches!(
+            Packet::decode(&write),
+            Err(WireError::Length { .. })
+        ));
         assert_eq!(
             Packet::Eager {
                 src_vi: 0,
