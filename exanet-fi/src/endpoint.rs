@@ -671,7 +671,9 @@ impl Drop for Inner {
         // MPI run (FI_LOG_LEVEL=info).
         tracing::info!(
             "exanet-fi: endpoint {:?} closed: sent {} eager and {} by rendezvous, received \
-             {} ({} unexpected), {} duplicates dropped, {} resent, {} FINs lost, {} malformed",
+             {} ({} unexpected), {} duplicates dropped, {} resent, {} FINs lost, {} malformed, \
+             {} rendezvous sends refused after they completed; one-sided: {} started, {} \
+             served ({} refused), {} answers lost",
             self.engine.me(),
             s.eager_sent,
             s.rendezvous_sent,
@@ -680,7 +682,12 @@ impl Drop for Inner {
             s.duplicates,
             s.resent,
             s.fins_lost,
-            s.malformed
+            s.malformed,
+            s.refused_after_completion,
+            s.rma_started,
+            s.rma_served,
+            s.rma_refused,
+            s.rma_answers_lost
         );
         if self.protocol_errors > 0 {
             tracing::warn!(
