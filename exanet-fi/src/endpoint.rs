@@ -814,17 +814,16 @@ impl Inner {
                 }
             }
         }
-        // Serving a one-sided operation (a store) makes an answer to send at once.
+        // What waits for a free channel goes first; serving a one-sided operation (a
+        // store) makes an answer to send at once, so post until nothing new comes.
         loop {
-            let mut more = false;
             while let Some(a) = self.engine.poll_action() {
                 self.waiting.push_back(a);
-                more = true;
-            }
-            if !more {
-                break;
             }
             self.post_waiting();
+            if !self.engine.has_actions() {
+                break;
+            }
         }
         while let Some(ev) = self.engine.poll_event() {
             self.complete(ev);

@@ -1055,6 +1055,11 @@ impl Engine {
         }
     }
 
+    /// Whether [`Engine::poll_action`] has something.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
