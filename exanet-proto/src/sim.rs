@@ -138,6 +138,7 @@ enum Ev {
     Horizons {
         node: NodeId,
         horizons: Vec<(Port, ModelTime)>,
+        pending: bool,
     },
 }
 
@@ -213,10 +214,9 @@ pub struct Sim {
     /// they go to, and each link port's horizon as last set.
     in_flight: HashMap<(NodeId, Port), BTreeMap<ModelTime, u32>>,
     horizons: HashMap<(NodeId, Port), ModelTime>,
-    /// With horizons from cuts: the coordinator (every node joined), and whether the last
-    /// horizons said nothing was pending, so that work appearing must wake it.
+    /// With horizons from cuts: the coordinator (every node joined). Each station knows
+    /// whether the rack was idle, so that work appearing wakes it.
     coordinator: Option<Coordinator>,
-    rack_idle: bool,
 }
 
 impl Sim {
@@ -267,7 +267,6 @@ impl Sim {
                 }
                 None => None,
             },
-            rack_idle: true,
         };
         if cfg.switch.modeled_order {
             for (i, f) in routing::feeds(&shape)
@@ -807,8 +806,7 @@ impl Sim {
             let cut = Box::new(cut);
             self.schedule(now + delay, Ev::Part { node, cut });
         }
-        if self.rack_idle && self.stations[node.0 as usize].node().busy() {
-            self.rack_idle = false;
+        if self.stations[node.0 as usize].take_wake() {
             let epoch = self.coordinator.as_mut().and_then(Coordinator::wake);
             self.begin_cut(epoch);
         }
@@ -837,13 +835,18 @@ impl Sim {
             Err(e) => panic!("the simulator's coordinator refused a part: {e}"),
         };
         let at = self.now + delay;
+        let pending = horizons.pending;
         for (i, h) in horizons.by_node.into_iter().enumerate() {
             let node = NodeId(i as u32);
-            self.schedule(at, Ev::Horizons { node, horizons: h });
+            self.schedule(
+                at,
+                Ev::Horizons {
+                    node,
+                    horizons: h,
+                    pending,
+                },
+            );
         }
-        // The nodes learn with their horizons that nothing was pending: work from now on
-        // wakes the coordinator.
-        self.rack_idle = !horizons.pending;
         self.begin_cut(horizons.next);
     }
 
@@ -990,8 +993,12 @@ impl Sim {
                 self.on_part(node, *cut);
                 return true;
             }
-            Ev::Horizons { node, horizons } => {
-                self.stations[node.0 as usize].set_horizons(&horizons);
+            Ev::Horizons {
+                node,
+                horizons,
+                pending,
+            } => {
+                self.stations[node.0 as usize].set_horizons(&horizons, pending);
                 node
             }
             Ev::Dial { node, port } => {

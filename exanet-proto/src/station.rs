@@ -230,6 +230,10 @@ pub struct Station {
     errors: Vec<SwitchError>,
     /// This node's part in the latest cut of the rack (see [`crate::cut`]).
     cut: Cut,
+    /// The last horizons said nothing was pending anywhere (or none came yet): work
+    /// that appears here must wake the rack's cut coordinator, which takes no cut of an
+    /// idle rack.
+    rack_idle: bool,
 }
 
 impl Station {
@@ -266,6 +270,7 @@ impl Station {
             events: VecDeque::new(),
             errors: Vec::new(),
             cut: Cut::default(),
+            rack_idle: true,
         }
     }
 
@@ -559,11 +564,31 @@ impl Station {
     }
 
     /// Applies a coordinator's horizons to this node's link inputs: each is kept if later
-    /// than the one the input has (both are bounds, see [`crate::horizon`]).
-    pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)]) {
+    /// than the one the input has (both are bounds, see [`crate::horizon`]). `pending`:
+    /// whether anything was pending in the cut they come from (if not, the rack is idle
+    /// and takes no cut until some node wakes it).
+    pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)], pending: bool) {
         for &(port, h) in horizons {
             self.node.raise_horizon(port, h);
         }
+        self.rack_idle = !pending;
+    }
+
+    /// Whether this node must wake the cut coordinator now: the rack was idle and this
+    /// node has work. True once per idle spell; the driver then asks the coordinator
+    /// for a cut ([`crate::horizon::Coordinator::wake`]).
+    pub fn take_wake(&mut self) -> bool {
+        let wake = self.rack_idle && self.node.busy();
+        if wake {
+            self.rack_idle = false;
+        }
+        wake
+    }
+
+    /// The coordinator is (re)connected and knows nothing of this node: work here, even
+    /// work from before, wakes it.
+    pub fn assume_rack_idle(&mut self) {
+        self.rack_idle = true;
     }
 
     /// Ports with output or a session change since the last call.

@@ -9,7 +9,6 @@
 //!
 //! Messages are bincode, each after its length (u32, big-endian).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,9 +94,6 @@ async fn read_msg<T: DeserializeOwned>(recv: &mut RecvStream) -> Result<Option<T
 /// A daemon's side of the connection, kept in its core: where its parts and wake-ups go.
 struct CutLink {
     tx: mpsc::UnboundedSender<ToCoordinator>,
-    /// The last horizons said nothing was pending anywhere: work here must wake the
-    /// coordinator.
-    rack_idle: Arc<AtomicBool>,
 }
 
 impl AfterPump for CutLink {
@@ -112,8 +108,7 @@ impl AfterPump for CutLink {
             );
             let _ = self.tx.send(ToCoordinator::Part(part));
         }
-        if self.rack_idle.load(Ordering::Relaxed) && station.node().busy() {
-            self.rack_idle.store(false, Ordering::Relaxed);
+        if station.take_wake() {
             let _ = self.tx.send(ToCoordinator::Wake);
         }
     }
@@ -149,15 +144,12 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
         return e;
     }
     let (tx, writer) = spawn_writer(send);
-    let rack_idle = Arc::new(AtomicBool::new(true));
     {
         let now = node.now();
         let mut core = node.lock();
-        core.cuts = Some(Box::new(CutLink {
-            tx,
-            rack_idle: rack_idle.clone(),
-        }));
+        core.cuts = Some(Box::new(CutLink { tx }));
         // Work that came before the connection wakes the coordinator now.
+        core.station.assume_rack_idle();
         core.pump(now);
     }
     let why = loop {
@@ -177,8 +169,7 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
                 core.station.begin_cut(epoch, now);
             }
             FromCoordinator::Horizons { horizons, pending } => {
-                core.station.set_horizons(&horizons);
-                rack_idle.store(!pending, Ordering::Relaxed);
+                core.station.set_horizons(&horizons, pending);
             }
         }
         core.pump(now);
