@@ -64,6 +64,9 @@ pub trait Regions: Send + Sync {
     fn store(&self, key: u64, addr: u64, data: &[u8]) -> Result<(), RmaRefusal>;
     /// Reads `out.len()` bytes at `addr` of region `key`.
     fn load(&self, key: u64, addr: u64, out: &mut [u8]) -> Result<(), RmaRefusal>;
+    /// Whether region `key` allows a remote write (`write`) or read of `len` bytes at
+    /// `addr`: asked before memory is set aside for one.
+    fn check(&self, key: u64, addr: u64, len: usize, write: bool) -> Result<(), RmaRefusal>;
 }
 
 /// Why an operation was not taken (a positive libfabric error number).
@@ -144,6 +147,8 @@ struct RmaOp {
     slot: Option<Slot>,
     /// A read's destination.
     buf: Option<Box<dyn RecvBuf>>,
+    /// Its completion went out; it waits only for its memory to be released.
+    done: bool,
 }
 
 struct Inner {
@@ -437,6 +442,7 @@ impl Endpoint {
                 silent,
                 slot,
                 buf: None,
+                done: false,
             },
         );
         i.engine.rma_write(to, target, out, op);
@@ -472,6 +478,7 @@ impl Endpoint {
                 silent,
                 slot: Some(slot),
                 buf: Some(buf),
+                done: false,
             },
         );
         i.engine.rma_read(to, target, len, va, op);
@@ -673,7 +680,7 @@ impl Drop for Inner {
             "exanet-fi: endpoint {:?} closed: sent {} eager and {} by rendezvous, received \
              {} ({} unexpected), {} duplicates dropped, {} resent, {} FINs lost, {} malformed, \
              {} rendezvous sends refused after they completed; one-sided: {} started, {} \
-             served ({} refused), {} answers lost",
+             served ({} refused), {} answers lost; {} requests' memory kept for a late answer",
             self.engine.me(),
             s.eager_sent,
             s.rendezvous_sent,
@@ -687,7 +694,8 @@ impl Drop for Inner {
             s.rma_started,
             s.rma_served,
             s.rma_refused,
-            s.rma_answers_lost
+            s.rma_answers_lost,
+            s.memory_kept
         );
         if self.protocol_errors > 0 {
             tracing::warn!(
@@ -851,7 +859,7 @@ impl Inner {
                 cq.failed(failed(op.entry()));
             }
         }
-        for (_, op) in self.rmas.drain() {
+        for (_, op) in self.rmas.drain().filter(|(_, op)| !op.done) {
             if let Some(cq) = &self.txcq {
                 cq.failed(failed(Completion {
                     context: op.context,
@@ -955,11 +963,27 @@ impl Inner {
     /// Loads what an RMA read asks from the application's region into staging and
     /// writes it to the reader.
     fn push(&mut self, p: &crate::msg::Push) -> Result<(), Error> {
-        let mut b = vec![0u8; p.len as usize];
-        if self.regions.load(p.key, p.addr, &mut b).is_err() {
-            self.engine.rma_served(p.reply, Err(RmaRefusal::Denied));
+        if p.len == 0 {
+            // Nothing to write (the NI moves at least a byte): done, if the key is.
+            let r = self.regions.check(p.key, p.addr, 0, false);
+            self.engine.rma_served(p.reply, r);
             return Ok(());
         }
+        // Checked before the buffer is made: the length is the reader's word.
+        let allowed = self
+            .regions
+            .check(p.key, p.addr, p.len as usize, false)
+            .and_then(|()| {
+                let mut b = vec![0u8; p.len as usize];
+                self.regions.load(p.key, p.addr, &mut b).map(|()| b)
+            });
+        let b = match allowed {
+            Ok(b) => b,
+            Err(r) => {
+                self.engine.rma_served(p.reply, Err(r));
+                return Ok(());
+            }
+        };
         let dst = self.ep.addr(NodeId(p.node), p.rank, p.va)?;
         let slot = self.staging.alloc(&self.ep, p.len)?;
         if let Err(e) = self.staging.write(&slot, &b) {
@@ -1009,6 +1033,17 @@ impl Inner {
                 self.packets.push((tag, t.token));
             }
             Action::Fetch(f) => {
+                if let Some(t) = f.into {
+                    // An RMA write's data: read only what its region would take.
+                    if self
+                        .regions
+                        .check(t.key, t.addr, f.len as usize, true)
+                        .is_err()
+                    {
+                        self.engine.fetch_denied(f.id);
+                        return Ok(());
+                    }
+                }
                 let src = self.ep.addr(NodeId(f.node), f.rank, f.va)?;
                 if !self.fetch_slots.contains_key(&f.id) {
                     let slot = self.staging.alloc(&self.ep, f.len)?;
@@ -1058,7 +1093,7 @@ impl Inner {
         let r = match a {
             Action::Transmit(t) => self
                 .engine
-                .packet_done(t.token, Delivery::Failed(e.to_string())),
+                .packet_done(t.token, Delivery::NotSent(e.to_string())),
             Action::Fetch(f) => {
                 if let Some(slot) = self.fetch_slots.remove(&f.id) {
                     self.staging.free(slot);
@@ -1154,29 +1189,35 @@ impl Inner {
                     cq.done(entry);
                 }
             }
+            Event::RmaReleased { ctx } => {
+                if let Some(slot) = self.rmas.remove(&ctx).and_then(|op| op.slot) {
+                    self.staging.free(slot);
+                }
+            }
             Event::RmaDone { ctx, result } => {
-                let Some(mut op) = self.rmas.remove(&ctx) else {
+                let Some(op) = self.rmas.get_mut(&ctx) else {
                     return;
                 };
+                op.done = true;
                 let mut result = result.map_err(|f| errno_of(&f));
                 if let (Some(slot), Some(buf)) = (op.slot, op.buf.take()) {
                     if result.is_ok() {
                         let mut b = vec![0u8; op.len];
                         result = self.staging.read(&slot, &mut b).map_err(|_| FI_EIO);
-                        buf.write(&b);
+                        if result.is_ok() {
+                            buf.write(&b);
+                        }
                     }
                 }
-                if let Some(slot) = op.slot {
-                    self.staging.free(slot);
-                }
+                let (context, flags, silent) = (op.context, op.flags, op.silent);
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = Completion {
-                    context: op.context,
-                    flags: op.flags,
+                    context,
+                    flags,
                     ..Completion::default()
                 };
                 match result {
-                    Ok(()) if op.silent => {}
+                    Ok(()) if silent => {}
                     Ok(()) => cq.done(entry),
                     Err(err) => cq.failed(Failed {
                         entry,

@@ -1000,6 +1000,10 @@ impl Regions for AppRegions {
         })
     }
 
+    fn check(&self, key: u64, addr: u64, len: usize, write: bool) -> Result<(), RmaRefusal> {
+        self.0.with_range(key, addr, len, write, |_| ())
+    }
+
     fn load(&self, key: u64, addr: u64, out: &mut [u8]) -> Result<(), RmaRefusal> {
         self.0.with_range(key, addr, out.len(), false, |at| {
             if !out.is_empty() {

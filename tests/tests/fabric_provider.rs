@@ -632,6 +632,8 @@ int main(int argc, char **argv) {
     printf("read past the end: %d\n", next(&ctx));
     CHECK("no key", fi_read(o.ep, back, 16, NULL, to, 0, 0x77, &ctx));
     printf("unknown key: %d\n", next(&ctx));
+    CHECK("read 0", fi_read(o.ep, back, 0, NULL, to, 0, KEY, &ctx));
+    printf("zero-length read: %d\n", next(&ctx));
     /* The injected write is served before what follows it on the same path? Not
        promised: read it back until it shows, for at most 10 s. */
     for (int i = 0; i < 1000; i++) {
@@ -681,6 +683,7 @@ target: {}",
         "write to the read-only region: 13",
         "read past the end: 13",
         "unknown key: 13",
+        "zero-length read: 0",
         "injected write landed",
     ] {
         assert!(i.stdout.contains(want), "{want}: {}", i.stdout);

@@ -64,6 +64,8 @@ pub const DEFAULT_MAX_UNEXPECTED: usize = 4096;
 const HELD_MAX: usize = 64;
 /// One-sided requests one endpoint serves at once, from all its peers.
 pub const RMA_SERVED_MAX: usize = 64;
+/// The longest one-sided operation: the largest message.
+pub const RMA_MAX: u64 = crate::offer::MAX_MSG_SIZE as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -114,6 +116,9 @@ pub struct Fetch {
     pub rank: u8,
     pub va: u64,
     pub len: u64,
+    /// For an RMA write: the region it is to be stored into, which the driver checks
+    /// allows it before reading anything (else [`Engine::fetch_denied`]).
+    pub into: Option<RmaTarget>,
 }
 
 /// Stores `data` at `addr` of the application's region `key` (the target of an RMA
@@ -207,6 +212,9 @@ pub enum Event {
         ctx: u64,
         result: Result<(), Failure>,
     },
+    /// What a one-sided operation's request names (its staged data, its landing place)
+    /// may be freed: the target will not touch it (after its `RmaDone`, or with it).
+    RmaReleased { ctx: u64 },
 }
 
 /// A waiting message, as a probe sees it.
@@ -226,6 +234,9 @@ pub enum Delivery {
     Refused,
     /// Refused for good (another job's endpoint, an address that names nothing).
     Denied(String),
+    /// Not posted at all: the destination never saw it.
+    NotSent(String),
+    /// Posted, and ended without an answer (timed out): the destination may have it.
     Failed(String),
 }
 
@@ -286,6 +297,9 @@ pub struct MsgStats {
     pub rma_refused: u64,
     /// Answers to served operations that could not be delivered.
     pub rma_answers_lost: u64,
+    /// Requests that failed unanswered and may still be served: the memory they name is
+    /// kept until an answer comes.
+    pub memory_kept: u64,
 }
 
 fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
@@ -371,6 +385,9 @@ struct Inbound {
 struct RmaOp {
     ctx: u64,
     to: Peer,
+    /// Its `RmaDone` went out (it failed without an answer that the target may still
+    /// give): kept only until that answer releases its memory.
+    ended: bool,
 }
 
 /// A staged RMA write being read by its target, to store once read.
@@ -477,6 +494,7 @@ impl Engine {
                 ctx,
                 result: Err(Failure::RmaFailed),
             });
+            self.events.push_back(Event::RmaReleased { ctx });
             return;
         }
         self.transmit(to, packet, Owner::Rma { id });
@@ -500,7 +518,14 @@ impl Engine {
     fn start_rma(&mut self, to: Peer, ctx: u64) -> u32 {
         let id = self.next_rma;
         self.next_rma = self.next_rma.wrapping_add(1);
-        self.rma.insert(id, RmaOp { ctx, to });
+        self.rma.insert(
+            id,
+            RmaOp {
+                ctx,
+                to,
+                ended: false,
+            },
+        );
         self.stats.rma_started += 1;
         id
     }
@@ -534,6 +559,20 @@ impl Engine {
             _ => return,
         };
         self.served.insert(reply, (from, id));
+        // No operation is longer than the largest message: a longer request (a hostile
+        // or broken peer's) is refused before anything is allocated for it.
+        let len = match &packet {
+            Packet::RmaWrite {
+                data: RmaData::Staged { len, .. },
+                ..
+            }
+            | Packet::RmaRead { len, .. } => *len,
+            _ => 0,
+        };
+        if len > RMA_MAX {
+            self.rma_served(reply, Err(RmaRefusal::Denied));
+            return;
+        }
         match packet {
             Packet::RmaWrite {
                 key,
@@ -569,6 +608,7 @@ impl Engine {
                     rank: from.rank,
                     va,
                     len,
+                    into: Some(RmaTarget { key, addr }),
                 }));
             }
             Packet::RmaRead {
@@ -744,7 +784,10 @@ impl Engine {
                         RmaStatus::Denied => Err(Failure::RmaDenied),
                         RmaStatus::Failed => Err(Failure::RmaFailed),
                     };
-                    self.events.push_back(Event::RmaDone { ctx: r.ctx, result });
+                    if !r.ended {
+                        self.events.push_back(Event::RmaDone { ctx: r.ctx, result });
+                    }
+                    self.events.push_back(Event::RmaReleased { ctx: r.ctx });
                 } else {
                     self.stats.duplicates += 1;
                 }
@@ -917,6 +960,7 @@ impl Engine {
                     rank: from.rank,
                     va,
                     len: read,
+                    into: None,
                 }));
             }
         }
@@ -925,6 +969,14 @@ impl Engine {
     fn fin(&mut self, to: Peer, id: u32, status: FinStatus) {
         let src_vi = self.me.vi;
         self.transmit(to, Packet::Fin { src_vi, id, status }, Owner::Fin);
+    }
+
+    /// The driver refused fetch `id` of an RMA write before reading it: its region does
+    /// not allow it ([`Fetch::into`]).
+    pub fn fetch_denied(&mut self, id: u64) {
+        if let Some(f) = self.rma_fetches.remove(&id) {
+            self.rma_served(f.reply, Err(RmaRefusal::Denied));
+        }
     }
 
     /// The read of fetch `id` ended.
@@ -1011,44 +1063,71 @@ impl Engine {
                 }));
                 self.packets.insert(token, p);
             }
-            Delivery::Failed(_) | Delivery::Denied(_) => {
+            Delivery::Failed(_) | Delivery::Denied(_) | Delivery::NotSent(_) => {
+                // Whether the destination may have the message after all: then what it
+                // names (staged data, a read's landing place) must stay until it says.
+                let maybe = matches!(how, Delivery::Failed(_));
                 let failure = match how {
                     Delivery::Denied(e) => Failure::Denied(e),
-                    Delivery::Failed(e) => Failure::Unreachable(e),
+                    Delivery::Failed(e) | Delivery::NotSent(e) => Failure::Unreachable(e),
                     _ => unreachable!("matched above"),
                 };
-                self.failed(p.owner, failure);
+                self.failed(p.owner, failure, maybe);
             }
         }
         Ok(())
     }
 
     /// The packet of `owner` could not be delivered.
-    fn failed(&mut self, owner: Owner, failure: Failure) {
+    /// The packet of `owner` could not be delivered; `maybe`: or it was, unanswered. A
+    /// request the destination may have keeps the memory it names (the data it would
+    /// read, the place it would write) until the destination answers after all, perhaps
+    /// never: freed and reused, it would hand the destination another operation's bytes,
+    /// or take its write over them.
+    fn failed(&mut self, owner: Owner, failure: Failure, maybe: bool) {
         match owner {
             Owner::Eager { ctx } => self.events.push_back(Event::Sent {
                 ctx,
                 result: Err(failure),
             }),
             Owner::Rts { id } => {
-                if let Some(r) = self.rendezvous.remove(&id) {
-                    if !r.completed {
-                        self.events.push_back(Event::Sent {
-                            ctx: r.ctx,
-                            result: Err(failure),
-                        });
-                    }
+                let Some(r) = self.rendezvous.get_mut(&id) else {
+                    return;
+                };
+                if !r.completed {
+                    r.completed = true;
+                    self.events.push_back(Event::Sent {
+                        ctx: r.ctx,
+                        result: Err(failure),
+                    });
+                }
+                if maybe {
+                    // Released by a FIN, if one comes.
+                    self.stats.memory_kept += 1;
+                } else {
+                    let r = self.rendezvous.remove(&id).expect("looked up");
                     self.events.push_back(Event::Released { ctx: r.ctx });
                 }
             }
             // The sender's staging stays until its own request fails; counted.
             Owner::Fin => self.stats.fins_lost += 1,
             Owner::Rma { id } => {
-                if let Some(r) = self.rma.remove(&id) {
+                let Some(r) = self.rma.get_mut(&id) else {
+                    return;
+                };
+                if !r.ended {
+                    r.ended = true;
                     self.events.push_back(Event::RmaDone {
                         ctx: r.ctx,
                         result: Err(failure),
                     });
+                }
+                if maybe {
+                    // Released by the target's answer, if one comes.
+                    self.stats.memory_kept += 1;
+                } else {
+                    let r = self.rma.remove(&id).expect("looked up");
+                    self.events.push_back(Event::RmaReleased { ctx: r.ctx });
                 }
             }
             Owner::RmaAnswer => self.stats.rma_answers_lost += 1,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::wire::RmaStatus;
+use super::wire::{FinStatus, RmaStatus};
 use super::*;
 
 fn peer(node: u32, vi: u8) -> Peer {
@@ -112,6 +112,12 @@ impl Net {
                 match a {
                     Action::Transmit(t) => self.wire.push((i, t)),
                     Action::Fetch(f) => {
+                        if let Some(t) = f.into {
+                            if self.range(i, t.key, t.addr, f.len as usize, true).is_err() {
+                                self.eps[i].fetch_denied(f.id);
+                                continue;
+                            }
+                        }
                         let src = &self.staged[&(f.node, f.rank, f.va)];
                         self.fetched
                             .insert((i, f.id), src[..f.len as usize].to_vec());
@@ -644,4 +650,138 @@ fn a_target_serving_too_many_operations_takes_no_more_messages() {
     };
     e.rma_served(p.reply, Ok(()));
     assert!(e.has_room(), "an answered one frees its place");
+}
+
+#[test]
+fn a_request_longer_than_any_operation_is_refused_before_anything_is_set_aside() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut e = Engine::new(b, Config::default());
+    for p in [
+        Packet::RmaRead {
+            src_vi: a.vi,
+            id: 1,
+            key: 1,
+            addr: 0,
+            len: u64::MAX,
+            va: 0,
+        },
+        Packet::RmaWrite {
+            src_vi: a.vi,
+            id: 2,
+            key: 1,
+            addr: 0,
+            data: RmaData::Staged {
+                len: RMA_MAX + 1,
+                va: 0,
+            },
+        },
+    ] {
+        e.on_packet(a.node, a.rank, &p.encode().unwrap()).unwrap();
+    }
+    let mut answers = 0;
+    while let Some(act) = e.poll_action() {
+        let Action::Transmit(t) = act else {
+            panic!("{act:?}: something was to be read or loaded")
+        };
+        assert!(matches!(
+            Packet::decode(&t.bytes),
+            Ok(Packet::RmaDone {
+                status: RmaStatus::Denied,
+                ..
+            })
+        ));
+        answers += 1;
+    }
+    assert_eq!(answers, 2);
+    assert!(e.has_room(), "refused ones hold no place");
+}
+
+#[test]
+fn a_staged_write_its_region_does_not_allow_is_never_read() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut net = Net::new(&[a, b], Config::default());
+    net.regions.insert((1, 7), (0, vec![0; 100], true));
+    // Longer than the region: refused without the data being read (the harness would
+    // panic reading a staged buffer it does not have).
+    net.eps[0].rma_write(
+        b,
+        RmaTarget { key: 7, addr: 0 },
+        RmaData::Staged {
+            len: 4096,
+            va: 0xdead_0000,
+        },
+        1,
+    );
+    net.run(false, 0);
+    assert_eq!(net.rma_done(0, 1), Some(Err(Failure::RmaDenied)));
+    assert!(net.fetched.is_empty());
+}
+
+/// A request that timed out unanswered may still reach its destination: the memory it
+/// names (a read's landing place, staged data) stays until the destination answers, and
+/// an answer that comes late completes nothing twice. One never posted frees it at once.
+#[test]
+fn memory_a_request_names_stays_while_its_destination_may_still_use_it() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let released = |e: &mut Engine| {
+        let mut done = Vec::new();
+        let mut rel = Vec::new();
+        while let Some(ev) = e.poll_event() {
+            match ev {
+                Event::RmaDone { ctx, result } => done.push((ctx, result.is_ok())),
+                Event::RmaReleased { ctx } | Event::Released { ctx } => rel.push(ctx),
+                Event::Sent { ctx, result } => done.push((ctx, result.is_ok())),
+                _ => {}
+            }
+        }
+        (done, rel)
+    };
+    let mut e = Engine::new(a, Config::default());
+    e.rma_read(b, RmaTarget { key: 1, addr: 0 }, 64, 0x5000, 1);
+    e.rma_read(b, RmaTarget { key: 1, addr: 0 }, 64, 0x6000, 2);
+    e.send(
+        b,
+        Some(3),
+        None,
+        Outgoing::Staged {
+            va: 0x7000,
+            len: 100,
+            complete: Complete::Transmit,
+        },
+        3,
+    )
+    .unwrap();
+    let mut tokens = Vec::new();
+    while let Some(Action::Transmit(t)) = e.poll_action() {
+        tokens.push(t.token);
+    }
+    assert_eq!(tokens.len(), 3);
+    e.packet_done(tokens[0], Delivery::Failed("timed out".into()))
+        .unwrap();
+    e.packet_done(tokens[1], Delivery::NotSent("no route".into()))
+        .unwrap();
+    e.packet_done(tokens[2], Delivery::Failed("timed out".into()))
+        .unwrap();
+    let (done, rel) = released(&mut e);
+    assert_eq!(done, vec![(1, false), (2, false), (3, false)]);
+    assert_eq!(rel, vec![2], "only what was never sent is freed");
+    assert_eq!(e.stats().memory_kept, 2);
+    // The destination had them after all: its answers release the memory, and complete
+    // nothing again.
+    let answer = Packet::RmaDone {
+        src_vi: b.vi,
+        id: 0,
+        status: RmaStatus::Done,
+    };
+    e.on_packet(b.node, b.rank, &answer.encode().unwrap())
+        .unwrap();
+    let fin = Packet::Fin {
+        src_vi: b.vi,
+        id: 0,
+        status: FinStatus::Done,
+    };
+    e.on_packet(b.node, b.rank, &fin.encode().unwrap()).unwrap();
+    let (done, rel) = released(&mut e);
+    assert!(done.is_empty(), "completed twice: {done:?}");
+    assert_eq!(rel, vec![1, 3]);
 }
