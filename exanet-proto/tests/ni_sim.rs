@@ -1767,3 +1767,52 @@ fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
         }
     }
 }
+
+/// A host that stalls (its timer handled long after it was due) sends no copy past the
+/// copy limit: the RDMA write and the packetizer message whose answers were lost end
+/// timed out, and nothing more leaves.
+#[test]
+fn a_stalled_sender_sends_no_copy_past_the_copy_limit() {
+    use exanet_proto::ni::mailbox_gvas;
+    let cfg = NiConfig::default();
+    let mut w = Wire::new(cfg, 1_000);
+    let vi = w.a.alloc_packetizer(0).unwrap();
+    let mb = w.b.alloc_mailbox(0, 16).unwrap();
+    w.answers = false;
+    w.write(0xAA, 0);
+    let msg = SendMessage {
+        vi,
+        ch: 0,
+        dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
+        payload: b"hello".to_vec(),
+    };
+    w.a.send_message(0, &msg, w.now).unwrap();
+    // Both reach b; every answer is lost.
+    let landed = w.now + 10_000;
+    assert!(w.run(landed).is_empty());
+    // The host wakes up long after every timer was due.
+    let late = w.now + cfg.copy_limit_ns() + 1_000_000_000;
+    w.a.handle_timeout(late, &w.amem);
+    let mut sent = 0;
+    while let Some(c) = w.a.poll_cell() {
+        w.a.injected(&c, late);
+        sent += 1;
+    }
+    assert_eq!(sent, 0, "copies went out past the copy limit");
+    let mut ended = Vec::new();
+    while let Some(e) = w.a.poll_event() {
+        match e {
+            NiEvent::Rdma { result, .. } => ended.push(format!("rdma {result:?}")),
+            NiEvent::Packetizer { state, .. } => ended.push(format!("message {state:?}")),
+            _ => {}
+        }
+    }
+    ended.sort();
+    assert_eq!(
+        ended,
+        vec![
+            "message TimedOut".to_string(),
+            "rdma Err(TimedOut)".to_string()
+        ]
+    );
+}

@@ -31,6 +31,9 @@ struct Channel {
     deadline: Option<Instant>,
     attempts: u8,
     counter: u32,
+    /// When the message in flight was first sent: no copy goes after
+    /// `NiConfig::copy_limit_ns` (a late timer, a stalled host, must not send one).
+    first_sent: Instant,
 }
 
 impl Channel {
@@ -81,6 +84,7 @@ impl Packetizer {
                     cell: None,
                     deadline: None,
                     attempts: 0,
+                    first_sent: Instant::ZERO,
                     counter: epoch & 0x7F_FFFF,
                 })
                 .collect(),
@@ -195,6 +199,7 @@ impl Packetizer {
         cell.stamp = Stamp::at(cx.at);
         c.state = ChannelState::Ongoing;
         c.attempts = 1;
+        c.first_sent = cx.now;
         if c.deadline.replace(cx.now + cx.cfg.retransmit_ns).is_none() {
             self.timed += 1;
         }
@@ -273,7 +278,9 @@ impl Packetizer {
                 .cell
                 .as_ref()
                 .map_or(cx.at, |m| m.stamp.head + cx.cfg.model.retransmit);
-            if c.attempts >= cx.cfg.max_attempts {
+            if c.attempts >= cx.cfg.max_attempts
+                || cx.now.since(c.first_sent) >= cx.cfg.copy_limit_ns()
+            {
                 cx.stats.timeouts += 1;
                 self.finish(i, ChannelState::TimedOut, cx.out, due);
                 continue;

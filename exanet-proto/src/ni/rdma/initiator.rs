@@ -359,6 +359,9 @@ struct PendingRead {
     /// Until the request is ACKed: retransmit deadline; after: the whole read's deadline.
     deadline: Instant,
     acked: bool,
+    /// When the request was first sent: no copy of it goes after
+    /// `NiConfig::copy_limit_ns`.
+    first_sent: Instant,
 }
 
 /// A remote read the target accepted: a write of `len` bytes of `rank`'s memory at
@@ -639,6 +642,7 @@ impl Initiator {
                 attempts: 1,
                 deadline,
                 acked: false,
+                first_sent: cx.now,
             },
         );
         Ok(id)
@@ -884,6 +888,12 @@ impl Initiator {
                 return;
             };
             if b.repairs >= REPAIRS {
+                return;
+            }
+            if now.since(b.first_sent) >= cfg.copy_limit_ns() {
+                // No copy this late (see `NiConfig::copy_limit_ns`).
+                cx.stats.timeouts += 1;
+                self.fail(cx, txn, Failure::TimedOut);
                 return;
             }
             b.repairs += 1;
@@ -1142,7 +1152,10 @@ impl Initiator {
             .collect();
         for txn in reads {
             let r = self.reads.get_mut(&txn).expect("listed");
-            if r.acked || r.attempts >= cfg.max_attempts {
+            if r.acked
+                || r.attempts >= cfg.max_attempts
+                || now.since(r.first_sent) >= cfg.copy_limit_ns()
+            {
                 cx.stats.timeouts += 1;
                 let r = self.reads.remove(&txn).expect("listed");
                 self.finish_read(cx, &r, Err(Failure::TimedOut));
