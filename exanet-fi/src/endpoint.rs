@@ -69,6 +69,16 @@ pub trait Regions: Send + Sync {
     fn check(&self, key: u64, addr: u64, len: usize, write: bool) -> Result<(), RmaRefusal>;
 }
 
+/// Where an endpoint's request ids start: from the clock, so that two endpoints opened
+/// one after the other on the same mailbox do not share ids.
+fn first_id() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| {
+            d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(20)
+        })
+}
+
 /// Why an operation was not taken (a positive libfabric error number).
 pub type Errno = i32;
 
@@ -264,6 +274,7 @@ impl Endpoint {
                     me,
                     Config {
                         eager_limit,
+                        first_id: first_id(),
                         ..Config::default()
                     },
                 ),

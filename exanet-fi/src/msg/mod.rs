@@ -72,6 +72,10 @@ pub struct Config {
     /// Longest message sent eager; longer ones go by rendezvous.
     pub eager_limit: usize,
     pub max_unexpected: usize,
+    /// Where the ids of rendezvous and one-sided requests start. The driver picks a
+    /// different one for each endpoint it opens, so that a late FIN or answer meant for
+    /// an earlier endpoint on the same mailbox does not end one of this one's.
+    pub first_id: u32,
 }
 
 impl Default for Config {
@@ -79,6 +83,7 @@ impl Default for Config {
         Config {
             eager_limit: DEFAULT_EAGER_LIMIT,
             max_unexpected: DEFAULT_MAX_UNEXPECTED,
+            first_id: 0,
         }
     }
 }
@@ -441,7 +446,7 @@ impl Engine {
             packets: HashMap::new(),
             next_token: 0,
             rendezvous: HashMap::new(),
-            next_rts: 0,
+            next_rts: cfg.first_id,
             fetches: HashMap::new(),
             next_fetch: 0,
             claimed: HashMap::new(),
@@ -450,7 +455,7 @@ impl Engine {
             events: VecDeque::new(),
             stats: MsgStats::default(),
             rma: HashMap::new(),
-            next_rma: 0,
+            next_rma: cfg.first_id,
             served: HashMap::new(),
             next_reply: 0,
             rma_fetches: HashMap::new(),
