@@ -362,29 +362,12 @@ impl Endpoint {
         let _held = self.attachment.hold();
         let mut i = self.lock();
         let silent = !i.completes(completes, true);
-        if !i.enabled {
-            return Err(FI_EOPBADSTATE);
-        }
-        if i.broken {
-            return Err(FI_EIO);
-        }
-        let to =
-            i.av.as_ref()
-                .and_then(|av| av.lookup(dest))
-                .ok_or(FI_EINVAL)?;
+        let to = i.ready_to(dest)?;
         let op = i.next_op;
         let out = if data.len() <= i.engine.eager_limit() {
             Outgoing::Inline(data.to_vec())
         } else {
-            let ep = Arc::clone(&i.ep);
-            let slot = i
-                .staging
-                .alloc(&ep, data.len() as u64)
-                .map_err(|_| FI_ENOMEM)?;
-            if i.staging.write(&slot, data).is_err() {
-                i.staging.free(slot);
-                return Err(FI_EIO);
-            }
+            let slot = i.stage(data)?;
             let out = Outgoing::Staged {
                 va: i.staging.va(&slot),
                 len: data.len() as u64,

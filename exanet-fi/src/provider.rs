@@ -2506,23 +2506,31 @@ unsafe fn do_read(
     .unwrap_or(-(FI_EIO as isize))
 }
 
-/// The one target of an RMA message (`rma_iov_limit` is 1), with its length.
+/// What an RMA `*msg` call names: its message, its one local buffer and its one target
+/// (`iov_limit` and `rma_iov_limit` are 1), of the same length.
 ///
 /// # Safety
-/// `m.rma_iov` is null with a count of 0, or points at `rma_iov_count` entries.
-unsafe fn one_rma_iov(m: &fi_msg_rma) -> Result<(RmaTarget, usize), isize> {
+/// `msg` is null or a valid message whose iovec arrays hold the counts it gives.
+unsafe fn rma_msg<'a>(
+    msg: *const fi_msg_rma,
+) -> Result<(&'a fi_msg_rma, *mut c_void, usize, RmaTarget), isize> {
+    // SAFETY: as the caller guarantees.
+    let m = unsafe { msg.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
     if m.rma_iov_count != 1 || m.rma_iov.is_null() {
         return Err(-(FI_EINVAL as isize));
     }
     // SAFETY: one entry, as the caller guarantees.
     let r = unsafe { &*m.rma_iov };
-    Ok((
-        RmaTarget {
-            key: r.key,
-            addr: r.addr,
-        },
-        r.len,
-    ))
+    // SAFETY: as the caller guarantees.
+    let (buf, len) = unsafe { one_iov(m.msg_iov, m.iov_count) }.map_err(|e| e as isize)?;
+    if r.len != len {
+        return Err(-(FI_EINVAL as isize));
+    }
+    let target = RmaTarget {
+        key: r.key,
+        addr: r.addr,
+    };
+    Ok((m, buf, len, target))
 }
 
 #[allow(clippy::too_many_arguments)] // libfabric's signature
@@ -2563,31 +2571,21 @@ unsafe extern "C" fn rma_readv(
 }
 
 unsafe extern "C" fn rma_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
-    // SAFETY: null or a valid message, as the application passes it.
-    let Some(m) = (unsafe { msg.as_ref() }) else {
-        return -(FI_EINVAL as isize);
-    };
-    // SAFETY: as the application passes them.
-    let ((target, rlen), (buf, len)) =
-        match unsafe { (one_rma_iov(m), one_iov(m.msg_iov, m.iov_count)) } {
-            (Ok(t), Ok(b)) => (t, b),
-            (Err(e), _) => return e,
-            (_, Err(e)) => return e as isize,
-        };
-    if rlen != len {
-        return -(FI_EINVAL as isize);
-    }
-    // SAFETY: as the application passes them.
-    unsafe {
-        do_read(
-            ep,
-            buf,
-            len,
-            m.addr,
-            target,
-            m.context,
-            msg_completes(flags),
-        )
+    // SAFETY: as the application passes it.
+    match unsafe { rma_msg(msg) } {
+        // SAFETY: as the application passes them.
+        Ok((m, buf, len, target)) => unsafe {
+            do_read(
+                ep,
+                buf,
+                len,
+                m.addr,
+                target,
+                m.context,
+                msg_completes(flags),
+            )
+        },
+        Err(e) => e,
     }
 }
 
@@ -2629,35 +2627,25 @@ unsafe extern "C" fn rma_writev(
 }
 
 unsafe extern "C" fn rma_writemsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
-    // SAFETY: null or a valid message, as the application passes it.
-    let Some(m) = (unsafe { msg.as_ref() }) else {
-        return -(FI_EINVAL as isize);
-    };
     if flags & FI_REMOTE_CQ_DATA != 0 {
         // Remote CQ data with a write is not offered (nor in what fi_getinfo says).
         return -(FI_ENOSYS as isize);
     }
-    // SAFETY: as the application passes them.
-    let ((target, rlen), (buf, len)) =
-        match unsafe { (one_rma_iov(m), one_iov(m.msg_iov, m.iov_count)) } {
-            (Ok(t), Ok(b)) => (t, b),
-            (Err(e), _) => return e,
-            (_, Err(e)) => return e as isize,
-        };
-    if rlen != len {
-        return -(FI_EINVAL as isize);
-    }
-    // SAFETY: as the application passes them.
-    unsafe {
-        do_write(
-            ep,
-            buf,
-            len,
-            m.addr,
-            target,
-            m.context,
-            msg_completes(flags),
-        )
+    // SAFETY: as the application passes it.
+    match unsafe { rma_msg(msg) } {
+        // SAFETY: as the application passes them.
+        Ok((m, buf, len, target)) => unsafe {
+            do_write(
+                ep,
+                buf,
+                len,
+                m.addr,
+                target,
+                m.context,
+                msg_completes(flags),
+            )
+        },
+        Err(e) => e,
     }
 }
 
