@@ -149,9 +149,13 @@ async fn serve(
     let mut tasks = Vec::new();
     let ordered = node.rack.order() == crate::rack::CellOrder::Modeled;
     let coordinator = if ordered && id == exanet_proto::NodeId(0) {
-        let c = crate::cuts::CoordinatorHandle::new(node.rack.shape())
-            .map_err(|e| DaemonError::Node(e.to_string()))?;
-        Some(Arc::new(c))
+        let c = Arc::new(
+            crate::cuts::CoordinatorHandle::new(node.rack.shape())
+                .map_err(|e| DaemonError::Node(e.to_string()))?,
+        );
+        let serve: link::CutServer =
+            Arc::new(move |node, conn| Box::pin(c.clone().serve(node, conn)));
+        Some(serve)
     } else {
         None
     };

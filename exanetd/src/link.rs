@@ -109,6 +109,17 @@ fn alpn(conn: &Connection) -> Option<Vec<u8>> {
         .protocol
 }
 
+/// What serves the daemons' cut connections on the node that coordinates (the daemon
+/// hands it over: the links know nothing of cuts).
+pub type CutServer = Arc<
+    dyn Fn(
+            Arc<NodeHandle>,
+            Connection,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// Accepts neighbours' links and operators' control connections for as long as the
 /// endpoint is open.
 /// On the rack's first node in modeled order, `coordinator` takes the daemons' cut
@@ -117,7 +128,7 @@ pub async fn accept_loop(
     node: Arc<NodeHandle>,
     endpoint: Endpoint,
     shutdown: Arc<Notify>,
-    coordinator: Option<Arc<crate::cuts::CoordinatorHandle>>,
+    coordinator: Option<CutServer>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let (node, shutdown, coordinator) = (node.clone(), shutdown.clone(), coordinator.clone());
@@ -144,7 +155,7 @@ pub async fn accept_loop(
             }
             if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CUTS) {
                 match coordinator {
-                    Some(c) => c.serve(node, conn).await,
+                    Some(serve) => serve(node, conn).await,
                     None => {
                         // Only the first node coordinates, and only a rack in modeled order.
                         node.count_error("cut_not_coordinator");
