@@ -281,8 +281,9 @@ impl Mailboxes {
 
     /// Forgets deliveries older than the configured memory.
     pub(crate) fn expire(&mut self, now: Instant, cfg: &NiConfig) {
+        let keep = cfg.keep_ns();
         while let Some(&(t, key)) = self.seen_order.front() {
-            if now.since(t) < cfg.keep_ns() {
+            if now.since(t) < keep {
                 break;
             }
             self.seen_order.pop_front();

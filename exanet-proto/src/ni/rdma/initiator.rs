@@ -1084,6 +1084,7 @@ impl Initiator {
 
     pub(super) fn on_timeout(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
         let (now, cfg) = (cx.now, cx.cfg);
+        let limit = cfg.copy_limit_ns();
         let txns: Vec<u32> = self.transfers.keys().copied().collect();
         for txn in txns {
             let mut fail = None;
@@ -1102,8 +1103,7 @@ impl Initiator {
                 .collect();
             for i in due {
                 let b = t.live.get_mut(&i).expect("listed");
-                if b.attempts >= cfg.max_attempts || now.since(b.first_sent) >= cfg.copy_limit_ns()
-                {
+                if b.attempts >= cfg.max_attempts || now.since(b.first_sent) >= limit {
                     fail = Some(Failure::TimedOut);
                     break;
                 }
@@ -1129,9 +1129,7 @@ impl Initiator {
             if let Some(n) = t.notice {
                 let due = n.step.deadline().is_some_and(|d| d <= now);
                 if due && fail.is_none() {
-                    let aged = n
-                        .first_sent
-                        .is_some_and(|f| now.since(f) >= cfg.copy_limit_ns());
+                    let aged = n.first_sent.is_some_and(|f| now.since(f) >= limit);
                     if n.attempts >= cfg.max_attempts || aged {
                         fail = Some(Failure::TimedOut);
                     } else {
@@ -1152,10 +1150,7 @@ impl Initiator {
             .collect();
         for txn in reads {
             let r = self.reads.get_mut(&txn).expect("listed");
-            if r.acked
-                || r.attempts >= cfg.max_attempts
-                || now.since(r.first_sent) >= cfg.copy_limit_ns()
-            {
+            if r.acked || r.attempts >= cfg.max_attempts || now.since(r.first_sent) >= limit {
                 cx.stats.timeouts += 1;
                 let r = self.reads.remove(&txn).expect("listed");
                 self.finish_read(cx, &r, Err(Failure::TimedOut));

@@ -297,8 +297,9 @@ impl Target {
     pub(super) fn on_timeout(&mut self, now: Instant, cfg: &NiConfig) {
         self.rx
             .retain(|_, c| now.since(c.touched) < cfg.remember_ns);
+        let keep = cfg.keep_ns();
         while let Some(&(t, key)) = self.finished_order.front() {
-            if now.since(t) < cfg.keep_ns() {
+            if now.since(t) < keep {
                 break;
             }
             self.finished_order.pop_front();
@@ -306,7 +307,6 @@ impl Target {
                 self.finished.remove(&key);
             }
         }
-        let keep = cfg.keep_ns();
         self.served_seen.retain(|_, t| now.since(*t) < keep);
         self.wake = self.scan_deadlines(cfg);
     }
