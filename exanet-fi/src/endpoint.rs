@@ -79,6 +79,22 @@ fn first_id() -> u32 {
         })
 }
 
+/// Posts on the first of `channels` channels that is free (`post` answers `ChannelBusy`
+/// for one that is not); `ChannelBusy` when none is.
+fn on_free_channel(
+    channels: u8,
+    mut post: impl FnMut(u8) -> Result<Tag, Error>,
+) -> Result<Tag, Error> {
+    let mut last = None;
+    for ch in 0..channels {
+        match post(ch) {
+            Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
+            r => return r,
+        }
+    }
+    Err(last.expect("a channel was tried"))
+}
+
 /// Why an operation was not taken (a positive libfabric error number).
 pub type Errno = i32;
 
@@ -167,6 +183,8 @@ struct Inner {
     rmas: HashMap<u64, RmaOp>,
     /// RDMA writes of served reads: (tag, reply, the staging they write from).
     pushes: Vec<(Tag, u64, Slot)>,
+    /// A served read's bytes, loaded, until its write is posted.
+    push_slots: HashMap<u64, Slot>,
     mailbox: exanet::Mailbox,
     tx: exanet::Packetizer,
     rdma: exanet::RdmaPage,
@@ -282,6 +300,7 @@ impl Endpoint {
                 regions,
                 rmas: HashMap::new(),
                 pushes: Vec::new(),
+                push_slots: HashMap::new(),
                 mailbox,
                 tx,
                 rdma,
@@ -412,7 +431,6 @@ impl Endpoint {
         let mut i = self.lock();
         let silent = !i.completes(completes, true);
         let to = i.ready_to(dest)?;
-        let op = i.next_op;
         let (out, slot) = if data.len() <= crate::msg::wire::EAGER_MAX {
             (RmaData::Inline(data.to_vec()), None)
         } else {
@@ -426,19 +444,15 @@ impl Endpoint {
                 Some(slot),
             )
         };
-        i.next_op += 1;
-        i.rmas.insert(
-            op,
-            RmaOp {
-                context,
-                flags: FI_RMA | FI_WRITE,
-                len: data.len(),
-                silent,
-                slot,
-                buf: None,
-                done: false,
-            },
-        );
+        let op = i.add_rma(RmaOp {
+            context,
+            flags: FI_RMA | FI_WRITE,
+            len: data.len(),
+            silent,
+            slot,
+            buf: None,
+            done: false,
+        });
         i.engine.rma_write(to, target, out, op);
         i.progress();
         Ok(())
@@ -461,20 +475,15 @@ impl Endpoint {
         let ep = Arc::clone(&i.ep);
         let slot = i.staging.alloc(&ep, len).map_err(|_| FI_ENOMEM)?;
         let va = i.staging.va(&slot);
-        let op = i.next_op;
-        i.next_op += 1;
-        i.rmas.insert(
-            op,
-            RmaOp {
-                context,
-                flags: FI_RMA | FI_READ,
-                len: len as usize,
-                silent,
-                slot: Some(slot),
-                buf: Some(buf),
-                done: false,
-            },
-        );
+        let op = i.add_rma(RmaOp {
+            context,
+            flags: FI_RMA | FI_READ,
+            len: len as usize,
+            silent,
+            slot: Some(slot),
+            buf: Some(buf),
+            done: false,
+        });
         i.engine.rma_read(to, target, len, va, op);
         i.progress();
         Ok(())
@@ -760,6 +769,13 @@ impl Inner {
         Ok(slot)
     }
 
+    fn add_rma(&mut self, op: RmaOp) -> u64 {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.rmas.insert(id, op);
+        id
+    }
+
     fn add_recv(
         &mut self,
         buf: Box<dyn RecvBuf>,
@@ -863,6 +879,7 @@ impl Inner {
             }
         }
         self.pushes.clear();
+        self.push_slots.clear();
         self.waiting.clear();
         self.packets.clear();
         self.fetches.clear();
@@ -955,14 +972,33 @@ impl Inner {
     }
 
     /// Loads what an RMA read asks from the application's region into staging and
-    /// writes it to the reader.
+    /// writes it to the reader. Loaded once: a push that waits for a free channel keeps
+    /// its staging (`push_slots`), as a fetch does.
     fn push(&mut self, p: &crate::msg::Push) -> Result<(), Error> {
-        if p.len == 0 {
-            // Nothing to write (the NI moves at least a byte): done, if the key is.
-            let r = self.regions.check(p.key, p.addr, 0, false);
-            self.engine.rma_served(p.reply, r);
-            return Ok(());
-        }
+        let slot = match self.push_slots.get(&p.reply) {
+            Some(&slot) => slot,
+            None => match self.load(p)? {
+                Some(slot) => {
+                    self.push_slots.insert(p.reply, slot);
+                    slot
+                }
+                None => return Ok(()),
+            },
+        };
+        let dst = self.ep.addr(NodeId(p.node), p.rank, p.va)?;
+        let region = self.staging.region(&slot);
+        let rdma = &self.rdma;
+        let tag = on_free_channel(exanet::RDMA_WRITE_CHANNELS, |ch| {
+            rdma.write(ch, region, slot.offset, dst, p.len, None)
+        })?;
+        self.push_slots.remove(&p.reply);
+        self.pushes.push((tag, p.reply, slot));
+        Ok(())
+    }
+
+    /// A served read's bytes in staging, or `None` when it was answered already (its
+    /// region refused it, or there was nothing to write: the NI moves at least a byte).
+    fn load(&mut self, p: &crate::msg::Push) -> Result<Option<Slot>, Error> {
         // Checked before the buffer is made: the length is the reader's word.
         let allowed = self
             .regions
@@ -972,35 +1008,18 @@ impl Inner {
                 self.regions.load(p.key, p.addr, &mut b).map(|()| b)
             });
         let b = match allowed {
-            Ok(b) => b,
-            Err(r) => {
-                self.engine.rma_served(p.reply, Err(r));
-                return Ok(());
+            Ok(b) if !b.is_empty() => b,
+            r => {
+                self.engine.rma_served(p.reply, r.map(|_| ()));
+                return Ok(None);
             }
         };
-        let dst = self.ep.addr(NodeId(p.node), p.rank, p.va)?;
         let slot = self.staging.alloc(&self.ep, p.len)?;
         if let Err(e) = self.staging.write(&slot, &b) {
             self.staging.free(slot);
             return Err(e);
         }
-        let region = self.staging.region(&slot);
-        let mut last = None;
-        for ch in 0..exanet::RDMA_WRITE_CHANNELS {
-            match self.rdma.write(ch, region, slot.offset, dst, p.len, None) {
-                Ok(tag) => {
-                    self.pushes.push((tag, p.reply, slot));
-                    return Ok(());
-                }
-                Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
-                Err(e) => {
-                    self.staging.free(slot);
-                    return Err(e);
-                }
-            }
-        }
-        self.staging.free(slot);
-        Err(last.expect("a channel was tried"))
+        Ok(Some(slot))
     }
 
     /// Posts what waits, in order, while channels are free.
@@ -1023,7 +1042,9 @@ impl Inner {
                 let dst = self
                     .ep
                     .mailbox_addr(NodeId(t.to.node), t.to.rank, t.to.vi)?;
-                let tag = self.free_packetizer_channel(|tx, ch| tx.send(ch, dst, &t.bytes))?;
+                let tx = &self.tx;
+                let tag =
+                    on_free_channel(exanet::PACKETIZER_CHANNELS, |ch| tx.send(ch, dst, &t.bytes))?;
                 self.packets.push((tag, t.token));
             }
             Action::Fetch(f) => {
@@ -1045,40 +1066,16 @@ impl Inner {
                 }
                 let slot = self.fetch_slots[&f.id];
                 let region = self.staging.region(&slot);
-                let mut tag = None;
-                let mut last = None;
-                for ch in 0..exanet::RDMA_READ_CHANNELS {
-                    match self.rdma.read(ch, src, region, slot.offset, f.len) {
-                        Ok(t) => {
-                            tag = Some(t);
-                            break;
-                        }
-                        Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
-                        Err(e) => return Err(e),
-                    }
-                }
-                let tag = tag.ok_or_else(|| last.expect("a channel was tried"))?;
+                let rdma = &self.rdma;
+                let tag = on_free_channel(exanet::RDMA_READ_CHANNELS, |ch| {
+                    rdma.read(ch, src, region, slot.offset, f.len)
+                })?;
                 self.fetches.push((tag, f.id));
             }
             Action::Store(st) => self.store(st),
             Action::Push(p) => self.push(p)?,
         }
         Ok(())
-    }
-
-    fn free_packetizer_channel(
-        &self,
-        send: impl Fn(&exanet::Packetizer, u8) -> Result<Tag, Error>,
-    ) -> Result<Tag, Error> {
-        let mut last = None;
-        for ch in 0..exanet::PACKETIZER_CHANNELS {
-            match send(&self.tx, ch) {
-                Ok(t) => return Ok(t),
-                Err(e @ Error::ChannelBusy { .. }) => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.expect("a channel was tried"))
     }
 
     /// An action the NI refused outright ends its operation.
@@ -1096,6 +1093,9 @@ impl Inner {
             }
             Action::Store(_) => Ok(()),
             Action::Push(p) => {
+                if let Some(slot) = self.push_slots.remove(&p.reply) {
+                    self.staging.free(slot);
+                }
                 self.engine.rma_served(p.reply, Err(RmaRefusal::Failed));
                 Ok(())
             }

@@ -484,6 +484,15 @@ impl Engine {
     /// else staged in the driver's registered memory. `ctx` comes back in the
     /// [`Event::RmaDone`].
     pub fn rma_write(&mut self, to: Peer, target: RmaTarget, data: RmaData, ctx: u64) {
+        if matches!(&data, RmaData::Inline(b) if b.len() > EAGER_MAX) {
+            // Longer than a message holds: the driver should have staged it.
+            self.events.push_back(Event::RmaDone {
+                ctx,
+                result: Err(Failure::RmaFailed),
+            });
+            self.events.push_back(Event::RmaReleased { ctx });
+            return;
+        }
         let id = self.start_rma(to, ctx);
         let packet = Packet::RmaWrite {
             src_vi: self.me.vi,
@@ -492,16 +501,6 @@ impl Engine {
             addr: target.addr,
             data,
         };
-        if packet.encode().is_err() {
-            // Longer than a message holds: the driver should have staged it.
-            self.rma.remove(&id);
-            self.events.push_back(Event::RmaDone {
-                ctx,
-                result: Err(Failure::RmaFailed),
-            });
-            self.events.push_back(Event::RmaReleased { ctx });
-            return;
-        }
         self.transmit(to, packet, Owner::Rma { id });
     }
 
@@ -556,24 +555,20 @@ impl Engine {
 
     /// A one-sided request from `from` arrived: serve it.
     fn serve_rma(&mut self, from: Peer, packet: Packet) {
+        let (id, len) = match &packet {
+            Packet::RmaWrite { id, data, .. } => match data {
+                RmaData::Staged { len, .. } => (*id, *len),
+                RmaData::Inline(_) => (*id, 0),
+            },
+            Packet::RmaRead { id, len, .. } => (*id, *len),
+            _ => return,
+        };
         let reply = self.next_reply;
         self.next_reply += 1;
         self.stats.rma_served += 1;
-        let id = match &packet {
-            Packet::RmaWrite { id, .. } | Packet::RmaRead { id, .. } => *id,
-            _ => return,
-        };
         self.served.insert(reply, (from, id));
         // No operation is longer than the largest message: a longer request (a hostile
         // or broken peer's) is refused before anything is allocated for it.
-        let len = match &packet {
-            Packet::RmaWrite {
-                data: RmaData::Staged { len, .. },
-                ..
-            }
-            | Packet::RmaRead { len, .. } => *len,
-            _ => 0,
-        };
         if len > RMA_MAX {
             self.rma_served(reply, Err(RmaRefusal::Denied));
             return;

@@ -280,20 +280,22 @@ impl Packet {
             return Err(WireError::Short(b.len()));
         }
         let (id, key, addr) = (u32_at(b, 4), u64_at(b, 8), u64_at(b, 16));
+        // A staged write and a read end with a length and a VA.
+        let len_va = || {
+            if b.len() != HEADER + 16 {
+                return Err(WireError::Short(b.len()));
+            }
+            Ok((u64_at(b, HEADER), u64_at(b, HEADER + 8)))
+        };
         match kind {
             RMA_WRITE if flags & STAGED != 0 => {
-                if b.len() != HEADER + 16 {
-                    return Err(WireError::Short(b.len()));
-                }
+                let (len, va) = len_va()?;
                 return Ok(Packet::RmaWrite {
                     src_vi,
                     id,
                     key,
                     addr,
-                    data: RmaData::Staged {
-                        len: u64_at(b, HEADER),
-                        va: u64_at(b, HEADER + 8),
-                    },
+                    data: RmaData::Staged { len, va },
                 });
             }
             RMA_WRITE => {
@@ -314,16 +316,14 @@ impl Packet {
                 });
             }
             RMA_READ => {
-                if b.len() != HEADER + 16 {
-                    return Err(WireError::Short(b.len()));
-                }
+                let (len, va) = len_va()?;
                 return Ok(Packet::RmaRead {
                     src_vi,
                     id,
                     key,
                     addr,
-                    len: u64_at(b, HEADER),
-                    va: u64_at(b, HEADER + 8),
+                    len,
+                    va,
                 });
             }
             _ => {}
