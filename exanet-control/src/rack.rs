@@ -1028,7 +1028,8 @@ mod tests {
     }
 
     /// In modeled order blocks wait for cuts in real time, so the NI retransmits later,
-    /// and receivers remember what finished for as long as copies may still come.
+    /// and (through `NiConfig::keep_ns`, tested with the NI) receivers remember what
+    /// finished for longer.
     #[test]
     fn modeled_order_retransmits_late_and_remembers_longer() {
         let host = with_jobs("").unwrap().ni_config();
@@ -1037,9 +1038,6 @@ mod tests {
             .ni_config();
         assert_eq!(modeled.retransmit_ns, ORDERED_RETRANSMIT_NS);
         assert!(host.retransmit_ns < ORDERED_RETRANSMIT_NS);
-        for c in [host, modeled] {
-            assert!(c.keep_ns() >= 2 * c.retry_budget_ns());
-        }
         assert!(modeled.keep_ns() > host.keep_ns());
     }
 
