@@ -216,6 +216,8 @@ struct Inner {
     /// The attachment is gone (its daemon died or went away): every operation failed
     /// with `FI_EIO`, and new ones are refused with it.
     broken: bool,
+    /// The engine's clock starts here (its patience with absent peers, its probes).
+    opened: std::time::Instant,
 }
 
 pub struct Endpoint {
@@ -249,12 +251,27 @@ fn is_denied(e: &Error) -> bool {
     )
 }
 
-fn is_transient(e: &Error) -> bool {
+/// The destination's mailbox is full: its endpoint is there, busy.
+fn is_full(e: &Error) -> bool {
     matches!(
         e,
         Error::Op {
             error: OpError::Nacked {
-                reason: Some(NackReason::QueueFull | NackReason::NoContext),
+                reason: Some(NackReason::QueueFull),
+                ..
+            },
+            ..
+        }
+    )
+}
+
+/// No endpoint at the destination: not yet open, or gone.
+fn is_absent(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Op {
+            error: OpError::Nacked {
+                reason: Some(NackReason::NoContext),
                 ..
             },
             ..
@@ -322,6 +339,7 @@ impl Endpoint {
                 next_op: 0,
                 protocol_errors: 0,
                 broken: false,
+                opened: std::time::Instant::now(),
             }),
         }))
     }
@@ -683,7 +701,8 @@ impl Drop for Inner {
             "exanet-fi: endpoint {:?} closed: sent {} eager and {} by rendezvous, received \
              {} ({} unexpected), {} duplicates dropped, {} resent, {} FINs lost, {} malformed, \
              {} rendezvous sends refused after they completed; one-sided: {} started, {} \
-             served ({} refused), {} answers lost; {} requests' memory kept for a late answer",
+             served ({} refused), {} answers lost; {} requests' memory kept for a late answer; \
+             {} probes of peers owing an answer, {} operations failed with their peer gone",
             self.engine.me(),
             s.eager_sent,
             s.rendezvous_sent,
@@ -698,7 +717,9 @@ impl Drop for Inner {
             s.rma_served,
             s.rma_refused,
             s.rma_answers_lost,
-            s.memory_kept
+            s.memory_kept,
+            s.probes,
+            s.lost_to_gone_peers
         );
         if self.protocol_errors > 0 {
             tracing::warn!(
@@ -810,6 +831,8 @@ impl Inner {
                 return;
             }
         }
+        self.engine
+            .handle_timeout(self.opened.elapsed().as_nanos() as u64);
         self.collect_packets();
         self.collect_fetches();
         self.collect_pushes();
@@ -895,7 +918,8 @@ impl Inner {
                     continue;
                 }
                 Ok(()) => Delivery::Delivered,
-                Err(e) if is_transient(&e) => Delivery::Refused,
+                Err(e) if is_full(&e) => Delivery::Refused,
+                Err(e) if is_absent(&e) => Delivery::Absent,
                 Err(e) if is_denied(&e) => Delivery::Denied(e.to_string()),
                 Err(e) => Delivery::Failed(e.to_string()),
             };

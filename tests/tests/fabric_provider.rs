@@ -693,6 +693,117 @@ target: {}",
     rack.down().unwrap();
 }
 
+/// A target that takes a one-sided request and dies before it answers: the initiator's
+/// read does not wait for ever. While the target lives (it registered memory and then
+/// stopped calling into libfabric, so nothing serves the read) the read waits; once it is
+/// killed, the initiator's probes find no endpoint there, and the read fails with
+/// FI_EHOSTUNREACH within the provider's patience (10 s).
+const PEER_DIES: &str = concat!(
+    one_endpoint!(),
+    r#"
+int main(int argc, char **argv) {
+    const char *file = argv[1], *role = argv[2];
+    struct one o;
+    extra_caps = FI_RMA | FI_READ | FI_REMOTE_READ;
+    open_one(&o);
+    static unsigned char buf[4096];
+    if (!strcmp(role, "target")) {
+        struct fid_mr *mr;
+        CHECK("mr_reg", fi_mr_reg(o.domain, buf, sizeof buf, FI_REMOTE_READ, 0, 7, 0, &mr, NULL));
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        FILE *f = fopen(tmp, "w"); fwrite(o.name, 1, 8, f); fclose(f);
+        rename(tmp, file);
+        for (;;) pause();
+    }
+    char other[8]; FILE *f = NULL;
+    for (int i = 0; i < 400 && !(f = fopen(file, "r")); i++) usleep(50000);
+    if (!f || fread(other, 1, 8, f) != 8) { printf("no address\n"); return 1; }
+    fclose(f);
+    fi_addr_t to;
+    if (fi_av_insert(o.av, other, 1, &to, 0, NULL) != 1) return 1;
+    int ctx;
+    CHECK("fi_read", fi_read(o.ep, buf, 64, NULL, to, 0, 7, &ctx));
+    printf("waiting\n");
+    fflush(stdout);
+    struct fi_cq_tagged_entry e;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        ssize_t n = fi_cq_read(o.cq, &e, 1);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry err = {0};
+            CHECK("readerr", fi_cq_readerr(o.cq, &err, 0));
+            printf("read failed: %d after %.1f s, context %s\n", err.err, s,
+                   err.op_context == &ctx ? "ok" : "wrong");
+            break;
+        }
+        if (n == 1) { printf("read completed\n"); return 1; }
+        if (s > 60) { printf("still waiting\n"); return 1; }
+        usleep(1000);
+    }
+    close_one(&o);
+    printf("ok\n");
+    return 0;
+}
+"#
+);
+
+#[test]
+fn a_target_that_dies_before_it_answers_fails_the_operation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-peer-dies");
+    rack.up("2x1x1", 60);
+    let exe = compile(tmp.path(), "peer_dies", PEER_DIES);
+    let file = tmp.path().join("target-address");
+    let mut target = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2")
+        .arg(&file)
+        .arg("target")
+        .spawn()
+        .unwrap();
+    let mut init = with_env(Command::new(&exe), &prov, &rack.dir, "M1QBF3");
+    init.arg(&file)
+        .arg("initiator")
+        .stdout(std::process::Stdio::piped());
+    let mut init = init.spawn().unwrap();
+    let mut out = std::io::BufReader::new(init.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "waiting\n");
+    // Long enough for probes that the living target's NI takes: the read must wait on.
+    std::thread::sleep(Duration::from_secs(4));
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let killed = std::time::Instant::now();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = init.wait().unwrap();
+    let after_kill = killed.elapsed();
+    assert!(st.success(), "{rest}");
+    // FI_EHOSTUNREACH is 113; the read waited at least until the kill.
+    let waited: f64 = rest
+        .strip_prefix("read failed: 113 after ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{rest}"));
+    assert!(waited >= 4.0, "failed while its target lived: {rest}");
+    assert!(
+        rest.contains("context ok") && rest.ends_with("ok\n"),
+        "{rest}"
+    );
+    assert!(
+        after_kill < Duration::from_secs(30),
+        "{after_kill:?} after the kill: {rest}"
+    );
+    rack.down().unwrap();
+}
+
 /// Two jobs (keys, so PDIDs) on the same nodes through the provider: each job's own
 /// messages go through, and a message of one to the other's endpoint is refused by the
 /// destination NI (its PDID) and fails with FI_EACCES, eager or by rendezvous.

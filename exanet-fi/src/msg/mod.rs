@@ -39,7 +39,7 @@
 pub mod matching;
 pub mod wire;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use thiserror::Error;
 
@@ -66,6 +66,14 @@ const HELD_MAX: usize = 64;
 pub const RMA_SERVED_MAX: usize = 64;
 /// The longest one-sided operation: the largest message.
 pub const RMA_MAX: u64 = crate::offer::MAX_MSG_SIZE as u64;
+/// How long a destination may have no endpoint at the address before a message for it
+/// fails: long enough for a peer to open its endpoint after learning ours (a job's ranks
+/// start seconds apart on a loaded host), short enough that nothing waits for ever on a
+/// peer that is gone.
+pub const DEFAULT_PATIENCE_NS: u64 = 10_000_000_000;
+/// How long an answer (a FIN, an RMA answer) may be owed before the peer that owes it is
+/// asked whether it is still there.
+pub const DEFAULT_PROBE_AFTER_NS: u64 = 2_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -76,6 +84,10 @@ pub struct Config {
     /// different one for each endpoint it opens, so that a late FIN or answer meant for
     /// an earlier endpoint on the same mailbox does not end one of this one's.
     pub first_id: u32,
+    /// A destination with no endpoint for this long fails what is sent to it.
+    pub patience_ns: u64,
+    /// A peer that owes an answer this long is probed ([`Engine::handle_timeout`]).
+    pub probe_after_ns: u64,
 }
 
 impl Default for Config {
@@ -84,6 +96,8 @@ impl Default for Config {
             eager_limit: DEFAULT_EAGER_LIMIT,
             max_unexpected: DEFAULT_MAX_UNEXPECTED,
             first_id: 0,
+            patience_ns: DEFAULT_PATIENCE_NS,
+            probe_after_ns: DEFAULT_PROBE_AFTER_NS,
         }
     }
 }
@@ -235,8 +249,12 @@ pub struct Peeked {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
     Delivered,
-    /// Refused for now (a full mailbox, no mailbox yet): to send again.
+    /// Refused for now by a full mailbox: to send again (its endpoint is there, only
+    /// busy, so for as long as it takes).
     Refused,
+    /// No endpoint at the address (not yet, or no longer): sent again for the engine's
+    /// patience ([`Config::patience_ns`]), then failed.
+    Absent,
     /// Refused for good (another job's endpoint, an address that names nothing).
     Denied(String),
     /// Not posted at all: the destination never saw it.
@@ -305,6 +323,10 @@ pub struct MsgStats {
     /// Requests that failed unanswered and may still be served: the memory they name is
     /// kept until an answer comes.
     pub memory_kept: u64,
+    /// Probes sent to peers that owed an answer for long, and the operations failed
+    /// because such a peer was gone.
+    pub probes: u64,
+    pub lost_to_gone_peers: u64,
 }
 
 fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
@@ -349,6 +371,7 @@ enum Owner {
     Fin,
     Rma { id: u32 },
     RmaAnswer,
+    Probe,
 }
 
 #[derive(Debug)]
@@ -356,6 +379,8 @@ struct InFlight {
     to: Peer,
     bytes: Vec<u8>,
     owner: Owner,
+    /// When the destination first had no endpoint for it.
+    absent_since: Option<u64>,
 }
 
 /// A rendezvous send, from its request to the receiver's FIN.
@@ -366,6 +391,8 @@ struct Rendezvous {
     complete: Complete,
     /// Its `Sent` went out already.
     completed: bool,
+    /// When it was sent: its FIN is owed from then.
+    since: u64,
 }
 
 #[derive(Debug)]
@@ -393,6 +420,8 @@ struct RmaOp {
     /// Its `RmaDone` went out (it failed without an answer that the target may still
     /// give): kept only until that answer releases its memory.
     ended: bool,
+    /// When it started: its answer is owed from then.
+    since: u64,
 }
 
 /// A staged RMA write being read by its target, to store once read.
@@ -430,6 +459,11 @@ pub struct Engine {
     served: HashMap<u64, (Peer, u32)>,
     next_reply: u64,
     rma_fetches: HashMap<u64, RmaFetch>,
+    /// The driver's clock ([`Engine::handle_timeout`]), in ns.
+    now: u64,
+    /// Peers with a probe in flight.
+    probing: HashSet<Peer>,
+    next_probe: u64,
 }
 
 impl Engine {
@@ -459,6 +493,9 @@ impl Engine {
             served: HashMap::new(),
             next_reply: 0,
             rma_fetches: HashMap::new(),
+            now: 0,
+            probing: HashSet::new(),
+            next_probe: 0,
         }
     }
 
@@ -528,6 +565,7 @@ impl Engine {
                 ctx,
                 to,
                 ended: false,
+                since: self.now,
             },
         );
         self.stats.rma_started += 1;
@@ -669,6 +707,7 @@ impl Engine {
                         to,
                         complete,
                         completed: false,
+                        since: self.now,
                     },
                 );
                 self.stats.rendezvous_sent += 1;
@@ -701,6 +740,7 @@ impl Engine {
                 to,
                 bytes: bytes.clone(),
                 owner,
+                absent_since: None,
             },
         );
         self.actions
@@ -793,6 +833,8 @@ impl Engine {
                 }
                 Ok(())
             }
+            // Taking it in was the answer.
+            Packet::Probe { .. } => Ok(()),
             Packet::Fin { src_vi, id, status } => {
                 let from = Peer {
                     node,
@@ -1030,7 +1072,7 @@ impl Engine {
 
     /// The packetizer message `token` ended.
     pub fn packet_done(&mut self, token: u64, how: Delivery) -> Result<(), MsgError> {
-        let p = self
+        let mut p = self
             .packets
             .remove(&token)
             .ok_or(MsgError::UnknownToken(token))?;
@@ -1051,17 +1093,31 @@ impl Engine {
                         }
                     }
                 }
+                Owner::Probe => {
+                    self.probing.remove(&p.to);
+                }
                 Owner::Fin | Owner::Rma { .. } | Owner::RmaAnswer => {}
             },
-            Delivery::Refused => {
-                // Sent again, same bytes, same number: the receiver takes it in order.
-                self.stats.resent += 1;
-                self.actions.push_back(Action::Transmit(Transmit {
-                    token,
-                    to: p.to,
-                    bytes: p.bytes.clone(),
-                }));
-                self.packets.insert(token, p);
+            // A full mailbox: the endpoint is there, so a probe has its answer.
+            Delivery::Refused if matches!(p.owner, Owner::Probe) => {
+                self.probing.remove(&p.to);
+            }
+            Delivery::Refused => self.resend(token, p),
+            Delivery::Absent => {
+                let since = *p.absent_since.get_or_insert(self.now);
+                if self.now.saturating_sub(since) < self.cfg.patience_ns {
+                    self.resend(token, p);
+                } else {
+                    // A NACK said the message was not taken: nothing of it is kept there.
+                    let failure = Failure::Unreachable(format!(
+                        "no endpoint at node {} rank {} mailbox {} for {} ms",
+                        p.to.node,
+                        p.to.rank,
+                        p.to.vi,
+                        self.cfg.patience_ns / 1_000_000
+                    ));
+                    self.failed(p.to, p.owner, failure, false);
+                }
             }
             Delivery::Failed(_) | Delivery::Denied(_) | Delivery::NotSent(_) => {
                 // Whether the destination may have the message after all: then what it
@@ -1072,19 +1128,93 @@ impl Engine {
                     Delivery::Failed(e) | Delivery::NotSent(e) => Failure::Unreachable(e),
                     _ => unreachable!("matched above"),
                 };
-                self.failed(p.owner, failure, maybe);
+                self.failed(p.to, p.owner, failure, maybe);
             }
         }
         Ok(())
     }
 
-    /// The packet of `owner` could not be delivered.
+    /// Sends `p` again, same bytes, same number: the receiver takes it in order.
+    fn resend(&mut self, token: u64, p: InFlight) {
+        self.stats.resent += 1;
+        self.actions.push_back(Action::Transmit(Transmit {
+            token,
+            to: p.to,
+            bytes: p.bytes.clone(),
+        }));
+        self.packets.insert(token, p);
+    }
+
+    /// The driver's clock moved to `now` (ns, monotonic): peers that have owed an answer
+    /// for [`Config::probe_after_ns`] are asked whether they are still there, at most
+    /// one probe in flight each. A probe the peer's NI takes says it is; one that fails
+    /// (no endpoint there for the engine's patience, another job's, a node that does not
+    /// answer) fails what waits for that peer's answer, so that no operation waits for
+    /// ever on a peer that died. The memory those operations name stays: the peer may
+    /// still be there after all (a node that did not answer in time).
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        if self.now < self.next_probe {
+            return;
+        }
+        self.next_probe = self.now + self.cfg.probe_after_ns / 2;
+        let owed_since = self.now.saturating_sub(self.cfg.probe_after_ns);
+        let mut owing: Vec<Peer> = self
+            .rma
+            .values()
+            .filter(|r| !r.ended && r.since <= owed_since)
+            .map(|r| r.to)
+            .chain(
+                self.rendezvous
+                    .values()
+                    .filter(|r| !r.completed && r.since <= owed_since)
+                    .map(|r| r.to),
+            )
+            .filter(|p| !self.probing.contains(p))
+            .collect();
+        owing.sort_unstable();
+        owing.dedup();
+        for to in owing {
+            self.probing.insert(to);
+            self.stats.probes += 1;
+            let src_vi = self.me.vi;
+            self.transmit(to, Packet::Probe { src_vi }, Owner::Probe);
+        }
+    }
+
+    /// A probe of `peer` failed: fail every operation that waits for its answer.
+    fn peer_gone(&mut self, peer: Peer, failure: Failure) {
+        self.probing.remove(&peer);
+        let mut rmas: Vec<u32> = self
+            .rma
+            .iter()
+            .filter(|(_, r)| r.to == peer && !r.ended)
+            .map(|(&id, _)| id)
+            .collect();
+        rmas.sort_unstable();
+        for id in rmas {
+            self.stats.lost_to_gone_peers += 1;
+            self.failed(peer, Owner::Rma { id }, failure.clone(), true);
+        }
+        let mut sends: Vec<u32> = self
+            .rendezvous
+            .iter()
+            .filter(|(_, r)| r.to == peer && !r.completed)
+            .map(|(&id, _)| id)
+            .collect();
+        sends.sort_unstable();
+        for id in sends {
+            self.stats.lost_to_gone_peers += 1;
+            self.failed(peer, Owner::Rts { id }, failure.clone(), true);
+        }
+    }
+
     /// The packet of `owner` could not be delivered; `maybe`: or it was, unanswered. A
     /// request the destination may have keeps the memory it names (the data it would
     /// read, the place it would write) until the destination answers after all, perhaps
     /// never: freed and reused, it would hand the destination another operation's bytes,
     /// or take its write over them.
-    fn failed(&mut self, owner: Owner, failure: Failure, maybe: bool) {
+    fn failed(&mut self, to: Peer, owner: Owner, failure: Failure, maybe: bool) {
         match owner {
             Owner::Eager { ctx } => self.events.push_back(Event::Sent {
                 ctx,
@@ -1131,6 +1261,10 @@ impl Engine {
                 }
             }
             Owner::RmaAnswer => self.stats.rma_answers_lost += 1,
+            Owner::Probe => {
+                let why = format!("the peer that owes the answer is gone: {failure}");
+                self.peer_gone(to, Failure::Unreachable(why));
+            }
         }
     }
 

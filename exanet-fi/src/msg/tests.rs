@@ -785,3 +785,183 @@ fn memory_a_request_names_stays_while_its_destination_may_still_use_it() {
     assert!(done.is_empty(), "completed twice: {done:?}");
     assert_eq!(rel, vec![1, 3]);
 }
+
+fn transmits(e: &mut Engine) -> Vec<Transmit> {
+    let mut out = Vec::new();
+    while let Some(a) = e.poll_action() {
+        match a {
+            Action::Transmit(t) => out.push(t),
+            other => panic!("not a transmit: {other:?}"),
+        }
+    }
+    out
+}
+
+fn events(e: &mut Engine) -> Vec<Event> {
+    std::iter::from_fn(|| e.poll_event()).collect()
+}
+
+/// A peer that owes answers (an RMA answer, a FIN that completes a send) is probed once
+/// it has owed them for `probe_after_ns`. A peer that is only slow takes the probe and
+/// its operations keep waiting; one that is gone (no endpoint there for the engine's
+/// patience) fails them, with their memory kept in case it answers after all.
+#[test]
+fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let cfg = Config {
+        patience_ns: 10_000,
+        probe_after_ns: 1_000,
+        ..Config::default()
+    };
+    let mut e = Engine::new(a, cfg);
+    e.handle_timeout(100);
+    e.rma_read(b, RmaTarget { key: 1, addr: 0 }, 64, 0x5000, 1);
+    e.send(
+        b,
+        Some(3),
+        None,
+        Outgoing::Staged {
+            va: 0x7000,
+            len: 100,
+            complete: Complete::Delivery,
+        },
+        2,
+    )
+    .unwrap();
+    for t in transmits(&mut e) {
+        e.packet_done(t.token, Delivery::Delivered).unwrap();
+    }
+    e.handle_timeout(1_099);
+    assert!(
+        transmits(&mut e).is_empty(),
+        "probed before it owed for long"
+    );
+    // The engine looks every half of probe_after_ns.
+    e.handle_timeout(1_598);
+    assert!(transmits(&mut e).is_empty(), "looked again too soon");
+    e.handle_timeout(1_599);
+    let probe = transmits(&mut e);
+    assert_eq!(probe.len(), 1, "one probe per peer: {probe:?}");
+    assert_eq!(probe[0].to, b);
+    assert_eq!(
+        Packet::decode(&probe[0].bytes).unwrap(),
+        Packet::Probe { src_vi: a.vi }
+    );
+    e.handle_timeout(5_000);
+    assert!(transmits(&mut e).is_empty(), "a second probe in flight");
+    // Slow, not gone: a full mailbox says its endpoint is there.
+    e.packet_done(probe[0].token, Delivery::Refused).unwrap();
+    assert!(events(&mut e).is_empty());
+    // Then gone: the next probe finds no endpoint, and is sent again until the engine's
+    // patience runs out.
+    let mut now = 6_000;
+    e.handle_timeout(now);
+    let mut probe = transmits(&mut e);
+    let first_absent = now;
+    let ended = loop {
+        assert_eq!(probe.len(), 1, "{probe:?}");
+        e.packet_done(probe[0].token, Delivery::Absent).unwrap();
+        let ended = events(&mut e);
+        if !ended.is_empty() {
+            break ended;
+        }
+        probe = transmits(&mut e);
+        now += 1_000;
+        e.handle_timeout(now);
+    };
+    assert_eq!(now - first_absent, cfg.patience_ns);
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    for ev in &ended {
+        match ev {
+            Event::RmaDone {
+                ctx: 1,
+                result: Err(Failure::Unreachable(why)),
+            }
+            | Event::Sent {
+                ctx: 2,
+                result: Err(Failure::Unreachable(why)),
+            } => assert!(why.contains("gone"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    let s = e.stats();
+    assert_eq!((s.probes, s.lost_to_gone_peers, s.memory_kept), (2, 2, 2));
+    // Nothing owed any more: no more probes.
+    e.handle_timeout(100_000);
+    assert!(transmits(&mut e).is_empty());
+    // It answers after all: the memory is released, nothing completes twice.
+    let answer = Packet::RmaDone {
+        src_vi: b.vi,
+        id: 0,
+        status: RmaStatus::Done,
+    };
+    e.on_packet(b.node, b.rank, &answer.encode().unwrap())
+        .unwrap();
+    let fin = Packet::Fin {
+        src_vi: b.vi,
+        id: 0,
+        status: FinStatus::Done,
+    };
+    e.on_packet(b.node, b.rank, &fin.encode().unwrap()).unwrap();
+    assert_eq!(
+        events(&mut e),
+        vec![Event::RmaReleased { ctx: 1 }, Event::Released { ctx: 2 }]
+    );
+}
+
+/// A message to an address with no endpoint is sent again for the engine's patience (the
+/// peer may open it yet), then fails; one to a full mailbox waits for as long as it takes.
+#[test]
+fn a_message_to_no_endpoint_fails_after_the_patience_one_to_a_full_mailbox_waits() {
+    let (a, b, c) = (peer(1, 0), peer(6, 2), peer(7, 1));
+    let cfg = Config {
+        patience_ns: 10_000,
+        ..Config::default()
+    };
+    let mut e = Engine::new(a, cfg);
+    e.send(b, Some(1), None, Outgoing::Inline(vec![1; 8]), 1)
+        .unwrap();
+    e.send(c, Some(1), None, Outgoing::Inline(vec![2; 8]), 2)
+        .unwrap();
+    let mut now = 0;
+    let mut sent = Vec::new();
+    while now <= 1_000_000 {
+        e.handle_timeout(now);
+        for t in transmits(&mut e) {
+            let how = if t.to == b {
+                Delivery::Absent
+            } else {
+                Delivery::Refused
+            };
+            e.packet_done(t.token, how).unwrap();
+        }
+        sent.extend(events(&mut e));
+        now += 500;
+    }
+    match &sent[..] {
+        [Event::Sent {
+            ctx: 1,
+            result: Err(Failure::Unreachable(why)),
+        }] => assert!(
+            why.contains("no endpoint at node 6 rank 0 mailbox 2"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        e.stats().resent > 1_000,
+        "the full mailbox's message is still sent again"
+    );
+    // The mailbox takes it at last.
+    let t = transmits(&mut e);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].to, c);
+    e.packet_done(t[0].token, Delivery::Delivered).unwrap();
+    assert_eq!(
+        events(&mut e),
+        vec![Event::Sent {
+            ctx: 2,
+            result: Ok(())
+        }]
+    );
+}

@@ -5,7 +5,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 0 | kind: 1 eager, 2 request to send (RTS), 3 finished (FIN) |
+//! | 0 | kind: 1 eager, 2 request to send (RTS), 3 finished (FIN), 7 probe |
 //! | 1 | the sender's mailbox (endpoint) |
 //! | 2 | flags: bit 0 tagged, bit 1 remote CQ data present |
 //! | 3 | eager: payload length; FIN: status (0 done, 1 truncated, 2 refused) |
@@ -15,7 +15,9 @@
 //! | eager: then the payload | |
 //! | RTS: then id (4), length (8), the staged data's VA at the sender (8) | |
 //!
-//! So an eager message carries up to [`EAGER_MAX`] bytes, remote CQ data or not.
+//! So an eager message carries up to [`EAGER_MAX`] bytes, remote CQ data or not. A probe
+//! is its first two bytes and six zeros: it asks nothing; that the destination's NI takes
+//! it into the endpoint's mailbox says the endpoint is still there.
 //!
 //! One-sided operations (`FI_RMA`) are carried out by the target's provider on memory its
 //! application registered (`fi_mr_reg`), named by the region's key and an address in it:
@@ -45,6 +47,7 @@ const FIN: u8 = 3;
 const RMA_WRITE: u8 = 4;
 const RMA_READ: u8 = 5;
 const RMA_DONE: u8 = 6;
+const PROBE: u8 = 7;
 const STAGED: u8 = 4;
 const TAGGED: u8 = 1;
 const HAS_DATA: u8 = 2;
@@ -124,6 +127,8 @@ pub enum Packet {
         id: u32,
         status: RmaStatus,
     },
+    /// Is this endpoint still there? Sent to a peer that owes an answer for long.
+    Probe { src_vi: u8 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -205,6 +210,11 @@ impl Packet {
                 b[3] = *status as u8;
                 b[4..8].copy_from_slice(&id.to_be_bytes());
             }
+            Packet::Probe { src_vi } => {
+                b.truncate(8);
+                b[0] = PROBE;
+                b[1] = *src_vi;
+            }
             Packet::RmaWrite {
                 src_vi,
                 id,
@@ -275,6 +285,9 @@ impl Packet {
                 id: u32_at(b, 4),
                 status,
             });
+        }
+        if kind == PROBE {
+            return Ok(Packet::Probe { src_vi });
         }
         if b.len() < HEADER {
             return Err(WireError::Short(b.len()));
@@ -449,6 +462,7 @@ mod tests {
                 id: 6,
                 status: RmaStatus::Denied,
             },
+            Packet::Probe { src_vi: 63 },
         ];
         for p in packets {
             let b = p.encode().unwrap();
