@@ -35,8 +35,9 @@ fi
 export CARGO_TERM_COLOR=never
 docker/build.sh
 # The tests drive the host's exactl (generators, pki) from the test profile's target dir;
-# the Ansible role installs exanetd, exactl and exanet-perf from there.
-cargo build -q -p exactl -p exanetd -p exanet-perf
+# the Ansible role installs exanetd, exactl and exanet-perf from there; exactl mpirun
+# takes the libfabric provider built beside it.
+cargo build -q -p exactl -p exanetd -p exanet-perf -p exanet-fi
 
 # Should kubectl still be missing (the install above failed, or was done elsewhere), the
 # Kubernetes test says SKIPPED itself, or fails where EXANET_REQUIRE_KUBECTL is set (CI);

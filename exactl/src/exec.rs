@@ -8,7 +8,9 @@
 //! own (`crate::node_host`): the node's network namespace, where the node's TUN device and
 //! address are its network, its name as host name, the rack's hosts file as `/etc/hosts`.
 //! On a compose rack it runs inside the node's container (`compose exec`), whose
-//! environment already names the node.
+//! environment already names the node. With `--host-programs` it runs instead in a
+//! container of its own beside the node's ([`beside`]): the programs of the node's image
+//! are exanet's only, while an MPI and its applications are installed on the host.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -27,7 +29,7 @@ const NOT_FOUND: i32 = 127;
 
 /// Runs `cmd` on `node`; returns only on an error before the command ran (on success the
 /// process becomes the command, or exits with its status).
-pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
+pub fn run(dir: &Path, node: NodeName, cmd: &[OsString], host_programs: bool) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     let id = shape.id_of(node)?;
@@ -55,6 +57,13 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
                 .exec();
             cannot_run(program, &name, &e)
         }
+        Deploy::Compose { project, file } if host_programs => {
+            let container = container_of(&rack, &project, &file, &name)?;
+            let status = beside(&rack, &container, &name, program, args)?
+                .status()
+                .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
+            std::process::exit(exit_code(status))
+        }
         Deploy::Compose { project, file } => {
             let status = crate::nodes::compose_command()
                 .arg("-p")
@@ -67,17 +76,126 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString]) -> Result<()> {
                 .args(args)
                 .status()
                 .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
-            // A signal's death is reported as a shell does: 128 + the signal.
-            let code = status.code().unwrap_or_else(|| {
-                use std::os::unix::process::ExitStatusExt;
-                128 + status.signal().unwrap_or(0)
-            });
-            std::process::exit(code)
+            std::process::exit(exit_code(status))
         }
         Deploy::External { how } => Err(CliError::Usage(format!(
             "this rack's daemons are not run by exactl ({how}); run commands on {name} there"
         ))),
     }
+}
+
+/// A command's status as a shell reports it: a death by signal is 128 + the signal.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// The id of `node`'s running container in the compose project.
+pub fn container_of(rack: &Rack, project: &str, file: &str, node: &str) -> Result<String> {
+    let out = crate::nodes::compose_command()
+        .arg("-p")
+        .arg(project)
+        .arg("-f")
+        .arg(rack.dir.join(file))
+        .args(["ps", "-q"])
+        .arg(node)
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || id.is_empty() || id.contains(char::is_whitespace) {
+        return Err(CliError::Failed(format!(
+            "{node} has no running container in compose project {project}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(id)
+}
+
+/// Variables of this process that a command run beside a node does not take: they name
+/// this host's places and the node is another host.
+const HOST_ONLY: &[&str] = &[
+    "HOME",
+    "HOSTNAME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "TMPDIR",
+    "_",
+    "EXANET_RACK",
+    "EXANET_NODE",
+];
+
+/// `docker run` of `program` in a container beside `node`'s `container`: its IPC namespace
+/// (the NI's doorbells), its PID namespace (the daemon sees the workload's threads, which
+/// modeled time asks about), its network namespace (the node's address on the compose
+/// network: an MPI's runtime reaches it there), the rack directory at `/rack` (the NI's
+/// socket), the node's image for the dynamic loader and a shell, and over it this host's
+/// `/usr` and `/etc/alternatives` read-only and the working directory read-write, at the
+/// same paths: a program installed here, its libraries and data, and the files of the
+/// directory it was started in. This process's environment goes with it, but for what
+/// names this host.
+pub fn beside(
+    rack: &Rack,
+    container: &str,
+    node: &str,
+    program: &OsString,
+    args: &[OsString],
+) -> Result<Command> {
+    let out = Command::new("docker")
+        .args(["inspect", "-f", "{{.Config.Image}}", container])
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
+    let image = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || image.is_empty() {
+        return Err(CliError::Failed(format!(
+            "cannot find the image of {node}'s container {container}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let rack_dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
+    let cwd = std::env::current_dir()
+        .map_err(|e| CliError::Failed(format!("cannot find the working directory: {e}")))?;
+    let mut c = Command::new("docker");
+    // -i: its standard input is the caller's, as `exactl exec` promises everywhere.
+    c.args(["run", "--rm", "-i"]);
+    for ns in ["--ipc", "--pid", "--network"] {
+        c.arg(ns).arg(format!("container:{container}"));
+    }
+    let mut volume = |from: &Path, to: &Path, mode: &str| {
+        let mut v = OsString::from(from);
+        v.push(":");
+        v.push(to);
+        v.push(mode);
+        c.arg("-v").arg(v);
+    };
+    volume(&rack_dir, Path::new("/rack"), "");
+    volume(Path::new("/usr"), Path::new("/usr"), ":ro");
+    if Path::new("/etc/alternatives").is_dir() {
+        volume(
+            Path::new("/etc/alternatives"),
+            Path::new("/etc/alternatives"),
+            ":ro",
+        );
+    }
+    volume(&cwd, &cwd, "");
+    c.arg("-w").arg(&cwd);
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if !HOST_ONLY.contains(&k) && !k.is_empty() && !k.contains('=') {
+            // Without a value docker takes it from its own environment: nothing of it
+            // shows on a command line.
+            c.arg("-e").arg(k);
+        }
+    }
+    c.args(["-e", "EXANET_RACK=/rack"])
+        .arg("-e")
+        .arg(format!("EXANET_NODE={node}"))
+        .arg(&image)
+        .arg(program)
+        .args(args);
+    Ok(c)
 }
 
 /// Says why `program` could not be started and exits as a shell would.

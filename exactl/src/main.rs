@@ -107,7 +107,8 @@ enum Command {
     Hosts,
     /// Run a command on a node (its workloads attach to that node's daemon)
     Exec(ExecArgs),
-    /// Run an unmodified MPI program (Open MPI) with one rank per node, over IP over ExaNet
+    /// Run an unmodified MPI program with one rank per node, over the NI (the libfabric
+    /// provider, Open MPI) or over IP over ExaNet; on local and compose racks
     Mpirun(MpirunArgs),
     /// Capture the cells passing a node or one link direction into a pcapng file (read it
     /// with Wireshark and the dissector `exactl dissector` prints)
@@ -155,6 +156,12 @@ struct MpirunArgs {
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 struct ExecArgs {
+    /// On a compose rack: run it in a container beside the node's (its IPC, PID and
+    /// network namespaces, the rack directory at /rack) that has this host's /usr and the
+    /// working directory, so that programs installed here (an MPI and its applications)
+    /// run on the node. Elsewhere commands run on this host anyway.
+    #[arg(long)]
+    host_programs: bool,
     /// The node, e.g. M1QAF2
     #[arg(value_name = "NODE", value_parser = parse_node_name)]
     node: NodeName,
@@ -445,7 +452,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Capture(a) => capture::run(&dir, a),
         Command::Dissector => capture::print_dissector(),
         Command::Rack(RackCommand::Prometheus(a)) => rack_prometheus::run(&dir, a),
-        Command::Exec(a) => exec::run(&dir, a.node, &a.cmd),
+        Command::Exec(a) => exec::run(&dir, a.node, &a.cmd, a.host_programs),
         Command::Mpirun(a) => {
             let ranks = match (a.np, a.nodes.is_empty()) {
                 (Some(n), _) => mpirun::Ranks::Count(n),

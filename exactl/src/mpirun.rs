@@ -1,5 +1,13 @@
 //! `exactl mpirun [--mpi openmpi|mpich] [--nodes LIST | -np N] -- PROGRAM [ARGS...]`: an
-//! unmodified MPI program with one rank per emulated node, over IP over ExaNet.
+//! unmodified MPI program with one rank per emulated node, over the NI (the libfabric
+//! provider) or over IP over ExaNet.
+//!
+//! On a compose rack (NI only: compose racks run no IP over ExaNet) the launcher runs on
+//! this host and the agent starts each node's daemon in a container beside the node's
+//! (`exactl exec --host-programs`: the node's namespaces, this host's `/usr`), so the MPI
+//! and programs installed here run there unchanged; the runtime's own connections cross
+//! the compose network (`oob_tcp_if_include` is its subnet), the messages the NI, and
+//! the ranks load the provider from the rack directory (`/rack/run/fi`).
 //!
 //! Debian's MPI runs as it would on a cluster of hosts: the launcher (Open MPI's `mpirun`,
 //! MPICH's Hydra `mpiexec`) starts on the first node, a host of its own
@@ -229,7 +237,14 @@ impl Mpi {
 /// takes before the host (Hydra calls `agent -x HOST ...`; others pass `-q`, `-o X`, `-p N`,
 /// `-l USER`, `USER@HOST`), ignores it (a node is entered, not logged into), and runs the
 /// rest as one line for a shell on the node.
-fn agent_script(exactl: &Path, rack_dir: &Path) -> String {
+/// On a compose rack the command runs in a container beside the node's with this host's
+/// programs (`exactl exec --host-programs`), whose shell is the host's `/usr/bin/sh`.
+fn agent_script(exactl: &Path, rack_dir: &Path, compose: bool) -> String {
+    let (exec, shell) = if compose {
+        ("exec --host-programs", "/usr/bin/sh")
+    } else {
+        ("exec", "/bin/sh")
+    };
     format!(
         r#"#!/bin/sh
 # The remote-shell agent of this rack (ssh's command line, `exactl exec` underneath):
@@ -247,7 +262,7 @@ if [ $# -eq 0 ]; then
   exit 255
 fi
 host=${{1#*@}}; shift
-exec '{}' --rack '{}' exec "$host" -- /bin/sh -c "$*"
+exec '{}' --rack '{}' {exec} "$host" -- {shell} -c "$*"
 "#,
         exactl.display(),
         rack_dir.display()
@@ -257,13 +272,17 @@ exec '{}' --rack '{}' exec "$host" -- /bin/sh -c "$*"
 /// Writes the rack's remote-shell agent, `run/mpi/rsh-agent` (see [`agent_script`]): from
 /// `rack up` on, so that any launcher finds it, and again by `mpirun` (the rack may have
 /// come up with another exactl).
-pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
+pub fn write_agent(rack: &Rack, abs_dir: &Path, compose: bool) -> Result<std::path::PathBuf> {
     let mpi_dir = rack.layout().run_dir().join("mpi");
     std::fs::create_dir_all(&mpi_dir).map_err(|e| CliError::io("create", &mpi_dir, e))?;
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
-    let agent = mpi_dir.join("rsh-agent");
-    std::fs::write(&agent, agent_script(&exe, abs_dir))
+    let agent = mpi_dir.join(if compose {
+        "rsh-agent-compose"
+    } else {
+        "rsh-agent"
+    });
+    std::fs::write(&agent, agent_script(&exe, abs_dir, compose))
         .map_err(|e| CliError::io("write", &agent, e))?;
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| CliError::io("make executable", &agent, e))?;
@@ -272,8 +291,9 @@ pub fn write_agent(rack: &Rack, abs_dir: &Path) -> Result<std::path::PathBuf> {
 
 /// The directory libfabric loads the provider from (`FI_PROVIDER_PATH`): the rack's
 /// `run/fi`, holding `libexanet-fi.so`, the name libfabric looks for, for the
-/// `libexanet_fi.so` built beside this exactl.
-fn provider_dir(rack: &Rack) -> Result<std::path::PathBuf> {
+/// `libexanet_fi.so` built beside this exactl. A link to it; on a compose rack a copy,
+/// since the ranks' containers see the rack directory and not where the build is.
+fn provider_dir(rack: &Rack, compose: bool) -> Result<std::path::PathBuf> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Failed(format!("cannot find exactl's own binary: {e}")))?;
     let beside = exe.with_file_name(PROVIDER_LIB);
@@ -288,8 +308,49 @@ fn provider_dir(rack: &Rack) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
     let link = dir.join("libexanet-fi.so");
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&lib, &link).map_err(|e| CliError::io("link", &link, e))?;
+    if compose {
+        // A new file, not a rewrite of one a running job may have mapped.
+        let part = dir.join(format!(".libexanet-fi.so.{}", std::process::id()));
+        std::fs::copy(&lib, &part).map_err(|e| CliError::io("copy the provider to", &part, e))?;
+        std::fs::rename(&part, &link).map_err(|e| CliError::io("rename", &part, e))?;
+    } else {
+        std::os::unix::fs::symlink(&lib, &link).map_err(|e| CliError::io("link", &link, e))?;
+    }
     Ok(dir)
+}
+
+/// The network of the compose rack, from the address of a node's container on it, as
+/// Open MPI takes it (`10.213.0.0/16`).
+fn compose_subnet(container: &str) -> Result<String> {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}/{{.IPPrefixLen}} {{end}}",
+            container,
+        ])
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().find_map(network_of).ok_or_else(|| {
+        CliError::Failed(format!(
+            "container {container} has no IPv4 address on a network ({}{})",
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })
+}
+
+/// `10.213.0.16/16` -> `10.213.0.0/16`.
+fn network_of(cidr: &str) -> Option<String> {
+    let (addr, prefix) = cidr.split_once('/')?;
+    let addr: std::net::Ipv4Addr = addr.parse().ok()?;
+    let prefix: u32 = prefix.parse().ok().filter(|p| *p <= 32)?;
+    let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+    Some(format!(
+        "{}/{prefix}",
+        std::net::Ipv4Addr::from(u32::from(addr) & mask)
+    ))
 }
 
 /// The file name cargo gives the provider library.
@@ -345,12 +406,20 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     }
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
-    if !matches!(
-        rack.file.deploy.clone().unwrap_or(Deploy::Local),
-        Deploy::Local
-    ) {
+    let compose = match rack.file.deploy.clone().unwrap_or(Deploy::Local) {
+        Deploy::Local => None,
+        Deploy::Compose { project, file } => Some((project, file)),
+        Deploy::External { how } => {
+            return Err(CliError::Usage(format!(
+                "this rack's daemons are not run by exactl ({how}): exactl mpirun runs on \
+                 local and compose racks"
+            )))
+        }
+    };
+    if compose.is_some() && fabric == Fabric::Ip {
         return Err(CliError::Usage(
-            "exactl mpirun runs on local racks (IP over ExaNet in compose racks is not there yet)"
+            "--fabric ip is for local racks: on a compose rack exactl mpirun runs MPI over \
+             the NI (--fabric ni, Open MPI)"
                 .into(),
         ));
     }
@@ -366,7 +435,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         Ranks::All => shape.node_ids().collect(),
     };
     let names: Vec<String> = nodes.iter().map(|&id| shape.display(id)).collect();
-    for n in &names {
+    for n in names.iter().filter(|_| compose.is_none()) {
         if !crate::ip_service::netns_path(&rack, n).exists() {
             return Err(CliError::Failed(format!(
                 "{n} has no network namespace: the rack runs without IP over ExaNet \
@@ -378,14 +447,14 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
     let mpi_dir = rack.layout().run_dir().join("mpi");
-    let agent = write_agent(&rack, &abs_dir)?;
+    let agent = write_agent(&rack, &abs_dir, compose.is_some())?;
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
     std::fs::write(&hostfile, mpi.hostfile(&names))
         .map_err(|e| CliError::io("write", &hostfile, e))?;
     let launcher = mpi.launcher(launcher)?;
     let provider = match (fabric, mpi) {
         (Fabric::Ip, _) => None,
-        (Fabric::Ni, Mpi::Openmpi) => Some(provider_dir(&rack)?),
+        (Fabric::Ni, Mpi::Openmpi) => Some(provider_dir(&rack, compose.is_some())?),
         (Fabric::Ni, Mpi::Mpich) => {
             return Err(CliError::Usage(
                 "--fabric ni needs an MPI that reaches fabrics through libfabric: Open MPI \
@@ -404,35 +473,64 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         }
     );
 
-    // mpirun runs on the first node: the orteds it starts reach it over the fabric.
-    crate::node_host::enter(
-        &rack,
-        &names[0],
-        &crate::ip_service::netns_path(&rack, &names[0]),
-    )?;
-    let tmp = crate::ip_service::ensure_node_tmp_dir(&rack, &names[0])?;
+    // Where the ranks find the provider: on a compose rack, in the rack directory as
+    // their containers see it (`exactl exec --host-programs`).
+    let rank_provider = match (&provider, &compose) {
+        (Some(dir), Some(_)) => Some(
+            dir.strip_prefix(&rack.dir)
+                .map(|rel| Path::new("/rack").join(rel))
+                .map_err(|_| {
+                    CliError::Failed(format!(
+                        "the provider's directory {} is outside the rack directory {}",
+                        dir.display(),
+                        rack.dir.display()
+                    ))
+                })?,
+        ),
+        (dir, None) => dir.clone(),
+        (None, Some(_)) => None,
+    };
     let mut command = Command::new(&launcher);
-    match mpi {
-        // orted hands on only OMPI_* and what -x names: each rank keeps the EXANET_NODE
-        // that `exactl exec` gave its node's orted.
-        Mpi::Openmpi => command.env("EXANET_NODE", &names[0]).env("TMPDIR", &tmp),
-        // Hydra gives every rank the launcher's whole environment, over what the rank's
-        // node set: an EXANET_NODE or TMPDIR here would be the first node's for every
-        // rank. Without them, a rank goes by what its node's `exactl exec` set, or by its
-        // host name (the node's name).
-        Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
+    let subnet = match &compose {
+        // mpirun runs on the first node: the orteds it starts reach it over the fabric.
+        None => {
+            crate::node_host::enter(
+                &rack,
+                &names[0],
+                &crate::ip_service::netns_path(&rack, &names[0]),
+            )?;
+            let tmp = crate::ip_service::ensure_node_tmp_dir(&rack, &names[0])?;
+            match mpi {
+                // orted hands on only OMPI_* and what -x names: each rank keeps the
+                // EXANET_NODE that `exactl exec` gave its node's orted.
+                Mpi::Openmpi => command.env("EXANET_NODE", &names[0]).env("TMPDIR", &tmp),
+                // Hydra gives every rank the launcher's whole environment, over what the
+                // rank's node set: an EXANET_NODE or TMPDIR here would be the first node's
+                // for every rank. Without them, a rank goes by what its node's `exactl
+                // exec` set, or by its host name (the node's name).
+                Mpi::Mpich => command.env_remove("EXANET_NODE").env_remove("TMPDIR"),
+            };
+            rack.ip_subnet().to_string()
+        }
+        // mpirun runs on this host, which the containers reach on the compose network:
+        // the runtime's own connections go there, the messages through the NI.
+        Some((project, file)) => {
+            let first = crate::exec::container_of(&rack, project, file, &names[0])?;
+            compose_subnet(&first)?
+        }
     };
     command.args(mpi.args(names.len(), &hostfile, &agent));
-    if let Some(dir) = &provider {
+    if let Some(dir) = &rank_provider {
         // orted hands on only OMPI_* and what -x names.
         command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
         if modeled {
             // The provider's own MPI_Wtime and gettimeofday, ahead of libmpi's and libc's:
             // the rank's modeled clock.
-            // The same file libfabric loads, so one copy of it serves both.
-            command
-                .env("LD_PRELOAD", dir.join("libexanet-fi.so"))
-                .args(["-x", "LD_PRELOAD"]);
+            // The same file libfabric loads, so one copy of it serves both. Given to the
+            // ranks only: on a compose rack the path is theirs, not this host's.
+            let mut preload = OsString::from("LD_PRELOAD=");
+            preload.push(dir.join("libexanet-fi.so"));
+            command.arg("-x").arg(preload);
             // A send of ExaNet-MPI's rendezvous waited for its FIN (the receiver read
             // the application's buffer): so do the modeled ones.
             command
@@ -450,7 +548,14 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     command
         .args(&mpirun_args)
         .args(&program)
-        .envs(mpi.env(&agent, &rack.ip_subnet().to_string(), provider.as_deref()))
+        .envs(mpi.env(&agent, &subnet, rank_provider.as_deref()))
+        // An orted that daemonized would outlive the `docker run` that started it, and
+        // so be killed with its container: on a compose rack it stays attached.
+        .envs(
+            compose
+                .as_ref()
+                .map(|_| ("OMPI_MCA_orte_leave_session_attached", "1")),
+        )
         .env("EXANET_RACK", &abs_dir);
     // Ctrl-C reaches the launcher (the terminal signals the whole foreground group) and
     // ends the job its own way; exactl stays to remove the host file and pass the status
@@ -490,6 +595,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_compose_network_is_named_by_a_containers_address_on_it() {
+        assert_eq!(
+            network_of("10.213.0.16/16").as_deref(),
+            Some("10.213.0.0/16")
+        );
+        assert_eq!(
+            network_of("172.18.3.7/24").as_deref(),
+            Some("172.18.3.0/24")
+        );
+        assert_eq!(network_of("10.0.0.1/0").as_deref(), Some("0.0.0.0/0"));
+        assert_eq!(network_of("10.0.0.1/32").as_deref(), Some("10.0.0.1/32"));
+        for bad in ["10.0.0.1/33", "fe80::1/64", "/16", "10.0.0.1", ""] {
+            assert_eq!(network_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn a_fabric_asked_for_or_needed_is_the_one_used() {
         for mpi in [Mpi::Openmpi, Mpi::Mpich] {
             for f in [Fabric::Ni, Fabric::Ip] {
@@ -518,7 +640,7 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let agent = dir.join("rsh-agent");
-        std::fs::write(&agent, agent_script(&fake, Path::new("/racks/r"))).unwrap();
+        std::fs::write(&agent, agent_script(&fake, Path::new("/racks/r"), false)).unwrap();
         std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
         let run = |args: &[&str]| {
             let out = Command::new(&agent).args(args).output().unwrap();

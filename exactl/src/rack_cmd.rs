@@ -157,7 +157,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     }
     if ip_off.is_none() {
         // Launchers (mpirun, Hydra) reach the nodes through it; the rack is up either way.
-        match crate::mpirun::write_agent(&rack, &abs_dir) {
+        match crate::mpirun::write_agent(&rack, &abs_dir, false) {
             Ok(agent) => eprintln!(
                 "exactl: remote-shell agent for MPI launchers: {}",
                 agent.display()
