@@ -271,6 +271,8 @@ impl Node {
         let (data, answers) = self.ni.horizon(&port_of);
         let relays = self.ni.relays();
         self.switch.set_ni_horizon(data, answers, relays);
+        self.ni
+            .set_arrival_bound(Some(self.switch.arrival_bound_to_ni()));
     }
 
     /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.
@@ -441,6 +443,9 @@ impl Node {
                 }
                 continue;
             };
+            if t.from == Port::Local && self.switch.config().modeled_order {
+                self.ni.departed(&t.cell);
+            }
             if t.port != Port::Local {
                 return Some(t);
             }

@@ -44,8 +44,12 @@
 //! out of order is counted.
 //!
 //! What it does not order: a retransmission after a timeout (an NI cannot promise it: the
-//! promise would hold the horizons below the departures of the block's own queued cells),
-//! cells held back by injected delay or reordering, a cell behind the front of its queue
+//! promise would hold the horizons below the departures of the block's own queued cells).
+//! It does keep needless ones out: a copy waits until no cell earlier than its modeled
+//! time can still reach its NI (`Ni::set_arrival_bound`), so a block whose answer is
+//! merely late in real time (waiting for a cut) is not sent again; only one whose answer
+//! cannot come before the copy's modeled time is, as the hardware's timer would. Also not
+//! ordered: cells held back by injected delay or reordering, a cell behind the front of its queue
 //! whose key is earlier than the front's (a short cell that fits a gap on the NI's
 //! datapath the front did not). Such a cell goes when its turn comes, its departure placed
 //! by the timelines as before, and counts as late ([`Order::late`]) when a later key of
@@ -200,6 +204,26 @@ impl Order {
             .min()
             .unwrap_or(ModelTime::NEVER);
         links + model.traversal(Port::Qfdb(1), Port::Local).max(1)
+    }
+
+    /// No cell with an earlier key than this can still come to the NI: the earliest cell
+    /// waiting at or still to come in on any input that delivers to it (the NI's own
+    /// input: what it may send itself). What the NI's gated copies wait for
+    /// (`Ni::set_arrival_bound`).
+    pub(crate) fn to_ni_arrivals(&self, heads: &Heads) -> ModelTime {
+        let local = Port::Local.index();
+        (0..NPORTS * NVCS)
+            .filter(|&s| self.feeds.through[s / NVCS] & (1 << local) != 0)
+            .map(|s| {
+                let promised = if s / NVCS == local {
+                    self.ni_own[s % NVCS][local]
+                } else {
+                    self.horizon[s / NVCS]
+                };
+                promised.min(earliest(heads, s))
+            })
+            .min()
+            .unwrap_or(ModelTime::NEVER)
     }
 
     /// Whether the head cell of `slot`, with `head`, bound for `to`, may be forwarded

@@ -756,6 +756,13 @@ impl Switch {
             .unwrap_or(ModelTime::NEVER)
     }
 
+    /// In modeled order, the earliest order key of a cell that can still reach the NI:
+    /// queued here for it, or still to come in on an input that delivers to it.
+    pub fn arrival_bound_to_ni(&self) -> ModelTime {
+        let heads = |s: usize| self.admitted(s);
+        self.order.to_ni_arrivals(&heads)
+    }
+
     /// What the NI may still inject by itself, as last set, through its datapath and
     /// into its injection queues.
     pub fn ni_earliest(&self) -> ModelTime {

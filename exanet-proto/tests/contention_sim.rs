@@ -183,7 +183,11 @@ fn a_full_rank_window_starts_blocks_when_places_free() {
 /// order. What they cost is the cuts: every cut lets the rack go about one round trip of
 /// modeled time further. Blocks wait for cuts in real time, so the retransmission timer
 /// (real time) is raised beyond that wait, as a rack ordering cells must: a block sent
-/// again is not ordered, and its copy would cost modeled time.
+/// again is not ordered, and its copy would cost modeled time. (A copy also waits until
+/// its answer cannot come first in modeled time, `Ni::set_arrival_bound`; that keeps out
+/// copies of answers late in real time only, 222 of them here with the default timer,
+/// but not the 66 whose answers a deep queue on the shared link delays past the modeled
+/// timer's 100 us after the block left: those the real-time timer still decides.)
 #[test]
 fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
     let incast = incast_of_four();

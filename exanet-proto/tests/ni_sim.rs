@@ -1621,6 +1621,8 @@ struct Wire {
     now: Instant,
     delay_ns: u64,
     answers: bool,
+    /// Tell a when its cells leave (a switch in modeled order would: `Ni::departed`).
+    depart: bool,
 }
 
 impl Wire {
@@ -1645,6 +1647,7 @@ impl Wire {
             now: Instant::ZERO,
             delay_ns,
             answers: true,
+            depart: false,
         }
     }
 
@@ -1670,6 +1673,9 @@ impl Wire {
         loop {
             while let Some(c) = self.a.poll_cell() {
                 self.a.injected(&c, self.now);
+                if self.depart {
+                    self.a.departed(&c);
+                }
                 self.flight.push((self.now + self.delay_ns, true, c));
             }
             while let Some(c) = self.b.poll_cell() {
@@ -1763,6 +1769,56 @@ fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
             assert!(
                 w.b.stats().duplicates > 0,
                 "no copy came: the test shows nothing"
+            );
+        }
+    }
+}
+
+/// In modeled order a copy waits until nothing earlier than its modeled time can still
+/// reach its NI: answers that are late only in real time (on daemons, cells wait for the
+/// rack's cuts) cause no copy, which would cost modeled time on every output it crossed,
+/// by how long the host took. In the host's order the same late answers do cause copies;
+/// and in modeled order a copy whose answer is known not to come in time still goes.
+#[test]
+fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
+    use exanet_proto::ni::mailbox_gvas;
+    use exanet_proto::ModelTime;
+    let cfg = NiConfig::default();
+    // (arrival bound, whether copies go): host order; modeled order with nothing known
+    // yet (no cut has passed the copies' modeled time); modeled order once nothing more
+    // can come.
+    for (bound, copies) in [
+        (None, true),
+        (Some(ModelTime::ZERO), false),
+        (Some(ModelTime::NEVER), true),
+    ] {
+        // Three timer lengths each way: every answer comes after its timer fired.
+        let mut w = Wire::new(cfg, 3 * cfg.retransmit_ns);
+        w.depart = bound.is_some();
+        w.a.set_arrival_bound(bound);
+        let vi = w.a.alloc_packetizer(0).unwrap();
+        let mb = w.b.alloc_mailbox(0, 16).unwrap();
+        w.write(0xAA, 0);
+        let msg = SendMessage {
+            vi,
+            ch: 0,
+            dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
+            payload: b"hello".to_vec(),
+        };
+        w.a.send_message(0, &msg, w.now).unwrap();
+        let until = w.now + 100 * cfg.retransmit_ns;
+        assert_eq!(w.run(until), vec![Ok(())], "bound {bound:?}");
+        let (sent_again, duplicates) = (w.a.stats().retransmissions, w.b.stats().duplicates);
+        if copies {
+            assert!(
+                sent_again > 0 && duplicates > 0,
+                "bound {bound:?}: no copy ({sent_again} sent again, {duplicates} duplicates)"
+            );
+        } else {
+            assert_eq!(
+                (sent_again, duplicates),
+                (0, 0),
+                "bound {bound:?}: copies of cells whose answers were only late"
             );
         }
     }

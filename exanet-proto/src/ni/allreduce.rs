@@ -822,6 +822,10 @@ impl Accelerator {
             }
             let mut exhausted = false;
             for p in ctx.sends.values_mut().filter(|p| p.deadline <= now) {
+                if !cx.copy_due(p.cell.stamp.head + cx.cfg.model.retransmit) {
+                    p.deadline = now + backoff(cx.cfg.retransmit_ns, p.attempts);
+                    continue;
+                }
                 if p.attempts >= cx.cfg.max_attempts {
                     exhausted = true;
                     break;

@@ -279,6 +279,9 @@ pub struct Ni {
     clocks: [ModelTime; RANKS],
     /// What the NI promises on behalf of its ranks' programs (see [`program`]).
     programs: program::Programs,
+    /// In modeled order, no cell with an earlier modeled time can still reach the NI
+    /// (set by the node from its switch); `None` when cells go in the host's order.
+    arrival_bound: Option<ModelTime>,
 }
 
 /// What the parts of the NI borrow while they handle one input: this node, the
@@ -291,9 +294,23 @@ pub(crate) struct Ctx<'a> {
     pub(crate) at: ModelTime,
     pub(crate) out: &'a mut Out,
     pub(crate) stats: &'a mut NiStats,
+    pub(crate) arrival_bound: Option<ModelTime>,
 }
 
 impl Ctx<'_> {
+    /// Whether a copy due at `due` in modeled time may go when its real-time timer
+    /// fires. In the host's order, yes. In modeled order only once nothing earlier than
+    /// `due` can still reach the NI: the answer that would make the copy needless would
+    /// come before it in modeled time, however late in real time it is (a cell waits for
+    /// the rack's cuts in real time, while its modeled time is already settled), and a
+    /// needless copy would take modeled time on every output it crosses, depending on how
+    /// long the host took. Gated copies wait without counting an attempt; what has to be
+    /// sent again still goes, at the same modeled time, once the answer is known not to
+    /// come before it.
+    pub(crate) fn copy_due(&self, due: ModelTime) -> bool {
+        self.arrival_bound.is_none_or(|b| b > due)
+    }
+
     /// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns,
     /// for RDMA cells).
     pub(crate) fn answer(&mut self, cell: &Cell, nack: Option<NackReason>) {
@@ -345,6 +362,7 @@ macro_rules! cx {
             at: $at,
             out: &mut $ni.out,
             stats: &mut $ni.stats,
+            arrival_bound: $ni.arrival_bound,
         }
     };
 }
@@ -364,6 +382,7 @@ impl Ni {
             stats: NiStats::default(),
             clocks: [ModelTime::ZERO; RANKS],
             programs: program::Programs::default(),
+            arrival_bound: None,
         }
     }
 
@@ -835,6 +854,16 @@ impl Ni {
         self.rdma.on_injected(c, now, &self.cfg);
     }
 
+    /// In modeled order, the node's switch forwarded `c`, one of this NI's cells, at the
+    /// modeled time of its stamp: what a copy of it waits for is dated from there.
+    pub fn departed(&mut self, c: &Cell) {
+        match c.engine {
+            crate::cell::Engine::Rdma => self.rdma.on_departed(c),
+            crate::cell::Engine::Packetizer => self.packetizer.on_departed(c),
+            crate::cell::Engine::Accelerator => {}
+        }
+    }
+
     /// The earliest heads a cell the NI injects by itself, with nothing more reaching it,
     /// can have, by the output it takes (`port_of` a destination; `None` for one no
     /// route reaches, which counts on every output), as (data, answers): for data, the
@@ -892,6 +921,14 @@ impl Ni {
 
     /// No process attaches to this NI from now on with an earlier clock (`None`: no
     /// process will, as in the simulator's tests).
+    /// In modeled order: no cell with an earlier modeled time than `bound` can still
+    /// reach this NI (the node's switch says, from its inputs' horizons and queues). A
+    /// copy after a timeout then goes only once the bound has passed its modeled time
+    /// ([`Ctx::copy_due`]). `None`: cells go in the host's order, copies on the timer.
+    pub fn set_arrival_bound(&mut self, bound: Option<ModelTime>) {
+        self.arrival_bound = bound;
+    }
+
     pub fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
         self.programs.set_attach_floor(floor);
     }

@@ -34,6 +34,9 @@ struct Channel {
     /// When the message in flight was first sent: no copy goes after
     /// `NiConfig::copy_limit_ns` (a late timer, a stalled host, must not send one).
     first_sent: Instant,
+    /// In modeled order: when the attempt in flight left the node's switch, in modeled
+    /// time (`None` while it has not). Its copy is due a timer's length after.
+    left: Option<ModelTime>,
 }
 
 impl Channel {
@@ -42,6 +45,7 @@ impl Channel {
     /// Sends the message again at modeled time `at`.
     fn resend(&mut self, cx: &mut Ctx, at: ModelTime) {
         self.attempts += 1;
+        self.left = None;
         self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
         if let Some(cell) = &mut self.cell {
             cell.seq = cell.seq.wrapping_add(1);
@@ -85,6 +89,7 @@ impl Packetizer {
                     deadline: None,
                     attempts: 0,
                     first_sent: Instant::ZERO,
+                    left: None,
                     counter: epoch & 0x7F_FFFF,
                 })
                 .collect(),
@@ -200,6 +205,7 @@ impl Packetizer {
         c.state = ChannelState::Ongoing;
         c.attempts = 1;
         c.first_sent = cx.now;
+        c.left = None;
         if c.deadline.replace(cx.now + cx.cfg.retransmit_ns).is_none() {
             self.timed += 1;
         }
@@ -257,6 +263,21 @@ impl Packetizer {
         self.finish(i, state, cx.out, at);
     }
 
+    /// In modeled order, a message left the node's switch at `cell.stamp`.
+    pub(crate) fn on_departed(&mut self, cell: &Cell) {
+        let vi = (cell.txn >> 25) & 0x3F;
+        let ch = (cell.txn >> 23) & 0x3;
+        let Some(c) = self.channels.get_mut(idx(vi as u8, ch as u8)) else {
+            return;
+        };
+        if c.cell
+            .as_ref()
+            .is_some_and(|m| m.txn == cell.txn && m.seq == cell.seq)
+        {
+            c.left = Some(cell.stamp.head);
+        }
+    }
+
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         if self.timed == 0 {
             return None;
@@ -278,6 +299,16 @@ impl Packetizer {
                 .cell
                 .as_ref()
                 .map_or(cx.at, |m| m.stamp.head + cx.cfg.model.retransmit);
+            // In modeled order, from when it left the node's switch; until its answer
+            // is known not to come before the copy would, look again later.
+            let copy_at = c
+                .left
+                .map_or(ModelTime::NEVER, |l| l + cx.cfg.model.retransmit)
+                .max(due);
+            if !cx.copy_due(copy_at) && cx.now.since(c.first_sent) < cx.cfg.copy_limit_ns() {
+                c.deadline = Some(cx.now + cx.cfg.retransmit_ns);
+                continue;
+            }
             if c.attempts >= cx.cfg.max_attempts
                 || cx.now.since(c.first_sent) >= cx.cfg.copy_limit_ns()
             {

@@ -66,6 +66,9 @@ struct Block {
     first_sent: Instant,
     /// When the latest attempt's cells were cut, in modeled time.
     modeled: ModelTime,
+    /// In modeled order: when the latest attempt's last cell left the node's switch, in
+    /// modeled time (`None` while it has not). Its copy is due a timer's length after.
+    left: Option<ModelTime>,
 }
 
 /// Round-trip estimate of blocks to one destination (RFC 6298's smoothing). The time a
@@ -247,6 +250,7 @@ impl Transfer {
         b.step = Step::InFlight { deadline };
         b.unanswered = b.unanswered.saturating_add(1);
         b.sent_at = cx.now;
+        b.left = None;
         let (mut off, end) = (start, start + len);
         // A first attempt reads the whole block at once and its cells share it: one
         // allocation per block, not one per cell. A repair reads only what it resends.
@@ -452,6 +456,23 @@ impl Initiator {
             let deadline = now + backoff(rto, attempts);
             *step = Step::InFlight { deadline };
             arm(&mut self.wake, deadline);
+        }
+    }
+
+    /// In modeled order, a cell of this engine's left the node's switch at `cell.stamp`:
+    /// a block's last cell dates when its copy would be due.
+    pub(super) fn on_departed(&mut self, cell: &Cell) {
+        if cell.flags & FLAG_LAST == 0 || cell.kind != CellType::Write {
+            return;
+        }
+        let Some(t) = self.transfers.get_mut(&cell.txn) else {
+            return;
+        };
+        let Some(i) = t.block_of(cell.dst.va() / BLOCK_SIZE) else {
+            return;
+        };
+        if let Some(b) = t.live.get_mut(&i).filter(|b| b.seq == cell.seq) {
+            b.left = Some(cell.stamp.head);
         }
     }
 
@@ -704,6 +725,7 @@ impl Initiator {
                         sent_at: cx.now,
                         first_sent: cx.now,
                         modeled: t.ready.max(opened).max(place),
+                        left: None,
                     },
                 );
                 self.rank_live[rank] += 1;
@@ -1103,6 +1125,21 @@ impl Initiator {
                 .collect();
             for i in due {
                 let b = t.live.get_mut(&i).expect("listed");
+                // A block refused (Retry) was answered: its copy is due whatever comes.
+                // One in flight is due a timer's length after its last cell left.
+                let copy_at = b.left.map_or(ModelTime::NEVER, |l| {
+                    l.max(b.modeled) + cx.cfg.model.retransmit
+                });
+                if matches!(b.step, Step::InFlight { .. }) && !cx.copy_due(copy_at) {
+                    if now.since(b.first_sent) >= limit {
+                        fail = Some(Failure::TimedOut);
+                        break;
+                    }
+                    b.step = Step::InFlight {
+                        deadline: now + rto,
+                    };
+                    continue;
+                }
                 if b.attempts >= cfg.max_attempts || now.since(b.first_sent) >= limit {
                     fail = Some(Failure::TimedOut);
                     break;
@@ -1128,7 +1165,13 @@ impl Initiator {
             }
             if let Some(n) = t.notice {
                 let due = n.step.deadline().is_some_and(|d| d <= now);
-                if due && fail.is_none() {
+                if due && fail.is_none() && !cx.copy_due(t.answered + cx.cfg.model.retransmit) {
+                    if let Some(n) = t.notice.as_mut() {
+                        n.step = Step::InFlight {
+                            deadline: now + cfg.retransmit_ns,
+                        };
+                    }
+                } else if due && fail.is_none() {
                     let aged = n.first_sent.is_some_and(|f| now.since(f) >= limit);
                     if n.attempts >= cfg.max_attempts || aged {
                         fail = Some(Failure::TimedOut);
@@ -1150,6 +1193,10 @@ impl Initiator {
             .collect();
         for txn in reads {
             let r = self.reads.get_mut(&txn).expect("listed");
+            if !r.acked && !cx.copy_due(r.request.stamp.head + cx.cfg.model.retransmit) {
+                r.deadline = now + backoff(cfg.retransmit_ns, r.attempts);
+                continue;
+            }
             if r.acked || r.attempts >= cfg.max_attempts || now.since(r.first_sent) >= limit {
                 cx.stats.timeouts += 1;
                 let r = self.reads.remove(&txn).expect("listed");

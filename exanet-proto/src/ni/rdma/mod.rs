@@ -270,6 +270,10 @@ impl RdmaEngine {
         self.initiator.on_injected(cell, now, cfg);
     }
 
+    pub(crate) fn on_departed(&mut self, cell: &Cell) {
+        self.initiator.on_departed(cell);
+    }
+
     /// An ACK or NACK of something this engine sent.
     pub(crate) fn on_answer(
         &mut self,
