@@ -185,9 +185,10 @@ fn a_full_rank_window_starts_blocks_when_places_free() {
 /// (real time) is raised beyond that wait, as a rack ordering cells must: a block sent
 /// again is not ordered, and its copy would cost modeled time. (A copy also waits until
 /// its answer cannot come first in modeled time, `Ni::set_arrival_bound`; that keeps out
-/// copies of answers late in real time only, 222 of them here with the default timer,
-/// but not the 66 whose answers a deep queue on the shared link delays past the modeled
-/// timer's 100 us after the block left: those the real-time timer still decides.)
+/// copies of answers late in real time only: with the default timer the shared-link run
+/// sends 66 copies instead of 222. Not those whose answers a deep queue on the shared
+/// link delays past the modeled timer's 100 us after the block left: the real-time
+/// timer still decides those.)
 #[test]
 fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
     let incast = incast_of_four();

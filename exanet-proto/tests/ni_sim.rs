@@ -1666,6 +1666,22 @@ impl Wire {
         self.a.rdma_write(0, &w, self.now, &self.amem).unwrap();
     }
 
+    /// An RDMA write of 0xAA ([`Wire::write`], channel 0) and a packetizer message from a
+    /// to a mailbox of b.
+    fn write_and_message(&mut self) {
+        use exanet_proto::ni::mailbox_gvas;
+        let vi = self.a.alloc_packetizer(0).unwrap();
+        let mb = self.b.alloc_mailbox(0, 16).unwrap();
+        self.write(0xAA, 0);
+        let msg = SendMessage {
+            vi,
+            ch: 0,
+            dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
+            payload: b"hello".to_vec(),
+        };
+        self.a.send_message(0, &msg, self.now).unwrap();
+    }
+
     /// Runs events in time order until `until` or until nothing is left to do; returns
     /// a's RDMA results.
     fn run(&mut self, until: Instant) -> Vec<Result<(), Failure>> {
@@ -1781,7 +1797,6 @@ fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
 /// and in modeled order a copy whose answer is known not to come in time still goes.
 #[test]
 fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
-    use exanet_proto::ni::mailbox_gvas;
     use exanet_proto::ModelTime;
     let cfg = NiConfig::default();
     // (arrival bound, whether copies go): host order; modeled order with nothing known
@@ -1796,16 +1811,7 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
         let mut w = Wire::new(cfg, 3 * cfg.retransmit_ns);
         w.depart = bound.is_some();
         w.a.set_arrival_bound(bound);
-        let vi = w.a.alloc_packetizer(0).unwrap();
-        let mb = w.b.alloc_mailbox(0, 16).unwrap();
-        w.write(0xAA, 0);
-        let msg = SendMessage {
-            vi,
-            ch: 0,
-            dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-            payload: b"hello".to_vec(),
-        };
-        w.a.send_message(0, &msg, w.now).unwrap();
+        w.write_and_message();
         let until = w.now + 100 * cfg.retransmit_ns;
         assert_eq!(w.run(until), vec![Ok(())], "bound {bound:?}");
         let (sent_again, duplicates) = (w.a.stats().retransmissions, w.b.stats().duplicates);
@@ -1829,20 +1835,10 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
 /// timed out, and nothing more leaves.
 #[test]
 fn a_stalled_sender_sends_no_copy_past_the_copy_limit() {
-    use exanet_proto::ni::mailbox_gvas;
     let cfg = NiConfig::default();
     let mut w = Wire::new(cfg, 1_000);
-    let vi = w.a.alloc_packetizer(0).unwrap();
-    let mb = w.b.alloc_mailbox(0, 16).unwrap();
     w.answers = false;
-    w.write(0xAA, 0);
-    let msg = SendMessage {
-        vi,
-        ch: 0,
-        dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-        payload: b"hello".to_vec(),
-    };
-    w.a.send_message(0, &msg, w.now).unwrap();
+    w.write_and_message();
     // Both reach b; every answer is lost.
     let landed = w.now + 10_000;
     assert!(w.run(landed).is_empty());

@@ -1185,27 +1185,29 @@ impl Engine {
     /// A probe of `peer` failed: fail every operation that waits for its answer.
     fn peer_gone(&mut self, peer: Peer, failure: Failure) {
         self.probing.remove(&peer);
-        let mut rmas: Vec<u32> = self
+        // One-sided operations first, each kind in the order it started (id order): the
+        // same events in the same order on every run.
+        let mut owed: Vec<(bool, u32)> = self
             .rma
             .iter()
             .filter(|(_, r)| r.to == peer && !r.ended)
-            .map(|(&id, _)| id)
+            .map(|(&id, _)| (false, id))
+            .chain(
+                self.rendezvous
+                    .iter()
+                    .filter(|(_, r)| r.to == peer && !r.completed)
+                    .map(|(&id, _)| (true, id)),
+            )
             .collect();
-        rmas.sort_unstable();
-        for id in rmas {
+        owed.sort_unstable();
+        for (send, id) in owed {
             self.stats.lost_to_gone_peers += 1;
-            self.failed(peer, Owner::Rma { id }, failure.clone(), true);
-        }
-        let mut sends: Vec<u32> = self
-            .rendezvous
-            .iter()
-            .filter(|(_, r)| r.to == peer && !r.completed)
-            .map(|(&id, _)| id)
-            .collect();
-        sends.sort_unstable();
-        for id in sends {
-            self.stats.lost_to_gone_peers += 1;
-            self.failed(peer, Owner::Rts { id }, failure.clone(), true);
+            let owner = if send {
+                Owner::Rts { id }
+            } else {
+                Owner::Rma { id }
+            };
+            self.failed(peer, owner, failure.clone(), true);
         }
     }
 

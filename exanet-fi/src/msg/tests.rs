@@ -768,22 +768,29 @@ fn memory_a_request_names_stays_while_its_destination_may_still_use_it() {
     assert_eq!(e.stats().memory_kept, 2);
     // The destination had them after all: its answers release the memory, and complete
     // nothing again.
-    let answer = Packet::RmaDone {
-        src_vi: b.vi,
-        id: 0,
-        status: RmaStatus::Done,
-    };
-    e.on_packet(b.node, b.rank, &answer.encode().unwrap())
-        .unwrap();
-    let fin = Packet::Fin {
-        src_vi: b.vi,
-        id: 0,
-        status: FinStatus::Done,
-    };
-    e.on_packet(b.node, b.rank, &fin.encode().unwrap()).unwrap();
+    late_answers(&mut e, b);
     let (done, rel) = released(&mut e);
     assert!(done.is_empty(), "completed twice: {done:?}");
     assert_eq!(rel, vec![1, 3]);
+}
+
+/// `from` answers the first RMA operation and the first rendezvous it was sent (id 0)
+/// after all: done and read.
+fn late_answers(e: &mut Engine, from: Peer) {
+    let answer = Packet::RmaDone {
+        src_vi: from.vi,
+        id: 0,
+        status: RmaStatus::Done,
+    };
+    e.on_packet(from.node, from.rank, &answer.encode().unwrap())
+        .unwrap();
+    let fin = Packet::Fin {
+        src_vi: from.vi,
+        id: 0,
+        status: FinStatus::Done,
+    };
+    e.on_packet(from.node, from.rank, &fin.encode().unwrap())
+        .unwrap();
 }
 
 fn transmits(e: &mut Engine) -> Vec<Transmit> {
@@ -890,19 +897,7 @@ fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
     e.handle_timeout(100_000);
     assert!(transmits(&mut e).is_empty());
     // It answers after all: the memory is released, nothing completes twice.
-    let answer = Packet::RmaDone {
-        src_vi: b.vi,
-        id: 0,
-        status: RmaStatus::Done,
-    };
-    e.on_packet(b.node, b.rank, &answer.encode().unwrap())
-        .unwrap();
-    let fin = Packet::Fin {
-        src_vi: b.vi,
-        id: 0,
-        status: FinStatus::Done,
-    };
-    e.on_packet(b.node, b.rank, &fin.encode().unwrap()).unwrap();
+    late_answers(&mut e, b);
     assert_eq!(
         events(&mut e),
         vec![Event::RmaReleased { ctx: 1 }, Event::Released { ctx: 2 }]
