@@ -2,12 +2,14 @@
 //! unmodified MPI program with one rank per emulated node, over the NI (the libfabric
 //! provider) or over IP over ExaNet.
 //!
-//! On a compose rack (NI only: compose racks run no IP over ExaNet) the launcher runs on
-//! this host and the agent starts each node's daemon in a container beside the node's
-//! (`exactl exec --host-programs`: the node's namespaces, this host's `/usr`), so the MPI
-//! and programs installed here run there unchanged; the runtime's own connections cross
-//! the compose network (`oob_tcp_if_include` is its subnet), the messages the NI, and
-//! the ranks load the provider from the rack directory (`/rack/run/fi`).
+//! On a compose rack (Open MPI) the launcher runs on this host and the agent starts each
+//! node's daemon in a container beside the node's (`exactl exec --host-programs`: the
+//! node's namespaces, this host's `/usr`), so the MPI and programs installed here run there
+//! unchanged; the runtime's own connections cross the compose network
+//! (`oob_tcp_if_include` is its subnet, which this host reaches), the messages the NI
+//! (the ranks load the provider from the rack directory, `/rack/run/fi`) or, with
+//! `--fabric ip`, the nodes' `exanet0` devices, which their IP service containers made in
+//! the namespaces the ranks share.
 //!
 //! Debian's MPI runs as it would on a cluster of hosts: the launcher (Open MPI's `mpirun`,
 //! MPICH's Hydra `mpiexec`) starts on the first node, a host of its own
@@ -191,7 +193,15 @@ impl Mpi {
 
     /// The settings the family runs with on the rack (see the module docs); `provider`:
     /// the directory of the libfabric provider, when the NI carries the messages.
-    pub fn env(self, agent: &Path, subnet: &str, provider: Option<&Path>) -> Vec<(String, String)> {
+    /// `oob`: where the runtime's own connections go (the launcher must reach it);
+    /// `messages`: where MPI's TCP traffic goes over IP (the rack's IP over ExaNet subnet).
+    pub fn env(
+        self,
+        agent: &Path,
+        oob: &str,
+        messages: &str,
+        provider: Option<&Path>,
+    ) -> Vec<(String, String)> {
         let pairs: Vec<(&str, String)> = match self {
             Mpi::Openmpi => {
                 let mut env = vec![
@@ -212,8 +222,8 @@ impl Mpi {
                     ]),
                 }
                 env.extend([
-                    ("OMPI_MCA_btl_tcp_if_include", subnet.into()),
-                    ("OMPI_MCA_oob_tcp_if_include", subnet.into()),
+                    ("OMPI_MCA_btl_tcp_if_include", messages.into()),
+                    ("OMPI_MCA_oob_tcp_if_include", oob.into()),
                     ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
                 ]);
                 if nix::unistd::geteuid().is_root() {
@@ -416,10 +426,10 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             )))
         }
     };
-    if compose.is_some() && fabric == Fabric::Ip {
+    if compose.is_some() && mpi == Mpi::Mpich {
         return Err(CliError::Usage(
-            "--fabric ip is for local racks: on a compose rack exactl mpirun runs MPI over \
-             the NI (--fabric ni, Open MPI)"
+            "exactl mpirun runs Open MPI on compose racks: MPICH's launcher hands its \
+             proxies this host's name, which the nodes' containers do not resolve"
                 .into(),
         ));
     }
@@ -491,7 +501,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         (None, Some(_)) => None,
     };
     let mut command = Command::new(&launcher);
-    let subnet = match &compose {
+    let oob = match &compose {
         // mpirun runs on the first node: the orteds it starts reach it over the fabric.
         None => {
             crate::node_host::enter(
@@ -548,7 +558,12 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     command
         .args(&mpirun_args)
         .args(&program)
-        .envs(mpi.env(&agent, &subnet, rank_provider.as_deref()))
+        .envs(mpi.env(
+            &agent,
+            &oob,
+            &rack.ip_subnet().to_string(),
+            rank_provider.as_deref(),
+        ))
         // An orted that daemonized would outlive the `docker run` that started it, and
         // so be killed with its container: on a compose rack it stays attached.
         .envs(

@@ -337,11 +337,12 @@ fn dashboard_exprs(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `exactl mpirun --fabric ni` on the compose rack: Open MPI and the program are this
-/// host's (run in containers beside the nodes', `exactl exec --host-programs`), the
-/// messages go through the libfabric provider and the NI; every byte is checked by the
-/// program (`tests/programs/mpi_over_ni.c`).
-fn mpi_over_the_ni(dir: &Path, rack_dir: &Path) {
+/// `exactl mpirun` on the compose rack: Open MPI and the program are this host's (run in
+/// containers beside the nodes', `exactl exec --host-programs`), every byte checked by the
+/// program (`tests/programs/mpi_checks.c`). Over the NI (the libfabric provider) on four
+/// nodes of two QFDBs, and over IP over ExaNet between the two nodes whose IP services
+/// the test started.
+fn mpi_on_the_rack(dir: &Path, rack_dir: &Path) {
     let test = "containers::compose_rack_runs_workloads_restarts_and_is_scraped (MPI)";
     if !runs("mpicc.openmpi", "--version") || !runs("mpirun.openmpi", "--version") {
         // The container tests need nothing of MPI but this part; CI installs it.
@@ -355,30 +356,44 @@ fn mpi_over_the_ni(dir: &Path, rack_dir: &Path) {
     let prog = exanet_tests::compile_c(
         "mpicc.openmpi",
         dir,
-        "mpi_over_ni",
-        include_str!("../programs/mpi_over_ni.c"),
+        "mpi_checks",
+        include_str!("../programs/mpi_checks.c"),
         &["-O2"],
     );
-    let mut c = Command::new(bins().exactl);
-    c.current_dir(dir)
-        .arg("--rack")
-        .arg(rack_dir)
-        .args(["mpirun", "--fabric", "ni", "--nodes"])
-        .arg("M1QAF2,M2QBF3,M1QBF1,M2QAF4")
-        .args(["--mpi-arg=--timeout", "--mpi-arg=100", "--"])
-        .arg(&prog);
-    let t0 = Instant::now();
-    let r = must(c, Duration::from_secs(150));
-    eprintln!(
-        "MPI program over the NI of the compose rack: {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    assert!(
-        r.stderr.contains("messages over the NI")
-            && r.stdout.contains("MPI over the NI: ok on 4 ranks"),
-        "{}",
-        r.describe()
-    );
+    for (fabric, nodes, said, ranks) in [
+        (
+            "ni",
+            "M1QAF2,M2QBF3,M1QBF1,M2QAF4",
+            "messages over the NI",
+            4,
+        ),
+        (
+            "ip",
+            "M2QBF3,M1QAF2",
+            "messages over TCP over IP over ExaNet",
+            2,
+        ),
+    ] {
+        let mut c = Command::new(bins().exactl);
+        c.current_dir(dir)
+            .arg("--rack")
+            .arg(rack_dir)
+            .args(["mpirun", "--fabric", fabric, "--nodes", nodes])
+            .args(["--mpi-arg=--timeout", "--mpi-arg=100", "--"])
+            .arg(&prog);
+        let t0 = Instant::now();
+        let r = must(c, Duration::from_secs(150));
+        eprintln!(
+            "MPI program on the compose rack, --fabric {fabric}: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        let ok = format!("MPI checks: ok on {ranks} ranks");
+        assert!(
+            r.stderr.contains(said) && r.stdout.contains(&ok),
+            "--fabric {fabric}: {}",
+            r.describe()
+        );
+    }
 }
 
 /// Runs `exanet-perf ... run` in a node's container; the JSON lines it printed.
@@ -562,9 +577,9 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
         String::from_utf8_lossy(&served.stderr)
     );
 
-    // An unmodified MPI program, compiled and launched on this host, its ranks on four
-    // nodes of two QFDBs and its messages through the NI.
-    mpi_over_the_ni(dir, &dir.join("rack"));
+    // An unmodified MPI program, compiled and launched on this host, its ranks on the
+    // nodes, its messages through the NI, then over IP over ExaNet.
+    mpi_on_the_rack(dir, &dir.join("rack"));
 
     // NACKs for the dashboards: a client whose peer has no server is refused (no_context)
     // until it gives up.

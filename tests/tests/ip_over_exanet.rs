@@ -837,7 +837,7 @@ int main(int argc, char **argv) {
 /// receive (the length as sent), messages on each side of the eager limit (32 and 33
 /// bytes) and a long one, and nonblocking requests completed in whatever order they end
 /// (`MPI_Waitany`). Rank 0 prints one line when every rank agreed.
-const MPI_NI_PROGRAM: &str = include_str!("../programs/mpi_over_ni.c");
+const MPI_NI_PROGRAM: &str = include_str!("../programs/mpi_checks.c");
 
 /// `exactl mpirun --fabric ni`: the same kind of program, its messages carried by the NI
 /// itself through the libfabric provider (Open MPI's pml cm, mtl ofi), one rank on each
@@ -884,7 +884,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         r.describe()
     );
     assert!(
-        r.stdout.contains("MPI over the NI: ok on 8 ranks"),
+        r.stdout.contains("MPI checks: ok on 8 ranks"),
         "{}",
         r.describe()
     );
@@ -896,7 +896,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     assert!(l.success(), "{}", l.describe());
     let r = run();
     assert!(
-        r.success() && r.stdout.contains("MPI over the NI: ok on 8 ranks"),
+        r.success() && r.stdout.contains("MPI checks: ok on 8 ranks"),
         "with 1% loss: {}",
         r.describe()
     );

@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
 
     int total = 0;
     MPI_Reduce(&bad, &total, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-    if (rank == 0 && total == 0) printf("MPI over the NI: ok on %d ranks\n", size);
+    if (rank == 0 && total == 0) printf("MPI checks: ok on %d ranks\n", size);
     MPI_Finalize();
     return total != 0;
 }
