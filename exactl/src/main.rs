@@ -41,6 +41,7 @@ mod needs;
 mod node_host;
 mod nodes;
 mod ping;
+mod port_lock;
 mod process;
 mod rack_cmd;
 mod rack_prometheus;

@@ -63,6 +63,8 @@ pub enum IpMode {
 /// every command but the one that meets the missing half.
 pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     let start = Instant::now();
+    // From picking the ports (a new rack) until the daemons and services bound them.
+    let port_lock = crate::port_lock::PortLock::acquire();
     let (rack, new_file) = prepare_rack(dir, opts)?;
     let layout = rack.layout();
     let shape = rack.shape();
@@ -150,6 +152,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         start,
         &mut children,
     );
+    drop(port_lock);
     // A second Ctrl-C while stopping what was started ends exactl at once.
     interrupt::restore();
     if let Err(e) = started {
