@@ -169,6 +169,12 @@ impl Node {
 
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
+        // Only the NI's timers ask what can still reach it (its held copies): worked out
+        // here, not at every fill.
+        if self.switch.config().modeled_order {
+            self.ni
+                .set_arrival_bound(Some(self.switch.arrival_bound_to_ni()));
+        }
         self.ni.handle_timeout(now, self.mem.as_ref());
     }
 
@@ -271,8 +277,6 @@ impl Node {
         let (data, answers) = self.ni.horizon(&port_of);
         let relays = self.ni.relays();
         self.switch.set_ni_horizon(data, answers, relays);
-        self.ni
-            .set_arrival_bound(Some(self.switch.arrival_bound_to_ni()));
     }
 
     /// Credit from the neighbour on `port`, for space freed at `freed` in modeled time.

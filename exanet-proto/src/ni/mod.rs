@@ -919,8 +919,6 @@ impl Ni {
         self.programs.delivered(rank, at);
     }
 
-    /// No process attaches to this NI from now on with an earlier clock (`None`: no
-    /// process will, as in the simulator's tests).
     /// In modeled order: no cell with an earlier modeled time than `bound` can still
     /// reach this NI (the node's switch says, from its inputs' horizons and queues). A
     /// copy after a timeout then goes only once the bound has passed its modeled time
@@ -929,6 +927,8 @@ impl Ni {
         self.arrival_bound = bound;
     }
 
+    /// No process attaches to this NI from now on with an earlier clock (`None`: no
+    /// process will, as in the simulator's tests).
     pub fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
         self.programs.set_attach_floor(floor);
     }

@@ -265,6 +265,10 @@ impl Packetizer {
 
     /// In modeled order, a message left the node's switch at `cell.stamp`.
     pub(crate) fn on_departed(&mut self, cell: &Cell) {
+        // Answers this NI sends carry their sender's txn, not one of these channels'.
+        if matches!(cell.kind, CellType::Ack | CellType::Nack) {
+            return;
+        }
         let vi = (cell.txn >> 25) & 0x3F;
         let ch = (cell.txn >> 23) & 0x3;
         let Some(c) = self.channels.get_mut(idx(vi as u8, ch as u8)) else {

@@ -1165,7 +1165,12 @@ impl Initiator {
             }
             if let Some(n) = t.notice {
                 let due = n.step.deadline().is_some_and(|d| d <= now);
-                if due && fail.is_none() && !cx.copy_due(t.answered + cx.cfg.model.retransmit) {
+                let young = n.first_sent.is_none_or(|f| now.since(f) < limit);
+                if due
+                    && fail.is_none()
+                    && young
+                    && !cx.copy_due(t.answered + cx.cfg.model.retransmit)
+                {
                     if let Some(n) = t.notice.as_mut() {
                         n.step = Step::InFlight {
                             deadline: now + cfg.retransmit_ns,
@@ -1193,7 +1198,11 @@ impl Initiator {
             .collect();
         for txn in reads {
             let r = self.reads.get_mut(&txn).expect("listed");
-            if !r.acked && !cx.copy_due(r.request.stamp.head + cx.cfg.model.retransmit) {
+            // Held only within the copy limit: past it the read ends timed out below.
+            if !r.acked
+                && now.since(r.first_sent) < limit
+                && !cx.copy_due(r.request.stamp.head + cx.cfg.model.retransmit)
+            {
                 r.deadline = now + backoff(cfg.retransmit_ns, r.attempts);
                 continue;
             }
