@@ -39,7 +39,7 @@
 pub mod matching;
 pub mod wire;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use thiserror::Error;
 
@@ -75,6 +75,18 @@ pub const DEFAULT_PATIENCE_NS: u64 = 10_000_000_000;
 /// asked whether it is still there.
 pub const DEFAULT_PROBE_AFTER_NS: u64 = 2_000_000_000;
 
+/// See [`Config::resend_first_ns`]: about a round trip between two daemons of a loaded
+/// host, so a mailbox its program is draining is tried again about as soon as a copy
+/// could tell.
+pub const DEFAULT_RESEND_FIRST_NS: u64 = 20_000;
+
+/// See [`Config::resend_first_ns`]. Sent again at network speed, a message to an endpoint
+/// not yet opened went once a round trip between daemons for the whole 10 s of patience,
+/// and one to a full mailbox as often for as long as the mailbox stayed full, taking the
+/// cores from the program that would empty it; past this a destination still refusing is
+/// asked a thousand times a second.
+pub const DEFAULT_RESEND_MAX_NS: u64 = 1_000_000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Longest message sent eager; longer ones go by rendezvous.
@@ -88,6 +100,11 @@ pub struct Config {
     pub patience_ns: u64,
     /// A peer that owes an answer this long is probed ([`Engine::handle_timeout`]).
     pub probe_after_ns: u64,
+    /// A message refused by a full mailbox or finding no endpoint goes again at once the
+    /// first time, then this long after the next refusal, twice as long after each
+    /// further one, up to [`resend_max_ns`](Config::resend_max_ns).
+    pub resend_first_ns: u64,
+    pub resend_max_ns: u64,
 }
 
 impl Default for Config {
@@ -98,6 +115,8 @@ impl Default for Config {
             first_id: 0,
             patience_ns: DEFAULT_PATIENCE_NS,
             probe_after_ns: DEFAULT_PROBE_AFTER_NS,
+            resend_first_ns: DEFAULT_RESEND_FIRST_NS,
+            resend_max_ns: DEFAULT_RESEND_MAX_NS,
         }
     }
 }
@@ -381,6 +400,8 @@ struct InFlight {
     owner: Owner,
     /// When the destination first had no endpoint for it.
     absent_since: Option<u64>,
+    /// Refusals in a row (full mailbox, no endpoint): how long its next resend waits.
+    refusals: u32,
 }
 
 /// A rendezvous send, from its request to the receiver's FIN.
@@ -464,6 +485,8 @@ pub struct Engine {
     /// Peers with a probe in flight.
     probing: HashSet<Peer>,
     next_probe: u64,
+    /// Packets refused, to be sent again at a time: (due, token).
+    deferred: BTreeSet<(u64, u64)>,
 }
 
 impl Engine {
@@ -496,6 +519,7 @@ impl Engine {
             now: 0,
             probing: HashSet::new(),
             next_probe: 0,
+            deferred: BTreeSet::new(),
         }
     }
 
@@ -741,6 +765,7 @@ impl Engine {
                 bytes: bytes.clone(),
                 owner,
                 absent_since: None,
+                refusals: 0,
             },
         );
         self.actions
@@ -1102,11 +1127,11 @@ impl Engine {
             Delivery::Refused if matches!(p.owner, Owner::Probe) => {
                 self.probing.remove(&p.to);
             }
-            Delivery::Refused => self.resend(token, p),
+            Delivery::Refused => self.resend_after_refusal(token, p),
             Delivery::Absent => {
                 let since = *p.absent_since.get_or_insert(self.now);
                 if self.now.saturating_sub(since) < self.cfg.patience_ns {
-                    self.resend(token, p);
+                    self.resend_after_refusal(token, p);
                 } else {
                     // A NACK said the message was not taken: nothing of it is kept there.
                     let failure = Failure::Unreachable(format!(
@@ -1134,6 +1159,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Sends `p` again after a refusal: at once the first time, then after a wait that
+    /// doubles with each refusal in a row (see [`Config::resend_first_ns`]), sent by
+    /// [`Engine::handle_timeout`] once due.
+    fn resend_after_refusal(&mut self, token: u64, mut p: InFlight) {
+        p.refusals = p.refusals.saturating_add(1);
+        if p.refusals == 1 {
+            self.resend(token, p);
+            return;
+        }
+        let doublings = (p.refusals - 2).min(32);
+        let wait = self
+            .cfg
+            .resend_first_ns
+            .saturating_mul(1 << doublings)
+            .min(self.cfg.resend_max_ns);
+        self.deferred.insert((self.now.saturating_add(wait), token));
+        self.packets.insert(token, p);
+    }
+
     /// Sends `p` again, same bytes, same number: the receiver takes it in order.
     fn resend(&mut self, token: u64, p: InFlight) {
         self.stats.resent += 1;
@@ -1145,7 +1189,9 @@ impl Engine {
         self.packets.insert(token, p);
     }
 
-    /// The driver's clock moved to `now` (ns, monotonic): peers that have owed an answer
+    /// The driver's clock moved to `now` (ns, monotonic): refused messages whose wait
+    /// ended go again (call it at least every millisecond while any wait; an endpoint does
+    /// at each progress, and its completion reads sleep no longer). Peers that have owed an answer
     /// for [`Config::probe_after_ns`] are asked whether they are still there, at most
     /// one probe in flight each. A probe the peer's NI takes says it is; one that fails
     /// (no endpoint there for the engine's patience, another job's, a node that does not
@@ -1154,6 +1200,16 @@ impl Engine {
     /// still be there after all (a node that did not answer in time).
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
+        while let Some(&(due, token)) = self.deferred.first() {
+            if due > self.now {
+                break;
+            }
+            self.deferred.pop_first();
+            // Gone meanwhile (its peer found gone, its operation cancelled): nothing to send.
+            if let Some(p) = self.packets.remove(&token) {
+                self.resend(token, p);
+            }
+        }
         if self.now < self.next_probe {
             return;
         }
