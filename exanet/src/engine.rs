@@ -485,18 +485,20 @@ pub(crate) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        // Read outside the lock: it is a system call.
-        let cpu = (self.shared.info.compute_scale_ppm > 0)
-            .then(thread_cpu)
-            .flatten();
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
-        if st.inside == 0 {
+        let left = st.inside == 0;
+        if left {
             st.left_at = Some(Instant::now());
         }
         drop(st);
-        if let Some(cpu) = cpu {
-            left_cpu_set(self.shared, cpu);
+        // Only the outermost call's end is where compute starts. The thread's CPU clock is
+        // a system call that takes the scheduler's lock: read at every call's end, nested
+        // ones included, it was a tenth of the machine under an MPI program's polling.
+        if left && self.shared.info.compute_scale_ppm > 0 {
+            if let Some(cpu) = thread_cpu() {
+                left_cpu_set(self.shared, cpu);
+            }
         }
     }
 }
@@ -1072,9 +1074,16 @@ impl Shared {
         if let Some(m) = &self.thread {
             m.set(current_tid());
         }
-        // Read outside the lock: it is a system call.
-        let cpu = (self.info.compute_scale_ppm > 0).then(thread_cpu);
+        // Read outside the lock (it is a system call), and only when a compute is to be
+        // charged: not inside another call, nor after the program said it was idle.
+        let charging =
+            |st: &State| self.info.compute_scale_ppm > 0 && st.inside == 0 && st.left_at.is_some();
+        let mut cpu = charging(&lock(&self.state)).then(thread_cpu);
         let mut st = lock(&self.state);
+        if cpu.is_none() && charging(&st) {
+            // Another thread left a call in between: read it now, under the lock.
+            cpu = Some(thread_cpu());
+        }
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {
                 let spent = match cpu {

@@ -576,6 +576,24 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         after.ps() - before.ps() >= ps(spun),
         "spun {spun:?}: {after} after {before}"
     );
+    // Inside a library built on this one (a hold), with calls nested in it, the CPU is
+    // that library's, not compute: nothing moves the clock but what follows the hold.
+    let before = ep1.advance_clock(exanet::ModelTime(0));
+    {
+        let _held = ep1.hold();
+        for _ in 0..2 {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_millis(15) {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            ep1.advance_clock(exanet::ModelTime(0));
+        }
+    }
+    let after = ep1.advance_clock(exanet::ModelTime(0));
+    assert!(
+        after.ps() - before.ps() < 2_000_000_000,
+        "30 ms inside a hold: {after} after {before}"
+    );
 }
 
 /// Members start when they start: one sends before the others have opened their
