@@ -586,7 +586,13 @@ unsafe extern "C" fn domain2(
         if fabric.is_null() || out.is_null() {
             return -FI_EINVAL;
         }
-        let config = exanet::Config::from_env();
+        let mut config = exanet::Config::from_env();
+        if std::env::var_os(exanet::config::ENV_SPIN_US).is_none() {
+            // A completion read sleeps only after a streak of empty polls (`cq`): that
+            // streak is the spin. Spinning again inside the sleep took a twelfth of the
+            // machine under LAMMPS, from the daemons that carry its messages.
+            config.spin = Some(std::time::Duration::ZERO);
+        }
         let Ok((node, _)) = config.node_socket() else {
             return -FI_ENODEV;
         };
