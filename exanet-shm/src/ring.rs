@@ -22,7 +22,9 @@
 //!                                                ring's owner, 0 = not said; a hint
 //! 0x188   4     consumer_asking     consumer     1 = the ring's owner waits for an answer
 //!                                                of the producer's side; a hint
-//! 0x18c   116   padding
+//! 0x18c   4     consumer_waiting    consumer     1 = the consumer waits for a message,
+//!                                                spinning or asleep; a hint
+//! 0x190   112   padding
 //! 0x200   4     producer_sleeping   both         1 = producer about to block (ring full)
 //! 0x204   124   padding
 //! 0x280   capacity * slot_size      slots        slot s at 0x280 + s * slot_size
@@ -124,6 +126,7 @@ const OFF_TAIL: usize = 0x100;
 const OFF_CONSUMER_SLEEPING: usize = 0x180;
 const OFF_CONSUMER_THREAD: usize = 0x184;
 const OFF_CONSUMER_ASKING: usize = 0x188;
+const OFF_CONSUMER_WAITING: usize = 0x18c;
 const OFF_PRODUCER_SLEEPING: usize = 0x200;
 const OFF_SLOTS: usize = 0x280;
 
@@ -416,6 +419,7 @@ impl Ring {
         word(OFF_CONSUMER_SLEEPING)?.store(0, Ordering::Relaxed);
         word(OFF_CONSUMER_THREAD)?.store(0, Ordering::Relaxed);
         word(OFF_CONSUMER_ASKING)?.store(0, Ordering::Relaxed);
+        word(OFF_CONSUMER_WAITING)?.store(0, Ordering::Relaxed);
         word(OFF_PRODUCER_SLEEPING)?.store(0, Ordering::Relaxed);
         for i in 0..self.slots {
             // Message `index + i` goes into this slot next; until then it holds the stamp of
@@ -665,6 +669,14 @@ impl Producer {
     /// anything but 1 reads as awake).
     pub fn consumer_sleeping(&self) -> Result<bool, RingError> {
         Ok(self.word(OFF_CONSUMER_SLEEPING)?.load(Ordering::Acquire) == 1)
+    }
+
+    /// Whether the consumer said it waits for a message in [`Consumer::wait_readable`],
+    /// spinning or asleep (a hint the peer writes: anything but 1 reads as not waiting).
+    /// Unlike [`consumer_sleeping`](Producer::consumer_sleeping), which only the sleep
+    /// sets and a wake-up withdraws, it stays from the wait's start to its end.
+    pub fn consumer_waiting(&self) -> Result<bool, RingError> {
+        Ok(self.word(OFF_CONSUMER_WAITING)?.load(Ordering::Acquire) == 1)
     }
 
     /// The thread the consumer last said used the ring's owner (see
@@ -970,12 +982,19 @@ impl Consumer {
             .region
             .atomic_u32(self.ring.slot_offset(self.head) + SLOT_STAMP)?;
         let expected = self.head.wrapping_add(1);
+        // Said for the whole wait, spin included: a thread spinning here (or descheduled
+        // in its spin) waits for the producer as one asleep does, and a producer that
+        // took it for busy elsewhere took its next command for out of order.
+        let waiting = self.word(OFF_CONSUMER_WAITING)?;
+        waiting.store(1, Ordering::Release);
         // Acquire: pairs with the producer's Release store of the stamp. The producer stores
         // the stamp before its SeqCst fence in `wake_consumer`, which is what the sleeping
         // protocol needs (see `crate::doorbell`).
-        waiter.wait(flag, bell, timeout, || {
+        let r = waiter.wait(flag, bell, timeout, || {
             Ok::<_, WaitError>(stamp.load(Ordering::Acquire) == expected)
-        })
+        });
+        waiting.store(0, Ordering::Release);
+        r
     }
 
     /// Spins for `waiter`'s budget, then sleeps once: returns when the next message is

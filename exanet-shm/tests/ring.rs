@@ -304,6 +304,42 @@ fn waits_time_out() {
         .unwrap());
 }
 
+/// A consumer in `wait_readable` says it waits for the whole wait, spin included, and
+/// withdraws it when the wait ends; `consumer_sleeping` is only the sleep's.
+#[test]
+fn a_consumer_says_it_waits_while_it_spins_not_only_when_asleep() {
+    let (mut tx, mut rx) = pair(4, 16);
+    let (ringer, bell) = doorbell().unwrap();
+    assert!(!tx.consumer_waiting().unwrap());
+    let consumer = thread::spawn(move || {
+        let mut buf = [0u8; 8];
+        // A spin far longer than the test: what the producer sees is the spin's.
+        let spinning = Waiter::new(Duration::from_secs(60));
+        let n = rx
+            .pop_wait(&mut buf, &spinning, &bell, Some(Duration::from_secs(20)))
+            .unwrap();
+        (rx, n)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !tx.consumer_waiting().unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never said it waits"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!tx.consumer_sleeping().unwrap(), "spinning, not asleep");
+    tx.push(b"1").unwrap();
+    tx.wake_consumer(&ringer).unwrap();
+    let (rx, n) = consumer.join().unwrap();
+    assert_eq!(n, Some(1));
+    assert!(
+        !tx.consumer_waiting().unwrap(),
+        "withdrawn when the wait ends"
+    );
+    drop(rx);
+}
+
 /// The producer only makes the doorbell system call when the consumer said it sleeps.
 #[test]
 fn wake_only_when_sleeping() {

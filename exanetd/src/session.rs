@@ -58,7 +58,10 @@ impl CompletionRing for ShmRing {
         // least.
         // In this order: a program posts before it announces it sleeps, so commands it
         // posted before sleeping are seen.
-        let waiting = self.completions.consumer_sleeping().unwrap_or(false);
+        // Spinning in its wait for a completion counts as sleeping on the ring: it waits
+        // for what the daemon delivers either way.
+        let waiting = self.completions.consumer_sleeping().unwrap_or(false)
+            || self.completions.consumer_waiting().unwrap_or(false);
         Some(Activity {
             waiting,
             drained: self.completions.is_drained().unwrap_or(false),
