@@ -90,7 +90,7 @@ pub trait CompletionRing: Send {
 /// What a workload is doing, as its completion ring shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Activity {
-    /// It sleeps on the ring, waiting for a completion.
+    /// It waits on the ring for a completion, asleep or spinning before it sleeps.
     pub waiting: bool,
     /// It took every completion pushed.
     pub drained: bool,

@@ -1074,21 +1074,16 @@ impl Shared {
         if let Some(m) = &self.thread {
             m.set(current_tid());
         }
-        // Read outside the lock (it is a system call), and only when a compute is to be
-        // charged: not inside another call, nor after the program said it was idle.
-        let charging =
-            |st: &State| self.info.compute_scale_ppm > 0 && st.inside == 0 && st.left_at.is_some();
-        let mut cpu = charging(&lock(&self.state)).then(thread_cpu);
         let mut st = lock(&self.state);
-        if cpu.is_none() && charging(&st) {
-            // Another thread left a call in between: read it now, under the lock.
-            cpu = Some(thread_cpu());
-        }
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {
-                let spent = match cpu {
-                    Some(now) => computed(self, now, t.elapsed()),
-                    None => Duration::ZERO,
+                // The CPU clock is read only here, where a compute is charged: not inside
+                // another call, nor after the program said it was idle. A system call
+                // under the lock, once per outermost call.
+                let spent = if self.info.compute_scale_ppm > 0 {
+                    computed(self, thread_cpu(), t.elapsed())
+                } else {
+                    Duration::ZERO
                 };
                 let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                 let ps = (u128::from(ns) * 1000 * u128::from(self.info.compute_scale_ppm)

@@ -58,8 +58,8 @@ impl CompletionRing for ShmRing {
         // least.
         // In this order: a program posts before it announces it sleeps, so commands it
         // posted before sleeping are seen.
-        // Spinning in its wait for a completion counts as sleeping on the ring: it waits
-        // for what the daemon delivers either way.
+        // Spinning in its wait for a completion is waiting as much as sleeping is: only
+        // the sleep sets `consumer_sleeping`, and the daemon's wake-up withdraws it.
         let waiting = self.completions.consumer_sleeping().unwrap_or(false)
             || self.completions.consumer_waiting().unwrap_or(false);
         Some(Activity {
