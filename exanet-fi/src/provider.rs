@@ -587,7 +587,8 @@ unsafe extern "C" fn domain2(
             return -FI_EINVAL;
         }
         let mut config = exanet::Config::from_env();
-        if std::env::var_os(exanet::config::ENV_SPIN_US).is_none() {
+        // Unset or empty, as the client library reads it.
+        if std::env::var(exanet::config::ENV_SPIN_US).map_or(true, |v| v.is_empty()) {
             // A completion read sleeps only after a streak of empty polls (`cq`): that
             // streak is the spin. Spinning again inside the sleep took a twelfth of the
             // machine under LAMMPS, from the daemons that carry its messages.
