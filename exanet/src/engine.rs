@@ -485,20 +485,18 @@ pub(crate) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
+        // Read outside the lock: it is a system call.
+        let cpu = (self.shared.info.compute_scale_ppm > 0)
+            .then(thread_cpu)
+            .flatten();
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
-        let left = st.inside == 0;
-        if left {
+        if st.inside == 0 {
             st.left_at = Some(Instant::now());
         }
         drop(st);
-        // Only the outermost call's end is where compute starts. The thread's CPU clock is
-        // a system call that takes the scheduler's lock: read at every call's end, nested
-        // ones included, it was a tenth of the machine under an MPI program's polling.
-        if left && self.shared.info.compute_scale_ppm > 0 {
-            if let Some(cpu) = thread_cpu() {
-                left_cpu_set(self.shared, cpu);
-            }
+        if let Some(cpu) = cpu {
+            left_cpu_set(self.shared, cpu);
         }
     }
 }
@@ -1074,16 +1072,14 @@ impl Shared {
         if let Some(m) = &self.thread {
             m.set(current_tid());
         }
+        // Read outside the lock: it is a system call.
+        let cpu = (self.info.compute_scale_ppm > 0).then(thread_cpu);
         let mut st = lock(&self.state);
         if st.inside == 0 {
             if let Some(t) = st.left_at.take() {
-                // The CPU clock is read only here, where a compute is charged: not inside
-                // another call, nor after the program said it was idle. A system call
-                // under the lock, once per outermost call.
-                let spent = if self.info.compute_scale_ppm > 0 {
-                    computed(self, thread_cpu(), t.elapsed())
-                } else {
-                    Duration::ZERO
+                let spent = match cpu {
+                    Some(now) => computed(self, now, t.elapsed()),
+                    None => Duration::ZERO,
                 };
                 let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
                 let ps = (u128::from(ns) * 1000 * u128::from(self.info.compute_scale_ppm)
