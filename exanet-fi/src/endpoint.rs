@@ -671,6 +671,9 @@ impl Endpoint {
 }
 
 impl crate::cq::Progress for Endpoint {
+    fn hold(&self) -> exanet::Held<'_> {
+        self.attachment.hold()
+    }
     fn progress(&self) {
         Endpoint::progress(self)
     }

@@ -387,14 +387,16 @@ impl Endpoint {
     /// as a program that polls (an MPI library's progress loop) does between polls that
     /// found nothing: that host time is waiting, not compute, and does not move the
     /// modeled clock (see docs/modeled-time.md). Without it, the CPU a polling loop burns
-    /// outside the library would count as the program's compute.
+    /// outside the library would count as the program's compute. Said while a [`Held`]
+    /// guard lives, it holds from where the last guard or call ends.
     pub fn idle(&self) {
         self.shared.idle()
     }
 
     /// Marks the program as inside a library built on this one (a libfabric provider, an
     /// MPI transport) until the guard drops: that time is the library's, as the time
-    /// inside this library's own calls is, not the program's compute.
+    /// inside this library's own calls is, not the program's compute. Holds nest; the
+    /// guard ends on the thread that took it (it is not `Send`).
     pub fn hold(&self) -> Held<'_> {
         Held(self.shared.enter())
     }

@@ -222,6 +222,9 @@ pub(crate) struct State {
     /// now: CPU time its threads spend between calls is its compute.
     left_at: Option<Instant>,
     inside: usize,
+    /// The program said it was idle inside a call (a provider holding this library
+    /// around its poll): its time from the outermost call's end is waiting, not compute.
+    idle_on_leave: bool,
     /// [`Info::software_ps`], for what the state hands out itself.
     software_ps: u64,
 }
@@ -478,55 +481,85 @@ pub(crate) struct Info {
     pub clock_start: ModelTime,
 }
 
-/// One library call in progress (see [`Shared::enter`]).
+/// One library call in progress (see [`Shared::enter`]). Not `Send`: it counts the
+/// calling thread's own nesting, so it must end on the thread it started on.
 pub(crate) struct Call<'a> {
     shared: &'a Shared,
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        // Read outside the lock: it is a system call.
-        let cpu = (self.shared.info.compute_scale_ppm > 0)
-            .then(thread_cpu)
-            .flatten();
+        // Only where this thread leaves its outermost call does its compute start: its
+        // CPU clock is a system call that takes the scheduler's lock, and read at every
+        // nested call's end too it was a tenth of the machine under MPI's polling.
+        let left = thread_calls(self.shared, |t| {
+            t.depth = t.depth.saturating_sub(1);
+            t.depth == 0
+        });
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
         if st.inside == 0 {
-            st.left_at = Some(Instant::now());
+            st.left_at = if std::mem::take(&mut st.idle_on_leave) {
+                None
+            } else {
+                Some(Instant::now())
+            };
         }
         drop(st);
+        // Read last, outside the lock (it is a system call): the call's own work up to
+        // here is the library's, not the program's compute.
+        let cpu = (left && self.shared.info.compute_scale_ppm > 0)
+            .then(thread_cpu)
+            .flatten();
         if let Some(cpu) = cpu {
-            left_cpu_set(self.shared, cpu);
+            thread_calls(self.shared, |t| t.left_cpu = Some(cpu));
         }
     }
 }
 
-/// Endpoints a thread remembers its CPU clock for; a thread that used more forgets the
-/// one it left longest ago (whose next call then counts at most the host time since).
-const LEFT_CPU_ENDPOINTS: usize = 16;
+/// Endpoints a thread keeps its calls' account for; past this it forgets the one it
+/// used longest ago that it is not inside (whose next call then counts at most the host
+/// time since).
+const THREAD_CALLS_ENDPOINTS: usize = 16;
+
+/// A thread's calls of one endpoint.
+#[derive(Clone, Copy, Debug, Default)]
+struct ThreadCalls {
+    /// Calls of the endpoint this thread is inside now (a library built on this one holds
+    /// it around its own calls of it).
+    depth: u32,
+    /// Its CPU clock when it last left its outermost call: what it spent on a CPU since
+    /// is what it computed for that endpoint, whatever it did with others meanwhile.
+    left_cpu: Option<Duration>,
+}
 
 thread_local! {
-    /// This thread's CPU clock when it last left a call of each endpoint (by the address
-    /// of its shared state), most recent last: what it spent on a CPU since is what it
-    /// computed for that endpoint, whatever it did with others meanwhile.
-    static LEFT_CPU: std::cell::RefCell<Vec<(usize, Duration)>> =
+    /// This thread's account per endpoint (by the address of its shared state), most
+    /// recently used last.
+    static THREAD_CALLS: std::cell::RefCell<Vec<(usize, ThreadCalls)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn left_cpu_set(shared: &Shared, cpu: Duration) {
+fn thread_calls<R>(shared: &Shared, f: impl FnOnce(&mut ThreadCalls) -> R) -> R {
     let key = std::ptr::from_ref(shared) as usize;
-    LEFT_CPU.with_borrow_mut(|v| {
-        v.retain(|(k, _)| *k != key);
-        if v.len() >= LEFT_CPU_ENDPOINTS {
-            v.remove(0);
-        }
-        v.push((key, cpu));
-    });
-}
-
-fn left_cpu_get(shared: &Shared) -> Option<Duration> {
-    let key = std::ptr::from_ref(shared) as usize;
-    LEFT_CPU.with_borrow(|v| v.iter().find(|(k, _)| *k == key).map(|(_, c)| *c))
+    THREAD_CALLS.with_borrow_mut(|v| {
+        let mut calls = match v.iter().position(|(k, _)| *k == key) {
+            Some(i) => v.remove(i).1,
+            None => {
+                if v.len() >= THREAD_CALLS_ENDPOINTS {
+                    // One the thread is inside stays: its depth must not be lost.
+                    if let Some(i) = v.iter().position(|(_, c)| c.depth == 0) {
+                        v.remove(i);
+                    }
+                }
+                ThreadCalls::default()
+            }
+        };
+        let r = f(&mut calls);
+        v.push((key, calls));
+        r
+    })
 }
 
 /// One control request under way (or waiting for the one before it): says so in the ring
@@ -586,7 +619,7 @@ fn computed(shared: &Shared, now: Option<Duration>, wall: Duration) -> Duration 
     let Some(now) = now else {
         return wall;
     };
-    now.saturating_sub(left_cpu_get(shared).unwrap_or_default())
+    now.saturating_sub(thread_calls(shared, |t| t.left_cpu).unwrap_or_default())
         .min(wall)
 }
 
@@ -1047,11 +1080,13 @@ impl Shared {
     }
 
     /// The program only waits for this endpoint until its next call: that host time is
-    /// not compute.
+    /// not compute. Said inside a call, it holds from where the outermost one ends.
     pub(crate) fn idle(&self) {
         let mut st = lock(&self.state);
         if st.inside == 0 {
             st.left_at = None;
+        } else {
+            st.idle_on_leave = true;
         }
     }
 
@@ -1072,10 +1107,17 @@ impl Shared {
         if let Some(m) = &self.thread {
             m.set(current_tid());
         }
+        // Only this thread's outermost call can start after compute: a nested one (a
+        // library built on this one holds it around its calls) has nothing to charge.
+        let outermost = thread_calls(self, |t| {
+            t.depth += 1;
+            t.depth == 1
+        });
         // Read outside the lock: it is a system call.
-        let cpu = (self.info.compute_scale_ppm > 0).then(thread_cpu);
+        let cpu = (outermost && self.info.compute_scale_ppm > 0).then(thread_cpu);
         let mut st = lock(&self.state);
         if st.inside == 0 {
+            st.idle_on_leave = false;
             if let Some(t) = st.left_at.take() {
                 let spent = match cpu {
                     Some(now) => computed(self, now, t.elapsed()),
@@ -1089,7 +1131,10 @@ impl Shared {
             }
         }
         st.inside += 1;
-        Call { shared: self }
+        Call {
+            shared: self,
+            _thread: std::marker::PhantomData,
+        }
     }
 
     pub(crate) fn forget(&self, tag: u32) -> Result<()> {

@@ -594,6 +594,42 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         after.ps() - before.ps() < 2_000_000_000,
         "30 ms inside a hold: {after} after {before}"
     );
+    // Idle said inside a hold (a provider's poll that found nothing) holds from where the
+    // hold ends: the program's CPU until its next call is waiting, not compute ...
+    let spin = |x: &mut u64| {
+        let t0 = std::time::Instant::now();
+        let cpu0 = cpu();
+        while t0.elapsed() < Duration::from_millis(20) {
+            *x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        cpu() - cpu0
+    };
+    let before = ep1.advance_clock(exanet::ModelTime(0));
+    {
+        let _held = ep1.hold();
+        ep1.advance_clock(exanet::ModelTime(0));
+        ep1.idle();
+        // A call nested after it ends before the hold does: still idle.
+        ep1.advance_clock(exanet::ModelTime(0));
+    }
+    let spun = spin(&mut x);
+    let after = ep1.advance_clock(exanet::ModelTime(0));
+    assert!(
+        after.ps() - before.ps() < 2_000_000_000,
+        "spun {spun:?} after an idle hold: {after} after {before}"
+    );
+    // ... and only until that call: the same after a hold without it is compute.
+    {
+        let _held = ep1.hold();
+        ep1.advance_clock(exanet::ModelTime(0));
+    }
+    let before = ep1.advance_clock(exanet::ModelTime(0));
+    let spun = spin(&mut x);
+    let after = ep1.advance_clock(exanet::ModelTime(0));
+    assert!(
+        after.ps() - before.ps() >= ps(spun),
+        "spun {spun:?} after a hold: {after} after {before}"
+    );
 }
 
 /// Members start when they start: one sends before the others have opened their
