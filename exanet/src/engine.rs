@@ -490,31 +490,34 @@ pub(crate) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        // Only where this thread leaves its outermost call does its compute start: its
-        // CPU clock is a system call that takes the scheduler's lock, and read at every
-        // nested call's end too it was a tenth of the machine under MPI's polling.
         let left = thread_calls(self.shared, |t| {
             t.depth = t.depth.saturating_sub(1);
             t.depth == 0
         });
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
+        let idle = st.inside == 0 && std::mem::take(&mut st.idle_on_leave);
         if st.inside == 0 {
-            st.left_at = if std::mem::take(&mut st.idle_on_leave) {
-                None
-            } else {
-                Some(Instant::now())
-            };
+            st.left_at = (!idle).then(Instant::now);
         }
         drop(st);
-        // Read last, outside the lock (it is a system call): the call's own work up to
-        // here is the library's, not the program's compute.
-        let cpu = (left && self.shared.info.compute_scale_ppm > 0)
+        if !left {
+            return;
+        }
+        // Where this thread leaves its outermost call, its compute starts, unless the
+        // program said it only waits. The CPU clock is a system call that takes the
+        // scheduler's lock: read at every call's end, nested ones and polls that found
+        // nothing included, it was a tenth of the machine under MPI's polling. Read last,
+        // outside the lock: the call's own work up to here is the library's.
+        let cpu = (!idle && self.shared.info.compute_scale_ppm > 0)
             .then(thread_cpu)
             .flatten();
-        if let Some(cpu) = cpu {
-            thread_calls(self.shared, |t| t.left_cpu = Some(cpu));
-        }
+        thread_calls(self.shared, |t| {
+            t.left_idle = idle;
+            if cpu.is_some() {
+                t.left_cpu = cpu;
+            }
+        });
     }
 }
 
@@ -532,6 +535,8 @@ struct ThreadCalls {
     /// Its CPU clock when it last left its outermost call: what it spent on a CPU since
     /// is what it computed for that endpoint, whatever it did with others meanwhile.
     left_cpu: Option<Duration>,
+    /// It left that call idle (`Shared::idle`): until its next one it only waited.
+    left_idle: bool,
 }
 
 thread_local! {
@@ -1107,14 +1112,17 @@ impl Shared {
         if let Some(m) = &self.thread {
             m.set(current_tid());
         }
-        // Only this thread's outermost call can start after compute: a nested one (a
-        // library built on this one holds it around its calls) has nothing to charge.
-        let outermost = thread_calls(self, |t| {
+        // Only this thread's outermost call can start after compute (a nested one: a
+        // library built on this one holds it around its calls), and only if it did not
+        // leave its last one idle.
+        let charging = thread_calls(self, |t| {
             t.depth += 1;
-            t.depth == 1
-        });
-        // Read outside the lock: it is a system call.
-        let cpu = (outermost && self.info.compute_scale_ppm > 0).then(thread_cpu);
+            t.depth == 1 && !std::mem::take(&mut t.left_idle)
+        }) && self.info.compute_scale_ppm > 0;
+        // Read first, outside the lock, so that the call's own work is not counted as
+        // compute; and only with a compute to charge: the CPU clock is a system call, and
+        // an MPI library's polls that find nothing (left idle) have none.
+        let cpu = charging.then(thread_cpu);
         let mut st = lock(&self.state);
         if st.inside == 0 {
             st.idle_on_leave = false;
