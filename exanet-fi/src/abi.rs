@@ -16,9 +16,16 @@ pub const fn fi_version(major: u32, minor: u32) -> u32 {
     (major << 16) | minor
 }
 
-/// The API this provider is built against: libfabric loads providers of the same major
-/// version and a minor version no newer than its own.
+/// The API whose headers the structures here are checked against at test time
+/// (Debian's libfabric-dev, `tests/abi.rs`).
 pub const FI_API_VERSION: u32 = fi_version(1, 17);
+
+/// The API version the provider declares: libfabric leaves out of `fi_getinfo` every
+/// provider older than what the application asks for, and MPICH 5's ch4:ofi (PyPI's
+/// `mpich`, with libfabric 2.5) asks for 2.5. Of what 2.x changed in the structures a
+/// provider fills, only `fi_domain_attr` grew (four fields at its end,
+/// [`fi_domain_attr_2`]); what a 1.x application or library reads is the same.
+pub const FI_PROVIDER_API_VERSION: u32 = fi_version(2, 5);
 
 // Capabilities and operation flags (`fabric.h`).
 pub const FI_MSG: u64 = 1 << 1;
@@ -101,6 +108,10 @@ pub const FI_CLASS_AV: usize = 11;
 pub const FI_CLASS_MR: usize = 12;
 pub const FI_CLASS_EQ: usize = 13;
 pub const FI_CLASS_CQ: usize = 14;
+pub const FI_CLASS_CNTR: usize = 15;
+
+// enum fi_cntr_events
+pub const FI_CNTR_EVENTS_COMP: c_int = 0;
 
 // enum fi_cq_format
 pub const FI_CQ_FORMAT_UNSPEC: c_int = 0;
@@ -128,6 +139,7 @@ pub const FI_ECONNREFUSED: c_int = libc::ECONNREFUSED;
 pub const FI_ENOPROTOOPT: c_int = libc::ENOPROTOOPT;
 pub const FI_ENOENT: c_int = libc::ENOENT;
 pub const FI_EACCES: c_int = libc::EACCES;
+pub const FI_ETIMEDOUT: c_int = libc::ETIMEDOUT;
 pub const FI_EOPBADSTATE: c_int = 258;
 pub const FI_EAVAIL: c_int = 259;
 pub const FI_ENOCQ: c_int = 263;
@@ -246,6 +258,20 @@ pub struct fi_domain_attr {
     pub max_err_data: usize,
     pub mr_cnt: usize,
     pub tclass: u32,
+}
+
+/// `struct fi_domain_attr` of libfabric 2.x: 1.17's and what 2.0 added at its end, which
+/// a 2.x library copies and reads from what a provider hands it. Laid out as libfabric
+/// 2.5.1's `fabric.h` has it (offsets 192, 200, 208, 216, size 224 on x86-64 Linux, from
+/// `offsetof` against those headers; checked in `tests/abi.rs`); a 1.x library reads the
+/// first part only.
+#[repr(C)]
+pub struct fi_domain_attr_2 {
+    pub v1: fi_domain_attr,
+    pub max_ep_auth_key: usize,
+    pub max_group_id: u32,
+    pub max_cntr_value: u64,
+    pub max_err_cntr_value: u64,
 }
 
 #[repr(C)]
@@ -805,6 +831,32 @@ pub struct fi_ops_cq {
 pub struct fid_cq {
     pub fid: fid,
     pub ops: *mut fi_ops_cq,
+}
+
+#[repr(C)]
+pub struct fi_cntr_attr {
+    pub events: c_int,
+    pub wait_obj: c_int,
+    pub wait_set: Opaque,
+    pub flags: u64,
+}
+
+#[repr(C)]
+pub struct fi_ops_cntr {
+    pub size: usize,
+    pub read: Option<unsafe extern "C" fn(*mut fid_cntr) -> u64>,
+    pub readerr: Option<unsafe extern "C" fn(*mut fid_cntr) -> u64>,
+    pub add: Option<unsafe extern "C" fn(*mut fid_cntr, u64) -> c_int>,
+    pub set: Option<unsafe extern "C" fn(*mut fid_cntr, u64) -> c_int>,
+    pub wait: Option<unsafe extern "C" fn(*mut fid_cntr, u64, c_int) -> c_int>,
+    pub adderr: Option<unsafe extern "C" fn(*mut fid_cntr, u64) -> c_int>,
+    pub seterr: Option<unsafe extern "C" fn(*mut fid_cntr, u64) -> c_int>,
+}
+
+#[repr(C)]
+pub struct fid_cntr {
+    pub fid: fid,
+    pub ops: *mut fi_ops_cntr,
 }
 
 #[repr(C)]

@@ -17,6 +17,7 @@ use exanet::{Error, NackReason, NodeId, OpError, Tag};
 
 use crate::abi::*;
 use crate::av::Av;
+use crate::cntr::Cntr;
 use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{
@@ -192,6 +193,9 @@ struct Inner {
     av: Option<Arc<Av>>,
     txcq: Option<Arc<Cq>>,
     rxcq: Option<Arc<Cq>>,
+    /// Counters and the kinds of operation each counts (`FI_SEND`, `FI_RECV`, `FI_READ`,
+    /// `FI_WRITE`, `FI_REMOTE_READ`, `FI_REMOTE_WRITE`).
+    cntrs: Vec<(u64, Arc<Cntr>)>,
     enabled: bool,
     /// Bound with `FI_SELECTIVE_COMPLETION`: (transmit, receive).
     selective: (bool, bool),
@@ -316,6 +320,7 @@ impl Endpoint {
                 ep,
                 regions,
                 rmas: HashMap::new(),
+                cntrs: Vec::new(),
                 pushes: Vec::new(),
                 push_slots: HashMap::new(),
                 mailbox,
@@ -371,6 +376,19 @@ impl Endpoint {
             i.rxcq = Some(cq);
             i.selective.1 = selective;
         }
+    }
+
+    /// Operations of the kinds `flags` names count on `cntr`.
+    pub fn bind_cntr(self: &Arc<Self>, cntr: Arc<Cntr>, flags: u64) -> Result<(), Errno> {
+        const KINDS: u64 =
+            FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        if flags == 0 || flags & !KINDS != 0 {
+            return Err(FI_EINVAL);
+        }
+        let me: Arc<dyn crate::cq::Progress> = self.clone();
+        cntr.bind(Arc::downgrade(&me));
+        self.lock().cntrs.push((flags, cntr));
+        Ok(())
     }
 
     /// `fi_enable`: an address vector and both completion queues must be bound.
@@ -823,6 +841,15 @@ impl Inner {
         op
     }
 
+    /// An operation of `kind` ended, well or not: the counters bound to that kind count it.
+    fn count(&self, kind: u64, ok: bool) {
+        for (flags, c) in &self.cntrs {
+            if flags & kind != 0 {
+                c.count(ok);
+            }
+        }
+    }
+
     fn progress(&mut self) {
         if self.broken {
             return;
@@ -885,6 +912,16 @@ impl Inner {
             olen: 0,
             err: FI_EIO,
         };
+        let (sends, recvs) = (self.sends.len(), self.recvs.len());
+        for _ in 0..sends {
+            self.count(FI_SEND, false);
+        }
+        for _ in 0..recvs {
+            self.count(FI_RECV, false);
+        }
+        for op in self.rmas.values().filter(|op| !op.done) {
+            self.count(op.flags & (FI_READ | FI_WRITE), false);
+        }
         for (_, op) in self.sends.drain() {
             if let Some(cq) = &self.txcq {
                 cq.failed(failed(op.entry()));
@@ -974,6 +1011,7 @@ impl Inner {
             };
             self.pushes.swap_remove(k);
             self.staging.free(slot);
+            self.count(FI_REMOTE_READ, result.is_ok());
             self.engine.rma_served(reply, result);
         }
     }
@@ -995,6 +1033,7 @@ impl Inner {
                 None => Err(RmaRefusal::Failed),
             },
         };
+        self.count(FI_REMOTE_WRITE, result.is_ok());
         self.engine.rma_served(st.reply, result);
     }
 
@@ -1037,7 +1076,9 @@ impl Inner {
         let b = match allowed {
             Ok(b) if !b.is_empty() => b,
             r => {
-                self.engine.rma_served(p.reply, r.map(|_| ()));
+                let r = r.map(|_| ());
+                self.count(FI_REMOTE_READ, r.is_ok());
+                self.engine.rma_served(p.reply, r);
                 return Ok(None);
             }
         };
@@ -1123,6 +1164,7 @@ impl Inner {
                 if let Some(slot) = self.push_slots.remove(&p.reply) {
                     self.staging.free(slot);
                 }
+                self.count(FI_REMOTE_READ, false);
                 self.engine.rma_served(p.reply, Err(RmaRefusal::Failed));
                 Ok(())
             }
@@ -1143,6 +1185,7 @@ impl Inner {
                 let Some(op) = self.sends.remove(&ctx) else {
                     return;
                 };
+                self.count(FI_SEND, result.is_ok());
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = op.entry();
                 match result {
@@ -1200,7 +1243,9 @@ impl Inner {
                     tag: tag.unwrap_or(0),
                     src,
                 };
-                if (written as u64) < len && !(op.silent && op.buf.len() == 0) {
+                let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
+                self.count(FI_RECV, !truncated);
+                if truncated {
                     cq.failed(Failed {
                         entry,
                         olen: (len - written as u64) as usize,
@@ -1231,6 +1276,7 @@ impl Inner {
                     }
                 }
                 let (context, flags, silent) = (op.context, op.flags, op.silent);
+                self.count(flags & (FI_READ | FI_WRITE), result.is_ok());
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = Completion {
                     context,
@@ -1251,6 +1297,7 @@ impl Inner {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
                 };
+                self.count(FI_RECV, false);
                 if let Some(cq) = self.rxcq.clone() {
                     cq.failed(Failed {
                         entry: op.entry(),

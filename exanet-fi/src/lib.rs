@@ -21,6 +21,7 @@
 
 pub mod abi;
 mod av;
+mod cntr;
 mod cq;
 mod endpoint;
 mod log;

@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::abi::*;
 use crate::av::{self, Av};
+use crate::cntr::{Cntr, WaitEnd};
 use crate::cq::{Completion, Cq, Empty, Idle};
 use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf, Regions};
 use crate::mr::{MrTable, Naming, RegError};
@@ -204,7 +205,7 @@ pub extern "C" fn fi_prov_ini() -> *mut fi_provider {
             // live as long as the library is loaded, hence leaked.
             Provider(Box::into_raw(Box::new(fi_provider {
                 version: PROVIDER_VERSION,
-                fi_version: FI_API_VERSION,
+                fi_version: FI_PROVIDER_API_VERSION,
                 context: fi_context {
                     internal: [ptr::null_mut(); 4],
                 },
@@ -333,7 +334,9 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         i.tx_attr = zeroed();
         i.rx_attr = zeroed();
         i.ep_attr = zeroed();
-        i.domain_attr = zeroed();
+        // The 2.x size whatever the application asked: a 2.x library copies the whole
+        // of it, a 1.x one its first part.
+        i.domain_attr = zeroed::<fi_domain_attr_2>().cast();
         i.fabric_attr = zeroed();
         let domain_name = dup(&o.domain_name);
         let fabric_name = dup(&o.fabric_name);
@@ -390,7 +393,7 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         d.rx_ctx_cnt = 1;
         d.max_ep_tx_ctx = 1;
         d.max_ep_rx_ctx = 1;
-        d.cntr_cnt = 0;
+        d.cntr_cnt = 64;
         d.mr_iov_limit = 1;
         d.mr_key_size = 8;
         d.caps = o.caps & (FI_LOCAL_COMM | FI_REMOTE_COMM);
@@ -509,7 +512,7 @@ static DOMAIN_OPS: fi_ops_domain = fi_ops_domain {
     cq_open: Some(cq_open),
     endpoint: Some(endpoint),
     scalable_ep: Some(no_endpoint),
-    cntr_open: Some(no_domain_open),
+    cntr_open: Some(cntr_open),
     poll_open: Some(no_poll_open),
     stx_ctx: Some(no_stx_ctx),
     srx_ctx: Some(no_srx_ctx),
@@ -691,14 +694,6 @@ unsafe extern "C" fn no_wait_open(_: *mut fid_fabric, _: Opaque, _: *mut Opaque)
     -FI_ENOSYS
 }
 unsafe extern "C" fn no_trywait(_: *mut fid_fabric, _: *mut *mut fid, _: c_int) -> c_int {
-    -FI_ENOSYS
-}
-unsafe extern "C" fn no_domain_open(
-    _: *mut fid_domain,
-    _: Opaque,
-    _: *mut Opaque,
-    _: Opaque,
-) -> c_int {
     -FI_ENOSYS
 }
 unsafe extern "C" fn no_endpoint(
@@ -1237,6 +1232,157 @@ unsafe extern "C" fn av_straddr(
     // SAFETY: as above.
     unsafe { *len = text.len() + 1 };
     buf
+}
+
+// ---- Counters ---------------------------------------------------------------------------
+
+#[repr(C)]
+struct CntrObj {
+    head: fid_cntr,
+    cntr: Arc<Cntr>,
+}
+
+static CNTR_FID_OPS: fi_ops = fid_ops(cntr_close);
+
+static CNTR_OPS: fi_ops_cntr = fi_ops_cntr {
+    size: std::mem::size_of::<fi_ops_cntr>(),
+    read: Some(cntr_read),
+    readerr: Some(cntr_readerr),
+    add: Some(cntr_add),
+    set: Some(cntr_set),
+    wait: Some(cntr_wait),
+    adderr: Some(cntr_adderr),
+    seterr: Some(cntr_seterr),
+};
+
+unsafe extern "C" fn cntr_open(
+    domain: *mut fid_domain,
+    attr: Opaque,
+    out: *mut Opaque,
+    context: Opaque,
+) -> c_int {
+    guard(|| {
+        if domain.is_null() || out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: null or a valid fi_cntr_attr, as libfabric passes it.
+        if let Some(a) = unsafe { attr.cast::<fi_cntr_attr>().as_ref() } {
+            if a.events != FI_CNTR_EVENTS_COMP || a.flags != 0 {
+                return -FI_EINVAL;
+            }
+            // Nothing to wait on but progress, as for completion queues.
+            if !matches!(a.wait_obj, FI_WAIT_NONE | FI_WAIT_UNSPEC) {
+                return -FI_ENOSYS;
+            }
+        }
+        let obj = CntrObj {
+            head: fid_cntr {
+                fid: fid {
+                    fclass: FI_CLASS_CNTR,
+                    context,
+                    ops: ptr::addr_of!(CNTR_FID_OPS).cast_mut(),
+                },
+                ops: ptr::addr_of!(CNTR_OPS).cast_mut(),
+            },
+            cntr: Arc::new(Cntr::default()),
+        };
+        // SAFETY: `out` checked; `CntrObj` starts with its `fid_cntr`.
+        unsafe { hand_out(obj, out) }
+    })
+}
+
+unsafe extern "C" fn cntr_close(f: *mut fid) -> c_int {
+    // SAFETY: libfabric closes what this provider opened, once.
+    unsafe { close_boxed::<CntrObj>(f) }
+}
+
+/// The counter behind `c`.
+///
+/// # Safety
+/// `c` is null or a counter this provider opened and has not closed.
+unsafe fn cntr_of<'a>(c: *mut fid_cntr) -> Option<&'a Arc<Cntr>> {
+    // SAFETY: as the caller guarantees.
+    unsafe { c.cast::<CntrObj>().as_ref() }.map(|o| &o.cntr)
+}
+
+/// Runs `f` on the counter `c`; `bad` for a null one or a panic.
+///
+/// # Safety
+/// As [`cntr_of`].
+unsafe fn with_cntr<R>(c: *mut fid_cntr, bad: R, f: impl FnOnce(&Cntr) -> R) -> R {
+    // SAFETY: as the caller guarantees.
+    match unsafe { cntr_of(c) } {
+        Some(c) => catch_unwind(AssertUnwindSafe(|| f(c))).unwrap_or(bad),
+        None => bad,
+    }
+}
+
+// `fi_cntr_read` has no way to say an error: an invalid counter reads 0.
+unsafe extern "C" fn cntr_read(c: *mut fid_cntr) -> u64 {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe { with_cntr(c, 0, Cntr::read) }
+}
+
+unsafe extern "C" fn cntr_readerr(c: *mut fid_cntr) -> u64 {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe { with_cntr(c, 0, Cntr::read_errors) }
+}
+
+unsafe extern "C" fn cntr_add(c: *mut fid_cntr, v: u64) -> c_int {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe {
+        with_cntr(c, -FI_EINVAL, |c| {
+            c.add(v);
+            0
+        })
+    }
+}
+
+unsafe extern "C" fn cntr_set(c: *mut fid_cntr, v: u64) -> c_int {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe {
+        with_cntr(c, -FI_EINVAL, |c| {
+            c.set(v);
+            0
+        })
+    }
+}
+
+unsafe extern "C" fn cntr_adderr(c: *mut fid_cntr, v: u64) -> c_int {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe {
+        with_cntr(c, -FI_EINVAL, |c| {
+            c.add_errors(v);
+            0
+        })
+    }
+}
+
+unsafe extern "C" fn cntr_seterr(c: *mut fid_cntr, v: u64) -> c_int {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe {
+        with_cntr(c, -FI_EINVAL, |c| {
+            c.set_errors(v);
+            0
+        })
+    }
+}
+
+/// Waits until the counter reaches `threshold` (`timeout` ms; negative: no limit),
+/// making progress: `-FI_ETIMEDOUT` when the time ran out, `-FI_EAVAIL` when an
+/// operation it counts failed meanwhile.
+unsafe extern "C" fn cntr_wait(c: *mut fid_cntr, threshold: u64, timeout: c_int) -> c_int {
+    let timeout = u64::try_from(timeout)
+        .ok()
+        .map(std::time::Duration::from_millis);
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe {
+        with_cntr(c, -FI_EINVAL, |c| match c.wait(threshold, timeout) {
+            Ok(()) => 0,
+            Err(WaitEnd::TimedOut) => -FI_ETIMEDOUT,
+            Err(WaitEnd::Failed) => -FI_EAVAIL,
+        })
+    }
 }
 
 // ---- Completion queues ------------------------------------------------------------------
@@ -1784,6 +1930,14 @@ unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
                 let selective = flags & FI_SELECTIVE_COMPLETION != 0;
                 ep.bind_cq(Arc::clone(&cq.cq), tx, rx, selective);
                 0
+            }
+            FI_CLASS_CNTR => {
+                // SAFETY: an object of class CNTR of this provider is a `CntrObj`.
+                let c = unsafe { &*b.cast::<CntrObj>() };
+                match ep.bind_cntr(Arc::clone(&c.cntr), flags) {
+                    Ok(()) => 0,
+                    Err(e) => -e,
+                }
             }
             FI_CLASS_EQ => 0,
             _ => -FI_ENOSYS,

@@ -98,6 +98,9 @@ layouts! {
     fi_cq_tagged_entry { op_context, flags, len, buf, data, tag }
     fi_cq_err_entry { op_context, flags, len, buf, data, tag, olen, err, prov_errno, err_data, err_data_size }
     fi_ops_cq { size, read, readfrom, readerr, sread, sreadfrom, signal, strerror }
+    fi_cntr_attr { events, wait_obj, wait_set, flags }
+    fi_ops_cntr { size, read, readerr, add, set, wait, adderr, seterr }
+    fid_cntr { fid, ops }
     fid_cq { fid, ops }
     fi_eq_attr { size, flags, wait_obj, signaling_vector, wait_set }
     fi_ops_eq { size, read, readerr, write, sread, strerror }
@@ -188,6 +191,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_ENOPROTOOPT", c(FI_ENOPROTOOPT)),
         ("FI_ENOENT", c(FI_ENOENT)),
         ("FI_EACCES", c(FI_EACCES)),
+        ("FI_ETIMEDOUT", c(FI_ETIMEDOUT)),
         ("FI_EOPBADSTATE", c(FI_EOPBADSTATE)),
         ("FI_EAVAIL", c(FI_EAVAIL)),
         ("FI_ENOCQ", c(FI_ENOCQ)),
@@ -207,6 +211,8 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_CLASS_MR", u(FI_CLASS_MR as u64)),
         ("FI_CLASS_EQ", u(FI_CLASS_EQ as u64)),
         ("FI_CLASS_CQ", u(FI_CLASS_CQ as u64)),
+        ("FI_CLASS_CNTR", u(FI_CLASS_CNTR as u64)),
+        ("FI_CNTR_EVENTS_COMP", c(FI_CNTR_EVENTS_COMP)),
         ("FI_CQ_FORMAT_UNSPEC", c(FI_CQ_FORMAT_UNSPEC)),
         ("FI_CQ_FORMAT_CONTEXT", c(FI_CQ_FORMAT_CONTEXT)),
         ("FI_CQ_FORMAT_MSG", c(FI_CQ_FORMAT_MSG)),
@@ -293,4 +299,18 @@ fn a_wrong_layout_fails_the_check() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("offsetof fi_info.caps"));
+}
+
+/// The 2.x tail of `fi_domain_attr` where libfabric 2.5.1's `fabric.h` has it (offsets
+/// from `offsetof` against those headers; Debian ships 1.17's, which the C check above
+/// holds the first part to).
+#[test]
+fn the_domain_attributes_have_libfabric_2s_tail() {
+    assert_eq!(offset_of!(fi_domain_attr_2, v1), 0);
+    assert_eq!(offset_of!(fi_domain_attr, tclass), 184);
+    assert_eq!(offset_of!(fi_domain_attr_2, max_ep_auth_key), 192);
+    assert_eq!(offset_of!(fi_domain_attr_2, max_group_id), 200);
+    assert_eq!(offset_of!(fi_domain_attr_2, max_cntr_value), 208);
+    assert_eq!(offset_of!(fi_domain_attr_2, max_err_cntr_value), 216);
+    assert_eq!(size_of::<fi_domain_attr_2>(), 224);
 }

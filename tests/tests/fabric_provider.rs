@@ -398,11 +398,13 @@ macro_rules! one_endpoint {
 
 /* Capabilities asked beside FI_TAGGED. */
 static uint64_t extra_caps;
+/* When set, a counter is opened and bound to the endpoint for these kinds. */
+static uint64_t cntr_flags;
 
 struct one {
     struct fi_info *hints, *info;
     struct fid_fabric *fabric; struct fid_domain *domain; struct fid_av *av;
-    struct fid_ep *ep; struct fid_cq *cq;
+    struct fid_ep *ep; struct fid_cq *cq; struct fid_cntr *cntr;
     char name[8]; fi_addr_t self;
 };
 
@@ -421,6 +423,12 @@ static void open_one(struct one *o) {
     CHECK("fi_endpoint", fi_endpoint(o->domain, o->info, &o->ep, NULL));
     CHECK("bind av", fi_ep_bind(o->ep, &o->av->fid, 0));
     CHECK("bind cq", fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV));
+    o->cntr = NULL;
+    if (cntr_flags) {
+        struct fi_cntr_attr cntr_attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC };
+        CHECK("fi_cntr_open", fi_cntr_open(o->domain, &cntr_attr, &o->cntr, NULL));
+        CHECK("bind cntr", fi_ep_bind(o->ep, &o->cntr->fid, cntr_flags));
+    }
     CHECK("fi_enable", fi_enable(o->ep));
     size_t len = sizeof o->name;
     CHECK("fi_getname", fi_getname(&o->ep->fid, o->name, &len));
@@ -429,6 +437,7 @@ static void open_one(struct one *o) {
 
 static void close_one(struct one *o) {
     CHECK("close ep", fi_close(&o->ep->fid));
+    if (o->cntr) CHECK("close cntr", fi_close(&o->cntr->fid));
     CHECK("close av", fi_close(&o->av->fid));
     CHECK("close cq", fi_close(&o->cq->fid));
     CHECK("close domain", fi_close(&o->domain->fid));
@@ -564,6 +573,9 @@ int main(int argc, char **argv) {
     const char *file = argv[1], *role = argv[2];
     struct one o;
     extra_caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    /* Counters, as MPICH keeps one for its one-sided operations: the initiator counts
+       what it reads and writes, the target what it serves. */
+    cntr_flags = !strcmp(role, "target") ? FI_REMOTE_READ | FI_REMOTE_WRITE : FI_READ | FI_WRITE;
     open_one(&o);
     cq = o.cq;
     if (!(o.info->caps & FI_RMA)) { printf("no FI_RMA\n"); return 1; }
@@ -594,6 +606,11 @@ int main(int argc, char **argv) {
         }
         for (size_t i = 0; i < sizeof ro; i++) if (ro[i] != pattern(i, 9)) bad++;
         printf("target: %zu wrong bytes\n", bad);
+        /* Served without a call of its own: counted all the same (at least the 12
+           reads and writes that succeed and the 3 refused before the loop below). */
+        printf("target counted: %s done, %lu failed\n",
+               fi_cntr_read(o.cntr) >= 12 ? "12 or more" : "fewer than 12",
+               (unsigned long)fi_cntr_readerr(o.cntr));
         CHECK("close mr", fi_close(&mr->fid));
         CHECK("close ro mr", fi_close(&ro_mr->fid));
         close_one(&o);
@@ -647,6 +664,11 @@ int main(int argc, char **argv) {
     printf("unknown key: %d\n", next(&ctx));
     CHECK("read 0", fi_read(o.ep, back, 0, NULL, to, 0, KEY, &ctx));
     printf("zero-length read: %d\n", next(&ctx));
+    /* 5 reads, 3 writes and their 3 reads back, the injected write (no completion, but
+       counted), the zero-length read: 13; the 3 refused ones are the counter's errors. */
+    printf("counter wait: %d, %lu done, %lu failed\n", fi_cntr_wait(o.cntr, 13, 10000),
+           (unsigned long)fi_cntr_read(o.cntr), (unsigned long)fi_cntr_readerr(o.cntr));
+    printf("counter wait past it: %d\n", fi_cntr_wait(o.cntr, 100, 50));
     /* The injected write is served before what follows it on the same path? Not
        promised: read it back until it shows, for at most 10 s. */
     for (int i = 0; i < 1000; i++) {
@@ -697,12 +719,20 @@ target: {}",
         "read past the end: 13",
         "unknown key: 13",
         "zero-length read: 0",
+        "counter wait: 0, 13 done, 3 failed",
+        "counter wait past it: -110",
         "injected write landed",
     ] {
         assert!(i.stdout.contains(want), "{want}: {}", i.stdout);
     }
     assert!(t.stdout.contains("same key again: -266"), "{}", t.stdout);
     assert!(t.stdout.contains("target: 0 wrong bytes"), "{}", t.stdout);
+    assert!(
+        t.stdout
+            .contains("target counted: 12 or more done, 3 failed"),
+        "{}",
+        t.stdout
+    );
     rack.down().unwrap();
 }
 

@@ -1,0 +1,183 @@
+//! Completion counters (`fi_cntr`): how many operations of the kinds bound to a counter
+//! completed, and how many failed. Progress is manual, as for completion queues: reading
+//! a counter or waiting on it makes progress on the endpoints bound to it first. MPICH's
+//! ch4:ofi opens one for its one-sided operations whether the program makes any or not.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::cq::Progress;
+
+/// How long a wait sleeps on an endpoint's doorbell between looks.
+const WAIT_SLICE: Duration = Duration::from_millis(1);
+
+#[derive(Default)]
+pub struct Cntr {
+    value: AtomicU64,
+    errors: AtomicU64,
+    endpoints: Mutex<Vec<Weak<dyn Progress>>>,
+}
+
+/// Why a wait ended without the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// An operation failed meanwhile (`-FI_EAVAIL`).
+    Failed,
+    /// The time ran out (`-FI_ETIMEDOUT`).
+    TimedOut,
+}
+
+impl Cntr {
+    pub fn bind(&self, ep: Weak<dyn Progress>) {
+        let mut l = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|w| w.strong_count() > 0);
+        if !l.iter().any(|w| w.ptr_eq(&ep)) {
+            l.push(ep);
+        }
+    }
+
+    fn endpoints(&self) -> Vec<Arc<dyn Progress>> {
+        let l = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        l.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn progress(&self) -> Vec<Arc<dyn Progress>> {
+        let eps = self.endpoints();
+        for ep in &eps {
+            ep.progress();
+        }
+        eps
+    }
+
+    /// An operation of a kind bound to the counter completed (`ok`) or failed.
+    pub fn count(&self, ok: bool) {
+        let c = if ok { &self.value } else { &self.errors };
+        c.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn read(&self) -> u64 {
+        self.progress();
+        self.value.load(Ordering::Acquire)
+    }
+
+    pub fn read_errors(&self) -> u64 {
+        self.progress();
+        self.errors.load(Ordering::Acquire)
+    }
+
+    pub fn add(&self, v: u64) {
+        self.value.fetch_add(v, Ordering::AcqRel);
+    }
+
+    pub fn set(&self, v: u64) {
+        self.value.store(v, Ordering::Release);
+    }
+
+    pub fn add_errors(&self, v: u64) {
+        self.errors.fetch_add(v, Ordering::AcqRel);
+    }
+
+    pub fn set_errors(&self, v: u64) {
+        self.errors.store(v, Ordering::Release);
+    }
+
+    /// Waits until the count reaches `threshold`, an operation fails, or `timeout` (none:
+    /// no limit) passes, making progress meanwhile.
+    pub fn wait(&self, threshold: u64, timeout: Option<Duration>) -> Result<(), WaitEnd> {
+        let start = Instant::now();
+        let errors = self.errors.load(Ordering::Acquire);
+        loop {
+            let eps = self.endpoints();
+            let seen: Vec<u64> = eps.iter().map(|ep| ep.events()).collect();
+            for ep in &eps {
+                ep.progress();
+            }
+            if self.value.load(Ordering::Acquire) >= threshold {
+                return Ok(());
+            }
+            if self.errors.load(Ordering::Acquire) != errors {
+                return Err(WaitEnd::Failed);
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Err(WaitEnd::TimedOut),
+                },
+                None => WAIT_SLICE,
+            };
+            let slice = left.min(WAIT_SLICE);
+            match (&eps[..], &seen[..]) {
+                // One endpoint: sleep on its doorbell until something comes.
+                ([ep], [seen]) => {
+                    ep.wait(*seen, slice);
+                }
+                _ => std::thread::sleep(slice.min(Duration::from_micros(50))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An endpoint whose operations complete as its progress is called.
+    struct Fake {
+        cntr: Arc<Cntr>,
+        pending: Mutex<Vec<bool>>,
+    }
+
+    impl Progress for Fake {
+        fn hold(&self) -> exanet::Held<'_> {
+            unreachable!("counters do not hold")
+        }
+        fn progress(&self) {
+            let done: Vec<bool> = std::mem::take(&mut *self.pending.lock().unwrap());
+            for ok in done {
+                self.cntr.count(ok);
+            }
+        }
+        fn idle(&self) {}
+        fn events(&self) -> u64 {
+            0
+        }
+        fn expecting(&self) -> bool {
+            false
+        }
+        fn wait(&self, _: u64, timeout: Duration) -> bool {
+            std::thread::sleep(timeout);
+            false
+        }
+    }
+
+    #[test]
+    fn a_counter_counts_what_progress_completes_and_waits_for_it() {
+        let cntr = Arc::new(Cntr::default());
+        let fake = Arc::new(Fake {
+            cntr: Arc::clone(&cntr),
+            pending: Mutex::new(vec![true, true]),
+        });
+        let ep: Arc<dyn Progress> = fake.clone();
+        cntr.bind(Arc::downgrade(&ep));
+        assert_eq!(cntr.read(), 2, "reading made progress");
+        assert_eq!(cntr.wait(2, Some(Duration::ZERO)), Ok(()));
+        assert_eq!(
+            cntr.wait(3, Some(Duration::from_millis(5))),
+            Err(WaitEnd::TimedOut)
+        );
+        fake.pending.lock().unwrap().push(false);
+        assert_eq!(cntr.wait(3, None), Err(WaitEnd::Failed));
+        assert_eq!(cntr.read_errors(), 1);
+        cntr.add(5);
+        assert_eq!(cntr.read(), 7);
+        cntr.set(1);
+        cntr.set_errors(0);
+        cntr.add_errors(2);
+        assert_eq!((cntr.read(), cntr.read_errors()), (1, 2));
+        drop(ep);
+        drop(fake);
+        // Its endpoints gone, a counter still answers.
+        assert_eq!(cntr.read(), 1);
+    }
+}
