@@ -1009,3 +1009,65 @@ fn a_message_to_no_endpoint_fails_after_the_patience_one_to_a_full_mailbox_waits
         }]
     );
 }
+
+/// A message its destination's full mailbox refuses again and again waits longer each
+/// time, and the ones after it, refused less, would overtake it: the sender keeps them
+/// within what the receiver holds for an earlier one ([`HELD_MAX`]), so none arrives
+/// out of protocol, and all are received in order once it goes through.
+#[test]
+fn a_message_refused_again_and_again_is_not_overtaken_past_what_the_receiver_holds() {
+    let (a, b) = (peer(1, 0), peer(6, 2));
+    let mut net = Net::new(&[a, b], Config::default());
+    const N: u64 = 400;
+    for k in 0..N {
+        net.send(0, b, Some(k), &k.to_le_bytes(), k);
+        net.eps[1].post_recv(any(k), 8, 1000 + k);
+    }
+    let first = 0u64.to_le_bytes();
+    let mut refusals = 0;
+    let mut furthest = 0usize;
+    net.act();
+    for _ in 0..10_000 {
+        while !net.wire.is_empty() {
+            net.now += 1_000;
+            furthest = furthest.max(net.wire.len());
+            let (from, t) = net.wire.remove(0);
+            let is_first = t.bytes.ends_with(&first) && refusals < 12;
+            if is_first {
+                refusals += 1;
+                net.eps[from]
+                    .packet_done(t.token, Delivery::Refused)
+                    .unwrap();
+            } else {
+                net.eps[1]
+                    .on_packet(a.node, a.rank, &t.bytes)
+                    .expect("within what the receiver holds");
+                net.eps[from]
+                    .packet_done(t.token, Delivery::Delivered)
+                    .unwrap();
+            }
+            net.act();
+        }
+        if (0..N).all(|k| net.received(1, 1000 + k).is_some()) {
+            break;
+        }
+        net.now += Config::default().resend_max_ns;
+        for e in &mut net.eps {
+            e.handle_timeout(net.now);
+        }
+        net.act();
+    }
+    assert_eq!(refusals, 12, "the first message was refused");
+    for k in 0..N {
+        let (from, tag, len, data) = net.received(1, 1000 + k).expect("received");
+        assert_eq!(
+            (from, tag, len, data),
+            (a, Some(k), 8, k.to_le_bytes().to_vec())
+        );
+    }
+    assert!(
+        furthest <= HELD_MAX,
+        "{furthest} messages on the wire at once"
+    );
+    assert_eq!(net.eps[0].unfinished(), (0, 0, 0, 0));
+}
