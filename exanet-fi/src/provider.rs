@@ -1903,7 +1903,11 @@ unsafe fn ep_of<'a, T>(f: *mut T) -> Option<&'a Arc<Endpoint>> {
 }
 
 unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
-    // SAFETY: libfabric closes what this provider opened, once.
+    // SAFETY: libfabric closes what this provider opened, once; until then it is ours.
+    if let Some(ep) = unsafe { ep_of(f) } {
+        let _ = catch_unwind(AssertUnwindSafe(|| ep.linger()));
+    }
+    // SAFETY: as above.
     unsafe { close_boxed::<EpObj>(f) }
 }
 

@@ -736,6 +736,87 @@ target: {}",
     rack.down().unwrap();
 }
 
+/// A sender that injects more messages than its peer's mailbox holds and closes at once
+/// (as an MPI rank that sent its last message and finalized): the close delivers them
+/// all before the endpoint goes, though the receiver reads only a second later, when the
+/// sender is gone. Closed at once, what the full mailbox had refused was lost.
+const CLOSE_DELIVERS: &str = concat!(
+    one_endpoint!(),
+    r#"
+#define COUNT 3000
+int main(int argc, char **argv) {
+    const char *file = argv[1], *role = argv[2];
+    struct one o;
+    open_one(&o);
+    if (!strcmp(role, "receiver")) {
+        publish(&o, file);
+        sleep(1);
+        unsigned got = 0, bad = 0;
+        for (unsigned k = 0; k < COUNT; k++) {
+            unsigned v = ~0u; int ctx;
+            CHECK("trecv", fi_trecv(o.ep, &v, sizeof v, NULL, FI_ADDR_UNSPEC, 5, 0, &ctx));
+            struct fi_cq_tagged_entry e;
+            time_t start = time(NULL);
+            ssize_t n;
+            while ((n = fi_cq_read(o.cq, &e, 1)) == -FI_EAGAIN && time(NULL) - start < 20) {}
+            if (n != 1) { printf("message %u: %zd\n", k, n); break; }
+            got++;
+            if (v != k) bad++;
+        }
+        printf("received %u of %u, %u out of order or wrong\n", got, COUNT, bad);
+        close_one(&o);
+        return got != COUNT || bad;
+    }
+    fi_addr_t to = peer(&o, file);
+    for (unsigned k = 0; k < COUNT; k++) {
+        ssize_t r;
+        /* The provider takes them all; what the mailbox refuses it sends again. */
+        while ((r = fi_tinject(o.ep, &k, sizeof k, to, 5)) == -FI_EAGAIN) {
+            struct fi_cq_tagged_entry e;
+            fi_cq_read(o.cq, &e, 1);
+        }
+        CHECK("tinject", r);
+    }
+    close_one(&o);
+    printf("sender closed\n");
+    return 0;
+}
+"#
+);
+
+#[test]
+fn closing_an_endpoint_delivers_what_it_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-linger");
+    rack.up("2x1x1", 60);
+    let exe = compile(tmp.path(), "linger", CLOSE_DELIVERS);
+    let file = tmp.path().join("receiver-address");
+    let mut receiver = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2");
+    receiver.arg(&file).arg("receiver");
+    let receiver = std::thread::spawn(move || run_with_timeout(receiver, Duration::from_secs(120)));
+    let mut sender = with_env(Command::new(&exe), &prov, &rack.dir, "M1QBF3");
+    sender.arg(&file).arg("sender").env("FI_LOG_LEVEL", "info");
+    let s = run_with_timeout(sender, Duration::from_secs(120)).unwrap();
+    let r = receiver.join().unwrap().unwrap();
+    assert!(
+        s.success() && s.stdout.contains("sender closed"),
+        "sender: {}",
+        s.describe()
+    );
+    assert!(
+        r.success()
+            && r.stdout
+                .contains("received 3000 of 3000, 0 out of order or wrong"),
+        "receiver: {}\nsender: {}",
+        r.describe(),
+        s.describe()
+    );
+    rack.down().unwrap();
+}
+
 /// A target that takes a one-sided request and dies before it answers: the initiator's
 /// read does not wait for ever. While the target lives (it registered memory and then
 /// stopped calling into libfabric, so nothing serves the read) the read waits; once it is
