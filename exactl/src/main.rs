@@ -128,13 +128,14 @@ struct MpirunArgs {
     /// One rank on each of the first N nodes (by node id: whole QFDBs in turn)
     #[arg(long = "np", short = 'n', value_name = "N")]
     np: Option<u32>,
-    /// The MPI to launch with, Debian's Open MPI or MPICH (each with the launcher and
-    /// transport settings it needs on the rack)
+    /// The MPI to launch with, Open MPI or MPICH (Debian's, or another named by --mpirun;
+    /// each with the launcher and transport settings it needs on the rack)
     #[arg(long, value_enum, default_value = "openmpi", env = "EXANET_MPI")]
     mpi: mpirun::Mpi,
     /// What carries the messages: the NI itself through the libfabric provider exanet
-    /// (Open MPI), or TCP over IP over ExaNet [default: ni with Open MPI when the provider
-    /// is built beside exactl, otherwise ip; exactl says which it chose and why]
+    /// (Open MPI; an MPICH with ch4:ofi, e.g. PyPI's), or TCP over IP over ExaNet
+    /// [default: ni when the provider is built beside exactl and the MPI can load it,
+    /// otherwise ip; exactl says which it chose and why]
     #[arg(long, value_enum, env = "EXANET_MPI_FABRIC")]
     fabric: Option<mpirun::Fabric>,
     /// MPI_Wtime and the program thread's gettimeofday answer each rank's modeled clock

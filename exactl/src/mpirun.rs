@@ -37,9 +37,11 @@
 //! - `OMPI_ALLOW_RUN_AS_ROOT*` when run as root (namespaces need root).
 //!
 //! MPICH (Hydra's arguments `-launcher ssh -launcher-exec AGENT -f HOSTFILE`, and):
-//! - `UCX_TLS=tcp,self`, `UCX_NET_DEVICES=exanet0`: Debian's MPICH is ch4:ucx, and UCX would
-//!   otherwise take loopback, which reaches no other node;
-//! - `FI_PROVIDER=tcp`, `FI_TCP_IFACE=exanet0`: the same for an MPICH built on libfabric;
+//! - over the NI, for an MPICH whose `mpichversion` names `ofi` among its devices (PyPI's
+//!   `mpich`): `MPICH_CH4_NETMOD=ofi`, `FI_PROVIDER=exanet`, `FI_PROVIDER_PATH`;
+//! - over IP: `UCX_TLS=tcp,self`, `UCX_NET_DEVICES=exanet0`: Debian's MPICH is ch4:ucx, and
+//!   UCX would otherwise take loopback, which reaches no other node;
+//!   `FI_PROVIDER=tcp`, `FI_TCP_IFACE=exanet0`: the same for an MPICH built on libfabric;
 //! - no `EXANET_NODE` or `TMPDIR` in the launcher's environment: Hydra hands all of it to
 //!   every rank, over what the rank's node set.
 //!
@@ -70,7 +72,8 @@ pub enum Ranks {
 /// What carries the program's messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fabric {
-    /// The NI itself, through the libfabric provider `exanet` (Open MPI's pml cm, mtl ofi)
+    /// The NI itself, through the libfabric provider `exanet` (Open MPI's pml cm, mtl
+    /// ofi; MPICH's ch4:ofi)
     Ni,
     /// TCP over IP over ExaNet
     Ip,
@@ -78,19 +81,26 @@ pub enum Fabric {
 
 impl Fabric {
     /// The fabric to use, and why: the one asked for; otherwise the NI wherever it can
-    /// carry the program (Open MPI, the provider built beside this exactl), since that is
-    /// the path ExaNeSt's MPI took; otherwise IP, which carries every MPI.
-    pub fn choose(asked: Option<Fabric>, mpi: Mpi, modeled: bool) -> (Fabric, &'static str) {
+    /// carry the program (Open MPI, or an MPICH with ch4:ofi, `ofi`; the provider built
+    /// beside this exactl), since that is the path ExaNeSt's MPI took; otherwise IP,
+    /// which carries every MPI.
+    pub fn choose(
+        asked: Option<Fabric>,
+        mpi: Mpi,
+        ofi: bool,
+        modeled: bool,
+    ) -> (Fabric, &'static str) {
         if let Some(f) = asked {
             return (f, "as asked");
         }
         if modeled {
             return (Fabric::Ni, "--modeled needs it");
         }
-        if mpi == Mpi::Mpich {
+        if mpi == Mpi::Mpich && !ofi {
             return (
                 Fabric::Ip,
-                "the default for MPICH: Debian's is ch4:ucx, which cannot load the provider",
+                "the default for an MPICH without ch4:ofi (Debian's is ch4:ucx), which \
+                 cannot load the provider",
             );
         }
         let exe = std::env::current_exe().ok();
@@ -144,6 +154,33 @@ impl Mpi {
                     self.package()
                 ))
             })
+    }
+
+    /// Whether `launcher`'s MPI reaches fabrics through libfabric: always for Open MPI
+    /// (mtl ofi); for MPICH, when the `mpichversion` beside the launcher names `ofi` among
+    /// its devices (PyPI's `mpich` wheel: `ch4:ucx ofi`; Debian's: `ch4:ucx`).
+    pub fn has_ofi(self, launcher: &std::ffi::OsStr) -> bool {
+        match self {
+            Mpi::Openmpi => true,
+            Mpi::Mpich => {
+                let path = Path::new(launcher);
+                let path = if path.components().count() > 1 {
+                    Some(path.to_path_buf())
+                } else {
+                    launcher.to_str().and_then(crate::process::on_path)
+                };
+                let Some(version) = path
+                    .and_then(|p| p.canonicalize().ok())
+                    .and_then(|p| p.parent().map(|d| d.join("mpichversion")))
+                else {
+                    return false;
+                };
+                Command::new(version)
+                    .output()
+                    .ok()
+                    .is_some_and(|o| mpich_device_has_ofi(&String::from_utf8_lossy(&o.stdout)))
+            }
+        }
     }
 
     fn name(self) -> &'static str {
@@ -232,15 +269,34 @@ impl Mpi {
                 }
                 env
             }
-            Mpi::Mpich => vec![
-                ("UCX_TLS", "tcp,self".into()),
-                ("UCX_NET_DEVICES", crate::node_host::DEVICE.into()),
-                ("FI_PROVIDER", "tcp".into()),
-                ("FI_TCP_IFACE", crate::node_host::DEVICE.into()),
-            ],
+            Mpi::Mpich => match provider {
+                Some(dir) => vec![
+                    ("MPICH_CH4_NETMOD", "ofi".into()),
+                    ("FI_PROVIDER", "exanet".into()),
+                    ("FI_PROVIDER_PATH", dir.display().to_string()),
+                ],
+                None => vec![
+                    ("UCX_TLS", "tcp,self".into()),
+                    ("UCX_NET_DEVICES", crate::node_host::DEVICE.into()),
+                    ("FI_PROVIDER", "tcp".into()),
+                    ("FI_TCP_IFACE", crate::node_host::DEVICE.into()),
+                ],
+            },
         };
         pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
+}
+
+/// Whether `mpichversion`'s output names the `ofi` netmod among its devices
+/// (`MPICH Device: ch4:ucx ofi`, `ch4:ofi`).
+fn mpich_device_has_ofi(version: &str) -> bool {
+    version
+        .lines()
+        .find_map(|l| l.strip_prefix("MPICH Device:"))
+        .is_some_and(|d| {
+            d.split(|c: char| c.is_whitespace() || c == ':' || c == ',')
+                .any(|w| w == "ofi")
+        })
 }
 
 /// The remote-shell agent's script: `exactl exec` with ssh's semantics. It takes what ssh
@@ -406,8 +462,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         mpirun_args,
         program,
     } = launch;
-    let launcher = launcher.as_ref();
-    let (fabric, why) = Fabric::choose(fabric, mpi, modeled);
+    let launcher = mpi.launcher(launcher.as_ref())?;
+    let ofi = mpi.has_ofi(&launcher);
+    let (fabric, why) = Fabric::choose(fabric, mpi, ofi, modeled);
     if modeled && fabric != Fabric::Ni {
         return Err(CliError::Usage(
             "--modeled needs --fabric ni: over IP the program's messages carry no modeled time"
@@ -461,25 +518,27 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
     std::fs::write(&hostfile, mpi.hostfile(&names))
         .map_err(|e| CliError::io("write", &hostfile, e))?;
-    let launcher = mpi.launcher(launcher)?;
-    let provider = match (fabric, mpi) {
-        (Fabric::Ip, _) => None,
-        (Fabric::Ni, Mpi::Openmpi) => Some(provider_dir(&rack, compose.is_some())?),
-        (Fabric::Ni, Mpi::Mpich) => {
-            return Err(CliError::Usage(
+    let provider = match fabric {
+        Fabric::Ip => None,
+        Fabric::Ni if !ofi => {
+            return Err(CliError::Usage(format!(
                 "--fabric ni needs an MPI that reaches fabrics through libfabric: Open MPI \
-                 (mtl ofi); Debian's MPICH is ch4:ucx (use --fabric ip, or an MPICH built \
-                 with ch4:ofi, see docs/mpi.md)"
-                    .into(),
-            ))
+                 (mtl ofi) or an MPICH with ch4:ofi, whose mpichversion beside {} would say \
+                 so (Debian's MPICH is ch4:ucx: use --fabric ip, or PyPI's `pip install \
+                 mpich` and --mpirun with its mpiexec, see docs/mpi.md)",
+                launcher.to_string_lossy()
+            )))
         }
+        Fabric::Ni => Some(provider_dir(&rack, compose.is_some())?),
     };
     eprintln!(
         "exactl: {} ranks, messages over {} ({why})",
         names.len(),
-        match fabric {
-            Fabric::Ni => "the NI (libfabric provider exanet, Open MPI pml cm / mtl ofi)",
-            Fabric::Ip => "TCP over IP over ExaNet",
+        match (fabric, mpi) {
+            (Fabric::Ni, Mpi::Openmpi) =>
+                "the NI (libfabric provider exanet, Open MPI pml cm / mtl ofi)",
+            (Fabric::Ni, Mpi::Mpich) => "the NI (libfabric provider exanet, MPICH ch4:ofi)",
+            (Fabric::Ip, _) => "TCP over IP over ExaNet",
         }
     );
 
@@ -531,27 +590,43 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     };
     command.args(mpi.args(names.len(), &hostfile, &agent));
     if let Some(dir) = &rank_provider {
-        // orted hands on only OMPI_* and what -x names.
-        command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
+        // Open MPI's orted hands on only OMPI_* and what -x names; Hydra hands on the
+        // launcher's whole environment, and -genv sets one for the ranks only.
+        let rank_env = |command: &mut Command, name: &str, value: &std::ffi::OsStr| match mpi {
+            Mpi::Openmpi => {
+                let mut pair = OsString::from(name);
+                pair.push("=");
+                pair.push(value);
+                command.arg("-x").arg(pair);
+            }
+            Mpi::Mpich => {
+                command.arg("-genv").arg(name).arg(value);
+            }
+        };
+        if mpi == Mpi::Openmpi {
+            command.args(["-x", "FI_PROVIDER", "-x", "FI_PROVIDER_PATH"]);
+        }
         if modeled {
             // The provider's own MPI_Wtime and gettimeofday, ahead of libmpi's and libc's:
             // the rank's modeled clock.
             // The same file libfabric loads, so one copy of it serves both. Given to the
             // ranks only: on a compose rack the path is theirs, not this host's.
-            let mut preload = OsString::from("LD_PRELOAD=");
-            preload.push(dir.join("libexanet-fi.so"));
-            command.arg("-x").arg(preload);
+            rank_env(
+                &mut command,
+                "LD_PRELOAD",
+                dir.join("libexanet-fi.so").as_os_str(),
+            );
             // A send of ExaNet-MPI's rendezvous waited for its FIN (the receiver read
             // the application's buffer): so do the modeled ones.
-            command
-                .env("FI_EXANET_SEND_COMPLETION", "delivery")
-                .args(["-x", "FI_EXANET_SEND_COMPLETION"]);
+            rank_env(
+                &mut command,
+                "FI_EXANET_SEND_COMPLETION",
+                "delivery".as_ref(),
+            );
             // ExaNeSt's cores polled: a rank that sleeps between polls spends more CPU
             // time in the MPI library's own code after each wake-up, and that CPU time
             // is modeled compute (docs/mpi.md).
-            command
-                .env("FI_EXANET_IDLE", "poll")
-                .args(["-x", "FI_EXANET_IDLE"]);
+            rank_env(&mut command, "FI_EXANET_IDLE", "poll".as_ref());
             eprintln!("exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock");
         }
     }
@@ -630,14 +705,25 @@ mod tests {
     fn a_fabric_asked_for_or_needed_is_the_one_used() {
         for mpi in [Mpi::Openmpi, Mpi::Mpich] {
             for f in [Fabric::Ni, Fabric::Ip] {
-                assert_eq!(Fabric::choose(Some(f), mpi, false).0, f);
+                assert_eq!(Fabric::choose(Some(f), mpi, true, false).0, f);
             }
         }
-        assert_eq!(Fabric::choose(None, Mpi::Openmpi, true).0, Fabric::Ni);
+        assert_eq!(Fabric::choose(None, Mpi::Openmpi, true, true).0, Fabric::Ni);
         // Debian's MPICH cannot load the provider: IP unless asked otherwise.
-        let (f, why) = Fabric::choose(None, Mpi::Mpich, false);
+        let (f, why) = Fabric::choose(None, Mpi::Mpich, false, false);
         assert_eq!(f, Fabric::Ip);
         assert!(why.contains("ch4:ucx"), "{why}");
+    }
+
+    #[test]
+    fn an_mpich_with_ofi_among_its_devices_can_load_the_provider() {
+        let wheel = "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\nMPICH configure:    --with-device=ch4:ucx,ofi\n";
+        let debian = "MPICH Version:    \t4.0.2\nMPICH Device:    \tch4:ucx\nMPICH configure: \t--with-libfabric=/usr --with-device=ch4:ucx\n";
+        assert!(mpich_device_has_ofi(wheel));
+        assert!(mpich_device_has_ofi("MPICH Device: ch4:ofi\n"));
+        assert!(!mpich_device_has_ofi(debian));
+        assert!(!mpich_device_has_ofi("MPICH Device: ch4:ofish\n"));
+        assert!(!mpich_device_has_ofi(""));
     }
 
     /// The agent skips what ssh takes before the host, strips a user, and hands the rest

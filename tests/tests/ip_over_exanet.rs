@@ -965,6 +965,108 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     assert!(host > modeled * 5.0, "host {host} us, modeled {modeled} us");
 }
 
+/// MPICH over the NI: an MPICH with ch4:ofi (PyPI's `mpich`, ch4:ucx and ofi; Debian's
+/// is ch4:ucx only) loads the provider as Open MPI does, through `exactl mpirun --mpi
+/// mpich --mpirun ITS_MPIEXEC`: the same checks on the 8 nodes of two QFDBs, and its
+/// program's modeled one-way without compute, repeatable to the picosecond. The MPICH
+/// is found by `EXANET_MPICH_OFI`, the directory of its `mpicc` and `mpiexec` (CI makes
+/// one: `python3 -m venv V && V/bin/pip install mpich`).
+#[test]
+fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
+    let test = "ip_over_exanet::mpich_runs_over_the_ni_through_the_libfabric_provider";
+    if skip(test) {
+        return;
+    }
+    let Some(bin) = std::env::var_os("EXANET_MPICH_OFI")
+        .map(std::path::PathBuf::from)
+        .filter(|b| b.join("mpiexec").exists() && b.join("mpicc").exists())
+    else {
+        skip_unless_required(
+            "EXANET_REQUIRE_MPICH_OFI",
+            test,
+            "no MPICH with ch4:ofi: set EXANET_MPICH_OFI to the directory of its mpicc and \
+             mpiexec (python3 -m venv V && V/bin/pip install mpich; then V/bin)",
+        );
+        return;
+    };
+    let (cc, launcher) = (
+        bin.join("mpicc").to_string_lossy().to_string(),
+        bin.join("mpiexec").to_string_lossy().to_string(),
+    );
+    let ip = IpRack::up_with(SMALL_SHAPE);
+    let prog = ip.compile(&cc, "ni-mpich", MPI_NI_PROGRAM);
+    let cells = || ni_cells(&ip.rack);
+    let before = cells();
+    let r = run_with_timeout(
+        ip.rack.command(&[
+            "mpirun", "--mpi", "mpich", "--mpirun", &launcher, "-np", "8", "--", &prog,
+        ]),
+        Duration::from_secs(150),
+    )
+    .unwrap();
+    assert!(r.success(), "exactl mpirun --mpi mpich: {}", r.describe());
+    assert!(
+        r.stderr
+            .contains("messages over the NI (libfabric provider exanet, MPICH ch4:ofi)"),
+        "{}",
+        r.describe()
+    );
+    assert!(
+        r.stdout.contains("MPI checks: ok on 8 ranks"),
+        "{}",
+        r.describe()
+    );
+    // The ranks' messages crossed the NI: the 256 KiB ring alone is 8192 cells.
+    let crossed = cells() - before;
+    assert!(crossed > 8192, "{crossed} cells injected");
+    let wtime = ip.compile(&cc, "wtime-mpich", MPI_WTIME_PROGRAM);
+    let one_way = || {
+        let mut cmd = ip.rack.command(&[
+            "mpirun",
+            "--mpi",
+            "mpich",
+            "--mpirun",
+            &launcher,
+            "--modeled",
+            "--nodes",
+            "M1QAF2,M1QBF3",
+            "--",
+            &wtime,
+        ]);
+        cmd.env("EXANET_COMPUTE_SCALE", "0");
+        let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
+        assert!(r.success(), "{}", r.describe());
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("one-way"))
+            .unwrap_or_else(|| panic!("{}", r.describe()))
+            .to_string();
+        line
+    };
+    let first = one_way();
+    let us: f64 = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!((0.5..3.0).contains(&us), "{first}");
+    assert!(
+        first.ends_with(" 1e-12"),
+        "MPI_Wtick is the provider's: {first}"
+    );
+    assert_eq!(one_way(), first, "the modeled one-way repeats");
+}
+
+/// Cells the rack's NIs injected so far.
+fn ni_cells(rack: &TestRack) -> u64 {
+    let r = rack.exactl(&["status", "--json"]);
+    assert!(r.success(), "{}", r.describe());
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["injected_cells"].as_u64())
+        .sum()
+}
+
 /// 8 B ping-pong between two ranks, timed with MPI_Wtime: "one-way US TICK".
 const MPI_WTIME_PROGRAM: &str = r#"
 #include <mpi.h>
