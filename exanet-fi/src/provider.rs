@@ -1328,44 +1328,38 @@ unsafe extern "C" fn cntr_readerr(c: *mut fid_cntr) -> u64 {
     unsafe { with_cntr(c, 0, Cntr::read_errors) }
 }
 
-unsafe extern "C" fn cntr_add(c: *mut fid_cntr, v: u64) -> c_int {
-    // SAFETY: forwarded as libfabric passed it.
+/// `fi_cntr_add`, `set`, `adderr`, `seterr`: `f` on the counter `c`.
+///
+/// # Safety
+/// As [`cntr_of`].
+unsafe fn cntr_change(c: *mut fid_cntr, f: impl FnOnce(&Cntr)) -> c_int {
+    // SAFETY: as the caller guarantees.
     unsafe {
         with_cntr(c, -FI_EINVAL, |c| {
-            c.add(v);
+            f(c);
             0
         })
     }
+}
+
+unsafe extern "C" fn cntr_add(c: *mut fid_cntr, v: u64) -> c_int {
+    // SAFETY: forwarded as libfabric passed it.
+    unsafe { cntr_change(c, |c| c.add(v)) }
 }
 
 unsafe extern "C" fn cntr_set(c: *mut fid_cntr, v: u64) -> c_int {
     // SAFETY: forwarded as libfabric passed it.
-    unsafe {
-        with_cntr(c, -FI_EINVAL, |c| {
-            c.set(v);
-            0
-        })
-    }
+    unsafe { cntr_change(c, |c| c.set(v)) }
 }
 
 unsafe extern "C" fn cntr_adderr(c: *mut fid_cntr, v: u64) -> c_int {
     // SAFETY: forwarded as libfabric passed it.
-    unsafe {
-        with_cntr(c, -FI_EINVAL, |c| {
-            c.add_errors(v);
-            0
-        })
-    }
+    unsafe { cntr_change(c, |c| c.add_errors(v)) }
 }
 
 unsafe extern "C" fn cntr_seterr(c: *mut fid_cntr, v: u64) -> c_int {
     // SAFETY: forwarded as libfabric passed it.
-    unsafe {
-        with_cntr(c, -FI_EINVAL, |c| {
-            c.set_errors(v);
-            0
-        })
-    }
+    unsafe { cntr_change(c, |c| c.set_errors(v)) }
 }
 
 /// Waits until the counter reaches `threshold` (`timeout` ms; negative: no limit),

@@ -917,27 +917,12 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     let c = ip.rack.exactl(&["link", "clear", "--all"]);
     assert!(c.success(), "{}", c.describe());
     let wtime = ip.compile(OPEN_MPI.cc, "wtime", MPI_WTIME_PROGRAM);
-    let one_way = |modeled: bool, compute_scale: Option<&str>| -> (f64, f64) {
-        let mut args = vec!["mpirun", "--fabric", "ni", "--nodes", "M1QAF2,M1QBF3"];
+    let one_way = |modeled: bool, compute_scale: Option<&str>| {
+        let mut args = vec!["--fabric", "ni", "--nodes", "M1QAF2,M1QBF3"];
         if modeled {
             args.push("--modeled");
         }
-        args.extend(["--", &wtime]);
-        let mut cmd = ip.rack.command(&args);
-        if let Some(scale) = compute_scale {
-            cmd.env("EXANET_COMPUTE_SCALE", scale);
-        }
-        let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
-        assert!(r.success(), "{}", r.describe());
-        let line = r
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("one-way"))
-            .unwrap_or_else(|| panic!("{}", r.describe()));
-        let mut w = line.split_whitespace().skip(1);
-        let us: f64 = w.next().unwrap().parse().unwrap();
-        let tick: f64 = w.next().unwrap().parse().unwrap();
-        (us, tick)
+        wtime_one_way(&ip, &args, &wtime, compute_scale)
     };
     // Without compute (the MPI library's own CPU time is the host's, and varies with
     // the load), only the NI, the links and the provider's per-call costs count: the
@@ -1020,37 +1005,19 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     let crossed = cells() - before;
     assert!(crossed > 8192, "{crossed} cells injected");
     let wtime = ip.compile(&cc, "wtime-mpich", MPI_WTIME_PROGRAM);
-    let one_way = || {
-        let mut cmd = ip.rack.command(&[
-            "mpirun",
-            "--mpi",
-            "mpich",
-            "--mpirun",
-            &launcher,
-            "--modeled",
-            "--nodes",
-            "M1QAF2,M1QBF3",
-            "--",
-            &wtime,
-        ]);
-        cmd.env("EXANET_COMPUTE_SCALE", "0");
-        let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
-        assert!(r.success(), "{}", r.describe());
-        let line = r
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("one-way"))
-            .unwrap_or_else(|| panic!("{}", r.describe()))
-            .to_string();
-        line
-    };
+    let args = [
+        "--mpi",
+        "mpich",
+        "--mpirun",
+        &launcher,
+        "--modeled",
+        "--nodes",
+        "M1QAF2,M1QBF3",
+    ];
+    let one_way = || wtime_one_way(&ip, &args, &wtime, Some("0"));
     let first = one_way();
-    let us: f64 = first.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!((0.5..3.0).contains(&us), "{first}");
-    assert!(
-        first.ends_with(" 1e-12"),
-        "MPI_Wtick is the provider's: {first}"
-    );
+    assert!((0.5..3.0).contains(&first.0), "{first:?}");
+    assert_eq!(first.1, 1e-12, "MPI_Wtick is the provider's");
     assert_eq!(one_way(), first, "the modeled one-way repeats");
 }
 
@@ -1065,6 +1032,34 @@ fn ni_cells(rack: &TestRack) -> u64 {
         .flatten()
         .filter_map(|n| n["injected_cells"].as_u64())
         .sum()
+}
+
+/// Runs the `MPI_WTIME_PROGRAM` build `prog` with `exactl mpirun ARGS... -- prog` (and
+/// `EXANET_COMPUTE_SCALE` when given): its one-way microseconds and `MPI_Wtick`.
+fn wtime_one_way(
+    ip: &IpRack,
+    args: &[&str],
+    prog: &str,
+    compute_scale: Option<&str>,
+) -> (f64, f64) {
+    let mut all = vec!["mpirun"];
+    all.extend_from_slice(args);
+    all.extend(["--", prog]);
+    let mut cmd = ip.rack.command(&all);
+    if let Some(scale) = compute_scale {
+        cmd.env("EXANET_COMPUTE_SCALE", scale);
+    }
+    let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
+    assert!(r.success(), "{}", r.describe());
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("one-way"))
+        .unwrap_or_else(|| panic!("{}", r.describe()));
+    let mut w = line.split_whitespace().skip(1);
+    let us: f64 = w.next().unwrap().parse().unwrap();
+    let tick: f64 = w.next().unwrap().parse().unwrap();
+    (us, tick)
 }
 
 /// 8 B ping-pong between two ranks, timed with MPI_Wtime: "one-way US TICK".
