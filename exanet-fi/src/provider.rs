@@ -590,8 +590,7 @@ unsafe extern "C" fn domain2(
             return -FI_EINVAL;
         }
         let mut config = exanet::Config::from_env();
-        // Unset or empty, as the client library reads it.
-        if std::env::var(exanet::config::ENV_SPIN_US).map_or(true, |v| v.is_empty()) {
+        if !exanet::config::spin_in_env() {
             // A completion read sleeps only after a streak of empty polls (`cq`): that
             // streak is the spin. Spinning again inside the sleep took a twelfth of the
             // machine under LAMMPS, from the daemons that carry its messages.

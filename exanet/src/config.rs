@@ -100,6 +100,12 @@ pub fn parse_compute_scale(text: &str) -> Result<u64> {
     Ok((f * 1e6).round() as u64)
 }
 
+/// Whether `EXANET_SPIN_US` says anything (set and not empty), as [`spin_from_env`]
+/// reads it: a library built on this one may pick another default where it does not.
+pub fn spin_in_env() -> bool {
+    env(ENV_SPIN_US).is_some()
+}
+
 /// The spin budget from `EXANET_SPIN_US`, or [`DEFAULT_SPIN`].
 pub fn spin_from_env() -> Result<Duration> {
     match env(ENV_SPIN_US) {
