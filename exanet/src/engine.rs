@@ -490,10 +490,6 @@ pub(crate) struct Call<'a> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        let left = thread_calls(self.shared, |t| {
-            t.depth = t.depth.saturating_sub(1);
-            t.depth == 0
-        });
         let mut st = lock(&self.shared.state);
         st.inside = st.inside.saturating_sub(1);
         let idle = st.inside == 0 && std::mem::take(&mut st.idle_on_leave);
@@ -501,21 +497,21 @@ impl Drop for Call<'_> {
             st.left_at = (!idle).then(Instant::now);
         }
         drop(st);
-        if !left {
-            return;
-        }
-        // Where this thread leaves its outermost call, its compute starts, unless the
-        // program said it only waits. The CPU clock is a system call that takes the
-        // scheduler's lock: read at every call's end, nested ones and polls that found
-        // nothing included, it was a tenth of the machine under MPI's polling. Read last,
-        // outside the lock: the call's own work up to here is the library's.
-        let cpu = (!idle && self.shared.info.compute_scale_ppm > 0)
-            .then(thread_cpu)
-            .flatten();
+        let scaled = self.shared.info.compute_scale_ppm > 0;
         thread_calls(self.shared, |t| {
+            t.depth = t.depth.saturating_sub(1);
+            if t.depth > 0 {
+                return;
+            }
+            // Where this thread leaves its outermost call, its compute starts, unless the
+            // program said it only waits. The CPU clock is a system call that takes the
+            // scheduler's lock: read at every call's end, nested ones and polls that
+            // found nothing included, it was a tenth of the machine under MPI's polling.
+            // Read last, outside the lock: the call's own work up to here is the
+            // library's.
             t.left_idle = idle;
-            if cpu.is_some() {
-                t.left_cpu = cpu;
+            if let Some(cpu) = (!idle && scaled).then(thread_cpu).flatten() {
+                t.left_cpu = Some(cpu);
             }
         });
     }
@@ -616,16 +612,15 @@ fn thread_cpu() -> Option<Duration> {
         .map(Duration::from)
 }
 
-/// What the thread entering a call of `shared` (its CPU clock `now`) computed since the
-/// program left the library `wall` ago: its CPU time since it last left a call of this
-/// endpoint, at most `wall` (a thread that never did counts its CPU time so far, at most
-/// `wall`; without a CPU clock, `wall`).
-fn computed(shared: &Shared, now: Option<Duration>, wall: Duration) -> Duration {
+/// What the thread entering a call (its CPU clock `now`, `left` when it last left a call
+/// of this endpoint) computed since the program left the library `wall` ago: its CPU
+/// time since, at most `wall` (a thread that never left one counts its CPU time so far,
+/// at most `wall`; without a CPU clock, `wall`).
+fn computed(now: Option<Duration>, left: Option<Duration>, wall: Duration) -> Duration {
     let Some(now) = now else {
         return wall;
     };
-    now.saturating_sub(thread_calls(shared, |t| t.left_cpu).unwrap_or_default())
-        .min(wall)
+    now.saturating_sub(left.unwrap_or_default()).min(wall)
 }
 
 /// Whether the consumed counters fit a ring region of `region_len` bytes at `offset`.
@@ -1114,21 +1109,21 @@ impl Shared {
         }
         // Only this thread's outermost call can start after compute (a nested one: a
         // library built on this one holds it around its calls), and only if it did not
-        // leave its last one idle.
-        let charging = thread_calls(self, |t| {
+        // leave its last one idle. The CPU clock is read first, outside the lock, so that
+        // the call's own work is not counted as compute, and only with a compute to
+        // charge: it is a system call, and an MPI library's empty polls have none.
+        let scaled = self.info.compute_scale_ppm > 0;
+        let (cpu, left_cpu) = thread_calls(self, |t| {
             t.depth += 1;
-            t.depth == 1 && !std::mem::take(&mut t.left_idle)
-        }) && self.info.compute_scale_ppm > 0;
-        // Read first, outside the lock, so that the call's own work is not counted as
-        // compute; and only with a compute to charge: the CPU clock is a system call, and
-        // an MPI library's polls that find nothing (left idle) have none.
-        let cpu = charging.then(thread_cpu);
+            let charging = t.depth == 1 && !std::mem::take(&mut t.left_idle) && scaled;
+            (charging.then(thread_cpu), t.left_cpu)
+        });
         let mut st = lock(&self.state);
         if st.inside == 0 {
             st.idle_on_leave = false;
             if let Some(t) = st.left_at.take() {
                 let spent = match cpu {
-                    Some(now) => computed(self, now, t.elapsed()),
+                    Some(now) => computed(now, left_cpu, t.elapsed()),
                     None => Duration::ZERO,
                 };
                 let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
