@@ -4,10 +4,10 @@
 //! ch4:ofi opens one for its one-sided operations whether the program makes any or not.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use crate::cq::Progress;
+use crate::cq::{Bound, Progress};
 
 /// How long a wait sleeps on an endpoint's doorbell between looks.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -16,7 +16,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(1);
 pub struct Cntr {
     value: AtomicU64,
     errors: AtomicU64,
-    endpoints: Mutex<Vec<Weak<dyn Progress>>>,
+    endpoints: Bound,
 }
 
 /// Why a wait ended without the count.
@@ -30,24 +30,13 @@ pub enum WaitEnd {
 
 impl Cntr {
     pub fn bind(&self, ep: Weak<dyn Progress>) {
-        let mut l = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
-        l.retain(|w| w.strong_count() > 0);
-        if !l.iter().any(|w| w.ptr_eq(&ep)) {
-            l.push(ep);
-        }
+        self.endpoints.bind(ep);
     }
 
-    fn endpoints(&self) -> Vec<Arc<dyn Progress>> {
-        let l = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
-        l.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    fn progress(&self) -> Vec<Arc<dyn Progress>> {
-        let eps = self.endpoints();
-        for ep in &eps {
+    fn progress(&self) {
+        for ep in self.endpoints.endpoints() {
             ep.progress();
         }
-        eps
     }
 
     /// An operation of a kind bound to the counter completed (`ok`) or failed.
@@ -88,7 +77,7 @@ impl Cntr {
         let start = Instant::now();
         let errors = self.errors.load(Ordering::Acquire);
         loop {
-            let eps = self.endpoints();
+            let eps = self.endpoints.endpoints();
             let seen: Vec<u64> = eps.iter().map(|ep| ep.events()).collect();
             for ep in &eps {
                 ep.progress();
@@ -121,6 +110,7 @@ impl Cntr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     /// An endpoint whose operations complete as its progress is called.
     struct Fake {

@@ -166,11 +166,32 @@ pub enum Empty {
     Failure,
 }
 
+/// The endpoints a completion queue or a counter makes progress on when it is read,
+/// each once, held weakly: a closed endpoint drops out.
+#[derive(Debug, Default)]
+pub struct Bound(Mutex<Vec<Weak<dyn Progress>>>);
+
+impl Bound {
+    pub fn bind(&self, ep: Weak<dyn Progress>) {
+        let mut l = lock(&self.0);
+        l.retain(|w| w.strong_count() > 0);
+        if !l.iter().any(|w| w.ptr_eq(&ep)) {
+            l.push(ep);
+        }
+    }
+
+    pub fn endpoints(&self) -> Vec<std::sync::Arc<dyn Progress>> {
+        let mut l = lock(&self.0);
+        l.retain(|w| w.strong_count() > 0);
+        l.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
 #[derive(Debug)]
 pub struct Cq {
     pub format: i32,
     queue: Mutex<VecDeque<Entry>>,
-    endpoints: Mutex<Vec<Weak<dyn Progress>>>,
+    endpoints: Bound,
     /// How the application has been polling.
     polling: Mutex<Polling>,
     idle: Idle,
@@ -185,14 +206,14 @@ impl Cq {
         Cq {
             format,
             queue: Mutex::new(VecDeque::new()),
-            endpoints: Mutex::new(Vec::new()),
+            endpoints: Bound::default(),
             polling: Mutex::new(Polling::default()),
             idle,
         }
     }
 
     pub fn bind(&self, ep: Weak<dyn Progress>) {
-        lock(&self.endpoints).push(ep);
+        self.endpoints.bind(ep);
     }
 
     pub fn done(&self, c: Completion) {
@@ -203,17 +224,11 @@ impl Cq {
         lock(&self.queue).push_back(Entry::Failed(f));
     }
 
-    fn endpoints(&self) -> Vec<std::sync::Arc<dyn Progress>> {
-        let mut l = lock(&self.endpoints);
-        l.retain(|w| w.strong_count() > 0);
-        l.iter().filter_map(Weak::upgrade).collect()
-    }
-
     /// Up to `max` completions, oldest first, stopping before a failure, after progress
     /// on the bound endpoints.
     pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
         let start = Instant::now();
-        let eps = self.endpoints();
+        let eps = self.endpoints.endpoints();
         // The whole read is the provider's time, not only its progress: the bookkeeping
         // around it counted as the application's compute, a few microseconds a message
         // in a debug build, enough to move a modeled 8 B one-way by half.
