@@ -398,6 +398,10 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         d.mr_key_size = 8;
         d.caps = o.caps & (FI_LOCAL_COMM | FI_REMOTE_COMM);
         d.max_err_data = 0;
+        // The 2.x tail: counters count in 64 bits (0 there reads as "none").
+        let d2 = i.domain_attr.cast::<fi_domain_attr_2>();
+        (*d2).max_cntr_value = u64::MAX;
+        (*d2).max_err_cntr_value = u64::MAX;
         f.api_version = api_version;
     }
     info
