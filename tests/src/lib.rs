@@ -347,6 +347,20 @@ impl TestRack {
         )
     }
 
+    /// The sum over the rack's nodes (`exactl status --json`) of the count `pick` finds
+    /// in each node's status (0 where there is none).
+    pub fn nodes_sum(&self, pick: impl Fn(&serde_json::Value) -> &serde_json::Value) -> u64 {
+        let st = self.exactl(&["status", "--json"]);
+        assert!(st.success(), "{}", st.describe());
+        let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+        v["nodes"]
+            .as_array()
+            .expect("nodes in the status")
+            .iter()
+            .map(|n| pick(n).as_u64().unwrap_or(0))
+            .sum()
+    }
+
     pub fn run_dir(&self) -> PathBuf {
         self.dir.join("run")
     }

@@ -1034,20 +1034,11 @@ fn two_jobs_on_the_same_nodes_are_kept_apart() {
 /// An NI counter of `exactl status --json`, summed over the rack's nodes; `pick` finds it
 /// in a node's `ni` object (absent counts as 0: maps by reason leave out zeros).
 fn ni_counter(rack: &TestRack, pick: impl Fn(&serde_json::Value) -> &serde_json::Value) -> u64 {
-    let st = rack.exactl(&["status", "--json"]);
-    assert!(st.success(), "{}", st.describe());
-    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
-    let nodes = v["nodes"].as_array().expect("nodes in the status");
-    nodes
-        .iter()
-        .map(|n| {
-            assert!(n["ni"].is_object(), "no NI in {n}");
-            pick(&n["ni"]).as_u64().unwrap_or(0)
-        })
-        .sum()
+    rack.nodes_sum(|n| {
+        assert!(n["ni"].is_object(), "no NI in {n}");
+        pick(&n["ni"])
+    })
 }
-
-/// RDMA transfers the rack's NIs completed.
 fn rdma_transfers(rack: &TestRack) -> u64 {
     ni_counter(rack, |ni| &ni["rdma_transfers_done"])
 }

@@ -876,18 +876,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         )
         .unwrap()
     };
-    let r = run();
-    assert!(r.success(), "exactl mpirun --fabric ni: {}", r.describe());
-    assert!(
-        r.stderr.contains("messages over the NI"),
-        "{}",
-        r.describe()
-    );
-    assert!(
-        r.stdout.contains("MPI checks: ok on 8 ranks"),
-        "{}",
-        r.describe()
-    );
+    checks_passed_over_the_ni(&run(), "Open MPI pml cm / mtl ofi");
     // Again with 1% of the cells lost on the torus link between the QFDBs, both ways:
     // the NI's retransmissions and the provider's resends keep every byte right.
     let l = ip
@@ -980,7 +969,7 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     );
     let ip = IpRack::up_with(SMALL_SHAPE);
     let prog = ip.compile(&cc, "ni-mpich", MPI_NI_PROGRAM);
-    let cells = || ni_cells(&ip.rack);
+    let cells = || ip.rack.nodes_sum(|n| &n["injected_cells"]);
     let before = cells();
     let r = run_with_timeout(
         ip.rack.command(&[
@@ -989,18 +978,7 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
         Duration::from_secs(150),
     )
     .unwrap();
-    assert!(r.success(), "exactl mpirun --mpi mpich: {}", r.describe());
-    assert!(
-        r.stderr
-            .contains("messages over the NI (libfabric provider exanet, MPICH ch4:ofi)"),
-        "{}",
-        r.describe()
-    );
-    assert!(
-        r.stdout.contains("MPI checks: ok on 8 ranks"),
-        "{}",
-        r.describe()
-    );
+    checks_passed_over_the_ni(&r, "MPICH ch4:ofi");
     // The ranks' messages crossed the NI: the 256 KiB ring alone is 8192 cells.
     let crossed = cells() - before;
     assert!(crossed > 8192, "{crossed} cells injected");
@@ -1021,17 +999,17 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     assert_eq!(one_way(), first, "the modeled one-way repeats");
 }
 
-/// Cells the rack's NIs injected so far.
-fn ni_cells(rack: &TestRack) -> u64 {
-    let r = rack.exactl(&["status", "--json"]);
-    assert!(r.success(), "{}", r.describe());
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    v["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n["injected_cells"].as_u64())
-        .sum()
+/// `exactl mpirun` ran the CI check program on 8 ranks, its messages over the NI through
+/// the provider and `how` (what exactl says of the MPI's path to it), every check passed.
+fn checks_passed_over_the_ni(r: &Run, how: &str) {
+    assert!(r.success(), "exactl mpirun: {}", r.describe());
+    let said = format!("messages over the NI (libfabric provider exanet, {how})");
+    assert!(r.stderr.contains(&said), "{said}: {}", r.describe());
+    assert!(
+        r.stdout.contains("MPI checks: ok on 8 ranks"),
+        "{}",
+        r.describe()
+    );
 }
 
 /// Runs the `MPI_WTIME_PROGRAM` build `prog` with `exactl mpirun ARGS... -- prog` (and
