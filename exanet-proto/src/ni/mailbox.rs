@@ -15,9 +15,11 @@
 //! whatever it claims, the NI's queue never holds more than the capacity, and a reader that
 //! lies only lets more messages into its own, bounded, path.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::Bytes;
+
+use crate::ni::recent::Recent;
 
 use super::{Ctx, NackReason, NiConfig, NiError, NiEvent, MAILBOX_WINDOW};
 use crate::cell::Cell;
@@ -94,8 +96,7 @@ impl Vi {
 pub struct Mailboxes {
     vis: Vec<Option<Vi>>,
     /// Messages delivered recently, by (source, txn, VI), to drop retransmitted copies.
-    seen: BTreeMap<(NodeId, u32, u8), Instant>,
-    seen_order: VecDeque<(Instant, (NodeId, u32, u8))>,
+    seen: Recent<(NodeId, u32, u8), ()>,
 }
 
 impl Default for Mailboxes {
@@ -108,8 +109,7 @@ impl Mailboxes {
     pub fn new() -> Mailboxes {
         Mailboxes {
             vis: (0..MAILBOX_VIS).map(|_| None).collect(),
-            seen: BTreeMap::new(),
-            seen_order: VecDeque::new(),
+            seen: Recent::default(),
         }
     }
 
@@ -264,8 +264,7 @@ impl Mailboxes {
             payload: cell.payload.clone(),
             at: cx.at,
         });
-        self.seen.insert(key, cx.now);
-        self.seen_order.push_back((cx.now, key));
+        self.seen.insert(key, (), cx.now);
         cx.out.events.push_back(NiEvent::Mailbox {
             rank,
             vi,
@@ -276,20 +275,11 @@ impl Mailboxes {
 
     /// When the oldest remembered delivery is to be forgotten.
     pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
-        self.seen_order.front().map(|(t, _)| *t + cfg.keep_ns())
+        self.seen.next_deadline(cfg.keep_ns())
     }
 
     /// Forgets deliveries older than the configured memory.
     pub(crate) fn expire(&mut self, now: Instant, cfg: &NiConfig) {
-        let keep = cfg.keep_ns();
-        while let Some(&(t, key)) = self.seen_order.front() {
-            if now.since(t) < keep {
-                break;
-            }
-            self.seen_order.pop_front();
-            if self.seen.get(&key) == Some(&t) {
-                self.seen.remove(&key);
-            }
-        }
+        self.seen.expire(now, cfg.keep_ns());
     }
 }

@@ -24,6 +24,7 @@ pub mod op;
 pub mod packetizer;
 mod program;
 pub mod rdma;
+mod recent;
 
 use std::collections::VecDeque;
 

@@ -4,7 +4,7 @@
 //! are dropped, read requests accepted for the initiator to serve, and notifications.
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use super::initiator::{ReadDone, ServedRead};
 use super::{
@@ -13,6 +13,7 @@ use super::{
 };
 use crate::cell::{Cell, FLAG_LAST};
 use crate::gvas::Gvas;
+use crate::ni::recent::Recent;
 use crate::ni::{Ctx, Memory, NackReason, NiConfig, NiEvent};
 use crate::shape::NodeId;
 use crate::time::Instant;
@@ -34,16 +35,14 @@ fn seq_le(a: u16, b: u16) -> bool {
 
 pub(super) struct Target {
     served_next: u32,
-    /// Read requests being served or served recently: (reader, read txn) -> when.
-    served_seen: BTreeMap<(NodeId, u32), Instant>,
-    /// The same in the order they came, to forget them from the front: scanned whole at
-    /// every expiry instead, a node serving an MPI program's rendezvous reads (thousands
-    /// a second, each kept for seconds) spent a tenth of its daemon's CPU there.
-    served_order: VecDeque<(Instant, (NodeId, u32))>,
+    /// Read requests being served or served recently, by (reader, read txn). Scanned
+    /// whole at every expiry before `Recent`, a node serving an MPI program's rendezvous
+    /// reads (thousands a second, each kept for seconds) spent a tenth of its daemon's
+    /// CPU there.
+    served_seen: Recent<(NodeId, u32), ()>,
     rx: BTreeMap<RxKey, RxBlock>,
-    /// Finished blocks: key -> (sequence, when), to drop late copies.
-    finished: BTreeMap<RxKey, (u16, Instant)>,
-    finished_order: VecDeque<(Instant, RxKey)>,
+    /// Finished blocks: key -> sequence, to drop late copies.
+    finished: Recent<RxKey, u16>,
     /// No deadline of the target is earlier than this (see the initiator's `wake`).
     wake: Option<Instant>,
 }
@@ -52,11 +51,9 @@ impl Target {
     pub(super) fn with_epoch(epoch: u32) -> Target {
         Target {
             served_next: epoch & (TXN_SERVED - 1),
-            served_seen: BTreeMap::new(),
-            served_order: VecDeque::new(),
+            served_seen: Recent::default(),
             rx: BTreeMap::new(),
-            finished: BTreeMap::new(),
-            finished_order: VecDeque::new(),
+            finished: Recent::default(),
             wake: None,
         }
     }
@@ -78,7 +75,7 @@ impl Target {
         let full = self.rx.len() >= cfg.rx_contexts;
         let entry = self.rx.entry(key);
         let under_way = matches!(&entry, Entry::Occupied(o) if o.get().seq == cell.seq);
-        if let Some(&(seq, _)) = self.finished.get(&key).filter(|_| !under_way) {
+        if let Some(&seq) = self.finished.get(&key).filter(|_| !under_way) {
             if seq_le(cell.seq, seq) {
                 cx.stats.duplicates += 1;
                 if cell.seq == seq && cell.flags & FLAG_LAST != 0 {
@@ -197,8 +194,7 @@ impl Target {
             return None;
         }
         cx.answer(cell, None);
-        self.served_seen.insert(key, cx.now);
-        self.served_order.push_back((cx.now, key));
+        self.served_seen.insert(key, (), cx.now);
         arm(&mut self.wake, cx.now + cx.cfg.keep_ns());
         self.served_next = (self.served_next + 1) & (TXN_SERVED - 1);
         Some(ServedRead {
@@ -268,8 +264,7 @@ impl Target {
 
     /// Remembers finished block (or notice) `key` at sequence `seq`, to drop late copies.
     fn remember_finished(&mut self, key: RxKey, seq: u16, now: Instant, cfg: &NiConfig) {
-        self.finished.insert(key, (seq, now));
-        self.finished_order.push_back((now, key));
+        self.finished.insert(key, seq, now);
         arm(&mut self.wake, now + cfg.keep_ns());
     }
 
@@ -290,12 +285,11 @@ impl Target {
     /// nothing forgets it after a while.
     fn scan_deadlines(&self, cfg: &NiConfig) -> Option<Instant> {
         let keep = cfg.keep_ns();
-        self.finished_order
-            .front()
-            .map(|(t, _)| *t + keep)
+        self.finished
+            .next_deadline(keep)
             .into_iter()
             .chain(self.rx.values().map(|c| c.touched + cfg.remember_ns))
-            .chain(self.served_order.front().map(|(t, _)| *t + keep))
+            .chain(self.served_seen.next_deadline(keep))
             .min()
     }
 
@@ -304,24 +298,8 @@ impl Target {
         self.rx
             .retain(|_, c| now.since(c.touched) < cfg.remember_ns);
         let keep = cfg.keep_ns();
-        while let Some(&(t, key)) = self.finished_order.front() {
-            if now.since(t) < keep {
-                break;
-            }
-            self.finished_order.pop_front();
-            if self.finished.get(&key).is_some_and(|(_, w)| *w == t) {
-                self.finished.remove(&key);
-            }
-        }
-        while let Some(&(t, key)) = self.served_order.front() {
-            if now.since(t) < keep {
-                break;
-            }
-            self.served_order.pop_front();
-            if self.served_seen.get(&key) == Some(&t) {
-                self.served_seen.remove(&key);
-            }
-        }
+        self.finished.expire(now, keep);
+        self.served_seen.expire(now, keep);
         self.wake = self.scan_deadlines(cfg);
     }
 }
