@@ -536,12 +536,17 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
         Duration::from(t)
     };
-    let cpu0 = cpu();
-    let mut x = 0u64;
-    while left.elapsed() < Duration::from_millis(30) {
-        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-    }
-    let spun = cpu() - cpu0;
+    // Computes for `ms` of host time; what it spent on a CPU.
+    let spin = |ms: u64| {
+        let t0 = std::time::Instant::now();
+        let cpu0 = cpu();
+        let mut x = 0u64;
+        while t0.elapsed() < Duration::from_millis(ms) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        cpu() - cpu0
+    };
+    let spun = spin(30);
     let t = tx1.send(0, mb1.addr(), b"c").unwrap();
     let wall = left.elapsed();
     let at = ep1.wait_modeled(t, T).unwrap();
@@ -559,12 +564,7 @@ fn the_modeled_clock_follows_what_the_program_takes() {
     let ep2 = attach_scaled(&f, 1_000_000);
     let before2 = ep2.advance_clock(exanet::ModelTime(0));
     let before = ep1.advance_clock(exanet::ModelTime(0));
-    let t0 = std::time::Instant::now();
-    let cpu0 = cpu();
-    while t0.elapsed() < Duration::from_millis(20) {
-        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-    }
-    let spun = cpu() - cpu0;
+    let spun = spin(20);
     // Each endpoint is a rank of the program: both computed it.
     let in_between = ep2.advance_clock(exanet::ModelTime(0));
     assert!(
@@ -582,10 +582,7 @@ fn the_modeled_clock_follows_what_the_program_takes() {
     {
         let _held = ep1.hold();
         for _ in 0..2 {
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < Duration::from_millis(15) {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-            }
+            spin(15);
             ep1.advance_clock(exanet::ModelTime(0));
         }
     }
@@ -596,14 +593,6 @@ fn the_modeled_clock_follows_what_the_program_takes() {
     );
     // Idle said inside a hold (a provider's poll that found nothing) holds from where the
     // hold ends: the program's CPU until its next call is waiting, not compute ...
-    let spin = |x: &mut u64| {
-        let t0 = std::time::Instant::now();
-        let cpu0 = cpu();
-        while t0.elapsed() < Duration::from_millis(20) {
-            *x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-        cpu() - cpu0
-    };
     let before = ep1.advance_clock(exanet::ModelTime(0));
     {
         let _held = ep1.hold();
@@ -612,7 +601,7 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         // A call nested after it ends before the hold does: still idle.
         ep1.advance_clock(exanet::ModelTime(0));
     }
-    let spun = spin(&mut x);
+    let spun = spin(20);
     let after = ep1.advance_clock(exanet::ModelTime(0));
     assert!(
         after.ps() - before.ps() < 2_000_000_000,
@@ -624,7 +613,7 @@ fn the_modeled_clock_follows_what_the_program_takes() {
         ep1.advance_clock(exanet::ModelTime(0));
     }
     let before = ep1.advance_clock(exanet::ModelTime(0));
-    let spun = spin(&mut x);
+    let spun = spin(20);
     let after = ep1.advance_clock(exanet::ModelTime(0));
     assert!(
         after.ps() - before.ps() >= ps(spun),
