@@ -273,6 +273,12 @@ impl Mailboxes {
         Ok(())
     }
 
+    /// Whether `cell` is a copy of a message delivered here (to whichever process).
+    pub(crate) fn delivered(&self, cell: &Cell) -> bool {
+        let vi = cell.dst.va() & !MAILBOX_WINDOW;
+        u8::try_from(vi).is_ok_and(|vi| self.seen.contains_key(&(cell.src, cell.txn, vi)))
+    }
+
     /// When the oldest remembered delivery is to be forgotten.
     pub(crate) fn next_deadline(&self, cfg: &NiConfig) -> Option<Instant> {
         self.seen.next_deadline(cfg.keep_ns())

@@ -719,6 +719,26 @@ impl Ni {
             .map_err(NiError::Allreduce)
     }
 
+    /// Answers `cell` if it is a copy of a message, block, notice or read this NI
+    /// already delivered or accepted; false when it is not one (or nothing remembers
+    /// it: a packetizer write to plain memory).
+    fn answer_copy(&mut self, now: Instant, written: ModelTime, cell: &Cell) -> bool {
+        match cell.engine {
+            Engine::Packetizer
+                if cell.kind == CellType::Write
+                    && cell.dst.va() & MAILBOX_WINDOW == MAILBOX_WINDOW =>
+            {
+                let delivered = self.mailboxes.delivered(cell);
+                if delivered {
+                    cx!(self, now, written).answer(cell, None);
+                }
+                delivered
+            }
+            Engine::Rdma => self.rdma.answer_copy(cx!(self, now, written), cell),
+            _ => false,
+        }
+    }
+
     /// A cell addressed to this node arrived.
     pub fn on_cell(&mut self, cell: Cell, now: Instant, mem: &mut dyn Memory) {
         // The NI acts once the cell's last byte is in; what it writes to memory is there
@@ -766,6 +786,11 @@ impl Ni {
                 }
             }
             _ => {
+                // A copy of what was delivered to this rank's previous process (its
+                // original's answer lost) is answered as the original was.
+                if !ours && self.answer_copy(now, written, &cell) {
+                    return;
+                }
                 let Some(pdid) = self.pdid(rank) else {
                     cx!(self, now, written).answer(&cell, Some(NackReason::NoContext));
                     return;

@@ -304,6 +304,12 @@ impl RdmaEngine {
         }
     }
 
+    /// Answers `cell` if it is a copy of a block, notice or read this NI's target
+    /// finished (see `Target::answer_copy`); false when it is not one.
+    pub(crate) fn answer_copy(&mut self, cx: &mut Ctx, cell: &Cell) -> bool {
+        self.target.answer_copy(cx, cell)
+    }
+
     /// A notification arrived.
     pub(crate) fn on_notify(&mut self, cx: &mut Ctx, cell: &Cell, mem: &mut dyn Memory) {
         if let Some(done) = self.target.on_notify(cx, cell, mem) {

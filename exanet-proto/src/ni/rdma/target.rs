@@ -11,7 +11,7 @@ use super::{
     arm, check_range, failure_from_code, incomplete_payload, Note, BLOCK_SIZE, MAX_SERVED,
     NOTIFY_BLOCK, TXN_RDMA, TXN_SERVED,
 };
-use crate::cell::{Cell, FLAG_LAST};
+use crate::cell::{Cell, CellType, FLAG_LAST};
 use crate::gvas::Gvas;
 use crate::ni::recent::Recent;
 use crate::ni::{Ctx, Memory, NackReason, NiConfig, NiEvent};
@@ -75,14 +75,8 @@ impl Target {
         let full = self.rx.len() >= cfg.rx_contexts;
         let entry = self.rx.entry(key);
         let under_way = matches!(&entry, Entry::Occupied(o) if o.get().seq == cell.seq);
-        if let Some(&seq) = self.finished.get(&key).filter(|_| !under_way) {
-            if seq_le(cell.seq, seq) {
-                cx.stats.duplicates += 1;
-                if cell.seq == seq && cell.flags & FLAG_LAST != 0 {
-                    cx.answer(cell, None);
-                }
-                return false;
-            }
+        if !under_way && Self::answer_finished(&self.finished, cx, cell, key) {
+            return false;
         }
         let ctx = match entry {
             Entry::Occupied(o) => o.into_mut(),
@@ -260,6 +254,57 @@ impl Target {
         self.remember_finished(key, cell.seq, cx.now, cx.cfg);
         cx.answer(cell, None);
         done
+    }
+
+    /// Answers `cell` as its original was if it is a copy of something this target
+    /// finished: a block, a notice, a read it accepted. False when it is not one. Asked
+    /// first for cells whose rank is no longer their job's: a copy whose original's
+    /// answer was lost and whose receiver has left since was delivered all the same,
+    /// and refused, it would fail at its sender what had succeeded.
+    pub(super) fn answer_copy(&mut self, cx: &mut Ctx, cell: &Cell) -> bool {
+        match cell.kind {
+            CellType::Write => {
+                let key = (cell.src, cell.txn, cell.dst.va() / BLOCK_SIZE);
+                Self::answer_finished(&self.finished, cx, cell, key)
+            }
+            CellType::Notify => {
+                let done = self
+                    .finished
+                    .contains_key(&(cell.src, cell.txn, NOTIFY_BLOCK));
+                if done {
+                    cx.answer(cell, None);
+                }
+                done
+            }
+            CellType::ReadRequest => {
+                let accepted = self.served_seen.contains_key(&(cell.src, cell.txn));
+                if accepted {
+                    cx.answer(cell, None);
+                }
+                accepted
+            }
+            _ => false,
+        }
+    }
+
+    /// A data cell of finished block `key` at or before its last sequence is a late copy:
+    /// dropped, and the block's last cell answered again (its ACK may be what was lost).
+    fn answer_finished(
+        finished: &Recent<RxKey, u16>,
+        cx: &mut Ctx,
+        cell: &Cell,
+        key: RxKey,
+    ) -> bool {
+        match finished.get(&key) {
+            Some(&seq) if seq_le(cell.seq, seq) => {
+                cx.stats.duplicates += 1;
+                if cell.seq == seq && cell.flags & FLAG_LAST != 0 {
+                    cx.answer(cell, None);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Remembers finished block (or notice) `key` at sequence `seq`, to drop late copies.
