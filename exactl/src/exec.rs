@@ -10,7 +10,8 @@
 //! On a compose rack it runs inside the node's container (`compose exec`), whose
 //! environment already names the node. With `--host-programs` it runs instead in a
 //! container of its own beside the node's ([`beside`]): the programs of the node's image
-//! are exanet's only, while an MPI and its applications are installed on the host.
+//! are exanet's only, while an MPI and its applications are installed on the host
+//! (`--mount DIR` adds a directory outside `/usr`, e.g. an MPI's virtual environment).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -28,8 +29,14 @@ const CANNOT_EXECUTE: i32 = 126;
 const NOT_FOUND: i32 = 127;
 
 /// Runs `cmd` on `node`; returns only on an error before the command ran (on success the
-/// process becomes the command, or exits with its status).
-pub fn run(dir: &Path, node: NodeName, cmd: &[OsString], host_programs: bool) -> Result<()> {
+/// process becomes the command, or exits with its status). `host_programs`: run beside a
+/// compose rack's node with this host's programs, and these directories too.
+pub fn run(
+    dir: &Path,
+    node: NodeName,
+    cmd: &[OsString],
+    host_programs: Option<&[std::path::PathBuf]>,
+) -> Result<()> {
     let rack = Rack::load(dir)?;
     let shape = rack.shape();
     let id = shape.id_of(node)?;
@@ -57,9 +64,18 @@ pub fn run(dir: &Path, node: NodeName, cmd: &[OsString], host_programs: bool) ->
                 .exec();
             cannot_run(program, &name, &e)
         }
-        Deploy::Compose { project, file } if host_programs => {
+        Deploy::Compose { project, file } if host_programs.is_some() => {
+            let mounts = host_programs.unwrap_or_default();
+            for m in mounts {
+                if !m.is_absolute() || !m.is_dir() {
+                    return Err(CliError::Usage(format!(
+                        "--mount {}: not an absolute path of a directory on this host",
+                        m.display()
+                    )));
+                }
+            }
             let container = container_of(&rack, &project, &file, &name)?;
-            let status = beside(&rack, &container, &name, program, args)?
+            let status = beside(&rack, &container, &name, mounts, program, args)?
                 .status()
                 .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
             std::process::exit(exit_code(status))
@@ -134,12 +150,13 @@ const HOST_ONLY: &[&str] = &[
 /// socket), the node's image for the dynamic loader and a shell, and over it this host's
 /// `/usr` and `/etc/alternatives` read-only and the working directory read-write, at the
 /// same paths: a program installed here, its libraries and data, and the files of the
-/// directory it was started in. This process's environment goes with it, but for what
-/// names this host.
+/// directory it was started in, and `mounts` read-only. This process's environment goes
+/// with it, but for what names this host.
 pub fn beside(
     rack: &Rack,
     container: &str,
     node: &str,
+    mounts: &[std::path::PathBuf],
     program: &OsString,
     args: &[OsString],
 ) -> Result<Command> {
@@ -178,6 +195,9 @@ pub fn beside(
             Path::new("/etc/alternatives"),
             ":ro",
         );
+    }
+    for m in mounts {
+        volume(m, m, ":ro");
     }
     volume(&cwd, &cwd, "");
     c.arg("-w").arg(&cwd);

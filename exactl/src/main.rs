@@ -164,6 +164,10 @@ struct ExecArgs {
     /// run on the node. Elsewhere commands run on this host anyway.
     #[arg(long)]
     host_programs: bool,
+    /// With --host-programs: also this host's directory DIR, read-only at the same path
+    /// (repeat for several), e.g. an MPI installed outside /usr (a virtual environment)
+    #[arg(long, value_name = "DIR", requires = "host_programs")]
+    mount: Vec<std::path::PathBuf>,
     /// The node, e.g. M1QAF2
     #[arg(value_name = "NODE", value_parser = parse_node_name)]
     node: NodeName,
@@ -454,7 +458,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Capture(a) => capture::run(&dir, a),
         Command::Dissector => capture::print_dissector(),
         Command::Rack(RackCommand::Prometheus(a)) => rack_prometheus::run(&dir, a),
-        Command::Exec(a) => exec::run(&dir, a.node, &a.cmd, a.host_programs),
+        Command::Exec(a) => exec::run(
+            &dir,
+            a.node,
+            &a.cmd,
+            a.host_programs.then_some(a.mount.as_slice()),
+        ),
         Command::Mpirun(a) => {
             let ranks = match (a.np, a.nodes.is_empty()) {
                 (Some(n), _) => mpirun::Ranks::Count(n),

@@ -2,11 +2,13 @@
 //! unmodified MPI program with one rank per emulated node, over the NI (the libfabric
 //! provider) or over IP over ExaNet.
 //!
-//! On a compose rack (Open MPI) the launcher runs on this host and the agent starts each
-//! node's daemon in a container beside the node's (`exactl exec --host-programs`: the
-//! node's namespaces, this host's `/usr`), so the MPI and programs installed here run there
-//! unchanged; the runtime's own connections cross the compose network
-//! (`oob_tcp_if_include` is its subnet, which this host reaches), the messages the NI
+//! On a compose rack the launcher runs on this host and the agent starts each node's
+//! daemon (Open MPI's orted, Hydra's proxy) in a container beside the node's (`exactl exec
+//! --host-programs`: the node's namespaces, this host's `/usr`, and the MPI's own
+//! directory when it lives elsewhere, `EXANET_MPI_PREFIX`), so the MPI and programs
+//! installed here run there unchanged; the runtime's own connections cross the compose
+//! network (Open MPI: `oob_tcp_if_include` is its subnet, which this host reaches; Hydra:
+//! `-localhost` is this host's address on it, where the proxies call back), the messages the NI
 //! (the ranks load the provider from the rack directory, `/rack/run/fi`) or, with
 //! `--fabric ip`, the nodes' `exanet0` devices, which their IP service containers made in
 //! the namespaces the ranks share.
@@ -163,14 +165,7 @@ impl Mpi {
         match self {
             Mpi::Openmpi => true,
             Mpi::Mpich => {
-                let path = Path::new(launcher);
-                let path = if path.components().count() > 1 {
-                    Some(path.to_path_buf())
-                } else {
-                    launcher.to_str().and_then(crate::process::on_path)
-                };
-                let Some(version) = path
-                    .and_then(|p| p.canonicalize().ok())
+                let Some(version) = launcher_path(launcher)
                     .and_then(|p| p.parent().map(|d| d.join("mpichversion")))
                 else {
                     return false;
@@ -305,9 +300,14 @@ fn mpich_device_has_ofi(version: &str) -> bool {
 /// rest as one line for a shell on the node.
 /// On a compose rack the command runs in a container beside the node's with this host's
 /// programs (`exactl exec --host-programs`), whose shell is the host's `/usr/bin/sh`.
+/// An MPI installed outside `/usr` (`EXANET_MPI_PREFIX`, set by `exactl mpirun`) is
+/// mounted there too.
 fn agent_script(exactl: &Path, rack_dir: &Path, compose: bool) -> String {
     let (exec, shell) = if compose {
-        ("exec --host-programs", "/usr/bin/sh")
+        (
+            "exec --host-programs ${EXANET_MPI_PREFIX:+--mount \"$EXANET_MPI_PREFIX\"}",
+            "/usr/bin/sh",
+        )
     } else {
         ("exec", "/bin/sh")
     };
@@ -385,26 +385,62 @@ fn provider_dir(rack: &Rack, compose: bool) -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-/// The network of the compose rack, from the address of a node's container on it, as
-/// Open MPI takes it (`10.213.0.0/16`).
-fn compose_subnet(container: &str) -> Result<String> {
+/// The compose rack's network as the MPI runtimes on this host take it.
+struct ComposeNetwork {
+    /// As Open MPI takes it (`10.213.0.0/16`).
+    subnet: String,
+    /// This host's address on it, which the containers reach.
+    gateway: String,
+}
+
+/// The network of the compose rack, from the address of a node's container on it.
+fn compose_network(container: &str) -> Result<ComposeNetwork> {
     let out = Command::new("docker")
         .args([
             "inspect",
             "-f",
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}}/{{.IPPrefixLen}} {{end}}",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}/{{.IPPrefixLen}}/{{.Gateway}} {{end}}",
             container,
         ])
         .output()
         .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace().find_map(network_of).ok_or_else(|| {
-        CliError::Failed(format!(
-            "container {container} has no IPv4 address on a network ({}{})",
-            text.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    })
+    text.split_whitespace()
+        .find_map(|n| {
+            let (cidr, gateway) = n.rsplit_once('/')?;
+            let gateway: std::net::Ipv4Addr = gateway.parse().ok()?;
+            Some(ComposeNetwork {
+                subnet: network_of(cidr)?,
+                gateway: gateway.to_string(),
+            })
+        })
+        .ok_or_else(|| {
+            CliError::Failed(format!(
+                "container {container} has no IPv4 address and gateway on a network ({}{})",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        })
+}
+
+/// Where an MPI installed outside `/usr` lives (the directory above its launcher's
+/// `bin`, e.g. a virtual environment with PyPI's MPICH), which the containers of a compose
+/// rack need beside this host's `/usr`; `None` for one under `/usr`.
+fn mpi_prefix(launcher: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    let prefix = launcher_path(launcher)?.parent()?.parent()?.to_path_buf();
+    (!prefix.starts_with("/usr") && prefix != Path::new("/")).then_some(prefix)
+}
+
+/// The launcher's file, links resolved: as named when it names a path, else the first on
+/// PATH.
+fn launcher_path(launcher: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    let path = Path::new(launcher);
+    let path = if path.components().count() > 1 {
+        path.to_path_buf()
+    } else {
+        crate::process::on_path(launcher.to_str()?)?
+    };
+    path.canonicalize().ok()
 }
 
 /// `10.213.0.16/16` -> `10.213.0.0/16`.
@@ -483,13 +519,6 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             )))
         }
     };
-    if compose.is_some() && mpi == Mpi::Mpich {
-        return Err(CliError::Usage(
-            "exactl mpirun runs Open MPI on compose racks: MPICH's launcher hands its \
-             proxies this host's name, which the nodes' containers do not resolve"
-                .into(),
-        ));
-    }
     let nodes: Vec<NodeId> = match ranks {
         Ranks::Nodes(n) => n,
         Ranks::Count(n) if n == 0 || n > shape.nodes() => {
@@ -585,7 +614,24 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         // the runtime's own connections go there, the messages through the NI.
         Some((project, file)) => {
             let first = crate::exec::container_of(&rack, project, file, &names[0])?;
-            compose_subnet(&first)?
+            let net = compose_network(&first)?;
+            if let Some(prefix) = mpi_prefix(&launcher) {
+                // Hydra's proxies and the ranks run from it in the containers.
+                command.env("EXANET_MPI_PREFIX", prefix);
+            }
+            if mpi == Mpi::Mpich {
+                // Hydra hands its proxies the address to call back on: by default this
+                // host's name, which the containers do not resolve; its address on the
+                // compose network they reach. Every rank takes the launcher's whole
+                // environment, over what its container set: the rack is at /rack there.
+                command
+                    .arg("-localhost")
+                    .arg(&net.gateway)
+                    .args(["-genv", "EXANET_RACK", "/rack"])
+                    .env_remove("EXANET_NODE")
+                    .env_remove("TMPDIR");
+            }
+            net.subnet
         }
     };
     command.args(mpi.args(names.len(), &hostfile, &agent));
@@ -794,6 +840,46 @@ mod tests {
         }
         // No host: ssh's failure status, and a word on stderr.
         assert_eq!(run(&["-x", "-p", "22"]).0, Some(255));
+
+        // On a compose rack: beside the node, with the MPI's own directory when the
+        // launcher's environment names one (a path with a space stays one argument).
+        std::fs::write(&agent, agent_script(&fake, Path::new("/racks/r"), true)).unwrap();
+        let compose = |prefix: Option<&str>| {
+            let mut c = Command::new(&agent);
+            c.args(["-x", "M1QAF2", "hydra_pmi_proxy"]);
+            match prefix {
+                Some(p) => c.env("EXANET_MPI_PREFIX", p),
+                None => c.env_remove("EXANET_MPI_PREFIX"),
+            };
+            String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+        };
+        let tail = "[M1QAF2]\n[--]\n[/usr/bin/sh]\n[-c]\n[hydra_pmi_proxy]\n";
+        assert_eq!(
+            compose(None),
+            format!("[--rack]\n[/racks/r]\n[exec]\n[--host-programs]\n{tail}")
+        );
+        assert_eq!(
+            compose(Some("/opt/my mpich")),
+            format!(
+                "[--rack]\n[/racks/r]\n[exec]\n[--host-programs]\n[--mount]\n[/opt/my mpich]\n{tail}"
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An MPI outside `/usr` is mounted from the directory above its launcher's `bin`
+    /// (links resolved); one under `/usr` is there already.
+    #[test]
+    fn an_mpi_outside_usr_is_found_above_its_launchers_bin() {
+        let dir = std::env::temp_dir().join(format!("exactl-prefix-{}", std::process::id()));
+        let bin = dir.join("venv/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("mpiexec.hydra"), "").unwrap();
+        std::os::unix::fs::symlink("mpiexec.hydra", bin.join("mpiexec")).unwrap();
+        let venv = dir.join("venv").canonicalize().unwrap();
+        assert_eq!(mpi_prefix(bin.join("mpiexec").as_os_str()), Some(venv));
+        assert_eq!(mpi_prefix("/usr/bin/mpirun.openmpi".as_ref()), None);
+        assert_eq!(mpi_prefix(dir.join("nothing/bin/x").as_os_str()), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -396,6 +396,57 @@ fn mpi_on_the_rack(dir: &Path, rack_dir: &Path) {
     }
 }
 
+/// The same with an MPICH that reaches fabrics through libfabric (PyPI's, in a virtual
+/// environment outside `/usr`, found by `EXANET_MPICH_OFI` as in `ip_over_exanet`):
+/// Hydra's proxies call back to its address on the compose network, and the containers
+/// have the environment mounted at its path.
+fn mpich_on_the_rack(dir: &Path, rack_dir: &Path) {
+    let test = "containers::compose_rack_runs_workloads_restarts_and_is_scraped (MPICH)";
+    let Some(bin) = std::env::var_os("EXANET_MPICH_OFI")
+        .map(PathBuf::from)
+        .filter(|b| b.join("mpiexec").exists() && b.join("mpicc").exists())
+    else {
+        exanet_tests::skip_unless_required(
+            "EXANET_REQUIRE_MPICH_OFI",
+            test,
+            "no MPICH with ch4:ofi: set EXANET_MPICH_OFI to the directory of its mpicc and \
+             mpiexec (python3 -m venv V && V/bin/pip install mpich; then V/bin)",
+        );
+        return;
+    };
+    let cc = bin.join("mpicc");
+    let prog = exanet_tests::compile_c(
+        &cc.to_string_lossy(),
+        dir,
+        "mpi_checks_mpich",
+        include_str!("../programs/mpi_checks.c"),
+        &["-O2"],
+    );
+    let mut c = Command::new(bins().exactl);
+    c.current_dir(dir)
+        .arg("--rack")
+        .arg(rack_dir)
+        .args(["mpirun", "--mpi", "mpich", "--mpirun"])
+        .arg(bin.join("mpiexec"))
+        .args(["--nodes", "M1QAF2,M2QBF3,M1QBF1,M2QAF4", "--"])
+        .arg(&prog)
+        // Hydra's own limit, under the test's.
+        .env("MPIEXEC_TIMEOUT", "100");
+    let t0 = Instant::now();
+    let r = must(c, Duration::from_secs(150));
+    eprintln!(
+        "MPICH program on the compose rack: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        r.stderr
+            .contains("messages over the NI (libfabric provider exanet, MPICH ch4:ofi)")
+            && r.stdout.contains("MPI checks: ok on 4 ranks"),
+        "{}",
+        r.describe()
+    );
+}
+
 /// Runs `exanet-perf ... run` in a node's container; the JSON lines it printed.
 fn perf(compose: &Compose, node: &str, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["exec", "-T", node, "exanet-perf"];
@@ -578,8 +629,9 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
     );
 
     // An unmodified MPI program, compiled and launched on this host, its ranks on the
-    // nodes, its messages through the NI, then over IP over ExaNet.
+    // nodes, its messages through the NI, then over IP over ExaNet; and MPICH's.
     mpi_on_the_rack(dir, &dir.join("rack"));
+    mpich_on_the_rack(dir, &dir.join("rack"));
 
     // NACKs for the dashboards: a client whose peer has no server is refused (no_context)
     // until it gives up.
