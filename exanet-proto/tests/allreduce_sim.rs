@@ -842,3 +842,82 @@ fn members_that_post_while_the_rack_runs_all_complete_with_cuts() {
         .count();
     assert_eq!(done, 16, "{} cuts", sim.cuts());
 }
+
+/// A member's process leaves as soon as its allreduce completes, as a program does after
+/// its last collective, on links that lose 2% of cells: a peer's copy of a cell whose
+/// ACK was lost then reaches a rank with no process. It was delivered, so it is
+/// acknowledged (refused `no_context`, the peer's allreduce failed for it): every member
+/// of every collective completes with the right sum.
+#[test]
+fn members_that_leave_at_once_fail_no_peer_under_loss() {
+    let mut sim = rack("2x1x1", 11);
+    sim.set_faults(LinkFaults {
+        loss: 0.02,
+        ..Default::default()
+    })
+    .unwrap();
+    let m = members(2, 0);
+    let mut rng = SplitMix64::new(3);
+    let mut left_early = 0;
+    for id in 1..=60u32 {
+        let inputs: Vec<Vec<u8>> = (0..m.len())
+            .map(|_| vector(&mut rng, DataType::I64, 8))
+            .collect();
+        let want = reference(ReduceOp::Sum, DataType::I64, &inputs);
+        let op = Allreduce {
+            id,
+            op: ReduceOp::Sum,
+            ty: DataType::I64,
+            members: m.clone(),
+            src_va: SRC,
+            dst_va: DST,
+            len: 64,
+        };
+        for (i, &(node, rank)) in m.iter().enumerate() {
+            let now = sim.now();
+            let (ni, mem) = sim.node_mut(node).ni_mut();
+            ni.attach(rank, Pdid(7)).unwrap_or(());
+            mem.write(rank, SRC, &inputs[i]).unwrap();
+            ni.allreduce_at(rank, &op, now, ModelTime::ZERO, mem)
+                .unwrap();
+        }
+        sim.kick_all();
+        let mut results = vec![None; m.len()];
+        while sim.step() {
+            for (node, _, e) in sim.take_events() {
+                let NodeEvent::Ni(NiEvent::Allreduce {
+                    rank,
+                    id: got,
+                    result,
+                    ..
+                }) = e
+                else {
+                    continue;
+                };
+                assert_eq!(got, id);
+                let i = m.iter().position(|&x| x == (node, rank)).unwrap();
+                let mut v = vec![0u8; 64];
+                sim.node(node).memory().read(rank, DST, &mut v).unwrap();
+                results[i] = Some(result.map(|()| v));
+                // The process is done with the rack.
+                let now = sim.now();
+                sim.node_mut(node).ni_mut().0.detach(rank, now).unwrap();
+                if results.iter().any(Option::is_none) {
+                    left_early += 1;
+                }
+            }
+        }
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Some(Ok(v)) => assert_eq!(v, want, "collective {id}, member {i}"),
+                other => panic!("collective {id}, member {i}: {other:?}"),
+            }
+        }
+    }
+    assert!(left_early > 0);
+    let copies: u64 = m
+        .iter()
+        .map(|&(n, _)| sim.node(n).ni().stats().retransmissions)
+        .sum();
+    assert!(copies > 0, "no loss was recovered");
+}

@@ -848,8 +848,27 @@ impl Accelerator {
     /// them at once, and a cell of its collective must not be taken for a late copy of a
     /// finished one (which would be answered and dropped, and the collective never end).
     pub(crate) fn forget_rank(&mut self, rank: u8) {
-        self.contexts.retain(|k, c| k.0 != rank || c.plan.is_some());
+        self.forget_announced(rank);
         self.finished.retain(|k, _| k.0 != rank);
+    }
+
+    /// Forgets the collectives peers announced to `rank` that it never posted. What it
+    /// finished stays until the next process attaches: a copy whose original's ACK was
+    /// lost may still come after the process left (see [`Accelerator::answer_copy`]).
+    pub(crate) fn forget_announced(&mut self, rank: u8) {
+        self.contexts.retain(|k, c| k.0 != rank || c.plan.is_some());
+    }
+
+    /// Answers `cell` if it is a copy of a cell of a collective its rank finished (its
+    /// original's ACK lost); false when it is not one. Asked first for cells whose rank's
+    /// process has left since: refused, the peer's collective failed for what had been
+    /// delivered.
+    pub(crate) fn answer_copy(&mut self, cx: &mut Ctx, cell: &Cell) -> bool {
+        let done = self.finished.contains_key(&(cell.dst.rank(), cell.txn));
+        if done {
+            cx.answer(cell, None);
+        }
+        done
     }
 
     /// The rank goes away: its collectives fail here (peers time out or are told).

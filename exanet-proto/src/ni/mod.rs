@@ -574,7 +574,7 @@ impl Ni {
         self.mailboxes.detach(rank);
         self.rdma.detach(cx!(self, now, at), rank);
         self.accelerator.detach(cx!(self, now, at), rank);
-        self.accelerator.forget_rank(rank);
+        self.accelerator.forget_announced(rank);
         self.programs.detach(rank);
         Ok(())
     }
@@ -719,9 +719,9 @@ impl Ni {
             .map_err(NiError::Allreduce)
     }
 
-    /// Answers `cell` if it is a copy of a message, block, notice or read this NI
-    /// already delivered or accepted; false when it is not one (or nothing remembers
-    /// it: a packetizer write to plain memory).
+    /// Answers `cell` if it is a copy of a message, block, notice, read or collective
+    /// cell this NI already delivered or accepted; false when it is not one (or nothing
+    /// remembers it: a packetizer write to plain memory).
     fn answer_copy(&mut self, now: Instant, written: ModelTime, cell: &Cell) -> bool {
         match cell.engine {
             Engine::Packetizer
@@ -735,7 +735,8 @@ impl Ni {
                 delivered
             }
             Engine::Rdma => self.rdma.answer_copy(cx!(self, now, written), cell),
-            _ => false,
+            Engine::Accelerator => self.accelerator.answer_copy(cx!(self, now, written), cell),
+            Engine::Packetizer => false,
         }
     }
 
