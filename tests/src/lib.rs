@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 pub mod require;
 pub use require::{
-    ip_missing, is_root, on_path, required, runs, skip_unless_required, skip_without_ip, SystemUser,
+    ip_missing, is_root, mpich_ofi_or_skip, on_path, required, runs, skip_unless_required,
+    skip_without_ip, SystemUser,
 };
 
 /// Environment variable naming the directory that holds `exactl` and `exanetd`.

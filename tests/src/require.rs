@@ -156,3 +156,23 @@ pub fn skip_without_ip(test: &str, tools: &[&str]) -> bool {
     skip_unless_required("EXANET_REQUIRE_IP", test, &format!("IP over ExaNet: {why}"));
     true
 }
+
+/// The directory of an MPICH with ch4:ofi (its `mpicc` and `mpiexec`): `EXANET_MPICH_OFI`
+/// (CI makes one: `python3 -m venv V && V/bin/pip install mpich`, then `V/bin`). `None`
+/// when there is none, after [`skip_unless_required`] with `EXANET_REQUIRE_MPICH_OFI`
+/// (the caller returns).
+#[track_caller]
+pub fn mpich_ofi_or_skip(test: &str) -> Option<std::path::PathBuf> {
+    let bin = std::env::var_os("EXANET_MPICH_OFI")
+        .map(std::path::PathBuf::from)
+        .filter(|b| b.join("mpiexec").exists() && b.join("mpicc").exists());
+    if bin.is_none() {
+        skip_unless_required(
+            "EXANET_REQUIRE_MPICH_OFI",
+            test,
+            "no MPICH with ch4:ofi: set EXANET_MPICH_OFI to the directory of its mpicc and \
+             mpiexec (python3 -m venv V && V/bin/pip install mpich; then V/bin)",
+        );
+    }
+    bin
+}

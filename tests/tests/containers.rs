@@ -402,16 +402,7 @@ fn mpi_on_the_rack(dir: &Path, rack_dir: &Path) {
 /// have the environment mounted at its path.
 fn mpich_on_the_rack(dir: &Path, rack_dir: &Path) {
     let test = "containers::compose_rack_runs_workloads_restarts_and_is_scraped (MPICH)";
-    let Some(bin) = std::env::var_os("EXANET_MPICH_OFI")
-        .map(PathBuf::from)
-        .filter(|b| b.join("mpiexec").exists() && b.join("mpicc").exists())
-    else {
-        exanet_tests::skip_unless_required(
-            "EXANET_REQUIRE_MPICH_OFI",
-            test,
-            "no MPICH with ch4:ofi: set EXANET_MPICH_OFI to the directory of its mpicc and \
-             mpiexec (python3 -m venv V && V/bin/pip install mpich; then V/bin)",
-        );
+    let Some(bin) = exanet_tests::mpich_ofi_or_skip(test) else {
         return;
     };
     let cc = bin.join("mpicc");

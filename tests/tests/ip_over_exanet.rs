@@ -951,16 +951,7 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     if skip(test) {
         return;
     }
-    let Some(bin) = std::env::var_os("EXANET_MPICH_OFI")
-        .map(std::path::PathBuf::from)
-        .filter(|b| b.join("mpiexec").exists() && b.join("mpicc").exists())
-    else {
-        skip_unless_required(
-            "EXANET_REQUIRE_MPICH_OFI",
-            test,
-            "no MPICH with ch4:ofi: set EXANET_MPICH_OFI to the directory of its mpicc and \
-             mpiexec (python3 -m venv V && V/bin/pip install mpich; then V/bin)",
-        );
+    let Some(bin) = exanet_tests::mpich_ofi_or_skip(test) else {
         return;
     };
     let (cc, launcher) = (
