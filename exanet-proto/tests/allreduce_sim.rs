@@ -334,22 +334,7 @@ fn jobs_never_mix() {
     both.extend(b.iter().copied());
     // Post both jobs' operations before running the rack.
     for (m, inputs) in [(&a, &ia), (&b, &ib)] {
-        let op = Allreduce {
-            id: 77,
-            op: ReduceOp::Sum,
-            ty: DataType::I32,
-            members: m.clone(),
-            src_va: SRC,
-            dst_va: DST,
-            len: 4,
-        };
-        for (i, &(node, rank)) in m.iter().enumerate() {
-            let now = sim.now();
-            let (ni, mem) = sim.node_mut(node).ni_mut();
-            mem.write(rank, SRC, &inputs[i]).unwrap();
-            ni.allreduce_at(rank, &op, now, ModelTime::ZERO, mem)
-                .unwrap();
-        }
+        post_each(&mut sim, &sum(77, m, DataType::I32, 4), inputs);
     }
     sim.kick_all();
     while sim.step() {}
@@ -843,6 +828,31 @@ fn members_that_post_while_the_rack_runs_all_complete_with_cuts() {
     assert_eq!(done, 16, "{} cuts", sim.cuts());
 }
 
+/// Allreduce `id`, a sum of `len` bytes of `ty` over `members`, from `SRC` into `DST`.
+fn sum(id: u32, members: &[(NodeId, u8)], ty: DataType, len: u16) -> Allreduce {
+    Allreduce {
+        id,
+        op: ReduceOp::Sum,
+        ty,
+        members: members.to_vec(),
+        src_va: SRC,
+        dst_va: DST,
+        len,
+    }
+}
+
+/// Posts `op` on each of its members, at the rack's time and modeled time zero, member
+/// `i` with `inputs[i]`.
+fn post_each(sim: &mut Sim, op: &Allreduce, inputs: &[Vec<u8>]) {
+    for (i, &(node, rank)) in op.members.iter().enumerate() {
+        let now = sim.now();
+        let (ni, mem) = sim.node_mut(node).ni_mut();
+        mem.write(rank, SRC, &inputs[i]).unwrap();
+        ni.allreduce_at(rank, op, now, ModelTime::ZERO, mem)
+            .unwrap();
+    }
+}
+
 /// A member's process leaves as soon as its allreduce completes, as a program does after
 /// its last collective, on links that lose 2% of cells: a peer's copy of a cell whose
 /// ACK was lost then reaches a rank with no process. It was delivered, so it is
@@ -864,23 +874,11 @@ fn members_that_leave_at_once_fail_no_peer_under_loss() {
             .map(|_| vector(&mut rng, DataType::I64, 8))
             .collect();
         let want = reference(ReduceOp::Sum, DataType::I64, &inputs);
-        let op = Allreduce {
-            id,
-            op: ReduceOp::Sum,
-            ty: DataType::I64,
-            members: m.clone(),
-            src_va: SRC,
-            dst_va: DST,
-            len: 64,
-        };
-        for (i, &(node, rank)) in m.iter().enumerate() {
-            let now = sim.now();
-            let (ni, mem) = sim.node_mut(node).ni_mut();
-            ni.attach(rank, Pdid(7)).unwrap_or(());
-            mem.write(rank, SRC, &inputs[i]).unwrap();
-            ni.allreduce_at(rank, &op, now, ModelTime::ZERO, mem)
-                .unwrap();
+        for &(node, rank) in &m {
+            // The process that left last time comes back (the first time it is there).
+            let _ = sim.node_mut(node).ni_mut().0.attach(rank, Pdid(7));
         }
+        post_each(&mut sim, &sum(id, &m, DataType::I64, 64), &inputs);
         sim.kick_all();
         let mut results = vec![None; m.len()];
         while sim.step() {

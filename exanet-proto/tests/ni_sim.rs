@@ -1434,65 +1434,62 @@ fn a_counted_mailbox_bounds_its_queue_whatever_the_reader_claims() {
 /// The sender's timer fires before the ACK comes (a slow host), so the message goes again;
 /// the ACK of the first copy then completes it, at the first copy's modeled time, not a
 /// modeled retransmission timer later.
-#[test]
-fn the_ack_of_an_earlier_copy_completes_a_message_at_its_modeled_time() {
+/// Node 0's rank 0 sends `payload` to a mailbox of node 1's rank 0 (both PDID 7), which
+/// takes it: the two NIs, their memories, and node 1's ACK, not yet returned.
+fn message_and_its_ack(
+    cfg: NiConfig,
+    payload: &[u8],
+) -> (
+    exanet_proto::ni::Ni,
+    exanet_proto::ni::Ni,
+    VecMemory,
+    VecMemory,
+    exanet_proto::cell::Cell,
+) {
     use exanet_proto::model::ModelTime;
-    let cfg = NiConfig {
-        retransmit_ns: 1_000,
-        ..NiConfig::default()
-    };
     use exanet_proto::ni::Ni;
     let (mut a, mut b) = (Ni::new(NodeId(0), 8, cfg), Ni::new(NodeId(1), 8, cfg));
     a.attach(0, PDID).unwrap();
     b.attach(0, PDID).unwrap();
-    let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
+    let (amem, mut bmem) = (VecMemory::new(), VecMemory::new());
     let mb = b.alloc_mailbox(0, 4).unwrap();
     let pk = a.alloc_packetizer(0).unwrap();
     let op = SendMessage {
         vi: pk,
         ch: 0,
         dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-        payload: b"x".to_vec(),
+        payload: payload.to_vec(),
     };
     a.send_message_at(0, &op, Instant::ZERO, ModelTime::ZERO)
         .unwrap();
     let first = a.poll_cell().unwrap();
     a.injected(&first, Instant::ZERO);
     b.on_cell(first, Instant(10), &mut bmem);
-    let ack = b.poll_cell().expect("the ACK of the first copy");
-    a.handle_timeout(Instant(5_000), &amem);
-    let again = a.poll_cell().expect("sent again on the timer");
-    assert_eq!(again.seq, 1);
-    a.on_cell(ack, Instant(6_000), &mut amem);
-    match a.poll_event() {
-        Some(NiEvent::Packetizer {
-            state: ChannelState::Acked,
-            at,
-            ..
-        }) => assert!(at < ModelTime::from_ns(10_000), "{at}"),
-        other => panic!("{other:?}"),
-    }
+    let ack = b.poll_cell().expect("the ACK of the message");
+    (a, b, amem, bmem, ack)
 }
 
-/// The same for an RDMA write's completion notice: the writer's timer fires before the
-/// notice's ACK comes (a slow host), the notice goes again with a new sequence number,
-/// and the ACK of the first copy then completes the write, at its modeled time. Ignored,
-/// the write waited for the copy's ACK, a modeled retransmission later or more: on a
-/// 128-daemon rack on two cores, software collectives by rendezvous took 6x their modeled
-/// time.
-#[test]
-fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
+/// Node 0's rank 0 writes `len` bytes of 7s with a completion notice into node 1's rank 0
+/// (both PDID 7, one RDMA page each) over a lossless wire, 1 us a hop, until nothing
+/// moves, the ACK of the notice held back: the two NIs, their memories, that ACK, and the
+/// wire's time then.
+fn write_holding_the_notices_ack(
+    cfg: NiConfig,
+    len: u64,
+) -> (
+    exanet_proto::ni::Ni,
+    exanet_proto::ni::Ni,
+    VecMemory,
+    VecMemory,
+    exanet_proto::cell::Cell,
+    Instant,
+) {
     use exanet_proto::cell::CellType;
-    use exanet_proto::model::ModelTime;
     use exanet_proto::ni::{Memory, Ni};
-    let cfg = NiConfig {
-        retransmit_ns: 1_000_000,
-        ..NiConfig::default()
-    };
     let (mut a, mut b) = (Ni::new(NodeId(0), 8, cfg), Ni::new(NodeId(1), 8, cfg));
     let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
     amem.register(0, SRC_VA, 4096);
-    amem.write(0, SRC_VA, &[7; 100]).unwrap();
+    amem.write(0, SRC_VA, &vec![7; len as usize]).unwrap();
     bmem.register(0, DST_VA, 4096);
     for ni in [&mut a, &mut b] {
         ni.attach(0, PDID).unwrap();
@@ -1503,11 +1500,10 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
         ch: 0,
         src_va: SRC_VA,
         dst: Gvas::new(PDID, NodeId(1), 0, DST_VA + 256).unwrap(),
-        len: 100,
+        len,
         notify: Some(DST_VA),
     };
     a.rdma_write(0, &op, Instant::ZERO, &amem).unwrap();
-    // A lossless wire with 1 us per hop; the ACK of the notice is held back.
     let mut now = Instant::ZERO;
     let mut held = None;
     loop {
@@ -1532,6 +1528,47 @@ fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
         }
     }
     let held = held.expect("the notice was answered");
+    (a, b, amem, bmem, held, now)
+}
+
+#[test]
+fn the_ack_of_an_earlier_copy_completes_a_message_at_its_modeled_time() {
+    use exanet_proto::model::ModelTime;
+    let cfg = NiConfig {
+        retransmit_ns: 1_000,
+        ..NiConfig::default()
+    };
+    let (mut a, _b, mut amem, _bmem, ack) = message_and_its_ack(cfg, b"x");
+    a.handle_timeout(Instant(5_000), &amem);
+    let again = a.poll_cell().expect("sent again on the timer");
+    assert_eq!(again.seq, 1);
+    a.on_cell(ack, Instant(6_000), &mut amem);
+    match a.poll_event() {
+        Some(NiEvent::Packetizer {
+            state: ChannelState::Acked,
+            at,
+            ..
+        }) => assert!(at < ModelTime::from_ns(10_000), "{at}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The same for an RDMA write's completion notice: the writer's timer fires before the
+/// notice's ACK comes (a slow host), the notice goes again with a new sequence number,
+/// and the ACK of the first copy then completes the write, at its modeled time. Ignored,
+/// the write waited for the copy's ACK, a modeled retransmission later or more: on a
+/// 128-daemon rack on two cores, software collectives by rendezvous took 6x their modeled
+/// time.
+#[test]
+fn the_ack_of_an_earlier_notice_completes_a_write_at_its_modeled_time() {
+    use exanet_proto::cell::CellType;
+    use exanet_proto::model::ModelTime;
+    let cfg = NiConfig {
+        retransmit_ns: 1_000_000,
+        ..NiConfig::default()
+    };
+    // A lossless wire with 1 us per hop; the ACK of the notice is held back.
+    let (mut a, _b, mut amem, _bmem, held, _) = write_holding_the_notices_ack(cfg, 100);
     assert!(
         a.poll_event().is_none(),
         "no completion without the notice's ACK"
@@ -1877,31 +1914,12 @@ fn a_stalled_sender_sends_no_copy_past_the_copy_limit() {
 /// finished and left, for its whole 60 s timeout (a CI failure, 1% loss on the link).
 #[test]
 fn a_copy_of_a_delivered_message_is_acknowledged_after_its_receiver_left() {
-    use exanet_proto::model::ModelTime;
-    use exanet_proto::ni::Ni;
     for next in [None, Some(Pdid(8))] {
         let cfg = NiConfig {
             retransmit_ns: 1_000,
             ..NiConfig::default()
         };
-        let (mut a, mut b) = (Ni::new(NodeId(0), 8, cfg), Ni::new(NodeId(1), 8, cfg));
-        a.attach(0, PDID).unwrap();
-        b.attach(0, PDID).unwrap();
-        let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
-        let mb = b.alloc_mailbox(0, 4).unwrap();
-        let pk = a.alloc_packetizer(0).unwrap();
-        let op = SendMessage {
-            vi: pk,
-            ch: 0,
-            dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-            payload: b"last step".to_vec(),
-        };
-        a.send_message_at(0, &op, Instant::ZERO, ModelTime::ZERO)
-            .unwrap();
-        let first = a.poll_cell().unwrap();
-        a.injected(&first, Instant::ZERO);
-        b.on_cell(first, Instant(10), &mut bmem);
-        let lost = b.poll_cell().expect("the ACK of the original");
+        let (mut a, mut b, mut amem, mut bmem, lost) = message_and_its_ack(cfg, b"last step");
         assert_eq!(lost.kind, exanet_proto::cell::CellType::Ack);
         assert!(matches!(b.poll_event(), Some(NiEvent::Mailbox { .. })));
         b.detach(0, Instant(20)).unwrap();
@@ -1939,57 +1957,14 @@ fn a_copy_of_a_delivered_message_is_acknowledged_after_its_receiver_left() {
 #[test]
 fn a_copy_of_a_finished_write_is_acknowledged_after_its_receiver_left() {
     use exanet_proto::cell::CellType;
-    use exanet_proto::ni::{Memory, Ni};
     for next in [None, Some(Pdid(8))] {
         let cfg = NiConfig {
             retransmit_ns: 1_000_000,
             ..NiConfig::default()
         };
-        let (mut a, mut b) = (Ni::new(NodeId(0), 8, cfg), Ni::new(NodeId(1), 8, cfg));
-        let (mut amem, mut bmem) = (VecMemory::new(), VecMemory::new());
-        amem.register(0, SRC_VA, 4096);
-        amem.write(0, SRC_VA, &[7; 600]).unwrap();
-        bmem.register(0, DST_VA, 4096);
-        for ni in [&mut a, &mut b] {
-            ni.attach(0, PDID).unwrap();
-            ni.alloc_rdma_page(0).unwrap();
-        }
-        let op = RdmaWrite {
-            page: 0,
-            ch: 0,
-            src_va: SRC_VA,
-            dst: Gvas::new(PDID, NodeId(1), 0, DST_VA + 256).unwrap(),
-            len: 600,
-            notify: Some(DST_VA),
-        };
-        a.rdma_write(0, &op, Instant::ZERO, &amem).unwrap();
-        let mut now = Instant::ZERO;
-        let mut held = None;
-        loop {
-            now = now + 1_000;
-            let mut moved = false;
-            while let Some(c) = a.poll_cell() {
-                a.injected(&c, now);
-                let notice = c.kind == CellType::Notify;
-                b.on_cell(c, now, &mut bmem);
-                while let Some(ans) = b.poll_cell() {
-                    b.injected(&ans, now);
-                    if notice && held.is_none() {
-                        held = Some(ans);
-                    } else {
-                        a.on_cell(ans, now, &mut amem);
-                    }
-                }
-                moved = true;
-            }
-            if !moved {
-                break;
-            }
-        }
-        assert!(
-            held.is_some(),
-            "the notice was answered, and that answer is lost"
-        );
+        // The notice's ACK is lost.
+        let (mut a, mut b, mut amem, mut bmem, _lost, now) =
+            write_holding_the_notices_ack(cfg, 600);
         b.detach(0, now).unwrap();
         if let Some(p) = next {
             b.attach(0, p).unwrap();
