@@ -238,6 +238,11 @@ families! {
     NiStampsClamped: Counter Int "exanet_ni_stamps_clamped_total"
         ["node"]
         "Workload commands stamped more than a day of modeled time ahead of their rank's clock, taken at a day ahead";
+    /// `program`: what the rank's program was taken to be doing when the promise was
+    /// made (`gone`: silent, promising nothing; `running`; `waiting` in the library).
+    NiLatePosts: Counter Int "exanet_ni_late_posts_total"
+        ["node", "program"]
+        "In modeled order, workload commands stamped behind what the NI had promised for its programs, by what the poster was taken to be doing";
     NiRdmaBlocks: Counter Int "exanet_ni_rdma_blocks_total"
         ["node", "direction"]
         "RDMA blocks sent (tx) and received complete (rx)";
@@ -388,6 +393,11 @@ ni_stats! {
     pdid_violations: u64 => NiPdidViolations[];
     /// Commands stamped more than `ni::MAX_LEAD` ahead of their rank's clock.
     stamps_clamped: u64 => NiStampsClamped[];
+    /// Posts behind the NI's promise, by what the program was taken for (see
+    /// `ni::Program`): gone (silent: `Scripted`), running, waiting.
+    late_posts_gone: u64 => NiLatePosts["gone"];
+    late_posts_running: u64 => NiLatePosts["running"];
+    late_posts_waiting: u64 => NiLatePosts["waiting"];
     rdma_blocks_sent: u64 => NiRdmaBlocks["tx"];
     rdma_blocks_received: u64 => NiRdmaBlocks["rx"];
     rdma_transfers_done: u64 => NiRdmaTransfers["ok"];

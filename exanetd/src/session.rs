@@ -56,15 +56,23 @@ impl CompletionRing for ShmRing {
     fn activity(&mut self) -> Option<Activity> {
         // A ring the workload broke says nothing: take it as running, which promises the
         // least.
-        // In this order: a program posts before it announces it sleeps, so commands it
-        // posted before sleeping are seen.
+        // Drained first: a program ends its wait (withdraws `consumer_waiting`) before it
+        // takes what woke it (its Release store of the head, which this Acquire load
+        // pairs with), so a ring seen drained of it is never followed by the same wait
+        // seen still on. The other way round, a program seen waiting and then drained was
+        // taken to wait with everything taken, which promises nothing, while it was about
+        // to post in reaction to what it had just taken: in modeled order such posts came
+        // behind the NI's horizon (`exanet_ni_late_posts_total{program="waiting"}`).
+        let drained = self.completions.is_drained().unwrap_or(false);
+        // Then waiting, then posting: a program posts before it announces it sleeps, so
+        // commands it posted before sleeping are seen.
         // Spinning in its wait for a completion is waiting as much as sleeping is: only
         // the sleep sets `consumer_sleeping`, and the daemon's wake-up withdraws it.
         let waiting = self.completions.consumer_sleeping().unwrap_or(false)
             || self.completions.consumer_waiting().unwrap_or(false);
         Some(Activity {
             waiting,
-            drained: self.completions.is_drained().unwrap_or(false),
+            drained,
             posting: self.completions.consumer_asking().unwrap_or(false)
                 || self.commands.pending(&self.rings).unwrap_or(true),
         })

@@ -421,7 +421,12 @@ impl Ni {
         } else {
             at
         };
-        self.programs.posted(rank, at);
+        match self.programs.posted(rank, at) {
+            None => {}
+            Some(Program::Scripted) => self.stats.late_posts_gone += 1,
+            Some(Program::Running) => self.stats.late_posts_running += 1,
+            Some(Program::Waiting) => self.stats.late_posts_waiting += 1,
+        }
         self.tick(rank, at + self.cfg.model.cpu_ni)
     }
 
@@ -920,6 +925,9 @@ impl Ni {
         // A program may post to anyone.
         let promise = self.programs.promise();
         data.iter_mut().for_each(|d| *d = (*d).min(promise));
+        // What no output's horizon is below: a post behind it went out of modeled order.
+        self.programs
+            .given(data.iter().copied().min().unwrap_or(promise));
         (data, answers)
     }
 

@@ -59,6 +59,11 @@ pub(crate) struct Programs {
     ranks: [Rank; RANKS],
     /// No process attaches from now on with an earlier start (`None`: none will).
     attach_floor: Option<ModelTime>,
+    /// The earliest a post could come by the NI's last horizon (its programs' promise
+    /// with whatever else the NI had to send; zero before any: in the host's order none
+    /// is given), and what each rank's program was taken to be doing then: which promise
+    /// a post behind it broke ([`Programs::posted`]).
+    promised: std::cell::Cell<(ModelTime, [Program; RANKS])>,
 }
 
 impl Programs {
@@ -97,10 +102,14 @@ impl Programs {
         }
     }
 
-    pub(crate) fn posted(&mut self, rank: u8, at: ModelTime) {
-        if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
-            r.last_post = r.last_post.max(at);
-        }
+    /// `rank` posted at `at`. When that is behind the last promise handed out, the
+    /// program the rank was taken to be then (a post out of modeled order, which the
+    /// promise said could not come).
+    pub(crate) fn posted(&mut self, rank: u8, at: ModelTime) -> Option<Program> {
+        let r = self.ranks.get_mut(usize::from(rank))?;
+        r.last_post = r.last_post.max(at);
+        let (promise, taken) = self.promised.get();
+        (at < promise).then(|| taken[usize::from(rank)])
     }
 
     pub(crate) fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
@@ -117,7 +126,15 @@ impl Programs {
                 Program::Waiting => r.undelivered.max(r.last_post),
             });
         }
+        self.promised.set((p, self.ranks.map(|r| r.program)));
         p
+    }
+
+    /// The NI's horizon made of [`Programs::promise`] was `given` (no later than it): a
+    /// post behind that is out of modeled order.
+    pub(crate) fn given(&self, given: ModelTime) {
+        let (_, taken) = self.promised.get();
+        self.promised.set((given, taken));
     }
 
     /// Whether a program may post anywhere in reaction to what reaches the NI for it.
@@ -171,5 +188,29 @@ mod tests {
         );
         p.detach(0);
         assert!(!p.relay());
+    }
+
+    /// A post behind the last promise handed out names what its rank's program was taken
+    /// to be then; none before any promise (the host's order).
+    #[test]
+    fn a_post_behind_the_promise_names_the_program_it_was_taken_for() {
+        let mut p = Programs::default();
+        p.attach(0, ModelTime(100));
+        p.attach(1, ModelTime(100));
+        assert_eq!(p.posted(0, ModelTime(150)), None, "nothing promised yet");
+        p.set(0, Program::Running);
+        p.set(1, Program::Scripted);
+        assert_eq!(p.promise(), ModelTime(150));
+        assert_eq!(p.posted(0, ModelTime(160)), None, "on its promise");
+        // Taken for gone, it posts behind what its running neighbour promised.
+        assert_eq!(p.posted(1, ModelTime(120)), Some(Program::Scripted));
+        p.set(1, Program::Running);
+        assert_eq!(p.promise(), ModelTime(120));
+        assert_eq!(p.posted(1, ModelTime(130)), None);
+        p.set(0, Program::Waiting);
+        p.set(1, Program::Waiting);
+        p.delivered(0, ModelTime(500));
+        assert_eq!(p.promise(), ModelTime(500));
+        assert_eq!(p.posted(0, ModelTime(400)), Some(Program::Waiting));
     }
 }
