@@ -61,9 +61,13 @@ pub(crate) struct Programs {
     attach_floor: Option<ModelTime>,
     /// The earliest a post could come by the NI's last horizon (its programs' promise
     /// with whatever else the NI had to send; zero before any: in the host's order none
-    /// is given), and what each rank's program was taken to be doing then: which promise
-    /// a post behind it broke ([`Programs::posted`]).
-    promised: std::cell::Cell<(ModelTime, [Program; RANKS])>,
+    /// is given), whether the switch was to bound it by what reaches the NI too (a
+    /// program waited: it relays), and what each rank's program was taken to be doing
+    /// then: which promise a post behind it broke ([`Programs::posted`]).
+    promised: std::cell::Cell<(ModelTime, bool, [Program; RANKS])>,
+    /// The earliest delivery to any of the NI's programs since that horizon: a post at
+    /// or after it may be a reaction, which a relaying horizon covers.
+    delivered_since: std::cell::Cell<ModelTime>,
 }
 
 impl Programs {
@@ -100,16 +104,19 @@ impl Programs {
         if let Some(r) = self.ranks.get_mut(usize::from(rank)) {
             r.undelivered = r.undelivered.min(at);
         }
+        self.delivered_since.set(self.delivered_since.get().min(at));
     }
 
-    /// `rank` posted at `at`. When that is behind the last promise handed out, the
-    /// program the rank was taken to be then (a post out of modeled order, which the
-    /// promise said could not come).
+    /// `rank` posted at `at`. When that is behind the last horizon handed out, and not a
+    /// reaction to a delivery since that a relaying horizon covered, the program the rank
+    /// was taken to be then (a post out of modeled order, which the promise said could
+    /// not come).
     pub(crate) fn posted(&mut self, rank: u8, at: ModelTime) -> Option<Program> {
         let r = self.ranks.get_mut(usize::from(rank))?;
         r.last_post = r.last_post.max(at);
-        let (promise, taken) = self.promised.get();
-        (at < promise).then(|| taken[usize::from(rank)])
+        let (given, relayed, taken) = self.promised.get();
+        let reaction = relayed && at >= self.delivered_since.get();
+        (at < given && !reaction).then(|| taken[usize::from(rank)])
     }
 
     pub(crate) fn set_attach_floor(&mut self, floor: Option<ModelTime>) {
@@ -126,15 +133,17 @@ impl Programs {
                 Program::Waiting => r.undelivered.max(r.last_post),
             });
         }
-        self.promised.set((p, self.ranks.map(|r| r.program)));
+        self.promised
+            .set((p, self.relay(), self.ranks.map(|r| r.program)));
+        self.delivered_since.set(ModelTime::NEVER);
         p
     }
 
     /// The NI's horizon made of [`Programs::promise`] was `given` (no later than it): a
     /// post behind that is out of modeled order.
     pub(crate) fn given(&self, given: ModelTime) {
-        let (_, taken) = self.promised.get();
-        self.promised.set((given, taken));
+        let (_, relayed, taken) = self.promised.get();
+        self.promised.set((given, relayed, taken));
     }
 
     /// Whether a program may post anywhere in reaction to what reaches the NI for it.
@@ -212,5 +221,13 @@ mod tests {
         p.delivered(0, ModelTime(500));
         assert_eq!(p.promise(), ModelTime(500));
         assert_eq!(p.posted(0, ModelTime(400)), Some(Program::Waiting));
+        // Waiting with nothing delivered: nothing promised but what reaches the NI (it
+        // relays). A reaction to a delivery since is covered; a post before it is not.
+        p.drained(0);
+        p.drained(1);
+        assert_eq!(p.promise(), ModelTime::NEVER);
+        p.delivered(1, ModelTime(800));
+        assert_eq!(p.posted(1, ModelTime(810)), None, "a reaction");
+        assert_eq!(p.posted(0, ModelTime(790)), Some(Program::Waiting));
     }
 }
