@@ -669,9 +669,8 @@ impl Accelerator {
         let key = (rank, cell.txn);
         let (step, from) = step_of(cell.seq);
         cx.stats.allreduce_cells_received += 1;
-        if self.finished.contains_key(&key) {
+        if self.answer_copy(cx, cell) {
             // A late copy of a cell of a collective that is over: it arrived before.
-            cx.answer(cell, None);
             return;
         }
         let src = (cell.src, cell.src_rank);
@@ -860,9 +859,9 @@ impl Accelerator {
     }
 
     /// Answers `cell` if it is a copy of a cell of a collective its rank finished (its
-    /// original's ACK lost); false when it is not one. Asked first for cells whose rank's
-    /// process has left since: refused, the peer's collective failed for what had been
-    /// delivered.
+    /// original's ACK lost); false when it is not one. The first look at every cell, and
+    /// asked before anything else for cells whose rank's process has left since: refused,
+    /// the peer's collective failed for what had been delivered.
     pub(crate) fn answer_copy(&mut self, cx: &mut Ctx, cell: &Cell) -> bool {
         let done = self.finished.contains_key(&(cell.dst.rank(), cell.txn));
         if done {

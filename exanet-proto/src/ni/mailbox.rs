@@ -239,21 +239,18 @@ impl Mailboxes {
     }
 
     pub(crate) fn deliver(&mut self, cx: &mut Ctx, cell: &Cell) -> Result<(), NackReason> {
-        let vi = cell.dst.va() & !MAILBOX_WINDOW;
-        if vi >= MAILBOX_VIS as u64 {
-            return Err(NackReason::BadAddress);
+        let key = seen_key(cell).ok_or(NackReason::BadAddress)?;
+        // A copy of a delivered message is taken as delivered whatever became of its
+        // interface since (freed, or another's): its original's ACK was what was lost.
+        if self.seen.contains_key(&key) {
+            return Ok(());
         }
-        let vi = vi as u8;
-        let rank = cell.dst.rank();
+        let (vi, rank) = (key.2, cell.dst.rank());
         let Some(Some(v)) = self.vis.get_mut(vi as usize) else {
             return Err(NackReason::NoContext);
         };
         if v.owner != rank {
             return Err(NackReason::NoContext);
-        }
-        let key = (cell.src, cell.txn, vi);
-        if self.seen.contains_key(&key) {
-            return Ok(());
         }
         if v.full() {
             return Err(NackReason::QueueFull);
@@ -275,8 +272,7 @@ impl Mailboxes {
 
     /// Whether `cell` is a copy of a message delivered here (to whichever process).
     pub(crate) fn delivered(&self, cell: &Cell) -> bool {
-        let vi = cell.dst.va() & !MAILBOX_WINDOW;
-        u8::try_from(vi).is_ok_and(|vi| self.seen.contains_key(&(cell.src, cell.txn, vi)))
+        seen_key(cell).is_some_and(|k| self.seen.contains_key(&k))
     }
 
     /// When the oldest remembered delivery is to be forgotten.
@@ -288,4 +284,14 @@ impl Mailboxes {
     pub(crate) fn expire(&mut self, now: Instant, cfg: &NiConfig) {
         self.seen.expire(now, cfg.keep_ns());
     }
+}
+
+/// What a delivered message is remembered by: (source, txn, interface); `None` for an
+/// address outside the mailboxes' interfaces.
+fn seen_key(cell: &Cell) -> Option<(NodeId, u32, u8)> {
+    let vi = cell.dst.va() & !MAILBOX_WINDOW;
+    let vi = u8::try_from(vi)
+        .ok()
+        .filter(|&v| usize::from(v) < MAILBOX_VIS)?;
+    Some((cell.src, cell.txn, vi))
 }

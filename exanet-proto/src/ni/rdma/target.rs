@@ -152,11 +152,10 @@ impl Target {
         mem: &dyn Memory,
         served: impl FnOnce() -> usize,
     ) -> Option<ServedRead> {
-        let key = (cell.src, cell.txn);
-        if self.served_seen.contains_key(&key) {
-            cx.answer(cell, None);
+        if self.answer_copy(cx, cell) {
             return None;
         }
+        let key = (cell.src, cell.txn);
         let p = &cell.payload;
         if p.len() != 16 {
             cx.answer(cell, Some(NackReason::BadAddress));
@@ -209,11 +208,10 @@ impl Target {
         cell: &Cell,
         mem: &mut dyn Memory,
     ) -> Option<ReadDone> {
-        let key = (cell.src, cell.txn, NOTIFY_BLOCK);
-        if self.finished.contains_key(&key) {
-            cx.answer(cell, None);
+        if self.answer_copy(cx, cell) {
             return None;
         }
+        let key = (cell.src, cell.txn, NOTIFY_BLOCK);
         let Some(note) = Note::decode(&cell.payload) else {
             cx.answer(cell, Some(NackReason::BadAddress));
             return None;
@@ -257,10 +255,11 @@ impl Target {
     }
 
     /// Answers `cell` as its original was if it is a copy of something this target
-    /// finished: a block, a notice, a read it accepted. False when it is not one. Asked
-    /// first for cells whose rank is no longer their job's: a copy whose original's
-    /// answer was lost and whose receiver has left since was delivered all the same,
-    /// and refused, it would fail at its sender what had succeeded.
+    /// finished: a block, a notice, a read it accepted. False when it is not one. The
+    /// first look at a notice or read request; asked before anything else, too, for cells
+    /// whose rank is no longer their job's: a copy whose original's answer was lost and
+    /// whose receiver has left since was delivered all the same, and refused, it would
+    /// fail at its sender what had succeeded.
     pub(super) fn answer_copy(&mut self, cx: &mut Ctx, cell: &Cell) -> bool {
         match cell.kind {
             CellType::Write => {
