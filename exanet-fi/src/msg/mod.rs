@@ -788,9 +788,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Message `seq` to `to` was delivered, or will never be: the ones it held back go
-    /// while they are within [`HELD_MAX`] of the earliest still undelivered.
-    fn settled(&mut self, to: Peer, seq: u64) {
+    /// Message `p` was delivered, or never will be: if it is numbered, the ones it held
+    /// back go while they are within [`HELD_MAX`] of the earliest still undelivered.
+    fn settled(&mut self, p: &InFlight) {
+        let (to, Some(seq)) = (p.to, p.seq) else {
+            return;
+        };
         let Some(out) = self.outbound.get_mut(&to) else {
             return;
         };
@@ -1161,39 +1164,31 @@ impl Engine {
             .packets
             .remove(&token)
             .ok_or(MsgError::UnknownToken(token))?;
-        // Delivered, or never will be: not refused for now, nor absent within patience.
-        let settles = match how {
-            Delivery::Refused => false,
-            Delivery::Absent => {
-                self.now.saturating_sub(p.absent_since.unwrap_or(self.now)) >= self.cfg.patience_ns
-            }
-            _ => true,
-        };
-        if let (true, Some(seq)) = (settles, p.seq) {
-            self.settled(p.to, seq);
-        }
         match how {
-            Delivery::Delivered => match p.owner {
-                Owner::Eager { ctx } => self.events.push_back(Event::Sent {
-                    ctx,
-                    result: Ok(()),
-                }),
-                Owner::Rts { id } => {
-                    if let Some(r) = self.rendezvous.get_mut(&id) {
-                        if r.complete == Complete::Transmit && !r.completed {
-                            r.completed = true;
-                            self.events.push_back(Event::Sent {
-                                ctx: r.ctx,
-                                result: Ok(()),
-                            });
+            Delivery::Delivered => {
+                self.settled(&p);
+                match p.owner {
+                    Owner::Eager { ctx } => self.events.push_back(Event::Sent {
+                        ctx,
+                        result: Ok(()),
+                    }),
+                    Owner::Rts { id } => {
+                        if let Some(r) = self.rendezvous.get_mut(&id) {
+                            if r.complete == Complete::Transmit && !r.completed {
+                                r.completed = true;
+                                self.events.push_back(Event::Sent {
+                                    ctx: r.ctx,
+                                    result: Ok(()),
+                                });
+                            }
                         }
                     }
+                    Owner::Probe => {
+                        self.probing.remove(&p.to);
+                    }
+                    Owner::Fin | Owner::Rma { .. } | Owner::RmaAnswer => {}
                 }
-                Owner::Probe => {
-                    self.probing.remove(&p.to);
-                }
-                Owner::Fin | Owner::Rma { .. } | Owner::RmaAnswer => {}
-            },
+            }
             // A full mailbox: the endpoint is there, so a probe has its answer.
             Delivery::Refused if matches!(p.owner, Owner::Probe) => {
                 self.probing.remove(&p.to);
@@ -1205,6 +1200,7 @@ impl Engine {
                     self.resend_after_refusal(token, p);
                 } else {
                     // A NACK said the message was not taken: nothing of it is kept there.
+                    self.settled(&p);
                     let failure = Failure::Unreachable(format!(
                         "no endpoint at node {} rank {} mailbox {} for {} ms",
                         p.to.node,
@@ -1216,6 +1212,7 @@ impl Engine {
                 }
             }
             Delivery::Failed(_) | Delivery::Denied(_) | Delivery::NotSent(_) => {
+                self.settled(&p);
                 // Whether the destination may have the message after all: then what it
                 // names (staged data, a read's landing place) must stay until it says.
                 let maybe = matches!(how, Delivery::Failed(_));
