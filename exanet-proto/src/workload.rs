@@ -53,13 +53,13 @@ pub const DEFAULT_MAILBOX_CAPACITY: u32 = 64;
 pub const VA_BASE: u64 = 1 << 30;
 pub const VA_ALIGN: u64 = 2 << 20;
 
-/// How long a workload that does not sleep on its ring may go without a command before
-/// its program is no longer taken to be running, unless its thread is runnable (see
-/// [`WorkloadService::refresh_programs`]).
+/// How long a workload may go unheard from (no command, not seen asleep on its ring)
+/// before its program is no longer taken to be running, unless its thread is runnable
+/// (see [`WorkloadService::refresh_programs`]).
 pub const SILENT_NS: u64 = 2_000_000;
 /// How long a workload whose thread stays runnable (on a CPU or waiting for one) may go
-/// without a command before it is no longer taken to be running either: it may be
-/// spinning on something outside the rack.
+/// unheard from before it is no longer taken to be running either: it may be spinning
+/// on something outside the rack.
 pub const RUNNABLE_SILENT_NS: u64 = 200_000_000;
 
 /// A workload's completion ring, as the service needs it: the daemon's is a ring in
@@ -291,8 +291,10 @@ struct Workload {
     generation: u32,
     /// Posted sends and transfers: the workload's tag and when the NI took the command.
     send_tags: HashMap<(u8, u8), (u32, Instant)>,
-    /// When it last gave a command (or was first looked at, before its first).
-    last_command: Option<Instant>,
+    /// When it was last heard from: its last command, or the last time it was seen
+    /// asleep on its ring (or when it was first looked at). What it did since, it did
+    /// outside the rack.
+    last_heard: Option<Instant>,
     rdma_tags: HashMap<TransferId, (u32, Instant)>,
     /// Posted accelerated allreduces, by collective id.
     allreduce_tags: HashMap<u32, (u32, Instant)>,
@@ -424,7 +426,7 @@ impl WorkloadService {
         ni: &mut Ni,
         rank: u8,
         who: Joining,
-        ring: Box<dyn CompletionRing>,
+        mut ring: Box<dyn CompletionRing>,
     ) -> Result<u8, ServiceError> {
         let pdid = who.pdid;
         if usize::from(rank) >= RANKS {
@@ -449,6 +451,11 @@ impl WorkloadService {
             (&who.job, &who.job_limits, &Holding::default(), job_ranks),
         )?;
         ni.attach_from(rank, pdid, who.start)?;
+        if ring.activity().is_some() {
+            // A process that attaches is running (it makes this call). Left for gone until
+            // the next look, its first posts came out of modeled order.
+            ni.set_program(rank, Program::Running);
+        }
         self.ranks[usize::from(rank)] = Some(Workload {
             joined: who,
             holding: Holding::default(),
@@ -457,7 +464,7 @@ impl WorkloadService {
             mailboxes: Vec::new(),
             generation: 0,
             send_tags: HashMap::new(),
-            last_command: None,
+            last_heard: None,
             rdma_tags: HashMap::new(),
             allreduce_tags: HashMap::new(),
             regions: Vec::new(),
@@ -765,7 +772,7 @@ impl WorkloadService {
         now: Instant,
     ) -> Result<(), ServiceError> {
         let w = self.workload(rank)?;
-        w.last_command = Some(now);
+        w.last_heard = Some(now);
         let cmd = match cmd {
             Ok(c) => c,
             Err((tag, e)) => {
@@ -917,13 +924,17 @@ impl WorkloadService {
 
     /// Tells the NI what each attached workload's program is doing, as its ring shows it
     /// (see [`crate::ni::Program`]): cells in modeled order wait for what it may post. A
-    /// program that neither sleeps on its ring nor gave a command for [`SILENT_NS`], and
-    /// whose thread is not runnable, may be waiting for something outside the rack
+    /// program not heard from for [`SILENT_NS`] (no command, and not seen asleep on its
+    /// ring), whose thread is not runnable, may be waiting for something outside the rack
     /// (another thread, a lock, another of its endpoints): it promises nothing, so that it
     /// cannot hold the rack, and what it posts next may be late. A thread the host merely
     /// descheduled is runnable: taken for waiting, it made a loaded host's collectives
     /// model other figures from run to run. One runnable and silent for
-    /// [`RUNNABLE_SILENT_NS`] may be spinning on something outside the rack.
+    /// [`RUNNABLE_SILENT_NS`] may be spinning on something outside the rack. Seen asleep
+    /// on its ring, a program is heard from: one whose waits end now and then on a timer
+    /// (a library that sends again what was refused) was taken for gone when looked at
+    /// awake between two of them, after a long wait for a peer, and everything it then
+    /// posted came out of modeled order (the 128-rank software collectives).
     pub fn refresh_programs(&mut self, ni: &mut Ni, now: Instant) {
         for (rank, slot) in self.ranks.iter_mut().enumerate() {
             let Some(w) = slot.as_mut() else { continue };
@@ -933,9 +944,12 @@ impl WorkloadService {
             if a.drained && w.backlog.is_empty() {
                 ni.program_drained(rank);
             }
-            let last = *w.last_command.get_or_insert(now);
-            let silent = now.since(last);
-            let program = match a.shows() {
+            let shows = a.shows();
+            if shows == Some(Program::Waiting) {
+                w.last_heard = Some(now);
+            }
+            let silent = now.since(*w.last_heard.get_or_insert(now));
+            let program = match shows {
                 Some(p) => p,
                 None if silent <= SILENT_NS => Program::Running,
                 None => {
@@ -1343,6 +1357,46 @@ mod tests {
             ModelTime::NEVER,
             "runnable and silent this long: spinning on something else"
         );
+    }
+
+    /// A process that attaches runs: it promises its start before the driver first looks
+    /// at its ring (taken for gone, its first posts came out of modeled order).
+    #[test]
+    fn a_program_promises_its_start_from_its_attach() {
+        let (ni, _svc, _state) = one_program();
+        assert!(promise(&ni) < ModelTime::NEVER, "running from its attach");
+    }
+
+    /// A program whose waits on its ring end now and then on a timer, looked at awake
+    /// between two of them long after its last command, is still heard from: it slept on
+    /// its ring a moment ago, so it runs (promises its clock), and is not taken for gone
+    /// (promising nothing, which put its next posts out of modeled order).
+    #[test]
+    fn a_program_between_timed_waits_is_not_taken_for_gone() {
+        let (mut ni, mut svc, state) = one_program();
+        let at = |ns: u64| Instant::from_micros(1_000 + ns / 1_000);
+        svc.refresh_programs(&mut ni, at(0));
+        let running = promise(&ni);
+        state.lock().unwrap().0.waiting = true;
+        for t in (0..=RUNNABLE_SILENT_NS).step_by(SILENT_NS as usize) {
+            svc.refresh_programs(&mut ni, at(t));
+            assert_eq!(promise(&ni), ModelTime::NEVER, "asleep, nothing to wake it");
+        }
+        // Awake a moment after its last sleep, long after its last command.
+        let awake = at(RUNNABLE_SILENT_NS + SILENT_NS / 2);
+        state.lock().unwrap().0.waiting = false;
+        for runnable in [Some(true), Some(false), None] {
+            state.lock().unwrap().1 = runnable;
+            svc.refresh_programs(&mut ni, awake);
+            assert_eq!(promise(&ni), running, "{runnable:?}: heard from, running");
+        }
+        // Unheard from since: gone, unless its thread runs.
+        let later = at(RUNNABLE_SILENT_NS + 2 * SILENT_NS);
+        svc.refresh_programs(&mut ni, later);
+        assert_eq!(promise(&ni), ModelTime::NEVER, "asleep elsewhere since");
+        state.lock().unwrap().1 = Some(true);
+        svc.refresh_programs(&mut ni, later);
+        assert_eq!(promise(&ni), running, "runnable: computing");
     }
 
     /// A program asleep on its ring with everything taken promises nothing (what wakes it
