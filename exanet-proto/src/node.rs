@@ -260,11 +260,6 @@ impl Node {
         self.switch.set_feeds(feeds);
     }
 
-    /// [`set_horizon`](Self::set_horizon), unless the port's horizon is already later.
-    pub fn raise_horizon(&mut self, port: Port, t: ModelTime) {
-        self.switch.raise_horizon(port, t);
-    }
-
     /// Tells the switch what the NI may still inject by itself (see [`crate::order`]):
     /// after anything the node's owner gave the NI from outside.
     pub fn refresh_ni_horizon(&mut self) {

@@ -110,12 +110,9 @@ impl Order {
         }
     }
 
-    /// [`set_horizon`](Self::set_horizon), unless the port's is already later.
-    pub(crate) fn raise_horizon(&mut self, port: Port, t: ModelTime) {
-        if port != Port::Local {
-            let h = &mut self.horizon[port.index()];
-            *h = (*h).max(t);
-        }
+    #[cfg(test)]
+    pub(crate) fn horizon(&self, port: Port) -> ModelTime {
+        self.horizon[port.index()]
     }
 
     /// What the NI may still inject without anything new reaching it, by VC and output,

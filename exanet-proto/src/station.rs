@@ -563,13 +563,18 @@ impl Station {
         self.cut.take()
     }
 
-    /// Applies a coordinator's horizons to this node's link inputs: each is kept if later
-    /// than the one the input has (both are bounds, see [`crate::horizon`]). `pending`:
+    /// Applies a coordinator's horizons to this node's link inputs (see
+    /// [`crate::horizon`]), in place of the last cut's: the coordinator sends them in cut
+    /// order, and a later cut knows more. Kept when later than the input's, as they were,
+    /// a horizon outlived a promise broken since (a program taken for gone that comes back
+    /// and posts behind what its NI promised for it, as far as the wall clock): every
+    /// later cell on that link came in below it and was served out of modeled order, for
+    /// the rest of the run (on 128 ranks, a few cells of every collective). `pending`:
     /// whether anything was pending in the cut they come from (if not, the rack is idle
     /// and takes no cut until some node wakes it).
     pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)], pending: bool) {
         for &(port, h) in horizons {
-            self.node.raise_horizon(port, h);
+            self.node.set_horizon(port, h);
         }
         self.rack_idle = !pending;
     }
@@ -759,6 +764,21 @@ mod tests {
             (errors.get("hello_rack"), errors.get("hello_neighbour")),
             (Some(&1), Some(&1))
         );
+    }
+
+    /// A cut's horizons replace the last cut's, lower ones too: a horizon kept because
+    /// it was later outlived the promise it came from once that was broken (a program
+    /// taken for gone posting behind it), and held every later cell on the link below
+    /// it, out of modeled order.
+    #[test]
+    fn a_cuts_horizons_replace_the_last_cuts() {
+        let (mut a, _, pa, _) = pair();
+        let wall = ModelTime(1_000_000_000_000);
+        let modeled = ModelTime(5_000_000);
+        a.set_horizons(&[(pa, wall)], true);
+        assert_eq!(a.node().switch().horizon(pa), wall);
+        a.set_horizons(&[(pa, modeled)], true);
+        assert_eq!(a.node().switch().horizon(pa), modeled, "the later cut's");
     }
 
     #[test]

@@ -677,9 +677,10 @@ impl Switch {
         self.order.set_horizon(port, t);
     }
 
-    /// [`set_horizon`](Self::set_horizon), unless the port's horizon is already later.
-    pub fn raise_horizon(&mut self, port: Port, t: ModelTime) {
-        self.order.raise_horizon(port, t);
+    /// The horizon of link input `port` (see [`crate::order`]).
+    #[cfg(test)]
+    pub(crate) fn horizon(&self, port: Port) -> ModelTime {
+        self.order.horizon(port)
     }
 
     /// Tells the ordering which inputs can send cells to which outputs (see
