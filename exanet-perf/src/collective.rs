@@ -61,13 +61,19 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-/// Moves the member's clock to the members' latest, agreed over the rack (an allreduce of
-/// their clocks since `start`, not measured): the measured iterations start from one
-/// modeled time after the warm-up, as osu's do after a barrier, and then follow each
-/// other. Without it they started from the skew the warm-up left, which on 128 ranks a
-/// first iteration whose start the host ordered (members taken for gone while the others
-/// attached post behind what their NIs promised) could set, and every measured iteration
-/// carried it.
+/// How far past the members' latest clock the measured iterations start: past the end of
+/// the allreduce that agrees on it (tens of microseconds) and of the cells it leaves on
+/// the rack, so every member starts at the same time on a quiet rack.
+const ALIGN_MARGIN_PS: u64 = 1_000_000_000;
+
+/// Moves the member's clock to one time past the members' latest, agreed over the rack
+/// (an allreduce of their clocks since `start`, not measured): the measured iterations
+/// start from one modeled time after the warm-up, as osu's do after a barrier, and then
+/// follow each other. Without it they started from the skew the warm-up left, which on
+/// 128 ranks a first iteration whose start the host ordered (members taken for gone
+/// while the others attached post behind what their NIs promised) could set, and every
+/// measured iteration carried it. The latest clock itself would not do: the allreduce
+/// that agrees on it ends at other times for other members.
 fn align(
     ep: &Endpoint,
     c: &Collectives,
@@ -86,7 +92,7 @@ fn align(
         .get(..8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map_or(mine, i64::from_le_bytes);
-    ep.advance_clock(start + latest.max(0) as u64);
+    ep.advance_clock(start + (latest.max(0) as u64 + ALIGN_MARGIN_PS));
     Ok(())
 }
 
