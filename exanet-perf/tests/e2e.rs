@@ -369,17 +369,18 @@ fn collectives_on_the_accelerator_and_in_software() {
         .iter()
         .find(|n| n["node"] == "M1QAF1")
         .unwrap();
-    for path in ["accelerator", "software"] {
+    // Three sizes, five measured runs and one warm-up each; in software also the
+    // allreduce of the members' clocks after each size's warm-up, in both runs.
+    for (path, n) in [("accelerator", 18.0), ("software", 18.0 + 6.0)] {
         let c = node["collectives"]
             .as_array()
             .unwrap()
             .iter()
             .find(|c| c["kind"] == "allreduce" && c["path"] == path)
             .unwrap_or_else(|| panic!("no {path} allreduce reported: {node}"));
-        // Three sizes, five measured runs and one warm-up each.
         assert_eq!(
             (num(c, "started"), num(c, "completed"), num(c, "failed")),
-            (18.0, 18.0, 0.0),
+            (n, n, 0.0),
             "{c}"
         );
     }
