@@ -565,11 +565,11 @@ impl Station {
 
     /// Applies a coordinator's horizons to this node's link inputs (see
     /// [`crate::horizon`]), in place of the last cut's: the coordinator sends them in cut
-    /// order, and a later cut knows more. Kept when later than the input's, as they were,
-    /// a horizon outlived a promise broken since (a program taken for gone that comes back
-    /// and posts behind what its NI promised for it, as far as the wall clock): every
-    /// later cell on that link came in below it and was served out of modeled order, for
-    /// the rest of the run (on 128 ranks, a few cells of every collective). `pending`:
+    /// order, and a later cut knows more. Keeping the later of the two let a horizon
+    /// outlive a promise broken since (a program taken for gone that comes back and posts
+    /// behind what its NI promised for it, up to the wall clock): every later cell on that
+    /// link came in below it and was served out of modeled order for the rest of the run
+    /// (on 128 ranks, a few cells of every collective). `pending`:
     /// whether anything was pending in the cut they come from (if not, the rack is idle
     /// and takes no cut until some node wakes it).
     pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)], pending: bool) {
