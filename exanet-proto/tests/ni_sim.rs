@@ -1872,6 +1872,69 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
     }
 }
 
+/// A block's cells can come seconds apart in real time when they wait for the rack's cuts
+/// (a loaded host, modeled order). In the host's order the receiver forgets a block whose
+/// cells stopped coming for `remember_ns` and answers its last cell `Incomplete`: a
+/// repair follows. In modeled order it keeps the block while a cell that continues it can
+/// still come within that time in modeled time, so the last cell finishes it, and forgets
+/// it once nothing can (`Some(NEVER)`: the same as the host's order).
+#[test]
+fn in_modeled_order_a_block_whose_cells_wait_for_cuts_is_not_forgotten() {
+    use exanet_proto::ni::Memory;
+    use exanet_proto::ModelTime;
+    let cfg = NiConfig::default();
+    for (bound, forgotten) in [
+        (None, true),
+        (Some(ModelTime::ZERO), false),
+        (Some(ModelTime::NEVER), true),
+    ] {
+        let mut w = Wire::new(cfg, 1_000);
+        w.b.set_arrival_bound(bound);
+        w.write(0xAA, 0);
+        let mut cells = Vec::new();
+        while let Some(c) = w.a.poll_cell() {
+            w.a.injected(&c, w.now);
+            cells.push(c);
+        }
+        assert_eq!(cells.len(), 16, "a 4 KiB block is 16 cells");
+        let last = cells.pop().expect("cells");
+        for c in cells {
+            w.b.on_cell(c, w.now, &mut w.bmem);
+        }
+        // The last cell waits three of the receiver's memories in real time; the
+        // receiver's timers run meanwhile, as a daemon's do.
+        let later = w.now + 3 * cfg.remember_ns;
+        let mut looks = 0;
+        while let Some(t) = w.b.poll_timeout().filter(|t| *t <= later) {
+            w.b.handle_timeout(t, &w.bmem);
+            looks += 1;
+            assert!(
+                looks < 100,
+                "bound {bound:?}: the receiver's timer does not move on"
+            );
+        }
+        w.b.on_cell(last, later, &mut w.bmem);
+        let stats = w.b.stats();
+        let incomplete = stats.nacks_sent[NackReason::Incomplete as usize];
+        let mut got = [0u8; 4096];
+        w.bmem.read(0, DST_VA, &mut got).unwrap();
+        if forgotten {
+            assert_eq!(
+                (incomplete, stats.rdma_blocks_received),
+                (1, 0),
+                "bound {bound:?}: the block was not forgotten"
+            );
+        } else {
+            assert_eq!(
+                (incomplete, stats.rdma_blocks_received, stats.acks_sent),
+                (0, 1, 1),
+                "bound {bound:?}: a block waiting for its last cell was forgotten"
+            );
+            assert_eq!(got, [0xAA; 4096], "bound {bound:?}: the block did not land");
+        }
+    }
+}
+
 /// A host that stalls (its timer handled long after it was due) sends no copy past the
 /// copy limit: the RDMA write and the packetizer message whose answers were lost end
 /// timed out, and nothing more leaves.

@@ -309,7 +309,13 @@ impl Ctx<'_> {
     /// sent again still goes, at the same modeled time, once the answer is known not to
     /// come before it.
     pub(crate) fn copy_due(&self, due: ModelTime) -> bool {
-        self.arrival_bound.is_none_or(|b| b > due)
+        self.settled(due)
+    }
+
+    /// Whether nothing earlier than `t` in modeled time can still reach the NI: always
+    /// in the host's order, where real time is all there is.
+    pub(crate) fn settled(&self, t: ModelTime) -> bool {
+        self.arrival_bound.is_none_or(|b| b > t)
     }
 
     /// Queues an ACK or NACK for `cell` back to its sender (with the block it concerns,

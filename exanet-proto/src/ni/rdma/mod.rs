@@ -331,7 +331,7 @@ impl RdmaEngine {
     /// Retransmits, retries and expiries due at `cx.now`.
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
         self.initiator.on_timeout(cx, mem);
-        self.target.on_timeout(cx.now, cx.cfg);
+        self.target.on_timeout(cx);
     }
 
     /// The process on `rank` is gone: what it posted and what reads its memory end.

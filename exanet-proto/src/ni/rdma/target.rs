@@ -16,7 +16,7 @@ use crate::gvas::Gvas;
 use crate::ni::recent::Recent;
 use crate::ni::{Ctx, Memory, NackReason, NiConfig, NiEvent};
 use crate::shape::NodeId;
-use crate::time::Instant;
+use crate::time::{Instant, ModelTime};
 
 #[derive(Clone, Copy, Debug)]
 struct RxBlock {
@@ -24,6 +24,8 @@ struct RxBlock {
     bitmap: u64,
     last: Option<u8>,
     touched: Instant,
+    /// The modeled time of its latest cell.
+    modeled: ModelTime,
 }
 
 type RxKey = (NodeId, u32, u64);
@@ -89,6 +91,7 @@ impl Target {
                 bitmap: 0,
                 last: None,
                 touched: now,
+                modeled: cx.at,
             }),
         };
         if ctx.seq != cell.seq {
@@ -101,9 +104,11 @@ impl Target {
                 bitmap: 0,
                 last: None,
                 touched: now,
+                modeled: cx.at,
             };
         }
         ctx.touched = now;
+        ctx.modeled = cx.at;
         arm(&mut self.wake, now + cfg.remember_ns);
         if mem
             .write(cell.dst.rank(), cell.dst.va(), &cell.payload)
@@ -337,10 +342,28 @@ impl Target {
             .min()
     }
 
-    /// Forgets old receive state.
-    pub(super) fn on_timeout(&mut self, now: Instant, cfg: &NiConfig) {
-        self.rx
-            .retain(|_, c| now.since(c.touched) < cfg.remember_ns);
+    /// Forgets old receive state. A block under way whose cells stopped coming for
+    /// `remember_ns` is forgotten (its sender gave up or went away); in modeled order only
+    /// once nothing that could continue it can still reach the NI within that time of its
+    /// latest cell, in modeled time. There its cells wait for the rack's cuts in real
+    /// time, seconds apart on a loaded host (a 128-rank collective on two cores), and a
+    /// block forgotten between two of them was answered `Incomplete` when its last cell
+    /// came, and the repair it asked for cost modeled time on every output it crossed, by
+    /// how long the host took (its cells then found the block finished and were dropped).
+    pub(super) fn on_timeout(&mut self, cx: &Ctx) {
+        let (now, cfg) = (cx.now, cx.cfg);
+        let window = cfg.remember_ns.saturating_mul(1_000);
+        self.rx.retain(|_, c| {
+            if now.since(c.touched) < cfg.remember_ns {
+                return true;
+            }
+            if cx.settled(c.modeled + window) {
+                return false;
+            }
+            // Held: looked at again a real-time window later.
+            c.touched = now;
+            true
+        });
         let keep = cfg.keep_ns();
         self.finished.expire(now, keep);
         self.served_seen.expire(now, keep);
