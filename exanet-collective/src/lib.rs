@@ -402,6 +402,19 @@ impl SoftCollective {
         self.size
     }
 
+    /// The round this member is in (0-based; [`Self::rounds`] once done): with
+    /// [`Self::awaiting`], what a collective that timed out says of where it stopped.
+    pub fn round(&self) -> usize {
+        self.next
+    }
+
+    /// The member whose message this one waits for to finish its round: None when the
+    /// round receives nothing or the collective is done.
+    pub fn awaiting(&self) -> Option<usize> {
+        let action = self.schedule.get(self.next)?;
+        action.recv.as_ref().map(|r| r.from)
+    }
+
     fn advance(&mut self) {
         while let Some(action) = self.schedule.get(self.next) {
             if !self.sent {
@@ -814,6 +827,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A member says which round it is in and whose message it waits for: in a
+    /// recursive-doubling allreduce of four (two rounds), member 0 waits for 1, then
+    /// for 2.
+    #[test]
+    fn a_member_says_where_it_waits() {
+        let kind = Kind::Allreduce {
+            op: ReduceOp::Sum,
+            ty: DataType::I64,
+        };
+        let mut m: Vec<_> = (0..4)
+            .map(|i| {
+                SoftCollective::new(kind, Algorithm::RecursiveDoubling, 4, i, vec![0; 8]).unwrap()
+            })
+            .collect();
+        assert_eq!((m[0].round(), m[0].awaiting()), (0, Some(1)));
+        let from = |m: &mut SoftCollective| m.poll_send().expect("a step to send");
+        let to_0_from_2 = from(&mut m[2]);
+        let o = from(&mut m[1]);
+        assert_eq!(o.to, 0);
+        // Member 2's first step goes to member 3, not 0: nothing for 0 from it yet.
+        assert_ne!(to_0_from_2.to, 0);
+        m[0].on_receive(1, o.step, &o.data).unwrap();
+        assert_eq!((m[0].round(), m[0].awaiting()), (1, Some(2)));
+        assert_eq!(m[0].rounds(), 2);
     }
 
     #[test]

@@ -95,6 +95,22 @@ pub enum Error {
     /// group or vector does not allow, a peer that sent what the algorithm cannot take).
     #[error("collective: {0}")]
     Collective(String),
+    /// A software collective ran out of time: the round it was in (0-based; the message
+    /// counts from 1), the member whose message it waited for (None: it waited for the
+    /// answers to what it sent, or for its rendezvous writes), and how many of its
+    /// messages were not answered yet.
+    #[error(
+        "collective timed out after {waited_ms} ms in round {} of {rounds}: {}",
+        .round + 1,
+        waiting_for(*.awaiting, *.unanswered)
+    )]
+    CollectiveTimeout {
+        waited_ms: u64,
+        round: usize,
+        rounds: usize,
+        awaiting: Option<usize>,
+        unanswered: usize,
+    },
     /// Another member of a software collective gave it up (and told this one).
     #[error("collective aborted: member {member} failed: {reason}")]
     CollectiveAborted { member: usize, reason: String },
@@ -324,7 +340,7 @@ impl Error {
             Error::Disconnected => DISCONNECTED,
             Error::Corrupt(_) | Error::Broken(_) => CORRUPT,
             Error::Shm(_) | Error::Io { .. } => SYSTEM,
-            Error::Timeout => TIMEOUT,
+            Error::Timeout | Error::CollectiveTimeout { .. } => TIMEOUT,
             Error::CollectiveAborted { .. } => ABORTED,
             Error::Op { error, .. } => match error {
                 OpError::Nacked { .. } => NACKED,
@@ -362,3 +378,12 @@ impl Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a collective that timed out was waiting for, in words.
+fn waiting_for(awaiting: Option<usize>, unanswered: usize) -> String {
+    let who = match awaiting {
+        Some(m) => format!("waiting for member {m}"),
+        None => "waiting for no member's message".to_string(),
+    };
+    format!("{who}, {unanswered} of its messages not answered")
+}

@@ -265,7 +265,15 @@ fn a_member_that_gives_up_aborts_the_others() {
         Some((e, t0.elapsed()))
     });
     let (e0, _) = out[0].as_ref().unwrap();
-    assert!(matches!(e0, exanet::Error::Timeout), "{e0:?}");
+    // It says where it stopped: past its exchange with member 1, waiting for the member
+    // that never came.
+    match e0 {
+        exanet::Error::CollectiveTimeout {
+            round, awaiting, ..
+        } => assert_eq!((*round, *awaiting), (1, Some(2)), "{e0}"),
+        other => panic!("member 0: {other:?}"),
+    }
+    assert_eq!(e0.code(), exanet::error::codes::TIMEOUT);
     let (e1, t1) = out[1].as_ref().unwrap();
     match e1 {
         exanet::Error::CollectiveAborted { member, reason } => {

@@ -185,6 +185,8 @@ struct Steps {
     /// Messages sent and not answered yet.
     sent: VecDeque<Sent>,
     rdv: Transfers,
+    /// Messages of this collective that came before it started, to take first.
+    backlog: VecDeque<crate::Message>,
 }
 
 impl Endpoint {
@@ -518,17 +520,41 @@ impl Collectives {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(g.id, seq);
-        let mut backlog: VecDeque<crate::Message> = early.into();
+        st.backlog = early.into();
+        match self.run_steps(g, seq, &mut sc, &mut st, deadline, pool) {
+            Ok(()) => Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default()),
+            // Where it stopped, so that a stall of a rack says where it is.
+            Err(Error::Timeout) => Err(Error::CollectiveTimeout {
+                waited_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+                round: sc.round(),
+                rounds: sc.rounds(),
+                awaiting: sc.awaiting(),
+                unanswered: st.sent.len(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the steps of `sc` until it is done and what it sent is answered.
+    fn run_steps(
+        &self,
+        g: &Group,
+        seq: u16,
+        sc: &mut SoftCollective,
+        st: &mut Steps,
+        deadline: Instant,
+        pool: &mut Pool,
+    ) -> Result<()> {
         loop {
             while let Some(o) = sc.poll_send() {
-                self.send_step(g, seq, o, &mut st, pool)?;
+                self.send_step(g, seq, o, st, pool)?;
             }
             self.start_writes(g, &mut st.rdv, pool)?;
             self.reap_writes(&mut st.rdv)?;
             if sc.is_done() && st.rdv.sends_done() {
                 break;
             }
-            let incoming = match backlog.pop_front() {
+            let incoming = match st.backlog.pop_front() {
                 Some(m) => Incoming::Message(m),
                 None => {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -549,7 +575,7 @@ impl Collectives {
                     match self.shared.next_event(self.mailbox.vi(), &claims, &tags)? {
                         Some(Next::Incoming(i)) => i,
                         Some(Next::Completed(tag)) => {
-                            self.completed(tag, &mut st, deadline)?;
+                            self.completed(tag, st, deadline)?;
                             continue;
                         }
                         None => {
@@ -566,14 +592,14 @@ impl Collectives {
                 }
             };
             match incoming {
-                Incoming::Message(m) => self.on_message(g, seq, &mut sc, m, &mut st, pool)?,
-                Incoming::Notification(n) => self.on_landed(g, &mut sc, n, &mut st.rdv, pool)?,
+                Incoming::Message(m) => self.on_message(g, seq, sc, m, st, pool)?,
+                Incoming::Notification(n) => self.on_landed(g, sc, n, &mut st.rdv, pool)?,
             }
         }
         while let Some(s) = st.sent.pop_front() {
             self.settle(s, &mut st.sent, deadline)?;
         }
-        Ok(sc.result().map(<[u8]>::to_vec).unwrap_or_default())
+        Ok(())
     }
 
     /// The collective mailbox of `member` (node, rank).
