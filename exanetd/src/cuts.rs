@@ -70,13 +70,25 @@ fn spawn_writer<T: Serialize + Send + Sync + 'static>(
     (tx, writer)
 }
 
+/// `e` and what caused it: quinn's "connection lost" alone does not say whether the
+/// peer closed, reset or went silent past the idle timeout.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    out
+}
+
 /// The next message; `None` when the peer closed the stream.
 async fn read_msg<T: DeserializeOwned>(recv: &mut RecvStream) -> Result<Option<T>, String> {
     let mut len = [0u8; 4];
     match recv.read_exact(&mut len).await {
         Ok(()) => {}
         Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(with_causes(&e)),
     }
     let len = u32::from_be_bytes(len) as usize;
     if len > MAX_MESSAGE {
@@ -85,7 +97,7 @@ async fn read_msg<T: DeserializeOwned>(recv: &mut RecvStream) -> Result<Option<T
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| with_causes(&e))?;
     bincode::deserialize(&body)
         .map(Some)
         .map_err(|e| format!("undecodable message: {e}"))
@@ -185,16 +197,45 @@ pub struct CoordinatorHandle {
 
 struct State {
     coordinator: Coordinator,
-    /// Each node's connection, once it said hello.
-    nodes: Vec<Option<mpsc::UnboundedSender<FromCoordinator>>>,
+    /// Each node's connection, once it said hello, with the number it joined under.
+    nodes: Vec<Option<(u64, mpsc::UnboundedSender<FromCoordinator>)>>,
+    /// The number the next connection joins under.
+    joins: u64,
 }
 
 impl State {
+    /// Node `id` said hello on a new connection: it takes the place of any earlier one.
+    /// Returns the number the connection joined under.
+    fn connect(&mut self, id: NodeId, tx: mpsc::UnboundedSender<FromCoordinator>) -> u64 {
+        self.joins += 1;
+        let n = self.joins;
+        self.nodes[id.0 as usize] = Some((n, tx));
+        let epoch = self.coordinator.join(id);
+        self.begin(epoch);
+        n
+    }
+
+    /// The connection node `id` joined under as `n` ended. The node is gone only if no
+    /// newer connection took its place: on a loaded host a node notices a lost connection
+    /// and is back on a new one before the coordinator notices the old one end, and taking
+    /// that end for the node's leaving left the node connected and never told of a cut
+    /// again, and the rack with no cut for ever (every cut needs every part). False when
+    /// a newer connection holds the place.
+    fn disconnect(&mut self, id: NodeId, n: u64) -> bool {
+        let slot = &mut self.nodes[id.0 as usize];
+        if slot.as_ref().is_none_or(|(held, _)| *held != n) {
+            return false;
+        }
+        *slot = None;
+        self.coordinator.leave(id);
+        true
+    }
+
     /// Tells every node to begin the cut the coordinator started, if it started one.
     fn begin(&self, epoch: Option<u64>) {
         if let Some(epoch) = epoch {
             debug!(epoch, "cut started");
-            for tx in self.nodes.iter().flatten() {
+            for (_, tx) in self.nodes.iter().flatten() {
                 let _ = tx.send(FromCoordinator::Begin(epoch));
             }
         }
@@ -210,6 +251,7 @@ impl CoordinatorHandle {
             state: Mutex::new(State {
                 coordinator,
                 nodes: (0..shape.nodes()).map(|_| None).collect(),
+                joins: 0,
             }),
         })
     }
@@ -253,12 +295,7 @@ impl CoordinatorHandle {
             return Err(format!("certificate is not issued for {claimed}"));
         }
         let (tx, writer) = spawn_writer(send);
-        {
-            let mut st = self.lock();
-            st.nodes[id.0 as usize] = Some(tx);
-            let epoch = st.coordinator.join(id);
-            st.begin(epoch);
-        }
+        let joined = self.lock().connect(id, tx);
         debug!(node = %claimed, "joined the cuts");
         let r = loop {
             let m = match read_msg::<ToCoordinator>(&mut recv).await {
@@ -277,8 +314,8 @@ impl CoordinatorHandle {
                     Ok(None) => {}
                     Ok(Some(h)) => {
                         debug!(epoch = h.epoch, pending = h.pending, "cut complete");
-                        for (tx, horizons) in st.nodes.iter().zip(h.by_node) {
-                            if let Some(tx) = tx {
+                        for (slot, horizons) in st.nodes.iter().zip(h.by_node) {
+                            if let Some((_, tx)) = slot {
                                 let pending = h.pending;
                                 let _ = tx.send(FromCoordinator::Horizons { horizons, pending });
                             }
@@ -291,9 +328,65 @@ impl CoordinatorHandle {
             }
         };
         writer.abort();
-        let mut st = self.lock();
-        st.nodes[id.0 as usize] = None;
-        st.coordinator.leave(id);
+        if !self.lock().disconnect(id, joined) {
+            debug!(node = %claimed, "an old cut connection ended after its new one joined");
+        }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exanet_proto::Shape;
+
+    fn part(epoch: u64) -> NodeCut {
+        NodeCut {
+            epoch,
+            busy: false,
+            relays: false,
+            ports: Vec::new(),
+        }
+    }
+
+    /// A node back on a new connection before the coordinator saw its old one end: the
+    /// old one's end must not take the node out of the cuts (it did, and the rack took
+    /// no cut again). The cut its return started completes with every node's part.
+    #[test]
+    fn an_old_connection_ending_late_leaves_its_node_in_the_cuts() {
+        let shape: Shape = "1x1x1".parse().unwrap();
+        let handle = CoordinatorHandle::new(shape).unwrap();
+        let mut st = handle.lock();
+        let nodes = shape.nodes();
+        let mut rx = Vec::new();
+        let mut joined = Vec::new();
+        for id in 0..nodes {
+            let (tx, r) = mpsc::unbounded_channel();
+            joined.push(st.connect(NodeId(id), tx));
+            rx.push(r);
+        }
+        // A node has work: a cut begins.
+        let first = st.coordinator.wake();
+        assert!(first.is_some(), "no cut began");
+        st.begin(first);
+        // Node 0 comes back, with the cut under way, on a new connection; its old one ends only then.
+        let (tx, mut back) = mpsc::unbounded_channel();
+        let again = st.connect(NodeId(0), tx);
+        let epoch = match back.try_recv() {
+            Ok(FromCoordinator::Begin(e)) if Some(e) > first => e,
+            Ok(FromCoordinator::Begin(e)) => e,
+            other => panic!("the node's return started no cut: {other:?}"),
+        };
+        assert!(
+            !st.disconnect(NodeId(0), joined[0]),
+            "the old connection took the place"
+        );
+        let mut done = None;
+        for id in 0..nodes {
+            done = st.coordinator.report(NodeId(id), part(epoch)).unwrap();
+        }
+        assert!(done.is_some(), "the cut did not complete with every part");
+        // The node's new connection ending does take it out.
+        assert!(st.disconnect(NodeId(0), again));
     }
 }
