@@ -54,9 +54,6 @@ const MAILBOX_CAPACITY: u32 = 4096;
 pub const EAGER_LIMIT: usize = 32;
 /// How long a collective may take before it is given up.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a member waiting for a message looks at what it sent (to send again what a
-/// peer refused for now).
-const RESEND_CHECK: Duration = Duration::from_millis(2);
 /// Messages kept for collectives this member has not started yet.
 const MAX_EARLY: usize = 65_536;
 /// Scratch memory for the accelerator: the member table, then the vector and the result.
@@ -579,13 +576,14 @@ impl Collectives {
                             continue;
                         }
                         None => {
-                            // Wake on any completion (a message, a write ending), and now
-                            // and then to send again what a peer refused for now: it may
-                            // be waiting for exactly that before it sends what this waits
-                            // for.
+                            // Wake on any event: a message, a write ending, an answer. A
+                            // peer's refusal is an answer, taken above and sent again
+                            // (`completed`), so nothing needs a look on a timer. Waking
+                            // every 2 ms to look anyway cost a 128-rank collective 64,000
+                            // wake-ups a second, with their spins: on two cores the
+                            // members starved the daemons past their links' timeouts.
                             self.reap(&mut st.sent, deadline)?;
-                            self.shared
-                                .wait_events(seen, Some(left.min(RESEND_CHECK)))?;
+                            self.shared.wait_events(seen, Some(left))?;
                             continue;
                         }
                     }
