@@ -1832,6 +1832,15 @@ fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
     }
 }
 
+/// The arrival bounds an NI's timer is tried under, and whether what it would do (send a
+/// copy, forget a block) goes at once: the host's order (no bound); modeled order with
+/// nothing known yet (no cut has passed anything); modeled order once nothing more can come.
+const BOUNDS: [(Option<exanet_proto::ModelTime>, bool); 3] = [
+    (None, true),
+    (Some(exanet_proto::ModelTime::ZERO), false),
+    (Some(exanet_proto::ModelTime::NEVER), true),
+];
+
 /// In modeled order a copy waits until nothing earlier than its modeled time can still
 /// reach its NI: answers that are late only in real time (on daemons, cells wait for the
 /// rack's cuts) cause no copy, which would cost modeled time on every output it crossed,
@@ -1839,16 +1848,8 @@ fn a_writer_gives_up_before_its_receiver_forgets_a_finished_block() {
 /// and in modeled order a copy whose answer is known not to come in time still goes.
 #[test]
 fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
-    use exanet_proto::ModelTime;
     let cfg = NiConfig::default();
-    // (arrival bound, whether copies go): host order; modeled order with nothing known
-    // yet (no cut has passed the copies' modeled time); modeled order once nothing more
-    // can come.
-    for (bound, copies) in [
-        (None, true),
-        (Some(ModelTime::ZERO), false),
-        (Some(ModelTime::NEVER), true),
-    ] {
+    for (bound, copies) in BOUNDS {
         // Three timer lengths each way: every answer comes after its timer fired.
         let mut w = Wire::new(cfg, 3 * cfg.retransmit_ns);
         w.depart = bound.is_some();
@@ -1881,13 +1882,8 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
 #[test]
 fn in_modeled_order_a_block_whose_cells_wait_for_cuts_is_not_forgotten() {
     use exanet_proto::ni::Memory;
-    use exanet_proto::ModelTime;
     let cfg = NiConfig::default();
-    for (bound, forgotten) in [
-        (None, true),
-        (Some(ModelTime::ZERO), false),
-        (Some(ModelTime::NEVER), true),
-    ] {
+    for (bound, forgotten) in BOUNDS {
         let mut w = Wire::new(cfg, 1_000);
         w.b.set_arrival_bound(bound);
         w.write(0xAA, 0);
