@@ -358,24 +358,25 @@ mod tests {
         let handle = CoordinatorHandle::new(shape).unwrap();
         let mut st = handle.lock();
         let nodes = shape.nodes();
-        let mut rx = Vec::new();
+        // The receivers are kept so that what the coordinator sends them is not refused.
+        let mut _receivers = Vec::new();
         let mut joined = Vec::new();
         for id in 0..nodes {
             let (tx, r) = mpsc::unbounded_channel();
             joined.push(st.connect(NodeId(id), tx));
-            rx.push(r);
+            _receivers.push(r);
         }
         // A node has work: a cut begins.
         let first = st.coordinator.wake();
         assert!(first.is_some(), "no cut began");
         st.begin(first);
-        // Node 0 comes back, with the cut under way, on a new connection; its old one ends only then.
+        // Node 0 comes back on a new connection with the cut under way; its old
+        // connection ends only then. Its return gives the cut up and starts a newer one.
         let (tx, mut back) = mpsc::unbounded_channel();
         let again = st.connect(NodeId(0), tx);
         let epoch = match back.try_recv() {
             Ok(FromCoordinator::Begin(e)) if Some(e) > first => e,
-            Ok(FromCoordinator::Begin(e)) => e,
-            other => panic!("the node's return started no cut: {other:?}"),
+            other => panic!("the node's return started no newer cut: {other:?}"),
         };
         assert!(
             !st.disconnect(NodeId(0), joined[0]),
