@@ -17,7 +17,7 @@ use crate::control::Control;
 use crate::engine::{
     counters_fit, Chan, Info, Message, Notification, Shared, Stats, RING_SLOT_SIZE, VA_LIMIT,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, OpError, Result};
 
 /// Largest ring region accepted from the daemon.
 const MAX_RING_REGION: u64 = 1 << 30;
@@ -366,6 +366,21 @@ impl Endpoint {
         self.shared.wait(tag.0, timeout)
     }
 
+    /// `tag`'s result if the operation ended, with when it ended in modeled time, without
+    /// waiting and without moving this endpoint's clock (`Ok(None)`: still going); the
+    /// result is collected, as by [`Endpoint::wait`]. For a library that keeps track of
+    /// operations the program does not wait for, such as the deliveries of messages it
+    /// keeps a copy of to send again: taking those as they come in real time would move
+    /// the clock as far as the host happened to have delivered them, and every later post
+    /// with it, so that a figure would depend on the host's timing. Where the program
+    /// does wait for the result, [`Endpoint::advance_clock`] to its time says so.
+    pub fn try_result(
+        &self,
+        tag: Tag,
+    ) -> Result<Option<(std::result::Result<(), OpError>, ModelTime)>> {
+        self.shared.try_result(tag.0)
+    }
+
     /// This endpoint's modeled clock: operations are posted at it, and each completion,
     /// message or notification the program takes moves it to that event's modeled time.
     pub fn clock(&self) -> ModelTime {
@@ -660,15 +675,30 @@ impl Packetizer {
             .map(Tag)
     }
 
-    /// [`Packetizer::send`] on the first free channel, waiting (and making progress) while
-    /// all four are busy.
+    /// [`Packetizer::send`] on a free channel, waiting (and making progress) while all
+    /// four are busy.
     pub fn send_any(&self, dst: Gvas, data: &[u8]) -> Result<Tag> {
+        self.send_on_any(dst, data, true)
+    }
+
+    /// [`Packetizer::send`] on a free channel without waiting: [`Error::ChannelBusy`]
+    /// while all four are busy. Of the free channels, the one freed earliest in modeled
+    /// time, as [`Packetizer::send_any`] takes: a channel is free once its message's ACK
+    /// came, and taking the first free one, whose ACK may be later than this endpoint's
+    /// clock while an earlier one's is not yet in from the host, would move the clock
+    /// to that ACK with the host's timing.
+    pub fn try_send_any(&self, dst: Gvas, data: &[u8]) -> Result<Tag> {
+        self.send_on_any(dst, data, false)
+    }
+
+    fn send_on_any(&self, dst: Gvas, data: &[u8], wait: bool) -> Result<Tag> {
         self.check(&dst, data)?;
         let vi = self.vi;
         self.shared
             .post_any(
                 |ch| Chan::Packetizer { vi, ch },
                 CHANNELS as u8,
+                wait,
                 |tag, ch| Command::Send {
                     tag,
                     op: SendMessage {
@@ -812,6 +842,45 @@ impl RdmaPage {
         notify: Option<u64>,
     ) -> Result<Tag> {
         check_channel(ch, RDMA_WRITE_CHANNELS)?;
+        let build = self.write_command(src, offset, dst, len, notify)?;
+        let page = self.page;
+        self.shared
+            .post(Chan::RdmaWrite { page, ch }, |tag| build(tag, ch))
+            .map(Tag)
+    }
+
+    /// [`RdmaPage::write`] on a free write channel without waiting: [`Error::ChannelBusy`]
+    /// while all are busy. Of the free channels, the one freed earliest in modeled time
+    /// (see [`Packetizer::try_send_any`]).
+    pub fn try_write_any(
+        &self,
+        src: &MemoryRegion,
+        offset: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+    ) -> Result<Tag> {
+        let build = self.write_command(src, offset, dst, len, notify)?;
+        let page = self.page;
+        self.shared
+            .post_any(
+                |ch| Chan::RdmaWrite { page, ch },
+                RDMA_WRITE_CHANNELS,
+                false,
+                build,
+            )
+            .map(Tag)
+    }
+
+    /// Checks a write's arguments; builds its command from its tag and channel.
+    fn write_command(
+        &self,
+        src: &MemoryRegion,
+        offset: u64,
+        dst: Gvas,
+        len: u64,
+        notify: Option<u64>,
+    ) -> Result<impl FnOnce(u32, u8) -> Command> {
         self.check_local(src, offset, len)?;
         self.check_remote(&dst, len)?;
         if let Some(n) = notify {
@@ -823,21 +892,19 @@ impl RdmaPage {
         }
         let page = self.page;
         let src_va = src.va + offset;
-        self.shared
-            .post(Chan::RdmaWrite { page, ch }, |tag| Command::Write {
-                tag,
-                op: RdmaWrite {
-                    page,
-                    ch,
-                    src_va,
-                    dst,
-                    len,
-                    notify,
-                },
-                // Stamped with the workload's clock as it is posted.
-                at: ModelTime::ZERO,
-            })
-            .map(Tag)
+        Ok(move |tag, ch| Command::Write {
+            tag,
+            op: RdmaWrite {
+                page,
+                ch,
+                src_va,
+                dst,
+                len,
+                notify,
+            },
+            // Stamped with the workload's clock as it is posted.
+            at: ModelTime::ZERO,
+        })
     }
 
     /// RDMA-reads `len` (1..=[`crate::MAX_TRANSFER`]) bytes at `src` into `dst` at
@@ -851,23 +918,58 @@ impl RdmaPage {
         len: u64,
     ) -> Result<Tag> {
         check_channel(ch, RDMA_READ_CHANNELS)?;
+        let build = self.read_command(src, dst, offset, len)?;
+        let page = self.page;
+        self.shared
+            .post(Chan::RdmaRead { page, ch }, |tag| build(tag, ch))
+            .map(Tag)
+    }
+
+    /// [`RdmaPage::read`] on a free read channel without waiting: [`Error::ChannelBusy`]
+    /// while all are busy. Of the free channels, the one freed earliest in modeled time
+    /// (see [`Packetizer::try_send_any`]).
+    pub fn try_read_any(
+        &self,
+        src: Gvas,
+        dst: &MemoryRegion,
+        offset: u64,
+        len: u64,
+    ) -> Result<Tag> {
+        let build = self.read_command(src, dst, offset, len)?;
+        let page = self.page;
+        self.shared
+            .post_any(
+                |ch| Chan::RdmaRead { page, ch },
+                RDMA_READ_CHANNELS,
+                false,
+                build,
+            )
+            .map(Tag)
+    }
+
+    /// Checks a read's arguments; builds its command from its tag and channel.
+    fn read_command(
+        &self,
+        src: Gvas,
+        dst: &MemoryRegion,
+        offset: u64,
+        len: u64,
+    ) -> Result<impl FnOnce(u32, u8) -> Command> {
         self.check_local(dst, offset, len)?;
         self.check_remote(&src, len)?;
         let page = self.page;
         let dst_va = dst.va + offset;
-        self.shared
-            .post(Chan::RdmaRead { page, ch }, |tag| Command::Read {
-                tag,
-                op: RdmaRead {
-                    page,
-                    ch,
-                    src,
-                    dst_va,
-                    len,
-                },
-                // Stamped with the workload's clock as it is posted.
-                at: ModelTime::ZERO,
-            })
-            .map(Tag)
+        Ok(move |tag, ch| Command::Read {
+            tag,
+            op: RdmaRead {
+                page,
+                ch,
+                src,
+                dst_va,
+                len,
+            },
+            // Stamped with the workload's clock as it is posted.
+            at: ModelTime::ZERO,
+        })
     }
 }

@@ -995,15 +995,22 @@ impl Shared {
         self.push_tagged(tag, build(tag))
     }
 
-    /// Posts a command on the first free channel of `chans`, waiting for one to free up.
+    /// Posts a command on a free channel of `chans`, waiting for one to free up (`wait`;
+    /// without, [`Error::ChannelBusy`] while all are busy).
     pub(crate) fn post_any(
         &self,
         chans: impl Fn(u8) -> Chan,
         count: u8,
+        wait: bool,
         build: impl FnOnce(u32, u8) -> Command,
     ) -> Result<u32> {
         let _call = self.enter();
-        let got = self.drive(Some(self.info.control_timeout), None, |st| {
+        let timeout = if wait {
+            self.info.control_timeout
+        } else {
+            Duration::ZERO
+        };
+        let got = self.drive(Some(timeout), None, |st| {
             // The free channel freed earliest in modeled time: which channels the host has
             // freed by now is its timing, but completions come in modeled order, so the
             // earliest freed is the same whenever the program asks.
@@ -1015,7 +1022,15 @@ impl Shared {
                 None => Ok(None),
             }
         })?;
-        let (tag, ch) = got.ok_or(Error::Timeout)?;
+        let (tag, ch) = match got {
+            Some(got) => got,
+            None if wait => return Err(Error::Timeout),
+            None => {
+                let st = lock(&self.state);
+                let tag = st.busy.get(&chans(0)).copied().unwrap_or_default();
+                return Err(chans(0).busy_error(tag));
+            }
+        };
         self.push_tagged(tag, build(tag, ch))
     }
 
@@ -1072,6 +1087,20 @@ impl Shared {
             Some((Ok(()), at)) => Ok(Some(at)),
             Some((Err(error), _)) => Err(Error::Op { tag, error }),
         }
+    }
+
+    /// `tag`'s result if it came (in real time), with when it ended in modeled time,
+    /// without waiting and without moving the clock: see [`crate::Endpoint::try_result`].
+    pub(crate) fn try_result(&self, tag: u32) -> Result<Option<(Result<(), OpError>, ModelTime)>> {
+        let _call = self.enter();
+        self.drive(Some(Duration::ZERO), None, |st| match st.tags.get(&tag) {
+            None => Err(Error::UnknownTag(tag)),
+            Some(&TagState::Done(r, at, _)) => {
+                st.tags.remove(&tag);
+                Ok(Some((r, at)))
+            }
+            Some(TagState::Pending { .. }) => Ok(None),
+        })
     }
 
     /// The workload's modeled clock.
