@@ -83,6 +83,8 @@ struct Modeled {
     /// goes on from the first by what the second has moved since.
     wall: std::time::Duration,
     model: exanet::ModelTime,
+    /// [`host_seconds`] at the opening, from which `MPI_Wtime` goes on likewise.
+    host: f64,
 }
 
 static MODELED: std::sync::Mutex<Option<Modeled>> = std::sync::Mutex::new(None);
@@ -103,21 +105,29 @@ fn remember_modeled(attachment: &Arc<exanet::Endpoint>) {
         thread: unsafe { libc::pthread_self() },
         wall: wall_clock(),
         model: modeled_now(attachment),
+        host: host_seconds(),
     });
 }
 
 /// `MPI_Wtime` for `exactl mpirun --modeled`, which preloads this library ahead of the
-/// MPI library: the rank's modeled clock in seconds (what the ExaNeSt hardware would
-/// have taken, counting the compute since the program's last call as the client library
-/// does), so that a program's own timings are modeled. Before a domain is open, or after
-/// it closed, the host's monotonic clock. Loaded by libfabric without the preload, these
-/// symbols interpose nothing.
+/// MPI library: seconds that run at the rank's modeled clock (what the ExaNeSt hardware
+/// would have taken, counting the compute since the program's last call as the client
+/// library does) while a domain is open, so that a program's own timings are modeled;
+/// before a domain is open, or after it closed, at the host's monotonic clock. They go
+/// on from the host's seconds since the program started rather than from the modeled
+/// clock itself: that starts at the wall clock (days of seconds), where a double
+/// resolves 2 ns, and a 1 us one-way would print different last digits run after run.
+/// Loaded by libfabric without the preload, these symbols interpose nothing.
 #[no_mangle]
 pub extern "C" fn MPI_Wtime() -> f64 {
     catch_unwind(|| {
-        let ep = modeled().as_ref().and_then(|m| m.attachment.upgrade());
-        match ep {
-            Some(ep) => modeled_now(&ep).as_secs_f64(),
+        let m = modeled();
+        let open = m
+            .as_ref()
+            .and_then(|m| Some((m.attachment.upgrade()?, m.model, m.host)));
+        drop(m);
+        match open {
+            Some((ep, model, host)) => host + modeled_now(&ep).since(model) as f64 * 1e-12,
             None => host_seconds(),
         }
     })

@@ -227,10 +227,13 @@ pub enum Failure {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A send completed: its buffer may be reused.
+    /// A send completed: its buffer may be reused. `delivered`: when, where its own
+    /// delivery completed it (the [`Delivery::Delivered`] time); `None` where the
+    /// receiver's answer did (a message the caller took) or it failed.
     Sent {
         ctx: u64,
         result: Result<(), Failure>,
+        delivered: Option<u64>,
     },
     /// A staged send's staging may be freed: the receiver read it or never will (after
     /// its `Sent`, or with it).
@@ -268,7 +271,10 @@ pub struct Peeked {
 /// How the packetizer message of a [`Transmit`] ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
-    Delivered,
+    /// Delivered at `at`, in the caller's time (the provider's: the rank's modeled
+    /// picoseconds): handed back on the [`Event::Sent`] it completes, if any, since only
+    /// where the program is told of it does that time become the program's.
+    Delivered { at: u64 },
     /// Refused for now by a full mailbox: to send again (its endpoint is there, only
     /// busy, so for as long as it takes).
     Refused,
@@ -937,7 +943,11 @@ impl Engine {
                         FinStatus::Refused => Err(Failure::Refused),
                     };
                     if !r.completed {
-                        self.events.push_back(Event::Sent { ctx: r.ctx, result });
+                        self.events.push_back(Event::Sent {
+                            ctx: r.ctx,
+                            result,
+                            delivered: None,
+                        });
                     } else if result.is_err() {
                         self.stats.refused_after_completion += 1;
                     }
@@ -1165,12 +1175,13 @@ impl Engine {
             .remove(&token)
             .ok_or(MsgError::UnknownToken(token))?;
         match how {
-            Delivery::Delivered => {
+            Delivery::Delivered { at } => {
                 self.settled(&p);
                 match p.owner {
                     Owner::Eager { ctx } => self.events.push_back(Event::Sent {
                         ctx,
                         result: Ok(()),
+                        delivered: Some(at),
                     }),
                     Owner::Rts { id } => {
                         if let Some(r) = self.rendezvous.get_mut(&id) {
@@ -1179,6 +1190,7 @@ impl Engine {
                                 self.events.push_back(Event::Sent {
                                     ctx: r.ctx,
                                     result: Ok(()),
+                                    delivered: Some(at),
                                 });
                             }
                         }
@@ -1345,6 +1357,7 @@ impl Engine {
             Owner::Eager { ctx } => self.events.push_back(Event::Sent {
                 ctx,
                 result: Err(failure),
+                delivered: None,
             }),
             Owner::Rts { id } => {
                 let Some(r) = self.rendezvous.get_mut(&id) else {
@@ -1355,6 +1368,7 @@ impl Engine {
                     self.events.push_back(Event::Sent {
                         ctx: r.ctx,
                         result: Err(failure),
+                        delivered: None,
                     });
                 }
                 if maybe {

@@ -193,7 +193,7 @@ impl Net {
                 let to = self.index(t.to);
                 self.eps[to].on_packet(me.node, me.rank, &t.bytes).unwrap();
                 self.eps[from]
-                    .packet_done(t.token, Delivery::Delivered)
+                    .packet_done(t.token, Delivery::Delivered { at: 0 })
                     .unwrap();
             }
             self.act();
@@ -237,7 +237,7 @@ impl Net {
 
     fn sent(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
         self.events.iter().find_map(|(at, ev)| match ev {
-            Event::Sent { ctx: c, result } if *at == i && *c == ctx => Some(result.clone()),
+            Event::Sent { ctx: c, result, .. } if *at == i && *c == ctx => Some(result.clone()),
             _ => None,
         })
     }
@@ -460,7 +460,7 @@ fn cancelled_refused_and_failed_operations_end_with_their_reason() {
             .fetch_done(f.id, Err("page fault".into()))
             .unwrap();
         net.eps[0]
-            .packet_done(rts.token, Delivery::Delivered)
+            .packet_done(rts.token, Delivery::Delivered { at: 0 })
             .unwrap();
         net.run(false, 0);
         assert!(matches!(
@@ -502,7 +502,7 @@ fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
         Err(MsgError::TooFarAhead { seq: 1000, .. })
     ));
     assert_eq!(
-        e.packet_done(77, Delivery::Delivered),
+        e.packet_done(77, Delivery::Delivered { at: 0 }),
         Err(MsgError::UnknownToken(77))
     );
     assert_eq!(e.fetch_done(5, Ok(())), Err(MsgError::UnknownFetch(5)));
@@ -751,7 +751,7 @@ fn memory_a_request_names_stays_while_its_destination_may_still_use_it() {
             match ev {
                 Event::RmaDone { ctx, result } => done.push((ctx, result.is_ok())),
                 Event::RmaReleased { ctx } | Event::Released { ctx } => rel.push(ctx),
-                Event::Sent { ctx, result } => done.push((ctx, result.is_ok())),
+                Event::Sent { ctx, result, .. } => done.push((ctx, result.is_ok())),
                 _ => {}
             }
         }
@@ -859,7 +859,8 @@ fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
     )
     .unwrap();
     for t in transmits(&mut e) {
-        e.packet_done(t.token, Delivery::Delivered).unwrap();
+        e.packet_done(t.token, Delivery::Delivered { at: 0 })
+            .unwrap();
     }
     e.handle_timeout(1_099);
     assert!(
@@ -920,6 +921,7 @@ fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
             | Event::Sent {
                 ctx: 2,
                 result: Err(Failure::Unreachable(why)),
+                delivered: None,
             } => assert!(why.contains("gone"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -979,6 +981,7 @@ fn a_message_to_no_endpoint_fails_after_the_patience_one_to_a_full_mailbox_waits
         [Event::Sent {
             ctx: 1,
             result: Err(Failure::Unreachable(why)),
+            delivered: None,
         }] => assert!(
             why.contains("no endpoint at node 6 rank 0 mailbox 2"),
             "{why}"
@@ -1000,12 +1003,16 @@ fn a_message_to_no_endpoint_fails_after_the_patience_one_to_a_full_mailbox_waits
     let t = transmits(&mut e);
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].to, c);
-    e.packet_done(t[0].token, Delivery::Delivered).unwrap();
+    e.packet_done(t[0].token, Delivery::Delivered { at: 1_260_700 })
+        .unwrap();
+    // The delivery's time comes back with the send's completion: the caller's, which
+    // only where the program is told of the completion becomes the program's.
     assert_eq!(
         events(&mut e),
         vec![Event::Sent {
             ctx: 2,
-            result: Ok(())
+            result: Ok(()),
+            delivered: Some(1_260_700),
         }]
     );
 }
@@ -1043,7 +1050,7 @@ fn a_message_refused_again_and_again_is_not_overtaken_past_what_the_receiver_hol
                     .on_packet(a.node, a.rank, &t.bytes)
                     .expect("within what the receiver holds");
                 net.eps[from]
-                    .packet_done(t.token, Delivery::Delivered)
+                    .packet_done(t.token, Delivery::Delivered { at: 0 })
                     .unwrap();
             }
             net.act();
