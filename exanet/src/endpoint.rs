@@ -398,6 +398,14 @@ impl Endpoint {
         self.shared.advance_clock(t)
     }
 
+    /// The program took an event of modeled time `at` that a library on top kept for it
+    /// ([`Mailbox::try_recv_unclocked`]): the clock moves there if later, plus the rack's
+    /// software cost of taking a message, as [`Mailbox::try_recv`] would have moved it.
+    /// Returns the clock.
+    pub fn took(&self, at: ModelTime) -> ModelTime {
+        self.shared.took(at)
+    }
+
     /// Says the program has nothing to do but wait for this endpoint until its next call,
     /// as a program that polls (an MPI library's progress loop) does between polls that
     /// found nothing: that host time is waiting, not compute, and does not move the
@@ -750,12 +758,23 @@ impl Mailbox {
 
     /// The next message, if one arrived.
     pub fn try_recv(&self) -> Result<Option<Message>> {
-        self.shared.recv(self.vi, Some(Duration::ZERO))
+        self.shared.recv(self.vi, Some(Duration::ZERO), true)
+    }
+
+    /// [`Mailbox::try_recv`] without moving the endpoint's clock to the message: for a
+    /// library that keeps messages until the program asks for them (an MPI library's
+    /// unexpected messages). Taking them as the host delivered them would move the clock
+    /// before the program's next post, or not, with the host's timing; the library says
+    /// when the program takes one with [`Endpoint::took`]`(message.at)`.
+    pub fn try_recv_unclocked(&self) -> Result<Option<Message>> {
+        self.shared.recv(self.vi, Some(Duration::ZERO), false)
     }
 
     /// Waits for the next message ([`Error::Timeout`] after `timeout`; `None`: no limit).
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Message> {
-        self.shared.recv(self.vi, timeout)?.ok_or(Error::Timeout)
+        self.shared
+            .recv(self.vi, timeout, true)?
+            .ok_or(Error::Timeout)
     }
 
     /// Messages received and not taken yet (client side).

@@ -305,14 +305,17 @@ impl State {
         }
     }
 
-    /// The next message of mailbox `vi`, counted as taken.
-    fn take(&mut self, vi: u8) -> Result<Option<Message>> {
+    /// The next message of mailbox `vi`, counted as taken; `clocked`: by the program,
+    /// whose clock moves to it (else by a library that hands it over later).
+    fn take(&mut self, vi: u8, clocked: bool) -> Result<Option<Message>> {
         let m = match self.mailboxes.get_mut(&vi) {
             Some(inbox) => inbox.queue.pop_front(),
             None => return Err(Error::Broken(format!("mailbox {vi} is not open"))),
         };
         if let Some(m) = &m {
-            self.took_event(m.at);
+            if clocked {
+                self.took_event(m.at);
+            }
             self.took(vi);
         }
         Ok(m)
@@ -1195,9 +1198,23 @@ impl Shared {
             .count()
     }
 
-    pub(crate) fn recv(&self, vi: u8, timeout: Option<Duration>) -> Result<Option<Message>> {
+    pub(crate) fn recv(
+        &self,
+        vi: u8,
+        timeout: Option<Duration>,
+        clocked: bool,
+    ) -> Result<Option<Message>> {
         let _call = self.enter();
-        self.drive(timeout, None, |st| st.take(vi))
+        self.drive(timeout, None, |st| st.take(vi, clocked))
+    }
+
+    /// The program took an event of modeled time `at` that a library on top had kept
+    /// for it: see [`crate::Endpoint::took`].
+    pub(crate) fn took(&self, at: ModelTime) -> ModelTime {
+        let _call = self.enter();
+        let mut st = lock(&self.state);
+        st.took_event(at);
+        st.clock
     }
 
     pub(crate) fn queued(&self, vi: u8) -> usize {
@@ -1278,9 +1295,9 @@ impl Shared {
             }
             Ok(match best {
                 None => None,
-                Some((_, Which::Message)) => {
-                    st.take(vi)?.map(|m| Next::Incoming(Incoming::Message(m)))
-                }
+                Some((_, Which::Message)) => st
+                    .take(vi, true)?
+                    .map(|m| Next::Incoming(Incoming::Message(m))),
                 Some((_, Which::Claim(i))) => st.claims[i].queue.pop_front().map(|n| {
                     st.took_event(n.at);
                     Next::Incoming(Incoming::Notification(n))

@@ -722,6 +722,24 @@ fn bookkeeping_and_the_choice_of_channel_leave_the_clock_to_the_program() {
         before.max(acked[0]).ps() + FAKE_SOFTWARE_PS,
         "posted after channel 2's ACK ({acked:?}), not channel 0's"
     );
+    // A message a library keeps for the program: taken without moving the clock, which
+    // moves to it (plus the cost of taking it) when the library says the program took it.
+    let mb = ep.mailbox(4).unwrap();
+    let t = tx.send_any(mb.addr(), b"kept").unwrap();
+    ep.wait(t, T).unwrap();
+    let before = ep.clock();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let m = loop {
+        if let Some(m) = mb.try_recv_unclocked().unwrap() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the message never came");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(m.payload, b"kept");
+    assert_eq!(ep.clock(), before, "kept, not taken by the program");
+    assert_eq!(ep.took(m.at), before.max(m.at) + FAKE_SOFTWARE_PS);
+    assert_eq!(mb.queued(), 0);
 
     // With nothing ever answered, each free channel is taken once, then none is free:
     // busy, without waiting.
