@@ -21,8 +21,8 @@ use crate::cntr::Cntr;
 use crate::cq::{Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{
-    Action, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer, RmaData,
-    RmaRefusal, RmaTarget,
+    Action, Arrived, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer,
+    RmaData, RmaRefusal, RmaTarget,
 };
 use crate::staging::{Slot, Staging};
 
@@ -599,6 +599,9 @@ impl Endpoint {
             });
             return Ok(None);
         };
+        // The program learns of the message: it came by now. Its receive adds the cost
+        // of taking it.
+        i.ep.advance_clock(exanet::ModelTime(p.at));
         let src =
             i.av.as_ref()
                 .map_or(FI_ADDR_UNSPEC, |av| av.reverse(p.from));
@@ -900,11 +903,26 @@ impl Inner {
         self.collect_fetches();
         self.collect_pushes();
         while self.engine.has_room() {
-            match self.mailbox.try_recv() {
+            // Taken without moving the rank's clock: a message for a receive is the
+            // program's only when a receive or a probe hands it over (MPI's barrier
+            // message from its peer, taken before or after the rank posted its own as
+            // the host happened to run them, moved a ping-pong's modeled one-way by
+            // 46 ns). What the provider acts on at once is its now.
+            match self.mailbox.try_recv_unclocked() {
                 Ok(Some(m)) => {
-                    if let Err(e) = self.engine.on_packet(m.src_node.0, m.src_rank, &m.payload) {
-                        self.protocol_errors += 1;
-                        tracing::warn!("exanet-fi: {e}");
+                    match self
+                        .engine
+                        .on_packet(m.src_node.0, m.src_rank, &m.payload, m.at.ps())
+                    {
+                        Ok(Arrived::Kept) => {}
+                        Ok(Arrived::Acted) => {
+                            self.ep.took(m.at);
+                        }
+                        Err(e) => {
+                            self.ep.took(m.at);
+                            self.protocol_errors += 1;
+                            tracing::warn!("exanet-fi: {e}");
+                        }
                     }
                 }
                 Ok(None) => break,
@@ -1177,6 +1195,11 @@ impl Inner {
                     }
                 }
                 let src = self.ep.addr(NodeId(f.node), f.rank, f.va)?;
+                // The read answers a request the engine kept for a receive: it starts
+                // after the request came (the receive waits for its data).
+                if f.after > 0 {
+                    self.ep.advance_clock(exanet::ModelTime(f.after));
+                }
                 if !self.fetch_slots.contains_key(&f.id) {
                     let slot = self.staging.alloc(&self.ep, f.len)?;
                     self.fetch_slots.insert(f.id, slot);
@@ -1261,10 +1284,15 @@ impl Inner {
                 cq_data,
                 len,
                 data,
+                at,
             } => {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
                 };
+                // The program takes the message: now its clock moves to it.
+                if let Some(at) = at {
+                    self.ep.took(exanet::ModelTime(at));
+                }
                 let written = match data {
                     Data::Inline(b) => op.buf.write(&b),
                     Data::Fetched { fetch, len } => {

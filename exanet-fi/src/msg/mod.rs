@@ -158,6 +158,9 @@ pub struct Fetch {
     /// For an RMA write: the region it is to be stored into, which the driver checks
     /// allows it before reading anything (else [`Engine::fetch_denied`]).
     pub into: Option<RmaTarget>,
+    /// Not before this time, in the caller's time ([`Engine::on_packet`]'s `at`): when
+    /// the request it answers arrived (0: no such bound).
+    pub after: u64,
 }
 
 /// Stores `data` at `addr` of the application's region `key` (the target of an RMA
@@ -238,7 +241,9 @@ pub enum Event {
     /// A staged send's staging may be freed: the receiver read it or never will (after
     /// its `Sent`, or with it).
     Released { ctx: u64 },
-    /// A receive took a message of `len` bytes; `data` holds what fitted.
+    /// A receive took a message of `len` bytes; `data` holds what fitted. `at`: when
+    /// the message arrived ([`Engine::on_packet`]), where that is what it waited for
+    /// (`None` where a read of its data was, whose completion the caller took).
     Received {
         ctx: u64,
         from: Peer,
@@ -246,6 +251,7 @@ pub enum Event {
         cq_data: Option<u64>,
         len: u64,
         data: Data,
+        at: Option<u64>,
     },
     /// A receive ended without a message.
     RecvFailed { ctx: u64, error: Failure },
@@ -259,6 +265,16 @@ pub enum Event {
     RmaReleased { ctx: u64 },
 }
 
+/// What [`Engine::on_packet`] did with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrived {
+    /// Acted on it at once (an answer, a request to serve): its time is the caller's now.
+    Acted,
+    /// Kept it for a receive (matched now or later, or a duplicate dropped): its time
+    /// comes back with the receive's [`Event::Received`] or a probe's [`Peeked`].
+    Kept,
+}
+
 /// A waiting message, as a probe sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peeked {
@@ -266,6 +282,8 @@ pub struct Peeked {
     pub tag: Option<u64>,
     pub len: u64,
     pub cq_data: Option<u64>,
+    /// When it arrived, in the caller's time ([`Engine::on_packet`]'s `at`).
+    pub at: u64,
 }
 
 /// How the packetizer message of a [`Transmit`] ended.
@@ -356,15 +374,22 @@ pub struct MsgStats {
 }
 
 fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
-    let (len, cq_data) = match a {
-        Arrival::Eager { payload, cq_data } => (payload.len() as u64, *cq_data),
-        Arrival::Rts { len, cq_data, .. } => (*len, *cq_data),
+    let (len, cq_data, at) = match a {
+        Arrival::Eager {
+            payload,
+            cq_data,
+            at,
+        } => (payload.len() as u64, *cq_data, *at),
+        Arrival::Rts {
+            len, cq_data, at, ..
+        } => (*len, *cq_data, *at),
     };
     Peeked {
         from,
         tag,
         len,
         cq_data,
+        at,
     }
 }
 
@@ -381,12 +406,14 @@ enum Arrival {
     Eager {
         cq_data: Option<u64>,
         payload: Vec<u8>,
+        at: u64,
     },
     Rts {
         cq_data: Option<u64>,
         id: u32,
         len: u64,
         va: u64,
+        at: u64,
     },
 }
 
@@ -704,6 +731,8 @@ impl Engine {
                     va,
                     len,
                     into: Some(RmaTarget { key, addr }),
+                    // Served as it came: the caller's time is the request's already.
+                    after: 0,
                 }));
             }
             Packet::RmaRead {
@@ -893,8 +922,18 @@ impl Engine {
         true
     }
 
-    /// A message from `node`'s `rank` arrived in this endpoint's mailbox.
-    pub fn on_packet(&mut self, node: u32, rank: u8, bytes: &[u8]) -> Result<(), MsgError> {
+    /// A message from `node`'s `rank` arrived in this endpoint's mailbox, at `at` in the
+    /// caller's time (the provider's: modeled picoseconds). Says whether the engine acted
+    /// on it at once, so that its time is the caller's now, or kept it for a receive,
+    /// which hands the time back ([`Event::Received`], [`Peeked`]): a message taken early
+    /// by the host's timing must not move the program's time before it asks for it.
+    pub fn on_packet(
+        &mut self,
+        node: u32,
+        rank: u8,
+        bytes: &[u8],
+        at: u64,
+    ) -> Result<Arrived, MsgError> {
         let packet = Packet::decode(bytes).map_err(|error| {
             self.stats.malformed += 1;
             MsgError::Malformed { node, rank, error }
@@ -907,7 +946,7 @@ impl Engine {
         match packet {
             Packet::RmaWrite { src_vi, .. } | Packet::RmaRead { src_vi, .. } => {
                 self.serve_rma(from(src_vi), packet);
-                Ok(())
+                Ok(Arrived::Acted)
             }
             Packet::RmaDone { src_vi, id, status } => {
                 // Only the endpoint the request went to ends it.
@@ -925,10 +964,10 @@ impl Engine {
                 } else {
                     self.stats.duplicates += 1;
                 }
-                Ok(())
+                Ok(Arrived::Acted)
             }
             // Taking it in was the answer.
-            Packet::Probe { .. } => Ok(()),
+            Packet::Probe { .. } => Ok(Arrived::Acted),
             Packet::Fin { src_vi, id, status } => {
                 let from = Peer {
                     node,
@@ -953,7 +992,7 @@ impl Engine {
                     }
                     self.events.push_back(Event::Released { ctx: r.ctx });
                 }
-                Ok(())
+                Ok(Arrived::Acted)
             }
             Packet::Eager {
                 src_vi,
@@ -961,16 +1000,22 @@ impl Engine {
                 tag,
                 cq_data,
                 payload,
-            } => self.sequenced(
-                Peer {
-                    node,
-                    rank,
-                    vi: src_vi,
-                },
-                seq,
-                tag,
-                Arrival::Eager { cq_data, payload },
-            ),
+            } => self
+                .sequenced(
+                    Peer {
+                        node,
+                        rank,
+                        vi: src_vi,
+                    },
+                    seq,
+                    tag,
+                    Arrival::Eager {
+                        cq_data,
+                        payload,
+                        at,
+                    },
+                )
+                .map(|()| Arrived::Kept),
             Packet::Rts {
                 src_vi,
                 seq,
@@ -979,21 +1024,24 @@ impl Engine {
                 id,
                 len,
                 va,
-            } => self.sequenced(
-                Peer {
-                    node,
-                    rank,
-                    vi: src_vi,
-                },
-                seq,
-                tag,
-                Arrival::Rts {
-                    cq_data,
-                    id,
-                    len,
-                    va,
-                },
-            ),
+            } => self
+                .sequenced(
+                    Peer {
+                        node,
+                        rank,
+                        vi: src_vi,
+                    },
+                    seq,
+                    tag,
+                    Arrival::Rts {
+                        cq_data,
+                        id,
+                        len,
+                        va,
+                        at,
+                    },
+                )
+                .map(|()| Arrived::Kept),
         }
     }
 
@@ -1040,6 +1088,7 @@ impl Engine {
             Arrival::Eager {
                 cq_data,
                 mut payload,
+                at,
             } => {
                 let len = payload.len() as u64;
                 payload.truncate(posted.capacity.min(len) as usize);
@@ -1050,6 +1099,7 @@ impl Engine {
                     cq_data,
                     len,
                     data: Data::Inline(payload),
+                    at: Some(at),
                 });
             }
             Arrival::Rts {
@@ -1057,6 +1107,7 @@ impl Engine {
                 id,
                 len,
                 va,
+                at,
             } => {
                 let read = posted.capacity.min(len);
                 if read == 0 {
@@ -1077,6 +1128,7 @@ impl Engine {
                         cq_data,
                         len,
                         data: Data::Inline(Vec::new()),
+                        at: Some(at),
                     });
                     return;
                 }
@@ -1101,6 +1153,7 @@ impl Engine {
                     va,
                     len: read,
                     into: None,
+                    after: at,
                 }));
             }
         }
@@ -1155,6 +1208,8 @@ impl Engine {
                         fetch: id,
                         len: f.read,
                     },
+                    // The read's completion moved the caller's time already.
+                    at: None,
                 });
             }
             Err(e) => {

@@ -191,7 +191,9 @@ impl Net {
                     .unwrap();
             } else {
                 let to = self.index(t.to);
-                self.eps[to].on_packet(me.node, me.rank, &t.bytes).unwrap();
+                self.eps[to]
+                    .on_packet(me.node, me.rank, &t.bytes, 0)
+                    .unwrap();
                 self.eps[from]
                     .packet_done(t.token, Delivery::Delivered { at: 0 })
                     .unwrap();
@@ -452,7 +454,7 @@ fn cancelled_refused_and_failed_operations_end_with_their_reason() {
         net.send(0, b, Some(1), &bytes(0, 5000), 1);
         net.act();
         let (_, rts) = net.wire.remove(0);
-        net.eps[1].on_packet(1, 0, &rts.bytes).unwrap();
+        net.eps[1].on_packet(1, 0, &rts.bytes, 0).unwrap();
         let Some(Action::Fetch(f)) = net.eps[1].poll_action() else {
             panic!("a fetch")
         };
@@ -485,7 +487,7 @@ fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
     let (a, b) = (peer(1, 0), peer(2, 0));
     let mut e = Engine::new(b, Config::default());
     assert!(matches!(
-        e.on_packet(1, 0, &[1, 2]),
+        e.on_packet(1, 0, &[1, 2], 0),
         Err(MsgError::Malformed { .. })
     ));
     let far = Packet::Eager {
@@ -498,7 +500,7 @@ fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
     .encode()
     .unwrap();
     assert!(matches!(
-        e.on_packet(1, 0, &far),
+        e.on_packet(1, 0, &far, 0),
         Err(MsgError::TooFarAhead { seq: 1000, .. })
     ));
     assert_eq!(
@@ -521,7 +523,7 @@ fn hostile_or_confused_peers_get_typed_errors_and_change_nothing() {
     }
     .encode()
     .unwrap();
-    s.on_packet(2, 0, &fin).unwrap();
+    s.on_packet(2, 0, &fin, 0).unwrap();
     assert_eq!(s.poll_event(), None);
     assert_eq!(e.stats().malformed, 1);
     // An eager send over the limit is refused before anything is sent.
@@ -636,7 +638,7 @@ fn an_answer_from_another_endpoint_does_not_end_an_operation() {
     }
     .encode()
     .unwrap();
-    net.eps[0].on_packet(c.node, c.rank, &forged).unwrap();
+    net.eps[0].on_packet(c.node, c.rank, &forged, 0).unwrap();
     net.act();
     assert_eq!(net.rma_done(0, 1), None, "ended by a stranger");
     net.run(false, 0);
@@ -663,7 +665,7 @@ fn a_target_serving_too_many_operations_takes_no_more_messages() {
         }
         .encode()
         .unwrap();
-        e.on_packet(a.node, a.rank, &p).unwrap();
+        e.on_packet(a.node, a.rank, &p, 0).unwrap();
     }
     assert!(!e.has_room(), "served without bound");
     let Some(Action::Push(p)) = e.poll_action() else {
@@ -697,7 +699,8 @@ fn a_request_longer_than_any_operation_is_refused_before_anything_is_set_aside()
             },
         },
     ] {
-        e.on_packet(a.node, a.rank, &p.encode().unwrap()).unwrap();
+        e.on_packet(a.node, a.rank, &p.encode().unwrap(), 0)
+            .unwrap();
     }
     let mut answers = 0;
     while let Some(act) = e.poll_action() {
@@ -803,14 +806,14 @@ fn late_answers(e: &mut Engine, from: Peer) {
         id: 0,
         status: RmaStatus::Done,
     };
-    e.on_packet(from.node, from.rank, &answer.encode().unwrap())
+    e.on_packet(from.node, from.rank, &answer.encode().unwrap(), 0)
         .unwrap();
     let fin = Packet::Fin {
         src_vi: from.vi,
         id: 0,
         status: FinStatus::Done,
     };
-    e.on_packet(from.node, from.rank, &fin.encode().unwrap())
+    e.on_packet(from.node, from.rank, &fin.encode().unwrap(), 0)
         .unwrap();
 }
 
@@ -1047,7 +1050,7 @@ fn a_message_refused_again_and_again_is_not_overtaken_past_what_the_receiver_hol
                     .unwrap();
             } else {
                 net.eps[1]
-                    .on_packet(a.node, a.rank, &t.bytes)
+                    .on_packet(a.node, a.rank, &t.bytes, 0)
                     .expect("within what the receiver holds");
                 net.eps[from]
                     .packet_done(t.token, Delivery::Delivered { at: 0 })
@@ -1077,4 +1080,68 @@ fn a_message_refused_again_and_again_is_not_overtaken_past_what_the_receiver_hol
         "{furthest} messages on the wire at once"
     );
     assert_eq!(net.eps[0].unfinished(), (0, 0, 0, 0));
+}
+
+/// A message kept for a receive becomes the caller's at its arrival time only when a
+/// receive or a probe hands it over, and a rendezvous read starts after its request
+/// came; what the engine acts on at once (an answer) is the caller's at once. Taking
+/// messages early as the host delivers them must not move the program's time.
+#[test]
+fn a_kept_message_hands_its_arrival_time_to_the_receive_that_takes_it() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let mut s = Engine::new(a, Config::default());
+    let mut r = Engine::new(b, Config::default());
+    s.send(b, Some(7), None, Outgoing::Inline(b"early".to_vec()), 1)
+        .unwrap();
+    let t = transmits(&mut s);
+    assert_eq!(
+        r.on_packet(a.node, a.rank, &t[0].bytes, 5_000),
+        Ok(Arrived::Kept)
+    );
+    assert!(events(&mut r).is_empty(), "nobody asked for it yet");
+    assert_eq!(r.peek(&any(7)).map(|p| p.at), Some(5_000));
+    r.post_recv(any(7), 64, 9);
+    match &events(&mut r)[..] {
+        [Event::Received {
+            ctx: 9,
+            at: Some(5_000),
+            data: Data::Inline(d),
+            ..
+        }] => assert_eq!(d, b"early"),
+        other => panic!("{other:?}"),
+    }
+    // A rendezvous request matched by a receive posted before it: its read starts after
+    // it came; the receive ends with the read, whose completion the caller takes.
+    r.post_recv(any(8), 100_000, 10);
+    let staged = Outgoing::Staged {
+        va: 0x1000,
+        len: 100_000,
+        complete: Complete::Delivery,
+    };
+    s.send(b, Some(8), None, staged, 2).unwrap();
+    let t = transmits(&mut s);
+    assert_eq!(
+        r.on_packet(a.node, a.rank, &t[0].bytes, 9_000),
+        Ok(Arrived::Kept)
+    );
+    let fetch = match r.poll_action() {
+        Some(Action::Fetch(f)) => f,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((fetch.after, fetch.len), (9_000, 100_000));
+    r.fetch_done(fetch.id, Ok(())).unwrap();
+    assert!(events(&mut r).iter().any(|e| matches!(
+        e,
+        Event::Received {
+            ctx: 10,
+            at: None,
+            ..
+        }
+    )));
+    // Its FIN is an answer the sender acts on at once.
+    let fin = transmits(&mut r);
+    assert_eq!(
+        s.on_packet(b.node, b.rank, &fin[0].bytes, 12_000),
+        Ok(Arrived::Acted)
+    );
 }
