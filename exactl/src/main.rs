@@ -140,7 +140,8 @@ struct MpirunArgs {
     fabric: Option<mpirun::Fabric>,
     /// MPI_Wtime and the program thread's gettimeofday answer each rank's modeled clock
     /// (what the ExaNeSt hardware would have taken), so that the program's own timings are
-    /// modeled (needs --fabric ni)
+    /// modeled; the program's compute between its MPI calls counts, the MPI library's
+    /// processing inside them is the rack's software_ns per call (needs --fabric ni)
     #[arg(long)]
     modeled: bool,
     /// The launcher to run [default: mpirun.openmpi or mpirun; with --mpi mpich,

@@ -654,7 +654,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         }
         if modeled {
             // The provider's own MPI_Wtime and gettimeofday, ahead of libmpi's and libc's:
-            // the rank's modeled clock.
+            // the rank's modeled clock; and its MPI calls, which hold the rank's
+            // attachment so that the MPI library's processing is not the program's
+            // compute (exanet-fi's pmpi module).
             // The same file libfabric loads, so one copy of it serves both. Given to the
             // ranks only: on a compose rack the path is theirs, not this host's.
             rank_env(
@@ -673,7 +675,10 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // time in the MPI library's own code after each wake-up, and that CPU time
             // is modeled compute (docs/mpi.md).
             rank_env(&mut command, "FI_EXANET_IDLE", "poll".as_ref());
-            eprintln!("exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock");
+            eprintln!(
+                "exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock; \
+                 compute is the program's between its MPI calls"
+            );
         }
     }
     command

@@ -13,7 +13,8 @@
 //! - [`msg`]: messages between endpoints as ExaNet-MPI sends them (eager through mailboxes,
 //!   rendezvous read by the receiver), tag matching and the unexpected queue, without I/O;
 //! - `mr`: the memory regions an application registers for one-sided operations;
-//! - `provider`: the C entry points, the crate's only unsafe code.
+//! - `provider`: the C entry points; `pmpi`: the MPI calls interposed under `exactl
+//!   mpirun --modeled`; the crate's only unsafe code.
 //!
 //! What is built and what is not, with the figures: `docs/mpi.md`.
 
@@ -28,6 +29,8 @@ mod log;
 mod mr;
 pub mod msg;
 pub mod offer;
+#[allow(unsafe_code)]
+mod pmpi;
 #[allow(unsafe_code)]
 mod provider;
 mod staging;

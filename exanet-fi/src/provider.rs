@@ -93,6 +93,12 @@ fn modeled() -> std::sync::MutexGuard<'static, Option<Modeled>> {
     MODELED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The attachment of the last domain opened, while it is open: what `--modeled`'s
+/// interposed MPI calls hold.
+pub(crate) fn modeled_attachment() -> Option<Arc<exanet::Endpoint>> {
+    modeled().as_ref()?.attachment.upgrade()
+}
+
 /// The attachment's modeled clock, with the compute since the program's last call.
 fn modeled_now(ep: &exanet::Endpoint) -> exanet::ModelTime {
     ep.advance_clock(exanet::ModelTime::ZERO)
