@@ -129,6 +129,7 @@ mod tests {
             }
         }
         fn idle(&self) {}
+        fn busy(&self) {}
         fn events(&self) -> u64 {
             0
         }

@@ -14,6 +14,9 @@ pub trait Progress: Send + Sync {
     fn progress(&self);
     /// The application found nothing and polls again: it waits, it does not compute.
     fn idle(&self);
+    /// The application found completions: it computes again after the call it is in,
+    /// whatever its earlier polls inside that call said.
+    fn busy(&self);
     /// How many NI completions the endpoint's attachment has seen (a wait's starting point).
     fn events(&self) -> u64;
     /// Whether a completion is on its way to the endpoint: its own RDMA read in progress,
@@ -242,15 +245,18 @@ impl Cq {
         let out = self.take(max)?;
         if !out.is_empty() {
             lock(&self.polling).found();
+            for ep in &eps {
+                ep.busy();
+            }
             return Ok(out);
         }
-        let looping = {
+        let (looping, again) = {
             let mut p = lock(&self.polling);
             p.streak = match p.last_empty {
                 Some(t) if start.saturating_duration_since(t) < POLLING_GAP => p.streak + 1,
                 _ => 0,
             };
-            p.streak >= p.needed
+            (p.streak >= p.needed, p.streak > 0)
         };
         match (&eps[..], looping) {
             // An MPI library waiting polls again at once, without end. On a host whose
@@ -279,14 +285,21 @@ impl Cq {
             }
         }
         if out.is_empty() {
-            // Nothing came: until the next poll the application waits, it does not
+            // Nothing came again: until the next poll the application waits, it does not
             // compute (its polling loop's CPU must not move the modeled clock). Said
-            // under the holds, it holds from where they end.
-            for ep in &eps {
-                ep.idle();
+            // under the holds, it holds from where they end. Not the first empty read
+            // after others: an MPI library drains the queue until a read finds nothing
+            // (Open MPI's progress does), and what follows that is the program's again.
+            if again {
+                for ep in &eps {
+                    ep.idle();
+                }
             }
             Err(Empty::Again)
         } else {
+            for ep in &eps {
+                ep.busy();
+            }
             Ok(out)
         }
     }

@@ -706,6 +706,12 @@ impl Endpoint {
     pub fn idle(&self) {
         self.attachment.idle();
     }
+
+    /// A poll found completions: the application computes again after the call it is in,
+    /// whatever earlier polls of it said (`exanet::Endpoint::busy`).
+    pub fn busy(&self) {
+        self.attachment.busy();
+    }
 }
 
 impl crate::cq::Progress for Endpoint {
@@ -717,6 +723,9 @@ impl crate::cq::Progress for Endpoint {
     }
     fn idle(&self) {
         Endpoint::idle(self)
+    }
+    fn busy(&self) {
+        Endpoint::busy(self)
     }
     fn events(&self) -> u64 {
         self.attachment.events()
@@ -1195,14 +1204,15 @@ impl Inner {
                     }
                 }
                 let src = self.ep.addr(NodeId(f.node), f.rank, f.va)?;
-                // The read answers a request the engine kept for a receive: it starts
-                // after the request came (the receive waits for its data).
-                if f.after > 0 {
-                    self.ep.advance_clock(exanet::ModelTime(f.after));
-                }
                 if !self.fetch_slots.contains_key(&f.id) {
                     let slot = self.staging.alloc(&self.ep, f.len)?;
                     self.fetch_slots.insert(f.id, slot);
+                    // The read answers a request the engine kept for a receive: the
+                    // program takes the request now (once, not on a retry of the post),
+                    // and the read starts after it came and was handled.
+                    if f.after > 0 {
+                        self.ep.took(exanet::ModelTime(f.after));
+                    }
                 }
                 let slot = self.fetch_slots[&f.id];
                 let region = self.staging.region(&slot);

@@ -13,33 +13,66 @@
 //! an integer handle (`MPI_Comm` is a pointer in Open MPI and an `int` in MPICH), which
 //! the C calling conventions of x86-64 and AArch64 pass in a register or an 8-byte stack
 //! slot alike, so one wrapper serves both libraries. Calls not listed here are not held:
-//! their processing counts as compute, as before.
+//! their processing counts as compute, as before. A program whose threads call MPI at
+//! once (`MPI_THREAD_MULTIPLE`): while one thread is inside a held call, another's
+//! compute is not counted (the client library counts compute where no call is under way).
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, CStr};
 use std::sync::OnceLock;
 
-/// `MPI_ERR_OTHER` is 16 in Open MPI and 15 in MPICH; any nonzero code is an error, and
-/// this one is only returned by a process whose MPI library has no `PMPI_` entry, which
-/// an MPI program cannot be.
+/// `MPI_ERR_OTHER` is 16 in Open MPI and 15 in MPICH; any nonzero code is an error. It
+/// is returned only where the MPI library's `PMPI_` entry cannot be found from here: an
+/// MPI library loaded privately (`dlopen` with `RTLD_LOCAL`, as some language bindings
+/// do) is not searched by `RTLD_NEXT`. Said once on standard error.
 const NO_PMPI: c_int = 16;
 
 /// The next definition of `name` (NUL-terminated) after this library's: the MPI
 /// library's.
-fn next(name: &'static [u8]) -> Option<*mut c_void> {
+fn next(name: &'static [u8]) -> Option<usize> {
     let name = CStr::from_bytes_with_nul(name).ok()?;
     // SAFETY: `name` is NUL-terminated; RTLD_NEXT searches the objects loaded after
     // this one, which dlsym allows from any shared object.
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
-    (!f.is_null()).then_some(f)
+    (!f.is_null()).then_some(f as usize)
+}
+
+/// Found once; not found, looked for again at the next call (and said once).
+fn entry(cache: &OnceLock<usize>, name: &'static [u8]) -> Option<usize> {
+    if let Some(&f) = cache.get() {
+        return Some(f);
+    }
+    match next(name) {
+        Some(f) => Some(*cache.get_or_init(|| f)),
+        None => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                let name = String::from_utf8_lossy(&name[..name.len() - 1]);
+                eprintln!(
+                    "exanet-fi: no {name} after this library (an MPI library loaded \
+                     privately?): MPI calls made through it fail"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// The attachment held for an MPI call, if a domain is open; none if holding fails
+/// (a thread whose thread-locals are gone, at its exit): the call then goes on unheld
+/// rather than abort the program.
+fn hold(attachment: &Option<std::sync::Arc<exanet::Endpoint>>) -> Option<exanet::Held<'_>> {
+    let a = attachment.as_ref()?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.hold())).ok()
 }
 
 macro_rules! interpose {
     ($($name:ident => $pmpi:literal ($($a:ident),*);)*) => {$(
+        // "C-unwind": a C++ MPI library's error handler may throw through the call.
         #[no_mangle]
-        pub extern "C" fn $name($($a: usize),*) -> c_int {
-            type Pmpi = unsafe extern "C" fn($(interpose!(@word $a)),*) -> c_int;
-            static PMPI: OnceLock<Option<usize>> = OnceLock::new();
-            let Some(f) = *PMPI.get_or_init(|| next($pmpi).map(|f| f as usize)) else {
+        pub extern "C-unwind" fn $name($($a: usize),*) -> c_int {
+            type Pmpi = unsafe extern "C-unwind" fn($(interpose!(@word $a)),*) -> c_int;
+            static PMPI: OnceLock<usize> = OnceLock::new();
+            let Some(f) = entry(&PMPI, $pmpi) else {
                 return NO_PMPI;
             };
             // SAFETY: `f` is the MPI library's entry point of the same name with a `P`
@@ -47,7 +80,7 @@ macro_rules! interpose {
             // a pointer or an integer, passed as a machine word in the same place.
             let pmpi: Pmpi = unsafe { std::mem::transmute::<usize, Pmpi>(f) };
             let attachment = crate::provider::modeled_attachment();
-            let _held = attachment.as_ref().map(|a| a.hold());
+            let _held = hold(&attachment);
             // SAFETY: the program's arguments, untouched, to the call it made.
             unsafe { pmpi($($a),*) }
         }

@@ -119,9 +119,9 @@ fn remember_modeled(attachment: &Arc<exanet::Endpoint>) {
 /// MPI library: seconds that run at the rank's modeled clock (what the ExaNeSt hardware
 /// would have taken, counting the compute since the program's last call as the client
 /// library does) while a domain is open, so that a program's own timings are modeled;
-/// before a domain is open, or after it closed, at the host's monotonic clock. They go
-/// on from the host's seconds since the program started rather than from the modeled
-/// clock itself: that starts at the wall clock (days of seconds), where a double
+/// before a domain is open, or after it closed, at the host's monotonic clock (counted
+/// from the program's first question). They go on from that clock's reading at the
+/// domain's opening rather than from the modeled clock itself: that starts at the wall clock (days of seconds), where a double
 /// resolves 2 ns, and a 1 us one-way would print different last digits run after run.
 /// Loaded by libfabric without the preload, these symbols interpose nothing.
 #[no_mangle]

@@ -416,6 +416,15 @@ impl Endpoint {
         self.shared.idle()
     }
 
+    /// Takes back an [`Endpoint::idle`] said earlier inside the calls (holds) the program
+    /// is in: a poll found something after all, and the program computes again from where
+    /// they end. A library whose call polls in vain, then finds what it waited for (an MPI
+    /// receive held whole, around the polls of its progress loop), says so; otherwise the
+    /// program's compute after that call would be taken for waiting.
+    pub fn busy(&self) {
+        self.shared.busy()
+    }
+
     /// Marks the program as inside a library built on this one (a libfabric provider, an
     /// MPI transport) until the guard drops: that time is the library's, as the time
     /// inside this library's own calls is, not the program's compute. Holds nest; the

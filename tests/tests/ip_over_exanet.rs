@@ -967,21 +967,29 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    let (inside, compute) = (f[0], f[1]);
+    let (inside, compute, after_wait) = (f[0], f[1], f[2]);
     assert!(compute > 1000.0, "128 MiB copied by the program: {line}");
     assert!(
         inside < compute / 20.0,
         "the MPI library's own copies counted as compute: {line}"
     );
+    // The receive's vain polls said "waiting", the message ended that: the copies after
+    // it count (taken for waiting, they counted nothing).
+    assert!(
+        after_wait > compute / 4.0,
+        "the program's copies after a receive that waited were not counted: {line}"
+    );
 }
 
 /// The same copies (8 x 16 MiB) made inside MPI calls (MPI_Allreduce on
-/// MPI_COMM_SELF) and by the program: "inside-mpi US compute US" in MPI_Wtime's time.
+/// MPI_COMM_SELF), by the program, and by the program right after a receive that waited:
+/// "inside-mpi US compute US after-wait US" in MPI_Wtime's time.
 const MPI_INSIDE_PROGRAM: &str = r#"
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank;
@@ -1001,7 +1009,25 @@ int main(int argc, char **argv) {
         s += b[k];
     }
     double t2 = MPI_Wtime();
-    if (rank == 0) printf("inside-mpi %.1f compute %.1f\n", (t1 - t0) * 1e6, (t2 - t1) * 1e6);
+    /* A receive that polls in vain for 50 ms of host time first, then the same copies
+       right after it: they are the program's compute. */
+    int x = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t3 = MPI_Wtime();
+    if (rank == 1) {
+        usleep(50000);
+        MPI_Send(&x, 1, MPI_INT, 0, 9, MPI_COMM_WORLD);
+    } else {
+        MPI_Recv(&x, 1, MPI_INT, 1, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int k = 0; k < 8; k++) {
+            memcpy(b, a, count * sizeof(int));
+            s += b[k];
+        }
+    }
+    double t4 = MPI_Wtime();
+    if (rank == 0)
+        printf("inside-mpi %.1f compute %.1f after-wait %.1f\n", (t1 - t0) * 1e6,
+               (t2 - t1) * 1e6, (t4 - t3) * 1e6);
     MPI_Finalize();
     return 0;
 }

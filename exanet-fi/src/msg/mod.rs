@@ -230,9 +230,9 @@ pub enum Failure {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A send completed: its buffer may be reused. `delivered`: when, where its own
-    /// delivery completed it (the [`Delivery::Delivered`] time); `None` where the
-    /// receiver's answer did (a message the caller took) or it failed.
+    /// A send completed: its buffer may be reused. `delivered`: when, where its delivery
+    /// or the receiver's answer completed it (the [`Delivery::Delivered`] time, the FIN's
+    /// arrival); `None` where it failed.
     Sent {
         ctx: u64,
         result: Result<(), Failure>,
@@ -268,10 +268,13 @@ pub enum Event {
 /// What [`Engine::on_packet`] did with a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrived {
-    /// Acted on it at once (an answer, a request to serve): its time is the caller's now.
+    /// Acted on it at once (an answer to a one-sided operation, a request to serve):
+    /// its time is the caller's now.
     Acted,
-    /// Kept it for a receive (matched now or later, or a duplicate dropped): its time
-    /// comes back with the receive's [`Event::Received`] or a probe's [`Peeked`].
+    /// Kept it for a receive (matched now or later, or a duplicate dropped), or for a
+    /// send's completion (a FIN), or it was bookkeeping only: its time comes back with
+    /// the event the program learns of it by ([`Event::Received`], [`Peeked`],
+    /// [`Event::Sent`]), if any.
     Kept,
 }
 
@@ -966,8 +969,8 @@ impl Engine {
                 }
                 Ok(Arrived::Acted)
             }
-            // Taking it in was the answer.
-            Packet::Probe { .. } => Ok(Arrived::Acted),
+            // Taking it in was the answer: nothing for the program.
+            Packet::Probe { .. } => Ok(Arrived::Kept),
             Packet::Fin { src_vi, id, status } => {
                 let from = Peer {
                     node,
@@ -982,17 +985,19 @@ impl Engine {
                         FinStatus::Refused => Err(Failure::Refused),
                     };
                     if !r.completed {
+                        // The send completes by the FIN: its time is the send's.
                         self.events.push_back(Event::Sent {
                             ctx: r.ctx,
                             result,
-                            delivered: None,
+                            delivered: Some(at),
                         });
                     } else if result.is_err() {
                         self.stats.refused_after_completion += 1;
                     }
                     self.events.push_back(Event::Released { ctx: r.ctx });
                 }
-                Ok(Arrived::Acted)
+                // Otherwise it frees staging only: bookkeeping, not the program's.
+                Ok(Arrived::Kept)
             }
             Packet::Eager {
                 src_vi,

@@ -1138,10 +1138,31 @@ fn a_kept_message_hands_its_arrival_time_to_the_receive_that_takes_it() {
             ..
         }
     )));
-    // Its FIN is an answer the sender acts on at once.
+    // Its FIN completes the send (delivery completion): the time comes back on it.
     let fin = transmits(&mut r);
     assert_eq!(
         s.on_packet(b.node, b.rank, &fin[0].bytes, 12_000),
+        Ok(Arrived::Kept)
+    );
+    assert!(
+        events(&mut s).iter().any(|e| matches!(
+            e,
+            Event::Sent {
+                ctx: 2,
+                result: Ok(()),
+                delivered: Some(12_000)
+            }
+        )),
+        "the FIN's time on the send's completion"
+    );
+    // An answer to a one-sided operation is acted on at once.
+    let done = Packet::RmaDone {
+        src_vi: b.vi,
+        id: 0,
+        status: RmaStatus::Done,
+    };
+    assert_eq!(
+        s.on_packet(b.node, b.rank, &done.encode().unwrap(), 13_000),
         Ok(Arrived::Acted)
     );
 }
