@@ -972,13 +972,12 @@ impl Engine {
             // Taking it in was the answer: nothing for the program.
             Packet::Probe { .. } => Ok(Arrived::Kept),
             Packet::Fin { src_vi, id, status } => {
-                let from = Peer {
-                    node,
-                    rank,
-                    vi: src_vi,
-                };
                 // Only the endpoint the request went to ends it.
-                if self.rendezvous.get(&id).is_some_and(|r| r.to == from) {
+                if self
+                    .rendezvous
+                    .get(&id)
+                    .is_some_and(|r| r.to == from(src_vi))
+                {
                     let r = self.rendezvous.remove(&id).expect("checked");
                     let result = match status {
                         FinStatus::Done | FinStatus::Truncated => Ok(()),
@@ -1007,11 +1006,7 @@ impl Engine {
                 payload,
             } => self
                 .sequenced(
-                    Peer {
-                        node,
-                        rank,
-                        vi: src_vi,
-                    },
+                    from(src_vi),
                     seq,
                     tag,
                     Arrival::Eager {
@@ -1031,11 +1026,7 @@ impl Engine {
                 va,
             } => self
                 .sequenced(
-                    Peer {
-                        node,
-                        rank,
-                        vi: src_vi,
-                    },
+                    from(src_vi),
                     seq,
                     tag,
                     Arrival::Rts {
