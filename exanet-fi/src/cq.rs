@@ -71,10 +71,28 @@ pub struct Failed {
     pub err: i32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the program's modeled clock owes a completion (its event's time), paid when a
+/// read hands the completion to the program, not when progress queued it: progress runs
+/// in any call, and paid there the clock would move before the program's next post or
+/// not with the host's timing.
+pub type Charge = Box<dyn FnOnce() + Send>;
+
 enum Entry {
-    Done(Completion),
+    Done(Completion, Option<Charge>),
     Failed(Failed),
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entry::Done(c, charge) => f
+                .debug_tuple("Done")
+                .field(c)
+                .field(&charge.as_ref().map(|_| "charge"))
+                .finish(),
+            Entry::Failed(x) => f.debug_tuple("Failed").field(x).finish(),
+        }
+    }
 }
 
 /// What a read in a polling loop does when nothing comes.
@@ -220,7 +238,12 @@ impl Cq {
     }
 
     pub fn done(&self, c: Completion) {
-        lock(&self.queue).push_back(Entry::Done(c));
+        lock(&self.queue).push_back(Entry::Done(c, None));
+    }
+
+    /// [`Cq::done`], with what the program's clock owes it when a read returns it.
+    pub fn done_charged(&self, c: Completion, charge: Charge) {
+        lock(&self.queue).push_back(Entry::Done(c, Some(charge)));
     }
 
     pub fn failed(&self, f: Failed) {
@@ -305,18 +328,27 @@ impl Cq {
     }
 
     /// Up to `max` queued completions, oldest first, stopping before a failure.
+    /// Their charges are paid, in order, outside the queue's lock.
     fn take(&self, max: usize) -> Result<Vec<Completion>, Empty> {
-        let mut q = lock(&self.queue);
         let mut out = Vec::new();
-        while out.len() < max {
-            match q.front() {
-                Some(Entry::Done(c)) => {
-                    out.push(*c);
-                    q.pop_front();
+        let mut charges = Vec::new();
+        {
+            let mut q = lock(&self.queue);
+            while out.len() < max {
+                match q.front() {
+                    Some(Entry::Done(..)) => {
+                        if let Some(Entry::Done(c, charge)) = q.pop_front() {
+                            out.push(c);
+                            charges.extend(charge);
+                        }
+                    }
+                    Some(Entry::Failed(_)) if out.is_empty() => return Err(Empty::Failure),
+                    _ => break,
                 }
-                Some(Entry::Failed(_)) if out.is_empty() => return Err(Empty::Failure),
-                _ => break,
             }
+        }
+        for charge in charges {
+            charge();
         }
         Ok(out)
     }
@@ -338,6 +370,41 @@ impl Cq {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a completion owes the program's clock is paid when a read hands it over, in
+    /// order, and not while it waits in the queue (progress queued it in some other
+    /// call, at the host's moment).
+    #[test]
+    fn a_completion_charges_the_clock_when_a_read_returns_it_not_when_queued() {
+        use std::sync::Arc;
+        let cq = Cq::new(0, Idle::Poll);
+        let paid = Arc::new(Mutex::new(Vec::new()));
+        let charge = |n: u64| -> Charge {
+            let paid = paid.clone();
+            Box::new(move || lock(&paid).push(n))
+        };
+        let entry = |context| Completion {
+            context,
+            ..Completion::default()
+        };
+        cq.done(entry(1));
+        cq.done_charged(entry(2), charge(2));
+        cq.done_charged(entry(3), charge(3));
+        cq.failed(Failed {
+            entry: entry(4),
+            olen: 0,
+            err: 5,
+        });
+        assert!(lock(&paid).is_empty(), "queued, not read");
+        let got = cq.read(2).unwrap();
+        assert_eq!(got.iter().map(|c| c.context).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(*lock(&paid), [2]);
+        let got = cq.read(8).unwrap();
+        assert_eq!(got.iter().map(|c| c.context).collect::<Vec<_>>(), [3]);
+        assert_eq!(*lock(&paid), [2, 3]);
+        assert!(matches!(cq.read(8), Err(Empty::Failure)));
+        assert_eq!(cq.read_failure().map(|f| f.entry.context), Some(4));
+    }
 
     #[test]
     fn sleeps_nothing_wakes_raise_the_streak_and_woken_ones_lower_it() {

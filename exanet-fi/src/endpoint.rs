@@ -18,7 +18,7 @@ use exanet::{Error, NackReason, NodeId, OpError, Tag};
 use crate::abi::*;
 use crate::av::Av;
 use crate::cntr::Cntr;
-use crate::cq::{Completion, Cq, Failed};
+use crate::cq::{Charge, Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{
     Action, Arrived, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer,
@@ -1273,13 +1273,19 @@ impl Inner {
                 let entry = op.entry();
                 match result {
                     Ok(()) if op.silent => {}
-                    Ok(()) => {
-                        // The program learns of the delivery: it waited for it.
-                        if let Some(at) = delivered {
-                            self.ep.advance_clock(exanet::ModelTime(at));
+                    // The program learns of the delivery when it reads the completion.
+                    Ok(()) => match delivered {
+                        Some(at) => {
+                            let ep = self.ep.clone();
+                            cq.done_charged(
+                                entry,
+                                Box::new(move || {
+                                    ep.advance_clock(exanet::ModelTime(at));
+                                }),
+                            )
                         }
-                        cq.done(entry)
-                    }
+                        None => cq.done(entry),
+                    },
                     Err(f) => cq.failed(Failed {
                         entry,
                         olen: 0,
@@ -1299,10 +1305,14 @@ impl Inner {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
                 };
-                // The program takes the message: now its clock moves to it.
-                if let Some(at) = at {
-                    self.ep.took(exanet::ModelTime(at));
-                }
+                // The program takes the message when it reads the completion; where it
+                // learns of it otherwise (a failure, a counter), now.
+                let charge: Option<Charge> = at.map(|at| {
+                    let ep = self.ep.clone();
+                    Box::new(move || {
+                        ep.took(exanet::ModelTime(at));
+                    }) as Charge
+                });
                 let written = match data {
                     Data::Inline(b) => op.buf.write(&b),
                     Data::Fetched { fetch, len } => {
@@ -1318,7 +1328,12 @@ impl Inner {
                         n
                     }
                 };
-                let Some(cq) = self.rxcq.clone() else { return };
+                let Some(cq) = self.rxcq.clone() else {
+                    if let Some(charge) = charge {
+                        charge();
+                    }
+                    return;
+                };
                 let src = self
                     .av
                     .as_ref()
@@ -1339,14 +1354,22 @@ impl Inner {
                 };
                 let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
                 self.count(FI_RECV, !truncated);
-                if truncated {
-                    cq.failed(Failed {
-                        entry,
-                        olen: (len - written as u64) as usize,
-                        err: FI_ETRUNC,
-                    });
-                } else if !op.silent {
-                    cq.done(entry);
+                match charge {
+                    Some(charge) if !truncated && !op.silent => cq.done_charged(entry, charge),
+                    charge => {
+                        if let Some(charge) = charge {
+                            charge();
+                        }
+                        if truncated {
+                            cq.failed(Failed {
+                                entry,
+                                olen: (len - written as u64) as usize,
+                                err: FI_ETRUNC,
+                            });
+                        } else if !op.silent {
+                            cq.done(entry);
+                        }
+                    }
                 }
             }
             Event::RmaReleased { ctx } => {
