@@ -252,7 +252,11 @@ impl Cq {
 
     /// Up to `max` completions, oldest first, stopping before a failure, after progress
     /// on the bound endpoints.
-    pub fn read(&self, max: usize) -> Result<Vec<Completion>, Empty> {
+    ///
+    /// `blocked`: the caller is blocked in the provider until something comes
+    /// (`fi_cq_sread`), so an empty read is waiting whatever came before it; otherwise
+    /// only an empty read soon after another one is (a library's wait loop).
+    pub fn read(&self, max: usize, blocked: bool) -> Result<Vec<Completion>, Empty> {
         let start = Instant::now();
         let eps = self.endpoints.endpoints();
         // The whole read is the provider's time, not only its progress: the bookkeeping
@@ -313,7 +317,7 @@ impl Cq {
             // under the holds, it holds from where they end. Not the first empty read
             // after others: an MPI library drains the queue until a read finds nothing
             // (Open MPI's progress does), and what follows that is the program's again.
-            if again {
+            if again || blocked {
                 for ep in &eps {
                     ep.idle();
                 }
@@ -396,13 +400,13 @@ mod tests {
             err: 5,
         });
         assert!(lock(&paid).is_empty(), "queued, not read");
-        let got = cq.read(2).unwrap();
+        let got = cq.read(2, false).unwrap();
         assert_eq!(got.iter().map(|c| c.context).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(*lock(&paid), [2]);
-        let got = cq.read(8).unwrap();
+        let got = cq.read(8, false).unwrap();
         assert_eq!(got.iter().map(|c| c.context).collect::<Vec<_>>(), [3]);
         assert_eq!(*lock(&paid), [2, 3]);
-        assert!(matches!(cq.read(8), Err(Empty::Failure)));
+        assert!(matches!(cq.read(8, false), Err(Empty::Failure)));
         assert_eq!(cq.read_failure().map(|f| f.entry.context), Some(4));
     }
 

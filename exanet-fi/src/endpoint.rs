@@ -1272,6 +1272,8 @@ impl Inner {
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = op.entry();
                 match result {
+                    // No completion, so nothing the program learns the time by (an inject
+                    // above all, whose ACK nobody waits for; a counter is not charged).
                     Ok(()) if op.silent => {}
                     // The program learns of the delivery when it reads the completion.
                     Ok(()) => match delivered {
@@ -1286,11 +1288,18 @@ impl Inner {
                         }
                         None => cq.done(entry),
                     },
-                    Err(f) => cq.failed(Failed {
-                        entry,
-                        olen: 0,
-                        err: errno_of(&f),
-                    }),
+                    // A failure (a refusing FIN) is read apart, by `fi_cq_readerr`: its
+                    // time is paid as it comes, as a failed receive's is.
+                    Err(f) => {
+                        if let Some(at) = delivered {
+                            self.ep.advance_clock(exanet::ModelTime(at));
+                        }
+                        cq.failed(Failed {
+                            entry,
+                            olen: 0,
+                            err: errno_of(&f),
+                        })
+                    }
                 }
             }
             Event::Received {

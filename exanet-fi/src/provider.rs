@@ -1500,11 +1500,18 @@ unsafe fn put_entry(buf: *mut u8, format: c_int, c: &Completion) {
     unsafe { ptr::copy_nonoverlapping(ptr::addr_of!(full).cast::<u8>(), buf, entry_size(format)) };
 }
 
-/// Reads up to `count` completions into `buf`, and their sources into `src`.
+/// Reads up to `count` completions into `buf`, and their sources into `src`; `blocked`:
+/// for a caller blocked in the provider until something comes ([`Cq::read`]).
 ///
 /// # Safety
 /// `buf` holds `count` entries of the queue's format; `src` is null or holds `count`.
-unsafe fn read_into(cq: *mut fid_cq, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
+unsafe fn read_into(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    blocked: bool,
+) -> isize {
     // SAFETY: libfabric passes the queue it opened.
     let Some(q) = (unsafe { cq_of(cq) }) else {
         return -(FI_EINVAL as isize);
@@ -1512,7 +1519,7 @@ unsafe fn read_into(cq: *mut fid_cq, buf: *mut c_void, count: usize, src: *mut u
     if buf.is_null() && count > 0 {
         return -(FI_EINVAL as isize);
     }
-    match q.read(count) {
+    match q.read(count, blocked) {
         Ok(entries) => {
             let size = entry_size(q.format);
             for (k, c) in entries.iter().enumerate() {
@@ -1534,7 +1541,7 @@ unsafe fn read_into(cq: *mut fid_cq, buf: *mut c_void, count: usize, src: *mut u
 unsafe extern "C" fn cq_read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isize {
     // SAFETY: forwarded as libfabric passed them.
     catch_unwind(AssertUnwindSafe(|| unsafe {
-        read_into(cq, buf, count, ptr::null_mut())
+        read_into(cq, buf, count, ptr::null_mut(), false)
     }))
     .unwrap_or(-(FI_EIO as isize))
 }
@@ -1547,7 +1554,7 @@ unsafe extern "C" fn cq_readfrom(
 ) -> isize {
     // SAFETY: forwarded as libfabric passed them.
     catch_unwind(AssertUnwindSafe(|| unsafe {
-        read_into(cq, buf, count, src)
+        read_into(cq, buf, count, src, false)
     }))
     .unwrap_or(-(FI_EIO as isize))
 }
@@ -1566,7 +1573,7 @@ unsafe fn sread_into(
     let start = std::time::Instant::now();
     loop {
         // SAFETY: forwarded as the caller guarantees.
-        let n = unsafe { read_into(cq, buf, count, src) };
+        let n = unsafe { read_into(cq, buf, count, src, true) };
         if n != -(FI_EAGAIN as isize) {
             return n;
         }

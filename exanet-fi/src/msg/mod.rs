@@ -231,8 +231,8 @@ pub enum Failure {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A send completed: its buffer may be reused. `delivered`: when, where its delivery
-    /// or the receiver's answer completed it (the [`Delivery::Delivered`] time, the FIN's
-    /// arrival); `None` where it failed.
+    /// or the receiver's answer ended it (the [`Delivery::Delivered`] time, the FIN's
+    /// arrival, a refusing FIN's too); `None` where it failed unanswered.
     Sent {
         ctx: u64,
         result: Result<(), Failure>,
