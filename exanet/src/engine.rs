@@ -632,8 +632,9 @@ fn computed(now: Option<Duration>, left: Option<Duration>, wall: Duration) -> Du
 /// part of each read's system call after it sampled the clock and before the next one
 /// did, which every compute between a call's end and the next call's start includes
 /// without the program having computed it. Measured once (the least of 32 tries);
-/// subtracted from each compute. Uncompensated, an MPI ping-pong with compute counted
-/// modeled 1.7 to 2.1 us more per one-way than without, all of it these reads.
+/// subtracted from each compute. An MPI ping-pong with compute counted (2x1x1, release,
+/// four runs each) modeled 1.7 to 2.1 us more per one-way than without before this,
+/// 1.1 to 2.0 after: the reads are part of that excess, not all of it.
 fn cpu_clock_cost() -> Duration {
     static COST: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *COST.get_or_init(|| {
