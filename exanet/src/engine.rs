@@ -1077,17 +1077,7 @@ impl Shared {
 
     /// Waits for `tag`'s completion; returns when it happened in modeled time.
     pub(crate) fn wait(&self, tag: u32, timeout: Option<Duration>) -> Result<ModelTime> {
-        let _call = self.enter();
-        let r = self.drive(timeout, None, |st| match st.tags.get(&tag) {
-            None => Err(Error::UnknownTag(tag)),
-            Some(TagState::Pending { .. }) => Ok(None),
-            Some(&TagState::Done(r, at, _)) => {
-                st.tags.remove(&tag);
-                st.clock = st.clock.max(at);
-                Ok(Some((r, at)))
-            }
-        })?;
-        match r {
+        match self.take_result(tag, timeout, |_, _| true, true)? {
             None => Err(Error::Timeout),
             Some((Ok(()), at)) => Ok(at),
             Some((Err(error), _)) => Err(Error::Op { tag, error }),
@@ -1100,16 +1090,8 @@ impl Shared {
     /// modeled time would move the clock as far as the host happened to have delivered,
     /// and the program's figures with it.
     pub(crate) fn done_by_clock(&self, tag: u32) -> Result<Option<ModelTime>> {
-        let _call = self.enter();
-        let r = self.drive(Some(Duration::ZERO), None, |st| match st.tags.get(&tag) {
-            None => Err(Error::UnknownTag(tag)),
-            Some(&TagState::Done(r, at, _)) if at <= st.clock => {
-                st.tags.remove(&tag);
-                Ok(Some((r, at)))
-            }
-            Some(_) => Ok(None),
-        })?;
-        match r {
+        let due = |at, clock| at <= clock;
+        match self.take_result(tag, Some(Duration::ZERO), due, false)? {
             None => Ok(None),
             Some((Ok(()), at)) => Ok(Some(at)),
             Some((Err(error), _)) => Err(Error::Op { tag, error }),
@@ -1119,14 +1101,29 @@ impl Shared {
     /// `tag`'s result if it came (in real time), with when it ended in modeled time,
     /// without waiting and without moving the clock: see [`crate::Endpoint::try_result`].
     pub(crate) fn try_result(&self, tag: u32) -> Result<Option<(Result<(), OpError>, ModelTime)>> {
+        self.take_result(tag, Some(Duration::ZERO), |_, _| true, false)
+    }
+
+    /// Collects `tag`'s result once it ended and `due(its time, the clock)` allows it,
+    /// waiting up to `timeout` for that; `clocked`: the clock moves to its time.
+    fn take_result(
+        &self,
+        tag: u32,
+        timeout: Option<Duration>,
+        due: impl Fn(ModelTime, ModelTime) -> bool,
+        clocked: bool,
+    ) -> Result<Option<(Result<(), OpError>, ModelTime)>> {
         let _call = self.enter();
-        self.drive(Some(Duration::ZERO), None, |st| match st.tags.get(&tag) {
+        self.drive(timeout, None, |st| match st.tags.get(&tag) {
             None => Err(Error::UnknownTag(tag)),
-            Some(&TagState::Done(r, at, _)) => {
+            Some(&TagState::Done(r, at, _)) if due(at, st.clock) => {
                 st.tags.remove(&tag);
+                if clocked {
+                    st.clock = st.clock.max(at);
+                }
                 Ok(Some((r, at)))
             }
-            Some(TagState::Pending { .. }) => Ok(None),
+            Some(_) => Ok(None),
         })
     }
 
