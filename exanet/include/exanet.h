@@ -240,6 +240,20 @@ int exanet_send(const exanet_packetizer *p, int ch, const exanet_addr_t *dst,
  * if the mailbox is closed meanwhile, EXANET_EDISCONNECTED if its endpoint is detached. */
 int exanet_recv(const exanet_mailbox *m, int64_t timeout_us, exanet_message_t *msg);
 
+/* exanet_send on a free channel without waiting: EXANET_EBUSY while all four are busy.
+ * Of the free channels, the one freed earliest in modeled time (a channel is free once
+ * its message's ACK came): taking the first free one, whose ACK may be later than the
+ * clock while an earlier one's is not yet in from the host, would move the clock with
+ * the host's timing. `tag` must not be NULL. */
+int exanet_try_send(const exanet_packetizer *p, const exanet_addr_t *dst, const void *buf,
+                    size_t len, uint32_t *tag);
+
+/* Takes the next message of mailbox `m` if one is there (EXANET_ETIMEDOUT if not) without
+ * moving the endpoint's clock to it: for a library that keeps messages until the program
+ * asks for them (an MPI library's unexpected messages), and says when it takes one with
+ * exanet_took_ps(ep, msg->at_ps). */
+int exanet_recv_unclocked(const exanet_mailbox *m, exanet_message_t *msg);
+
 /* ---- RDMA ----------------------------------------------------------------------- */
 
 int exanet_rdma_page_open(const exanet_endpoint *ep, exanet_rdma_page **out);
@@ -272,6 +286,16 @@ int exanet_rdma_write(const exanet_rdma_page *p, uint8_t ch, const exanet_region
 int exanet_rdma_read(const exanet_rdma_page *p, uint8_t ch, const exanet_addr_t *src,
                      const exanet_region *dst, uint64_t offset, uint64_t len, uint32_t *tag);
 
+/* exanet_rdma_write and exanet_rdma_read on a free channel without waiting: EXANET_EBUSY
+ * while all are busy. Of the free channels, the one freed earliest in modeled time (see
+ * exanet_try_send). */
+int exanet_rdma_try_write(const exanet_rdma_page *p, const exanet_region *src,
+                          uint64_t offset, const exanet_addr_t *dst, uint64_t len,
+                          const uint64_t *notify_va, uint32_t *tag);
+int exanet_rdma_try_read(const exanet_rdma_page *p, const exanet_addr_t *src,
+                         const exanet_region *dst, uint64_t offset, uint64_t len,
+                         uint32_t *tag);
+
 /* ---- completion ----------------------------------------------------------------- */
 
 /* Waits up to `timeout_us` for operation `tag`: EXANET_OK if it succeeded, its failure
@@ -297,6 +321,35 @@ uint64_t exanet_clock_ps(const exanet_endpoint *ep);
  * never back (to start ranks that attached at different moments together). Returns the
  * clock (0 for NULL or a released handle). */
 uint64_t exanet_advance_clock_ps(const exanet_endpoint *ep, uint64_t ps);
+
+/* ---- for libraries built on this one (MPI transports, libfabric providers) -------- */
+
+/* Operation `tag`'s result if it ended, without waiting and without moving the clock:
+ * EXANET_OK or its failure, with the modeled time it ended at in `*at_ps` (unless NULL);
+ * EXANET_ETIMEDOUT while it is still going. The result is collected. For operations the
+ * program does not wait for (the deliveries of messages a library keeps to send again):
+ * taking them as the host delivered them would move the clock, and every later post, by
+ * the host's timing. Where the program does wait for one, exanet_took_ps(ep, *at_ps). */
+int exanet_result(const exanet_endpoint *ep, uint32_t tag, uint64_t *at_ps);
+
+/* The program took an event of modeled time `at_ps` that a library kept for it: the clock
+ * moves there if later, plus the rack's software cost of taking a message, as
+ * exanet_recv would have moved it. Returns the clock (0 for NULL or a released handle). */
+uint64_t exanet_took_ps(const exanet_endpoint *ep, uint64_t at_ps);
+
+/* The program has nothing to do but wait for this endpoint until its next call, as a
+ * progress loop between polls that found nothing: that host time is waiting, not
+ * compute, and does not move the clock. Said inside a hold, it holds from where the
+ * outermost hold ends. exanet_busy takes it back (a poll found something after all). */
+int exanet_idle(const exanet_endpoint *ep);
+int exanet_busy(const exanet_endpoint *ep);
+
+/* The calling thread is inside a library built on this one until it calls exanet_unhold:
+ * that time is the library's (the rack's software cost per call), not the program's
+ * compute. Holds nest; each ends on the thread that began it (exanet_unhold without one:
+ * EXANET_EINVAL). */
+int exanet_hold(const exanet_endpoint *ep);
+int exanet_unhold(const exanet_endpoint *ep);
 
 /* Discards the result of operation `tag`, now or when it ends. */
 int exanet_forget(const exanet_endpoint *ep, uint32_t tag);

@@ -1199,6 +1199,25 @@ impl Shared {
         }
     }
 
+    /// [`Shared::enter`] with no guard, for the C API's `exanet_hold`, which ends it with
+    /// [`Shared::unhold`] on the same thread.
+    pub(crate) fn hold(&self) {
+        std::mem::forget(self.enter());
+    }
+
+    /// Ends a hold this thread began with [`Shared::hold`]; `false` if it holds none (the
+    /// C program's calls are never inside one of ours, so a depth left is a hold).
+    pub(crate) fn unhold(&self) -> bool {
+        if thread_calls(self, |t| t.depth) == 0 {
+            return false;
+        }
+        drop(Call {
+            shared: self,
+            _thread: std::marker::PhantomData,
+        });
+        true
+    }
+
     pub(crate) fn forget(&self, tag: u32) -> Result<()> {
         let mut st = lock(&self.state);
         match st.tags.get_mut(&tag) {

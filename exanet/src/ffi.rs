@@ -879,21 +879,83 @@ pub unsafe extern "C" fn exanet_recv(
                 return Err(invalid("msg is NULL"));
             }
             let got = recv_until_closed(m, timeout(timeout_us))?;
-            let mut out = exanet_message_t {
-                src_node: got.src_node.0,
-                src_rank: got.src_rank,
-                vi: got.vi,
-                len: got.payload.len().min(MAX_MESSAGE) as u8,
-                payload: [0; MAX_MESSAGE],
-                at_ps: got.at.ps(),
-            };
-            let n = usize::from(out.len);
-            out.payload[..n].copy_from_slice(&got.payload[..n]);
             // SAFETY: non-NULL, writable as the caller guarantees.
-            unsafe { msg.write(out) };
+            unsafe { msg.write(message_of(&got)) };
             Ok(0)
         })
     })
+}
+
+/// Sends like `exanet_send` on a free channel without waiting: `EXANET_EBUSY` while all
+/// four are busy. Of the free channels, the one freed earliest in modeled time.
+///
+/// # Safety
+/// As `exanet_send`.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_try_send(
+    p: *const exanet_packetizer,
+    dst: *const exanet_addr_t,
+    buf: *const c_void,
+    len: usize,
+    tag: *mut u32,
+) -> c_int {
+    guard(|| {
+        with(p, "packetizer", |p| {
+            let p = &p.p;
+            // SAFETY: the caller guarantees `dst` is NULL or readable.
+            let dst = unsafe { obj(dst, "dst") }?;
+            if len > MAX_MESSAGE {
+                return Err(Error::PayloadTooLong {
+                    len,
+                    max: MAX_MESSAGE,
+                }
+                .into());
+            }
+            // SAFETY: valid for `len` (<= 64) bytes as the caller guarantees.
+            let data = unsafe { bytes_in(buf, len, "buf") }?;
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let tag = unsafe { OutPtr::new(tag, "tag") }?;
+            let g = gvas_of(p.shared(), dst)?;
+            tag.put(p.try_send_any(g, data)?.raw());
+            Ok(0)
+        })
+    })
+}
+
+/// Takes the next message of mailbox `m` if one is there, without moving the endpoint's
+/// clock (`exanet_took_ps` says when the program takes it); `EXANET_ETIMEDOUT` if none.
+///
+/// # Safety
+/// `msg` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_recv_unclocked(
+    m: *const exanet_mailbox,
+    msg: *mut exanet_message_t,
+) -> c_int {
+    guard(|| {
+        with(m, "mailbox", |m| {
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let out = unsafe { OutPtr::new(msg, "msg") }?;
+            let got = m.m.try_recv_unclocked()?.ok_or(Error::Timeout)?;
+            out.put(message_of(&got));
+            Ok(0)
+        })
+    })
+}
+
+/// The C form of a received message (payloads are at most `MAX_MESSAGE` bytes).
+fn message_of(got: &crate::Message) -> exanet_message_t {
+    let mut out = exanet_message_t {
+        src_node: got.src_node.0,
+        src_rank: got.src_rank,
+        vi: got.vi,
+        len: got.payload.len().min(MAX_MESSAGE) as u8,
+        payload: [0; MAX_MESSAGE],
+        at_ps: got.at.ps(),
+    };
+    let n = usize::from(out.len);
+    out.payload[..n].copy_from_slice(&got.payload[..n]);
+    out
 }
 
 /// [`Mailbox::recv`] in slices of at most [`RELEASE_CHECK`], giving up when the mailbox is
@@ -992,6 +1054,72 @@ pub unsafe extern "C" fn exanet_rdma_read(
     })
 }
 
+/// `exanet_rdma_write` on a free write channel without waiting: `EXANET_EBUSY` while all
+/// are busy. Of the free channels, the one freed earliest in modeled time.
+///
+/// # Safety
+/// As `exanet_rdma_write`.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_rdma_try_write(
+    p: *const exanet_rdma_page,
+    src: *const exanet_region,
+    offset: u64,
+    dst: *const exanet_addr_t,
+    len: u64,
+    notify_va: *const u64,
+    tag: *mut u32,
+) -> c_int {
+    guard(|| {
+        let src = lookup(src, "src")?;
+        live(&*src)?;
+        let r = with(p, "page", |p| {
+            let p = &p.p;
+            // SAFETY (two derefs): the caller guarantees readable pointers or NULL.
+            let dst = unsafe { obj(dst, "dst") }?;
+            let notify = unsafe { notify_va.as_ref() }.copied();
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let tag = unsafe { OutPtr::new(tag, "tag") }?;
+            let g = gvas_of(p.shared(), dst)?;
+            let t = p.try_write_any(&src.region, offset, g, len, notify)?;
+            tag.put(t.raw());
+            Ok(0)
+        });
+        settle(&*src, r)
+    })
+}
+
+/// `exanet_rdma_read` on a free read channel without waiting: `EXANET_EBUSY` while all are
+/// busy. Of the free channels, the one freed earliest in modeled time.
+///
+/// # Safety
+/// As `exanet_rdma_read`.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_rdma_try_read(
+    p: *const exanet_rdma_page,
+    src: *const exanet_addr_t,
+    dst: *const exanet_region,
+    offset: u64,
+    len: u64,
+    tag: *mut u32,
+) -> c_int {
+    guard(|| {
+        let dst = lookup(dst, "dst")?;
+        live(&*dst)?;
+        let r = with(p, "page", |p| {
+            let p = &p.p;
+            // SAFETY: the caller guarantees a readable pointer or NULL.
+            let src = unsafe { obj(src, "src") }?;
+            // SAFETY: the caller guarantees a writable pointer or NULL.
+            let tag = unsafe { OutPtr::new(tag, "tag") }?;
+            let g = gvas_of(p.shared(), src)?;
+            let t = p.try_read_any(g, &dst.region, offset, len)?;
+            tag.put(t.raw());
+            Ok(0)
+        });
+        settle(&*dst, r)
+    })
+}
+
 /// Waits up to `timeout_us` (negative: forever; 0: just check) for operation `tag`:
 /// 0 if it succeeded, its failure code (`EXANET_ENACKED`, `EXANET_ENETTIMEDOUT`, ...), or
 /// `EXANET_ETIMEDOUT` if it is still going (wait again later). After a NACK,
@@ -1042,6 +1170,92 @@ pub extern "C" fn exanet_clock_ps(ep: *const exanet_endpoint) -> u64 {
 #[no_mangle]
 pub extern "C" fn exanet_advance_clock_ps(ep: *const exanet_endpoint, ps: u64) -> u64 {
     lookup(ep, "ep").map_or(0, |e| e.ep.advance_clock(ModelTime(ps)).ps())
+}
+
+/// Operation `tag`'s result if it ended, without waiting and without moving the clock:
+/// 0 or its failure, with the modeled time it ended at stored at `*at_ps` (unless NULL);
+/// `EXANET_ETIMEDOUT` while it is still going. The result is collected.
+///
+/// # Safety
+/// `at_ps` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn exanet_result(
+    ep: *const exanet_endpoint,
+    tag: u32,
+    at_ps: *mut u64,
+) -> c_int {
+    guard(|| {
+        with(ep, "ep", |e| {
+            let (r, at) = e.ep.try_result(Tag::from_raw(tag))?.ok_or(Error::Timeout)?;
+            if !at_ps.is_null() {
+                // SAFETY: non-NULL, writable as the caller guarantees.
+                unsafe { at_ps.write(at.ps()) };
+            }
+            r.map_err(|error| Error::Op { tag, error })?;
+            Ok(0)
+        })
+    })
+}
+
+/// The program took an event of modeled time `at_ps` that it kept (a message taken by
+/// `exanet_recv_unclocked`, a result by `exanet_result`): the clock moves there if later,
+/// plus the rack's software cost of taking a message. Returns the clock (0 for NULL or a
+/// released handle).
+#[no_mangle]
+pub extern "C" fn exanet_took_ps(ep: *const exanet_endpoint, at_ps: u64) -> u64 {
+    lookup(ep, "ep").map_or(0, |e| e.ep.took(ModelTime(at_ps)).ps())
+}
+
+/// The program has nothing to do but wait for this endpoint until its next call (a
+/// progress loop between polls that found nothing): that time is not compute.
+#[no_mangle]
+pub extern "C" fn exanet_idle(ep: *const exanet_endpoint) -> c_int {
+    guard(|| {
+        with(ep, "ep", |e| {
+            e.ep.idle();
+            Ok(0)
+        })
+    })
+}
+
+/// Takes back an `exanet_idle` said inside the holds the thread is in.
+#[no_mangle]
+pub extern "C" fn exanet_busy(ep: *const exanet_endpoint) -> c_int {
+    guard(|| {
+        with(ep, "ep", |e| {
+            e.ep.busy();
+            Ok(0)
+        })
+    })
+}
+
+/// The calling thread is inside a library built on this one (an MPI transport) until it
+/// calls `exanet_unhold`: that time is the library's, not the program's compute. Holds
+/// nest; each ends on the thread that began it.
+#[no_mangle]
+pub extern "C" fn exanet_hold(ep: *const exanet_endpoint) -> c_int {
+    guard(|| {
+        with(ep, "ep", |e| {
+            e.ep.shared().hold();
+            Ok(0)
+        })
+    })
+}
+
+/// Ends this thread's innermost `exanet_hold` of `ep`; `EXANET_EINVAL` if it has none.
+#[no_mangle]
+pub extern "C" fn exanet_unhold(ep: *const exanet_endpoint) -> c_int {
+    guard(|| {
+        // A detached endpoint's hold still ends: it only keeps the thread's account.
+        let e = lookup(ep, "ep")?;
+        if e.ep.shared().unhold() {
+            Ok(0)
+        } else {
+            Err(invalid(
+                "exanet_unhold without an exanet_hold of this endpoint on this thread",
+            ))
+        }
+    })
 }
 
 /// Opens the rank's collectives: its collective mailbox (interface 48 + rank), a

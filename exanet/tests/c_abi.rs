@@ -238,6 +238,15 @@ signatures! {
         *const exanet_mailbox => "const exanet_mailbox *", i64 => "int64_t",
         *mut exanet_message_t => "exanet_message_t *"
     ) -> c_int => "int";
+    exanet_try_send(
+        *const exanet_packetizer => "const exanet_packetizer *",
+        *const exanet_addr_t => "const exanet_addr_t *", *const c_void => "const void *",
+        usize => "size_t", *mut u32 => "uint32_t *"
+    ) -> c_int => "int";
+    exanet_recv_unclocked(
+        *const exanet_mailbox => "const exanet_mailbox *",
+        *mut exanet_message_t => "exanet_message_t *"
+    ) -> c_int => "int";
     exanet_rdma_page_open(
         *const exanet_endpoint => "const exanet_endpoint *",
         *mut *mut exanet_rdma_page => "exanet_rdma_page **"
@@ -290,6 +299,18 @@ signatures! {
         *const exanet_region => "const exanet_region *", u64 => "uint64_t", u64 => "uint64_t",
         *mut u32 => "uint32_t *"
     ) -> c_int => "int";
+    exanet_rdma_try_write(
+        *const exanet_rdma_page => "const exanet_rdma_page *",
+        *const exanet_region => "const exanet_region *", u64 => "uint64_t",
+        *const exanet_addr_t => "const exanet_addr_t *", u64 => "uint64_t",
+        *const u64 => "const uint64_t *", *mut u32 => "uint32_t *"
+    ) -> c_int => "int";
+    exanet_rdma_try_read(
+        *const exanet_rdma_page => "const exanet_rdma_page *",
+        *const exanet_addr_t => "const exanet_addr_t *",
+        *const exanet_region => "const exanet_region *", u64 => "uint64_t", u64 => "uint64_t",
+        *mut u32 => "uint32_t *"
+    ) -> c_int => "int";
     exanet_wait(
         *const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t", i64 => "int64_t"
     ) -> c_int => "int";
@@ -299,6 +320,15 @@ signatures! {
     ) -> c_int => "int";
     exanet_clock_ps(*const exanet_endpoint => "const exanet_endpoint *") -> u64 => "uint64_t";
     exanet_advance_clock_ps(*const exanet_endpoint => "const exanet_endpoint *", u64 => "uint64_t") -> u64 => "uint64_t";
+    exanet_result(
+        *const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t",
+        *mut u64 => "uint64_t *"
+    ) -> c_int => "int";
+    exanet_took_ps(*const exanet_endpoint => "const exanet_endpoint *", u64 => "uint64_t") -> u64 => "uint64_t";
+    exanet_idle(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";
+    exanet_busy(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";
+    exanet_hold(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";
+    exanet_unhold(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";
     exanet_forget(*const exanet_endpoint => "const exanet_endpoint *", u32 => "uint32_t")
         -> c_int => "int";
     exanet_poll(*const exanet_endpoint => "const exanet_endpoint *") -> c_int => "int";

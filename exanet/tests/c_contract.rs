@@ -53,6 +53,7 @@ fn the_header_contract_holds_from_c() {
             "longer_than_max_transfer_is_ebadlength",
             "region_of_another_endpoint_einval",
             "poll",
+            "calls_for_libraries_on_top",
             "collectives_of_a_group_of_one",
             "detach_frees_the_endpoint",
         ],
