@@ -104,6 +104,54 @@ impl Rtt {
     }
 }
 
+/// Answers kept by [`ModeledRtt`]: enough to know the timeout in force when any block of a
+/// window still waiting was sent.
+const MODELED_RTT_HISTORY: usize = 256;
+
+/// In modeled order, the round trips of blocks to one destination in modeled time (from
+/// a block's last cell leaving the node to its answer) and the timeout each left in
+/// force, never below `[model] retransmit_ns`. Behind a deep queue (two flows through
+/// one link, 32 blocks in each window) answers take far longer than that floor: by a
+/// fixed modeled timer their copies were due, and whether one went depended on whether
+/// the real-time timer had fired before the answer came in real time, which is the host's
+/// (a fresh rack's first runs sent copies, later runs fewer, and their figures differed).
+/// The copy of a block is due once the timeout in force has run since it left; the
+/// history gives the timeout in force at each modeled time, so that the due time follows
+/// from answers earlier than it, which are all in whenever the NI may act on it
+/// (`Ctx::copy_due`), and not from how many the host happened to have delivered.
+#[derive(Clone, Debug, Default)]
+struct ModeledRtt {
+    rtt: Rtt,
+    /// (the answer's modeled time, the timeout from then on in ps), in modeled order.
+    history: VecDeque<(ModelTime, u64)>,
+}
+
+impl ModeledRtt {
+    fn sample(&mut self, at: ModelTime, ps: u64, floor: u64) {
+        self.rtt.sample(ps);
+        let rto = floor.max(self.rtt.srtt.saturating_add(4 * self.rtt.rttvar));
+        if self.history.len() >= MODELED_RTT_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back((at, rto));
+    }
+
+    /// When the copy of an attempt that left at `left` is due: the first modeled time by
+    /// which the timeout in force then has run since `left`.
+    fn due(&self, left: ModelTime, floor: u64) -> ModelTime {
+        let i = self.history.partition_point(|(a, _)| *a <= left);
+        let rto = i.checked_sub(1).map_or(floor, |j| self.history[j].1);
+        let mut due = left + rto;
+        for &(a, rto) in self.history.range(i..) {
+            if a >= due {
+                break;
+            }
+            due = a.max(left + rto);
+        }
+        due
+    }
+}
+
 /// How long a read may go without data before it is declared lost: the serving engine's
 /// whole retry budget for one block.
 fn read_idle(cfg: &NiConfig, rtt: Option<&Rtt>) -> u64 {
@@ -398,6 +446,7 @@ pub(super) struct Initiator {
     sending: VecDeque<u32>,
     reads: BTreeMap<u32, PendingRead>,
     rtt: BTreeMap<NodeId, Rtt>,
+    modeled_rtt: BTreeMap<NodeId, ModeledRtt>,
     /// Blocks cut and not finished, by the rank whose memory they read (the poster's, or
     /// the served rank's): no rank may have more than `rank_window_blocks` of them, so a
     /// rank with many channels busy neither crowds out the others nor makes the engine
@@ -425,6 +474,7 @@ impl Initiator {
             sending: VecDeque::new(),
             reads: BTreeMap::new(),
             rtt: BTreeMap::new(),
+            modeled_rtt: BTreeMap::new(),
             rank_live: [0; RANKS],
             rank_freed: std::array::from_fn(|_| VecDeque::new()),
             wake: None,
@@ -891,10 +941,21 @@ impl Initiator {
         };
         // The round trip of the last cell's send, when this answer is surely its.
         let sample = (b.unanswered == 1).then(|| now.since(b.sent_at));
+        let modeled = b
+            .left
+            .filter(|_| b.unanswered == 1)
+            .map(|left| cx.at.ps().saturating_sub(left.ps()));
         b.unanswered = 0;
         if nack.is_none() || nack == Some(NackReason::Incomplete) {
             if let Some(ns) = sample {
                 self.rtt.entry(ans.src).or_default().sample(ns);
+            }
+            if let Some(ps) = modeled {
+                self.modeled_rtt.entry(ans.src).or_default().sample(
+                    cx.at,
+                    ps,
+                    cx.cfg.model.retransmit,
+                );
             }
         }
         if nack == Some(NackReason::Crc) {
@@ -1114,6 +1175,7 @@ impl Initiator {
                 continue;
             };
             let rto = self.rto(cfg, dst);
+            let modeled_rtt = self.modeled_rtt.get(&dst);
             let Some(t) = self.transfers.get_mut(&txn) else {
                 continue;
             };
@@ -1127,8 +1189,10 @@ impl Initiator {
                 let b = t.live.get_mut(&i).expect("listed");
                 // A block refused (Retry) was answered: its copy is due whatever comes.
                 // One in flight is due a timer's length after its last cell left.
+                let floor = cx.cfg.model.retransmit;
                 let copy_at = b.left.map_or(ModelTime::NEVER, |l| {
-                    l.max(b.modeled) + cx.cfg.model.retransmit
+                    let l = l.max(b.modeled);
+                    modeled_rtt.map_or(l + floor, |m| m.due(l, floor))
                 });
                 if matches!(b.step, Step::InFlight { .. }) && !cx.copy_due(copy_at) {
                     if now.since(b.first_sent) >= limit {
@@ -1145,8 +1209,12 @@ impl Initiator {
                     break;
                 }
                 cx.stats.retransmissions += 1;
-                // The modeled timer runs from the attempt's modeled send.
+                // The modeled timer runs from the attempt's modeled send; in modeled
+                // order the copy goes when it was due, not before.
                 b.modeled = b.modeled + cx.cfg.model.retransmit;
+                if matches!(b.step, Step::InFlight { .. }) && copy_at != ModelTime::NEVER {
+                    b.modeled = b.modeled.max(copy_at);
+                }
                 let sent = if matches!(b.step, Step::InFlight { .. }) {
                     // No answer came: probe with the last cell alone, in the same
                     // attempt, so that what did arrive is kept and the answer says what
