@@ -106,43 +106,65 @@ pub enum BenchError {
 }
 
 /// Runs `flows` on a rack of `shape` to completion. A node that sends several flows sends
-/// each on a channel of its own, from the same source buffer; every flow writes a
-/// region of its own at its destination.
+/// each from a rank of its own, in the order of `flows` (as a benchmark with one
+/// endpoint per flow attached in that order does: `exanet-perf contend`), from the same
+/// source buffer; every flow writes a region of its own at its destination's rank 0.
 pub fn flows(shape: Shape, flows: &[Flow], cfg: BenchConfig) -> Result<FlowsRun, BenchError> {
     let mut sim = Sim::new(shape, cfg.sim)?;
     let longest = flows.iter().map(|f| f.len).max().unwrap_or(0) as usize;
     let total: u64 = flows.iter().map(|f| f.len).sum();
+    // The rank of each flow at its sender: how many of that node's flows come before it.
+    let ranks: Vec<u8> = (0..flows.len())
+        .map(|k| {
+            flows[..k]
+                .iter()
+                .filter(|p| p.from == flows[k].from)
+                .count()
+        })
+        .map(|r| u8::try_from(r).unwrap_or(u8::MAX))
+        .collect();
+    let mut pages = std::collections::BTreeMap::new();
     for id in shape.node_ids() {
+        let senders = flows.iter().filter(|f| f.from == id).count().max(1);
         let n = sim.node_mut(id);
         n.set_ni_config(cfg.ni);
         let mut mem = VecMemory::new();
-        mem.register(0, SRC_VA, longest);
         mem.register(0, DST_VA, total as usize);
+        for rank in 0..senders {
+            let rank = u8::try_from(rank).unwrap_or(u8::MAX);
+            mem.register(rank, SRC_VA, longest);
+        }
         n.set_memory(Box::new(mem));
         let (ni, _) = n.ni_mut();
-        ni.attach(0, PDID)
-            .and_then(|()| ni.alloc_rdma_page(0).map(|_| ()))
-            .map_err(|error| BenchError::Refused { flow: 0, error })?;
+        for rank in 0..senders {
+            let rank = u8::try_from(rank).unwrap_or(u8::MAX);
+            let page = ni
+                .attach(rank, PDID)
+                .and_then(|()| ni.alloc_rdma_page(rank))
+                .map_err(|error| BenchError::Refused { flow: 0, error })?;
+            pages.insert((id, rank), page);
+        }
     }
     let mut ids = Vec::with_capacity(flows.len());
     let mut offset = 0;
     for (k, f) in flows.iter().enumerate() {
-        let ch = flows[..k].iter().filter(|p| p.from == f.from).count() as u8;
         let dst = Gvas::new(PDID, f.to, 0, DST_VA + offset)
             .map_err(|error| BenchError::Destination { flow: k, error })?;
         offset += f.len;
         let now = sim.now();
         let (ni, mem) = sim.node_mut(f.from).ni_mut();
+        let rank = ranks[k];
+        let page = pages[&(f.from, rank)];
         let op = RdmaWrite {
-            page: 0,
-            ch,
+            page,
+            ch: 0,
             src_va: SRC_VA,
             dst,
             len: f.len,
             notify: None,
         };
         let id = ni
-            .rdma_write_at(0, &op, now, f.at, mem)
+            .rdma_write_at(rank, &op, now, f.at, mem)
             .map_err(|error| BenchError::Refused { flow: k, error })?;
         ids.push(id);
     }

@@ -223,6 +223,18 @@ impl Order {
             .unwrap_or(ModelTime::NEVER)
     }
 
+    /// No cell with an earlier key than this can still come in on a link and reach the
+    /// NI: [`Order::to_ni_arrivals`] without what the NI sends itself. What the NI's own
+    /// cells wait for (`Ni::set_inject_bound`), which must not include themselves.
+    pub(crate) fn to_ni_from_links(&self, heads: &Heads) -> ModelTime {
+        let local = Port::Local.index();
+        (0..NPORTS * NVCS)
+            .filter(|&s| s / NVCS != local && self.feeds.through[s / NVCS] & (1 << local) != 0)
+            .map(|s| self.horizon[s / NVCS].min(earliest(heads, s)))
+            .min()
+            .unwrap_or(ModelTime::NEVER)
+    }
+
     /// Whether the head cell of `slot`, with `head`, bound for `to`, may be forwarded
     /// now: the earliest (head, slot) of every other input that can send to `to`,
     /// waiting at the head of its queue or still to come, is after it. Outputs are

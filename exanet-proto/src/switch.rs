@@ -764,6 +764,12 @@ impl Switch {
         self.order.to_ni_arrivals(&heads)
     }
 
+    /// See `Order::to_ni_from_links`.
+    pub fn link_bound_to_ni(&self) -> ModelTime {
+        let heads = |s: usize| self.admitted(s);
+        self.order.to_ni_from_links(&heads)
+    }
+
     /// What the NI may still inject by itself, as last set, through its datapath and
     /// into its injection queues.
     pub fn ni_earliest(&self) -> ModelTime {

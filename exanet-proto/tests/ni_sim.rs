@@ -2065,3 +2065,79 @@ fn a_copy_of_a_finished_write_is_acknowledged_after_its_receiver_left() {
         assert_eq!(done, Some(Ok(())), "next process {next:?}");
     }
 }
+
+/// In modeled order an NI sends the posts its ranks made at one modeled time in the order
+/// of their ranks, whichever the host delivered first: the order in which the NI's
+/// datapath takes cells decides who waits for whom, and a host that delivered rank 1's
+/// post first would have given it the datapath first. In the host's order the first
+/// posted goes first. Each rank's blocks are also held until nothing its NI may still
+/// make can go before them: here rank 0's program runs, and it promises only its last
+/// post, so rank 1's later blocks wait for it.
+#[test]
+fn in_modeled_order_an_ni_sends_its_ranks_posts_of_one_time_in_rank_order() {
+    use exanet_proto::ni::{Ni, Program};
+    use exanet_proto::ModelTime;
+    let post = |ni: &mut Ni, mem: &VecMemory, rank: u8, at: ModelTime| {
+        let dst = Gvas::new(PDID, NodeId(1), 0, DST_VA).unwrap();
+        let op = RdmaWrite {
+            page: rank,
+            ch: 0,
+            src_va: SRC_VA,
+            dst,
+            len: 4096,
+            notify: None,
+        };
+        ni.rdma_write_at(rank, &op, Instant::ZERO, at, mem).unwrap();
+    };
+    let at = ModelTime(5_000_000);
+    for ordered in [true, false] {
+        let mut ni = Ni::new(NodeId(0), 2, NiConfig::default());
+        let mut mem = VecMemory::new();
+        for rank in 0..2 {
+            mem.register(rank, SRC_VA, 4096);
+            ni.attach(rank, PDID).unwrap();
+            assert_eq!(ni.alloc_rdma_page(rank).unwrap(), rank);
+        }
+        // Nothing can come in on a link: only the NI's own order counts.
+        let bound = ordered.then_some(ModelTime::NEVER);
+        ni.set_inject_bound(bound);
+        post(&mut ni, &mem, 1, at);
+        post(&mut ni, &mem, 0, at);
+        ni.refill(Instant::ZERO, &mem);
+        ni.set_inject_bound(bound);
+        let first = ni.poll_cell_of(false).expect("a cell to send");
+        let want = if ordered { 0 } else { 1 };
+        assert_eq!(
+            first.src_rank, want,
+            "ordered {ordered}: the first cell's rank"
+        );
+    }
+    // Rank 0's program runs (it may still post, at its last post's time or later): rank
+    // 1's block of a later time waits for it, and goes once it waits in the library.
+    let mut ni = Ni::new(NodeId(0), 2, NiConfig::default());
+    let mut mem = VecMemory::new();
+    for rank in 0..2 {
+        mem.register(rank, SRC_VA, 4096);
+        ni.attach(rank, PDID).unwrap();
+        ni.alloc_rdma_page(rank).unwrap();
+    }
+    ni.set_inject_bound(Some(ModelTime::NEVER));
+    post(&mut ni, &mem, 0, at);
+    ni.set_program(0, Program::Running);
+    post(&mut ni, &mem, 1, at + 1_000_000);
+    ni.refill(Instant::ZERO, &mem);
+    ni.set_inject_bound(Some(ModelTime::NEVER));
+    let mut ranks = Vec::new();
+    while let Some(c) = ni.poll_cell_of(false) {
+        ranks.push(c.src_rank);
+    }
+    assert!(
+        !ranks.is_empty() && ranks.iter().all(|&r| r == 0),
+        "{ranks:?}"
+    );
+    ni.set_program(0, Program::Waiting);
+    let c = ni
+        .poll_cell_of(false)
+        .expect("rank 1's cells once rank 0 waits");
+    assert_eq!(c.src_rank, 1);
+}

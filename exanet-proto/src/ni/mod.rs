@@ -283,6 +283,11 @@ pub struct Ni {
     /// In modeled order, no cell with an earlier modeled time can still reach the NI
     /// (set by the node from its switch); `None` when cells go in the host's order.
     arrival_bound: Option<ModelTime>,
+    /// In modeled order, no cell with an earlier modeled time can still come in on the
+    /// node's links (set by the node before it takes the NI's cells); `None` in the host's
+    /// order. What the NI's own cells wait for: what comes in may make it cut blocks
+    /// earlier than those it holds (see [`Ni::poll_cell_of`]).
+    inject_bound: Option<ModelTime>,
 }
 
 /// What the parts of the NI borrow while they handle one input: this node, the
@@ -296,6 +301,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) out: &'a mut Out,
     pub(crate) stats: &'a mut NiStats,
     pub(crate) arrival_bound: Option<ModelTime>,
+    /// In modeled order: the RDMA engine cuts blocks in modeled-time order.
+    pub(crate) ordered: bool,
 }
 
 impl Ctx<'_> {
@@ -370,6 +377,7 @@ macro_rules! cx {
             out: &mut $ni.out,
             stats: &mut $ni.stats,
             arrival_bound: $ni.arrival_bound,
+            ordered: $ni.inject_bound.is_some(),
         }
     };
 }
@@ -390,6 +398,7 @@ impl Ni {
             clocks: [ModelTime::ZERO; RANKS],
             programs: program::Programs::default(),
             arrival_bound: None,
+            inject_bound: None,
         }
     }
 
@@ -875,15 +884,54 @@ impl Ni {
 
     /// The next answer (`answers`) or other cell to inject: each class has its own
     /// injection queue, so a full data queue does not hold answers back.
+    ///
+    /// In modeled order ([`Ni::set_inject_bound`]) its own cells go in modeled-time order,
+    /// then by rank (the order in which the NI's datapath serialises them decides who
+    /// waits for whom, and the host delivers the posts of several ranks in any order),
+    /// each only once nothing that goes before it can still be made: no program of the
+    /// NI may still post earlier, no block still to cut is earlier, and nothing that can
+    /// still come in on a link is earlier (an answer opens a transfer's window, a read
+    /// request starts a served transfer). Answers go as they come: they are made of what
+    /// came in, in modeled order already. Copies after a timeout are not ordered (see
+    /// [`crate::order`]).
     pub fn poll_cell_of(&mut self, answers: bool) -> Option<Cell> {
-        let q = if answers {
-            &mut self.out.answers
-        } else {
-            &mut self.out.cells
-        };
-        let mut c = q.pop_front()?;
+        if answers {
+            let mut c = self.out.answers.pop_front()?;
+            c.src = self.node;
+            return Some(c);
+        }
+        if let Some(bound) = self.inject_bound {
+            let c = self.out.cells.front()?;
+            let key = (c.stamp.head, c.src_rank);
+            let uncut = self.rdma.earliest_uncut(&self.cfg);
+            if key.0 >= bound
+                || uncut.is_some_and(|u| u < key)
+                || !self
+                    .programs
+                    .none_before(key.0, key.1, self.cfg.model.cpu_ni)
+            {
+                return None;
+            }
+        }
+        let mut c = self.out.cells.pop_front()?;
         c.src = self.node;
         Some(c)
+    }
+
+    /// In modeled order: no cell earlier than `bound` can still come in on the node's
+    /// links; the NI's own cells then go in modeled order (see [`Ni::poll_cell_of`]).
+    /// `None`: in the host's order. Sorts what the NI holds to inject.
+    pub fn set_inject_bound(&mut self, bound: Option<ModelTime>) {
+        self.inject_bound = bound;
+        if bound.is_some() {
+            // Stable: a block's cells, and a rank's posts at one time, keep their order.
+            // Nearly always sorted already (blocks are cut in order), which the sort
+            // finds in one pass.
+            self.out
+                .cells
+                .make_contiguous()
+                .sort_by_key(|c| (c.stamp.head, c.src_rank));
+        }
     }
 
     /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now` (the switch

@@ -42,6 +42,17 @@ struct Rank {
     undelivered: ModelTime,
 }
 
+impl Rank {
+    /// Nothing this rank's program posts from now on is earlier.
+    fn promise(&self) -> ModelTime {
+        match self.program {
+            Program::Scripted => ModelTime::NEVER,
+            Program::Running => self.last_post,
+            Program::Waiting => self.undelivered.max(self.last_post),
+        }
+    }
+}
+
 impl Default for Rank {
     fn default() -> Rank {
         Rank {
@@ -127,16 +138,33 @@ impl Programs {
     pub(crate) fn promise(&self) -> ModelTime {
         let mut p = self.attach_floor.unwrap_or(ModelTime::NEVER);
         for r in self.ranks.iter().filter(|r| r.attached) {
-            p = p.min(match r.program {
-                Program::Scripted => ModelTime::NEVER,
-                Program::Running => r.last_post,
-                Program::Waiting => r.undelivered.max(r.last_post),
-            });
+            p = p.min(r.promise());
         }
         self.promised
             .set((p, self.relay(), self.ranks.map(|r| r.program)));
         self.delivered_since.set(ModelTime::NEVER);
         p
+    }
+
+    /// Whether nothing a program of this NI may still post goes before a cell of `rank`'s
+    /// at `stamp`, in modeled time and then by rank: what the NI's own cells wait for in
+    /// modeled order, so that of the posts of several ranks at one modeled time the
+    /// lowest rank's goes first whichever the host delivered first. A program's own later
+    /// posts come after what it posted (its clock never goes back, and equal stamps keep
+    /// its order); one that attaches later starts past the attach floor. What a post
+    /// makes starts `lead` after it (the NI's handling of the command).
+    pub(crate) fn none_before(&self, stamp: ModelTime, rank: u8, lead: u64) -> bool {
+        if self.attach_floor.is_some_and(|f| f + lead <= stamp) {
+            return false;
+        }
+        self.ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.attached)
+            .all(|(p, r)| {
+                let first = r.promise() + lead;
+                first > stamp || (first == stamp && p >= usize::from(rank))
+            })
     }
 
     /// The NI's horizon made of [`Programs::promise`] was `given` (no later than it): a

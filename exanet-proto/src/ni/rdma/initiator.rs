@@ -732,6 +732,9 @@ impl Initiator {
     /// Cuts more blocks of the transfers in progress, within each transfer's window and
     /// while the outbox is short.
     pub(super) fn refill(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
+        if cx.ordered {
+            return self.refill_in_order(cx, mem);
+        }
         let mut rounds = self.sending.len();
         while rounds > 0 && cx.out.cells.len() < OUTBOX_CELLS {
             rounds -= 1;
@@ -791,6 +794,106 @@ impl Initiator {
                 self.fail(cx, txn, Failure::LocalFault);
             } else if t.next < t.count {
                 self.sending.push_back(txn);
+            }
+        }
+    }
+
+    /// The modeled start of transfer `t`'s next block if it can be cut now (its window
+    /// and its rank's have room, and past its first window an answer opened it).
+    fn next_start(&self, cfg: &NiConfig, t: &Transfer) -> Option<ModelTime> {
+        let rank = usize::from(t.rank);
+        let room =
+            t.live.len() < cfg.window_blocks && self.rank_live[rank] < cfg.rank_window_blocks;
+        if !room || t.next >= t.count {
+            return None;
+        }
+        let opened = if t.next >= cfg.window_blocks as u64 {
+            t.answers.front().copied().unwrap_or(t.answered)
+        } else {
+            ModelTime::ZERO
+        };
+        let place = next_place(
+            &self.rank_freed[rank],
+            self.rank_live[rank],
+            cfg.rank_window_blocks,
+        );
+        Some(t.ready.max(opened).max(place))
+    }
+
+    /// The earliest (modeled start, rank) of a block that can be cut now and is not:
+    /// what the NI's own cells wait for in modeled order ([`crate::ni::Ni::poll_cell_of`]).
+    pub(super) fn earliest_uncut(&self, cfg: &NiConfig) -> Option<(ModelTime, u8)> {
+        self.sending
+            .iter()
+            .filter_map(|txn| self.transfers.get(txn))
+            .filter_map(|t| Some((self.next_start(cfg, t)?, t.rank)))
+            .min()
+    }
+
+    /// [`Initiator::refill`] in modeled order: one block at a time, always the one that
+    /// starts first (then by rank, then by transfer), so that the blocks of transfers
+    /// posted at one modeled time are cut in the same order whatever order the host
+    /// delivered their posts in. The outbox's bound yields to a block that goes before
+    /// everything in it: those cells wait for it (`Ni::poll_cell_of`).
+    fn refill_in_order(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
+        while let Some((start, rank, txn)) = self
+            .sending
+            .iter()
+            .filter_map(|txn| self.transfers.get(txn))
+            .filter_map(|t| Some((self.next_start(cx.cfg, t)?, t.rank, t.txn)))
+            .min()
+        {
+            if cx.out.cells.len() >= OUTBOX_CELLS {
+                let first = cx
+                    .out
+                    .cells
+                    .iter()
+                    .map(|c| (c.stamp.head, c.src_rank))
+                    .min();
+                if first.is_some_and(|f| f <= (start, rank)) {
+                    break;
+                }
+            }
+            let Some(dst) = self.transfers.get(&txn).map(|t| t.dst.node()) else {
+                break;
+            };
+            let rto = self.rto(cx.cfg, dst);
+            let Some(t) = self.transfers.get_mut(&txn) else {
+                break;
+            };
+            let i = t.next;
+            t.next += 1;
+            if i >= cx.cfg.window_blocks as u64 {
+                t.answers.pop_front();
+            }
+            let r = usize::from(rank);
+            take_place(
+                &mut self.rank_freed[r],
+                self.rank_live[r],
+                cx.cfg.rank_window_blocks,
+            );
+            t.live.insert(
+                i,
+                Block {
+                    seq: 0,
+                    attempts: 0,
+                    repairs: 0,
+                    unanswered: 0,
+                    step: Step::Pending,
+                    sent_at: cx.now,
+                    first_sent: cx.now,
+                    modeled: start,
+                    left: None,
+                },
+            );
+            self.rank_live[r] += 1;
+            let sent = t.send_block(cx, i, rto, mem);
+            if t.next >= t.count {
+                self.sending.retain(|&x| x != txn);
+            }
+            match sent {
+                Ok(deadline) => arm(&mut self.wake, deadline),
+                Err(()) => self.fail(cx, txn, Failure::LocalFault),
             }
         }
     }
@@ -1133,27 +1236,9 @@ impl Initiator {
     /// Each bound goes to `at` with the node the cells go to.
     pub(super) fn horizon(&self, cfg: &NiConfig, at: &mut dyn FnMut(NodeId, ModelTime)) {
         for t in self.transfers.values() {
-            let mut h = ModelTime::NEVER;
             // A block that waits for a free place in its transfer's window or its rank's
             // waits for an answer: what it will start at is the answer's to bound.
-            let rank = usize::from(t.rank);
-            let room =
-                t.live.len() < cfg.window_blocks && self.rank_live[rank] < cfg.rank_window_blocks;
-            if room && t.next < t.count {
-                let opened = if t.next >= cfg.window_blocks as u64 {
-                    t.answers.front().copied()
-                } else {
-                    Some(ModelTime::ZERO)
-                };
-                let place = next_place(
-                    &self.rank_freed[rank],
-                    self.rank_live[rank],
-                    cfg.rank_window_blocks,
-                );
-                if let Some(o) = opened {
-                    h = h.min(t.ready.max(o).max(place));
-                }
-            }
+            let mut h = self.next_start(cfg, t).unwrap_or(ModelTime::NEVER);
             for b in t.live.values() {
                 if matches!(b.step, Step::Pending | Step::Retry { .. }) {
                     h = h.min(b.modeled);

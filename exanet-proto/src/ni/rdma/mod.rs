@@ -260,6 +260,11 @@ impl RdmaEngine {
         self.initiator.refill(cx, mem);
     }
 
+    /// See `Initiator::earliest_uncut`.
+    pub(crate) fn earliest_uncut(&self, cfg: &NiConfig) -> Option<(ModelTime, u8)> {
+        self.initiator.earliest_uncut(cfg)
+    }
+
     /// See `Initiator::horizon`: served reads are transfers of the initiator too.
     pub(crate) fn horizon(&self, cfg: &NiConfig, at: &mut dyn FnMut(NodeId, ModelTime)) {
         self.initiator.horizon(cfg, at)
