@@ -165,12 +165,11 @@ fn contended_flows_model_what_the_simulator_does_run_after_run() {
     );
     // Three runs back to back on one rack, each the simulator's figures to the
     // picosecond in a release build with no cell out of modeled order
-    // (`exanet_node_late_cells_total`). A debug build's slow daemons move the second
-    // flow by a few cell times (230.4 ns each) with no late cell and no clamped stamp:
-    // typically 2, 1 and 0 cell times in runs 0, 1 and 2 of a fresh rack, once in six 3
-    // (0.58%) in run 0. Some path is still ordered by real time there (the likeliest: an
-    // upstream output's view of a downstream buffer, which the credit corrects one real
-    // round trip late; docs/modeled-time.md, Limits), so there the bound is 1%.
+    // (`exanet_node_late_cells_total`). A debug build's slow daemons moved the second
+    // flow by a few cell times (230.4 ns each), typically 2, 1 and 0 in runs 0, 1 and 2
+    // of a fresh rack: copies sent when their real-time timers fired first, which the
+    // modeled timer that follows the modeled round trip no longer sends. Debug runs have
+    // given the simulator's figures since; the bound there stays 1% (docs/modeled-time.md).
     runs_match(&rack, &FLOWS, &sim, 3);
     let r = rack.down().expect("rack down");
     assert!(r.success(), "rack down: {}", r.describe());
