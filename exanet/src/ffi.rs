@@ -833,18 +833,8 @@ pub unsafe extern "C" fn exanet_send(
     guard(|| {
         with(p, "packetizer", |p| {
             let p = &p.p;
-            // SAFETY: the caller guarantees `dst` is NULL or readable.
-            let dst = unsafe { obj(dst, "dst") }?;
-            if len > MAX_MESSAGE {
-                return Err(Error::PayloadTooLong {
-                    len,
-                    max: MAX_MESSAGE,
-                }
-                .into());
-            }
-            // SAFETY: valid for `len` (<= 64) bytes as the caller guarantees.
-            let data = unsafe { bytes_in(buf, len, "buf") }?;
-            let g = gvas_of(p.shared(), dst)?;
+            // SAFETY: as this function's caller guarantees.
+            let (g, data) = unsafe { message_args(p, dst, buf, len) }?;
             let t = if ch < 0 {
                 p.send_any(g, data)?
             } else {
@@ -860,6 +850,30 @@ pub unsafe extern "C" fn exanet_send(
             Ok(0)
         })
     })
+}
+
+/// A message's destination and bytes from C arguments, checked.
+///
+/// # Safety
+/// `dst` is NULL or valid for a read, `buf` valid for `len` bytes (NULL if `len` is 0).
+unsafe fn message_args<'a>(
+    p: &Packetizer,
+    dst: *const exanet_addr_t,
+    buf: *const c_void,
+    len: usize,
+) -> Result<(Gvas, &'a [u8]), Fail> {
+    // SAFETY: the caller guarantees `dst` is NULL or readable.
+    let dst = unsafe { obj(dst, "dst") }?;
+    if len > MAX_MESSAGE {
+        return Err(Error::PayloadTooLong {
+            len,
+            max: MAX_MESSAGE,
+        }
+        .into());
+    }
+    // SAFETY: valid for `len` (<= 64) bytes as the caller guarantees.
+    let data = unsafe { bytes_in(buf, len, "buf") }?;
+    Ok((gvas_of(p.shared(), dst)?, data))
 }
 
 /// Receives the next message of mailbox `m` into `*msg`, waiting up to `timeout_us`
@@ -902,20 +916,10 @@ pub unsafe extern "C" fn exanet_try_send(
     guard(|| {
         with(p, "packetizer", |p| {
             let p = &p.p;
-            // SAFETY: the caller guarantees `dst` is NULL or readable.
-            let dst = unsafe { obj(dst, "dst") }?;
-            if len > MAX_MESSAGE {
-                return Err(Error::PayloadTooLong {
-                    len,
-                    max: MAX_MESSAGE,
-                }
-                .into());
-            }
-            // SAFETY: valid for `len` (<= 64) bytes as the caller guarantees.
-            let data = unsafe { bytes_in(buf, len, "buf") }?;
+            // SAFETY: as this function's caller guarantees.
+            let (g, data) = unsafe { message_args(p, dst, buf, len) }?;
             // SAFETY: the caller guarantees a writable pointer or NULL.
             let tag = unsafe { OutPtr::new(tag, "tag") }?;
-            let g = gvas_of(p.shared(), dst)?;
             tag.put(p.try_send_any(g, data)?.raw());
             Ok(0)
         })
@@ -1002,6 +1006,27 @@ pub unsafe extern "C" fn exanet_rdma_write(
     notify_va: *const u64,
     tag: *mut u32,
 ) -> c_int {
+    // SAFETY: as this function's caller guarantees.
+    unsafe {
+        rdma_write_with(p, src, dst, notify_va, tag, |p, r, g, n| {
+            p.write(ch, r, offset, g, len, n)
+        })
+    }
+}
+
+/// `exanet_rdma_write` and `exanet_rdma_try_write`, posting with `post(page, source
+/// region, destination, notification VA)`.
+///
+/// # Safety
+/// As `exanet_rdma_write`.
+unsafe fn rdma_write_with(
+    p: *const exanet_rdma_page,
+    src: *const exanet_region,
+    dst: *const exanet_addr_t,
+    notify_va: *const u64,
+    tag: *mut u32,
+    post: impl FnOnce(&RdmaPage, &MemoryRegion, Gvas, Option<u64>) -> crate::Result<Tag>,
+) -> c_int {
     guard(|| {
         let src = lookup(src, "src")?;
         live(&*src)?;
@@ -1013,7 +1038,7 @@ pub unsafe extern "C" fn exanet_rdma_write(
             // SAFETY: the caller guarantees a writable pointer or NULL.
             let tag = unsafe { OutPtr::new(tag, "tag") }?;
             let g = gvas_of(p.shared(), dst)?;
-            let t = p.write(ch, &src.region, offset, g, len, notify)?;
+            let t = post(p, &src.region, g, notify)?;
             tag.put(t.raw());
             Ok(0)
         });
@@ -1036,6 +1061,22 @@ pub unsafe extern "C" fn exanet_rdma_read(
     len: u64,
     tag: *mut u32,
 ) -> c_int {
+    // SAFETY: as this function's caller guarantees.
+    unsafe { rdma_read_with(p, src, dst, tag, |p, g, r| p.read(ch, g, r, offset, len)) }
+}
+
+/// `exanet_rdma_read` and `exanet_rdma_try_read`, posting with `post(page, source,
+/// destination region)`.
+///
+/// # Safety
+/// As `exanet_rdma_read`.
+unsafe fn rdma_read_with(
+    p: *const exanet_rdma_page,
+    src: *const exanet_addr_t,
+    dst: *const exanet_region,
+    tag: *mut u32,
+    post: impl FnOnce(&RdmaPage, Gvas, &MemoryRegion) -> crate::Result<Tag>,
+) -> c_int {
     guard(|| {
         let dst = lookup(dst, "dst")?;
         live(&*dst)?;
@@ -1046,7 +1087,7 @@ pub unsafe extern "C" fn exanet_rdma_read(
             // SAFETY: the caller guarantees a writable pointer or NULL.
             let tag = unsafe { OutPtr::new(tag, "tag") }?;
             let g = gvas_of(p.shared(), src)?;
-            let t = p.read(ch, g, &dst.region, offset, len)?;
+            let t = post(p, g, &dst.region)?;
             tag.put(t.raw());
             Ok(0)
         });
@@ -1069,23 +1110,12 @@ pub unsafe extern "C" fn exanet_rdma_try_write(
     notify_va: *const u64,
     tag: *mut u32,
 ) -> c_int {
-    guard(|| {
-        let src = lookup(src, "src")?;
-        live(&*src)?;
-        let r = with(p, "page", |p| {
-            let p = &p.p;
-            // SAFETY (two derefs): the caller guarantees readable pointers or NULL.
-            let dst = unsafe { obj(dst, "dst") }?;
-            let notify = unsafe { notify_va.as_ref() }.copied();
-            // SAFETY: the caller guarantees a writable pointer or NULL.
-            let tag = unsafe { OutPtr::new(tag, "tag") }?;
-            let g = gvas_of(p.shared(), dst)?;
-            let t = p.try_write_any(&src.region, offset, g, len, notify)?;
-            tag.put(t.raw());
-            Ok(0)
-        });
-        settle(&*src, r)
-    })
+    // SAFETY: as this function's caller guarantees.
+    unsafe {
+        rdma_write_with(p, src, dst, notify_va, tag, |p, r, g, n| {
+            p.try_write_any(r, offset, g, len, n)
+        })
+    }
 }
 
 /// `exanet_rdma_read` on a free read channel without waiting: `EXANET_EBUSY` while all are
@@ -1102,22 +1132,12 @@ pub unsafe extern "C" fn exanet_rdma_try_read(
     len: u64,
     tag: *mut u32,
 ) -> c_int {
-    guard(|| {
-        let dst = lookup(dst, "dst")?;
-        live(&*dst)?;
-        let r = with(p, "page", |p| {
-            let p = &p.p;
-            // SAFETY: the caller guarantees a readable pointer or NULL.
-            let src = unsafe { obj(src, "src") }?;
-            // SAFETY: the caller guarantees a writable pointer or NULL.
-            let tag = unsafe { OutPtr::new(tag, "tag") }?;
-            let g = gvas_of(p.shared(), src)?;
-            let t = p.try_read_any(g, &dst.region, offset, len)?;
-            tag.put(t.raw());
-            Ok(0)
-        });
-        settle(&*dst, r)
-    })
+    // SAFETY: as this function's caller guarantees.
+    unsafe {
+        rdma_read_with(p, src, dst, tag, |p, g, r| {
+            p.try_read_any(g, r, offset, len)
+        })
+    }
 }
 
 /// Waits up to `timeout_us` (negative: forever; 0: just check) for operation `tag`:
@@ -1206,27 +1226,27 @@ pub extern "C" fn exanet_took_ps(ep: *const exanet_endpoint, at_ps: u64) -> u64 
     lookup(ep, "ep").map_or(0, |e| e.ep.took(ModelTime(at_ps)).ps())
 }
 
-/// The program has nothing to do but wait for this endpoint until its next call (a
-/// progress loop between polls that found nothing): that time is not compute.
-#[no_mangle]
-pub extern "C" fn exanet_idle(ep: *const exanet_endpoint) -> c_int {
+/// Runs `f` on the endpoint `ep`: 0, or what was wrong with the handle.
+fn on_endpoint(ep: *const exanet_endpoint, f: impl FnOnce(&Endpoint)) -> c_int {
     guard(|| {
         with(ep, "ep", |e| {
-            e.ep.idle();
+            f(&e.ep);
             Ok(0)
         })
     })
 }
 
+/// The program has nothing to do but wait for this endpoint until its next call (a
+/// progress loop between polls that found nothing): that time is not compute.
+#[no_mangle]
+pub extern "C" fn exanet_idle(ep: *const exanet_endpoint) -> c_int {
+    on_endpoint(ep, |e| e.idle())
+}
+
 /// Takes back an `exanet_idle` said inside the holds the thread is in.
 #[no_mangle]
 pub extern "C" fn exanet_busy(ep: *const exanet_endpoint) -> c_int {
-    guard(|| {
-        with(ep, "ep", |e| {
-            e.ep.busy();
-            Ok(0)
-        })
-    })
+    on_endpoint(ep, |e| e.busy())
 }
 
 /// The calling thread is inside a library built on this one (an MPI transport) until it
@@ -1234,12 +1254,7 @@ pub extern "C" fn exanet_busy(ep: *const exanet_endpoint) -> c_int {
 /// nest; each ends on the thread that began it.
 #[no_mangle]
 pub extern "C" fn exanet_hold(ep: *const exanet_endpoint) -> c_int {
-    guard(|| {
-        with(ep, "ep", |e| {
-            e.ep.shared().hold();
-            Ok(0)
-        })
-    })
+    on_endpoint(ep, |e| e.shared().hold())
 }
 
 /// Ends this thread's innermost `exanet_hold` of `ep`; `EXANET_EINVAL` if it has none.

@@ -71,6 +71,23 @@ struct Block {
     left: Option<ModelTime>,
 }
 
+impl Block {
+    /// A block cut now, to start at `modeled`, not sent yet.
+    fn cut(modeled: ModelTime, now: Instant) -> Block {
+        Block {
+            seq: 0,
+            attempts: 0,
+            repairs: 0,
+            unanswered: 0,
+            step: Step::Pending,
+            sent_at: now,
+            first_sent: now,
+            modeled,
+            left: None,
+        }
+    }
+}
+
 /// Round-trip estimate of blocks to one destination (RFC 6298's smoothing). The time a
 /// block waits for its answer includes the whole window queued ahead of it, so a fixed
 /// timeout either fires spuriously on a busy path or waits needlessly on an idle one.
@@ -767,20 +784,8 @@ impl Initiator {
                     self.rank_live[rank],
                     cx.cfg.rank_window_blocks,
                 );
-                t.live.insert(
-                    i,
-                    Block {
-                        seq: 0,
-                        attempts: 0,
-                        repairs: 0,
-                        unanswered: 0,
-                        step: Step::Pending,
-                        sent_at: cx.now,
-                        first_sent: cx.now,
-                        modeled: t.ready.max(opened).max(place),
-                        left: None,
-                    },
-                );
+                t.live
+                    .insert(i, Block::cut(t.ready.max(opened).max(place), cx.now));
                 self.rank_live[rank] += 1;
                 match t.send_block(cx, i, rto, mem) {
                     Ok(deadline) => arm(&mut self.wake, deadline),
@@ -872,20 +877,7 @@ impl Initiator {
                 self.rank_live[r],
                 cx.cfg.rank_window_blocks,
             );
-            t.live.insert(
-                i,
-                Block {
-                    seq: 0,
-                    attempts: 0,
-                    repairs: 0,
-                    unanswered: 0,
-                    step: Step::Pending,
-                    sent_at: cx.now,
-                    first_sent: cx.now,
-                    modeled: start,
-                    left: None,
-                },
-            );
+            t.live.insert(i, Block::cut(start, cx.now));
             self.rank_live[r] += 1;
             let sent = t.send_block(cx, i, rto, mem);
             if t.next >= t.count {
