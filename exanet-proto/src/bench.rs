@@ -126,18 +126,17 @@ pub fn flows(shape: Shape, flows: &[Flow], cfg: BenchConfig) -> Result<FlowsRun,
     let mut pages = std::collections::BTreeMap::new();
     for id in shape.node_ids() {
         let senders = flows.iter().filter(|f| f.from == id).count().max(1);
+        let senders = u8::try_from(senders).unwrap_or(u8::MAX);
         let n = sim.node_mut(id);
         n.set_ni_config(cfg.ni);
         let mut mem = VecMemory::new();
         mem.register(0, DST_VA, total as usize);
         for rank in 0..senders {
-            let rank = u8::try_from(rank).unwrap_or(u8::MAX);
             mem.register(rank, SRC_VA, longest);
         }
         n.set_memory(Box::new(mem));
         let (ni, _) = n.ni_mut();
         for rank in 0..senders {
-            let rank = u8::try_from(rank).unwrap_or(u8::MAX);
             let page = ni
                 .attach(rank, PDID)
                 .and_then(|()| ni.alloc_rdma_page(rank))

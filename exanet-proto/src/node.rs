@@ -372,14 +372,9 @@ impl Node {
 
     fn inject(&mut self, now: Instant) {
         let ordered = self.switch.config().modeled_order;
-        let bound = ordered.then(|| self.switch.link_bound_to_ni());
-        // Set before the refill (which then cuts in modeled order) and again after it
-        // (which sorts what it cut among what was there).
-        self.ni.set_inject_bound(bound);
+        self.ni
+            .set_inject_bound(ordered.then(|| self.switch.link_bound_to_ni()));
         self.ni.refill(now, self.mem.as_ref());
-        if ordered {
-            self.ni.set_inject_bound(bound);
-        }
         for answers in [true, false] {
             while let Some(c) = self.ni.poll_cell_of(answers) {
                 if !self.switch.can_inject(c.kind, c.wire_len()) {

@@ -209,18 +209,16 @@ impl Order {
     /// (`Ni::set_arrival_bound`).
     pub(crate) fn to_ni_arrivals(&self, heads: &Heads) -> ModelTime {
         let local = Port::Local.index();
-        (0..NPORTS * NVCS)
-            .filter(|&s| self.feeds.through[s / NVCS] & (1 << local) != 0)
-            .map(|s| {
-                let promised = if s / NVCS == local {
-                    self.ni_own[s % NVCS][local]
-                } else {
-                    self.horizon[s / NVCS]
-                };
-                promised.min(earliest(heads, s))
-            })
-            .min()
-            .unwrap_or(ModelTime::NEVER)
+        // What the NI sends itself, when its cells can come back to it.
+        let own = if self.feeds.through[local] & (1 << local) != 0 {
+            (0..NVCS)
+                .map(|vc| self.ni_own[vc][local].min(earliest(heads, local * NVCS + vc)))
+                .min()
+                .unwrap_or(ModelTime::NEVER)
+        } else {
+            ModelTime::NEVER
+        };
+        self.to_ni_from_links(heads).min(own)
     }
 
     /// No cell with an earlier key than this can still come in on a link and reach the

@@ -2104,7 +2104,6 @@ fn in_modeled_order_an_ni_sends_its_ranks_posts_of_one_time_in_rank_order() {
         post(&mut ni, &mem, 1, at);
         post(&mut ni, &mem, 0, at);
         ni.refill(Instant::ZERO, &mem);
-        ni.set_inject_bound(bound);
         let first = ni.poll_cell_of(false).expect("a cell to send");
         let want = if ordered { 0 } else { 1 };
         assert_eq!(
@@ -2126,7 +2125,6 @@ fn in_modeled_order_an_ni_sends_its_ranks_posts_of_one_time_in_rank_order() {
     ni.set_program(0, Program::Running);
     post(&mut ni, &mem, 1, at + 1_000_000);
     ni.refill(Instant::ZERO, &mem);
-    ni.set_inject_bound(Some(ModelTime::NEVER));
     let mut ranks = Vec::new();
     while let Some(c) = ni.poll_cell_of(false) {
         ranks.push(c.src_rank);

@@ -874,6 +874,16 @@ impl Ni {
     /// Lets the RDMA engine put more blocks on the wire (call when the fabric has room).
     pub fn refill(&mut self, now: Instant, mem: &dyn Memory) {
         self.on_own(|ni| ni.rdma.refill(cx!(ni, now, ModelTime::ZERO), mem));
+        if self.inject_bound.is_some() {
+            // In modeled order what it holds goes in modeled order, then by rank. Stable:
+            // a block's cells, and a rank's posts at one time, keep their order. Nearly
+            // always sorted already (blocks are cut in order), which the sort finds in
+            // one pass.
+            self.out
+                .cells
+                .make_contiguous()
+                .sort_by_key(|c| (c.stamp.head, c.src_rank));
+        }
     }
 
     /// The next cell to inject, answers first. The NI stamps its node as the source of
@@ -919,19 +929,10 @@ impl Ni {
     }
 
     /// In modeled order: no cell earlier than `bound` can still come in on the node's
-    /// links; the NI's own cells then go in modeled order (see [`Ni::poll_cell_of`]).
-    /// `None`: in the host's order. Sorts what the NI holds to inject.
+    /// links; the NI's own cells then go in modeled order (see [`Ni::poll_cell_of`]), as
+    /// [`Ni::refill`] sorts them. `None`: in the host's order.
     pub fn set_inject_bound(&mut self, bound: Option<ModelTime>) {
         self.inject_bound = bound;
-        if bound.is_some() {
-            // Stable: a block's cells, and a rank's posts at one time, keep their order.
-            // Nearly always sorted already (blocks are cut in order), which the sort
-            // finds in one pass.
-            self.out
-                .cells
-                .make_contiguous()
-                .sort_by_key(|c| (c.stamp.head, c.src_rank));
-        }
     }
 
     /// The cell from [`Ni::poll_cell`] was injected into the fabric at `now` (the switch

@@ -828,10 +828,16 @@ impl Initiator {
     /// The earliest (modeled start, rank) of a block that can be cut now and is not:
     /// what the NI's own cells wait for in modeled order ([`crate::ni::Ni::poll_cell_of`]).
     pub(super) fn earliest_uncut(&self, cfg: &NiConfig) -> Option<(ModelTime, u8)> {
+        self.next_cut(cfg).map(|(start, rank, _)| (start, rank))
+    }
+
+    /// The block to cut next in modeled order: (its start, its rank, its transfer), the
+    /// least of those that can be cut now.
+    fn next_cut(&self, cfg: &NiConfig) -> Option<(ModelTime, u8, u32)> {
         self.sending
             .iter()
             .filter_map(|txn| self.transfers.get(txn))
-            .filter_map(|t| Some((self.next_start(cfg, t)?, t.rank)))
+            .filter_map(|t| Some((self.next_start(cfg, t)?, t.rank, t.txn)))
             .min()
     }
 
@@ -841,13 +847,7 @@ impl Initiator {
     /// delivered their posts in. The outbox's bound yields to a block that goes before
     /// everything in it: those cells wait for it (`Ni::poll_cell_of`).
     fn refill_in_order(&mut self, cx: &mut Ctx, mem: &dyn Memory) {
-        while let Some((start, rank, txn)) = self
-            .sending
-            .iter()
-            .filter_map(|txn| self.transfers.get(txn))
-            .filter_map(|t| Some((self.next_start(cx.cfg, t)?, t.rank, t.txn)))
-            .min()
-        {
+        while let Some((start, rank, txn)) = self.next_cut(cx.cfg) {
             if cx.out.cells.len() >= OUTBOX_CELLS {
                 let first = cx
                     .out
@@ -1286,12 +1286,15 @@ impl Initiator {
                     break;
                 }
                 cx.stats.retransmissions += 1;
-                // The modeled timer runs from the attempt's modeled send; in modeled
-                // order the copy goes when it was due, not before.
-                b.modeled = b.modeled + cx.cfg.model.retransmit;
-                if matches!(b.step, Step::InFlight { .. }) && copy_at != ModelTime::NEVER {
-                    b.modeled = b.modeled.max(copy_at);
-                }
+                // In modeled order a copy goes when it was due (never sooner than a
+                // timer's length after the attempt); otherwise the modeled timer runs
+                // from the attempt's modeled send.
+                b.modeled =
+                    if matches!(b.step, Step::InFlight { .. }) && copy_at != ModelTime::NEVER {
+                        copy_at
+                    } else {
+                        b.modeled + cx.cfg.model.retransmit
+                    };
                 let sent = if matches!(b.step, Step::InFlight { .. }) {
                     // No answer came: probe with the last cell alone, in the same
                     // attempt, so that what did arrive is kept and the answer says what
