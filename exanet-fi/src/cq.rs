@@ -242,8 +242,8 @@ impl Cq {
     }
 
     /// [`Cq::done`], with what the program's clock owes it when a read returns it.
-    pub fn done_charged(&self, c: Completion, charge: Charge) {
-        lock(&self.queue).push_back(Entry::Done(c, Some(charge)));
+    pub fn done_charged(&self, c: Completion, charge: Option<Charge>) {
+        lock(&self.queue).push_back(Entry::Done(c, charge));
     }
 
     pub fn failed(&self, f: Failed) {
@@ -392,8 +392,8 @@ mod tests {
             ..Completion::default()
         };
         cq.done(entry(1));
-        cq.done_charged(entry(2), charge(2));
-        cq.done_charged(entry(3), charge(3));
+        cq.done_charged(entry(2), Some(charge(2)));
+        cq.done_charged(entry(3), Some(charge(3)));
         cq.failed(Failed {
             entry: entry(4),
             olen: 0,

@@ -1276,18 +1276,15 @@ impl Inner {
                     // above all, whose ACK nobody waits for; a counter is not charged).
                     Ok(()) if op.silent => {}
                     // The program learns of the delivery when it reads the completion.
-                    Ok(()) => match delivered {
-                        Some(at) => {
-                            let ep = self.ep.clone();
-                            cq.done_charged(
-                                entry,
-                                Box::new(move || {
-                                    ep.advance_clock(exanet::ModelTime(at));
-                                }),
-                            )
-                        }
-                        None => cq.done(entry),
-                    },
+                    Ok(()) => {
+                        let ep = self.ep.clone();
+                        let charge = delivered.map(|at| {
+                            Box::new(move || {
+                                ep.advance_clock(exanet::ModelTime(at));
+                            }) as Charge
+                        });
+                        cq.done_charged(entry, charge)
+                    }
                     // A failure (a refusing FIN) is read apart, by `fi_cq_readerr`: its
                     // time is paid as it comes, as a failed receive's is.
                     Err(f) => {
@@ -1363,22 +1360,20 @@ impl Inner {
                 };
                 let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
                 self.count(FI_RECV, !truncated);
-                match charge {
-                    Some(charge) if !truncated && !op.silent => cq.done_charged(entry, charge),
-                    charge => {
-                        if let Some(charge) = charge {
-                            charge();
-                        }
-                        if truncated {
-                            cq.failed(Failed {
-                                entry,
-                                olen: (len - written as u64) as usize,
-                                err: FI_ETRUNC,
-                            });
-                        } else if !op.silent {
-                            cq.done(entry);
-                        }
+                if truncated || op.silent {
+                    // Read apart (`fi_cq_readerr`) or not at all: paid now.
+                    if let Some(charge) = charge {
+                        charge();
                     }
+                    if truncated {
+                        cq.failed(Failed {
+                            entry,
+                            olen: (len - written as u64) as usize,
+                            err: FI_ETRUNC,
+                        });
+                    }
+                } else {
+                    cq.done_charged(entry, charge);
                 }
             }
             Event::RmaReleased { ctx } => {
