@@ -2,12 +2,16 @@
 //! completed, and how many failed. Progress is manual, as for completion queues: reading
 //! a counter or waiting on it makes progress on the endpoints bound to it first. MPICH's
 //! ch4:ofi opens one for its one-sided operations whether the program makes any or not.
+//!
+//! A counter is also how the program learns when what it counts happened: a read that
+//! returns a count pays the modeled clock what the operations counted so far owe it (see
+//! [`Charge`]), as a completion queue's read pays for the completions it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Weak;
+use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use crate::cq::{Bound, Progress};
+use crate::cq::{Bound, Charge, Progress};
 
 /// How long a wait sleeps on an endpoint's doorbell between looks.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -17,6 +21,14 @@ pub struct Cntr {
     value: AtomicU64,
     errors: AtomicU64,
     endpoints: Bound,
+    /// What the operations counted and not yet seen by a read owe the program's clock.
+    /// Pushed before the count goes up and taken by a read that loads the count, both
+    /// under this lock, so that a read pays for every operation its count includes.
+    owed: Mutex<Vec<Charge>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why a wait ended without the count.
@@ -39,20 +51,35 @@ impl Cntr {
         }
     }
 
-    /// An operation of a kind bound to the counter completed (`ok`) or failed.
-    pub fn count(&self, ok: bool) {
+    /// An operation of a kind bound to the counter completed (`ok`) or failed, owing the
+    /// program's clock `charge` once the program learns of it.
+    pub fn count(&self, ok: bool, charge: Option<Charge>) {
+        let mut owed = lock(&self.owed);
+        owed.extend(charge);
         let c = if ok { &self.value } else { &self.errors };
         c.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Loads `which` and pays what the operations it counts owe.
+    fn observe(&self, which: &AtomicU64) -> u64 {
+        let (v, owed) = {
+            let mut owed = lock(&self.owed);
+            (which.load(Ordering::Acquire), std::mem::take(&mut *owed))
+        };
+        for charge in owed {
+            charge.pay();
+        }
+        v
+    }
+
     pub fn read(&self) -> u64 {
         self.progress();
-        self.value.load(Ordering::Acquire)
+        self.observe(&self.value)
     }
 
     pub fn read_errors(&self) -> u64 {
         self.progress();
-        self.errors.load(Ordering::Acquire)
+        self.observe(&self.errors)
     }
 
     pub fn add(&self, v: u64) {
@@ -82,10 +109,13 @@ impl Cntr {
             for ep in &eps {
                 ep.progress();
             }
+            // The caller learns the count only from a wait that ends with it.
             if self.value.load(Ordering::Acquire) >= threshold {
+                self.observe(&self.value);
                 return Ok(());
             }
             if self.errors.load(Ordering::Acquire) != errors {
+                self.observe(&self.errors);
                 return Err(WaitEnd::Failed);
             }
             let left = match timeout {
@@ -125,7 +155,7 @@ mod tests {
         fn progress(&self) {
             let done: Vec<bool> = std::mem::take(&mut *self.pending.lock().unwrap());
             for ok in done {
-                self.cntr.count(ok);
+                self.cntr.count(ok, None);
             }
         }
         fn idle(&self) {}
@@ -170,5 +200,36 @@ mod tests {
         drop(fake);
         // Its endpoints gone, a counter still answers.
         assert_eq!(cntr.read(), 1);
+    }
+
+    /// What a counted operation owes the clock is paid by the read or the wait that
+    /// returns a count including it, not when progress counted it, and once.
+    #[test]
+    fn a_read_pays_for_what_its_count_includes() {
+        let cntr = Cntr::default();
+        let paid = Arc::new(Mutex::new(Vec::new()));
+        let charge = |n: u64| {
+            let paid = paid.clone();
+            Some(Charge::new(move || paid.lock().unwrap().push(n)))
+        };
+        cntr.count(true, charge(1));
+        cntr.count(false, charge(2));
+        assert!(paid.lock().unwrap().is_empty(), "counted, not read");
+        assert_eq!(cntr.read(), 1);
+        assert_eq!(*paid.lock().unwrap(), [1, 2]);
+        assert_eq!(cntr.read_errors(), 1);
+        assert_eq!(*paid.lock().unwrap(), [1, 2], "paid once");
+        // A wait that times out short of its count told the program nothing.
+        let shared = charge(3);
+        cntr.count(true, shared.clone());
+        assert_eq!(
+            cntr.wait(5, Some(Duration::from_millis(2))),
+            Err(WaitEnd::TimedOut)
+        );
+        assert_eq!(*paid.lock().unwrap(), [1, 2]);
+        // The completion queue paid the same operation's charge first: not again.
+        shared.unwrap().pay();
+        assert_eq!(cntr.wait(2, None), Ok(()));
+        assert_eq!(*paid.lock().unwrap(), [1, 2, 3]);
     }
 }

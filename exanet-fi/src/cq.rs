@@ -3,7 +3,7 @@
 //! completion queues, as MPI libraries do, keeps its messages moving.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// What a completion queue makes progress on when it is read: its bound endpoints.
@@ -75,7 +75,30 @@ pub struct Failed {
 /// read hands the completion to the program, not when progress queued it: progress runs
 /// in any call, and paid there the clock would move before the program's next post or
 /// not with the host's timing.
-pub type Charge = Box<dyn FnOnce() + Send>;
+///
+/// One operation's charge may be held by its completion queue and by counters at once
+/// (the program learns of it from whichever it reads first): clones share it, and only
+/// the first [`Charge::pay`] pays (taking a message twice would count the software's
+/// cost of taking it twice).
+#[derive(Clone)]
+pub struct Charge(Arc<Mutex<Option<Payment>>>);
+
+/// What paying a [`Charge`] does: moves the program's modeled clock.
+type Payment = Box<dyn FnOnce() + Send>;
+
+impl Charge {
+    pub fn new(pay: impl FnOnce() + Send + 'static) -> Charge {
+        Charge(Arc::new(Mutex::new(Some(Box::new(pay)))))
+    }
+
+    /// Pays the charge, unless a clone of it already did.
+    pub fn pay(&self) {
+        let pay = lock(&self.0).take();
+        if let Some(pay) = pay {
+            pay();
+        }
+    }
+}
 
 enum Entry {
     Done(Completion, Option<Charge>),
@@ -352,7 +375,7 @@ impl Cq {
             }
         }
         for charge in charges {
-            charge();
+            charge.pay();
         }
         Ok(out)
     }
@@ -380,12 +403,11 @@ mod tests {
     /// call, at the host's moment).
     #[test]
     fn a_completion_charges_the_clock_when_a_read_returns_it_not_when_queued() {
-        use std::sync::Arc;
         let cq = Cq::new(0, Idle::Poll);
         let paid = Arc::new(Mutex::new(Vec::new()));
         let charge = |n: u64| -> Charge {
             let paid = paid.clone();
-            Box::new(move || lock(&paid).push(n))
+            Charge::new(move || lock(&paid).push(n))
         };
         let entry = |context| Completion {
             context,
@@ -408,6 +430,18 @@ mod tests {
         assert_eq!(*lock(&paid), [2, 3]);
         assert!(matches!(cq.read(8, false), Err(Empty::Failure)));
         assert_eq!(cq.read_failure().map(|f| f.entry.context), Some(4));
+    }
+
+    #[test]
+    fn a_charge_held_in_two_places_is_paid_once() {
+        let paid = Arc::new(Mutex::new(0));
+        let p = paid.clone();
+        let charge = Charge::new(move || *lock(&p) += 1);
+        let other = charge.clone();
+        other.pay();
+        charge.pay();
+        other.pay();
+        assert_eq!(*lock(&paid), 1);
     }
 
     #[test]

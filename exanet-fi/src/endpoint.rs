@@ -888,11 +888,20 @@ impl Inner {
 
     /// An operation of `kind` ended, well or not: the counters bound to that kind count it.
     fn count(&self, kind: u64, ok: bool) {
+        self.count_charged(kind, ok, None);
+    }
+
+    /// Counts an operation on the counters bound for its kind, which pay `charge` when a
+    /// read of theirs returns the count; whether any counted it.
+    fn count_charged(&self, kind: u64, ok: bool, charge: Option<&Charge>) -> bool {
+        let mut counted = false;
         for (flags, c) in &self.cntrs {
             if flags & kind != 0 {
-                c.count(ok);
+                c.count(ok, charge.cloned());
+                counted = true;
             }
         }
+        counted
     }
 
     fn progress(&mut self) {
@@ -1268,35 +1277,31 @@ impl Inner {
                 let Some(op) = self.sends.remove(&ctx) else {
                     return;
                 };
-                self.count(FI_SEND, result.is_ok());
+                // The program learns of the delivery when it reads the completion or a
+                // counter of sends. Without either nothing tells it the time (an inject
+                // above all, whose ACK nobody waits for).
+                let charge = delivered.map(|at| {
+                    let ep = self.ep.clone();
+                    Charge::new(move || {
+                        ep.advance_clock(exanet::ModelTime(at));
+                    })
+                });
+                if result.is_err() {
+                    // A failure (a refusing FIN) is read apart, by `fi_cq_readerr`: its
+                    // time is paid as it comes, as a failed receive's is.
+                    charge.iter().for_each(Charge::pay);
+                }
+                self.count_charged(FI_SEND, result.is_ok(), charge.as_ref());
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = op.entry();
                 match result {
-                    // No completion, so nothing the program learns the time by (an inject
-                    // above all, whose ACK nobody waits for; a counter is not charged).
                     Ok(()) if op.silent => {}
-                    // The program learns of the delivery when it reads the completion.
-                    Ok(()) => {
-                        let ep = self.ep.clone();
-                        let charge = delivered.map(|at| {
-                            Box::new(move || {
-                                ep.advance_clock(exanet::ModelTime(at));
-                            }) as Charge
-                        });
-                        cq.done_charged(entry, charge)
-                    }
-                    // A failure (a refusing FIN) is read apart, by `fi_cq_readerr`: its
-                    // time is paid as it comes, as a failed receive's is.
-                    Err(f) => {
-                        if let Some(at) = delivered {
-                            self.ep.advance_clock(exanet::ModelTime(at));
-                        }
-                        cq.failed(Failed {
-                            entry,
-                            olen: 0,
-                            err: errno_of(&f),
-                        })
-                    }
+                    Ok(()) => cq.done_charged(entry, charge),
+                    Err(f) => cq.failed(Failed {
+                        entry,
+                        olen: 0,
+                        err: errno_of(&f),
+                    }),
                 }
             }
             Event::Received {
@@ -1311,13 +1316,14 @@ impl Inner {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
                 };
-                // The program takes the message when it reads the completion; where it
-                // learns of it otherwise (a failure, a counter), now.
-                let charge: Option<Charge> = at.map(|at| {
+                // The program takes the message when it reads the completion or a
+                // counter of receives; where it learns of it otherwise (a failure), or
+                // by neither, now.
+                let charge = at.map(|at| {
                     let ep = self.ep.clone();
-                    Box::new(move || {
+                    Charge::new(move || {
                         ep.took(exanet::ModelTime(at));
-                    }) as Charge
+                    })
                 });
                 let written = match data {
                     Data::Inline(b) => op.buf.write(&b),
@@ -1334,9 +1340,11 @@ impl Inner {
                         n
                     }
                 };
+                let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
+                let counted = self.count_charged(FI_RECV, !truncated, charge.as_ref());
                 let Some(cq) = self.rxcq.clone() else {
-                    if let Some(charge) = charge {
-                        charge();
+                    if !counted {
+                        charge.iter().for_each(Charge::pay);
                     }
                     return;
                 };
@@ -1358,13 +1366,11 @@ impl Inner {
                     tag: tag.unwrap_or(0),
                     src,
                 };
-                let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
-                self.count(FI_RECV, !truncated);
-                if truncated || op.silent {
+                if truncated || (op.silent && !counted) {
                     // Read apart (`fi_cq_readerr`) or not at all: paid now.
-                    if let Some(charge) = charge {
-                        charge();
-                    }
+                    charge.iter().for_each(Charge::pay);
+                }
+                if truncated || op.silent {
                     if truncated {
                         cq.failed(Failed {
                             entry,
@@ -1381,7 +1387,7 @@ impl Inner {
                     self.staging.free(slot);
                 }
             }
-            Event::RmaDone { ctx, result } => {
+            Event::RmaDone { ctx, result, at } => {
                 let Some(op) = self.rmas.get_mut(&ctx) else {
                     return;
                 };
@@ -1397,7 +1403,27 @@ impl Inner {
                     }
                 }
                 let (context, flags, silent) = (op.context, op.flags, op.silent);
-                self.count(flags & (FI_READ | FI_WRITE), result.is_ok());
+                // The answer is the program's when it reads the completion or a counter
+                // of one-sided operations (MPICH's way); a failure, or an operation
+                // reported by neither, now.
+                let charge = at.map(|at| {
+                    let ep = self.ep.clone();
+                    Charge::new(move || {
+                        ep.took(exanet::ModelTime(at));
+                    })
+                });
+                if result.is_err() {
+                    charge.iter().for_each(Charge::pay);
+                }
+                let counted = self.count_charged(
+                    flags & (FI_READ | FI_WRITE),
+                    result.is_ok(),
+                    charge.as_ref(),
+                );
+                let reported = self.txcq.is_some() && !silent;
+                if !counted && !reported {
+                    charge.iter().for_each(Charge::pay);
+                }
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = Completion {
                     context,
@@ -1406,7 +1432,7 @@ impl Inner {
                 };
                 match result {
                     Ok(()) if silent => {}
-                    Ok(()) => cq.done(entry),
+                    Ok(()) => cq.done_charged(entry, charge),
                     Err(err) => cq.failed(Failed {
                         entry,
                         olen: 0,

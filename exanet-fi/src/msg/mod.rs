@@ -259,6 +259,8 @@ pub enum Event {
     RmaDone {
         ctx: u64,
         result: Result<(), Failure>,
+        /// The answer's modeled time (none when the operation failed here).
+        at: Option<u64>,
     },
     /// What a one-sided operation's request names (its staged data, its landing place)
     /// may be freed: the target will not touch it (after its `RmaDone`, or with it).
@@ -268,13 +270,12 @@ pub enum Event {
 /// What [`Engine::on_packet`] did with a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrived {
-    /// Acted on it at once (an answer to a one-sided operation, a request to serve):
-    /// its time is the caller's now.
+    /// Acted on it at once (a one-sided request to serve): its time is the caller's now.
     Acted,
-    /// Kept it for a receive (matched now or later, or a duplicate dropped), or for a
-    /// send's completion (a FIN), or it was bookkeeping only: its time comes back with
-    /// the event the program learns of it by ([`Event::Received`], [`Peeked`],
-    /// [`Event::Sent`]), if any.
+    /// Kept it for a receive (matched now or later, or a duplicate dropped), for a
+    /// send's completion (a FIN) or a one-sided operation's (its answer), or it was
+    /// bookkeeping only: its time comes back with the event the program learns of it by
+    /// ([`Event::Received`], [`Peeked`], [`Event::Sent`], [`Event::RmaDone`]), if any.
     Kept,
 }
 
@@ -613,6 +614,7 @@ impl Engine {
             self.events.push_back(Event::RmaDone {
                 ctx,
                 result: Err(Failure::RmaFailed),
+                at: None,
             });
             self.events.push_back(Event::RmaReleased { ctx });
             return;
@@ -961,13 +963,18 @@ impl Engine {
                         RmaStatus::Failed => Err(Failure::RmaFailed),
                     };
                     if !r.ended {
-                        self.events.push_back(Event::RmaDone { ctx: r.ctx, result });
+                        self.events.push_back(Event::RmaDone {
+                            ctx: r.ctx,
+                            result,
+                            at: Some(at),
+                        });
                     }
                     self.events.push_back(Event::RmaReleased { ctx: r.ctx });
                 } else {
                     self.stats.duplicates += 1;
                 }
-                Ok(Arrived::Acted)
+                // Its time comes back with the operation's completion, if any.
+                Ok(Arrived::Kept)
             }
             // Taking it in was the answer: nothing for the program.
             Packet::Probe { .. } => Ok(Arrived::Kept),
@@ -1441,6 +1448,7 @@ impl Engine {
                     self.events.push_back(Event::RmaDone {
                         ctx: r.ctx,
                         result: Err(failure),
+                        at: None,
                     });
                 }
                 if maybe {

@@ -232,7 +232,7 @@ impl Net {
 
     fn rma_done(&self, i: usize, ctx: u64) -> Option<Result<(), Failure>> {
         self.events.iter().find_map(|(at, ev)| match ev {
-            Event::RmaDone { ctx: c, result } if *at == i && *c == ctx => Some(result.clone()),
+            Event::RmaDone { ctx: c, result, .. } if *at == i && *c == ctx => Some(result.clone()),
             _ => None,
         })
     }
@@ -752,7 +752,7 @@ fn memory_a_request_names_stays_while_its_destination_may_still_use_it() {
         let mut rel = Vec::new();
         while let Some(ev) = e.poll_event() {
             match ev {
-                Event::RmaDone { ctx, result } => done.push((ctx, result.is_ok())),
+                Event::RmaDone { ctx, result, .. } => done.push((ctx, result.is_ok())),
                 Event::RmaReleased { ctx } | Event::Released { ctx } => rel.push(ctx),
                 Event::Sent { ctx, result, .. } => done.push((ctx, result.is_ok())),
                 _ => {}
@@ -920,6 +920,7 @@ fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
             Event::RmaDone {
                 ctx: 1,
                 result: Err(Failure::Unreachable(why)),
+                at: None,
             }
             | Event::Sent {
                 ctx: 2,
@@ -1084,8 +1085,9 @@ fn a_message_refused_again_and_again_is_not_overtaken_past_what_the_receiver_hol
 
 /// A message kept for a receive becomes the caller's at its arrival time only when a
 /// receive or a probe hands it over, and a rendezvous read starts after its request
-/// came; what the engine acts on at once (an answer) is the caller's at once. Taking
-/// messages early as the host delivers them must not move the program's time.
+/// came; an answer to a one-sided operation comes back with its completion; what the
+/// engine acts on at once (a request to serve) is the caller's at once. Taking messages
+/// early as the host delivers them must not move the program's time.
 #[test]
 fn a_kept_message_hands_its_arrival_time_to_the_receive_that_takes_it() {
     let (a, b) = (peer(1, 0), peer(2, 0));
@@ -1155,14 +1157,37 @@ fn a_kept_message_hands_its_arrival_time_to_the_receive_that_takes_it() {
         )),
         "the FIN's time on the send's completion"
     );
-    // An answer to a one-sided operation is acted on at once.
+    // A one-sided request is served at once; its answer is the initiator's when the
+    // operation's completion or a counter tells the program of it.
+    s.rma_write(
+        b,
+        RmaTarget { key: 1, addr: 0 },
+        RmaData::Inline(b"put".to_vec()),
+        11,
+    );
+    let req = transmits(&mut s);
+    assert_eq!(
+        r.on_packet(a.node, a.rank, &req[0].bytes, 13_000),
+        Ok(Arrived::Acted)
+    );
     let done = Packet::RmaDone {
         src_vi: b.vi,
         id: 0,
         status: RmaStatus::Done,
     };
     assert_eq!(
-        s.on_packet(b.node, b.rank, &done.encode().unwrap(), 13_000),
-        Ok(Arrived::Acted)
+        s.on_packet(b.node, b.rank, &done.encode().unwrap(), 14_000),
+        Ok(Arrived::Kept)
+    );
+    assert!(
+        events(&mut s).iter().any(|e| matches!(
+            e,
+            Event::RmaDone {
+                ctx: 11,
+                result: Ok(()),
+                at: Some(14_000)
+            }
+        )),
+        "the answer's time on the operation's completion"
     );
 }
