@@ -39,6 +39,7 @@ pub const FI_SEND: u64 = 1 << 11;
 pub const FI_REMOTE_READ: u64 = 1 << 12;
 pub const FI_REMOTE_WRITE: u64 = 1 << 13;
 pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
+pub const FI_MULTI_RECV: u64 = 1 << 16;
 pub const FI_PEEK: u64 = 1 << 19;
 pub const FI_COMPLETION: u64 = 1 << 24;
 pub const FI_INJECT: u64 = 1 << 25;
@@ -74,6 +75,10 @@ pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
 // enum fi_ep_type
 pub const FI_EP_UNSPEC: c_int = 0;
+/// The level of the endpoint options (`fi_setopt`).
+pub const FI_OPT_ENDPOINT: c_int = 0;
+/// The only endpoint option offered (a `size_t`).
+pub const FI_OPT_MIN_MULTI_RECV: c_int = 0;
 pub const FI_EP_RDM: c_int = 3;
 
 // enum fi_av_type

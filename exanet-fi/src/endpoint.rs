@@ -37,8 +37,53 @@ pub trait RecvBuf: Send + std::fmt::Debug {
     fn len(&self) -> usize;
     /// Its address, as the completion reports it.
     fn addr(&self) -> usize;
+    /// Copies what fits of `data` from `offset` on; returns how much.
+    fn write_at(&self, offset: usize, data: &[u8]) -> usize;
     /// Copies what fits of `data`; returns how much.
-    fn write(&self, data: &[u8]) -> usize;
+    fn write(&self, data: &[u8]) -> usize {
+        self.write_at(0, data)
+    }
+}
+
+/// A multi-receive buffer (`FI_MULTI_RECV`), shared by the receives that fill it.
+type Whole = Arc<Mutex<Box<dyn RecvBuf>>>;
+
+/// What is left of a multi-receive buffer from `offset` on: the receive that takes its
+/// next message.
+#[derive(Debug)]
+struct Part {
+    whole: Whole,
+    offset: usize,
+}
+
+impl RecvBuf for Part {
+    fn len(&self) -> usize {
+        locked(&self.whole).len().saturating_sub(self.offset)
+    }
+    fn addr(&self) -> usize {
+        locked(&self.whole).addr() + self.offset
+    }
+    fn write_at(&self, offset: usize, data: &[u8]) -> usize {
+        locked(&self.whole).write_at(self.offset + offset, data)
+    }
+}
+
+/// A multi-receive buffer being filled: messages land one after another (each at an
+/// 8-byte boundary, so that what a library reads there is aligned), each completing on
+/// its own, until less than the endpoint's `FI_OPT_MIN_MULTI_RECV` is left; the
+/// completion of the message that leaves it so carries `FI_MULTI_RECV`: the buffer is
+/// the application's again.
+#[derive(Debug)]
+struct Multi {
+    whole: Whole,
+    used: usize,
+    accepts: Accepts,
+    context: usize,
+    completes: Completes,
+}
+
+fn locked<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// No memory: a receive that takes a message into nothing (a discarded probe's).
@@ -52,7 +97,7 @@ impl RecvBuf for NoBuf {
     fn addr(&self) -> usize {
         0
     }
-    fn write(&self, _: &[u8]) -> usize {
+    fn write_at(&self, _: usize, _: &[u8]) -> usize {
         0
     }
 }
@@ -138,6 +183,8 @@ struct RecvOp {
     flags: u64,
     buf: Box<dyn RecvBuf>,
     silent: bool,
+    /// The multi-receive buffer it is a part of.
+    multi: Option<u64>,
 }
 
 impl RecvOp {
@@ -204,6 +251,10 @@ struct Inner {
     sends: HashMap<u64, SendOp>,
     recvs: HashMap<u64, RecvOp>,
     next_op: u64,
+    /// Multi-receive buffers being filled, by the receive op of their current part.
+    multis: HashMap<u64, Multi>,
+    /// `FI_OPT_MIN_MULTI_RECV`: a multi-receive buffer is released once less is left.
+    min_multi_recv: usize,
     /// Messages from peers that did not decode or broke the protocol.
     protocol_errors: u64,
     /// The attachment is gone (its daemon died or went away): every operation failed
@@ -331,6 +382,8 @@ impl Endpoint {
                 sends: HashMap::new(),
                 recvs: HashMap::new(),
                 next_op: 0,
+                multis: HashMap::new(),
+                min_multi_recv: 0,
                 protocol_errors: 0,
                 broken: false,
                 opened: std::time::Instant::now(),
@@ -538,6 +591,47 @@ impl Endpoint {
         i.engine.post_recv(accepts, capacity, op);
         i.progress();
         Ok(())
+    }
+
+    /// Posts a multi-receive buffer (`FI_MULTI_RECV`, untagged): it takes messages from
+    /// `src` one after another until less than `FI_OPT_MIN_MULTI_RECV` of it is left.
+    pub fn recv_multi(
+        &self,
+        src: u64,
+        buf: Box<dyn RecvBuf>,
+        context: usize,
+        completes: Completes,
+    ) -> Result<(), Errno> {
+        let _held = self.attachment.hold();
+        let mut i = self.lock();
+        if !i.enabled {
+            return Err(FI_EOPBADSTATE);
+        }
+        if i.broken {
+            return Err(FI_EIO);
+        }
+        let accepts = self.accepts(&i, src, None)?;
+        let multi = Multi {
+            whole: Arc::new(Mutex::new(buf)),
+            used: 0,
+            accepts,
+            context,
+            completes,
+        };
+        i.post_part(multi);
+        i.progress();
+        Ok(())
+    }
+
+    /// `FI_OPT_MIN_MULTI_RECV`.
+    pub fn min_multi_recv(&self) -> usize {
+        self.lock().min_multi_recv
+    }
+
+    /// Sets `FI_OPT_MIN_MULTI_RECV` for multi-receive buffers posted from now on, and for
+    /// the parts of those being filled.
+    pub fn set_min_multi_recv(&self, min: usize) {
+        self.lock().min_multi_recv = min;
     }
 
     /// What a receive from `src` with `tag` (tag, ignore) accepts.
@@ -881,9 +975,42 @@ impl Inner {
                 flags,
                 buf,
                 silent,
+                multi: None,
             },
         );
         op
+    }
+
+    /// Posts the rest of a multi-receive buffer as the receive of its next message.
+    fn post_part(&mut self, m: Multi) {
+        let part = Part {
+            whole: Arc::clone(&m.whole),
+            offset: m.used,
+        };
+        let capacity = part.len() as u64;
+        let accepts = m.accepts;
+        let op = self.add_recv(Box::new(part), false, m.context, m.completes);
+        if let Some(r) = self.recvs.get_mut(&op) {
+            r.multi = Some(op);
+        }
+        self.multis.insert(op, m);
+        self.engine.post_recv(accepts, capacity, op);
+    }
+
+    /// A message landed in the multi-receive part `op` (`written` bytes): whether the
+    /// buffer is released (`FI_MULTI_RECV` on this completion), else its rest is posted.
+    fn part_filled(&mut self, op: u64, written: usize) -> bool {
+        let Some(mut m) = self.multis.remove(&op) else {
+            return false;
+        };
+        let len = locked(&m.whole).len();
+        m.used = (m.used + written).next_multiple_of(8).min(len);
+        let left = len - m.used;
+        if left == 0 || left < self.min_multi_recv {
+            return true;
+        }
+        self.post_part(m);
+        false
     }
 
     /// An operation of `kind` ended, well or not: the counters bound to that kind count it.
@@ -997,8 +1124,12 @@ impl Inner {
             }
         }
         for (_, op) in self.recvs.drain() {
+            let mut entry = op.entry();
+            if op.multi.is_some_and(|m| self.multis.remove(&m).is_some()) {
+                entry.flags |= FI_MULTI_RECV;
+            }
             if let Some(cq) = &self.rxcq {
-                cq.failed(failed(op.entry()));
+                cq.failed(failed(entry));
             }
         }
         for (_, op) in self.rmas.drain().filter(|(_, op)| !op.done) {
@@ -1341,6 +1472,9 @@ impl Inner {
                     }
                 };
                 let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
+                // A part of a multi-receive buffer: the rest takes the next message, or
+                // the buffer goes back to the application with this completion.
+                let released = op.multi.is_some_and(|m| self.part_filled(m, written));
                 let counted = self.count_charged(FI_RECV, !truncated, charge.as_ref());
                 let Some(cq) = self.rxcq.clone() else {
                     if !counted {
@@ -1359,7 +1493,8 @@ impl Inner {
                             FI_REMOTE_CQ_DATA
                         } else {
                             0
-                        },
+                        }
+                        | if released { FI_MULTI_RECV } else { 0 },
                     len: written,
                     buf: op.buf.addr(),
                     data: cq_data.unwrap_or(0),
@@ -1445,9 +1580,15 @@ impl Inner {
                     return;
                 };
                 self.count(FI_RECV, false);
+                let mut entry = op.entry();
+                // A multi-receive buffer ends with its part (cancelled, or its endpoint
+                // broken): the application has it back.
+                if op.multi.is_some_and(|m| self.multis.remove(&m).is_some()) {
+                    entry.flags |= FI_MULTI_RECV;
+                }
                 if let Some(cq) = self.rxcq.clone() {
                     cq.failed(Failed {
-                        entry: op.entry(),
+                        entry,
                         olen: 0,
                         err: errno_of(&error),
                     });

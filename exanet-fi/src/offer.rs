@@ -27,10 +27,12 @@ pub const CAPS: u64 = FI_MSG
     | FI_READ
     | FI_WRITE
     | FI_REMOTE_READ
-    | FI_REMOTE_WRITE;
+    | FI_REMOTE_WRITE
+    | FI_MULTI_RECV;
 
 /// Secondary capabilities: given whether or not the hints ask for them.
-const SECONDARY: u64 = FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM;
+const SECONDARY: u64 =
+    FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_MULTI_RECV;
 
 /// Tags are 64 bits, every bit matched or ignored as the application says.
 pub const MEM_TAG_FORMAT: u64 = 0xAAAA_AAAA_AAAA_AAAA;
@@ -152,6 +154,7 @@ pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
         mode: 0,
         tx_caps: CAPS
             & !FI_RECV
+            & !FI_MULTI_RECV
             & !FI_DIRECTED_RECV
             & !FI_SOURCE
             & !FI_REMOTE_READ

@@ -795,11 +795,11 @@ impl RecvBuf for UserBuf {
         self.addr
     }
 
-    fn write(&self, data: &[u8]) -> usize {
-        let n = data.len().min(self.len);
+    fn write_at(&self, offset: usize, data: &[u8]) -> usize {
+        let n = data.len().min(self.len.saturating_sub(offset));
         if n > 0 {
-            // SAFETY: valid for `len` >= n bytes, as promised at `new`.
-            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.addr as *mut u8, n) };
+            // SAFETY: valid for `len` >= offset + n bytes, as promised at `new`.
+            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), (self.addr + offset) as *mut u8, n) };
         }
         n
     }
@@ -2001,22 +2001,57 @@ unsafe extern "C" fn ep_cancel(f: *mut fid, context: *mut c_void) -> isize {
 }
 
 unsafe extern "C" fn ep_getopt(
-    _: *mut fid,
-    _: c_int,
-    _: c_int,
-    _: *mut c_void,
-    _: *mut usize,
+    f: *mut fid,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut usize,
 ) -> c_int {
-    -FI_ENOPROTOOPT
+    guard(|| {
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(ep) = (unsafe { ep_of(f) }) else {
+            return -FI_EINVAL;
+        };
+        if (level, name) != (FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV) {
+            return -FI_ENOPROTOOPT;
+        }
+        if val.is_null() || len.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: non-null, as the application passes it.
+        if unsafe { *len } < size_of::<usize>() {
+            return -FI_ETOOSMALL;
+        }
+        // SAFETY: room for a size_t, checked above; the caller's alignment.
+        unsafe {
+            val.cast::<usize>().write_unaligned(ep.min_multi_recv());
+            *len = size_of::<usize>();
+        }
+        0
+    })
 }
 unsafe extern "C" fn ep_setopt(
-    _: *mut fid,
-    _: c_int,
-    _: c_int,
-    _: *const c_void,
-    _: usize,
+    f: *mut fid,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: usize,
 ) -> c_int {
-    -FI_ENOPROTOOPT
+    guard(|| {
+        // SAFETY: libfabric passes an endpoint of this provider.
+        let Some(ep) = (unsafe { ep_of(f) }) else {
+            return -FI_EINVAL;
+        };
+        if (level, name) != (FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV) {
+            return -FI_ENOPROTOOPT;
+        }
+        if val.is_null() || len != size_of::<usize>() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: a size_t, as the length says; the caller's alignment.
+        ep.set_min_multi_recv(unsafe { val.cast::<usize>().read_unaligned() });
+        0
+    })
 }
 unsafe extern "C" fn ep_no_tx_ctx(
     _: *mut fid_ep,
@@ -2193,19 +2228,38 @@ unsafe extern "C" fn msg_recvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64
         return -(FI_EINVAL as isize);
     };
     // SAFETY: as the application passes them.
-    match unsafe { one_iov(m.msg_iov, m.iov_count) } {
-        Ok((buf, len)) => unsafe {
-            do_recv(
-                ep,
-                buf,
-                len,
+    let (buf, len) = match unsafe { one_iov(m.msg_iov, m.iov_count) } {
+        Ok(b) => b,
+        Err(e) => return e as isize,
+    };
+    if flags & FI_MULTI_RECV != 0 {
+        return catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: libfabric passes an endpoint of this provider.
+            let Some(e) = (unsafe { ep_of(ep) }) else {
+                return -(FI_EINVAL as isize);
+            };
+            // SAFETY: as the application passes them.
+            let ub = unsafe { UserBuf::new(buf, len) };
+            errno(e.recv_multi(
                 m.addr,
-                None,
-                m.context,
+                Box::new(ub),
+                m.context as usize,
                 Completes::Flagged(flags),
-            )
-        },
-        Err(e) => e as isize,
+            ))
+        }))
+        .unwrap_or(-(FI_EIO as isize));
+    }
+    // SAFETY: as the application passes them.
+    unsafe {
+        do_recv(
+            ep,
+            buf,
+            len,
+            m.addr,
+            None,
+            m.context,
+            Completes::Flagged(flags),
+        )
     }
 }
 

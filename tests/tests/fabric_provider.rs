@@ -736,6 +736,154 @@ target: {}",
     rack.down().unwrap();
 }
 
+/// Multi-receive buffers (`FI_MULTI_RECV`, what MPICH's active messages need): a sender
+/// sends 40 untagged messages of 4 B to 2000 B (eager and by rendezvous) into two posted
+/// 8 KiB buffers with `FI_OPT_MIN_MULTI_RECV` 2000. Each message completes on its own,
+/// at an 8-byte boundary of a buffer, once, every byte checked; the completion after
+/// which less than 2000 B is left carries `FI_MULTI_RECV`, and the buffer is posted
+/// again; a cancelled buffer comes back with `FI_ECANCELED` and `FI_MULTI_RECV`.
+const MULTI_RECV: &str = concat!(
+    one_endpoint!(),
+    r#"
+#define COUNT 40
+#define SIZE 8192
+#define MIN 2000
+static const size_t lens[] = { 4, 8, 100, 700, 2000 };
+static unsigned char pattern(unsigned k, size_t i) { return (unsigned char)(k * 31 + i * 7 + 1); }
+
+int main(int argc, char **argv) {
+    const char *file = argv[1], *role = argv[2];
+    extra_caps = FI_MSG | FI_MULTI_RECV;
+    struct one o;
+    open_one(&o);
+    if (!strcmp(role, "receiver")) {
+        size_t min = MIN, got_min = 0, optlen = sizeof got_min;
+        CHECK("setopt", fi_setopt(&o.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
+        CHECK("getopt", fi_getopt(&o.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &got_min, &optlen));
+        printf("min multi recv: %zu\n", got_min);
+        static unsigned char bufs[2][SIZE];
+        static int ctx[2];
+        struct iovec iov[2]; struct fi_msg msg[2];
+        for (int b = 0; b < 2; b++) {
+            iov[b] = (struct iovec){ bufs[b], SIZE };
+            msg[b] = (struct fi_msg){ .msg_iov = &iov[b], .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &ctx[b] };
+            CHECK("recvmsg", fi_recvmsg(o.ep, &msg[b], FI_MULTI_RECV | FI_COMPLETION));
+        }
+        publish(&o, file);
+        unsigned got = 0, bad = 0, released = 0, misplaced = 0;
+        static unsigned char seen[COUNT];
+        time_t start = time(NULL);
+        while (got < COUNT && time(NULL) - start < 60) {
+            struct fi_cq_tagged_entry e;
+            ssize_t n = fi_cq_read(o.cq, &e, 1);
+            if (n == -FI_EAGAIN) continue;
+            if (n != 1) { printf("cq read: %zd\n", n); break; }
+            int b = e.op_context == &ctx[0] ? 0 : e.op_context == &ctx[1] ? 1 : -1;
+            if (b < 0) { printf("unknown context\n"); return 1; }
+            unsigned char *at = e.buf;
+            size_t off = at - bufs[b];
+            if (at < bufs[b] || off + e.len > SIZE || off % 8) misplaced++;
+            /* Matched in order, but a message read by rendezvous completes after the
+               eager ones behind it: each says which it is. */
+            unsigned k; memcpy(&k, at, 4);
+            if (!(e.flags & FI_RECV) || !(e.flags & FI_MSG) || k >= COUNT || seen[k]++ ||
+                e.len != lens[k % 5]) bad++;
+            else
+                for (size_t i = 4; i < e.len; i++) if (at[i] != pattern(k, i)) { bad++; break; }
+            got++;
+            if (e.flags & FI_MULTI_RECV) {
+                /* Released: less than MIN left after this message. */
+                if (SIZE - (off + e.len) >= MIN) misplaced++;
+                released++;
+                CHECK("repost", fi_recvmsg(o.ep, &msg[b], FI_MULTI_RECV | FI_COMPLETION));
+            }
+        }
+        printf("received %u of %u, %u wrong, %u misplaced, %u buffers released\n", got, COUNT, bad, misplaced, released);
+        /* Both buffers are posted again or still: cancel one. */
+        CHECK("cancel", fi_cancel(&o.ep->fid, &ctx[0]));
+        struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
+        ssize_t n;
+        start = time(NULL);
+        while ((n = fi_cq_read(o.cq, &e, 1)) == -FI_EAGAIN && time(NULL) - start < 10) {}
+        memset(&err, 0, sizeof err);
+        if (n == -FI_EAVAIL) CHECK("readerr", fi_cq_readerr(o.cq, &err, 0));
+        printf("cancelled: %d, %s\n", err.err, err.flags & FI_MULTI_RECV ? "released" : "kept");
+        int ack = 0;
+        CHECK("ack", fi_send(o.ep, &ack, sizeof ack, NULL, peer(&o, file), &ack));
+        close_one(&o);
+        return 0;
+    }
+    fi_addr_t to = peer(&o, file);
+    static unsigned char m[2000];
+    for (unsigned k = 0; k < COUNT; k++) {
+        size_t len = lens[k % 5];
+        memcpy(m, &k, 4);
+        for (size_t i = 4; i < len; i++) m[i] = pattern(k, i);
+        int ctx;
+        CHECK("send", fi_send(o.ep, m, len, NULL, to, &ctx));
+        struct fi_cq_tagged_entry e;
+        time_t start = time(NULL);
+        ssize_t n;
+        while ((n = fi_cq_read(o.cq, &e, 1)) == -FI_EAGAIN && time(NULL) - start < 20) {}
+        if (n != 1) { printf("send %u: %zd\n", k, n); return 1; }
+    }
+    close_one(&o);
+    printf("sender done\n");
+    return 0;
+}
+"#
+);
+
+#[test]
+fn multi_receive_buffers_take_messages_one_after_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prov) = provider_dir(tmp.path()) else {
+        return;
+    };
+    let rack = TestRack::new("fi-multi");
+    rack.up("2x1x1", 60);
+    let exe = compile(tmp.path(), "multi", MULTI_RECV);
+    let file = tmp.path().join("receiver-address");
+    let mut receiver = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2");
+    receiver.arg(&file).arg("receiver");
+    let receiver = std::thread::spawn(move || run_with_timeout(receiver, Duration::from_secs(120)));
+    let mut sender = with_env(Command::new(&exe), &prov, &rack.dir, "M1QBF3");
+    sender.arg(&file).arg("sender");
+    let s = run_with_timeout(sender, Duration::from_secs(120)).unwrap();
+    let r = receiver.join().unwrap().unwrap();
+    assert!(
+        s.success(),
+        "sender: {}\nreceiver: {}",
+        s.describe(),
+        r.describe()
+    );
+    assert!(r.success(), "receiver: {}", r.describe());
+    assert!(r.stdout.contains("min multi recv: 2000"), "{}", r.stdout);
+    // 40 messages, 22,496 B: at least two 8 KiB buffers filled and given back.
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("received"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(
+        line.starts_with("received 40 of 40, 0 wrong, 0 misplaced, "),
+        "{line}"
+    );
+    let released: u32 = line
+        .split(", ")
+        .last()
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(released >= 2, "{line}");
+    assert!(
+        r.stdout.contains("cancelled: 125, released"),
+        "{}",
+        r.stdout
+    );
+    rack.down().unwrap();
+}
+
 /// A sender that injects more messages than its peer's mailbox holds and closes at once
 /// (as an MPI rank that sent its last message and finalized): the close delivers them
 /// all before the endpoint goes, though the receiver reads only a second later, when the

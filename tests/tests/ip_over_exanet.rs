@@ -1092,8 +1092,9 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
 /// were charged that way; `exanet-fi`'s unit tests cover the charging.) Puts are checked
 /// for their bytes only: the target's provider serves them as their requests come, and
 /// the order in which it takes a request and a fence's message moves the target's clock
-/// by a few nanoseconds (docs/mpi.md). Passive-target epochs (`MPI_Win_lock`) crash
-/// inside MPICH 5.0.2 over this provider, so the program uses fences.
+/// by a few nanoseconds (docs/mpi.md). A passive-target epoch (`MPI_Win_lock`) ends it:
+/// MPICH sends its lock requests as active messages, which it enables only over a
+/// provider with multi-receive buffers (without them it crashed in `MPI_Win_lock`).
 #[test]
 fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
     let test =
@@ -1144,7 +1145,7 @@ fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
         (us, started)
     };
     let (first, started) = run();
-    assert_eq!(started, 100, "50 gets and 50 puts through the provider");
+    assert_eq!(started, 120, "60 gets and 60 puts through the provider");
     // Two fences and a get of 64 B across a QFDB: a few NI round trips.
     assert!((1.0..100.0).contains(&first), "{first} us per get");
     assert_eq!(
@@ -1155,8 +1156,9 @@ fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
 }
 
 /// Rank 0 gets 64 B from rank 1's window 25 times, each in an epoch of its own (fences),
-/// timed with MPI_Wtime (the second of two rounds), then puts 64 B into it 50 times; every
-/// byte checked: "rma US ok|bad", US per get.
+/// timed with MPI_Wtime (the second of two rounds), then puts 64 B into it 50 times, then
+/// gets and puts 10 times in a passive-target epoch (`MPI_Win_lock`); every byte checked:
+/// "rma US ok|bad", US per get.
 const MPI_RMA_PROGRAM: &str = r#"
 #include <mpi.h>
 #include <stdio.h>
@@ -1190,6 +1192,25 @@ int main(int argc, char **argv) {
         if (rank == 1)
             for (int j = 0; j < 8; j++) bad |= mem[32 + j] != i * 100 + j;
         MPI_Win_fence(0, win);
+    }
+    /* Passive target: MPICH's lock requests are active messages (multi-receive buffers). */
+    if (rank == 0) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 1, 0, win);
+        for (int i = 0; i < 10; i++) {
+            MPI_Get(got, 8, MPI_LONG, 1, 8, 8, MPI_LONG, win);
+            MPI_Win_flush(1, win);
+            for (int j = 0; j < 8; j++) bad |= got[j] != 1000 + 8 + j;
+            for (int j = 0; j < 8; j++) put[j] = 77000 + i * 100 + j;
+            MPI_Put(put, 8, MPI_LONG, 1, 48, 8, MPI_LONG, win);
+            MPI_Win_flush(1, win);
+        }
+        MPI_Win_unlock(1, win);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        MPI_Win_lock(MPI_LOCK_SHARED, 1, 0, win);
+        for (int j = 0; j < 8; j++) bad |= mem[48 + j] != 77900 + j;
+        MPI_Win_unlock(1, win);
     }
     int any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
