@@ -36,9 +36,9 @@
 //!   those from running until the scheduler's next tick, and every small message took
 //!   one tick (4 ms at 250 Hz) whatever its size. Yielding lets them run at once
 //!   (measured in `docs/ip.md`);
-//! - `osc=pt2pt` unless the environment says otherwise: one-sided communication in
-//!   messages (the default, `osc rdma`, needs an RDMA transport with atomics, and
-//!   `MPI_Win_create` failed with MPI_ERR_WIN);
+//! - `osc=^rdma,ucx` unless the environment says otherwise: one-sided communication in
+//!   messages, by `osc pt2pt` (the default, `osc rdma`, needs an RDMA transport with
+//!   atomics, and `MPI_Win_create` failed with MPI_ERR_WIN);
 //! - `OMPI_ALLOW_RUN_AS_ROOT*` when run as root (namespaces need root).
 //!
 //! MPICH (Hydra's arguments `-launcher ssh -launcher-exec AGENT -f HOSTFILE`, and):
@@ -261,12 +261,14 @@ impl Mpi {
                     ("OMPI_MCA_oob_tcp_if_include", oob.into()),
                     ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
                 ]);
-                // One-sided communication between nodes: Open MPI 4.1 picks `osc rdma`,
-                // which needs an RDMA transport with atomics the rack does not offer, and
-                // `MPI_Win_create` failed with MPI_ERR_WIN over either fabric; `osc
-                // pt2pt` carries it in messages. The user's own choice stays.
+                // One-sided communication between nodes: Open MPI 4.1 picks `osc rdma`
+                // (or `ucx`), which needs an RDMA transport with atomics the rack does not
+                // offer, and `MPI_Win_create` failed with MPI_ERR_WIN over either fabric;
+                // without them it takes `osc pt2pt`, which carries it in messages. An
+                // exclusion, not `pt2pt` by name: Open MPI 5 has no `pt2pt`, and naming a
+                // component it lacks would fail every program. The user's choice stays.
                 if std::env::var_os("OMPI_MCA_osc").is_none() {
-                    env.push(("OMPI_MCA_osc", "pt2pt".into()));
+                    env.push(("OMPI_MCA_osc", "^rdma,ucx".into()));
                 }
                 if nix::unistd::geteuid().is_root() {
                     env.push(("OMPI_ALLOW_RUN_AS_ROOT", "1".into()));

@@ -75,11 +75,11 @@ pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
 // enum fi_ep_type
 pub const FI_EP_UNSPEC: c_int = 0;
-/// The level of the endpoint options (`fi_setopt`).
-pub const FI_OPT_ENDPOINT: c_int = 0;
-/// The only endpoint option offered (a `size_t`).
-pub const FI_OPT_MIN_MULTI_RECV: c_int = 0;
 pub const FI_EP_RDM: c_int = 3;
+
+// Endpoint options (`fi_setopt`): the level, and the only option offered (a `size_t`).
+pub const FI_OPT_ENDPOINT: c_int = 0;
+pub const FI_OPT_MIN_MULTI_RECV: c_int = 0;
 
 // enum fi_av_type
 pub const FI_AV_UNSPEC: c_int = 0;

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::cq::{Bound, Charge, Progress};
 
+/// Charges a counter keeps before it drops those paid meanwhile.
+const OWED_PRUNE: usize = 256;
+
 /// How long a wait sleeps on an endpoint's doorbell between looks.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
 
@@ -55,7 +58,12 @@ impl Cntr {
     /// program's clock `charge` once the program learns of it.
     pub fn count(&self, ok: bool, charge: Option<Charge>) {
         let mut owed = lock(&self.owed);
-        owed.extend(charge);
+        // Paid already (a completion read first, a failure as it came): nothing owed. A
+        // counter nobody reads would otherwise keep every charge its completions paid.
+        if owed.len() >= OWED_PRUNE {
+            owed.retain(|c| !c.is_paid());
+        }
+        owed.extend(charge.filter(|c| !c.is_paid()));
         let c = if ok { &self.value } else { &self.errors };
         c.fetch_add(1, Ordering::AcqRel);
     }

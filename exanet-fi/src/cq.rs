@@ -91,6 +91,11 @@ impl Charge {
         Charge(Arc::new(Mutex::new(Some(Box::new(pay)))))
     }
 
+    /// Whether it was paid (by this or a clone).
+    pub fn is_paid(&self) -> bool {
+        lock(&self.0).is_none()
+    }
+
     /// Pays the charge, unless a clone of it already did.
     pub fn pay(&self) {
         let pay = lock(&self.0).take();

@@ -68,11 +68,15 @@ impl RecvBuf for Part {
     }
 }
 
-/// A multi-receive buffer being filled: messages land one after another (each at an
-/// 8-byte boundary, so that what a library reads there is aligned), each completing on
-/// its own, until less than the endpoint's `FI_OPT_MIN_MULTI_RECV` is left; the
-/// completion of the message that leaves it so carries `FI_MULTI_RECV`: the buffer is
-/// the application's again.
+/// A multi-receive buffer being filled: messages land one after another in the order
+/// they are matched (each at an 8-byte boundary of memory, so that what a library reads
+/// there is aligned; a message read by rendezvous has its room from the moment it is
+/// matched), each completing on its own, until less than the endpoint's
+/// `FI_OPT_MIN_MULTI_RECV` is left. The last completion of the buffer carries
+/// `FI_MULTI_RECV`: the buffer is the application's again. A message longer than what
+/// is left is not cut: the buffer ends there (given back with its last message's
+/// completion, or by a completion with `FI_MULTI_RECV` alone) and the message goes to the
+/// next receive. What is left keeps the buffer's place among the posted receives.
 #[derive(Debug)]
 struct Multi {
     whole: Whole,
@@ -80,6 +84,12 @@ struct Multi {
     accepts: Accepts,
     context: usize,
     completes: Completes,
+    /// Its place among the posted receives, which each part keeps (none before the first).
+    order: Option<u64>,
+    /// Messages it took whose data is not in yet (rendezvous reads).
+    pending: usize,
+    /// No part of it is posted any more: it is given back once `pending` is 0.
+    ended: bool,
 }
 
 fn locked<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -237,7 +247,9 @@ struct Inner {
     selective: (bool, bool),
     /// `FI_COMPLETION` in the operation flags the endpoint was opened with.
     default_completion: (bool, bool),
-    /// `FI_DELIVERY_COMPLETE` in the transmit context's operation flags.
+    /// Rendezvous sends complete on delivery: the provider's default
+    /// (`FI_EXANET_SEND_COMPLETION`), or `FI_DELIVERY_COMPLETE` in the transmit context's
+    /// operation flags.
     delivery_complete: bool,
     /// Actions waiting for a free channel, in order.
     waiting: VecDeque<Action>,
@@ -251,8 +263,9 @@ struct Inner {
     sends: HashMap<u64, SendOp>,
     recvs: HashMap<u64, RecvOp>,
     next_op: u64,
-    /// Multi-receive buffers being filled, by the receive op of their current part.
+    /// Multi-receive buffers being filled; their parts' receive ops name them.
     multis: HashMap<u64, Multi>,
+    next_multi: u64,
     /// `FI_OPT_MIN_MULTI_RECV`: a multi-receive buffer is released once less is left.
     min_multi_recv: usize,
     /// Messages from peers that did not decode or broke the protocol.
@@ -383,6 +396,7 @@ impl Endpoint {
                 recvs: HashMap::new(),
                 next_op: 0,
                 multis: HashMap::new(),
+                next_multi: 0,
                 min_multi_recv: 0,
                 protocol_errors: 0,
                 broken: false,
@@ -617,8 +631,14 @@ impl Endpoint {
             accepts,
             context,
             completes,
+            order: None,
+            pending: 0,
+            ended: false,
         };
-        i.post_part(multi);
+        let id = i.next_multi;
+        i.next_multi += 1;
+        i.multis.insert(id, multi);
+        i.post_part(id);
         i.progress();
         Ok(())
     }
@@ -906,12 +926,13 @@ impl Inner {
         }
     }
 
-    /// When a rendezvous send completes: when the receiver has the request, its data
-    /// staged (libfabric's transmit completion), unless the application asked for
-    /// delivery completion.
+    /// When a rendezvous send completes: once the receiver has read it (delivery
+    /// completion, the default), or with `FI_EXANET_SEND_COMPLETION=transmit` when the
+    /// receiver has the request, its data staged, unless the application asked for
+    /// delivery completion in the endpoint's flags or the operation's.
     fn send_completes(&self, c: Completes) -> Complete {
         let delivery = match c {
-            Completes::Flagged(f) => f & FI_DELIVERY_COMPLETE != 0,
+            Completes::Flagged(f) => f & FI_DELIVERY_COMPLETE != 0 || self.delivery_complete,
             Completes::ByDefault => self.delivery_complete,
             Completes::Never => false,
         };
@@ -981,36 +1002,80 @@ impl Inner {
         op
     }
 
-    /// Posts the rest of a multi-receive buffer as the receive of its next message.
-    fn post_part(&mut self, m: Multi) {
+    /// Posts the rest of multi-receive buffer `id` as the receive of its next message.
+    fn post_part(&mut self, id: u64) {
+        let Some(m) = self.multis.get(&id) else {
+            return;
+        };
         let part = Part {
             whole: Arc::clone(&m.whole),
             offset: m.used,
         };
         let capacity = part.len() as u64;
-        let accepts = m.accepts;
-        let op = self.add_recv(Box::new(part), false, m.context, m.completes);
+        let (accepts, context, completes, order) = (m.accepts, m.context, m.completes, m.order);
+        let op = self.add_recv(Box::new(part), false, context, completes);
         if let Some(r) = self.recvs.get_mut(&op) {
-            r.multi = Some(op);
+            r.multi = Some(id);
+            // Whatever the completion flags: the application learns where each message
+            // landed, and when the buffer is its own again, only from completions.
+            r.silent = false;
         }
-        self.multis.insert(op, m);
-        self.engine.post_recv(accepts, capacity, op);
+        let order = self.engine.post_recv_whole(accepts, capacity, op, order);
+        if let Some(m) = self.multis.get_mut(&id) {
+            m.order = Some(order);
+        }
     }
 
-    /// A message landed in the multi-receive part `op` (`written` bytes): whether the
-    /// buffer is released (`FI_MULTI_RECV` on this completion), else its rest is posted.
-    fn part_filled(&mut self, op: u64, written: usize) -> bool {
-        let Some(mut m) = self.multis.remove(&op) else {
+    /// A part of multi-receive buffer `id` took a message of `len` bytes: the rest takes
+    /// the next one, or the buffer ends.
+    fn part_taken(&mut self, id: u64, len: u64) {
+        let min = self.min_multi_recv;
+        let Some(m) = self.multis.get_mut(&id) else {
+            return;
+        };
+        m.pending += 1;
+        let (size, addr) = {
+            let w = locked(&m.whole);
+            (w.len(), w.addr())
+        };
+        // The next message at the next 8-byte boundary of memory, not of the buffer.
+        let end = (addr + m.used).saturating_add(len as usize);
+        m.used = (end.next_multiple_of(8) - addr).min(size);
+        let left = size - m.used;
+        if left == 0 || left < min {
+            m.ended = true;
+        } else {
+            self.post_part(id);
+        }
+    }
+
+    /// A message of multi-receive buffer `id` is in (or failed): whether that gives the
+    /// buffer back (its completion carries `FI_MULTI_RECV`).
+    fn part_done(&mut self, id: u64) -> bool {
+        let Some(m) = self.multis.get_mut(&id) else {
             return false;
         };
-        let len = locked(&m.whole).len();
-        m.used = (m.used + written).next_multiple_of(8).min(len);
-        let left = len - m.used;
-        if left == 0 || left < self.min_multi_recv {
-            return true;
+        m.pending = m.pending.saturating_sub(1);
+        let back = m.ended && m.pending == 0;
+        if back {
+            self.multis.remove(&id);
         }
-        self.post_part(m);
-        false
+        back
+    }
+
+    /// The posted part of multi-receive buffer `id` ended without a message (it could
+    /// not hold the next one, was cancelled or its endpoint broke): whether that gives
+    /// the buffer back now (else the last message it is waiting for will).
+    fn part_ended(&mut self, id: u64) -> bool {
+        let Some(m) = self.multis.get_mut(&id) else {
+            return false;
+        };
+        m.ended = true;
+        let back = m.pending == 0;
+        if back {
+            self.multis.remove(&id);
+        }
+        back
     }
 
     /// An operation of `kind` ended, well or not: the counters bound to that kind count it.
@@ -1069,6 +1134,12 @@ impl Inner {
                             tracing::warn!("exanet-fi: {e}");
                         }
                     }
+                    // What the message completed, before the next one is matched: a
+                    // multi-receive buffer that took it posts its rest, which takes the
+                    // next message in order.
+                    while let Some(ev) = self.engine.poll_event() {
+                        self.complete(ev);
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -1082,18 +1153,25 @@ impl Inner {
             }
         }
         // What waits for a free channel goes first; serving a one-sided operation (a
-        // store) makes an answer to send at once, so post until nothing new comes.
+        // store) makes an answer to send at once, and a completion can post a receive
+        // that takes a waiting message at once (the rest of a multi-receive buffer: its
+        // read or FIN), so post until nothing new comes.
         loop {
-            while let Some(a) = self.engine.poll_action() {
-                self.waiting.push_back(a);
+            loop {
+                while let Some(a) = self.engine.poll_action() {
+                    self.waiting.push_back(a);
+                }
+                self.post_waiting();
+                if !self.engine.has_actions() {
+                    break;
+                }
             }
-            self.post_waiting();
+            while let Some(ev) = self.engine.poll_event() {
+                self.complete(ev);
+            }
             if !self.engine.has_actions() {
                 break;
             }
-        }
-        while let Some(ev) = self.engine.poll_event() {
-            self.complete(ev);
         }
     }
 
@@ -1123,8 +1201,10 @@ impl Inner {
                 cq.failed(failed(op.entry()));
             }
         }
-        for (_, op) in self.recvs.drain() {
+        let recvs: Vec<RecvOp> = self.recvs.drain().map(|(_, op)| op).collect();
+        for op in recvs {
             let mut entry = op.entry();
+            // Every buffer is given back, once (the first of its parts to fail says so).
             if op.multi.is_some_and(|m| self.multis.remove(&m).is_some()) {
                 entry.flags |= FI_MULTI_RECV;
             }
@@ -1474,7 +1554,7 @@ impl Inner {
                 let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
                 // A part of a multi-receive buffer: the rest takes the next message, or
                 // the buffer goes back to the application with this completion.
-                let released = op.multi.is_some_and(|m| self.part_filled(m, written));
+                let released = op.multi.is_some_and(|m| self.part_done(m));
                 let counted = self.count_charged(FI_RECV, !truncated, charge.as_ref());
                 let Some(cq) = self.rxcq.clone() else {
                     if !counted {
@@ -1575,15 +1655,39 @@ impl Inner {
                     }),
                 }
             }
+            Event::Taken { ctx, len } => {
+                if let Some(m) = self.recvs.get(&ctx).and_then(|op| op.multi) {
+                    self.part_taken(m, len);
+                }
+            }
+            Event::Unfit { ctx } => {
+                // The rest of a multi-receive buffer could not hold the next message:
+                // the buffer ends, and is the application's again once what it took is
+                // in (then with that message's completion).
+                let Some(op) = self.recvs.remove(&ctx) else {
+                    return;
+                };
+                if !op.multi.is_some_and(|m| self.part_ended(m)) {
+                    return;
+                }
+                if let Some(cq) = self.rxcq.clone() {
+                    cq.done(Completion {
+                        context: op.context,
+                        flags: FI_MULTI_RECV,
+                        buf: op.buf.addr(),
+                        ..Completion::default()
+                    });
+                }
+            }
             Event::RecvFailed { ctx, error } => {
                 let Some(op) = self.recvs.remove(&ctx) else {
                     return;
                 };
                 self.count(FI_RECV, false);
                 let mut entry = op.entry();
-                // A multi-receive buffer ends with its part (cancelled, or its endpoint
-                // broken): the application has it back.
-                if op.multi.is_some_and(|m| self.multis.remove(&m).is_some()) {
+                // A multi-receive buffer ends with its part (cancelled): the application
+                // has it back, now or with the last message it took.
+                if op.multi.is_some_and(|m| self.part_ended(m)) {
                     entry.flags |= FI_MULTI_RECV;
                 }
                 if let Some(cq) = self.rxcq.clone() {

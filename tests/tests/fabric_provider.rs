@@ -736,12 +736,16 @@ target: {}",
     rack.down().unwrap();
 }
 
-/// Multi-receive buffers (`FI_MULTI_RECV`, what MPICH's active messages need): a sender
-/// sends 40 untagged messages of 4 B to 2000 B (eager and by rendezvous) into two posted
-/// 8 KiB buffers with `FI_OPT_MIN_MULTI_RECV` 2000. Each message completes on its own,
-/// at an 8-byte boundary of a buffer, once, every byte checked; the completion after
-/// which less than 2000 B is left carries `FI_MULTI_RECV`, and the buffer is posted
-/// again; a cancelled buffer comes back with `FI_ECANCELED` and `FI_MULTI_RECV`.
+/// Multi-receive buffers (`FI_MULTI_RECV`, what MPICH's active messages need). First a
+/// sender sends 40 untagged messages of 4 B to 2000 B (eager and by rendezvous), without
+/// waiting for each, into two posted 8 KiB buffers with `FI_OPT_MIN_MULTI_RECV` 2000:
+/// each message completes once, at an 8-byte boundary of a buffer, every byte checked;
+/// a buffer is given back (`FI_MULTI_RECV`) exactly when less than 2000 B is left, and
+/// posted again. Both are then cancelled (`FI_ECANCELED` with `FI_MULTI_RECV`). Then,
+/// with a minimum of 0, a 56 B buffer and a 4 KiB one behind it take three 20 B messages
+/// (eager): the first two fill the first in order (at 0 and 24), the third does not fit
+/// the 8 B left, so the first is given back (a completion with `FI_MULTI_RECV` alone) and
+/// the message goes whole to the second.
 const MULTI_RECV: &str = concat!(
     one_endpoint!(),
     r#"
@@ -751,82 +755,146 @@ const MULTI_RECV: &str = concat!(
 static const size_t lens[] = { 4, 8, 100, 700, 2000 };
 static unsigned char pattern(unsigned k, size_t i) { return (unsigned char)(k * 31 + i * 7 + 1); }
 
+/* The next completion or error entry, within 20 s: 1, 0 for an error entry, -1 for none. */
+static int next_entry(struct one *o, struct fi_cq_tagged_entry *e, struct fi_cq_err_entry *err) {
+    time_t start = time(NULL);
+    for (;;) {
+        ssize_t n = fi_cq_read(o->cq, e, 1);
+        if (n == 1) return 1;
+        if (n == -FI_EAVAIL) {
+            memset(err, 0, sizeof *err);
+            CHECK("readerr", fi_cq_readerr(o->cq, err, 0));
+            return 0;
+        }
+        if (time(NULL) - start > 20) return -1;
+    }
+}
+
+/* A message: its number k in the first 4 bytes, then pattern(k, i). */
+static void fill(unsigned char *m, unsigned k, size_t len) {
+    memcpy(m, &k, 4);
+    for (size_t i = 4; i < len; i++) m[i] = pattern(k, i);
+}
+static int intact(const unsigned char *m, unsigned k, size_t len) {
+    unsigned first; memcpy(&first, m, 4);
+    if (first != k) return 0;
+    for (size_t i = 4; i < len; i++) if (m[i] != pattern(k, i)) return 0;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     const char *file = argv[1], *role = argv[2];
     extra_caps = FI_MSG | FI_MULTI_RECV;
     struct one o;
     open_one(&o);
+    struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
     if (!strcmp(role, "receiver")) {
         size_t min = MIN, got_min = 0, optlen = sizeof got_min;
         CHECK("setopt", fi_setopt(&o.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
         CHECK("getopt", fi_getopt(&o.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &got_min, &optlen));
         printf("min multi recv: %zu\n", got_min);
-        static unsigned char bufs[2][SIZE];
-        static int ctx[2];
-        struct iovec iov[2]; struct fi_msg msg[2];
-        for (int b = 0; b < 2; b++) {
-            iov[b] = (struct iovec){ bufs[b], SIZE };
+        static unsigned char bufs[4][SIZE] __attribute__((aligned(8)));
+        static int ctx[4];
+        struct iovec iov[4]; struct fi_msg msg[4];
+        for (int b = 0; b < 4; b++) {
+            iov[b] = (struct iovec){ bufs[b], b == 2 ? 56 : SIZE };
             msg[b] = (struct fi_msg){ .msg_iov = &iov[b], .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &ctx[b] };
-            CHECK("recvmsg", fi_recvmsg(o.ep, &msg[b], FI_MULTI_RECV | FI_COMPLETION));
         }
+        for (int b = 0; b < 2; b++)
+            CHECK("recvmsg", fi_recvmsg(o.ep, &msg[b], FI_MULTI_RECV | FI_COMPLETION));
         publish(&o, file);
         unsigned got = 0, bad = 0, released = 0, misplaced = 0;
         static unsigned char seen[COUNT];
-        time_t start = time(NULL);
-        while (got < COUNT && time(NULL) - start < 60) {
-            struct fi_cq_tagged_entry e;
-            ssize_t n = fi_cq_read(o.cq, &e, 1);
-            if (n == -FI_EAGAIN) continue;
-            if (n != 1) { printf("cq read: %zd\n", n); break; }
+        size_t ends[2] = { 0, 0 };
+        while (got < COUNT) {
+            if (next_entry(&o, &e, &err) != 1) { printf("no completion\n"); return 1; }
             int b = e.op_context == &ctx[0] ? 0 : e.op_context == &ctx[1] ? 1 : -1;
             if (b < 0) { printf("unknown context\n"); return 1; }
             unsigned char *at = e.buf;
-            size_t off = at - bufs[b];
+            size_t off = at - bufs[b], end = (off + e.len + 7) & ~(size_t)7;
+            if (end > ends[b]) ends[b] = end;
             if (at < bufs[b] || off + e.len > SIZE || off % 8) misplaced++;
             /* Matched in order, but a message read by rendezvous completes after the
                eager ones behind it: each says which it is. */
             unsigned k; memcpy(&k, at, 4);
             if (!(e.flags & FI_RECV) || !(e.flags & FI_MSG) || k >= COUNT || seen[k]++ ||
-                e.len != lens[k % 5]) bad++;
-            else
-                for (size_t i = 4; i < e.len; i++) if (at[i] != pattern(k, i)) { bad++; break; }
+                e.len != lens[k % 5] || !intact(at, k, e.len)) bad++;
             got++;
             if (e.flags & FI_MULTI_RECV) {
-                /* Released: less than MIN left after this message. */
-                if (SIZE - (off + e.len) >= MIN) misplaced++;
+                /* Given back once less than MIN is left after what it took (its last
+                   completion, which a message read by rendezvous may be). */
+                if (SIZE - ends[b] >= MIN) misplaced++;
+                ends[b] = 0;
                 released++;
                 CHECK("repost", fi_recvmsg(o.ep, &msg[b], FI_MULTI_RECV | FI_COMPLETION));
             }
         }
         printf("received %u of %u, %u wrong, %u misplaced, %u buffers released\n", got, COUNT, bad, misplaced, released);
-        /* Both buffers are posted again or still: cancel one. */
-        CHECK("cancel", fi_cancel(&o.ep->fid, &ctx[0]));
-        struct fi_cq_tagged_entry e; struct fi_cq_err_entry err;
-        ssize_t n;
-        start = time(NULL);
-        while ((n = fi_cq_read(o.cq, &e, 1)) == -FI_EAGAIN && time(NULL) - start < 10) {}
-        memset(&err, 0, sizeof err);
-        if (n == -FI_EAVAIL) CHECK("readerr", fi_cq_readerr(o.cq, &err, 0));
-        printf("cancelled: %d, %s\n", err.err, err.flags & FI_MULTI_RECV ? "released" : "kept");
-        int ack = 0;
-        CHECK("ack", fi_send(o.ep, &ack, sizeof ack, NULL, peer(&o, file), &ack));
+        /* Both buffers are posted (again or still): cancel them. */
+        int cancelled = 0;
+        for (int b = 0; b < 2; b++) {
+            CHECK("cancel", fi_cancel(&o.ep->fid, &ctx[b]));
+            if (next_entry(&o, &e, &err) == 0 && err.err == FI_ECANCELED && (err.flags & FI_MULTI_RECV))
+                cancelled++;
+        }
+        printf("cancelled and given back: %d\n", cancelled);
+        /* Minimum 0: a 56 B buffer, then an 8 KiB one. */
+        min = 0;
+        CHECK("setopt 0", fi_setopt(&o.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
+        CHECK("recvmsg small", fi_recvmsg(o.ep, &msg[2], FI_MULTI_RECV | FI_COMPLETION));
+        CHECK("recvmsg big", fi_recvmsg(o.ep, &msg[3], FI_MULTI_RECV | FI_COMPLETION));
+        int go = 1;
+        fi_addr_t sender = peer(&o, argv[3]);
+        CHECK("go", fi_send(o.ep, &go, sizeof go, NULL, sender, &go));
+        if (next_entry(&o, &e, &err) != 1 || e.op_context != &go) { printf("go not sent\n"); return 1; }
+        char where[64] = ""; size_t w = 0;
+        for (int n = 0; n < 4; n++) {
+            int got2 = next_entry(&o, &e, &err);
+            if (got2 != 1) {
+                printf("phase 2:%s, then %s %d (flags %llx, olen %zu)\n", where,
+                       got2 ? "no completion" : "error", err.err,
+                       (unsigned long long)err.flags, err.olen);
+                return 1;
+            }
+            int b = e.op_context == &ctx[2] ? 2 : e.op_context == &ctx[3] ? 3 : -1;
+            if (e.flags == FI_MULTI_RECV && e.len == 0) {
+                w += snprintf(where + w, sizeof where - w, " %d:back", b);
+                continue;
+            }
+            unsigned k; memcpy(&k, e.buf, 4);
+            int ok = b >= 0 && (e.flags & FI_RECV) && e.len == 20 && intact(e.buf, k, 20);
+            w += snprintf(where + w, sizeof where - w, " %d:%u@%ld%s", b, k,
+                          b >= 0 ? (long)((unsigned char *)e.buf - bufs[b]) : -1L, ok ? "" : "!");
+        }
+        printf("phase 2:%s\n", where);
         close_one(&o);
         return 0;
     }
+    publish(&o, argv[3]);
     fi_addr_t to = peer(&o, file);
-    static unsigned char m[2000];
+    static unsigned char m[COUNT][2000];
+    static int ctx[COUNT];
     for (unsigned k = 0; k < COUNT; k++) {
-        size_t len = lens[k % 5];
-        memcpy(m, &k, 4);
-        for (size_t i = 4; i < len; i++) m[i] = pattern(k, i);
-        int ctx;
-        CHECK("send", fi_send(o.ep, m, len, NULL, to, &ctx));
-        struct fi_cq_tagged_entry e;
-        time_t start = time(NULL);
-        ssize_t n;
-        while ((n = fi_cq_read(o.cq, &e, 1)) == -FI_EAGAIN && time(NULL) - start < 20) {}
-        if (n != 1) { printf("send %u: %zd\n", k, n); return 1; }
+        fill(m[k], k, lens[k % 5]);
+        ssize_t r;
+        while ((r = fi_send(o.ep, m[k], lens[k % 5], NULL, to, &ctx[k])) == -FI_EAGAIN)
+            fi_cq_read(o.cq, &e, 1);
+        CHECK("send", r);
     }
+    /* The receiver's go: a receive of our own, then whatever completions come. */
+    int go = 0, ctx_go;
+    CHECK("recv go", fi_recv(o.ep, &go, sizeof go, NULL, FI_ADDR_UNSPEC, &ctx_go));
+    while (!go) {
+        if (next_entry(&o, &e, &err) < 0) { printf("no go\n"); return 1; }
+    }
+    static unsigned char m2[3][20];
+    int ctx2[3];
+    for (unsigned k = 0; k < 3; k++) {
+        fill(m2[k], 100 + k, 20);
+        CHECK("send 2", fi_send(o.ep, m2[k], 20, NULL, to, &ctx2[k]));
+    }
+    for (int n = 0; n < 3; n++)
+        if (next_entry(&o, &e, &err) != 1) { printf("phase 2 send failed\n"); return 1; }
     close_one(&o);
     printf("sender done\n");
     return 0;
@@ -843,12 +911,15 @@ fn multi_receive_buffers_take_messages_one_after_another() {
     let rack = TestRack::new("fi-multi");
     rack.up("2x1x1", 60);
     let exe = compile(tmp.path(), "multi", MULTI_RECV);
-    let file = tmp.path().join("receiver-address");
+    let (rfile, sfile) = (
+        tmp.path().join("receiver-address"),
+        tmp.path().join("sender-address"),
+    );
     let mut receiver = with_env(Command::new(&exe), &prov, &rack.dir, "M1QAF2");
-    receiver.arg(&file).arg("receiver");
+    receiver.arg(&rfile).arg("receiver").arg(&sfile);
     let receiver = std::thread::spawn(move || run_with_timeout(receiver, Duration::from_secs(120)));
     let mut sender = with_env(Command::new(&exe), &prov, &rack.dir, "M1QBF3");
-    sender.arg(&file).arg("sender");
+    sender.arg(&rfile).arg("sender").arg(&sfile);
     let s = run_with_timeout(sender, Duration::from_secs(120)).unwrap();
     let r = receiver.join().unwrap().unwrap();
     assert!(
@@ -877,7 +948,15 @@ fn multi_receive_buffers_take_messages_one_after_another() {
         .unwrap();
     assert!(released >= 2, "{line}");
     assert!(
-        r.stdout.contains("cancelled: 125, released"),
+        r.stdout.contains("cancelled and given back: 2"),
+        "{}",
+        r.stdout
+    );
+    // Messages 100 and 101 in the small buffer, in order; 102 does not fit what is left
+    // (8 B): the small buffer comes back, 102 goes whole to the big one.
+    assert!(
+        r.stdout
+            .contains("phase 2: 2:100@0 2:101@24 2:back 3:102@0"),
         "{}",
         r.stdout
     );

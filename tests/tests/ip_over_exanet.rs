@@ -1157,8 +1157,8 @@ fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
 
 /// Open MPI's one-sided communication between nodes, over the NI and over IP: the same
 /// program as MPICH's above (fence and passive-target epochs, gets and puts, every byte
-/// checked). `exactl mpirun` picks `osc pt2pt` (the default component could not create a
-/// window between nodes), and the provider completes a rendezvous send once its receiver
+/// checked). `exactl mpirun` leaves Open MPI `osc pt2pt` (the default components could
+/// not create a window between nodes), and the provider completes a rendezvous send once its receiver
 /// has read it: with a send complete at its request's arrival, `osc pt2pt` answered
 /// flushes before the data of a get was in, and 19 of 20 gets of 64 B read nothing.
 #[test]

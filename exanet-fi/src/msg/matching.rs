@@ -31,6 +31,17 @@ impl Accepts {
     }
 }
 
+/// What [`Matcher::post_where`] did with a receive.
+#[derive(Debug)]
+pub enum Posting<R, U> {
+    /// A waiting message goes to it: (source, tag, message, receive).
+    Matched(Peer, Option<u64>, U, R),
+    /// It waits.
+    Waiting,
+    /// The first waiting message it accepts does not fit it: it is not posted.
+    Unfit(R),
+}
+
 /// Posted receives (`R`) and messages that came before a receive for them (`U`).
 #[derive(Debug)]
 pub struct Matcher<R, U> {
@@ -51,18 +62,40 @@ impl<R, U> Matcher<R, U> {
     /// Posts a receive. When an unexpected message is waiting for it, the message and
     /// the receive come back to be completed now; otherwise the receive waits (`None`).
     pub fn post(&mut self, accepts: Accepts, r: R) -> Option<(Peer, Option<u64>, U, R)> {
+        match self.post_where(accepts, r, |_, _| true, |_| false) {
+            Posting::Matched(from, tag, u, r) => Some((from, tag, u, r)),
+            Posting::Waiting => None,
+            Posting::Unfit(_) => unreachable!("every message fits"),
+        }
+    }
+
+    /// [`Matcher::post`] for a receive that takes only messages `fits` says it can
+    /// hold whole: when the first waiting message it accepts does not fit, it comes back
+    /// unposted ([`Posting::Unfit`]). A receive that waits goes before the first posted
+    /// one `before` says it precedes (the rest of a buffer keeps the buffer's place).
+    pub fn post_where(
+        &mut self,
+        accepts: Accepts,
+        r: R,
+        fits: impl Fn(&R, &U) -> bool,
+        before: impl Fn(&R) -> bool,
+    ) -> Posting<R, U> {
         match self
             .unexpected
             .iter()
             .position(|(from, tag, _)| accepts.accepts(*from, *tag))
         {
-            Some(i) => {
+            Some(i) if fits(&r, &self.unexpected[i].2) => {
                 let (from, tag, u) = self.unexpected.remove(i).expect("index in range");
-                Some((from, tag, u, r))
+                Posting::Matched(from, tag, u, r)
             }
+            Some(_) => Posting::Unfit(r),
             None => {
-                self.posted.push_back((accepts, r));
-                None
+                match self.posted.iter().position(|(_, p)| before(p)) {
+                    Some(i) => self.posted.insert(i, (accepts, r)),
+                    None => self.posted.push_back((accepts, r)),
+                }
+                Posting::Waiting
             }
         }
     }
@@ -71,12 +104,39 @@ impl<R, U> Matcher<R, U> {
     /// unexpected. The queue's bound is kept by whoever takes messages in: they take none
     /// while [`Matcher::has_room`] says no (a mailbox left full pushes back on senders).
     pub fn arrive(&mut self, from: Peer, tag: Option<u64>, u: U) -> Option<(R, U)> {
-        if let Some(i) = self.posted.iter().position(|(a, _)| a.accepts(from, tag)) {
-            let (_, r) = self.posted.remove(i).expect("index in range");
-            return Some((r, u));
+        self.arrive_where(from, tag, u, |_, _| true, |_| false).0
+    }
+
+    /// [`Matcher::arrive`] where a posted receive takes the message only if `fits` says
+    /// so; a receive that accepts it but cannot hold it and is `whole_only` is taken out
+    /// on the way (second: in order), and the message goes to the next one.
+    pub fn arrive_where(
+        &mut self,
+        from: Peer,
+        tag: Option<u64>,
+        u: U,
+        fits: impl Fn(&R, &U) -> bool,
+        whole_only: impl Fn(&R) -> bool,
+    ) -> (Option<(R, U)>, Vec<R>) {
+        let mut unfit = Vec::new();
+        let mut i = 0;
+        while i < self.posted.len() {
+            let (a, r) = &self.posted[i];
+            if !a.accepts(from, tag) {
+                i += 1;
+            } else if fits(r, &u) {
+                let (_, r) = self.posted.remove(i).expect("index in range");
+                return (Some((r, u)), unfit);
+            } else if whole_only(r) {
+                let (_, r) = self.posted.remove(i).expect("index in range");
+                unfit.push(r);
+            } else {
+                let (_, r) = self.posted.remove(i).expect("index in range");
+                return (Some((r, u)), unfit);
+            }
         }
         self.unexpected.push_back((from, tag, u));
-        None
+        (None, unfit)
     }
 
     /// Whether another unexpected message would fit.

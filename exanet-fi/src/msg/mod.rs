@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use thiserror::Error;
 
-use matching::{Accepts, Matcher};
+use matching::{Accepts, Matcher, Posting};
 pub use wire::RmaData;
 use wire::{FinStatus, Packet, RmaStatus, WireError, EAGER_MAX};
 
@@ -255,6 +255,13 @@ pub enum Event {
     },
     /// A receive ended without a message.
     RecvFailed { ctx: u64, error: Failure },
+    /// A receive that takes only whole messages ([`Engine::post_recv_whole`]) ended
+    /// without one: the next message it accepted was longer than it.
+    Unfit { ctx: u64 },
+    /// A receive that takes only whole messages took one of `len` bytes: its
+    /// [`Event::Received`] follows (at once, or once a rendezvous is read), and what is
+    /// left of its buffer can take the next message now.
+    Taken { ctx: u64, len: u64 },
     /// A one-sided operation ended (a read's bytes are in the staging it named).
     RmaDone {
         ctx: u64,
@@ -402,6 +409,18 @@ fn peeked(from: Peer, tag: Option<u64>, a: &Arrival) -> Peeked {
 struct Posted {
     ctx: u64,
     capacity: u64,
+    /// Its place among the posted receives (the rest of a multi-receive buffer keeps
+    /// the buffer's).
+    order: u64,
+    /// It takes only messages it can hold whole (a part of a multi-receive buffer).
+    whole: bool,
+}
+
+impl Posted {
+    /// Whether it can take `a`: any message, or one that fits whole.
+    fn fits(&self, a: &Arrival) -> bool {
+        !self.whole || a.len() <= self.capacity
+    }
 }
 
 /// A message that came in, before or as its receive.
@@ -419,6 +438,16 @@ enum Arrival {
         va: u64,
         at: u64,
     },
+}
+
+impl Arrival {
+    /// The message's length.
+    fn len(&self) -> u64 {
+        match self {
+            Arrival::Eager { payload, .. } => payload.len() as u64,
+            Arrival::Rts { len, .. } => *len,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -524,6 +553,8 @@ pub struct Engine {
     me: Peer,
     cfg: Config,
     matcher: Matcher<Posted, Arrival>,
+    /// Receives posted so far: the next one's place.
+    posted_count: u64,
     outbound: HashMap<Peer, Outbound>,
     inbound: HashMap<Peer, Inbound>,
     packets: HashMap<u64, InFlight>,
@@ -562,6 +593,7 @@ impl Engine {
                 ..cfg
             },
             matcher: Matcher::new(cfg.max_unexpected),
+            posted_count: 0,
             outbound: HashMap::new(),
             inbound: HashMap::new(),
             packets: HashMap::new(),
@@ -877,11 +909,53 @@ impl Engine {
 
     /// Posts a receive of up to `capacity` bytes; `ctx` comes back in its event.
     pub fn post_recv(&mut self, accepts: Accepts, capacity: u64, ctx: u64) {
-        if let Some((from, tag, arrival, posted)) =
-            self.matcher.post(accepts, Posted { ctx, capacity })
-        {
+        let order = self.next_order();
+        let posted = Posted {
+            ctx,
+            capacity,
+            order,
+            whole: false,
+        };
+        if let Some((from, tag, arrival, posted)) = self.matcher.post(accepts, posted) {
             self.deliver(posted, from, tag, arrival);
         }
+    }
+
+    /// Posts a receive that takes only messages of up to `capacity` bytes whole (what is
+    /// left of a multi-receive buffer): a message it accepts but cannot hold ends it
+    /// with [`Event::Unfit`] and goes to the next receive. `order`: the place of the
+    /// buffer's earlier part, which this one keeps (none: a new buffer, last). Returns
+    /// its place.
+    pub fn post_recv_whole(
+        &mut self,
+        accepts: Accepts,
+        capacity: u64,
+        ctx: u64,
+        order: Option<u64>,
+    ) -> u64 {
+        let order = order.unwrap_or_else(|| self.next_order());
+        let posted = Posted {
+            ctx,
+            capacity,
+            order,
+            whole: true,
+        };
+        match self
+            .matcher
+            .post_where(accepts, posted, Posted::fits, |p| p.order > order)
+        {
+            Posting::Matched(from, tag, arrival, posted) => {
+                self.deliver(posted, from, tag, arrival)
+            }
+            Posting::Waiting => {}
+            Posting::Unfit(p) => self.events.push_back(Event::Unfit { ctx: p.ctx }),
+        }
+        order
+    }
+
+    fn next_order(&mut self) -> u64 {
+        self.posted_count += 1;
+        self.posted_count
     }
 
     /// Cancels the posted receive `ctx`; false when it is not waiting (matched already,
@@ -923,7 +997,13 @@ impl Engine {
         let Some((from, tag, a)) = self.claimed.remove(&claim) else {
             return false;
         };
-        self.deliver(Posted { ctx, capacity }, from, tag, a);
+        let posted = Posted {
+            ctx,
+            capacity,
+            order: 0,
+            whole: false,
+        };
+        self.deliver(posted, from, tag, a);
         true
     }
 
@@ -1078,7 +1158,13 @@ impl Engine {
             };
             inbound.next = inbound.next.wrapping_add(1);
             self.stats.received += 1;
-            match self.matcher.arrive(from, tag, arrival) {
+            let (taken, unfit) = self
+                .matcher
+                .arrive_where(from, tag, arrival, Posted::fits, |p| p.whole);
+            for p in unfit {
+                self.events.push_back(Event::Unfit { ctx: p.ctx });
+            }
+            match taken {
                 Some((posted, arrival)) => self.deliver(posted, from, tag, arrival),
                 None => self.stats.unexpected += 1,
             }
@@ -1087,6 +1173,12 @@ impl Engine {
 
     /// A receive took a message: hand eager bytes over, or fetch a rendezvous.
     fn deliver(&mut self, posted: Posted, from: Peer, tag: Option<u64>, arrival: Arrival) {
+        if posted.whole {
+            self.events.push_back(Event::Taken {
+                ctx: posted.ctx,
+                len: arrival.len(),
+            });
+        }
         match arrival {
             Arrival::Eager {
                 cq_data,

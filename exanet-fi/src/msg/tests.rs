@@ -1191,3 +1191,59 @@ fn a_kept_message_hands_its_arrival_time_to_the_receive_that_takes_it() {
         "the answer's time on the operation's completion"
     );
 }
+
+/// The rest of a multi-receive buffer keeps the buffer's place among the posted
+/// receives, and takes only what it can hold whole: a message longer than it ends it
+/// (`Event::Unfit`) and goes to the next receive, whole, whether it arrives after the
+/// rest was posted or was waiting before.
+#[test]
+fn a_receive_of_whole_messages_keeps_its_place_and_gives_way_to_what_it_cannot_hold() {
+    let (a, b) = (peer(1, 0), peer(2, 0));
+    let untagged = Accepts {
+        from: None,
+        tagged: false,
+        tag: 0,
+        ignore: 0,
+    };
+    let mut s = Engine::new(a, Config::default());
+    let mut r = Engine::new(b, Config::default());
+    let send = |s: &mut Engine, r: &mut Engine, len: usize, ctx: u64| {
+        s.send(b, None, None, Outgoing::Inline(vec![7; len]), ctx)
+            .unwrap();
+        for t in transmits(s) {
+            assert_eq!(r.on_packet(a.node, a.rank, &t.bytes, 0), Ok(Arrived::Kept));
+        }
+    };
+    let received = |evs: &[Event]| -> Vec<(u64, u64)> {
+        evs.iter()
+            .filter_map(|e| match e {
+                Event::Received { ctx, len, .. } => Some((*ctx, *len)),
+                _ => None,
+            })
+            .collect()
+    };
+    // A buffer's first part (place 1), then an ordinary receive behind it.
+    let place = r.post_recv_whole(untagged, 24, 1, None);
+    r.post_recv(untagged, 64, 2);
+    send(&mut s, &mut r, 10, 1);
+    assert_eq!(received(&events(&mut r)), [(1, 10)]);
+    // Its rest, posted after the ordinary receive, still comes first.
+    assert_eq!(r.post_recv_whole(untagged, 14, 3, Some(place)), place);
+    send(&mut s, &mut r, 8, 2);
+    assert_eq!(received(&events(&mut r)), [(3, 8)]);
+    // 6 bytes left: a message of 10 does not fit; the buffer ends, the message goes
+    // whole to the ordinary receive.
+    r.post_recv_whole(untagged, 6, 4, Some(place));
+    send(&mut s, &mut r, 10, 3);
+    let evs = events(&mut r);
+    assert!(matches!(evs[0], Event::Unfit { ctx: 4 }), "{evs:?}");
+    assert_eq!(received(&evs), [(2, 10)]);
+    // A message waiting before the buffer's rest is posted, too long for it: the rest
+    // ends at once and leaves the message for the next receive.
+    send(&mut s, &mut r, 30, 4);
+    assert!(events(&mut r).is_empty(), "unexpected");
+    r.post_recv_whole(untagged, 16, 5, None);
+    assert!(matches!(events(&mut r)[..], [Event::Unfit { ctx: 5 }]));
+    r.post_recv(untagged, 64, 6);
+    assert_eq!(received(&events(&mut r)), [(6, 30)]);
+}
