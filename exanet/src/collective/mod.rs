@@ -54,6 +54,8 @@ const MAILBOX_CAPACITY: u32 = 4096;
 pub const EAGER_LIMIT: usize = 32;
 /// How long a collective may take before it is given up.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a member that gives a collective up waits for its aborts to be delivered.
+const ABORT_DELIVERY: Duration = Duration::from_millis(500);
 /// Messages kept for collectives this member has not started yet.
 const MAX_EARLY: usize = 65_536;
 /// Scratch memory for the accelerator: the member table, then the vector and the result.
@@ -616,6 +618,7 @@ impl Collectives {
             step: 0,
         };
         let msg = wire::abort(c, &why.to_string());
+        let mut sent = Vec::new();
         for (i, &member) in g.members.iter().enumerate() {
             if i == g.me {
                 continue;
@@ -624,8 +627,19 @@ impl Collectives {
                 continue;
             };
             if let Ok(tag) = self.tx.send_any(dst, &msg) {
-                let _ = self.shared.forget(tag.raw());
+                sent.push(tag);
             }
+        }
+        // Waited for (briefly): a member that returns its error and detaches at once
+        // could take its aborts with it before its node's NI sent them, and a member
+        // waiting for it then waited out its own timeout (a CI run under load, 60 s).
+        let deadline = Instant::now() + ABORT_DELIVERY;
+        for tag in sent {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !matches!(self.shared.wait(tag.raw(), Some(left)), Err(Error::Timeout)) {
+                continue;
+            }
+            let _ = self.shared.forget(tag.raw());
         }
     }
 
