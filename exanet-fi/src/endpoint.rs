@@ -409,6 +409,13 @@ impl Endpoint {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The endpoint, locked, when it takes operations ([`Inner::usable`]).
+    fn ready(&self) -> Result<MutexGuard<'_, Inner>, Errno> {
+        let i = self.lock();
+        i.usable()?;
+        Ok(i)
+    }
+
     /// This endpoint's address.
     pub fn name(&self) -> Peer {
         self.me
@@ -592,13 +599,7 @@ impl Endpoint {
         completes: Completes,
     ) -> Result<(), Errno> {
         let _held = self.attachment.hold();
-        let mut i = self.lock();
-        if !i.enabled {
-            return Err(FI_EOPBADSTATE);
-        }
-        if i.broken {
-            return Err(FI_EIO);
-        }
+        let mut i = self.ready()?;
         let accepts = self.accepts(&i, src, tag)?;
         let capacity = buf.len() as u64;
         let op = i.add_recv(buf, tag.is_some(), context, completes);
@@ -617,13 +618,7 @@ impl Endpoint {
         completes: Completes,
     ) -> Result<(), Errno> {
         let _held = self.attachment.hold();
-        let mut i = self.lock();
-        if !i.enabled {
-            return Err(FI_EOPBADSTATE);
-        }
-        if i.broken {
-            return Err(FI_EIO);
-        }
+        let mut i = self.ready()?;
         let accepts = self.accepts(&i, src, None)?;
         let multi = Multi {
             whole: Arc::new(Mutex::new(buf)),
@@ -684,13 +679,7 @@ impl Endpoint {
         probe: Probe,
     ) -> Result<Option<u64>, Errno> {
         let _held = self.attachment.hold();
-        let mut i = self.lock();
-        if !i.enabled {
-            return Err(FI_EOPBADSTATE);
-        }
-        if i.broken {
-            return Err(FI_EIO);
-        }
+        let mut i = self.ready()?;
         i.progress();
         let accepts = self.accepts(&i, src, tag)?;
         let flags = FI_RECV | if tag.is_some() { FI_TAGGED } else { FI_MSG };
@@ -943,14 +932,21 @@ impl Inner {
         }
     }
 
-    /// The peer at `dest`, when the endpoint can start an operation.
-    fn ready_to(&self, dest: u64) -> Result<Peer, Errno> {
+    /// Whether the endpoint takes operations: enabled (`FI_EOPBADSTATE` before) and its
+    /// attachment alive (`FI_EIO` after it broke).
+    fn usable(&self) -> Result<(), Errno> {
         if !self.enabled {
             return Err(FI_EOPBADSTATE);
         }
         if self.broken {
             return Err(FI_EIO);
         }
+        Ok(())
+    }
+
+    /// The peer at `dest`, when the endpoint can start an operation.
+    fn ready_to(&self, dest: u64) -> Result<Peer, Errno> {
+        self.usable()?;
         self.av
             .as_ref()
             .and_then(|av| av.lookup(dest))

@@ -846,15 +846,7 @@ const MPI_NI_PROGRAM: &str = include_str!("../programs/mpi_checks.c");
 #[test]
 fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     let test = "ip_over_exanet::open_mpi_runs_over_the_ni_through_the_libfabric_provider";
-    if skip(test) {
-        return;
-    }
-    if !have(OPEN_MPI.cc) || !have(OPEN_MPI.launcher) {
-        skip_unless_required(
-            "EXANET_REQUIRE_IP",
-            test,
-            &format!("no {} (Debian: {})", OPEN_MPI.cc, OPEN_MPI.packages),
-        );
+    if !open_mpi_or_skip(test) {
         return;
     }
     let ip = IpRack::up_with(SMALL_SHAPE);
@@ -1042,16 +1034,9 @@ int main(int argc, char **argv) {
 #[test]
 fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     let test = "ip_over_exanet::mpich_runs_over_the_ni_through_the_libfabric_provider";
-    if skip(test) {
-        return;
-    }
-    let Some(bin) = exanet_tests::mpich_ofi_or_skip(test) else {
+    let Some((cc, launcher)) = mpich_ofi(test) else {
         return;
     };
-    let (cc, launcher) = (
-        bin.join("mpicc").to_string_lossy().to_string(),
-        bin.join("mpiexec").to_string_lossy().to_string(),
-    );
     let ip = IpRack::up_with(SMALL_SHAPE);
     let prog = ip.compile(&cc, "ni-mpich", MPI_NI_PROGRAM);
     let cells = || ip.rack.nodes_sum(|n| &n["injected_cells"]);
@@ -1099,16 +1084,9 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
 fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
     let test =
         "ip_over_exanet::mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats";
-    if skip(test) {
-        return;
-    }
-    let Some(bin) = exanet_tests::mpich_ofi_or_skip(test) else {
+    let Some((cc, launcher)) = mpich_ofi(test) else {
         return;
     };
-    let (cc, launcher) = (
-        bin.join("mpicc").to_string_lossy().to_string(),
-        bin.join("mpiexec").to_string_lossy().to_string(),
-    );
     let ip = IpRack::up_with(SMALL_SHAPE);
     let prog = ip.compile(&cc, "rma-mpich", MPI_RMA_PROGRAM);
     let run = || {
@@ -1164,15 +1142,7 @@ fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
 #[test]
 fn open_mpi_one_sided_operations_are_right_over_either_fabric() {
     let test = "ip_over_exanet::open_mpi_one_sided_operations_are_right_over_either_fabric";
-    if skip(test) {
-        return;
-    }
-    if !have(OPEN_MPI.cc) || !have(OPEN_MPI.launcher) {
-        skip_unless_required(
-            "EXANET_REQUIRE_IP",
-            test,
-            &format!("no {} (Debian: {})", OPEN_MPI.cc, OPEN_MPI.packages),
-        );
+    if !open_mpi_or_skip(test) {
         return;
     }
     let ip = IpRack::up_with(SMALL_SHAPE);
@@ -1269,6 +1239,35 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
+
+/// Whether `test` runs and Debian's Open MPI is here (else skipped, or failed when
+/// `EXANET_REQUIRE_IP` says it must run).
+fn open_mpi_or_skip(test: &str) -> bool {
+    if skip(test) {
+        return false;
+    }
+    if !have(OPEN_MPI.cc) || !have(OPEN_MPI.launcher) {
+        skip_unless_required(
+            "EXANET_REQUIRE_IP",
+            test,
+            &format!("no {} (Debian: {})", OPEN_MPI.cc, OPEN_MPI.packages),
+        );
+        return false;
+    }
+    true
+}
+
+/// When `test` runs and an MPICH with `ch4:ofi` is here: its `mpicc` and `mpiexec`.
+fn mpich_ofi(test: &str) -> Option<(String, String)> {
+    if skip(test) {
+        return None;
+    }
+    let bin = exanet_tests::mpich_ofi_or_skip(test)?;
+    Some((
+        bin.join("mpicc").to_string_lossy().to_string(),
+        bin.join("mpiexec").to_string_lossy().to_string(),
+    ))
+}
 
 /// `exactl mpirun` ran the CI check program on 8 ranks, its messages over the NI through
 /// the provider and `how` (what exactl says of the MPI's path to it), every check passed.
