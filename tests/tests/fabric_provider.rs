@@ -846,25 +846,41 @@ int main(int argc, char **argv) {
         int go = 1;
         fi_addr_t sender = peer(&o, argv[3]);
         CHECK("go", fi_send(o.ep, &go, sizeof go, NULL, sender, &go));
-        if (next_entry(&o, &e, &err) != 1 || e.op_context != &go) { printf("go not sent\n"); return 1; }
-        char where[64] = ""; size_t w = 0;
-        for (int n = 0; n < 4; n++) {
+        /* Anything read that is neither the go's completion nor one of the two buffers'
+           is printed ("other"): one CI run read such an entry here, not seen since;
+           the line says what it was. */
+        char where[256] = ""; size_t w = 0;
+        int sent_go = 0, n = 0;
+        while (!sent_go || n < 4) {
             int got2 = next_entry(&o, &e, &err);
+            if (got2 == 0 && (err.op_context == &ctx[0] || err.op_context == &ctx[1])) {
+                printf("other: error %d of buffer %d, flags %llx\n", err.err,
+                       err.op_context == &ctx[0] ? 0 : 1, (unsigned long long)err.flags);
+                continue;
+            }
             if (got2 != 1) {
                 printf("phase 2:%s, then %s %d (flags %llx, olen %zu)\n", where,
                        got2 ? "no completion" : "error", err.err,
                        (unsigned long long)err.flags, err.olen);
                 return 1;
             }
+            if (e.op_context == &go) { sent_go = 1; continue; }
             int b = e.op_context == &ctx[2] ? 2 : e.op_context == &ctx[3] ? 3 : -1;
+            if (b < 0) {
+                printf("other: context %s, flags %llx, len %zu\n",
+                       e.op_context == &ctx[0] ? "0" : e.op_context == &ctx[1] ? "1" : "unknown",
+                       (unsigned long long)e.flags, e.len);
+                continue;
+            }
+            n++;
             if (e.flags == FI_MULTI_RECV && e.len == 0) {
                 w += snprintf(where + w, sizeof where - w, " %d:back", b);
                 continue;
             }
             unsigned k; memcpy(&k, e.buf, 4);
-            int ok = b >= 0 && (e.flags & FI_RECV) && e.len == 20 && intact(e.buf, k, 20);
+            int ok = (e.flags & FI_RECV) && e.len == 20 && intact(e.buf, k, 20);
             w += snprintf(where + w, sizeof where - w, " %d:%u@%ld%s", b, k,
-                          b >= 0 ? (long)((unsigned char *)e.buf - bufs[b]) : -1L, ok ? "" : "!");
+                          (long)((unsigned char *)e.buf - bufs[b]), ok ? "" : "!");
         }
         printf("phase 2:%s\n", where);
         close_one(&o);
