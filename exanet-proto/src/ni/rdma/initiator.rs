@@ -762,56 +762,70 @@ impl Initiator {
                 continue;
             };
             let rto = self.rto(cx.cfg, dst);
-            let Some(t) = self.transfers.get_mut(&txn) else {
-                continue;
-            };
             let mut failed = false;
-            let rank = t.rank as usize;
-            while t.next < t.count
-                && t.live.len() < cx.cfg.window_blocks
-                && self.rank_live[rank] < cx.cfg.rank_window_blocks
-                && cx.out.cells.len() < OUTBOX_CELLS
+            while cx.out.cells.len() < OUTBOX_CELLS
+                && self
+                    .transfers
+                    .get(&txn)
+                    .is_some_and(|t| self.has_room(cx.cfg, t))
             {
-                let i = t.next;
-                t.next += 1;
-                let opened = if i >= cx.cfg.window_blocks as u64 {
-                    t.answers.pop_front().unwrap_or(t.answered)
-                } else {
-                    ModelTime::ZERO
-                };
-                let place = take_place(
-                    &mut self.rank_freed[rank],
-                    self.rank_live[rank],
-                    cx.cfg.rank_window_blocks,
-                );
-                t.live
-                    .insert(i, Block::cut(t.ready.max(opened).max(place), cx.now));
-                self.rank_live[rank] += 1;
-                match t.send_block(cx, i, rto, mem) {
-                    Ok(deadline) => arm(&mut self.wake, deadline),
-                    Err(()) => {
-                        failed = true;
-                        break;
-                    }
+                if self.cut_next(cx, txn, rto, mem).is_err() {
+                    failed = true;
+                    break;
                 }
             }
             if failed {
                 self.fail(cx, txn, Failure::LocalFault);
-            } else if t.next < t.count {
+            } else if self.transfers.get(&txn).is_some_and(|t| t.next < t.count) {
                 self.sending.push_back(txn);
             }
         }
     }
 
+    /// Whether transfer `t` has a block left to cut and room for it: its window and its
+    /// rank's.
+    fn has_room(&self, cfg: &NiConfig, t: &Transfer) -> bool {
+        t.next < t.count
+            && t.live.len() < cfg.window_blocks
+            && self.rank_live[usize::from(t.rank)] < cfg.rank_window_blocks
+    }
+
+    /// Cuts transfer `txn`'s next block (it has room: [`Initiator::has_room`]) and sends
+    /// it. The block starts once its transfer is ready, past its first window once an
+    /// answer opened its place there, and once its rank has a free place: what
+    /// [`Initiator::next_start`] said it would.
+    fn cut_next(&mut self, cx: &mut Ctx, txn: u32, rto: u64, mem: &dyn Memory) -> Result<(), ()> {
+        let Some(t) = self.transfers.get_mut(&txn) else {
+            return Ok(());
+        };
+        let rank = usize::from(t.rank);
+        let i = t.next;
+        t.next += 1;
+        let opened = if i >= cx.cfg.window_blocks as u64 {
+            t.answers.pop_front().unwrap_or(t.answered)
+        } else {
+            ModelTime::ZERO
+        };
+        let place = take_place(
+            &mut self.rank_freed[rank],
+            self.rank_live[rank],
+            cx.cfg.rank_window_blocks,
+        );
+        t.live
+            .insert(i, Block::cut(t.ready.max(opened).max(place), cx.now));
+        self.rank_live[rank] += 1;
+        let deadline = t.send_block(cx, i, rto, mem)?;
+        arm(&mut self.wake, deadline);
+        Ok(())
+    }
+
     /// The modeled start of transfer `t`'s next block if it can be cut now (its window
     /// and its rank's have room, and past its first window an answer opened it).
     fn next_start(&self, cfg: &NiConfig, t: &Transfer) -> Option<ModelTime> {
-        let rank = usize::from(t.rank);
-        let room =
-            t.live.len() < cfg.window_blocks && self.rank_live[rank] < cfg.rank_window_blocks;
-        if !room || t.next >= t.count {
+        if !self.has_room(cfg, t) {
             return None;
         }
+        let rank = usize::from(t.rank);
         let opened = if t.next >= cfg.window_blocks as u64 {
             t.answers.front().copied().unwrap_or(t.answered)
         } else {
@@ -863,29 +877,12 @@ impl Initiator {
                 break;
             };
             let rto = self.rto(cx.cfg, dst);
-            let Some(t) = self.transfers.get_mut(&txn) else {
-                break;
-            };
-            let i = t.next;
-            t.next += 1;
-            if i >= cx.cfg.window_blocks as u64 {
-                t.answers.pop_front();
-            }
-            let r = usize::from(rank);
-            take_place(
-                &mut self.rank_freed[r],
-                self.rank_live[r],
-                cx.cfg.rank_window_blocks,
-            );
-            t.live.insert(i, Block::cut(start, cx.now));
-            self.rank_live[r] += 1;
-            let sent = t.send_block(cx, i, rto, mem);
-            if t.next >= t.count {
+            let sent = self.cut_next(cx, txn, rto, mem);
+            if self.transfers.get(&txn).is_none_or(|t| t.next >= t.count) {
                 self.sending.retain(|&x| x != txn);
             }
-            match sent {
-                Ok(deadline) => arm(&mut self.wake, deadline),
-                Err(()) => self.fail(cx, txn, Failure::LocalFault),
+            if sent.is_err() {
+                self.fail(cx, txn, Failure::LocalFault);
             }
         }
     }
