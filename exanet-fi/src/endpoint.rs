@@ -88,6 +88,8 @@ struct Multi {
     order: Option<u64>,
     /// Messages it took whose data is not in yet (rendezvous reads).
     pending: usize,
+    /// The receive op of its part posted now, waiting for a message.
+    posted: Option<u64>,
     /// No part of it is posted any more: it is given back once `pending` is 0.
     ended: bool,
 }
@@ -628,6 +630,7 @@ impl Endpoint {
             completes,
             order: None,
             pending: 0,
+            posted: None,
             ended: false,
         };
         let id = i.next_multi;
@@ -1016,6 +1019,9 @@ impl Inner {
             // landed, and when the buffer is its own again, only from completions.
             r.silent = false;
         }
+        if let Some(m) = self.multis.get_mut(&id) {
+            m.posted = Some(op);
+        }
         let order = self.engine.post_recv_whole(accepts, capacity, op, order);
         if let Some(m) = self.multis.get_mut(&id) {
             m.order = Some(order);
@@ -1030,6 +1036,7 @@ impl Inner {
             return;
         };
         m.pending += 1;
+        m.posted = None;
         let (size, addr) = {
             let w = locked(&m.whole);
             (w.len(), w.addr())
@@ -1067,6 +1074,7 @@ impl Inner {
             return false;
         };
         m.ended = true;
+        m.posted = None;
         let back = m.pending == 0;
         if back {
             self.multis.remove(&id);
@@ -1681,10 +1689,19 @@ impl Inner {
                 };
                 self.count(FI_RECV, false);
                 let mut entry = op.entry();
-                // A multi-receive buffer ends with its part (cancelled): the application
-                // has it back, now or with the last message it took.
-                if op.multi.is_some_and(|m| self.part_ended(m)) {
-                    entry.flags |= FI_MULTI_RECV;
+                // A multi-receive buffer whose waiting part was cancelled ends there; one
+                // of the messages it took failed (its read): the application has the
+                // buffer back, now or with the last message it took.
+                if let Some(m) = op.multi {
+                    let waiting = self.multis.get(&m).is_some_and(|b| b.posted == Some(ctx));
+                    let back = if waiting {
+                        self.part_ended(m)
+                    } else {
+                        self.part_done(m)
+                    };
+                    if back {
+                        entry.flags |= FI_MULTI_RECV;
+                    }
                 }
                 if let Some(cq) = self.rxcq.clone() {
                     cq.failed(Failed {
