@@ -31,7 +31,7 @@ impl Accepts {
     }
 }
 
-/// What [`Matcher::post_where`] did with a receive.
+/// What [`Matcher::post`] did with a receive.
 #[derive(Debug)]
 pub enum Posting<R, U> {
     /// A waiting message goes to it: (source, tag, message, receive).
@@ -59,21 +59,12 @@ impl<R, U> Matcher<R, U> {
         }
     }
 
-    /// Posts a receive. When an unexpected message is waiting for it, the message and
-    /// the receive come back to be completed now; otherwise the receive waits (`None`).
-    pub fn post(&mut self, accepts: Accepts, r: R) -> Option<(Peer, Option<u64>, U, R)> {
-        match self.post_where(accepts, r, |_, _| true, |_| false) {
-            Posting::Matched(from, tag, u, r) => Some((from, tag, u, r)),
-            Posting::Waiting => None,
-            Posting::Unfit(_) => unreachable!("every message fits"),
-        }
-    }
-
-    /// [`Matcher::post`] for a receive that takes only messages `fits` says it can
-    /// hold whole: when the first waiting message it accepts does not fit, it comes back
-    /// unposted ([`Posting::Unfit`]). A receive that waits goes before the first posted
-    /// one `before` says it precedes (the rest of a buffer keeps the buffer's place).
-    pub fn post_where(
+    /// Posts a receive that takes the messages `fits` says it can. When the first waiting
+    /// message it accepts fits, the message and the receive come back to be completed now
+    /// ([`Posting::Matched`]); when it does not, the receive comes back unposted
+    /// ([`Posting::Unfit`]). Otherwise the receive waits, before the first posted one
+    /// `before` says it precedes (the rest of a buffer keeps the buffer's place).
+    pub fn post(
         &mut self,
         accepts: Accepts,
         r: R,
@@ -100,23 +91,17 @@ impl<R, U> Matcher<R, U> {
         }
     }
 
-    /// A message arrived: the receive it goes to, or `None` when it was queued as
-    /// unexpected. The queue's bound is kept by whoever takes messages in: they take none
-    /// while [`Matcher::has_room`] says no (a mailbox left full pushes back on senders).
-    pub fn arrive(&mut self, from: Peer, tag: Option<u64>, u: U) -> Option<(R, U)> {
-        self.arrive_where(from, tag, u, |_, _| true, |_| false).0
-    }
-
-    /// [`Matcher::arrive`] where a posted receive takes the message only if `fits` says
-    /// so; a receive that accepts it but cannot hold it and is `whole_only` is taken out
-    /// on the way (second: in order), and the message goes to the next one.
-    pub fn arrive_where(
+    /// A message arrived: the first posted receive that accepts it and that `fits` says
+    /// can take it, or `None` when it was queued as unexpected; second, in order, the
+    /// receives that accepted it and could not take it, taken out on the way. The queue's
+    /// bound is kept by whoever takes messages in: they take none while
+    /// [`Matcher::has_room`] says no (a mailbox left full pushes back on senders).
+    pub fn arrive(
         &mut self,
         from: Peer,
         tag: Option<u64>,
         u: U,
         fits: impl Fn(&R, &U) -> bool,
-        whole_only: impl Fn(&R) -> bool,
     ) -> (Option<(R, U)>, Vec<R>) {
         let mut unfit = Vec::new();
         let mut i = 0;
@@ -124,16 +109,14 @@ impl<R, U> Matcher<R, U> {
             let (a, r) = &self.posted[i];
             if !a.accepts(from, tag) {
                 i += 1;
-            } else if fits(r, &u) {
-                let (_, r) = self.posted.remove(i).expect("index in range");
-                return (Some((r, u)), unfit);
-            } else if whole_only(r) {
-                let (_, r) = self.posted.remove(i).expect("index in range");
-                unfit.push(r);
-            } else {
-                let (_, r) = self.posted.remove(i).expect("index in range");
+                continue;
+            }
+            let fit = fits(r, &u);
+            let (_, r) = self.posted.remove(i).expect("index in range");
+            if fit {
                 return (Some((r, u)), unfit);
             }
+            unfit.push(r);
         }
         self.unexpected.push_back((from, tag, u));
         (None, unfit)

@@ -910,15 +910,15 @@ impl Engine {
     /// Posts a receive of up to `capacity` bytes; `ctx` comes back in its event.
     pub fn post_recv(&mut self, accepts: Accepts, capacity: u64, ctx: u64) {
         let order = self.next_order();
-        let posted = Posted {
-            ctx,
-            capacity,
-            order,
-            whole: false,
-        };
-        if let Some((from, tag, arrival, posted)) = self.matcher.post(accepts, posted) {
-            self.deliver(posted, from, tag, arrival);
-        }
+        self.post(
+            accepts,
+            Posted {
+                ctx,
+                capacity,
+                order,
+                whole: false,
+            },
+        );
     }
 
     /// Posts a receive that takes only messages of up to `capacity` bytes whole (what is
@@ -934,15 +934,24 @@ impl Engine {
         order: Option<u64>,
     ) -> u64 {
         let order = order.unwrap_or_else(|| self.next_order());
-        let posted = Posted {
-            ctx,
-            capacity,
-            order,
-            whole: true,
-        };
+        self.post(
+            accepts,
+            Posted {
+                ctx,
+                capacity,
+                order,
+                whole: true,
+            },
+        );
+        order
+    }
+
+    /// Posts `posted` in its place: it takes a waiting message now, ends unfit, or waits.
+    fn post(&mut self, accepts: Accepts, posted: Posted) {
+        let order = posted.order;
         match self
             .matcher
-            .post_where(accepts, posted, Posted::fits, |p| p.order > order)
+            .post(accepts, posted, Posted::fits, |p| p.order > order)
         {
             Posting::Matched(from, tag, arrival, posted) => {
                 self.deliver(posted, from, tag, arrival)
@@ -950,7 +959,6 @@ impl Engine {
             Posting::Waiting => {}
             Posting::Unfit(p) => self.events.push_back(Event::Unfit { ctx: p.ctx }),
         }
-        order
     }
 
     fn next_order(&mut self) -> u64 {
@@ -1158,9 +1166,7 @@ impl Engine {
             };
             inbound.next = inbound.next.wrapping_add(1);
             self.stats.received += 1;
-            let (taken, unfit) = self
-                .matcher
-                .arrive_where(from, tag, arrival, Posted::fits, |p| p.whole);
+            let (taken, unfit) = self.matcher.arrive(from, tag, arrival, Posted::fits);
             for p in unfit {
                 self.events.push_back(Event::Unfit { ctx: p.ctx });
             }
