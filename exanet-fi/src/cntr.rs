@@ -8,10 +8,10 @@
 //! [`Charge`]), as a completion queue's read pays for the completions it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::cq::{Bound, Charge, Progress};
+use crate::cq::{lock, Bound, Charge, Progress};
 
 /// Charges a counter keeps before it drops those paid meanwhile.
 const OWED_PRUNE: usize = 256;
@@ -28,10 +28,6 @@ pub struct Cntr {
     /// Pushed before the count goes up and taken by a read that loads the count, both
     /// under this lock, so that a read pays for every operation its count includes.
     owed: Mutex<Vec<Charge>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why a wait ended without the count.

@@ -246,7 +246,9 @@ pub struct Cq {
     idle: Idle,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A lock, taken even if a thread panicked while holding it: the provider's state stays
+/// usable (whatever it guards is updated whole under it).
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

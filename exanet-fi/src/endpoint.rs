@@ -18,7 +18,7 @@ use exanet::{Error, NackReason, NodeId, OpError, Tag};
 use crate::abi::*;
 use crate::av::Av;
 use crate::cntr::Cntr;
-use crate::cq::{Charge, Completion, Cq, Failed};
+use crate::cq::{lock, Charge, Completion, Cq, Failed};
 use crate::msg::matching::Accepts;
 use crate::msg::{
     Action, Arrived, Complete, Config, Data, Delivery, Engine, Event, Failure, Outgoing, Peer,
@@ -58,13 +58,13 @@ struct Part {
 
 impl RecvBuf for Part {
     fn len(&self) -> usize {
-        locked(&self.whole).len().saturating_sub(self.offset)
+        lock(&self.whole).len().saturating_sub(self.offset)
     }
     fn addr(&self) -> usize {
-        locked(&self.whole).addr() + self.offset
+        lock(&self.whole).addr() + self.offset
     }
     fn write_at(&self, offset: usize, data: &[u8]) -> usize {
-        locked(&self.whole).write_at(self.offset + offset, data)
+        lock(&self.whole).write_at(self.offset + offset, data)
     }
 }
 
@@ -92,10 +92,6 @@ struct Multi {
     posted: Option<u64>,
     /// No part of it is posted any more: it is given back once `pending` is 0.
     ended: bool,
-}
-
-fn locked<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// No memory: a receive that takes a message into nothing (a discarded probe's).
@@ -1038,7 +1034,7 @@ impl Inner {
         m.pending += 1;
         m.posted = None;
         let (size, addr) = {
-            let w = locked(&m.whole);
+            let w = lock(&m.whole);
             (w.len(), w.addr())
         };
         // The next message at the next 8-byte boundary of memory, not of the buffer.
