@@ -949,12 +949,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         Duration::from_secs(120),
     )
     .unwrap();
-    assert!(r.success(), "{}", r.describe());
-    let line = r
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("inside-mpi"))
-        .unwrap_or_else(|| panic!("{}", r.describe()));
+    let line = output_line(&r, "inside-mpi", "");
     let f: Vec<f64> = line
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
@@ -1105,12 +1100,7 @@ fn mpich_one_sided_operations_cross_the_ni_and_their_modeled_time_repeats() {
         cmd.env("EXANET_COMPUTE_SCALE", "0")
             .env("FI_LOG_LEVEL", "info");
         let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
-        assert!(r.success(), "{}", r.describe());
-        let line = r
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("rma "))
-            .unwrap_or_else(|| panic!("{}", r.describe()));
+        let line = output_line(&r, "rma ", "");
         assert!(line.ends_with(" ok"), "{line}: {}", r.describe());
         let us: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
         // Each endpoint's counters at close: the one-sided operations it started.
@@ -1161,12 +1151,7 @@ fn open_mpi_one_sided_operations_are_right_over_either_fabric() {
             Duration::from_secs(150),
         )
         .unwrap();
-        assert!(r.success(), "--fabric {fabric}: {}", r.describe());
-        let line = r
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("rma "))
-            .unwrap_or_else(|| panic!("--fabric {fabric}: {}", r.describe()));
+        let line = output_line(&r, "rma ", &format!("--fabric {fabric}"));
         assert!(line.ends_with(" ok"), "--fabric {fabric}: {line}");
     }
 }
@@ -1240,6 +1225,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// The line of a successful run's output that starts with `prefix` (`what` says which
+/// run, in the failure's message).
+fn output_line<'a>(r: &'a Run, prefix: &str, what: &str) -> &'a str {
+    assert!(r.success(), "{what}: {}", r.describe());
+    r.stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("{what}: no line {prefix:?}: {}", r.describe()))
+}
+
 /// Whether `test` runs and Debian's Open MPI is here (else skipped, or failed when
 /// `EXANET_REQUIRE_IP` says it must run).
 fn open_mpi_or_skip(test: &str) -> bool {
@@ -1298,12 +1293,7 @@ fn wtime_one_way(
         cmd.env("EXANET_COMPUTE_SCALE", scale);
     }
     let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
-    assert!(r.success(), "{}", r.describe());
-    let line = r
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("one-way"))
-        .unwrap_or_else(|| panic!("{}", r.describe()));
+    let line = output_line(&r, "one-way", "");
     let mut w = line.split_whitespace().skip(1);
     let us: f64 = w.next().unwrap().parse().unwrap();
     let tick: f64 = w.next().unwrap().parse().unwrap();
