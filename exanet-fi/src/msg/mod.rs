@@ -910,15 +910,7 @@ impl Engine {
     /// Posts a receive of up to `capacity` bytes; `ctx` comes back in its event.
     pub fn post_recv(&mut self, accepts: Accepts, capacity: u64, ctx: u64) {
         let order = self.next_order();
-        self.post(
-            accepts,
-            Posted {
-                ctx,
-                capacity,
-                order,
-                whole: false,
-            },
-        );
+        self.post(accepts, ctx, capacity, order, false);
     }
 
     /// Posts a receive that takes only messages of up to `capacity` bytes whole (what is
@@ -934,21 +926,19 @@ impl Engine {
         order: Option<u64>,
     ) -> u64 {
         let order = order.unwrap_or_else(|| self.next_order());
-        self.post(
-            accepts,
-            Posted {
-                ctx,
-                capacity,
-                order,
-                whole: true,
-            },
-        );
+        self.post(accepts, ctx, capacity, order, true);
         order
     }
 
-    /// Posts `posted` in its place: it takes a waiting message now, ends unfit, or waits.
-    fn post(&mut self, accepts: Accepts, posted: Posted) {
-        let order = posted.order;
+    /// Posts a receive in its place `order`: it takes a waiting message now, ends unfit,
+    /// or waits.
+    fn post(&mut self, accepts: Accepts, ctx: u64, capacity: u64, order: u64, whole: bool) {
+        let posted = Posted {
+            ctx,
+            capacity,
+            order,
+            whole,
+        };
         match self
             .matcher
             .post(accepts, posted, Posted::fits, |p| p.order > order)
