@@ -9,9 +9,9 @@
 //!
 //! 1. `attach {version, job_key, rank}` -> `attached {rank, pdid, node, ...}` + fds (a
 //!    `version` other than [`PROTOCOL_VERSION`] is refused, naming the one spoken): the shared region
-//!    holding the two rings, the read end of the daemon -> workload doorbell pipe
-//!    (`exanet_shm::Doorbell`) and the write end of the workload -> daemon one
-//!    (`exanet_shm::Ringer`). The PDID comes from the job the key names (or the rack's
+//!    holding the two rings, the receiving end of the daemon -> workload doorbell
+//!    (`exanet_shm::Doorbell`) and the sending end of the workload -> daemon one
+//!    (`exanet_shm::Ringer`), each an end of a Unix stream socket pair. The PDID comes from the job the key names (or the rack's
 //!    default job), never from the workload.
 //! 2. `register {len}` -> `registered {region, va}` + one memfd: the daemon creates the
 //!    memory (a sealed, fully allocated memfd), the workload maps it, and the NI may read and
@@ -73,7 +73,11 @@ pub const INLINE: usize = 64;
 /// 5: doorbells are pipes (a read end and a write end) instead of socket-pair ends, so that
 /// no channel between a workload and its daemon can carry descriptors. Later, within 5
 /// (each side reads what the other leaves out as zero): `attached.clock_ps`.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: doorbells are ends of Unix stream socket pairs again, each shut down in the direction
+/// it does not use and refusing descriptors (`SO_PASSRIGHTS`): a workload that `splice`d
+/// from or into its end of a pipe held the pipe's mutex, which every call of the daemon's
+/// on that pipe takes, and froze the node (`exanet_shm::doorbell`, "why a socket pair").
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Bytes of the consumed counters: one u64 per mailbox interface.
 pub const CONSUMED_LEN: usize = crate::ni::MAILBOX_VIS * 8;
 

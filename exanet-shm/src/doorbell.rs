@@ -1,11 +1,12 @@
-//! Wake-ups: a pipe-based [`Doorbell`] (rung through its [`Ringer`]) and the adaptive
-//! spin-then-sleep [`Waiter`].
+//! Wake-ups: a [`Doorbell`] (rung through its [`Ringer`]), the two ends of a Unix stream
+//! socket pair, and the adaptive spin-then-sleep [`Waiter`].
 //!
 //! # The protocol
 //!
 //! A waiting side (say the consumer of a ring) and a notifying side (the producer) share one
-//! `sleeping` word in the region and one doorbell: the waiting side holds the [`Doorbell`] (a
-//! pipe's read end) and the notifying side its [`Ringer`] (the write end).
+//! `sleeping` word in the region and one doorbell: the waiting side holds the [`Doorbell`] (one end
+//! of a socket pair, which it reads) and the notifying side its [`Ringer`] (the other end,
+//! which it writes).
 //!
 //! Waiting side ([`Waiter::wait`]):
 //! 1. check the condition (e.g. "the ring is not empty"); spin with
@@ -41,37 +42,53 @@
 //! ## Event loops
 //!
 //! An async daemon does not block in [`Waiter::wait`]: it registers the doorbell's descriptor
-//! ([`Doorbell::as_fd`], or a duplicate of it: tokio's `net::unix::pipe::Receiver` takes
-//! one safely) with its reactor and runs the
+//! ([`Doorbell::as_fd`]; tokio's `io::unix::AsyncFd` takes the doorbell itself) with its
+//! reactor and runs the
 //! waiting half itself with [`Consumer::prepare_sleep`](crate::Consumer::prepare_sleep)
 //! (announce + fence + re-check), awaiting readability only if that returned `false`, then
 //! [`Doorbell::drain`] and [`Consumer::finish_sleep`](crate::Consumer::finish_sleep).
 //!
-//! ## Hostile peers: why a pipe
+//! ## Hostile peers: why a socket pair
 //!
 //! One side of every doorbell is a process the other must not trust (a workload and its
-//! daemon). A doorbell is one direction of a pipe, and the two ends are two open file
-//! descriptions: a peer holding one end cannot change how calls on the other behave (clearing
-//! `O_NONBLOCK` on its end changes nothing for ours, and ours is always non-blocking).
+//! daemon). Whatever the peer does with its end, no call on ours may block: the daemon rings
+//! and drains doorbells under its core lock and on its runtime's threads.
 //!
-//! A pipe carries bytes and nothing else. Two earlier designs carried more:
+//! A doorbell is one direction of a Unix stream socket pair. Its two ends are two open file
+//! descriptions, each with its own locks: sending on ours takes only spinlocks of the
+//! peer's socket (its receive queue, its state), receiving on ours takes our socket's own
+//! `iolock`, which the peer cannot reach, and both are made non-blocking per call
+//! (`MSG_DONTWAIT`), whatever anyone set on a description. Each end is shut down in the
+//! direction it does not use, so nothing can be queued on a ringer, and each refuses
+//! descriptors (`SO_PASSRIGHTS`, Linux >= 6.16), so nothing but bytes reaches a doorbell.
+//!
+//! Three earlier designs let a peer block us:
 //! - an eventfd is one description shared by both sides: a peer that cleared its `O_NONBLOCK`
 //!   and saturated the counter made the daemon block in `write(2)` for good;
-//! - a Unix socket pair carries descriptors (`SCM_RIGHTS`), and a descriptor can be made
-//!   whose last `close(2)` blocks for as long as its maker likes (a TCP socket with a long
-//!   `SO_LINGER` behind a zero window). A peer could park one in the daemon's end, or send
-//!   one along with a ring, and whoever closed it last (the daemon, under a lock) hung.
-//!   Neither is possible with a pipe; closing a pipe end never blocks.
+//! - a socket pair without refusal carried descriptors (`SCM_RIGHTS`), and a descriptor can be
+//!   made whose last `close(2)` blocks for as long as its maker likes (a TCP socket with a long
+//!   `SO_LINGER` behind a zero window); whoever closed it last (the daemon, under a lock) hung;
+//! - a pipe is one inode with one mutex that every read, write and `splice` of either end
+//!   takes, sleeping uninterruptibly. A peer that `splice(2)`s from its end into a socket whose
+//!   buffer is full (or into its end from a socket that never has data) holds that mutex for
+//!   as long as the send (receive) blocks, and our non-blocking write, read or even the
+//!   wake-up of a close then slept behind it: a whole node froze on one workload.
+//!
+//! On kernels without `SO_PASSRIGHTS` descriptors can still arrive on a doorbell: the caller
+//! of [`Doorbell::drain_with`] receives them, to close where a blocked close holds nothing
+//! (plain [`Doorbell::drain`] closes them itself, which suits a process that trusts its peer).
 //!
 //! What a hostile peer can still do, and what it costs:
-//! - set `sleeping` permanently: one non-blocking write per message;
-//! - never read its end: the pipe fills, our write finds it full (`EAGAIN`), which already is
-//!   a pending wake-up, and succeeds without blocking;
+//! - set `sleeping` permanently: one non-blocking send per message;
+//! - never read its end: our socket's send buffer fills, our send finds it full (`EAGAIN`),
+//!   which already is a pending wake-up, and succeeds without blocking;
 //! - flood our end: each wait drains up to [`DRAIN_CHUNK`] bytes and returns; the waiter
 //!   loops on its condition, so the flood costs CPU, never correctness;
-//! - close its end: `ring` and `wait` fail with `BrokenPipe` (instead of waking forever on a
-//!   hung-up descriptor), so a waiter learns that the peer is gone. Ringing never raises
-//!   `SIGPIPE` (see `Ringer::ring`).
+//! - `splice` from or into its end: it holds its own socket's locks and its own pipe's, none
+//!   of which our calls take;
+//! - close its end (or shut it down): `ring` and `wait` fail with `BrokenPipe` (instead of
+//!   waking forever on a hung-up descriptor), so a waiter learns that the peer is gone.
+//!   Ringing never raises `SIGPIPE`.
 
 use std::hint;
 use std::io;
@@ -82,16 +99,19 @@ use std::time::{Duration, Instant};
 use crate::region::SharedU32;
 use crate::sys;
 
-/// Bytes one [`Doorbell::drain`] takes off the pipe: any number of rings coalesce into one
-/// wake-up, and a peer flooding the pipe gets one wake-up per this many bytes.
+/// Bytes one [`Doorbell::drain`] takes off the socket: any number of rings coalesce into one
+/// wake-up, and a peer flooding the socket gets one wake-up per this many bytes.
 pub const DRAIN_CHUNK: usize = 256;
 
 /// The waiting end of a wake-up channel: [`wait`](Doorbell::wait) blocks until its
 /// [`Ringer`] rings. Made with [`doorbell`].
 #[derive(Debug)]
 pub struct Doorbell {
-    /// The read end of the pipe, non-blocking.
+    /// The receiving end of the socket pair, non-blocking.
     rx: OwnedFd,
+    /// Whether the kernel refuses descriptors sent to it (`SO_PASSRIGHTS`): then receives
+    /// need no room for any.
+    refuses_fds: bool,
 }
 
 /// The ringing end of a [`Doorbell`]: [`ring`](Ringer::ring) wakes whoever waits on it.
@@ -99,7 +119,7 @@ pub struct Doorbell {
 /// waiting thread.
 #[derive(Debug)]
 pub struct Ringer {
-    /// The write end of the pipe, non-blocking.
+    /// The sending end of the socket pair (shut down for receiving), non-blocking.
     tx: OwnedFd,
 }
 
@@ -107,8 +127,14 @@ pub struct Ringer {
 /// ([`Ringer::into_fd`] or [`Doorbell::into_fd`]) to the peer, or keep both to wake a thread
 /// of one's own.
 pub fn doorbell() -> io::Result<(Ringer, Doorbell)> {
-    let (rx, tx) = sys::pipe_nonblocking()?;
-    Ok((Ringer { tx }, Doorbell { rx }))
+    let (tx, rx) = sys::socketpair_nonblocking()?;
+    // Nothing can be queued on the ringer (a peer sending there gets EPIPE), and the
+    // doorbell carries bytes only where the kernel can refuse descriptors.
+    sys::shutdown(tx.as_fd(), libc::SHUT_RD)?;
+    sys::shutdown(rx.as_fd(), libc::SHUT_WR)?;
+    sys::refuse_rights(tx.as_fd())?;
+    let refuses_fds = sys::refuse_rights(rx.as_fd())?;
+    Ok((Ringer { tx }, Doorbell { rx, refuses_fds }))
 }
 
 fn peer_closed() -> io::Error {
@@ -118,31 +144,59 @@ fn peer_closed() -> io::Error {
     )
 }
 
-/// Checks that `fd` is a pipe end open for `mode` (`O_RDONLY` or `O_WRONLY`) and makes our
-/// description of it non-blocking.
-fn check_end(fd: &OwnedFd, mode: libc::c_int, what: &str) -> io::Result<()> {
+/// Which end of a doorbell a descriptor must be.
+#[derive(Clone, Copy, PartialEq)]
+enum End {
+    Doorbell,
+    Ringer,
+}
+
+/// Checks that `fd` is the `end` of a live doorbell (a Unix stream socket, shut down in
+/// the direction that end does not use, its peer still there) and makes our description of
+/// it non-blocking.
+fn check_end(fd: &OwnedFd, end: End) -> io::Result<()> {
+    let what = match end {
+        End::Doorbell => "a doorbell (the receiving end of a Unix stream socket pair)",
+        End::Ringer => "a ringer (the sending end of a Unix stream socket pair)",
+    };
     let not_ours = |why: String| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("descriptor is not {what} ({why})"),
         )
     };
-    let (fifo, access) = sys::fifo_access(fd.as_fd()).map_err(|e| not_ours(e.to_string()))?;
-    if !fifo {
-        return Err(not_ours("not a pipe".into()));
+    if !sys::is_unix_stream(fd.as_fd()).map_err(|e| not_ours(e.to_string()))? {
+        return Err(not_ours("not a Unix stream socket".into()));
     }
-    if access != mode {
-        return Err(not_ours("a pipe end of the other direction".into()));
+    match end {
+        // A ringer was shut down for receiving, which a doorbell sees as the end of its
+        // stream; so does a doorbell whose ringers are all closed.
+        End::Doorbell if sys::peer_hung_up(fd.as_fd()) => {
+            return Err(not_ours(
+                "a ringer, or a doorbell whose ringers are closed".into(),
+            ))
+        }
+        End::Ringer if !sys::may_send(fd.as_fd()).map_err(|e| not_ours(e.to_string()))? => {
+            return Err(not_ours(
+                "shut down for sending: a doorbell, or a ringer whose doorbell is closed".into(),
+            ))
+        }
+        _ => {}
     }
     sys::set_nonblocking(fd.as_fd())
 }
 
 impl Doorbell {
-    /// Wraps a doorbell received from the peer: the read end of a pipe
-    /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking.
+    /// Wraps a doorbell received from the peer: an end of a Unix stream socket pair
+    /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking and, where the
+    /// kernel can, to refuse descriptors.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Doorbell> {
-        check_end(&fd, libc::O_RDONLY, "a doorbell (the read end of a pipe)")?;
-        Ok(Doorbell { rx: fd })
+        check_end(&fd, End::Doorbell)?;
+        let refuses_fds = sys::refuse_rights(fd.as_fd()).unwrap_or(false);
+        Ok(Doorbell {
+            rx: fd,
+            refuses_fds,
+        })
     }
 
     /// The descriptor, to send to the peer (an end handed over is not used here any more).
@@ -151,17 +205,35 @@ impl Doorbell {
     }
 
     /// Consumes pending rings without blocking. Returns whether there were any;
-    /// `BrokenPipe` once every ringer is closed and nothing is left to read.
+    /// `BrokenPipe` once every ringer is closed and nothing is left to read. Descriptors a
+    /// peer sent along (only possible where the kernel cannot refuse them) are closed here.
     pub fn drain(&self) -> io::Result<bool> {
+        self.drain_with(&mut drop)
+    }
+
+    /// [`drain`](Doorbell::drain), handing every descriptor that came with the rings to
+    /// `stray` instead of closing it here: a process that must not block in a close its
+    /// peer made blocking closes them elsewhere.
+    pub fn drain_with(&self, stray: &mut dyn FnMut(OwnedFd)) -> io::Result<bool> {
         let mut buf = [0u8; DRAIN_CHUNK];
-        loop {
-            match sys::read(self.rx.as_fd(), &mut buf) {
-                Ok(0) => return Err(peer_closed()),
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+        let room = if self.refuses_fds {
+            0
+        } else {
+            crate::fdpass::MAX_FDS
+        };
+        let received = sys::recv_with_fds(self.rx.as_fd(), &mut buf, room, true);
+        match received {
+            Ok(r) => {
+                r.fds.into_iter().for_each(&mut *stray);
+                if r.bytes == 0 {
+                    Err(peer_closed())
+                } else {
+                    Ok(true)
+                }
             }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Err(peer_closed()),
+            Err(e) => Err(e),
         }
     }
 
@@ -189,10 +261,12 @@ impl Doorbell {
 }
 
 impl Ringer {
-    /// Wraps a ringer received from the peer: the write end of a pipe
+    /// Wraps a ringer received from the peer: an end of a Unix stream socket pair
     /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Ringer> {
-        check_end(&fd, libc::O_WRONLY, "a ringer (the write end of a pipe)")?;
+        check_end(&fd, End::Ringer)?;
+        // Ours only sends: whatever arrives would only be queued.
+        let _ = sys::refuse_rights(fd.as_fd());
         Ok(Ringer { tx: fd })
     }
 
@@ -210,18 +284,37 @@ impl Ringer {
 
     /// Rings: wakes a waiter on the doorbell. Never blocks and never raises `SIGPIPE`.
     ///
-    /// A full pipe (the waiter has many unconsumed rings) is already a pending wake-up and
+    /// A full socket (the waiter has many unconsumed rings) is already a pending wake-up and
     /// counts as success; a closed doorbell is `BrokenPipe`.
     pub fn ring(&self) -> io::Result<()> {
         loop {
-            match sys::write_without_sigpipe(self.tx.as_fd(), &[1]) {
-                Ok(_) => return Ok(()),
+            match sys::send_byte_nowait(self.tx.as_fd()) {
+                Ok(()) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(peer_closed()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return Err(peer_closed())
+                }
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+impl From<Ringer> for OwnedFd {
+    fn from(r: Ringer) -> OwnedFd {
+        r.tx
+    }
+}
+
+impl From<Doorbell> for OwnedFd {
+    fn from(d: Doorbell) -> OwnedFd {
+        d.rx
     }
 }
 

@@ -88,7 +88,7 @@ pub fn recv_fds(
     if max_fds > MAX_FDS {
         return Err(FdPassError::TooManyFds { count: max_fds });
     }
-    let received = sys::recv_with_fds(stream.as_fd(), buf, max_fds)?;
+    let received = sys::recv_with_fds(stream.as_fd(), buf, max_fds, false)?;
     if received.control_truncated {
         // Dropping the descriptors closes them.
         drop(received.fds);
@@ -128,7 +128,7 @@ pub fn effective_uid() -> u32 {
 
 /// Makes the Unix socket `sock` refuse descriptors: a peer's `sendmsg` with `SCM_RIGHTS`
 /// fails (`EPERM`) in the peer, so none ever reaches this side's receive queue, where closing
-/// it could block whoever closes last (see the doorbell module's "why a pipe"). Set on a
+/// it could block whoever closes last (see the doorbell module's "why a socket pair"). Set on a
 /// listening socket, it holds for every connection accepted from it, from the connect on.
 ///
 /// Returns `Ok(false)` on kernels older than Linux 6.16, which lack `SO_PASSRIGHTS`: the

@@ -12,7 +12,8 @@
 //!   fixed-size slots inside a region, which validates everything the peer writes and reports
 //!   a misbehaving peer as [`RingError::Corrupt`] instead of panicking or straying out of
 //!   bounds;
-//! - [`Doorbell`] and its [`Ringer`] (the ends of a pipe) and [`Waiter`]: spin for a short budget, then sleep; the
+//! - [`Doorbell`] and its [`Ringer`] (the ends of a Unix socket pair) and [`Waiter`]: spin
+//!   for a short budget, then sleep; the
 //!   notifying side only makes a system call when the other side announced it is asleep;
 //! - [`fdpass`]: sending and receiving descriptors (`SCM_RIGHTS`) over a Unix socket, which
 //!   is how the region and the doorbells reach the peer.
@@ -35,8 +36,8 @@
 //! to_daemon.init(&region)?;
 //! to_client.init(&region)?;
 //! // One doorbell per direction; the daemon keeps one end of each, the client gets the
-//! // other (the ends are separate file descriptions: neither side can make the other block,
-//! // and a pipe carries no descriptors).
+//! // other (the ends are separate file descriptions with locks of their own: neither side
+//! // can make the other block, and they refuse descriptors where the kernel can).
 //! let (daemon_bell_ringer, daemon_bell) = exanet_shm::doorbell()?;
 //! let (_client_bell_ringer, client_bell) = exanet_shm::doorbell()?;
 //! fdpass::send_fds(
@@ -68,7 +69,7 @@
 //!
 //! All `unsafe` code lives in the private `sys` module (system calls, the mapping, and the
 //! raw copies); the rest of the crate is safe code on top of it. Linux only (memfd, seals,
-//! pipes, Unix sockets).
+//! Unix sockets).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -147,16 +147,32 @@ pub(crate) fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-// --- pipes ---------------------------------------------------------------------------------
+// --- doorbell sockets ----------------------------------------------------------------------
 
-/// `pipe2(2)` with `O_CLOEXEC | O_NONBLOCK`: (read end, write end). The two ends are two
-/// open file descriptions, so the flags of the end handed to a peer are the peer's business.
-pub(crate) fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
+/// `socketpair(AF_UNIX, SOCK_STREAM)` with `SOCK_CLOEXEC | SOCK_NONBLOCK`. The two ends are
+/// two open file descriptions, so the flags of the end handed to a peer are the peer's
+/// business.
+pub(crate) fn socketpair_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as RawFd; 2];
-    // SAFETY: `fds` is an array of two `c_int`s that lives across the call, as pipe2 expects.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
-    // SAFETY: on success pipe2 returned two fresh descriptors that nobody else owns.
+    // SAFETY: `fds` is an array of two `c_int`s that lives across the call, as socketpair
+    // expects.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: on success socketpair returned two fresh descriptors that nobody else owns.
     Ok(unsafe { (owned(fds[0]), owned(fds[1])) })
+}
+
+/// `shutdown(2)` of one direction (`SHUT_RD` or `SHUT_WR`) of a connected socket.
+pub(crate) fn shutdown(fd: BorrowedFd<'_>, how: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain integer arguments; `fd` is borrowed, so it is open.
+    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) })?;
+    Ok(())
 }
 
 /// Sets `O_NONBLOCK` on the open file description of `fd` (keeping its other status flags).
@@ -170,84 +186,80 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// What `fd` is, as far as a doorbell cares: whether it is a FIFO (pipe), and its access mode
-/// (`O_RDONLY`, `O_WRONLY` or `O_RDWR`).
-pub(crate) fn fifo_access(fd: BorrowedFd<'_>) -> io::Result<(bool, libc::c_int)> {
-    // SAFETY: `st` is a zeroed `stat` the kernel fills in; it lives across the call.
-    let mut st: libc::stat = unsafe { mem::zeroed() };
-    // SAFETY: fstat writes only into `st`; `fd` is borrowed, so it is open.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    // SAFETY: F_GETFL takes no argument and touches no memory of ours.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    Ok((
-        st.st_mode & libc::S_IFMT == libc::S_IFIFO,
-        flags & libc::O_ACCMODE,
-    ))
+/// One `c_int` socket option of `fd`.
+fn socket_option(fd: BorrowedFd<'_>, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `value`, which lives across the
+    // call, and the new length into `len`; `fd` is borrowed.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(value)
 }
 
-/// `read(2)` into `buf`.
-pub(crate) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which lives across the
-    // call; `fd` is borrowed.
-    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+/// Whether `fd` is a Unix stream socket (the kind of a doorbell's ends). A descriptor that
+/// is not a socket at all is `Ok(false)`.
+pub(crate) fn is_unix_stream(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match socket_option(fd, libc::SO_DOMAIN) {
+        Ok(domain) => {
+            Ok(domain == libc::AF_UNIX && socket_option(fd, libc::SO_TYPE)? == libc::SOCK_STREAM)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the connected socket `fd` may still send: a send of no bytes fails with `EPIPE`
+/// on an end shut down for sending (or whose peer is gone), and sends nothing otherwise.
+pub(crate) fn may_send(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let nothing = [0u8; 1];
+    // SAFETY: a zero-length send reads no byte of `nothing`, which lives across the call
+    // anyway; `fd` is borrowed.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            nothing.as_ptr().cast(),
+            0,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n >= 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EPIPE) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Sends one byte on the connected socket `fd` without ever blocking, whatever the file's
+/// flags (`MSG_DONTWAIT`), and without `SIGPIPE` (`MSG_NOSIGNAL`): a peer that is gone
+/// gives `EPIPE`.
+pub(crate) fn send_byte_nowait(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let byte = [1u8];
+    // SAFETY: the kernel reads at most one byte from `byte`, which lives across the call;
+    // `fd` is borrowed.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            byte.as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(n as usize)
+        Ok(())
     }
-}
-
-/// `write(2)` of `buf` that never raises `SIGPIPE`: a write to a pipe whose reader is gone
-/// fails with `EPIPE` instead of killing a process that did not ignore the signal (a C
-/// program linked with the client library, say). Pipes have no `MSG_NOSIGNAL`, so the calling
-/// thread blocks `SIGPIPE` around the write and takes back a `SIGPIPE` the write raised (one
-/// that was already pending is left alone: it was not ours).
-pub(crate) fn write_without_sigpipe(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it before any use.
-    let mut pipe_only: libc::sigset_t = unsafe { mem::zeroed() };
-    // SAFETY: as above; both calls only write into the local set.
-    unsafe {
-        libc::sigemptyset(&mut pipe_only);
-        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
-    }
-    // SAFETY: a zeroed sigset_t that pthread_sigmask fills in with the previous mask.
-    let mut previous: libc::sigset_t = unsafe { mem::zeroed() };
-    // SAFETY: both sets live across the call; pthread_sigmask returns an errno value.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &pipe_only, &mut previous) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    // SAFETY: a zeroed sigset_t that sigpending fills in.
-    let mut pending: libc::sigset_t = unsafe { mem::zeroed() };
-    // SAFETY: sigpending writes only into `pending`; sigismember only reads it.
-    let was_pending = unsafe {
-        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGPIPE) == 1
-    };
-    // SAFETY: the kernel reads at most `buf.len()` bytes from `buf`; `fd` is borrowed.
-    let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-    let result = if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    };
-    if !was_pending && matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EPIPE)) {
-        let zero = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        loop {
-            // SAFETY: the set and the timeout live across the call; a null info pointer is
-            // allowed. It only dequeues the SIGPIPE our write raised (blocked, so pending).
-            let r = unsafe { libc::sigtimedwait(&pipe_only, ptr::null_mut(), &zero) };
-            if r == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break;
-        }
-    }
-    // SAFETY: restores the mask saved above; the set lives across the call.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, ptr::null_mut()) };
-    result
 }
 
 // --- refusing descriptors ---------------------------------------------------------------------
@@ -553,12 +565,14 @@ pub(crate) struct Received {
 }
 
 /// `recvmsg(2)` into `buf` with room for `max_fds` descriptors in the control buffer, with
-/// `MSG_CMSG_CLOEXEC`. `EINTR` is retried. Every received descriptor is wrapped in an
+/// `MSG_CMSG_CLOEXEC` (and `MSG_DONTWAIT` if `dontwait`, whatever the file's flags).
+/// `EINTR` is retried. Every received descriptor is wrapped in an
 /// [`OwnedFd`] before anything else can fail, so none leaks.
 pub(crate) fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     max_fds: usize,
+    dontwait: bool,
 ) -> io::Result<Received> {
     let invalid = || io::Error::from(io::ErrorKind::InvalidInput);
     let space = if max_fds == 0 {
@@ -582,11 +596,12 @@ pub(crate) fn recv_with_fds(
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = space as _;
     }
+    let flags = libc::MSG_CMSG_CLOEXEC | if dontwait { libc::MSG_DONTWAIT } else { 0 };
     let n = loop {
         // SAFETY: `msg` describes `buf` (exclusively borrowed, `buf.len()` writable bytes) and
         // `control` (`space` writable bytes aligned for `cmsghdr`, or none); both live across
         // the call and the kernel writes at most those lengths. `sock` is borrowed.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags) };
         if n >= 0 {
             break n as usize;
         }

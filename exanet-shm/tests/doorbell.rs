@@ -42,17 +42,25 @@ fn from_fd_refuses_other_descriptors_and_the_wrong_end() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     let err = Ringer::from_fd(region.try_clone_fd().unwrap()).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
-    // A socket pair (what doorbells once were) is refused: it could carry descriptors.
-    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-    let err = Doorbell::from_fd(a.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    // A pipe (what doorbells once were) is refused: a peer holding its other end can hold
+    // the mutex every call on it takes.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    assert!(Doorbell::from_fd(r).is_err());
+    assert!(Ringer::from_fd(w).is_err());
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     assert!(Doorbell::from_fd(udp.as_fd().try_clone_to_owned().unwrap()).is_err());
     // Each end is only accepted as what it is.
     let (ringer, bell) = doorbell().unwrap();
-    let err = Doorbell::from_fd(ringer.into_fd()).unwrap_err();
-    assert!(err.to_string().contains("other direction"), "{err}");
-    assert!(Ringer::from_fd(bell.into_fd()).is_err());
+    let (ringer_fd, bell_fd) = (ringer.into_fd(), bell.into_fd());
+    let err = Doorbell::from_fd(ringer_fd.try_clone().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("a ringer"), "{err}");
+    let err = Ringer::from_fd(bell_fd.try_clone().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("shut down for sending"), "{err}");
+    // The right ends are accepted.
+    let ringer = Ringer::from_fd(ringer_fd).unwrap();
+    let bell = Doorbell::from_fd(bell_fd).unwrap();
+    ringer.ring().unwrap();
+    assert!(bell.drain().unwrap());
 }
 
 /// A peer that makes its end blocking and never reads cannot make a ring block.
@@ -187,4 +195,113 @@ fn waiter_propagates_condition_errors_and_clears_the_flag() {
 fn waiter_defaults() {
     assert_eq!(Waiter::default().spin(), Duration::from_micros(20));
     assert_eq!(Waiter::new(Duration::ZERO).spin(), Duration::ZERO);
+}
+
+/// Runs `f` on a thread of its own and says whether it returned within `within` (a call
+/// that blocks leaves its thread behind, and the test fails instead of hanging).
+fn returns_within(within: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(within).is_ok()
+}
+
+/// Fills `fd` until it would block, then makes it blocking again.
+fn fill(fd: &impl AsFd) {
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).unwrap());
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).unwrap();
+    while nix::unistd::write(fd, &[0u8; 4096]).is_ok() {}
+    fcntl(fd, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK)).unwrap();
+}
+
+/// A peer blocked in `splice(2)` on its end, from it into a full pipe or into it from an
+/// empty one, holds nothing our ring, drain or close takes (on a pipe it held the pipe's
+/// mutex, and all three slept behind it).
+#[test]
+fn a_peer_splicing_its_end_cannot_block_a_ring_a_drain_or_a_close() {
+    use nix::fcntl::{splice, SpliceFFlags};
+    // The peer reads our rings: it splices from its doorbell into a pipe that is full.
+    let (ringer, theirs) = doorbell().unwrap();
+    let theirs = theirs.into_fd();
+    let (full_r, full_w) = nix::unistd::pipe().unwrap();
+    fill(&full_w);
+    let hold_a = thread::spawn(move || {
+        let _ = splice(&theirs, None, &full_w, None, 1 << 16, SpliceFFlags::empty());
+    });
+    // The peer rings us: it splices into its ringer from a pipe that never has data.
+    let (theirs, bell) = doorbell().unwrap();
+    let theirs = theirs.into_fd();
+    let (empty_r, empty_w) = nix::unistd::pipe().unwrap();
+    let hold_b = thread::spawn(move || {
+        let _ = splice(
+            &empty_r,
+            None,
+            &theirs,
+            None,
+            1 << 16,
+            SpliceFFlags::empty(),
+        );
+    });
+    thread::sleep(Duration::from_millis(100));
+    assert!(
+        returns_within(Duration::from_secs(5), move || {
+            for _ in 0..1000 {
+                ringer.ring().unwrap();
+            }
+            drop(ringer);
+        }),
+        "rings or the close of a ringer blocked behind the peer's splice"
+    );
+    assert!(
+        returns_within(Duration::from_secs(5), move || {
+            let _ = bell.drain();
+            drop(bell);
+        }),
+        "a drain or the close of a doorbell blocked behind the peer's splice"
+    );
+    // Release the holds: the full pipe is read, the empty one ends.
+    drop(empty_w);
+    let flags = OFlag::from_bits_retain(fcntl(&full_r, FcntlArg::F_GETFL).unwrap());
+    fcntl(&full_r, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).unwrap();
+    let t0 = Instant::now();
+    while !(hold_a.is_finished() && hold_b.is_finished()) {
+        let _ = nix::unistd::read(&full_r, &mut [0u8; 1 << 16]);
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the holds did not end"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Descriptors a peer sends along with its rings never reach a doorbell where the kernel
+/// can refuse them (`EPERM` in the peer), and elsewhere are handed to the caller of
+/// `drain_with`, not closed by the drain.
+#[test]
+fn descriptors_sent_to_a_doorbell_are_refused_or_handed_over() {
+    let (theirs, bell) = doorbell().unwrap();
+    let theirs = std::os::unix::net::UnixStream::from(theirs.into_fd());
+    let (smuggled, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+    let sent = exanet_shm::send_fds(&theirs, b"x", &[std::os::fd::AsRawFd::as_raw_fd(&smuggled)]);
+    let probe = std::os::unix::net::UnixStream::pair().unwrap().0;
+    if exanet_shm::refuse_descriptors(&probe).unwrap() {
+        match sent {
+            Err(exanet_shm::FdPassError::Io(e)) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}")
+            }
+            other => panic!("a descriptor reached a doorbell: {other:?}"),
+        }
+        assert!(!bell.drain().unwrap());
+    } else {
+        sent.unwrap();
+        let mut strays = Vec::new();
+        assert!(bell.drain_with(&mut |fd| strays.push(fd)).unwrap());
+        assert_eq!(
+            strays.len(),
+            1,
+            "the smuggled descriptor was not handed over"
+        );
+    }
 }

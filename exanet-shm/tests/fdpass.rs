@@ -7,6 +7,11 @@ use std::os::unix::net::UnixStream;
 use exanet_shm::fdpass::MAX_FDS;
 use exanet_shm::{doorbell, recv_fds, send_fds, FdPassError, Region, Ringer};
 
+// Only the skip of what this kernel may lack is used here.
+#[allow(dead_code)]
+#[path = "../../tests/src/require.rs"]
+mod require;
+
 #[test]
 fn region_and_doorbell_cross_the_socket() {
     let (a, b) = UnixStream::pair().unwrap();
@@ -85,8 +90,12 @@ fn refused_descriptors_never_arrive() {
     let path = dir.join("s");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     if !exanet_shm::refuse_descriptors(&listener).unwrap() {
-        eprintln!("SKIPPED: this kernel (< 6.16) has no SO_PASSRIGHTS");
         std::fs::remove_dir_all(&dir).unwrap();
+        require::skip_unless_required(
+            "EXANET_REQUIRE_PASSRIGHTS",
+            "refused_descriptors_never_arrive",
+            "this kernel (< 6.16) has no SO_PASSRIGHTS",
+        );
         return;
     }
     let client = UnixStream::connect(&path).unwrap();
