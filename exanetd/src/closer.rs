@@ -4,9 +4,10 @@
 //! socket with a long `SO_LINGER` whose FIN is stuck behind a zero window blocks in
 //! `tcp_close`, and closing the last reference to a Unix socket closes every descriptor still
 //! queued in it, which may be such a socket. A workload cannot hand the daemon a descriptor
-//! any more (doorbells are pipes, and the attach socket refuses `SCM_RIGHTS` where the kernel
-//! can: see `ni_service`), but the attach connection is still a Unix socket the workload is
-//! the peer of, and kernels older than 6.16 cannot refuse descriptors. So whatever a workload
+//! any more where the kernel can refuse them (the doorbells and the attach socket refuse
+//! `SCM_RIGHTS`: see `ni_service`), but the attach connection and the doorbells are still
+//! Unix sockets the workload is the peer of, and kernels older than 6.16 cannot refuse
+//! descriptors. So whatever a workload
 //! could have put something into is closed here, on threads of their own that hold no lock
 //! and own nothing else: a close that blocks there blocks only that thread.
 //!

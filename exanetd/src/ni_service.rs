@@ -13,11 +13,14 @@
 //! `exanet_shm::Region`, and every refusal is answered (an error reply or an error
 //! completion) and counted.
 //!
-//! Nor can a workload make the daemon wait on it: the doorbells are pipes whose daemon ends
-//! only the daemon holds (every call non-blocking), replies have a send timeout, the attach
+//! Nor can a workload make the daemon wait on it: the doorbells are socket pairs whose
+//! daemon ends only the daemon holds, with locks of their own (every call non-blocking, and
+//! nothing a workload does on its end, `splice` included, holds what ours take; see
+//! `exanet_shm::doorbell`), the ring task is stopped through the runtime, never through a
+//! descriptor the workload shares, replies have a send timeout, the attach
 //! request a deadline, and the memory the NI touches is memory the daemon made (sealed,
 //! allocated up front: it cannot fault under the daemon). No channel from a workload carries
-//! descriptors: pipes cannot, and the attach socket refuses `SCM_RIGHTS` (Linux >= 6.16;
+//! descriptors: the doorbells and the attach socket refuse `SCM_RIGHTS` (Linux >= 6.16;
 //! on older kernels whatever arrives is closed by `crate::closer`, as is the connection
 //! itself, so that a close a workload made blocking never holds a lock or a session's
 //! thread). What one connection may hold is bounded here, what one process or job may hold
@@ -35,9 +38,10 @@ use std::time::Duration;
 use exanet_proto::attach::{self, Command, Reply, Request};
 use exanet_proto::workload::{Control, Joining, ServiceError};
 use exanet_proto::{ModelTime, Pdid};
-use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring, Ringer};
-use tokio::net::unix::pipe;
+use exanet_shm::{Consumer, Doorbell, PeerCredentials, Region, Ring};
+use tokio::io::Interest;
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::closer::{close_later, CloseLater};
@@ -448,11 +452,10 @@ fn serve_session(
         region,
         command,
         from_workload,
-        wake_ring,
         workload_ends,
         reply: attached_reply,
     } = attached;
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
     let ok = reply(
         conn,
         &attached_reply,
@@ -463,8 +466,9 @@ fn serve_session(
         ],
     );
     // The workload's ends are its own now: the daemon keeping a copy would hide the
-    // workload's exit from the doorbell it waits on. (Closing a pipe end never blocks.)
-    drop(workload_ends);
+    // workload's exit from the doorbell it waits on. Closed by a closer all the same: they
+    // are ends the workload may already be using.
+    workload_ends.into_iter().for_each(close_later);
     if ok {
         info!(
             rank,
@@ -483,6 +487,11 @@ fn serve_session(
             let _served = served;
             serve_ring(node, rank, command, from_workload, stop).await
         });
+    } else {
+        // No ring task to wait for: the reply failed (the workload hung up or stopped
+        // reading during the exchange), and the teardown below frees the rank at once.
+        drop(served);
+        close_later(from_workload);
     }
     let _ = conn.set_read_timeout(None);
     if ok {
@@ -514,11 +523,11 @@ fn serve_session(
         }
     }
     // The workload is gone (or broke the protocol, or stopped reading): free everything it
-    // held. Nothing below waits on the workload: the ring wakes the ring's task at once (a
-    // full pipe is a pending ring already) and none of its calls can block on the workload,
-    // so the wait for it is bounded; the connection is closed by a closer.
-    stop.store(true, Ordering::Release);
-    let _ = wake_ring.ring();
+    // held. Nothing below waits on the workload: the ring's task is stopped through the
+    // runtime (never through a descriptor the workload shares, which it could hold) and
+    // none of its calls can block on the workload, so the wait for it is bounded; the
+    // connection and the doorbells are closed by closers.
+    stop.set();
     let _ = ring_done.recv();
     {
         let now = node.now();
@@ -540,10 +549,8 @@ struct Attached {
     pdid: u16,
     region: Arc<Region>,
     command: Consumer,
-    /// The daemon's end of the workload -> daemon doorbell, and a ringer of its own for
-    /// it, to wake the ring's task at teardown.
+    /// The daemon's end of the workload -> daemon doorbell.
     from_workload: Doorbell,
-    wake_ring: Ringer,
     /// The workload's ends of both doorbells, to send it.
     workload_ends: [OwnedFd; 2],
     reply: Reply,
@@ -584,12 +591,11 @@ fn attach_rank(
     let completions = cpl_ring.producer(region.clone()).map_err(|x| e(&x))?;
     let (to_workload, to_workload_peer) = exanet_shm::doorbell().map_err(|x| e(&x))?;
     let (from_workload_peer, from_workload) = exanet_shm::doorbell().map_err(|x| e(&x))?;
-    let wake_ring = from_workload_peer.try_clone().map_err(|x| e(&x))?;
     let mut core = node.lock();
     let (pdid, start) = (who.pdid.0, who.start);
     let ring = ShmRing {
         completions,
-        to_workload,
+        to_workload: CloseLater::new(to_workload),
         rings: Arc::clone(&region),
         consumed_offset,
         pid: peer.pid,
@@ -634,7 +640,6 @@ fn attach_rank(
         region,
         command,
         from_workload,
-        wake_ring,
         workload_ends: [to_workload_peer.into_fd(), from_workload_peer.into_fd()],
     })
 }
@@ -698,6 +703,28 @@ fn handle_request(
     }
 }
 
+/// The end of a ring task, asked by the session's teardown: a flag the task looks at
+/// between batches and a wake-up for the task asleep on its doorbell. Through the runtime
+/// alone: the stop once rang a dup of the workload's own ringer, which the workload could
+/// hold (a pipe's mutex, behind a `splice`), so that the teardown hung in the ring.
+#[derive(Default)]
+struct Stop {
+    set: AtomicBool,
+    wake: Notify,
+}
+
+impl Stop {
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        // A stored permit: a task not asleep yet finds it at its next wait.
+        self.wake.notify_one();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
+}
+
 /// Serves the command ring of one session on the daemon's runtime until `stop`.
 ///
 /// On the runtime, not on a thread of its own: a command then reaches the links with one
@@ -712,36 +739,54 @@ async fn serve_ring(
     rank: u8,
     mut ring: Consumer,
     bell: Doorbell,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
 ) {
-    // The runtime watches a second descriptor of the doorbell's pipe (tokio's pipe
-    // receiver registers it safely); the rings are consumed through the doorbell itself.
-    let ready = match bell
+    // The runtime watches a second descriptor of the doorbell's socket (tokio's stream
+    // registers it safely); the rings are consumed through the doorbell itself.
+    let ready = bell
         .as_fd()
         .try_clone_to_owned()
-        .and_then(pipe::Receiver::from_owned_fd)
-    {
-        Ok(r) => r,
+        .and_then(|fd| tokio::net::UnixStream::from_std(UnixStream::from(fd)));
+    match ready {
+        Ok(ready) => {
+            serve_ring_on(&node, rank, &mut ring, (&bell, &ready), &stop).await;
+            // Deregistered and closed first: the doorbell's own close is the socket's last,
+            // on a closer (descriptors a workload sent to it where the kernel cannot refuse
+            // them would be closed with it).
+            drop(ready);
+        }
         Err(e) => {
             warn!(rank, error = %e, "cannot watch the command doorbell");
             node.count_error("workload_ring");
-            return;
         }
-    };
+    }
+    close_later(bell);
+}
+
+/// A doorbell and the runtime's watch on it.
+type Watched<'a> = (&'a Doorbell, &'a tokio::net::UnixStream);
+
+async fn serve_ring_on(
+    node: &NodeHandle,
+    rank: u8,
+    ring: &mut Consumer,
+    bell: Watched<'_>,
+    stop: &Stop,
+) {
     let mut buf = vec![0u8; ring.max_message_len()];
     let mut batch: Vec<Result<Command, (u32, attach::SlotError)>> = Vec::new();
     // Commands tend to come in runs: for `node.spin` after the last one the ring is looked
     // at again between other tasks' turns, which spares the workload a ring and the
     // runtime a wake-up for each command of a run.
     let mut last_command = std::time::Instant::now();
-    while !stop.load(Ordering::Acquire) {
+    while !stop.is_set() {
         // A workload that does not read its completions is not served further commands
         // until it does: its command ring fills and it is held back, instead of the
         // daemon queueing completions for it without bound.
         let held_back = node.lock().workloads().0.held_back(rank);
         if held_back {
-            if let Err(e) = rung(&bell, &ready, Some(Duration::from_millis(5))).await {
-                ring_closed(&node, rank, &e);
+            if let Err(e) = rung(node, bell, stop, Some(Duration::from_millis(5))).await {
+                ring_closed(node, rank, &e);
                 return;
             }
             continue;
@@ -814,35 +859,46 @@ async fn serve_ring(
                 return;
             }
         }
-        // Every wake-up goes round the loop: the session's end rings our own ringer after
-        // setting `stop`, and a ring from the workload with nothing new in its ring gets
-        // its header looked at.
-        let woke = rung(&bell, &ready, timeout).await;
+        // Every wake-up goes round the loop: the session's end wakes us after setting
+        // `stop`, and a ring from the workload with nothing new in its ring gets its header
+        // looked at.
+        let woke = rung(node, bell, stop, timeout).await;
         let _ = ring.finish_sleep();
         if let Err(e) = woke {
-            ring_closed(&node, rank, &e);
+            ring_closed(node, rank, &e);
             return;
         }
     }
 }
 
-/// Waits until `bell` is rung (consuming the rings) or `timeout` passes: `Ok(false)` on
-/// timeout; `BrokenPipe` once every ringer is closed. `ready` is the runtime's watch on
-/// the same pipe.
+/// Waits until `bell` is rung (consuming the rings), `stop` is set or `timeout` passes:
+/// `Ok(false)` on timeout or stop; `BrokenPipe` once every ringer is closed. Descriptors a
+/// workload sent with its rings (kernels without `SO_PASSRIGHTS`) are closed by a closer.
 async fn rung(
-    bell: &Doorbell,
-    ready: &pipe::Receiver,
+    node: &NodeHandle,
+    (bell, ready): Watched<'_>,
+    stop: &Stop,
     timeout: Option<Duration>,
 ) -> std::io::Result<bool> {
     let wait = async {
         loop {
             ready.readable().await?;
+            let mut strays = 0usize;
             // Readiness without a ring (spurious, or drained already): `WouldBlock` makes
             // the runtime forget it and wait for the next.
-            let drained = ready.try_io(|| match bell.drain()? {
-                true => Ok(()),
-                false => Err(std::io::ErrorKind::WouldBlock.into()),
+            let drained = ready.try_io(Interest::READABLE, || {
+                let rang = bell.drain_with(&mut |fd| {
+                    strays += 1;
+                    close_later(fd);
+                })?;
+                match rang {
+                    true => Ok(()),
+                    false => Err(std::io::ErrorKind::WouldBlock.into()),
+                }
             });
+            if strays > 0 {
+                node.count_error("workload_descriptors");
+            }
             match drained {
                 Ok(()) => return Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -850,9 +906,18 @@ async fn rung(
             }
         }
     };
+    let stopped = stop.wake.notified();
+    let wait_or_stop = async {
+        tokio::select! {
+            r = wait => r,
+            _ = stopped => Ok(false),
+        }
+    };
     match timeout {
-        Some(t) => tokio::time::timeout(t, wait).await.unwrap_or(Ok(false)),
-        None => wait.await,
+        Some(t) => tokio::time::timeout(t, wait_or_stop)
+            .await
+            .unwrap_or(Ok(false)),
+        None => wait_or_stop.await,
     }
 }
 

@@ -27,8 +27,9 @@ pub struct Session {
 /// A workload's completion ring in the shared memory the daemon made for it.
 pub struct ShmRing {
     pub completions: Producer,
-    /// The daemon's ringer of the workload's doorbell.
-    pub to_workload: Ringer,
+    /// The daemon's ringer of the workload's doorbell, closed by a closer when the rank is
+    /// detached (under the core lock).
+    pub to_workload: CloseLater<Ringer>,
     /// The region of the rings, and where in it the workload counts what it took from
     /// each mailbox (`attach`'s consumed counters).
     pub rings: Arc<Region>,

@@ -1,7 +1,7 @@
 //! The daemon's workload interface spoken by hand (no client library), for tests that
 //! attach well-behaved and hostile workloads to real daemons. Only what the protocol in
 //! `exanet_proto::attach` says: JSON lines on `run/<NODE>.ni`, descriptors with replies,
-//! two rings in shared memory and two pipe doorbells.
+//! two rings in shared memory and two socket-pair doorbells.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
