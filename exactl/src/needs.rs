@@ -14,6 +14,7 @@
 use std::fmt;
 use std::path::Path;
 
+use exanet_control::rack::MemoryBudget;
 use exanet_proto::Shape;
 
 /// What one daemon takes with its rack up and idle. Measured: MemAvailable fell by 2466
@@ -173,6 +174,23 @@ impl Host {
             netns: read_u64("/proc/sys/user/max_net_namespaces"),
         }
     }
+}
+
+/// What the rack's daemons may register on this host, together (`run/memory-budget.toml`,
+/// read by each daemon; exanetd's `host_budget` module): three quarters of the memory
+/// available after the rack's own needs, plus the IP services' registered memory, which
+/// `needs` counted already and which only they may use. `None` when the host's memory is
+/// not known: the daemons then budget each node alone, and say so.
+pub fn registered_budget(needs: &Needs, host: &Host) -> Option<MemoryBudget> {
+    let available = host.memory?;
+    let left = available.saturating_sub(needs.memory);
+    let jobs = (u128::from(left) * u128::from(MemoryBudget::AVAILABLE_PERCENT) / 100) as u64;
+    Some(MemoryBudget {
+        total_bytes: jobs.saturating_add(needs.ip_registered),
+        ip_bytes: needs.ip_registered,
+        available_bytes: available,
+        rack_bytes: needs.memory,
+    })
 }
 
 /// Why the host cannot hold the rack: each resource it lacks, with both figures.
@@ -450,6 +468,37 @@ mod tests {
             s[3].contains("needs 1024") && s[3].contains("allows 10"),
             "{}",
             s[3]
+        );
+    }
+
+    #[test]
+    fn registered_memory_gets_three_quarters_of_what_the_rack_leaves_and_ip_its_rings() {
+        let host = Host {
+            memory: Some(23 << 30),
+            ..Host::default()
+        };
+        let off = Needs::of(shape("4x4x2"), None);
+        let b = registered_budget(&off, &host).unwrap();
+        assert_eq!(b.ip_bytes, 0);
+        assert_eq!(b.total_bytes, ((23 << 30) - off.memory) / 4 * 3);
+        assert_eq!((b.available_bytes, b.rack_bytes), (23 << 30, off.memory));
+        // The host: three nodes of one job at 8 GiB each no longer fit, half of it
+        // for one job beside others is under 9 GiB.
+        assert!(b.total_bytes < 24 << 30 && b.per_job(50) < 9 << 30, "{b:?}");
+        let on = Needs::of(shape("4x4x2"), Some(65000));
+        let b = registered_budget(&on, &host).unwrap();
+        assert_eq!(b.ip_bytes, on.ip_registered);
+        assert_eq!(b.total_bytes - b.ip_bytes, ((23 << 30) - on.memory) / 4 * 3);
+        assert_eq!(registered_budget(&on, &Host::default()), None);
+        // A host with less than the rack needs (refused before this is asked) gives jobs
+        // nothing rather than wrapping around.
+        let tiny = Host {
+            memory: Some(1 << 20),
+            ..Host::default()
+        };
+        assert_eq!(
+            registered_budget(&on, &tiny).map(|b| b.total_bytes - b.ip_bytes),
+            Some(0)
         );
     }
 

@@ -111,6 +111,7 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     ] {
         std::fs::create_dir_all(&d).map_err(|e| CliError::io(what, d, e))?;
     }
+    write_memory_budget(&rack, &layout, needs::registered_budget(&needs, &host))?;
     if let Some(file) = &new_file {
         rack::write_rack_file(dir, file).map_err(CliError::WriteRack)?;
         eprintln!(
@@ -180,6 +181,41 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         exanet_proto::topology::links(&shape).len(),
         start.elapsed().as_secs_f64(),
         abs_dir.display()
+    );
+    Ok(())
+}
+
+/// Leaves the host's registered-memory budget for the daemons about to start, and no
+/// ledger: every daemon of the rack is down, so what an earlier run's ledger says is held
+/// is held by no one (and its shape may not be this rack's). Without a budget (the host's
+/// memory unknown) an earlier one is removed too: the daemons then budget each node alone.
+fn write_memory_budget(
+    rack: &Rack,
+    layout: &Layout,
+    budget: Option<rack::MemoryBudget>,
+) -> Result<()> {
+    let ledger = layout.memory_ledger();
+    process::remove_if_present(&ledger).map_err(|e| CliError::io("remove stale", ledger, e))?;
+    let path = layout.memory_budget();
+    let Some(b) = budget else {
+        process::remove_if_present(&path).map_err(|e| CliError::io("remove stale", path, e))?;
+        eprintln!(
+            "exactl: this host's memory is unknown: each daemon limits registered memory \
+             on its own node only"
+        );
+        return Ok(());
+    };
+    b.write(&path)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let ip = if b.ip_bytes > 0 {
+        format!(" and {} for IP over ExaNet", needs::bytes(b.ip_bytes))
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "exactl: registered memory on this host: {} for the rack's jobs{ip}, {} per job",
+        needs::bytes(b.total_bytes - b.ip_bytes),
+        needs::bytes(b.per_job(rack.file.job_host_memory_percent()))
     );
     Ok(())
 }

@@ -9,6 +9,8 @@
 //! tls/<NODE>.key     its private key
 //! run/<NODE>.sock    each daemon's control socket
 //! run/<NODE>.pid     pid of each local daemon
+//! run/memory-budget.toml  registered memory the host's daemons may hold ([`MemoryBudget`])
+//! run/memory-ledger  what each of them holds (exanetd's `host_budget`)
 //! logs/<NODE>.log    each local daemon's log
 //! ```
 //!
@@ -36,6 +38,9 @@
 //! rank_max_packetizers = 32
 //! rank_max_mailboxes = 32
 //! rank_max_registered_mib = 4096
+//! job_host_memory_percent = 50  # share of the host's registered-memory budget one job
+//!                               # may hold over all its nodes (default 50, or 100 when
+//!                               # the rack has a single job; docs/operating.md)
 //! mpi_eager_limit = 32          # longest MPI message sent eager by the libfabric provider
 //!
 //! [jobs.default]                # the job of workloads that attach without a key
@@ -303,6 +308,11 @@ pub struct NiSettings {
     pub rank_max_mailboxes: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_max_registered_mib: Option<u64>,
+    /// Percent of the host's registered-memory budget ([`MemoryBudget`]) one job may hold
+    /// over all its nodes on the host, 1..=100 ([`RackFile::job_host_memory_percent`]
+    /// when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_host_memory_percent: Option<u8>,
     /// Longest message the libfabric provider sends eager, in one packetizer message;
     /// longer ones go by rendezvous ([`DEFAULT_MPI_EAGER_LIMIT`] when absent, at most
     /// [`MPI_EAGER_MAX`]).
@@ -405,6 +415,100 @@ impl RackFile {
         self.link_timeout_s.map_or(DEFAULT_LINK_TIMEOUT, |s| {
             std::time::Duration::from_secs(u64::from(s))
         })
+    }
+}
+
+impl RackFile {
+    /// Percent of the host's registered-memory budget one job may hold: `[ni]
+    /// job_host_memory_percent`, else half when the rack names jobs beside the default one
+    /// (so no job can lock the others out of the host's memory), and all of it when the
+    /// default job is the only one (the total still protects the host).
+    pub fn job_host_memory_percent(&self) -> u8 {
+        let set = self.ni.as_ref().and_then(|ni| ni.job_host_memory_percent);
+        let jobs = self.jobs.len() + usize::from(!self.jobs.contains_key("default"));
+        set.unwrap_or(if jobs > 1 { 50 } else { 100 })
+    }
+}
+
+/// What the daemons of one host may register together, as `rack up` measured the host
+/// (`run/memory-budget.toml`). Each daemon derives its limits from it and keeps what it
+/// holds in the ledger beside it (exanetd's `host_budget` module, docs/operating.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryBudget {
+    /// Registered memory of every job together, the IP services' included.
+    pub total_bytes: u64,
+    /// Of `total_bytes`, what only the IP services may take: what `rack up` counted for
+    /// their rings, so that no job can deny a node IP over ExaNet.
+    pub ip_bytes: u64,
+    /// What `rack up` measured (memory available to it) and counted for the rack itself,
+    /// for the operator reading the file.
+    #[serde(default)]
+    pub available_bytes: u64,
+    #[serde(default)]
+    pub rack_bytes: u64,
+}
+
+impl MemoryBudget {
+    /// Percent of the memory available to the rack, after what the rack itself takes, that
+    /// registered memory may take in all (docs/operating.md says why three quarters).
+    pub const AVAILABLE_PERCENT: u64 = 75;
+
+    /// What one job other than the IP service's may hold on the host: `percent` of what
+    /// the jobs share.
+    pub fn per_job(&self, percent: u8) -> u64 {
+        let shared = self.total_bytes.saturating_sub(self.ip_bytes);
+        // In u128: a percent of a byte count near u64::MAX must not overflow.
+        (u128::from(shared) * u128::from(percent.min(100)) / 100) as u64
+    }
+
+    /// Reads `path`; `Ok(None)` when there is none (a rack not brought up by `rack up`, a
+    /// container, a host whose memory `rack up` could not read).
+    pub fn read(path: &Path) -> Result<Option<MemoryBudget>, RackError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(RackError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let b: MemoryBudget = toml::from_str(&text).map_err(|e| RackError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })?;
+        if b.ip_bytes > b.total_bytes {
+            return Err(RackError::Invalid {
+                path: path.to_path_buf(),
+                message: "ip_bytes is more than total_bytes".into(),
+            });
+        }
+        Ok(Some(b))
+    }
+
+    /// Writes `path` (through a new file renamed over it: a daemon starting meanwhile
+    /// reads the old figures or the new, never half of them).
+    pub fn write(&self, path: &Path) -> Result<(), RackError> {
+        let err = |source| RackError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let text = toml::to_string(self).map_err(|e| RackError::Invalid {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let tmp = path.with_extension("toml.new");
+        std::fs::write(
+            &tmp,
+            format!(
+                "# Written by `exactl rack up`: registered memory the daemons of this host may \
+                 hold (docs/operating.md).\n{text}"
+            ),
+        )
+        .map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
     }
 }
 
@@ -533,6 +637,12 @@ impl Rack {
             }
             if ni.max_attempts.is_some_and(|a| !(1..=100).contains(&a)) {
                 return Err("ni.max_attempts must be 1..=100".into());
+            }
+            if ni
+                .job_host_memory_percent
+                .is_some_and(|p| !(1..=100).contains(&p))
+            {
+                return Err("ni.job_host_memory_percent must be 1..=100".into());
             }
         }
         let mut pdids = BTreeMap::new();
@@ -902,6 +1012,14 @@ impl Layout {
     pub fn pid_file(&self, name: &impl fmt::Display) -> PathBuf {
         self.run_dir().join(format!("{name}.pid"))
     }
+    /// The host's registered-memory budget `rack up` measured ([`MemoryBudget`]).
+    pub fn memory_budget(&self) -> PathBuf {
+        self.run_dir().join("memory-budget.toml")
+    }
+    /// What each daemon of the host holds of that budget (exanetd's `host_budget`).
+    pub fn memory_ledger(&self) -> PathBuf {
+        self.run_dir().join("memory-ledger")
+    }
     pub fn log_dir(&self) -> PathBuf {
         self.dir.join("logs")
     }
@@ -1200,5 +1318,75 @@ mod tests {
         assert!(alice.may_join(7, 2000, 500));
         assert!(!alice.may_join(500, 500, 500));
         assert!(!alice.may_join(0, 0, 500));
+    }
+
+    #[test]
+    fn a_job_gets_half_the_host_budget_beside_others_and_all_of_it_alone() {
+        let mut f = file("1x1x1");
+        assert_eq!(f.job_host_memory_percent(), 100, "the default job alone");
+        f.jobs.insert(
+            "alice".into(),
+            Job {
+                key: Some("k".into()),
+                pdid: 42,
+                ..Job::default()
+            },
+        );
+        assert_eq!(f.job_host_memory_percent(), 50);
+        f.ni = Some(NiSettings {
+            job_host_memory_percent: Some(30),
+            ..NiSettings::default()
+        });
+        assert_eq!(f.job_host_memory_percent(), 30);
+        assert!(Rack::new(Path::new("."), f.clone()).is_ok());
+        f.ni = Some(NiSettings {
+            job_host_memory_percent: Some(0),
+            ..NiSettings::default()
+        });
+        let e = Rack::new(Path::new("."), f).unwrap_err();
+        assert!(e.contains("job_host_memory_percent"), "{e}");
+        // The IP services' share is theirs: jobs split the rest.
+        let b = MemoryBudget {
+            total_bytes: 1000,
+            ip_bytes: 200,
+            available_bytes: 0,
+            rack_bytes: 0,
+        };
+        assert_eq!((b.per_job(50), b.per_job(100)), (400, 800));
+        let huge = MemoryBudget {
+            total_bytes: u64::MAX,
+            ip_bytes: 0,
+            ..b
+        };
+        assert_eq!(huge.per_job(100), u64::MAX);
+    }
+
+    #[test]
+    fn a_budget_file_round_trips_and_a_bad_one_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("exanet-budget-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory-budget.toml");
+        assert_eq!(
+            MemoryBudget::read(&path).unwrap(),
+            None,
+            "absent is not an error"
+        );
+        let b = MemoryBudget {
+            total_bytes: 3 << 30,
+            ip_bytes: 1 << 20,
+            available_bytes: 4 << 30,
+            rack_bytes: 1 << 28,
+        };
+        b.write(&path).unwrap();
+        assert_eq!(MemoryBudget::read(&path).unwrap(), Some(b));
+        for bad in [
+            "total_bytes = 1\nip_bytes = 2\n",
+            "total_bytes = -1\n",
+            "\u{0}",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(MemoryBudget::read(&path).is_err(), "{bad:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

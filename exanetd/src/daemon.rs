@@ -10,6 +10,7 @@ use thiserror::Error;
 use tokio::sync::Notify;
 use tracing::info;
 
+use crate::host_budget::HostBudget;
 use crate::metrics::Metrics;
 use crate::node::NodeHandle;
 use crate::rack::{Rack, RackError};
@@ -109,6 +110,9 @@ async fn serve(
     let node =
         NodeHandle::new(rack, id, spin_budget()).map_err(|e| DaemonError::Node(e.to_string()))?;
     let name = node.name.clone();
+    // Before the attach socket exists: no region is made outside the host's budget.
+    node.memory
+        .use_budget(HostBudget::for_daemon(&node.rack, id, &name));
 
     let link_addr = resolve("bind link endpoint", entry.link_bind()).await?;
     let endpoint =
@@ -206,6 +210,8 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_millis(500), endpoint.wait_idle()).await;
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(&attach);
+    // What this node's workloads still map is theirs once it is gone.
+    node.memory.budget().leave();
     Ok(())
 }
 

@@ -15,6 +15,7 @@ pub mod closer;
 pub mod control_server;
 pub mod cuts;
 pub mod daemon;
+pub mod host_budget;
 pub mod http;
 pub mod link;
 pub mod metrics;
