@@ -8,8 +8,8 @@
 //! The link type is `USER0` (147), which the dissector claims.
 //!
 //! A capture holds the payloads of every job whose cells crossed what was tapped, so the
-//! file is readable by its owner only (0600), whatever the umask and whether or not it
-//! existed before.
+//! file is readable by its owner only (0600), whatever the umask, and always a new one:
+//! never a file or link someone else made at that name (`create_private`).
 
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
@@ -169,26 +169,127 @@ fn plan(rack: &Rack, a: &CaptureArgs) -> Result<(NodeId, String, Request)> {
     Ok((at, what, req))
 }
 
-/// Opens `path` to write a capture into, empty and readable by its owner only: created
-/// 0600, or, if it is a regular file already (perhaps 0644 from an earlier capture or a
-/// `touch`), restricted to 0600 before it is emptied, so that no one else can open it
-/// after it held nothing. Anything else (a FIFO into tshark, /dev/null) is written as it
-/// is: its mode is not the capture's to change.
-fn create_private(path: &Path) -> std::io::Result<File> {
+/// Opens `path` to write a capture into, empty and readable by its owner only, and never
+/// a file anyone else can read: a capture holds every job's payloads, and root's may be
+/// asked into `/tmp`, where another user can make a file (or a link) of that name first and
+/// keep it open. So what is there decides, looked at without following a link:
+///
+/// - nothing: a new file, made with `O_CREAT|O_EXCL|O_NOFOLLOW`, 0600 whatever the umask;
+/// - a regular file of this user's (an earlier capture, perhaps 0644): replaced by a new
+///   file (made beside it as above, then renamed over it), so that whoever still holds the
+///   old one open, or a hard link to it, reads nothing of this capture;
+/// - a FIFO or device of this user's or root's (into tshark, /dev/null): written as it is;
+/// - a symbolic link, anything of another user's, a directory: refused, left as it is.
+fn create_private(path: &Path) -> Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let refuse = |why: String| {
+        CliError::Failed(format!(
+            "{} {why}: a capture holds every job's payloads and goes only into a new file or \
+             one of yours; remove it or choose another name (`-w -` writes to standard output)",
+            path.display()
+        ))
+    };
+    let m = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return new_private(path).map_err(|e| match e.kind() {
+                // Made by someone else since it was looked at.
+                std::io::ErrorKind::AlreadyExists => refuse("exists".into()),
+                _ => CliError::io("create", path, e),
+            });
+        }
+        Err(e) => return Err(CliError::io("inspect", path, e)),
+        Ok(m) => m,
+    };
+    let kind = m.file_type();
+    if kind.is_symlink() {
+        return Err(refuse(format!(
+            "is a symbolic link (owned by {})",
+            owner(m.uid())
+        )));
+    }
+    if kind.is_dir() {
+        return Err(CliError::Usage(format!(
+            "{} is a directory; -w names the capture file",
+            path.display()
+        )));
+    }
+    // Devices are root's (/dev/null); a FIFO or file of another user's is theirs to read.
+    let trusted = m.uid() == me || (m.uid() == 0 && !kind.is_file());
+    if !trusted {
+        return Err(refuse(format!("exists and is owned by {}", owner(m.uid()))));
+    }
+    if kind.is_file() {
+        return replace_private(path).map_err(|e| CliError::io("replace", path, e));
+    }
+    open_special(path, &m).map_err(|e| CliError::io("open", path, e))
+}
+
+/// "uid 65534 (nobody)", for messages.
+fn owner(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// A new file at `path`, 0600 whatever the umask; fails if anything is there, a link
+/// included.
+fn new_private(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let f = OpenOptions::new()
         .write(true)
-        .create(true)
-        // Not yet: a file that was there is made private first (below).
-        .truncate(false)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
-    let meta = f.metadata()?;
-    if meta.is_file() {
-        if meta.permissions().mode() & 0o7777 != 0o600 {
-            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    // A umask can take bits away (0400 under 0277); the owner must still be able to
+    // rewrite or remove what it wrote. Set on the descriptor: this file, not a path.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
+/// A new private file renamed over `path`.
+fn replace_private(path: &Path) -> std::io::Result<File> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    for n in 0..100u32 {
+        // Not secret: a name someone else took first fails the O_EXCL and the next is tried.
+        let tmp = dir.join(format!(".{name}.{}.{n}", std::process::id()));
+        match new_private(&tmp) {
+            Ok(f) => {
+                return match std::fs::rename(&tmp, path) {
+                    Ok(()) => Ok(f),
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        Err(e)
+                    }
+                };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
         }
-        f.set_len(0)?;
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("no free name for a new file in {}", dir.display()),
+    ))
+}
+
+/// A FIFO or device, written as it is: opened without following a link, and only if it is
+/// still what was looked at.
+fn open_special(path: &Path, seen: &std::fs::Metadata) -> std::io::Result<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)?;
+    let now = f.metadata()?;
+    if (now.dev(), now.ino()) != (seen.dev(), seen.ino()) {
+        return Err(std::io::Error::other("replaced while it was being opened"));
     }
     Ok(f)
 }
@@ -200,7 +301,7 @@ pub fn run(dir: &Path, a: CaptureArgs) -> Result<()> {
     let out: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(create_private(&a.write).map_err(|e| CliError::io("create", &a.write, e))?)
+        Box::new(create_private(&a.write)?)
     };
     let mut pcap = PcapNgWriter::new(BufWriter::new(out))
         .map_err(|e| CliError::Failed(format!("cannot write the pcapng header: {e}")))?;
@@ -332,6 +433,93 @@ mod tests {
         drop(f);
         assert_eq!(std::fs::read(&old_file).unwrap(), b"new");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scratch directory of this test's, removed when dropped.
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            let d =
+                std::env::temp_dir().join(format!("exactl-capture-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Scratch(d)
+        }
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn links_and_directories_are_refused_and_left_as_they_are() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = Scratch::new("refused");
+        let target = d.0.join("target");
+        std::fs::write(&target, b"kept").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = d.0.join("x.pcapng");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = create_private(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link") && e.contains("x.pcapng"), "{e}");
+        // A link to nothing yet would have been created through.
+        let dangling = d.0.join("dangling.pcapng");
+        std::os::unix::fs::symlink(d.0.join("made-through-the-link"), &dangling).unwrap();
+        assert!(create_private(&dangling).is_err());
+        assert!(create_private(&d.0).is_err(), "a directory");
+        assert_eq!(std::fs::read(&target).unwrap(), b"kept");
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o644);
+        assert_eq!(d.names(), ["dangling.pcapng", "target", "x.pcapng"]);
+    }
+
+    #[test]
+    fn an_own_file_is_replaced_by_a_new_one_and_nothing_is_left_beside_it() {
+        use std::os::unix::fs::MetadataExt;
+        let d = Scratch::new("replaced");
+        let file = d.0.join("x.pcapng");
+        std::fs::write(&file, b"an earlier capture").unwrap();
+        // Someone who opened the earlier one reads nothing of the new.
+        let earlier = File::open(&file).unwrap();
+        let mut f = create_private(&file).unwrap();
+        f.write_all(b"new").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        assert_ne!(
+            earlier.metadata().unwrap().ino(),
+            std::fs::metadata(&file).unwrap().ino()
+        );
+        assert_eq!(d.names(), ["x.pcapng"]);
+    }
+
+    #[test]
+    fn fifos_and_devices_are_written_as_they_are() {
+        use std::io::Read;
+        drop(create_private(Path::new("/dev/null")).unwrap());
+        let d = Scratch::new("fifo");
+        let fifo = d.0.join("into-tshark");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                File::open(&fifo).unwrap().read_to_end(&mut got).unwrap();
+                got
+            })
+        };
+        let mut f = create_private(&fifo).unwrap();
+        f.write_all(b"cells").unwrap();
+        drop(f);
+        assert_eq!(reader.join().unwrap(), b"cells");
     }
 
     #[test]
