@@ -51,11 +51,9 @@ pub fn run(
             let mut command = Command::new(program);
             if ns.exists() {
                 crate::node_host::enter(&rack, &name, &ns)?;
-                // A host of its own has a /tmp of its own.
-                command.env(
-                    "TMPDIR",
-                    crate::ip_service::ensure_node_tmp_dir(&rack, &name)?,
-                );
+                // A host of its own has a /tmp of its own, checked here, as the command
+                // is about to get it, not only when `rack up` made it.
+                command.env("TMPDIR", crate::ip_service::node_tmp_dir(&rack, &name)?);
             }
             let e = command
                 .args(args)

@@ -47,13 +47,26 @@ pub fn netns_path(rack: &Rack, node: &str) -> PathBuf {
 /// are separate hosts, and programs that keep per-host state under the temporary
 /// directory, keyed by the host name that every namespace shares, must not meet another
 /// node's (Open MPI's session directory and PMIx's shared-memory store did, and a job hung
-/// when one node's daemon found another's files). Named like the namespace, beside it in
-/// the system's temporary directory, so that it stays short enough for the Unix sockets
-/// programs put in it.
-pub fn node_tmp_dir(rack: &Rack, node: &str) -> PathBuf {
+/// when one node's daemon found another's files). It lies in the system's temporary
+/// directory, so that it stays short enough for the Unix sockets programs put in it,
+/// and is world-writable and sticky as `/tmp` is, since jobs of other users run there.
+///
+/// Root's commands write wherever it is, so it must never be anything another user
+/// controls. A fixed name there could be taken first (a directory of theirs, or a link):
+/// each `rack up` makes it afresh under a name no one can predict (`mkdtemp`,
+/// `exanet-RACK-NODE.XXXXXX`), records the name in the rack's run directory, and every
+/// use checks it again ([`node_tmp_dir`]).
+fn tmp_record(layout: &Layout, node: &str) -> PathBuf {
+    layout.ip_run_dir().join(format!("{node}.{TMP_RECORD}"))
+}
+
+const TMP_RECORD: &str = "tmpdir";
+
+/// Where the nodes' temporary directories go: the temporary directory, or, run on a node
+/// (mpirun's agent is `exactl exec` started on the first node, whose TMPDIR is that
+/// node's directory), beside it rather than inside it.
+fn tmp_base(rack: &Rack) -> PathBuf {
     let mut base = std::env::temp_dir();
-    // Run on a node (mpirun's agent is `exactl exec` started on the first node), TMPDIR
-    // is that node's directory; the others are beside it, not inside it.
     let ours = format!("exanet-{}-", rack.file.name);
     if base
         .file_name()
@@ -61,20 +74,270 @@ pub fn node_tmp_dir(rack: &Rack, node: &str) -> PathBuf {
     {
         base.pop();
     }
-    base.join(netns_name(rack, node))
+    base
 }
 
-/// Makes the node's temporary directory if it is not there, world-writable and sticky as
-/// `/tmp` is.
-pub fn ensure_node_tmp_dir(rack: &Rack, node: &str) -> Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = node_tmp_dir(rack, node);
-    if !dir.is_dir() {
-        std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
-            .map_err(|e| CliError::io("set the mode of", &dir, e))?;
+/// "uid 65534 (nobody)", for messages.
+fn owner(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
+        _ => format!("uid {uid}"),
     }
+}
+
+/// Refuses a base directory in which another user could move the node's directory away
+/// and put something of theirs at its name after it was checked (a TMPDIR handed out is a
+/// path, used long after): every directory on the way must be root's or this user's, and
+/// writable by no one else unless sticky, as `/tmp` is.
+fn check_base(base: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let canon = base
+        .canonicalize()
+        .map_err(|e| CliError::io("find", base, e))?;
+    let me = nix::unistd::geteuid().as_raw();
+    for dir in canon.ancestors() {
+        let m = std::fs::symlink_metadata(dir).map_err(|e| CliError::io("inspect", dir, e))?;
+        let shared = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
+        if (m.uid() != 0 && m.uid() != me) || shared {
+            return Err(CliError::Failed(format!(
+                "{} cannot hold the nodes' temporary directories: {} (owned by {}, mode {:o}) \
+                 lets others than root and {} replace what is made in it; set TMPDIR to a \
+                 directory only root or you can write to, or a sticky one such as /tmp",
+                base.display(),
+                dir.display(),
+                owner(m.uid()),
+                m.mode() & 0o7777,
+                owner(me)
+            )));
+        }
+    }
+    Ok(canon)
+}
+
+/// What is at a node directory's path, looked at through a descriptor opened without
+/// following a link, so what is judged is what is there.
+enum Found {
+    Gone,
+    /// A directory of this user's, mode 1777, as exactl made it.
+    Ours,
+    /// Anything else, said for a message.
+    Not(String),
+}
+
+fn inspect(path: &Path) -> Result<Found> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path);
+    let dir = match opened {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Gone),
+        // ELOOP: a link (O_NOFOLLOW); ENOTDIR: something else.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+            let what = match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    format!("a symbolic link owned by {}", owner(m.uid()))
+                }
+                Ok(m) => format!("not a directory (owned by {})", owner(m.uid())),
+                Err(_) => "not a directory".to_string(),
+            };
+            return Ok(Found::Not(what));
+        }
+        Err(e) => return Err(CliError::io("open", path, e)),
+    };
+    let m = dir
+        .metadata()
+        .map_err(|e| CliError::io("inspect", path, e))?;
+    let me = nix::unistd::geteuid().as_raw();
+    Ok(if m.uid() != me {
+        Found::Not(format!("owned by {}, not by {}", owner(m.uid()), owner(me)))
+    } else if m.mode() & 0o7777 != 0o1777 {
+        Found::Not(format!(
+            "of mode {:o}, not the 1777 exactl made it with (owned by {})",
+            m.mode() & 0o7777,
+            owner(m.uid())
+        ))
+    } else {
+        Found::Ours
+    })
+}
+
+/// The path a record names, if it is one of exactl's node directories
+/// (`/…/exanet-RACK-NODE.XXXXXX`): a record never sends a removal or a command anywhere
+/// else.
+fn read_record(record: &Path, node: &str) -> Result<Option<PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = match std::fs::read(record) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(CliError::io("read", record, e)),
+    };
+    let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(text));
+    let named = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+        n.starts_with("exanet-")
+            && n.rsplit_once('.')
+                .is_some_and(|(head, tail)| head.ends_with(&format!("-{node}")) && tail.len() == 6)
+    });
+    if !path.is_absolute() || !named {
+        return Err(CliError::Failed(format!(
+            "{} does not name a temporary directory of node {node} ({}); remove it",
+            record.display(),
+            path.display()
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// Writes a record whole or not at all.
+fn write_record(record: &Path, dir: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = record.with_extension(format!("{TMP_RECORD}.{}", std::process::id()));
+    let mut text = dir.as_os_str().as_bytes().to_vec();
+    text.push(b'\n');
+    std::fs::write(&tmp, text).map_err(|e| CliError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, record).map_err(|e| CliError::io("rename into place", record, e))
+}
+
+/// Held while the records are read and changed: `exactl exec` on a node may make its
+/// directory again while another does, or while `rack down` removes them.
+fn lock_records(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = layout.ip_run_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    let path = dir.join("tmpdirs.lock");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| CliError::io("open", &path, e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| CliError::io("lock", &path, e.into()))
+}
+
+/// Makes a new directory for `node` in `base` (checked by [`check_base`]) and records it.
+fn create_node_tmp_dir(layout: &Layout, rack: &Rack, node: &str, base: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let template = base.join(format!("{}.XXXXXX", netns_name(rack, node)));
+    // 0700 and a fresh name, refused if anything is there: nothing of anyone else's.
+    let dir =
+        nix::unistd::mkdtemp(&template).map_err(|e| CliError::io("create", &template, e.into()))?;
+    // Opened without following a link, so the mode is set on what was made.
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(&dir)
+        .map_err(|e| CliError::io("open", &dir, e))?;
+    let m = f.metadata().map_err(|e| CliError::io("inspect", &dir, e))?;
+    if m.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(CliError::Failed(format!(
+            "{} was replaced as it was made (now owned by {})",
+            dir.display(),
+            owner(m.uid())
+        )));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| CliError::io("set the mode of", &dir, e))?;
+    write_record(&tmp_record(layout, node), &dir)?;
     Ok(dir)
+}
+
+/// The node's temporary directory for a command of this user's: the one `rack up` made,
+/// after checking that it is still a directory (not a link) of this user's, mode 1777, in
+/// a base no one else can replace it in; made again if it is gone (a temporary-file
+/// cleaner's age limit). Anything else is refused, naming the path and its owner.
+pub fn node_tmp_dir(rack: &Rack, node: &str) -> Result<PathBuf> {
+    let layout = rack.layout();
+    let _held = lock_records(&layout)?;
+    let record = tmp_record(&layout, node);
+    let Some(dir) = read_record(&record, node)? else {
+        // A rack brought up by an exactl that kept no record.
+        let base = check_base(&tmp_base(rack))?;
+        return create_node_tmp_dir(&layout, rack, node, &base);
+    };
+    let base = check_base(dir.parent().unwrap_or(Path::new("/")))?;
+    match inspect(&dir)? {
+        Found::Ours => Ok(dir),
+        Found::Gone => create_node_tmp_dir(&layout, rack, node, &base),
+        Found::Not(what) => Err(CliError::Failed(format!(
+            "{}, the temporary directory of {node}, is {what}: it is not handed to commands \
+             as TMPDIR; `exactl rack down` and `rack up` make a new one",
+            dir.display()
+        ))),
+    }
+}
+
+/// Removes the node directories the rack's records name (a rack that was not taken down
+/// left them, or this one's at `rack down`); a record goes with its directory only.
+/// Whatever cannot be removed, or is no longer a directory of this user's, is left and
+/// reported, naming the path and its owner: it is never used again, and never silently.
+fn remove_node_tmp_dirs(layout: &Layout) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let run = layout.ip_run_dir();
+    let Ok(entries) = std::fs::read_dir(&run) else {
+        return Ok(());
+    };
+    let _held = lock_records(layout)?;
+    let mut problems = Vec::new();
+    for e in entries.flatten() {
+        let record = e.path();
+        if record.extension().is_none_or(|x| x != TMP_RECORD) {
+            continue;
+        }
+        let Some(node) = record
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let dir = match read_record(&record, &node) {
+            Ok(Some(dir)) => dir,
+            Ok(None) => continue,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        let removed = match inspect(&dir) {
+            Ok(Found::Gone) => Ok(()),
+            Ok(Found::Ours) => std::fs::remove_dir_all(&dir).map_err(|e| {
+                let whose = std::fs::symlink_metadata(&dir)
+                    .map(|m| format!(", owned by {}", owner(m.uid())))
+                    .unwrap_or_default();
+                format!(
+                    "cannot remove {} (the temporary directory of {node}{whose}): {e}; \
+                     remove it yourself (`exactl rack up` makes a new one, and refuses \
+                     while this one is there)",
+                    dir.display()
+                )
+            }),
+            Ok(Found::Not(what)) => Err(format!(
+                "{}, recorded as the temporary directory of {node}, is {what}: left as it \
+                 is; see to it and remove {}",
+                dir.display(),
+                record.display()
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        let forgotten = removed.and_then(|()| {
+            process::remove_if_present(&record)
+                .map_err(|e| CliError::io("remove", &record, e).to_string())
+        });
+        if let Err(p) = forgotten {
+            problems.push(p);
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(problems.join("; ")))
+    }
 }
 
 /// Why IP over ExaNet cannot run here, if it cannot.
@@ -104,7 +367,14 @@ pub fn unavailable() -> Option<String> {
 /// namespace, and one of that name in use belongs to another rack of the same name (every
 /// rack in a directory called `exanet-rack` is named so) or holds what a rack that was not
 /// taken down left running. Replacing it would cut those processes off from every network.
+/// Then removes the node directories this rack's last run left, refusing (before anything
+/// is started) if one cannot be removed.
 pub fn check_namespaces_free(rack: &Rack) -> Result<()> {
+    check_namespaces_unused(rack)?;
+    remove_node_tmp_dirs(&rack.layout())
+}
+
+fn check_namespaces_unused(rack: &Rack) -> Result<()> {
     let shape = rack.shape();
     let busy: Vec<String> = shape
         .node_ids()
@@ -191,6 +461,11 @@ fn start_all(
     let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
     let dir = layout.ip_run_dir();
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    // What a rack that was not taken down left goes first (`check_namespaces_free` has
+    // done it already, before anything started); what cannot go stops this rack up,
+    // rather than stay unnoticed.
+    remove_node_tmp_dirs(&layout)?;
+    let tmp_base = check_base(&tmp_base(rack))?;
     crate::node_host::write_hosts_file(rack)?;
     for id in shape.node_ids() {
         if crate::interrupt::raised() {
@@ -204,8 +479,7 @@ fn start_all(
         let _ = ip(&["netns", "del", &ns]);
         ip(&["netns", "add", &ns])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        let _ = std::fs::remove_dir_all(node_tmp_dir(rack, &node));
-        ensure_node_tmp_dir(rack, &node)?;
+        create_node_tmp_dir(&layout, rack, &node, &tmp_base)?;
         let ready = ready_file(&layout, &node);
         process::remove_if_present(&ready).map_err(|e| CliError::io("remove", &ready, e))?;
         let log = log_file(&layout, &node);
@@ -319,8 +593,6 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
             "exactl: {left} IP service(s) did not stop; their pid files stay in {}",
             dir.display()
         );
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
     }
     if let Some(rack) = rack {
         let shape = rack.shape();
@@ -349,8 +621,16 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
                     eprintln!("exactl: {e}");
                 }
             }
-            let _ = std::fs::remove_dir_all(node_tmp_dir(rack, node));
         }
+    }
+    // Once nothing runs on the nodes, which may have been writing there. The records of
+    // what could not be removed stay (in the run directory) for the next rack up.
+    let tmp = remove_node_tmp_dirs(layout);
+    if let Err(e) = &tmp {
+        eprintln!("exactl: {e}");
+    }
+    if left == 0 && tmp.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -379,5 +659,91 @@ fn is_service(pid: i32, binary: Option<&Path>) -> bool {
     match binary {
         Some(b) => exe == b || std::fs::canonicalize(b).is_ok_and(|b| b == exe),
         None => exe.file_name().is_some_and(|n| n == SERVICE_NAME),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A scratch directory of this test's, removed when dropped.
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            let d = std::env::temp_dir().join(format!("exactl-ipsvc-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Scratch(d)
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn only_a_real_sticky_directory_of_ours_is_handed_out() {
+        let s = Scratch::new("inspect");
+        let dir = s.0.join("exanet-r-M1QAF1.abcdef");
+        assert!(matches!(inspect(&dir).unwrap(), Found::Gone));
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o1777);
+        assert!(matches!(inspect(&dir).unwrap(), Found::Ours));
+        // Not sticky: anyone could swap what a job made there for a link.
+        chmod(&dir, 0o777);
+        let Found::Not(why) = inspect(&dir).unwrap() else {
+            panic!("a 0777 directory was taken")
+        };
+        assert!(why.contains("mode 777"), "{why}");
+        let link = s.0.join("exanet-r-M1QAF2.abcdef");
+        chmod(&dir, 0o1777);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let Found::Not(why) = inspect(&link).unwrap() else {
+            panic!("a link was followed")
+        };
+        assert!(why.contains("symbolic link owned by uid"), "{why}");
+        let file = s.0.join("exanet-r-M1QAF3.abcdef");
+        std::fs::write(&file, b"").unwrap();
+        assert!(matches!(inspect(&file).unwrap(), Found::Not(_)));
+    }
+
+    #[test]
+    fn a_base_others_may_write_to_is_refused() {
+        let s = Scratch::new("base");
+        chmod(&s.0, 0o777);
+        let e = check_base(&s.0).unwrap_err().to_string();
+        assert!(
+            e.contains(&s.0.display().to_string()) && e.contains("mode 777"),
+            "{e}"
+        );
+        chmod(&s.0, 0o1777);
+        assert_eq!(check_base(&s.0).unwrap(), s.0.canonicalize().unwrap());
+    }
+
+    #[test]
+    fn a_record_names_a_node_directory_or_nothing() {
+        let s = Scratch::new("record");
+        let record = s.0.join("M1QAF1.tmpdir");
+        assert!(read_record(&record, "M1QAF1").unwrap().is_none());
+        let dir = s.0.join("exanet-r-M1QAF1.Ab3dEf");
+        write_record(&record, &dir).unwrap();
+        assert_eq!(read_record(&record, "M1QAF1").unwrap(), Some(dir));
+        // Never a removal or a TMPDIR elsewhere, whatever the record says.
+        for elsewhere in [
+            "/etc",
+            "/tmp",
+            "relative/exanet-r-M1QAF1.Ab3dEf",
+            "/tmp/exanet-r-M1QAF2.Ab3dEf",
+        ] {
+            write_record(&record, Path::new(elsewhere)).unwrap();
+            let e = read_record(&record, "M1QAF1").unwrap_err().to_string();
+            assert!(e.contains(elsewhere), "{e}");
+        }
     }
 }

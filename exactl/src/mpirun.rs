@@ -52,7 +52,8 @@
 //!
 //! Every node also has a temporary directory of its own (`TMPDIR`, see
 //! [`crate::ip_service::node_tmp_dir`]), as separate hosts have: runtimes keep per-host
-//! state there (Open MPI its session directory, PMIx its shared-memory store).
+//! state there (Open MPI its session directory, PMIx its shared-memory store). It is made
+//! afresh by `rack up` under a name no one can take first, and checked before each use.
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
@@ -609,7 +610,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
                 &names[0],
                 &crate::ip_service::netns_path(&rack, &names[0]),
             )?;
-            let tmp = crate::ip_service::ensure_node_tmp_dir(&rack, &names[0])?;
+            let tmp = crate::ip_service::node_tmp_dir(&rack, &names[0])?;
             match mpi {
                 // orted hands on only OMPI_* and what -x names: each rank keeps the
                 // EXANET_NODE that `exactl exec` gave its node's orted.
