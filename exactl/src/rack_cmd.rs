@@ -887,6 +887,15 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
             }
         }
     }
+    // The host's memory budget and its ledger belong to the rack's daemons: gone with the
+    // last of them (the next `rack up` measures the host again).
+    if left.is_empty() {
+        for p in [layout.memory_budget(), layout.memory_ledger()] {
+            if let Err(e) = process::remove_if_present(&p) {
+                eprintln!("exactl: cannot remove {}: {e}", p.display());
+            }
+        }
+    }
     let place = rack
         .as_ref()
         .map(|r| format!("rack {:?} ({})", r.file.name, dir.display()))

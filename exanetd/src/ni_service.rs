@@ -510,7 +510,7 @@ fn serve_session(
                     continue;
                 }
             };
-            let sent = match handle_request(&node, &mem, rank, req) {
+            let sent = match handle_request(&node, &mem, rank, job_name, req) {
                 Ok((r, fd)) => {
                     let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
                     reply(conn, &r, &fds)
@@ -650,6 +650,7 @@ fn handle_request(
     node: &NodeHandle,
     mem: &ShmMemory,
     rank: u8,
+    job: &str,
     req: Request,
 ) -> Result<(Reply, Option<OwnedFd>), (&'static str, String)> {
     let refused = |e: ServiceError| (e.kind(), e.to_string());
@@ -672,12 +673,14 @@ fn handle_request(
             let made = usize::try_from(pending.bytes())
                 .ok()
                 .filter(|s| *s <= isize::MAX as usize)
-                .ok_or_else(|| format!("cannot register {} bytes", pending.bytes()))
+                .ok_or_else(|| {
+                    let e = format!("cannot register {} bytes", pending.bytes());
+                    ("workload_request", e)
+                })
                 .and_then(|size| {
-                    let region = Region::create(&format!("exanet-{}-r{rank}", node.name), size)
-                        .map_err(|e| e.to_string())?;
-                    let fd = region.try_clone_fd().map_err(|e| e.to_string())?;
-                    Ok((region, fd))
+                    let name = format!("exanet-{}-r{rank}", node.name);
+                    mem.create_region(&name, size, rank, job)
+                        .map_err(|e| (e.kind(), e.to_string()))
                 });
             // Placed and mapped under one lock: the NI sees the region where the service
             // says it is, or not at all.
@@ -687,7 +690,7 @@ fn handle_request(
                 Ok(x) => x,
                 Err(e) => {
                     svc.abandon_region(pending);
-                    return Err(("workload_request", e));
+                    return Err(e);
                 }
             };
             let placed = svc.place_region(pending).map_err(refused)?;
