@@ -4,6 +4,14 @@
 //! free and one daemon then fails to bind it. Holding this lock from picking the ports
 //! until the daemons have bound them closes that window. It is an advisory `flock` on a
 //! file in the temporary directory, released when its holder exits however it exits.
+//!
+//! The lock is each user's own (`exanet-ports-UID.lock`, mode 0600, never through a link,
+//! used only when that user owns it): `flock` needs nothing but an open descriptor, so a
+//! lock file others could open was a lock any local user could hold, and with it stall
+//! every `rack up` of root's for the [`PATIENCE`]; and root opened the name with
+//! `O_CREAT` through whatever link another user had put there. Racks of different users
+//! no longer take turns: the rare port one of them takes first fails that daemon's start,
+//! which says so.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -21,22 +29,43 @@ pub struct PortLock {
 }
 
 impl PortLock {
-    /// Waits for the host's port lock; without one (no temporary directory, another user's
-    /// lock file it may not open) it goes on unlocked, as before the lock existed.
+    /// Waits for this user's port lock; without one (no temporary directory, a file at its
+    /// name that is a link or another user's) it goes on unlocked, as before the lock
+    /// existed, and says why.
     pub fn acquire() -> PortLock {
-        let path = std::env::temp_dir().join("exanet-ports.lock");
-        // Another user's rack opens it read-only if it may not write it: flock needs only
-        // an open descriptor.
+        let uid = nix::unistd::geteuid();
+        PortLock::acquire_at(&std::env::temp_dir().join(format!("exanet-ports-{uid}.lock")))
+    }
+
+    fn acquire_at(path: &std::path::Path) -> PortLock {
+        let uid = nix::unistd::geteuid();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o666)
-            .open(&path)
-            .or_else(|_| File::open(&path));
-        let Ok(mut file) = file else {
-            return PortLock { _held: None };
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path);
+        let owned = |f: &File| {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata().is_ok_and(|m| m.uid() == uid.as_raw())
+        };
+        let mut file = match file {
+            Ok(f) if owned(&f) => f,
+            other => {
+                let why = match other {
+                    Ok(_) => "another user's file".to_string(),
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => "a link".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!(
+                    "exactl: warning: cannot use {} as user {uid}'s port lock ({why}): \
+                     picking ports without it",
+                    path.display()
+                );
+                return PortLock { _held: None };
+            }
         };
         let start = Instant::now();
         loop {
@@ -81,5 +110,52 @@ mod tests {
         let (got, locked) = rx.recv().unwrap();
         assert!(locked && got >= released);
         second.join().unwrap();
+    }
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("exactl-portlock-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_lock_is_a_private_file_of_ours() {
+        let d = scratch("own");
+        let path = d.join("lock");
+        let held = PortLock::acquire_at(&path);
+        assert!(held._held.is_some());
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        drop(held);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_link_at_the_name_is_not_followed() {
+        let d = scratch("link");
+        let target = d.join("elsewhere");
+        let path = d.join("lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let held = PortLock::acquire_at(&path);
+        assert!(held._held.is_none());
+        assert!(!target.exists(), "the link was followed");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn another_users_file_is_not_used() {
+        if !nix::unistd::geteuid().is_root() {
+            // Only root can give a file away; the test is about root anyway.
+            return;
+        }
+        let d = scratch("theirs");
+        let path = d.join("lock");
+        std::fs::write(&path, b"").unwrap();
+        nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        let held = PortLock::acquire_at(&path);
+        assert!(held._held.is_none(), "root took another user's lock file");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
