@@ -8,7 +8,7 @@
 #
 #   scripts/bench-ab.sh OLD_TREE NEW_TREE [ROUNDS]      (default 3 rounds)
 #
-# Each tree is a checkout with release binaries built (cargo build --release -p exanetd
+# Each tree is a checkout with release binaries built (cargo build --release -p exanetd -p exanet-ip
 # -p exactl -p exanet-perf) and the link benchmark built (cargo bench --no-run -p exanetd
 # --bench link). For example, the tree of an older commit: git worktree add /tmp/old REV.
 set -euo pipefail
@@ -33,7 +33,7 @@ link_bench() {
 }
 
 for t in "$old" "$new"; do
-  for b in exanetd exactl exanet-perf; do
+  for b in exanetd exactl exanet-perf exanet-ip; do
     [ -x "$t/target/release/$b" ] || { echo "bench-ab: $t/target/release/$b is not built" >&2; exit 2; }
   done
   [ -n "$(link_bench "$t")" ] || { echo "bench-ab: no link benchmark built in $t" >&2; exit 2; }

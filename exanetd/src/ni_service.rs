@@ -752,7 +752,11 @@ async fn serve_ring(
         .and_then(|fd| tokio::net::UnixStream::from_std(UnixStream::from(fd)));
     match ready {
         Ok(ready) => {
-            serve_ring_on(&node, rank, &mut ring, (&bell, &ready), &stop).await;
+            if serve_ring_on(&node, rank, &mut ring, (&bell, &ready), &stop).await
+                == RingEnd::Readable
+            {
+                drain_at_end(&node, rank, &mut ring);
+            }
             // Deregistered and closed first: the doorbell's own close is the socket's last,
             // on a closer (descriptors a workload sent to it where the kernel cannot refuse
             // them would be closed with it).
@@ -769,13 +773,79 @@ async fn serve_ring(
 /// A doorbell and the runtime's watch on it.
 type Watched<'a> = (&'a Doorbell, &'a tokio::net::UnixStream);
 
+/// How a ring's service ended: with the ring still to be trusted (the session's end, or
+/// the workload's ringers closed: it exited), or corrupted (nothing more is read from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RingEnd {
+    Readable,
+    Corrupt,
+}
+
+/// Carries out what the workload left in its command ring when its service ended (it
+/// exited right after posting, say): these commands were dropped, and a member that
+/// aborted a collective had to wait for its aborts to go out before detaching. At most
+/// one ring's worth: a process of the workload still writing the ring cannot keep the
+/// teardown going.
+fn drain_at_end(node: &NodeHandle, rank: u8, ring: &mut Consumer) {
+    let mut buf = vec![0u8; ring.max_message_len()];
+    let mut batch = Vec::new();
+    for _ in 0..COMMAND_SLOTS {
+        match ring.pop(&mut buf) {
+            Ok(Some(n)) => batch.push(Command::decode(&buf[..n])),
+            Ok(None) => break,
+            Err(e) => {
+                warn!(rank, error = %e, "workload corrupted its command ring at detach");
+                node.count_error("workload_ring");
+                break;
+            }
+        }
+    }
+    if batch.is_empty() {
+        return;
+    }
+    let left = batch.len();
+    let refused = execute_batch(node, rank, &mut batch);
+    info!(
+        rank,
+        commands = left,
+        refused,
+        "carried out what the workload left in its command ring"
+    );
+}
+
+/// Executes `batch` (emptying it) under one core lock, counting refusals; returns how many
+/// were refused.
+fn execute_batch(
+    node: &NodeHandle,
+    rank: u8,
+    batch: &mut Vec<Result<Command, (u32, attach::SlotError)>>,
+) -> usize {
+    let now = node.now();
+    let mut refused = 0;
+    let mut core = node.lock();
+    for c in batch.drain(..) {
+        let (svc, ni, mem) = core.workloads();
+        if let Err(e) = svc.execute(ni, mem, rank, c, now) {
+            debug!(rank, error = %e, "command refused");
+            refused += 1;
+            core.station.count_error(match e {
+                ServiceError::Malformed(_) => "workload_malformed",
+                _ => "workload_refused_command",
+            });
+        }
+    }
+    core.drain(rank);
+    core.pump(now);
+    refused
+}
+
 async fn serve_ring_on(
     node: &NodeHandle,
     rank: u8,
     ring: &mut Consumer,
     bell: Watched<'_>,
     stop: &Stop,
-) {
+) -> RingEnd {
     let mut buf = vec![0u8; ring.max_message_len()];
     let mut batch: Vec<Result<Command, (u32, attach::SlotError)>> = Vec::new();
     // Commands tend to come in runs: for `node.spin` after the last one the ring is looked
@@ -790,7 +860,7 @@ async fn serve_ring_on(
         if held_back {
             if let Err(e) = rung(node, bell, stop, Some(Duration::from_millis(5))).await {
                 ring_closed(node, rank, &e);
-                return;
+                return RingEnd::Readable;
             }
             continue;
         }
@@ -803,7 +873,7 @@ async fn serve_ring_on(
                     node.count_error("workload_ring");
                     // The ring cannot be trusted any more; the session ends when the
                     // workload's connection does. Stop reading it.
-                    return;
+                    return RingEnd::Corrupt;
                 }
             }
             if batch.len() >= 64 {
@@ -811,22 +881,7 @@ async fn serve_ring_on(
             }
         }
         if !batch.is_empty() {
-            let now = node.now();
-            {
-                let mut core = node.lock();
-                for c in batch.drain(..) {
-                    let (svc, ni, mem) = core.workloads();
-                    if let Err(e) = svc.execute(ni, mem, rank, c, now) {
-                        debug!(rank, error = %e, "command refused");
-                        core.station.count_error(match e {
-                            ServiceError::Malformed(_) => "workload_malformed",
-                            _ => "workload_refused_command",
-                        });
-                    }
-                }
-                core.drain(rank);
-                core.pump(now);
-            }
+            execute_batch(node, rank, &mut batch);
             last_command = std::time::Instant::now();
             tokio::task::yield_now().await;
             continue;
@@ -835,7 +890,7 @@ async fn serve_ring_on(
             // Geometry rewritten under us: nothing in this ring can be trusted.
             warn!(rank, error = %e, "workload corrupted its command ring");
             node.count_error("workload_ring");
-            return;
+            return RingEnd::Corrupt;
         }
         if last_command.elapsed() < node.spin {
             tokio::task::yield_now().await;
@@ -859,7 +914,7 @@ async fn serve_ring_on(
             Err(e) => {
                 warn!(rank, error = %e, "workload corrupted its command ring");
                 node.count_error("workload_ring");
-                return;
+                return RingEnd::Corrupt;
             }
         }
         // Every wake-up goes round the loop: the session's end wakes us after setting
@@ -869,9 +924,10 @@ async fn serve_ring_on(
         let _ = ring.finish_sleep();
         if let Err(e) = woke {
             ring_closed(node, rank, &e);
-            return;
+            return RingEnd::Readable;
         }
     }
+    RingEnd::Readable
 }
 
 /// Waits until `bell` is rung (consuming the rings), `stop` is set or `timeout` passes:

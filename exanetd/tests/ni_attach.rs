@@ -859,3 +859,49 @@ fn a_workload_lying_about_what_it_took_only_hurts_itself() {
     );
     drop(liar);
 }
+
+/// What a workload put in its command ring and then left (it exited right after posting,
+/// before the daemon looked) is carried out at detach, not dropped: every message of it
+/// arrives (issue 48: a collective's abort had to wait 500 ms before detaching for this).
+#[test]
+fn commands_left_in_the_ring_at_exit_are_carried_out() {
+    let r = rack("ni-drain");
+    let mut a = attach(&r, "M1QAF1", None).unwrap();
+    let mut b = attach(&r, "M1QAF3", None).unwrap();
+    let mb = b.alloc(Resource::Mailbox);
+    let pk = a.alloc(Resource::Packetizer);
+    let dst = mailbox_gvas(Pdid(0), NodeId(2), b.rank, mb).unwrap();
+    // The daemon idles asleep on the doorbell by now; the posts below do not ring it.
+    std::thread::sleep(Duration::from_millis(200));
+    let n = 4u32;
+    for i in 0..n {
+        let c = Command::Send {
+            tag: 100 + i,
+            op: SendMessage {
+                vi: pk,
+                ch: i as u8,
+                dst,
+                payload: format!("last words {i}").into_bytes(),
+            },
+            at: exanet_proto::model::ModelTime::ZERO,
+        };
+        a.commands.push(&c.encode()).unwrap();
+    }
+    drop(a);
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.len() < n as usize && t0.elapsed() < Duration::from_secs(10) {
+        if let Some(Completion::Message { vi, payload, .. }) = b
+            .wait_within(Duration::from_millis(100), |c| {
+                matches!(c, Completion::Message { .. })
+            })
+        {
+            // wait_within said it was taken.
+            let _ = vi;
+            got.push(String::from_utf8_lossy(&payload).into_owned());
+        }
+    }
+    got.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("last words {i}")).collect();
+    assert_eq!(got, want, "messages left in the ring at exit");
+}
