@@ -53,7 +53,16 @@ pub fn run(
                 crate::node_host::enter(&rack, &name, &ns)?;
                 // A host of its own has a /tmp of its own, checked here, as the command
                 // is about to get it, not only when `rack up` made it.
-                command.env("TMPDIR", crate::ip_service::node_tmp_dir(&rack, &name)?);
+                let tmp = crate::ip_service::node_tmp_dir(&rack, &name)?;
+                // A process of an `exactl mpirun` job (its runtime's daemon, started
+                // through the rack's remote-shell agent) gets the job's own directory in
+                // it, which `exactl mpirun` removes when the job ends, however it ends.
+                let job = std::env::var(crate::mpirun::JOB_ENV).ok();
+                let tmp = match job.as_deref() {
+                    Some(token) => crate::mpirun::job_tmp_dir(&tmp, token)?.unwrap_or(tmp),
+                    None => tmp,
+                };
+                command.env("TMPDIR", tmp);
             }
             let e = command
                 .args(args)

@@ -56,9 +56,10 @@
 //! afresh by `rack up` under a name no one can take first, and checked before each use.
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use exanet_control::rack::{Deploy, Rack};
 use exanet_proto::NodeId;
@@ -555,11 +556,29 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     let abs_dir = dir
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
+    // Before anything is written or started: a node whose daemon is already gone would
+    // only make the launcher wait for it.
+    let watch = match compose {
+        None => Some(Watch::of(&rack, &abs_dir, &names)?),
+        // The daemons run in containers whose processes exactl does not own.
+        Some(_) => None,
+    };
+    let job = Job::new();
     let mpi_dir = rack.layout().run_dir().join("mpi");
     let agent = write_agent(&rack, &abs_dir, compose.is_some())?;
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
     std::fs::write(&hostfile, mpi.hostfile(&names))
         .map_err(|e| CliError::io("write", &hostfile, e))?;
+    let job_tmp = match compose {
+        None => match job.make_tmp_dirs(&rack, &names) {
+            Ok(dirs) => dirs,
+            Err(e) => {
+                let _ = std::fs::remove_file(&hostfile);
+                return Err(e);
+            }
+        },
+        Some(_) => Vec::new(),
+    };
     let provider = match fabric {
         Fabric::Ip => None,
         Fabric::Ni if !ofi => {
@@ -610,7 +629,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
                 &names[0],
                 &crate::ip_service::netns_path(&rack, &names[0]),
             )?;
-            let tmp = crate::ip_service::node_tmp_dir(&rack, &names[0])?;
+            // The job's own directory in the node's (made above), which is removed with
+            // whatever the runtime left in it when the job ends.
+            let tmp = job_tmp[0].clone();
             match mpi {
                 // orted hands on only OMPI_* and what -x names: each rank keeps the
                 // EXANET_NODE that `exactl exec` gave its node's orted.
@@ -710,38 +731,424 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
                 .as_ref()
                 .map(|_| ("OMPI_MCA_orte_leave_session_attached", "1")),
         )
-        .env("EXANET_RACK", &abs_dir);
+        .env("EXANET_RACK", &abs_dir)
+        // Every process of the job inherits it: the launcher, the agent's `exactl exec`,
+        // the runtime's daemons (Open MPI's orted daemonizes, out of exactl's process
+        // tree) and the ranks. It is how the job is found and ended ([`Job`]).
+        .env(JOB_ENV, &job.token);
     // Ctrl-C reaches the launcher (the terminal signals the whole foreground group) and
     // ends the job its own way; exactl stays to remove the host file and pass the status
     // on. A SIGTERM for exactl alone is handed to the launcher. The launcher starts with
     // the default dispositions (exec resets caught signals).
     crate::interrupt::catch();
-    let status = command.spawn().and_then(|mut child| {
+    let ended = command.spawn().and_then(|mut child| {
         let mut handed_on = false;
+        let mut next_look = Instant::now();
         loop {
             if let Some(st) = child.try_wait()? {
-                return Ok(st);
+                return Ok(Ended::Exited(st));
             }
             if crate::interrupt::raised() && !handed_on {
                 handed_on = true;
                 let _ = crate::process::signal(child.id() as i32, libc::SIGTERM);
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            if Instant::now() >= next_look {
+                next_look = Instant::now() + WATCH_EVERY;
+                if let Some(death) = watch.as_ref().and_then(Watch::dead) {
+                    eprintln!(
+                        "exactl: node {} died during the job (daemon pid {} gone): ending the job",
+                        death.node, death.pid
+                    );
+                    return Ok(Ended::NodeDied(death, child));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     });
+    // A node that dies now is no reason to leave the job's processes behind: the
+    // clean-up's own waits run to their end.
+    let ended = match ended {
+        Ok(Ended::NodeDied(death, mut child)) => {
+            let swept = job.end(Some(&mut child), JOB_END_WAIT);
+            Ok((None, Some(death), swept))
+        }
+        Ok(Ended::Exited(st)) => {
+            // Whatever outlived the launcher (a daemon it could not reach, a rank of a
+            // node it lost) goes with it; a moment first, for those on their way out.
+            let swept = job.end_stragglers(STRAGGLER_GRACE);
+            // The launcher may have ended on its own because of a node that died.
+            let death = watch.as_ref().and_then(Watch::dead);
+            Ok((Some(st), death, swept))
+        }
+        Err(e) => Err(e),
+    };
     crate::interrupt::restore();
     let _ = std::fs::remove_file(&hostfile);
-    let status = status.map_err(|e| {
+    let left_dirs = Job::remove_tmp_dirs(&job_tmp);
+    let (status, death, swept) = ended.map_err(|e| {
         CliError::Failed(format!(
             "cannot run {} (Debian: apt-get install {}): {e}",
             launcher.to_string_lossy(),
             mpi.package()
         ))
     })?;
-    use std::os::unix::process::ExitStatusExt;
-    Ok(status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    if let Some(death) = &death {
+        if status.is_some() {
+            eprintln!(
+                "exactl: node {} died during the job (daemon pid {} gone)",
+                death.node, death.pid
+            );
+        }
+    }
+    if !swept.ended.is_empty() && death.is_none() {
+        eprintln!(
+            "exactl: {} process(es) of the job outlived its launcher and were ended: {}",
+            swept.ended.len(),
+            swept.describe_ended()
+        );
+    }
+    let mut left = Vec::new();
+    if !swept.left.is_empty() {
+        left.push(format!(
+            "process(es) {} of the job would not end",
+            swept.describe_left()
+        ));
+    }
+    if !left_dirs.is_empty() {
+        left.push(format!("could not remove {}", left_dirs.join(", ")));
+    }
+    match (death, status) {
+        (Some(death), _) => Err(CliError::Failed(format!(
+            "the job ended because node {} died (daemon pid {} gone, noticed {:.1} s after \
+             the launcher started): {}",
+            death.node,
+            death.pid,
+            death.after.as_secs_f64(),
+            if left.is_empty() {
+                format!(
+                    "{} process(es) of it ended in {:.1} s, nothing of it left",
+                    swept.ended.len(),
+                    swept.took.as_secs_f64()
+                )
+            } else {
+                left.join("; ")
+            }
+        ))),
+        (None, _) if !left.is_empty() => Err(CliError::Failed(format!(
+            "the job is over but not all gone: {}",
+            left.join("; ")
+        ))),
+        (None, Some(status)) => {
+            use std::os::unix::process::ExitStatusExt;
+            Ok(status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+        }
+        (None, None) => Err(CliError::Failed(
+            "the launcher ended without a status".into(),
+        )),
+    }
+}
+
+/// The variable that marks every process of one `exactl mpirun` job, with the job's
+/// token as its value. `exactl exec` reads it to give the command the job's temporary
+/// directory ([`job_tmp_dir`]).
+pub const JOB_ENV: &str = "EXANET_MPIRUN_JOB";
+
+/// How often the job's nodes are looked at: a node's death is noticed within this.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// How long the job's processes have after SIGTERM before SIGKILL, and how long exactl
+/// tries in all. MPI runtimes that lost a node wait for it for minutes (Open MPI's mpirun
+/// printed "abort is already in progress" and waited), so the grace is short.
+const JOB_END_WAIT: EndWait = EndWait {
+    term: Duration::from_secs(1),
+    total: Duration::from_secs(10),
+};
+/// How long the processes still there after the launcher exited have to go on their own
+/// (Open MPI's orted exits just after mpirun) before they are ended as above.
+const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+
+/// How the launcher's wait ended.
+enum Ended {
+    Exited(std::process::ExitStatus),
+    NodeDied(Death, std::process::Child),
+}
+
+/// A job node whose daemon process is gone.
+#[derive(Clone, Debug)]
+struct Death {
+    node: String,
+    pid: i32,
+    /// Since the watch began.
+    after: Duration,
+}
+
+/// The daemons of the job's nodes, as they were when the job started. On a local rack a
+/// node is its daemon process: when that is gone, so is the node's NI and its IP
+/// service, and with them the MPI runtime's own connections, so the launcher would wait
+/// for ever.
+struct Watch {
+    rack_dir: std::path::PathBuf,
+    daemons: Vec<(String, i32)>,
+    since: Instant,
+}
+
+impl Watch {
+    /// The daemon of every node in `names`; a node without a live one is refused.
+    fn of(rack: &Rack, rack_dir: &Path, names: &[String]) -> Result<Watch> {
+        let layout = rack.layout();
+        let mut daemons = Vec::with_capacity(names.len());
+        for n in names {
+            let pid_file = layout.pid_file(n);
+            match crate::process::read_pid_file(&pid_file, n, rack_dir) {
+                crate::process::PidFile::Running(d) => daemons.push((n.clone(), d.pid)),
+                _ => {
+                    return Err(CliError::Failed(format!(
+                        "{n} is down: no live daemon behind {} (`exactl node restart {n}` \
+                         brings it back)",
+                        pid_file.display()
+                    )))
+                }
+            }
+        }
+        Ok(Watch {
+            rack_dir: rack_dir.to_path_buf(),
+            daemons,
+            since: Instant::now(),
+        })
+    }
+
+    /// The first node whose daemon is no longer the process it was (exited, killed,
+    /// or replaced by a restart, which the job's state did not survive either).
+    fn dead(&self) -> Option<Death> {
+        self.daemons
+            .iter()
+            .find(|(node, pid)| !crate::process::is_our_daemon(*pid, node, &self.rack_dir))
+            .map(|(node, pid)| Death {
+                node: node.clone(),
+                pid: *pid,
+                after: self.since.elapsed(),
+            })
+    }
+}
+
+/// How long [`Job::end`] waits.
+#[derive(Clone, Copy, Debug)]
+struct EndWait {
+    term: Duration,
+    total: Duration,
+}
+
+/// One `exactl mpirun` job: the token its processes carry in [`JOB_ENV`].
+struct Job {
+    token: String,
+}
+
+/// What ending a job's processes did.
+#[derive(Debug, Default)]
+struct Swept {
+    /// Processes signalled (pid, command name).
+    ended: Vec<(i32, String)>,
+    /// Processes still there when exactl gave up.
+    left: Vec<(i32, String)>,
+    took: Duration,
+}
+
+impl Swept {
+    fn describe(list: &[(i32, String)]) -> String {
+        list.iter()
+            .map(|(pid, name)| format!("{name} ({pid})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+    fn describe_ended(&self) -> String {
+        Swept::describe(&self.ended)
+    }
+    fn describe_left(&self) -> String {
+        Swept::describe(&self.left)
+    }
+}
+
+impl Job {
+    /// A token no other job of this host carries: this exactl's pid and the time.
+    fn new() -> Job {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        Job {
+            token: format!("{}-{nanos}", std::process::id()),
+        }
+    }
+
+    /// Makes the job's temporary directory on each node (see [`job_tmp_dir`]): a new one,
+    /// or the job is refused. Open MPI keeps its session directory there, PMIx its
+    /// shared-memory store; a job ended by SIGKILL removes none of it itself.
+    fn make_tmp_dirs(&self, rack: &Rack, names: &[String]) -> Result<Vec<std::path::PathBuf>> {
+        let mut made = Vec::with_capacity(names.len());
+        for n in names {
+            let base = crate::ip_service::node_tmp_dir(rack, n)?;
+            let dir = base.join(job_dir_name(&self.token));
+            let created = std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| CliError::io("create the job's temporary directory", &dir, e));
+            if let Err(e) = created {
+                Job::remove_tmp_dirs(&made);
+                return Err(e);
+            }
+            made.push(dir);
+        }
+        Ok(made)
+    }
+
+    /// Removes the job's temporary directories; returns those it could not.
+    fn remove_tmp_dirs(dirs: &[std::path::PathBuf]) -> Vec<String> {
+        dirs.iter()
+            .filter(|d| match std::fs::remove_dir_all(d) {
+                Ok(()) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            })
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
+    /// The processes of this host that carry the job's token (not exactl itself), with
+    /// their command names. Ranks and runtime daemons run in the nodes' network, UTS
+    /// and mount namespaces, but in this PID namespace.
+    fn processes(&self) -> Vec<(i32, String)> {
+        let want = format!("{JOB_ENV}={}", self.token);
+        let me = std::process::id() as i32;
+        let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut found: Vec<(i32, String)> = proc_dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| pid != me && pid > 1)
+            .filter(|&pid| {
+                // Gone meanwhile, or another user's: not the job's (its processes are
+                // this user's, whose environment this user reads).
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == want.as_bytes()))
+            })
+            .map(|pid| {
+                let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|c| c.trim().to_string())
+                    .unwrap_or_else(|_| "?".into());
+                (pid, name)
+            })
+            .collect();
+        found.sort_unstable();
+        found
+    }
+
+    /// Ends every process of the job: SIGTERM, then SIGKILL to what is left after
+    /// `wait.term`, looking again until none is left (a daemon may start a rank meanwhile)
+    /// or `wait.total` has passed. `launcher` is reaped.
+    fn end(&self, mut launcher: Option<&mut std::process::Child>, wait: EndWait) -> Swept {
+        let start = Instant::now();
+        let mut swept = Swept::default();
+        let mut killing = false;
+        loop {
+            if let Some(c) = launcher.as_deref_mut() {
+                let _ = c.try_wait();
+            }
+            let now = self.processes();
+            if now.is_empty() {
+                break;
+            }
+            if start.elapsed() >= wait.total {
+                swept.left = now;
+                break;
+            }
+            if !killing && start.elapsed() >= wait.term {
+                killing = true;
+            }
+            let sig = if killing {
+                libc::SIGKILL
+            } else {
+                libc::SIGTERM
+            };
+            for (pid, name) in &now {
+                if !swept.ended.iter().any(|(p, _)| p == pid) {
+                    swept.ended.push((*pid, name.clone()));
+                } else if !killing {
+                    // Sent its SIGTERM already.
+                    continue;
+                }
+                let _ = crate::process::signal(*pid, sig);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(c) = launcher {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        swept.took = start.elapsed();
+        swept
+    }
+
+    /// After the launcher exited: what of the job is still there after `grace` is ended
+    /// ([`Job::end`]).
+    fn end_stragglers(&self, grace: Duration) -> Swept {
+        let start = Instant::now();
+        while start.elapsed() < grace && !self.processes().is_empty() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.end(None, JOB_END_WAIT)
+    }
+}
+
+/// The name of a job's directory in a node's temporary directory.
+fn job_dir_name(token: &str) -> String {
+    format!("job.{token}")
+}
+
+/// The temporary directory `exactl exec` gives a command of job `token` on the node whose
+/// temporary directory is `node_tmp`: the job's own, made by `exactl mpirun`, when it is
+/// there and a directory of this user's (not a link) that no one else may enter; `None`
+/// when the token is not one exactl makes or the directory is not there (the job is
+/// over, or was not started by `exactl mpirun`), and the node's own serves. A directory
+/// under that name that is not the job's is refused: it is someone else's.
+pub fn job_tmp_dir(node_tmp: &Path, token: &str) -> Result<Option<std::path::PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    if token.is_empty()
+        || token.len() > 64
+        || !token.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+    {
+        return Ok(None);
+    }
+    let dir = node_tmp.join(job_dir_name(token));
+    let meta = match std::fs::symlink_metadata(&dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(CliError::io(
+                "inspect the job's temporary directory",
+                dir,
+                e,
+            ))
+        }
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err(CliError::Failed(format!(
+            "{}, the temporary directory of MPI job {token}, is not the job's (a {} of uid \
+             {}, mode {:o}): it is not handed to commands as TMPDIR",
+            dir.display(),
+            if meta.is_dir() {
+                "directory"
+            } else {
+                "file or link"
+            },
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(Some(dir))
 }
 
 #[cfg(test)]
