@@ -169,8 +169,14 @@ struct SendOp {
     context: usize,
     flags: u64,
     len: usize,
-    /// `fi_inject`: no completion.
+    /// No completion when it succeeds (`fi_inject`, or `FI_SELECTIVE_COMPLETION`).
     silent: bool,
+    /// `fi_inject`: no completion at all, not even a failure's (its context is the
+    /// application's null: Open MPI takes an error entry's context for its request and
+    /// crashed on one, at address 0x50).
+    inject: bool,
+    /// Its destination, named when it cannot be reached.
+    to: Peer,
 }
 
 impl SendOp {
@@ -214,6 +220,8 @@ struct RmaOp {
     flags: u64,
     len: usize,
     silent: bool,
+    /// `fi_inject_write`: no completion at all (see [`SendOp::inject`]).
+    inject: bool,
     /// A write's staged data, or where a read's bytes land.
     slot: Option<Slot>,
     /// A read's destination.
@@ -273,6 +281,8 @@ struct Inner {
     broken: bool,
     /// The engine's clock starts here (its patience with absent peers, its probes).
     opened: std::time::Instant,
+    /// Destinations an injected send to failed, said once each ([`Inner::say_lost`]).
+    lost_to: std::collections::HashSet<Peer>,
 }
 
 pub struct Endpoint {
@@ -398,6 +408,7 @@ impl Endpoint {
                 min_multi_recv: 0,
                 protocol_errors: 0,
                 broken: false,
+                lost_to: Default::default(),
                 opened: std::time::Instant::now(),
             }),
         }))
@@ -508,6 +519,8 @@ impl Endpoint {
                 flags,
                 len: data.len(),
                 silent,
+                inject: completes == Completes::Never,
+                to,
             },
         );
         i.progress();
@@ -546,6 +559,7 @@ impl Endpoint {
             flags: FI_RMA | FI_WRITE,
             len: data.len(),
             silent,
+            inject: completes == Completes::Never,
             slot,
             buf: None,
             done: false,
@@ -577,6 +591,7 @@ impl Endpoint {
             flags: FI_RMA | FI_READ,
             len: len as usize,
             silent,
+            inject: false,
             slot: Some(slot),
             buf: Some(buf),
             done: false,
@@ -950,6 +965,29 @@ impl Inner {
             .as_ref()
             .and_then(|av| av.lookup(dest))
             .ok_or(FI_EINVAL)
+    }
+
+    /// `M1QBF2 rank 0 mailbox 3`: a peer as the rack names it (its node id where the
+    /// rack file could not be read).
+    fn name_peer(&self, p: Peer) -> String {
+        let node = self
+            .ep
+            .node_name(NodeId(p.node))
+            .unwrap_or_else(|_| format!("node {}", p.node));
+        format!("{node} rank {} mailbox {}", p.rank, p.vi)
+    }
+
+    /// Says that `what` to `to` failed because `to` could not be reached, naming its
+    /// node (a completion carries only an error code, and an injected send none), once
+    /// per destination: after a node dies every message to it fails.
+    fn say_lost(&mut self, to: Peer, what: &str, f: &Failure) {
+        if self.lost_to.insert(to) {
+            tracing::warn!(
+                "exanet-fi: {}: {what} to {} failed: {f} (said once per destination)",
+                self.name_peer(self.engine.me()),
+                self.name_peer(to)
+            );
+        }
     }
 
     /// `data` in a piece of staging memory.
@@ -1503,6 +1541,19 @@ impl Inner {
                     charge.iter().for_each(Charge::pay);
                 }
                 self.count_charged(FI_SEND, result.is_ok(), charge.as_ref());
+                if let Err(f @ Failure::Unreachable(_)) = &result {
+                    // The application's error code does not say where; the log does.
+                    let what = if op.inject {
+                        "an injected send"
+                    } else {
+                        "a send"
+                    };
+                    self.say_lost(op.to, what, f);
+                }
+                if result.is_err() && op.inject {
+                    // Counted above and said; no completion for it, not even a failure.
+                    return;
+                }
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = op.entry();
                 match result {
@@ -1617,7 +1668,7 @@ impl Inner {
                         }
                     }
                 }
-                let (context, flags, silent) = (op.context, op.flags, op.silent);
+                let (context, flags, silent, inject) = (op.context, op.flags, op.silent, op.inject);
                 // The answer is the program's when it reads the completion or a counter
                 // of one-sided operations (MPICH's way); a failure, or an operation
                 // reported by neither, now.
@@ -1639,6 +1690,12 @@ impl Inner {
                 if !counted && !reported {
                     charge.iter().for_each(Charge::pay);
                 }
+                if inject && result.is_err() {
+                    // Counted above; what waits on the target fails on its own, and a
+                    // target gone is said when a probe finds it (Event::PeerGone).
+                    tracing::debug!("exanet-fi: an injected write failed: errno {result:?}");
+                    return;
+                }
                 let Some(cq) = self.txcq.clone() else { return };
                 let entry = Completion {
                     context,
@@ -1654,6 +1711,14 @@ impl Inner {
                         err,
                     }),
                 }
+            }
+            Event::PeerGone { peer, why, failed } => {
+                tracing::warn!(
+                    "exanet-fi: {}: {} is gone ({why}): {failed} operation(s) waiting on it \
+                     failed (FI_EHOSTUNREACH)",
+                    self.name_peer(self.engine.me()),
+                    self.name_peer(peer)
+                );
             }
             Event::Taken { ctx, len } => {
                 if let Some(m) = self.recvs.get(&ctx).and_then(|op| op.multi) {

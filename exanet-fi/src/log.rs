@@ -31,8 +31,12 @@ pub fn init() {
     let Some(f) = filter(level.as_deref(), prov.as_deref()) else {
         return;
     };
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only where someone reads them: an MPI launcher gathers its ranks'
+        // standard error into pipes and files.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(tracing_subscriber::EnvFilter::new(f))
         .try_init();
 }

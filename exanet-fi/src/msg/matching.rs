@@ -129,8 +129,18 @@ impl<R, U> Matcher<R, U> {
 
     /// Takes back the first posted receive `pick` chooses.
     pub fn cancel(&mut self, pick: impl Fn(&R) -> bool) -> Option<R> {
-        let i = self.posted.iter().position(|(_, r)| pick(r))?;
+        self.cancel_where(|_, r| pick(r))
+    }
+
+    /// Takes back the first posted receive `pick` chooses by what it accepts too.
+    pub fn cancel_where(&mut self, pick: impl Fn(&Accepts, &R) -> bool) -> Option<R> {
+        let i = self.posted.iter().position(|(a, r)| pick(a, r))?;
         self.posted.remove(i).map(|(_, r)| r)
+    }
+
+    /// The receives waiting, in the order they match.
+    pub fn posted_receives(&self) -> impl Iterator<Item = (&Accepts, &R)> {
+        self.posted.iter().map(|(a, r)| (a, r))
     }
 
     /// The first unexpected message `accepts` would take, without taking it.

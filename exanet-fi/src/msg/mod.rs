@@ -272,6 +272,14 @@ pub enum Event {
     /// What a one-sided operation's request names (its staged data, its landing place)
     /// may be freed: the target will not touch it (after its `RmaDone`, or with it).
     RmaReleased { ctx: u64 },
+    /// A probe found `peer` gone (its node does not answer, or no endpoint is there any
+    /// more): what waited on it failed with `why`, in the events before this one. For
+    /// the driver to say so, naming the node: an MPI library reports only an error code.
+    PeerGone {
+        peer: Peer,
+        why: String,
+        failed: usize,
+    },
 }
 
 /// What [`Engine::on_packet`] did with a message.
@@ -414,6 +422,9 @@ struct Posted {
     order: u64,
     /// It takes only messages it can hold whole (a part of a multi-receive buffer).
     whole: bool,
+    /// When it was posted ([`Engine::handle_timeout`]'s clock): a receive from one peer
+    /// that waits long has that peer probed.
+    since: u64,
 }
 
 impl Posted {
@@ -938,6 +949,7 @@ impl Engine {
             capacity,
             order,
             whole,
+            since: self.now,
         };
         match self
             .matcher
@@ -1000,6 +1012,7 @@ impl Engine {
             capacity,
             order: 0,
             whole: false,
+            since: self.now,
         };
         self.deliver(posted, from, tag, a);
         true
@@ -1418,12 +1431,14 @@ impl Engine {
     /// The driver's clock moved to `now` (ns, monotonic): refused messages whose wait
     /// ended go again (call it at least every millisecond while any wait; an endpoint does
     /// at each progress, and its completion reads sleep no longer). Peers that have owed an answer
-    /// for [`Config::probe_after_ns`] are asked whether they are still there, at most
-    /// one probe in flight each. A probe the peer's NI takes says it is; one that fails
-    /// (no endpoint there for the engine's patience, another job's, a node that does not
-    /// answer) fails what waits for that peer's answer, so that no operation waits for
-    /// ever on a peer that died. The memory those operations name stays: the peer may
-    /// still be there after all (a node that did not answer in time).
+    /// for [`Config::probe_after_ns`], and peers a receive that names its source
+    /// (`FI_DIRECTED_RECV`, as MPI libraries post them) has waited on for as long, are
+    /// asked whether they are still there, at most one probe in flight each. A probe the
+    /// peer's NI takes says it is; one that fails (no endpoint there for the engine's
+    /// patience, another job's, a node that does not answer) fails what waits for that
+    /// peer, so that no operation waits for ever on a peer that died. The memory those
+    /// operations name stays: the peer may still be there after all (a node that did not
+    /// answer in time). A receive from anyone waits on: no peer in particular owes it.
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
         while let Some(&(due, token)) = self.deferred.first() {
@@ -1451,6 +1466,12 @@ impl Engine {
                     .values()
                     .filter(|r| !r.completed && r.since <= owed_since)
                     .map(|r| r.to),
+            )
+            .chain(
+                self.matcher
+                    .posted_receives()
+                    .filter(|(_, p)| p.since <= owed_since)
+                    .filter_map(|(a, _)| a.from),
             )
             .filter(|p| !self.probing.contains(p))
             .collect();
@@ -1482,6 +1503,7 @@ impl Engine {
             )
             .collect();
         owed.sort_unstable();
+        let mut failed = owed.len();
         for (send, id) in owed {
             self.stats.lost_to_gone_peers += 1;
             let owner = if send {
@@ -1491,6 +1513,20 @@ impl Engine {
             };
             self.failed(peer, owner, failure.clone(), true);
         }
+        // Receives that only this peer could complete, in the order they were posted.
+        while let Some(p) = self.matcher.cancel_where(|a, _| a.from == Some(peer)) {
+            self.stats.lost_to_gone_peers += 1;
+            failed += 1;
+            self.events.push_back(Event::RecvFailed {
+                ctx: p.ctx,
+                error: failure.clone(),
+            });
+        }
+        let why = match failure {
+            Failure::Unreachable(why) => why,
+            other => other.to_string(),
+        };
+        self.events.push_back(Event::PeerGone { peer, why, failed });
     }
 
     /// The packet of `owner` could not be delivered; `maybe`: or it was, unanswered. A
@@ -1549,7 +1585,7 @@ impl Engine {
             }
             Owner::RmaAnswer => self.stats.rma_answers_lost += 1,
             Owner::Probe => {
-                let why = format!("the peer that owes the answer is gone: {failure}");
+                let why = format!("the peer is gone: {failure}");
                 self.peer_gone(to, Failure::Unreachable(why));
             }
         }

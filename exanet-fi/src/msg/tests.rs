@@ -914,8 +914,13 @@ fn operations_a_gone_peer_owes_an_answer_fail_after_a_probe_finds_it_gone() {
     };
     // Tried at 0, 0, 0.5, 1.5, 3.5, 5.5, 7.5, 9.5 and 11.5 us after the first.
     assert_eq!((tries, now - first_absent), (9, 11_500));
-    assert_eq!(ended.len(), 2, "{ended:?}");
-    for ev in &ended {
+    assert_eq!(ended.len(), 3, "{ended:?}");
+    // The driver is told, to name the peer's node: an MPI library reports only a code.
+    assert!(
+        matches!(&ended[2], Event::PeerGone { peer, why, failed: 2 } if *peer == b && why.contains("gone")),
+        "{ended:?}"
+    );
+    for ev in &ended[..2] {
         match ev {
             Event::RmaDone {
                 ctx: 1,
@@ -1246,4 +1251,79 @@ fn a_receive_of_whole_messages_keeps_its_place_and_gives_way_to_what_it_cannot_h
     assert!(matches!(events(&mut r)[..], [Event::Unfit { ctx: 5 }]));
     r.post_recv(untagged, 64, 6);
     assert_eq!(received(&events(&mut r)), [(6, 30)]);
+}
+
+/// A receive that names its source (`FI_DIRECTED_RECV`, as MPI libraries post them) and
+/// has waited long has that source probed: a source that is there (its NI takes the
+/// probe) keeps it waiting, one whose node does not answer fails it with
+/// `Unreachable`, and says so once (`PeerGone`). A receive from anyone waits on, unprobed:
+/// no peer in particular owes it.
+#[test]
+fn a_receive_from_a_peer_whose_node_died_fails_after_a_probe() {
+    let (a, b, c) = (peer(1, 0), peer(6, 2), peer(7, 1));
+    let cfg = Config {
+        probe_after_ns: 1_000,
+        ..Config::default()
+    };
+    let mut e = Engine::new(a, cfg);
+    e.handle_timeout(100);
+    let from = |p: Peer| Accepts {
+        from: Some(p),
+        ..any(5)
+    };
+    e.post_recv(from(b), 64, 1);
+    e.post_recv(any(5), 64, 2);
+    e.post_recv(from(c), 64, 3);
+    e.post_recv(from(b), 64, 4);
+    e.handle_timeout(1_099);
+    assert!(transmits(&mut e).is_empty(), "probed before it waited long");
+    // The engine looks every half of probe_after_ns.
+    e.handle_timeout(1_599);
+    let probes = transmits(&mut e);
+    let mut to: Vec<Peer> = probes.iter().map(|t| t.to).collect();
+    to.sort_unstable();
+    assert_eq!(to, vec![b, c], "one probe per source: {probes:?}");
+    for t in &probes {
+        assert_eq!(
+            Packet::decode(&t.bytes).unwrap(),
+            Packet::Probe { src_vi: a.vi }
+        );
+        if t.to == c {
+            // There: it only has not sent yet.
+            e.packet_done(t.token, Delivery::Delivered { at: 0 })
+                .unwrap();
+        } else {
+            // Its node does not answer: the NI gave up on the probe.
+            e.packet_done(t.token, Delivery::Failed("timed out in the network".into()))
+                .unwrap();
+        }
+    }
+    let ended = events(&mut e);
+    assert_eq!(ended.len(), 3, "{ended:?}");
+    for (ev, ctx) in ended.iter().zip([1, 4]) {
+        assert!(
+            matches!(ev, Event::RecvFailed { ctx: c, error: Failure::Unreachable(why) }
+                if *c == ctx && why.contains("timed out")),
+            "{ev:?}"
+        );
+    }
+    assert!(
+        matches!(&ended[2], Event::PeerGone { peer, failed: 2, .. } if *peer == b),
+        "{ended:?}"
+    );
+    // The others still wait, and take their messages.
+    let msg = |tag| Packet::Eager {
+        src_vi: c.vi,
+        seq: 0,
+        tag: Some(tag),
+        cq_data: None,
+        payload: b"hi".to_vec(),
+    };
+    e.on_packet(c.node, c.rank, &msg(5).encode().unwrap(), 0)
+        .unwrap();
+    let got = events(&mut e);
+    assert!(
+        matches!(&got[..], [Event::Received { ctx: 2, .. }]),
+        "the receive from anyone takes it first: {got:?}"
+    );
 }
