@@ -755,9 +755,16 @@ impl Shared {
     }
 
     fn mark_broken(&self, why: &Error) {
+        // Every later call fails with this text ([`Error::Broken`]): where a program
+        // attaches to several nodes, or a rank's log is read far from its node, the node
+        // whose daemon went away is the first thing to know.
+        let why = match why {
+            Error::Disconnected => format!("node {}: {why}", self.info.node),
+            other => other.to_string(),
+        };
         let mut st = lock(&self.state);
         if st.broken.is_none() {
-            st.broken = Some(why.to_string());
+            st.broken = Some(why);
         }
         drop(st);
         self.cv.notify_all();
