@@ -74,7 +74,9 @@
 //!   as long as the send (receive) blocks, and our non-blocking write, read or even the
 //!   wake-up of a close then slept behind it: a whole node froze on one workload.
 //!
-//! On kernels without `SO_PASSRIGHTS` descriptors can still arrive on a doorbell: the caller
+//! On kernels without `SO_PASSRIGHTS` descriptors can still arrive on a doorbell (with an
+//! out-of-band byte too: doorbells read it inline, `SO_OOBINLINE`, so that no receive frees
+//! it with its descriptors behind the caller's back): the caller
 //! of [`Doorbell::drain_with`] receives them, to close where a blocked close holds nothing
 //! (plain [`Doorbell::drain`] closes them itself, which suits a process that trusts its peer).
 //!
@@ -134,6 +136,7 @@ pub fn doorbell() -> io::Result<(Ringer, Doorbell)> {
     sys::shutdown(rx.as_fd(), libc::SHUT_WR)?;
     sys::refuse_rights(tx.as_fd())?;
     let refuses_fds = sys::refuse_rights(rx.as_fd())?;
+    sys::set_oob_inline(rx.as_fd())?;
     Ok((Ringer { tx }, Doorbell { rx, refuses_fds }))
 }
 
@@ -193,6 +196,7 @@ impl Doorbell {
     pub fn from_fd(fd: OwnedFd) -> io::Result<Doorbell> {
         check_end(&fd, End::Doorbell)?;
         let refuses_fds = sys::refuse_rights(fd.as_fd()).unwrap_or(false);
+        sys::set_oob_inline(fd.as_fd())?;
         Ok(Doorbell {
             rx: fd,
             refuses_fds,

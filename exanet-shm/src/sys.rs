@@ -216,6 +216,26 @@ pub(crate) fn is_unix_stream(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// `SO_OOBINLINE`: out-of-band data arrives in the normal stream, so that a receive takes
+/// it like any other byte, descriptors that came with it included. Otherwise an
+/// out-of-band byte's skb is freed by a later plain receive, whose thread then closes the
+/// descriptors it carried (kernels without `SO_PASSRIGHTS`).
+pub(crate) fn set_oob_inline(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the option value is one `c_int` that lives across the call, and its size is
+    // passed; `fd` is borrowed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_OOBINLINE,
+            (&on as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
 /// Whether the connected socket `fd` may still send: a send of no bytes fails with `EPIPE`
 /// on an end shut down for sending (or whose peer is gone), and sends nothing otherwise.
 pub(crate) fn may_send(fd: BorrowedFd<'_>) -> io::Result<bool> {

@@ -217,11 +217,41 @@ fn fill(fd: &impl AsFd) {
 }
 
 /// A peer blocked in `splice(2)` on its end, from it into a full pipe or into it from an
-/// empty one, holds nothing our ring, drain or close takes (on a pipe it held the pipe's
-/// mutex, and all three slept behind it).
+/// empty one, holds nothing our ring, drain or close takes. First, why doorbells are not
+/// pipes: the same peer on a pipe (its read end spliced into a full socket) holds the
+/// pipe's mutex, and a write on the other end sleeps behind it.
 #[test]
 fn a_peer_splicing_its_end_cannot_block_a_ring_a_drain_or_a_close() {
     use nix::fcntl::{splice, SpliceFFlags};
+    {
+        let (pr, pw) = nix::unistd::pipe().unwrap();
+        let (full, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        fill(&full);
+        let holder = thread::spawn(move || {
+            let _ = splice(&pr, None, &full, None, 1 << 16, SpliceFFlags::empty());
+        });
+        let pw = std::sync::Arc::new(pw);
+        let w = std::sync::Arc::clone(&pw);
+        // The first byte wakes the splice, which then holds the mutex in its blocked send.
+        let _ = nix::unistd::write(&*w, &[1]);
+        thread::sleep(Duration::from_millis(100));
+        let flags = OFlag::from_bits_retain(fcntl(&*pw, FcntlArg::F_GETFL).unwrap());
+        fcntl(&*pw, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).unwrap();
+        assert!(
+            !returns_within(Duration::from_millis(500), move || {
+                let _ = nix::unistd::write(&*w, &[1]);
+            }),
+            "a non-blocking write on a held pipe did not block: the hold below proves nothing"
+        );
+        // Let it go: the socket is read, the send and then the write finish.
+        peer.set_nonblocking(true).unwrap();
+        let t0 = Instant::now();
+        while !holder.is_finished() && t0.elapsed() < Duration::from_secs(20) {
+            let _ = std::io::Read::read(&mut &peer, &mut [0u8; 1 << 16]);
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(holder.is_finished(), "the pipe's hold did not end");
+    }
     // The peer reads our rings: it splices from its doorbell into a pipe that is full.
     let (ringer, theirs) = doorbell().unwrap();
     let theirs = theirs.into_fd();
@@ -304,4 +334,21 @@ fn descriptors_sent_to_a_doorbell_are_refused_or_handed_over() {
             "the smuggled descriptor was not handed over"
         );
     }
+}
+
+/// An out-of-band byte is a ring like any other: the doorbell reads it inline, so that no
+/// receive frees it (with whatever descriptors it carried, on kernels that cannot refuse
+/// them) behind the drain's back, and no ring is missed.
+#[test]
+fn an_out_of_band_ring_is_a_ring() {
+    let (theirs, bell) = doorbell().unwrap();
+    let theirs = std::os::unix::net::UnixStream::from(theirs.into_fd());
+    let sent = nix::sys::socket::send(
+        std::os::fd::AsRawFd::as_raw_fd(&theirs),
+        b"!",
+        nix::sys::socket::MsgFlags::MSG_OOB,
+    );
+    assert_eq!(sent, Ok(1));
+    assert!(bell.drain().unwrap(), "an out-of-band ring was not seen");
+    assert!(!bell.drain().unwrap());
 }

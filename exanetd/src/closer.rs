@@ -1,4 +1,5 @@
-//! Closing what a workload could have touched, where a blocked close holds nothing.
+//! Closing and letting go of what a workload could have touched, where a blocked call
+//! holds nothing.
 //!
 //! The last `close(2)` of some descriptors blocks for as long as someone else likes: a TCP
 //! socket with a long `SO_LINGER` whose FIN is stuck behind a zero window blocks in
@@ -10,6 +11,11 @@
 //! descriptors. So whatever a workload
 //! could have put something into is closed here, on threads of their own that hold no lock
 //! and own nothing else: a close that blocks there blocks only that thread.
+//!
+//! The same goes for giving a registered region back ([`later`]): the workload maps the
+//! region's memfd and may `write(2)` into it from a buffer whose page fault never ends (a
+//! FUSE file it serves, a userfaultfd range), holding the inode's lock meanwhile, and the
+//! daemon's hole punch takes that lock. A punch under the core lock froze the node.
 //!
 //! A closer stuck for longer than [`STUCK_AFTER`] is left to its close and another one takes
 //! over the queue, up to [`MAX_CLOSERS`]; past that, descriptors wait in the queue (counted by
@@ -28,9 +34,12 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(1);
 /// Closer threads at most, stuck ones included.
 pub const MAX_CLOSERS: usize = 8;
 
+/// Something to let go of where blocking holds nothing.
+type Job = Box<dyn FnOnce() + Send>;
+
 struct Closers {
-    queue: Mutex<Sender<OwnedFd>>,
-    rx: Arc<Mutex<Receiver<OwnedFd>>>,
+    queue: Mutex<Sender<Job>>,
+    rx: Arc<Mutex<Receiver<Job>>>,
     /// Per closer: when its current close began (ms since `epoch`, +1), 0 when idle.
     busy_since: Mutex<Vec<Arc<AtomicU64>>>,
     epoch: Instant,
@@ -84,10 +93,10 @@ impl Closers {
             .name("exanet-closer".into())
             .spawn(move || loop {
                 let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                let Ok(fd) = next else { return };
+                let Ok(job) = next else { return };
                 let me = closers();
                 mine.store(me.now_ms(), Ordering::Release);
-                drop(fd);
+                job();
                 mine.store(0, Ordering::Release);
                 me.pending.fetch_sub(1, Ordering::AcqRel);
             });
@@ -106,6 +115,13 @@ pub fn start() {
 
 /// Closes `fd` on a closer thread, never on the caller's.
 pub fn close_later(fd: impl Into<OwnedFd>) {
+    let fd: OwnedFd = fd.into();
+    later(move || drop(fd));
+}
+
+/// Runs `job` (a close, a hole punch, the drop of what it owns) on a closer thread, never
+/// on the caller's.
+pub fn later(job: impl FnOnce() + Send + 'static) {
     let c = closers();
     c.pending.fetch_add(1, Ordering::AcqRel);
     c.ensure_one_free();
@@ -113,15 +129,29 @@ pub fn close_later(fd: impl Into<OwnedFd>) {
         .queue
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .send(fd.into());
+        .send(Box::new(job));
     if sent.is_err() {
-        // The receiver lives in a static: this cannot happen; the descriptor was closed
-        // with the error, here.
+        // The receiver lives in a static: this cannot happen; the job was dropped with the
+        // error, here.
         c.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// Descriptors handed to [`close_later`] and not closed yet.
+/// Waits up to `within` for every job handed to [`later`] so far to be done (`true`) or
+/// the time to pass (`false`): what is given back later (a region's share of the host's
+/// budget) is there again for whoever waits for it outside every lock.
+pub fn settle(within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while pending() > 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Jobs (descriptors) handed to [`later`] ([`close_later`]) and not done yet.
 pub fn pending() -> usize {
     closers().pending.load(Ordering::Acquire)
 }

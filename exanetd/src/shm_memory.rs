@@ -13,6 +13,10 @@ use tracing::debug;
 
 use crate::host_budget::{Budget, BudgetError, HostBudget, Reservation};
 
+/// How long a registration refused by the host's budget waits for regions forgotten just
+/// before to give their share back.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A shared memory region as the NI's backing store, with what it holds of the host's
 /// budget: dropping it (forgotten, its rank detached, or never placed) gives that back.
 pub struct ShmRegion {
@@ -109,7 +113,17 @@ impl ShmMemory {
         job: &str,
     ) -> Result<(BudgetedRegion, OwnedFd), BudgetError> {
         let budget = self.budget();
-        let held = budget.reserve(rank, job, size as u64)?;
+        let held = match budget.reserve(rank, job, size as u64) {
+            // Regions forgotten just before give their share back on a closer thread
+            // (`release`): a program that unregisters and registers again at once would be
+            // refused what it just gave back. Not under any lock here: wait for them.
+            Err(BudgetError::Job { .. } | BudgetError::Host { .. })
+                if crate::closer::pending() > 0 && crate::closer::settle(SETTLE) =>
+            {
+                budget.reserve(rank, job, size as u64)?
+            }
+            other => other?,
+        };
         let create = |e: &dyn std::fmt::Display| BudgetError::Create {
             node: budget.node().to_string(),
             asked: size as u64,
@@ -160,11 +174,19 @@ impl ShmMemory {
 /// is its own allocation, not the daemon's (which would let register/unregister loops pile
 /// up memory outside every quota). Its reservation goes back to the budget after, as `r`
 /// is dropped: the pages are given back before other daemons may count on them.
+///
+/// On a closer thread (`crate::closer::later`), as callers hold the core lock: the punch
+/// takes the memfd's inode lock, which the workload can hold for as long as it likes (a
+/// `write(2)` into the memfd from a buffer whose fault never ends), and the reservation's
+/// give-back writes the host's ledger under a file lock.
 fn release(r: ShmRegion) -> u64 {
     let len = r.region.len() as u64;
-    if let Err(e) = r.region.discard() {
-        debug!(error = %e, "cannot give a region's pages back");
-    }
+    crate::closer::later(move || {
+        if let Err(e) = r.region.discard() {
+            debug!(error = %e, "cannot give a region's pages back");
+        }
+        drop(r);
+    });
     len
 }
 

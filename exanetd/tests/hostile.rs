@@ -45,7 +45,8 @@ const VICTIM_KEY: &str = "alice-key";
 /// held by a workload misses it by seconds or for good; a slow machine moves both. The
 /// measured figures are printed.
 fn bound(baseline: Duration) -> Duration {
-    baseline * 20 + Duration::from_secs(1)
+    // Below the 5 s an attach waits for a teardown that does not end, whatever the machine.
+    (baseline * 20 + Duration::from_secs(1)).min(Duration::from_secs(4))
 }
 
 /// Figures of the attacked node with no attack, taken before each test's attacks.
@@ -67,16 +68,23 @@ impl Baseline {
             r.status(NODE).expect("status");
             status = status.max(t.elapsed());
         }
-        let t = Instant::now();
-        let w = attach(r, NODE, None).unwrap();
-        let attach = t.elapsed();
-        let t = Instant::now();
-        drop(w);
-        wait_no_default(r, "the baseline attach");
+        // Medians of three: one slow sample on a loaded machine would loosen the bound.
+        let (mut attaches, mut frees) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let t = Instant::now();
+            let w = attach(r, NODE, None).unwrap();
+            attaches.push(t.elapsed());
+            let t = Instant::now();
+            drop(w);
+            wait_no_default(r, "the baseline attach");
+            frees.push(t.elapsed());
+        }
+        attaches.sort();
+        frees.sort();
         let b = Baseline {
             status,
-            attach,
-            freed: t.elapsed(),
+            attach: attaches[1],
+            freed: frees[1],
         };
         eprintln!("baseline on {NODE}: {b:?}");
         b
@@ -1852,7 +1860,7 @@ mod hold {
     /// A thread blocked in `splice` on a workload's descriptor, and what releases it.
     pub struct Hold {
         pub what: String,
-        thread: Option<JoinHandle<String>>,
+        thread: Option<JoinHandle<(String, usize)>>,
         release: Option<Box<dyn FnOnce() + Send>>,
     }
 
@@ -1880,11 +1888,11 @@ mod hold {
         set_nonblocking(fd, false);
     }
 
-    fn spawn_splice(what: &str, from: OwnedFd, to: OwnedFd) -> JoinHandle<String> {
+    fn spawn_splice(what: &str, from: OwnedFd, to: OwnedFd) -> JoinHandle<(String, usize)> {
         let what = what.to_string();
         std::thread::spawn(move || {
             let r = splice(&from, None, &to, None, 1 << 16, SpliceFFlags::empty());
-            format!("{what}: splice returned {r:?}")
+            (format!("{what}: splice returned {r:?}"), r.unwrap_or(0))
         })
     }
 
@@ -1945,8 +1953,9 @@ mod hold {
             }
         }
 
-        /// Lets the splice finish (within 30 s: a kernel that kept it blocked fails here).
-        pub fn release(mut self) -> String {
+        /// Lets the splice finish (within 30 s: a kernel that kept it blocked fails here):
+        /// what it said, and how many bytes it moved.
+        pub fn release(mut self) -> (String, usize) {
             if let Some(f) = self.release.take() {
                 f();
             }
@@ -2066,7 +2075,13 @@ fn a_held_doorbell_holds_nothing_of_the_node() {
     // The hold outlives the job; the node still stops on SIGTERM.
     let summary = watch.finish();
     stop_cleanly(r, &summary);
-    eprintln!("{}", hold.release());
+    let (said, moved) = hold.release();
+    eprintln!("{said}");
+    // The daemon's rings were what the splice waited to move: it rang during the hold.
+    assert!(
+        moved > 0,
+        "the daemon never rang the held doorbell ({said})"
+    );
 }
 
 /// Item 3 of issue 47: a workload holds the doorbell it rings (splicing into it from a
@@ -2111,7 +2126,7 @@ fn a_held_ringer_does_not_hold_the_teardown() {
     );
     let summary = watch.finish();
     stop_cleanly(r, &summary);
-    eprintln!("{}", hold.release());
+    eprintln!("{}", hold.release().0);
 }
 
 /// Item 4 of issue 47: clients that hang up during the attach exchange (before reading the
@@ -2178,4 +2193,169 @@ fn fill_node(r: &TestRack) -> (usize, Duration) {
     drop(held);
     wait_no_default(r, "filling the node");
     (n, slowest)
+}
+
+/// A `write(2)` into a memfd from a buffer whose page fault never ends: the kernel takes the
+/// memfd's inode lock, then faults the source in while holding it. A userfaultfd range whose
+/// faults nobody resolves is such a buffer (root may make one; so may anyone where
+/// `vm.unprivileged_userfaultfd` is 1).
+mod uffd {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    /// `struct uffdio_api` and `struct uffdio_register` of `linux/userfaultfd.h`.
+    #[repr(C)]
+    struct Api {
+        api: u64,
+        features: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct Register {
+        start: u64,
+        len: u64,
+        mode: u64,
+        ioctls: u64,
+    }
+    const UFFD_API: u64 = 0xAA;
+    /// `_IOWR(0xAA, 0x3F, struct uffdio_api)`, `_IOWR(0xAA, 0x00, struct uffdio_register)`.
+    const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+    const MODE_MISSING: u64 = 1;
+
+    /// A page whose faults wait for a userfaultfd nobody reads, and the userfaultfd (its
+    /// close lets the faults fail).
+    pub struct StuckPage {
+        pub addr: usize,
+        /// Held for its close.
+        _uffd: OwnedFd,
+    }
+
+    pub fn stuck_page() -> Result<StuckPage, String> {
+        // SAFETY: userfaultfd(2) takes flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(format!("userfaultfd: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let uffd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut api = Api {
+            api: UFFD_API,
+            features: 0,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API reads and writes one `struct uffdio_api`, which `api` is.
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+            return Err(format!("UFFDIO_API: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new private anonymous mapping of one page; no memory of ours is touched.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+        }
+        let mut reg = Register {
+            start: addr as u64,
+            len: 4096,
+            mode: MODE_MISSING,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes one `struct uffdio_register`.
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+            return Err(format!(
+                "UFFDIO_REGISTER: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(StuckPage {
+            addr: addr as usize,
+            _uffd: uffd,
+        })
+    }
+
+    /// `write(2)` of the stuck page into `fd`: blocks until the userfaultfd is closed, then
+    /// fails (`EFAULT`). Returns the errno.
+    pub fn write_from(page: usize, fd: i32) -> i32 {
+        // SAFETY: the kernel reads 4096 bytes at `page`, a mapping of ours that stays mapped
+        // (never unmapped by the test); its fault waits on the userfaultfd.
+        let n = unsafe { libc::write(fd, page as *const libc::c_void, 4096) };
+        if n < 0 {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+}
+
+/// Issue 47, found in its review: a workload holds the inode lock of its registered memory
+/// (a write into the memfd from a page whose fault never ends), then unregisters it and
+/// hangs up. The daemon gives the region's pages back with a hole punch, which takes that
+/// lock: under the core lock it froze the node. Throughout, the node answers status, pings,
+/// serves the victim and attaches a new workload, and it stops on SIGTERM.
+#[test]
+fn a_held_memory_lock_holds_nothing_of_the_node() {
+    if !require::is_root() {
+        require::skip_unless_required(
+            "EXANET_REQUIRE_ROOT",
+            "a_held_memory_lock_holds_nothing_of_the_node",
+            "userfaultfd for a page whose fault never ends needs root here",
+        );
+        return;
+    }
+    let r = rack("hostile-hold-memory");
+    let watch = Watch::start(&r);
+    let w = attach(&r, NODE, None).unwrap();
+    let (mem, _, region) = w.register_region(1 << 20);
+    let fd = mem.try_clone_fd().unwrap();
+    let page = uffd::stuck_page().unwrap();
+    let (addr, raw) = (page.addr, std::os::fd::AsRawFd::as_raw_fd(&fd));
+    let writer = std::thread::spawn(move || uffd::write_from(addr, raw));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !writer.is_finished(),
+        "the write did not block on the stuck page"
+    );
+    // Unregistering gives the pages back.
+    let reply = request_reply(&w, &Request::Unregister { region });
+    eprintln!("unregister with the memory held: {reply:?}");
+    ping_ok(
+        &r,
+        Duration::from_secs(3),
+        "after an unregister with the memory held",
+    );
+    watch.progress("after an unregister with the memory held", 2);
+    // A second region, held the same way, and a hang-up: the teardown gives it back.
+    let (mem2, _) = w.register(1 << 20);
+    let fd2 = mem2.try_clone_fd().unwrap();
+    let page2 = uffd::stuck_page().unwrap();
+    let (addr2, raw2) = (page2.addr, std::os::fd::AsRawFd::as_raw_fd(&fd2));
+    let writer2 = std::thread::spawn(move || uffd::write_from(addr2, raw2));
+    std::thread::sleep(Duration::from_millis(200));
+    drop((w, mem, mem2));
+    wait_no_default(&r, "a hang-up with the memory held");
+    ping_ok(
+        &r,
+        Duration::from_secs(3),
+        "after a hang-up with the memory held",
+    );
+    let other = attach_within(&r, NODE, None, Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("no attach with the memory held: {e}"));
+    drop(other);
+    watch.progress("after a hang-up with the memory held", 2);
+    // Let the writes go (closing the userfaultfd resolves their faults), then the stop:
+    // a thread stuck in the kernel keeps even an exited process from being reaped, and
+    // the daemon's closer is stuck in the hole punch until then (docs/architecture.md).
+    drop((page, page2));
+    writer.join().unwrap();
+    writer2.join().unwrap();
+    drop((fd, fd2));
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
 }

@@ -178,12 +178,18 @@ impl Workload {
 
     /// Registers `len` bytes: the daemon's memory, mapped here, and its VA on this rank.
     pub fn register(&self, len: usize) -> (Region, u64) {
+        let (mem, va, _) = self.register_region(len);
+        (mem, va)
+    }
+
+    /// [`Workload::register`], with the region's id (to unregister it).
+    pub fn register_region(&self, len: usize) -> (Region, u64, u32) {
         let (reply, mut fds) = request(&self.conn, &Request::Register { len: len as u64 }, &[]);
         match reply {
-            Reply::Registered { va, .. } => {
+            Reply::Registered { va, region } => {
                 assert_eq!(fds.len(), 1, "registered memory comes with its memfd");
                 let mem = Region::from_fd_with_len(fds.pop().unwrap(), len).unwrap();
-                (mem, va)
+                (mem, va, region)
             }
             other => panic!("{other:?}"),
         }
