@@ -1292,6 +1292,30 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A job's processes get its own temporary directory only when it is the job's: made
+    /// by this user, a directory and not a link, closed to others. A token exactl does
+    /// not make, or a directory that is not there, leaves the node's.
+    #[test]
+    fn a_jobs_temporary_directory_is_handed_out_only_when_it_is_the_jobs() {
+        let base = std::env::temp_dir().join(format!("exactl-jobtmp-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let token = "123-456";
+        let dir = base.join(job_dir_name(token));
+        assert_eq!(job_tmp_dir(&base, token).unwrap(), None, "not made yet");
+        for bad in ["", "../x", "1/2", "a-b"] {
+            assert_eq!(job_tmp_dir(&base, bad).unwrap(), None, "{bad:?}");
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        assert_eq!(job_tmp_dir(&base, token).unwrap(), Some(dir.clone()));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(job_tmp_dir(&base, token).is_err(), "open to others");
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&base, &dir).unwrap();
+        let e = job_tmp_dir(&base, token).unwrap_err().to_string();
+        assert!(e.contains("file or link"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
     /// An MPI outside `/usr` is mounted from the directory above its launcher's `bin`
     /// (links resolved); one under `/usr` is there already.
     #[test]
