@@ -364,14 +364,21 @@ pub(crate) fn time_left(deadline: Option<Instant>) -> Option<Duration> {
 ///
 /// Call it *after* publishing what the sleeper waits for (after the `Release` store).
 pub fn wake_sleeper(sleeping: SharedU32<'_>, bell: &Ringer) -> io::Result<bool> {
-    // Orders our earlier publication (store) before the load of `sleeping`; pairs with the
-    // fence in `Waiter::wait`. See "Why no wake-up is lost".
-    fence(Ordering::SeqCst);
-    if sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::Relaxed) != 0 {
+    if take_sleeper(sleeping) {
         bell.ring()?;
         return Ok(true);
     }
     Ok(false)
+}
+
+/// The check of [`wake_sleeper`] without the ring: whether the peer announced its sleep,
+/// withdrawing the announcement. `true` obliges the caller to ring (elsewhere, say, where
+/// a ring that takes long holds nothing).
+pub fn take_sleeper(sleeping: SharedU32<'_>) -> bool {
+    // Orders our earlier publication (store) before the load of `sleeping`; pairs with the
+    // fence in `Waiter::wait`. See "Why no wake-up is lost".
+    fence(Ordering::SeqCst);
+    sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::Relaxed) != 0
 }
 
 /// The default spin budget of a [`Waiter`]: long enough to cover a peer that is busy and

@@ -111,7 +111,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::doorbell::{deadline_after, time_left, wake_sleeper, Doorbell, Ringer, Waiter};
+use crate::doorbell::{
+    deadline_after, take_sleeper, time_left, wake_sleeper, Doorbell, Ringer, Waiter,
+};
 use crate::region::{Region, RegionError, SharedU32};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"EXRG");
@@ -716,6 +718,12 @@ impl Producer {
     /// it rang. Cheap (a fence and a load) when the consumer is awake.
     pub fn wake_consumer(&self, bell: &Ringer) -> Result<bool, WaitError> {
         Ok(wake_sleeper(self.word(OFF_CONSUMER_SLEEPING)?, bell)?)
+    }
+
+    /// [`Producer::wake_consumer`] without the ring: whether the consumer announced its
+    /// sleep (the announcement is withdrawn). `true` obliges the caller to ring its bell.
+    pub fn take_sleeping_consumer(&self) -> Result<bool, RingError> {
+        Ok(take_sleeper(self.word(OFF_CONSUMER_SLEEPING)?))
     }
 
     /// Waits until at least one slot is free: spins, then announces itself in

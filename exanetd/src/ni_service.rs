@@ -595,7 +595,8 @@ fn attach_rank(
     let (pdid, start) = (who.pdid.0, who.start);
     let ring = ShmRing {
         completions,
-        to_workload: CloseLater::new(to_workload),
+        to_workload: Arc::new(CloseLater::new(to_workload)),
+        slow_rings: None,
         rings: Arc::clone(&region),
         consumed_offset,
         pid: peer.pid,

@@ -3,7 +3,7 @@
 //! the process, its control connection, and its completion ring in shared memory.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use exanet_proto::attach;
@@ -11,7 +11,15 @@ use exanet_proto::ni::mailbox::ConsumedCount;
 use exanet_proto::workload::{Activity, CompletionRing};
 use exanet_shm::{PeerCredentials, Producer, Region, Ring, Ringer};
 
+use tracing::warn;
+
 use crate::closer::CloseLater;
+
+/// A ring of a workload's doorbell that takes longer than this (under the core lock) makes
+/// its later rings go to a closer thread. A ring takes microseconds; a preempted thread
+/// may take a few milliseconds, and then a well-behaved workload's rings take the slower
+/// way, no harm done.
+pub const SLOW_RING: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The daemon's half of an attached workload, kept in the core by rank.
 pub struct Session {
@@ -29,7 +37,10 @@ pub struct ShmRing {
     pub completions: Producer,
     /// The daemon's ringer of the workload's doorbell, closed by a closer when the rank is
     /// detached (under the core lock).
-    pub to_workload: CloseLater<Ringer>,
+    pub to_workload: Arc<CloseLater<Ringer>>,
+    /// Rings of this workload take long (see [`SLOW_RING`]): they are made on a closer
+    /// thread, at most one at a time.
+    pub slow_rings: Option<Arc<AtomicBool>>,
     /// The region of the rings, and where in it the workload counts what it took from
     /// each mailbox (`attach`'s consumed counters).
     pub rings: Arc<Region>,
@@ -51,7 +62,33 @@ impl CompletionRing for ShmRing {
     }
 
     fn wake(&mut self) {
+        // Under the core lock. A ring costs what the workload makes it cost: the wake-up
+        // runs every waiter's callback on its socket, and a workload can register its end
+        // in as many epoll instances as it has descriptors (some 90 ns each). A workload
+        // whose rings take long is rung off the lock from then on.
+        if let Some(pending) = &self.slow_rings {
+            if self.completions.take_sleeping_consumer().unwrap_or(false)
+                && !pending.swap(true, Ordering::AcqRel)
+            {
+                let (ringer, pending) = (Arc::clone(&self.to_workload), Arc::clone(pending));
+                crate::closer::later(move || {
+                    pending.store(false, Ordering::Release);
+                    let _ = ringer.ring();
+                });
+            }
+            return;
+        }
+        let t0 = std::time::Instant::now();
         let _ = self.completions.wake_consumer(&self.to_workload);
+        let took = t0.elapsed();
+        if took > SLOW_RING {
+            warn!(
+                pid = self.pid,
+                ?took,
+                "ringing a workload took long: it is rung off the core lock from now on"
+            );
+            self.slow_rings = Some(Arc::new(AtomicBool::new(false)));
+        }
     }
 
     fn activity(&mut self) -> Option<Activity> {

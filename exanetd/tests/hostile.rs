@@ -2359,3 +2359,102 @@ fn a_held_memory_lock_holds_nothing_of_the_node() {
     let summary = watch.finish();
     stop_cleanly(r, &summary);
 }
+
+/// Median round trip of 10 pings from the attacked node to its peer, microseconds.
+fn ping_rtt_us(r: &TestRack) -> f64 {
+    match exanetd::control::request(
+        &r.sock(NODE),
+        &exanetd::control::Request::Ping {
+            dst: PEER.into(),
+            count: 10,
+            timeout_ms: 5000,
+        },
+        Duration::from_secs(60),
+    ) {
+        Ok(exanetd::control::Response::Ping(p)) => p.rtt_us,
+        other => panic!("ping: {other:?}"),
+    }
+}
+
+/// Found in issue 47's review: a ring of a workload's doorbell runs every waiter's callback
+/// on the workload's socket, and a workload can register its end in as many epoll
+/// instances as it likes (here a million watches, some 90 ns each): each ring then held the
+/// core lock for tens of milliseconds, and a workload that makes the daemon ring over and
+/// over (announce a sleep, post a refused command) held the node. Now a workload whose ring
+/// took long is rung off the core lock: pings through the node stay fast.
+#[test]
+fn rings_made_slow_by_the_workload_leave_the_core_lock() {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+    let r = rack("hostile-slow-ring");
+    let watch = Watch::start(&r);
+    let baseline = ping_rtt_us(&r);
+    let mut w = attach(&r, NODE, None).unwrap();
+    let (dups, epolls) = (1000, 1000);
+    let mut limit =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    limit.0 = limit.1;
+    nix::sys::resource::setrlimit(
+        nix::sys::resource::Resource::RLIMIT_NOFILE,
+        limit.0,
+        limit.1,
+    )
+    .unwrap();
+    let fds: Vec<std::os::fd::OwnedFd> = (0..dups)
+        .map(|_| w.from_daemon.try_clone().unwrap())
+        .collect();
+    let t0 = Instant::now();
+    let eps: Vec<Epoll> = (0..epolls)
+        .map(|_| {
+            let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
+            for fd in &fds {
+                ep.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0)).unwrap();
+            }
+            ep
+        })
+        .collect();
+    eprintln!(
+        "{} watches on the workload's doorbell in {:?}",
+        dups * epolls,
+        t0.elapsed()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                w.poll();
+                w.got.clear();
+                let _ = w.completions.prepare_sleep();
+                let bad = send_on(
+                    250,
+                    i,
+                    mailbox_gvas(Pdid(0), NODE_ID, 0, 0).unwrap(),
+                    vec![1],
+                );
+                if w.commands.push(&bad.encode()).is_ok() {
+                    let _ = w.to_daemon.ring();
+                }
+                i = i.wrapping_add(1);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            w
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let during = ping_rtt_us(&r);
+    eprintln!("ping rtt p50: {baseline:.0} us before, {during:.0} us while the rings storm");
+    watch.progress("while the rings storm", 2);
+    stop.store(true, Ordering::Relaxed);
+    let w = storm.join().unwrap();
+    drop((eps, fds, w));
+    // A ring costs the core lock some 90 ms here when made under it; a ping crosses the
+    // core's lock several times per probe.
+    assert!(
+        during < baseline * 10.0 + 30_000.0,
+        "pings took {during:.0} us (before {baseline:.0} us) while the workload's rings stormed"
+    );
+    wait_no_default(&r, "the ring storm");
+    let summary = watch.finish();
+    stop_cleanly(r, &summary);
+}
