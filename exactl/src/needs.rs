@@ -12,8 +12,8 @@
 //! is checked.
 
 use std::fmt;
-use std::path::Path;
 
+use exanet_control::host::memory_available;
 use exanet_control::rack::MemoryBudget;
 use exanet_proto::Shape;
 
@@ -234,80 +234,10 @@ pub fn shortfalls(needs: &Needs, host: &Host) -> Vec<String> {
     out
 }
 
-/// A size in the unit that reads best: "4.7 GiB", "34.3 MiB".
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+pub use exanet_control::host::bytes;
 
 fn read_u64(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// `Key:   N kB` of /proc/meminfo, in bytes.
-fn meminfo(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kib| kib * 1024)
-}
-
-fn memory_available() -> Option<u64> {
-    let avail = meminfo(
-        &std::fs::read_to_string("/proc/meminfo").ok()?,
-        "MemAvailable",
-    )?;
-    Some(match cgroup_memory_left() {
-        Some(left) => avail.min(left),
-        None => avail,
-    })
-}
-
-/// What this process's memory cgroup still allows (limit less usage), when it has a
-/// limit: a container's memory limit is not in MemAvailable, and a rack beyond it would be
-/// killed rather than refused.
-fn cgroup_memory_left() -> Option<u64> {
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in cgroups.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let path = path.trim_start_matches('/');
-        // The cgroup's own directory, else the mount's root (in a container the path in
-        // /proc/self/cgroup is the host's, and the container sees its cgroup at the root).
-        let (base, limit, usage) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max", "memory.current")
-        } else if controllers.split(',').any(|c| c == "memory") {
-            (
-                "/sys/fs/cgroup/memory",
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-            )
-        } else {
-            continue;
-        };
-        for dir in [Path::new(base).join(path), Path::new(base).to_path_buf()] {
-            let limit = std::fs::read_to_string(dir.join(limit)).ok();
-            let usage = std::fs::read_to_string(dir.join(usage)).ok();
-            if let (Some(l), Some(u)) = (limit, usage) {
-                // "max" (v2) or a huge number (v1) means no limit.
-                let (Ok(l), Ok(u)) = (l.trim().parse::<u64>(), u.trim().parse::<u64>()) else {
-                    return None;
-                };
-                return (l < 1 << 60).then(|| l.saturating_sub(u));
-            }
-        }
-    }
-    None
 }
 
 fn tasks_available() -> Option<u64> {
@@ -500,21 +430,6 @@ mod tests {
             registered_budget(&on, &tiny).map(|b| b.total_bytes - b.ip_bytes),
             Some(0)
         );
-    }
-
-    #[test]
-    fn sizes_read_in_their_unit() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(35_999_488), "34.3 MiB");
-        assert_eq!(bytes(18 << 30), "18.0 GiB");
-    }
-
-    #[test]
-    fn meminfo_is_read_in_bytes() {
-        let text = "MemTotal:       24684096 kB\nMemAvailable:   24140728 kB\n";
-        assert_eq!(meminfo(text, "MemAvailable"), Some(24_140_728 * 1024));
-        assert_eq!(meminfo(text, "Mem"), None);
-        assert_eq!(meminfo(text, "Shmem"), None);
     }
 
     #[test]

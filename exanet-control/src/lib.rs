@@ -11,6 +11,7 @@
 pub mod control;
 #[cfg(feature = "net")]
 pub mod control_client;
+pub mod host;
 pub mod ip;
 pub mod ports;
 pub mod quota;

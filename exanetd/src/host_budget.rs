@@ -49,6 +49,8 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use exanet_control::host::{bytes, memory_available};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -119,9 +121,9 @@ impl fmt::Display for Budget {
         write!(
             f,
             "{} in all ({} of it for IP over ExaNet), {} per job",
-            size(self.total),
-            size(self.ip_reserve),
-            size(self.per_job)
+            bytes(self.total),
+            bytes(self.ip_reserve),
+            bytes(self.per_job)
         )
     }
 }
@@ -190,9 +192,9 @@ impl fmt::Display for BudgetError {
                 f,
                 "{node}: job {job} may not register {} more: one job may hold {} of registered \
                  memory on this host, and job {job} has {} of it left",
-                size(*asked),
-                size(*limit),
-                size(*left)
+                bytes(*asked),
+                bytes(*limit),
+                bytes(*left)
             ),
             BudgetError::Host {
                 node,
@@ -204,9 +206,9 @@ impl fmt::Display for BudgetError {
                 f,
                 "{node}: job {job} may not register {} more: this host's daemons may hold {} \
                  of registered memory for it, and {} of it is left",
-                size(*asked),
-                size(*limit),
-                size(*left)
+                bytes(*asked),
+                bytes(*limit),
+                bytes(*left)
             ),
             BudgetError::Busy {
                 node,
@@ -217,7 +219,7 @@ impl fmt::Display for BudgetError {
                 f,
                 "{node}: job {job} may not register {} now: the host's memory ledger {} \
                  stayed locked for {} ms",
-                size(*asked),
+                bytes(*asked),
                 path.display(),
                 RESERVE_WAIT.as_millis()
             ),
@@ -233,7 +235,7 @@ impl fmt::Display for BudgetError {
             } => write!(
                 f,
                 "{node}: cannot make {} of registered memory: {message}",
-                size(*asked)
+                bytes(*asked)
             ),
         }
     }
@@ -802,69 +804,6 @@ fn job_tag(job: &str) -> u64 {
     h.max(1)
 }
 
-/// A size in the unit that reads best, as `exactl` prints them: "4.7 GiB", "512 B".
-fn size(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-/// Memory this daemon can take without swapping: MemAvailable, or what its memory cgroup
-/// still allows when that is less (a container's limit is not in MemAvailable). `exactl`
-/// measures the host for `rack up` the same way (`exactl/src/needs.rs`).
-fn memory_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let avail = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())?
-        .saturating_mul(1024);
-    Some(cgroup_memory_left().map_or(avail, |left| avail.min(left)))
-}
-
-/// Limit less usage of this process's memory cgroup (v2, else v1), when it has a limit.
-fn cgroup_memory_left() -> Option<u64> {
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in cgroups.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let (base, limit, usage) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max", "memory.current")
-        } else if controllers.split(',').any(|c| c == "memory") {
-            (
-                "/sys/fs/cgroup/memory",
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-            )
-        } else {
-            continue;
-        };
-        // The cgroup's own directory, else the mount's root (in a container the path is
-        // the host's, and the container sees its cgroup at the root).
-        let path = path.trim_start_matches('/');
-        for dir in [Path::new(base).join(path), PathBuf::from(base)] {
-            let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-            if let (Some(l), Some(u)) = (read(limit), read(usage)) {
-                // "max" (v2) or a huge number (v1): no limit.
-                let (Ok(l), Ok(u)) = (l.trim().parse::<u64>(), u.trim().parse::<u64>()) else {
-                    return None;
-                };
-                return (l < 1 << 60).then(|| l.saturating_sub(u));
-            }
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1098,8 +1037,8 @@ mod tests {
 
     #[test]
     fn sizes_read_in_their_unit() {
-        assert_eq!(size(512), "512 B");
-        assert_eq!(size(30 * MIB), "30.0 MiB");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(30 * MIB), "30.0 MiB");
         assert_ne!(job_tag("alice"), job_tag("bob"));
         assert_ne!(job_tag(""), 0);
     }
