@@ -456,6 +456,18 @@ fn serve_session(
         reply: attached_reply,
     } = attached;
     let stop = Arc::new(Stop::default());
+    // The ring's task holds `served` until it ends, so that the teardown can wait for it
+    // from this thread (`recv` fails once it is dropped, however the task ended).
+    let (served, ring_done) = std::sync::mpsc::sync_channel::<()>(0);
+    // From here on the rank is torn down however this thread ends, a panic included.
+    let _teardown = Teardown {
+        node: Arc::clone(&node),
+        mem: mem.clone(),
+        rank,
+        stop: Arc::clone(&stop),
+        ring_done,
+        region: Arc::clone(&region),
+    };
     let ok = reply(
         conn,
         &attached_reply,
@@ -478,9 +490,6 @@ fn serve_session(
             "workload attached"
         );
     }
-    // The ring's task holds `served` until it ends, so that the teardown below can wait
-    // for it from this thread (`recv` fails once it is dropped, however the task ended).
-    let (served, ring_done) = std::sync::mpsc::sync_channel::<()>(0);
     if ok {
         let (node, stop) = (node.clone(), stop.clone());
         runtime.spawn(async move {
@@ -522,26 +531,42 @@ fn serve_session(
             }
         }
     }
-    // The workload is gone (or broke the protocol, or stopped reading): free everything it
-    // held. Nothing below waits on the workload: the ring's task is stopped through the
-    // runtime (never through a descriptor the workload shares, which it could hold) and
-    // none of its calls can block on the workload, so the wait for it is bounded; the
-    // connection and the doorbells are closed by closers.
-    stop.set();
-    let _ = ring_done.recv();
-    {
-        let now = node.now();
-        let mut core = node.lock();
-        core.sessions[rank as usize] = None;
-        let (svc, ni, _) = core.workloads();
-        svc.detach(ni, rank, now);
-        core.pump(now);
-        // Under the core lock, so that a workload attaching to this rank right after
-        // cannot have its fresh registrations erased.
-        mem.clear(rank);
+    // The workload is gone (or broke the protocol, or stopped reading): `_teardown` frees
+    // everything it held.
+}
+
+/// A session's teardown, when its thread ends however it ends. Nothing here waits on the
+/// workload: the ring's task is stopped through the runtime (never through a descriptor
+/// the workload shares, which it could hold) and none of its calls can block on the
+/// workload, so the wait for it is bounded; the connection and the doorbells are closed
+/// by closers, the memory given back on them.
+struct Teardown {
+    node: Arc<NodeHandle>,
+    mem: ShmMemory,
+    rank: u8,
+    stop: Arc<Stop>,
+    ring_done: std::sync::mpsc::Receiver<()>,
+    region: Arc<Region>,
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        let (node, rank) = (&self.node, self.rank);
+        self.stop.set();
+        let _ = self.ring_done.recv();
+        {
+            let now = node.now();
+            let mut core = node.lock();
+            core.sessions[rank as usize] = None;
+            let (svc, ni, _) = core.workloads();
+            svc.detach(ni, rank, now);
+            core.pump(now);
+            // Under the core lock, so that a workload attaching to this rank right after
+            // cannot have its fresh registrations erased.
+            self.mem.clear(rank);
+        }
+        info!(rank, len = self.region.len(), "workload detached");
     }
-    drop(region);
-    info!(rank, "workload detached");
 }
 
 struct Attached {
