@@ -467,6 +467,8 @@ fn start_all(
     remove_node_tmp_dirs(&layout)?;
     let tmp_base = check_base(&tmp_base(rack))?;
     crate::node_host::write_hosts_file(rack)?;
+    std::fs::write(on_marker(&layout), b"")
+        .map_err(|e| CliError::io("write", on_marker(&layout), e))?;
     for id in shape.node_ids() {
         if crate::interrupt::raised() {
             return Err(CliError::Failed(
@@ -474,80 +476,346 @@ fn start_all(
             ));
         }
         let node = shape.display(id);
-        let ns = netns_name(rack, &node);
         // A namespace left by a rack that was not taken down would hold a stale device.
-        let _ = ip(&["netns", "del", &ns]);
-        ip(&["netns", "add", &ns])?;
-        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        ensure_netns(rack, &node, true)?;
         create_node_tmp_dir(&layout, rack, &node, &tmp_base)?;
-        let ready = ready_file(&layout, &node);
-        process::remove_if_present(&ready).map_err(|e| CliError::io("remove", &ready, e))?;
-        let log = log_file(&layout, &node);
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(|e| CliError::io("open", &log, e))?;
-        let err = out.try_clone().map_err(|e| CliError::io("open", &log, e))?;
-        let child = Command::new(&binary)
-            .arg("--rack")
-            .arg(abs_dir)
-            .arg("--node")
-            .arg(&node)
-            .arg("--netns")
-            .arg(netns_path(rack, &node))
-            .arg("--dev")
-            .arg(crate::node_host::DEVICE)
-            // A port the kernel picks (ephemeral): never one of a rack's, which are drawn
-            // below the ephemeral range and bound only when their daemon starts.
-            .arg("--metrics")
-            .arg("127.0.0.1:0")
-            .arg("--ready-file")
-            .arg(&ready)
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| CliError::Spawn {
-                node: format!("{node} (IP service)"),
-                binary: binary.clone(),
-                source,
-            })?;
-        let pid = pid_file(&layout, &node);
-        // The binary too: `stop` signals only a process still running it.
-        std::fs::write(&pid, format!("{}\n{}\n", child.id(), binary.display()))
-            .map_err(|e| CliError::io("write the pid file", &pid, e))?;
+        // A count left by an earlier run of the rack is not this one's.
+        let count = restarts_file(&layout, &node);
+        process::remove_if_present(&count).map_err(|e| CliError::io("remove", &count, e))?;
+        let child = spawn_node(rack, &layout, &binary, &node, 0)?;
         children.push((node, child));
     }
     let deadline = Instant::now() + timeout;
     for (node, child) in children.iter_mut() {
-        loop {
-            if ready_file(&layout, node).exists() {
-                break;
+        wait_ready(&layout, node, child, deadline, timeout)?;
+    }
+    Ok(())
+}
+
+/// Waits until the service `child` of `node` has written its ready file; fails when it
+/// exits, on Ctrl-C, or at `deadline` (`timeout` after the start, for the message).
+fn wait_ready(
+    layout: &Layout,
+    node: &str,
+    child: &mut Child,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    loop {
+        match poll_start(layout, node, child) {
+            Start::Ready => return Ok(()),
+            Start::Exited(e) => return Err(e),
+            Start::Pending => {}
+        }
+        if crate::interrupt::raised() {
+            return Err(CliError::Failed(format!(
+                "interrupted while waiting for the IP service of {node}"
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::Failed(format!(
+                "the IP service of {node} is not up after {timeout:?}; its log:\n{}",
+                process::tail_of(&log_file(layout, node), 10)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where a service being started is.
+pub enum Start {
+    /// Its device is up: it wrote its ready file.
+    Ready,
+    /// It exited before that; the error says how, with the end of its log.
+    Exited(CliError),
+    Pending,
+}
+
+/// Whether the service `child` of `node`, just spawned, is ready, gone, or neither yet.
+pub fn poll_start(layout: &Layout, node: &str, child: &mut Child) -> Start {
+    if ready_file(layout, node).exists() {
+        return Start::Ready;
+    }
+    match child.try_wait() {
+        Ok(Some(st)) => Start::Exited(CliError::Failed(format!(
+            "the IP service of {node} exited ({st}); its log:\n{}",
+            process::tail_of(&log_file(layout, node), 10)
+        ))),
+        _ => Start::Pending,
+    }
+}
+
+/// `run/ip/on`: this rack runs IP services (written by `rack up` before it starts them,
+/// gone with the rest of `run/ip` at `rack down`). Status and the supervisor go by it.
+fn on_marker(layout: &Layout) -> PathBuf {
+    layout.ip_run_dir().join("on")
+}
+
+/// Whether the local rack in `layout` runs IP services.
+pub fn enabled(layout: &Layout) -> bool {
+    on_marker(layout).exists()
+}
+
+/// Forgets that the rack ran IP services (a `rack up` without them, after a `rack down`
+/// that could not remove everything of the last run's).
+pub fn forget_enabled(layout: &Layout) -> Result<()> {
+    let m = on_marker(layout);
+    process::remove_if_present(&m).map_err(|e| CliError::io("remove", &m, e))
+}
+
+/// `run/ip/NODE.restarts`: how many times the supervisor started the node's service again
+/// after it died on its own, and when it last did (unix seconds): `2 1796615655`.
+fn restarts_file(layout: &Layout, node: &str) -> PathBuf {
+    layout.ip_run_dir().join(format!("{node}.restarts"))
+}
+
+/// The supervisor's restarts of a node's service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restarts {
+    pub count: u64,
+    /// Unix seconds of the last one.
+    pub last: Option<u64>,
+}
+
+/// What `run/ip/NODE.restarts` says (nothing: no restart). A damaged file reads as none:
+/// it is a count for people, and nothing depends on it.
+pub fn restarts(layout: &Layout, node: &str) -> Restarts {
+    let text = std::fs::read_to_string(restarts_file(layout, node)).unwrap_or_default();
+    let mut words = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+    Restarts {
+        count: words.next().flatten().unwrap_or(0),
+        last: words.next().flatten(),
+    }
+}
+
+/// Records one more restart of `node`'s service, whole or not at all.
+pub fn count_restart(layout: &Layout, node: &str, count: u64) -> Result<()> {
+    let path = restarts_file(layout, node);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let tmp = path.with_extension(format!("restarts.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{count} {now}\n")).map_err(|e| CliError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| CliError::io("rename into place", &path, e))
+}
+
+/// The lock whoever starts or stops a node's service holds meanwhile (`run/ip/NODE.lock`):
+/// the supervisor and `exactl node` would otherwise both start one, and the second would
+/// find the node's rank and device taken. `wait`: how long to wait for it; `None`: not
+/// at all (`Ok(None)` when someone holds it).
+pub fn lock_node(
+    layout: &Layout,
+    node: &str,
+    wait: Option<Duration>,
+) -> Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    use nix::fcntl::{Flock, FlockArg};
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = layout.ip_run_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
+    let path = dir.join(format!("{node}.lock"));
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| CliError::io("open", &path, e))?;
+    let t0 = Instant::now();
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(Some(held)),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                let Some(wait) = wait else { return Ok(None) };
+                if t0.elapsed() >= wait {
+                    return Err(CliError::Failed(format!(
+                        "{} is still held after {wait:?}: another exactl (or the rack's \
+                         supervisor) is starting or stopping the IP service of {node}",
+                        path.display()
+                    )));
+                }
+                file = f;
+                std::thread::sleep(Duration::from_millis(20));
             }
-            if let Ok(Some(st)) = child.try_wait() {
-                return Err(CliError::Failed(format!(
-                    "the IP service of {node} exited ({st}); its log:\n{}",
-                    process::tail_of(&log_file(&layout, node), 10)
-                )));
+            Err((_, e)) => return Err(CliError::io("lock", &path, e.into())),
+        }
+    }
+}
+
+/// What the pid file of `node`'s service says: its pid and binary (the binary absent in
+/// files of older exactls).
+fn read_service_pid_file(layout: &Layout, node: &str) -> Option<(i32, Option<PathBuf>)> {
+    let text = std::fs::read_to_string(pid_file(layout, node)).ok()?;
+    let mut lines = text.lines();
+    let pid = lines.next()?.trim().parse::<i32>().ok()?;
+    Some((pid, lines.next().map(PathBuf::from)))
+}
+
+/// The service of `node` as its pid file shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceProcess {
+    Running {
+        pid: i32,
+        stopped: bool,
+    },
+    /// Not running; why (`pid 1234 exited`, `no pid file`).
+    Gone(String),
+}
+
+/// Whether `node`'s service runs (and is stopped by SIGSTOP), from its pid file.
+pub fn service_process(layout: &Layout, node: &str) -> ServiceProcess {
+    match read_service_pid_file(layout, node) {
+        None => ServiceProcess::Gone(format!("no pid file {}", pid_file(layout, node).display())),
+        Some((pid, binary)) if is_service(pid, binary.as_deref()) => ServiceProcess::Running {
+            pid,
+            stopped: process::is_stopped(pid),
+        },
+        Some((pid, _)) => ServiceProcess::Gone(format!("pid {pid} exited")),
+    }
+}
+
+/// The pid of `node`'s running service, if it runs.
+pub fn service_pid(layout: &Layout, node: &str) -> Option<i32> {
+    match service_process(layout, node) {
+        ServiceProcess::Running { pid, .. } => Some(pid),
+        ServiceProcess::Gone(_) => None,
+    }
+}
+
+/// Makes `node`'s namespace with its loopback up; `fresh`: anew even if it exists (at
+/// `rack up`), otherwise only when missing, so that what runs on the node keeps it.
+pub fn ensure_netns(rack: &Rack, node: &str, fresh: bool) -> Result<()> {
+    let ns = netns_name(rack, node);
+    if fresh {
+        let _ = ip(&["netns", "del", &ns]);
+    } else if netns_path(rack, node).exists() {
+        return Ok(());
+    }
+    ip(&["netns", "add", &ns])?;
+    ip(&["-n", &ns, "link", "set", "lo", "up"])
+}
+
+/// Starts `node`'s service detached (its own process group, in `/`, its log appended to)
+/// and writes its pid file; `restarts`: how many times it was restarted before, for its
+/// metrics. The caller waits for its ready file ([`poll_start`]).
+pub fn spawn_node(
+    rack: &Rack,
+    layout: &Layout,
+    binary: &Path,
+    node: &str,
+    restarts: u64,
+) -> Result<Child> {
+    let ready = ready_file(layout, node);
+    process::remove_if_present(&ready).map_err(|e| CliError::io("remove", &ready, e))?;
+    let log = log_file(layout, node);
+    let (out, err) = process::open_log(&log, &format!("the IP service of {node}"))?;
+    let child = Command::new(binary)
+        .arg("--rack")
+        .arg(&layout.dir)
+        .arg("--node")
+        .arg(node)
+        .arg("--netns")
+        .arg(netns_path(rack, node))
+        .arg("--dev")
+        .arg(crate::node_host::DEVICE)
+        // A port the kernel picks (ephemeral): never one of a rack's, which are drawn
+        // below the ephemeral range and bound only when their daemon starts.
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--restarts")
+        .arg(restarts.to_string())
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .map_err(|source| CliError::Spawn {
+            node: format!("{node} (IP service)"),
+            binary: binary.to_path_buf(),
+            source,
+        })?;
+    let pid = pid_file(layout, node);
+    // The binary too: `stop` signals only a process still running it.
+    if let Err(e) = std::fs::write(&pid, format!("{}\n{}\n", child.id(), binary.display())) {
+        // A service without its pid file is one no later command would find to stop.
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(CliError::io("write the pid file", &pid, e));
+    }
+    Ok(child)
+}
+
+/// How long `exactl node restart` waits for the node's service.
+const NODE_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a service that exits at once is started again while its new daemon starts.
+const NODE_START_ATTEMPTS: u32 = 5;
+
+/// Starts `node`'s service again (its namespace made if missing), once its daemon has
+/// just been started: the daemon may not accept workloads yet, so a service that exits
+/// at once is started again, a few times. The caller holds [`lock_node`]. Returns the
+/// service's pid.
+pub fn start_node(rack: &Rack, node: &str) -> Result<u32> {
+    let layout = Layout::new(&rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone()));
+    let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
+    ensure_netns(rack, node, false)?;
+    let deadline = Instant::now() + NODE_START_TIMEOUT;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut child = spawn_node(rack, &layout, &binary, node, restarts(&layout, node).count)?;
+        match wait_ready(&layout, node, &mut child, deadline, NODE_START_TIMEOUT) {
+            Ok(()) => return Ok(child.id()),
+            Err(e) if attempt >= NODE_START_ATTEMPTS || Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
             }
-            if crate::interrupt::raised() {
-                return Err(CliError::Failed(format!(
-                    "interrupted while waiting for the IP service of {node}"
-                )));
+            Err(_) => {
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100 << attempt.min(4)));
             }
-            if Instant::now() > deadline {
-                return Err(CliError::Failed(format!(
-                    "the IP service of {node} is not up after {timeout:?}; its log:\n{}",
-                    process::tail_of(&log_file(&layout, node), 10)
-                )));
-            }
+        }
+    }
+}
+
+/// Stops `node`'s service if it runs (SIGTERM; SIGKILL after `timeout`); its pid, if it
+/// ran. The caller holds [`lock_node`].
+pub fn stop_node(layout: &Layout, node: &str, timeout: Duration) -> Option<i32> {
+    let pid = service_pid(layout, node)?;
+    // A stopped process cannot act on SIGTERM.
+    let _ = process::signal(pid, libc::SIGCONT);
+    let _ = process::signal(pid, libc::SIGTERM);
+    let t0 = Instant::now();
+    while process::is_alive(pid) && t0.elapsed() < timeout {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if process::is_alive(pid) {
+        let _ = process::signal(pid, libc::SIGKILL);
+        let t1 = Instant::now();
+        while process::is_alive(pid) && t1.elapsed() < Duration::from_secs(3) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    Ok(())
+    Some(pid)
+}
+
+/// Sends `sig` to `node`'s service if it runs; its pid, if it does.
+pub fn signal_node(layout: &Layout, node: &str, sig: libc::c_int) -> Result<Option<i32>> {
+    let Some(pid) = service_pid(layout, node) else {
+        return Ok(None);
+    };
+    process::signal(pid, sig).map_err(|e| {
+        CliError::Failed(format!(
+            "cannot signal the IP service of {node} (pid {pid}): {e}"
+        ))
+    })?;
+    Ok(Some(pid))
 }
 
 /// Stops the services and removes the namespaces (those of `rack`'s nodes, if known).
@@ -563,6 +831,8 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
                 let pid = lines.next().and_then(|t| t.trim().parse::<i32>().ok());
                 let binary = lines.next().map(Path::new);
                 if let Some(pid) = pid.filter(|&pid| is_service(pid, binary)) {
+                    // A paused node's service cannot act on SIGTERM until it runs again.
+                    let _ = process::signal(pid, libc::SIGCONT);
                     let _ = process::signal(pid, libc::SIGTERM);
                     pids.push((pid, p));
                 }

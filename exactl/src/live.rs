@@ -97,6 +97,176 @@ impl RackLiveness {
     }
 }
 
+/// One service of a node as `exactl status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceState {
+    Up {
+        pid: Option<i32>,
+    },
+    /// Stopped by SIGSTOP (`exactl node pause`).
+    Paused {
+        pid: i32,
+    },
+    /// Why, and what brings it back.
+    Down(String),
+    /// The rack runs no such service (a rack without IP over ExaNet).
+    Off,
+    /// exactl cannot see it (the daemons are not local processes).
+    Unknown,
+}
+
+impl ServiceState {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ServiceState::Up { .. } => "up",
+            ServiceState::Paused { .. } => "paused",
+            ServiceState::Down(_) => "down",
+            ServiceState::Off => "off",
+            ServiceState::Unknown => "unknown",
+        }
+    }
+
+    /// Counts against the node being whole: down or paused.
+    pub fn is_down(&self) -> bool {
+        matches!(self, ServiceState::Down(_) | ServiceState::Paused { .. })
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        match self {
+            ServiceState::Up { pid } => *pid,
+            ServiceState::Paused { pid } => Some(*pid),
+            _ => None,
+        }
+    }
+}
+
+/// A node's services: its daemon, its IP service and its network namespace (with IP over
+/// ExaNet on a local rack), with how often the supervisor restarted the IP service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeServices {
+    pub daemon: ServiceState,
+    pub ip: ServiceState,
+    pub netns: ServiceState,
+    /// The namespace's name, when the rack has them.
+    pub netns_name: Option<String>,
+    pub ip_restarts: crate::ip_service::Restarts,
+}
+
+impl NodeServices {
+    /// Each service that is down or paused, with its name for people.
+    pub fn down(&self) -> Vec<(&'static str, &ServiceState)> {
+        [
+            ("daemon", &self.daemon),
+            ("IP service", &self.ip),
+            ("namespace", &self.netns),
+        ]
+        .into_iter()
+        .filter(|(_, s)| s.is_down())
+        .collect()
+    }
+
+    pub fn whole(&self) -> bool {
+        self.down().is_empty()
+    }
+}
+
+/// What the rack's services look like: every node's, and the supervisor's pid when the
+/// rack has IP services (`None` inside when it is not running).
+pub struct RackServices {
+    pub nodes: Vec<NodeServices>,
+    /// `None`: the rack has no IP services to supervise; `Some(None)`: nothing supervises them.
+    pub supervisor: Option<Option<i32>>,
+}
+
+impl RackServices {
+    /// The services of every node of `rack`, from what its daemons answered (`answered`,
+    /// by node id, with the error of one that did not), its pid files and namespaces.
+    pub fn of(rack: &Rack, live: &RackLiveness, answered: &[Result<(), String>]) -> RackServices {
+        let shape = rack.shape();
+        let local = matches!(rack.file.deploy, None | Some(Deploy::Local));
+        let dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
+        let layout = exanet_control::rack::Layout::new(&dir);
+        let ip = local && crate::ip_service::enabled(&layout);
+        let supervisor = ip.then(|| crate::supervisor::running(&layout));
+        let nodes = shape
+            .node_ids()
+            .zip(answered)
+            .map(|(id, answer)| {
+                let node = shape.display(id);
+                let pid = match live.nodes.get(id.0 as usize) {
+                    Some(Liveness::Running { pid }) => Some(*pid),
+                    _ => None,
+                };
+                let daemon = match (answer, pid) {
+                    (_, Some(pid)) if process::is_stopped(pid) => ServiceState::Paused { pid },
+                    (Ok(()), pid) => ServiceState::Up { pid },
+                    (Err(e), _) => ServiceState::Down(e.clone()),
+                };
+                if !ip {
+                    let other = if local {
+                        ServiceState::Off
+                    } else {
+                        ServiceState::Unknown
+                    };
+                    return NodeServices {
+                        daemon,
+                        ip: other.clone(),
+                        netns: other,
+                        netns_name: None,
+                        ip_restarts: Default::default(),
+                    };
+                }
+                let service = match crate::ip_service::service_process(&layout, &node) {
+                    crate::ip_service::ServiceProcess::Running { pid, stopped: true } => {
+                        ServiceState::Paused { pid }
+                    }
+                    crate::ip_service::ServiceProcess::Running { pid, .. } => {
+                        ServiceState::Up { pid: Some(pid) }
+                    }
+                    crate::ip_service::ServiceProcess::Gone(why) => {
+                        let back = match (&daemon, supervisor) {
+                            (ServiceState::Up { .. }, Some(Some(_))) => {
+                                "the rack's supervisor starts it again".to_string()
+                            }
+                            (ServiceState::Up { .. }, _) => format!(
+                                "no supervisor runs to start it again: `exactl node restart \
+                                 {node}`"
+                            ),
+                            _ => format!(
+                                "it comes back with its daemon: `exactl node restart {node}`"
+                            ),
+                        };
+                        ServiceState::Down(format!("not running ({why}); {back}"))
+                    }
+                };
+                let ns = crate::ip_service::netns_name(rack, &node);
+                let netns = if crate::ip_service::netns_path(rack, &node).exists() {
+                    ServiceState::Up { pid: None }
+                } else {
+                    ServiceState::Down(format!(
+                        "{} is gone; `exactl node restart {node}` makes it again (what ran \
+                         in the old one stays cut off)",
+                        crate::ip_service::netns_path(rack, &node).display()
+                    ))
+                };
+                NodeServices {
+                    daemon,
+                    ip: service,
+                    netns,
+                    netns_name: Some(ns),
+                    ip_restarts: crate::ip_service::restarts(&layout, &node),
+                }
+            })
+            .collect();
+        RackServices { nodes, supervisor }
+    }
+
+    /// Services down or paused, over the rack.
+    pub fn down_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.down().len()).sum()
+    }
+}
+
 /// The liveness of one node from its pid file and, when that does not show a live
 /// daemon, its link port (`link`: its address when that is one of this host's).
 fn node_liveness(

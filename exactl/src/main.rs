@@ -47,6 +47,7 @@ mod rack_cmd;
 mod rack_prometheus;
 mod status;
 mod stdout;
+mod supervisor;
 mod table;
 mod top;
 mod units;
@@ -257,6 +258,10 @@ enum RackCommand {
     /// Run Debian's prometheus against this local rack's daemons, serving the rack's
     /// console pages (rack view, per-link and per-node pages)
     Prometheus(rack_prometheus::PrometheusArgs),
+    /// The local rack's supervisor, started by `rack up` and stopped by `rack down`:
+    /// restarts IP services that die while their daemon runs
+    #[command(hide = true)]
+    Supervise,
 }
 
 #[derive(Debug, Args)]
@@ -459,6 +464,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Capture(a) => capture::run(&dir, a),
         Command::Dissector => capture::print_dissector(),
         Command::Rack(RackCommand::Prometheus(a)) => rack_prometheus::run(&dir, a),
+        Command::Rack(RackCommand::Supervise) => supervisor::run(&dir),
         Command::Exec(a) => exec::run(
             &dir,
             a.node,

@@ -3,6 +3,11 @@
 //! processes (SIGSTOP, SIGCONT, SIGKILL, and a fresh daemon for restart), or the compose
 //! tool for a compose rack (pause, unpause, kill, restart of the node's container).
 //!
+//! Each acts on the node as a whole: with IP over ExaNet, its daemon and its IP service
+//! together (the service in the node's namespace, which stays: it is the node's host, and
+//! what runs there keeps running). A restart starts the service again once the daemon
+//! takes workloads, with the node's address, so that IP works again when it returns.
+//!
 //! A restarted daemon rejoins by itself: it dials its lower-numbered neighbours and the
 //! others dial it. `restart` waits until it reports all its links up again and says how
 //! long that took.
@@ -47,11 +52,12 @@ impl NodeOp {
     /// The help line of its subcommand.
     pub fn help(self) -> &'static str {
         match self {
-            NodeOp::Pause => "Freeze the node's daemon (SIGSTOP / docker pause)",
-            NodeOp::Resume => "Let a paused daemon run again",
-            NodeOp::Kill => "Kill the daemon without warning (a crash)",
+            NodeOp::Pause => "Freeze the node: its daemon and IP service (SIGSTOP / docker pause)",
+            NodeOp::Resume => "Let a paused node run again",
+            NodeOp::Kill => "Kill the node's daemon and IP service without warning (a crash)",
             NodeOp::Restart => {
-                "Stop the daemon if it runs, start a fresh one and wait until it rejoins"
+                "Stop the node if it runs, start a fresh daemon and IP service, and wait until \
+                 it rejoins"
             }
         }
     }
@@ -132,6 +138,9 @@ impl clap::Subcommand for NodeCommand {
 const REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stopping daemon gets after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a node operation waits for whoever else starts or stops the node's IP
+/// service (the supervisor, for at most its start timeout).
+const NODE_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// `exactl node OP NAME`.
 pub fn run(dir: &Path, op: NodeOp, name: NodeName) -> Result<()> {
@@ -167,8 +176,19 @@ pub fn apply(rack: &Rack, op: NodeOp, id: NodeId) -> Result<String> {
 }
 
 fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
-    let layout: Layout = rack.layout();
     let dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
+    let layout = Layout::new(&dir);
+    // With IP over ExaNet the node is its daemon, its IP service and its namespace: what
+    // happens to one happens to the node, or the node is left half there (a restarted
+    // daemon without its service: every link up, IP dead).
+    let ip = crate::ip_service::enabled(&layout);
+    // Held while the node's service is signalled, stopped or started, so that the
+    // supervisor does not start one meanwhile (see `supervisor`).
+    let _held = if ip {
+        crate::ip_service::lock_node(&layout, node, Some(NODE_LOCK_WAIT))?
+    } else {
+        None
+    };
     let running = match process::read_pid_file(&layout.pid_file(&node), node, &dir) {
         PidFile::Running(d) => Some(d),
         _ => None,
@@ -177,38 +197,88 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
         process::signal(d.pid, sig)
             .map_err(|e| CliError::Failed(format!("cannot signal {node} (pid {}): {e}", d.pid)))
     };
+    let service = |sig| -> Result<String> {
+        if !ip {
+            return Ok(String::new());
+        }
+        Ok(match crate::ip_service::signal_node(&layout, node, sig)? {
+            Some(pid) => format!(" and to its IP service, pid {pid}"),
+            None => " (its IP service was not running)".to_string(),
+        })
+    };
     match (op, running) {
         (NodeOp::Pause, Some(d)) => {
             signal(libc::SIGSTOP, &d)?;
-            Ok(format!("paused (SIGSTOP to pid {})", d.pid))
+            let also = service(libc::SIGSTOP)?;
+            Ok(format!("paused (SIGSTOP to pid {}{also})", d.pid))
         }
         (NodeOp::Resume, Some(d)) => {
             signal(libc::SIGCONT, &d)?;
-            Ok(format!("resumed (SIGCONT to pid {})", d.pid))
+            let also = service(libc::SIGCONT)?;
+            Ok(format!("resumed (SIGCONT to pid {}{also})", d.pid))
         }
         (NodeOp::Kill, Some(d)) => {
             signal(libc::SIGKILL, &d)?;
-            wait_gone(&d);
+            let service = ip
+                .then(|| crate::ip_service::signal_node(&layout, node, libc::SIGKILL))
+                .transpose()?
+                .flatten();
+            wait_gone(d.pid);
             let _ = process::remove_if_present(&layout.pid_file(&node));
-            Ok(format!("killed (SIGKILL to pid {})", d.pid))
+            let also = match service {
+                Some(pid) => {
+                    wait_gone(pid);
+                    format!(" and to its IP service, pid {pid}")
+                }
+                None if ip => " (its IP service was not running)".to_string(),
+                None => String::new(),
+            };
+            Ok(format!("killed (SIGKILL to pid {}{also})", d.pid))
         }
         (NodeOp::Restart, running) => {
             let mut stopped = "it was not running".to_string();
+            if ip {
+                if let Some(pid) = crate::ip_service::stop_node(&layout, node, STOP_TIMEOUT) {
+                    stopped = format!("IP service pid {pid} stopped");
+                }
+            }
             if let Some(d) = running {
                 // A paused daemon cannot act on SIGTERM.
                 let _ = process::signal(d.pid, libc::SIGCONT);
                 signal(libc::SIGTERM, &d)?;
-                stopped = format!("pid {} stopped", d.pid);
-                if !wait_gone(&d) && process::is_our_daemon(d.pid, node, &dir) {
+                let mut how = "stopped";
+                if !wait_gone(d.pid) && process::is_our_daemon(d.pid, node, &dir) {
                     let _ = process::signal(d.pid, libc::SIGKILL);
-                    wait_gone(&d);
-                    stopped = format!("pid {} killed after SIGTERM", d.pid);
+                    wait_gone(d.pid);
+                    how = "killed after SIGTERM";
                 }
+                stopped = if ip && stopped != "it was not running" {
+                    format!("pid {} {how}, {stopped}", d.pid)
+                } else {
+                    format!("pid {} {how}", d.pid)
+                };
             }
             let binary = process::daemon_binary()?;
             let child = process::spawn_daemon(&binary, &layout, &dir, node)?;
+            if !ip {
+                return Ok(format!(
+                    "restarted ({stopped}; new daemon pid {})",
+                    child.id()
+                ));
+            }
+            let service = crate::ip_service::start_node(rack, node).map_err(|e| {
+                CliError::Failed(format!(
+                    "{node}: its daemon was restarted (pid {}) but not its IP service: {e}",
+                    child.id()
+                ))
+            })?;
+            // A supervisor that died (or a rack brought up without one) would leave the
+            // next service that dies dead.
+            if let Err(e) = crate::supervisor::ensure_running(rack) {
+                eprintln!("exactl: warning: {e}");
+            }
             Ok(format!(
-                "restarted ({stopped}; new daemon pid {})",
+                "restarted ({stopped}; new daemon pid {}, IP service pid {service})",
                 child.id()
             ))
         }
@@ -221,10 +291,10 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
     }
 }
 
-/// Waits up to [`STOP_TIMEOUT`] for the daemon to exit; true if it did.
-fn wait_gone(d: &process::Daemon) -> bool {
+/// Waits up to [`STOP_TIMEOUT`] for process `pid` to exit; true if it did.
+fn wait_gone(pid: i32) -> bool {
     let t0 = Instant::now();
-    while process::is_alive(d.pid) {
+    while process::is_alive(pid) {
         if t0.elapsed() > STOP_TIMEOUT {
             return false;
         }
@@ -245,6 +315,16 @@ pub fn compose_command() -> Command {
     }
 }
 
+/// The node's IP service in a compose file, if it has one: `exactl rack compose` writes
+/// it as the service `NODE-ip` beside `NODE` (a line `  NODE-ip:` under `services:`).
+fn compose_ip_service(path: &Path, node: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let name = format!("{node}-ip");
+    text.lines()
+        .any(|l| l.strip_prefix("  ").and_then(|r| r.strip_suffix(':')) == Some(&name))
+        .then_some(name)
+}
+
 fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Result<String> {
     let path: PathBuf = rack.dir.join(file);
     let verb = match op {
@@ -253,21 +333,53 @@ fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Re
         NodeOp::Kill => "kill",
         NodeOp::Restart => "restart",
     };
-    let out = compose_command()
-        .arg("-p")
-        .arg(project)
-        .arg("-f")
-        .arg(&path)
-        .arg(verb)
-        .arg(node)
-        .output()
-        .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
-    if !out.status.success() {
-        return Err(CliError::Failed(format!(
-            "compose {verb} {node} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+    let run = |service: &str| -> Result<()> {
+        let out = compose_command()
+            .arg("-p")
+            .arg(project)
+            .arg("-f")
+            .arg(&path)
+            .arg(verb)
+            .arg(service)
+            .output()
+            .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
+        if !out.status.success() {
+            return Err(CliError::Failed(format!(
+                "compose {verb} {service} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    };
+    // The node's IP service lives in the node container's network namespace. Restarted
+    // after the node, it joins the new one at once, rather than when docker's restart
+    // policy gets round to it (backing off up to a minute while the node was down).
+    // Killed or paused before the node, it is still running when told, rather than in
+    // docker's restart loop, which refuses both; killed, docker (which does not restart
+    // what it was told to kill) leaves it down with the node until the restart.
+    let ip = compose_ip_service(&path, node);
+    // What became of the IP service, for the message: `" and of M1QAF2-ip"`, or why it
+    // did not follow. Only a restart fails with it: the node's own container is what the
+    // other operations are about, and they are done.
+    let service = |ip: &str| -> Result<String> {
+        match run(ip) {
+            Ok(()) => Ok(format!(" and of {ip}")),
+            Err(e) if op == NodeOp::Restart => Err(e),
+            Err(e) => Ok(format!("; {ip} did not follow: {e}")),
+        }
+    };
+    let mut note = String::new();
+    if matches!(op, NodeOp::Kill | NodeOp::Pause) {
+        if let Some(ip) = &ip {
+            note = service(ip)?;
+        }
+    }
+    run(node)?;
+    if matches!(op, NodeOp::Resume | NodeOp::Restart) {
+        if let Some(ip) = &ip {
+            note = service(ip)?;
+        }
     }
     let done = match op {
         NodeOp::Pause => "paused",
@@ -275,7 +387,11 @@ fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Re
         NodeOp::Kill => "killed",
         NodeOp::Restart => "restarted",
     };
-    Ok(format!("{done} (compose {verb} of its container)"))
+    Ok(if note.starts_with(" and of ") {
+        format!("{done} (compose {verb} of its container{note})")
+    } else {
+        format!("{done} (compose {verb} of its container){note}")
+    })
 }
 
 /// Waits until node `id` answers and reports every one of its links up.
@@ -297,4 +413,30 @@ pub fn wait_rejoined(rack: &Rack, id: NodeId, timeout: Duration) -> Result<Durat
         rack.shape().display(id),
         timeout.as_secs()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compose_node_has_its_ip_service_when_the_file_says_so() {
+        let dir = std::env::temp_dir().join(format!("exactl-nodes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("docker-compose.yml");
+        std::fs::write(
+            &f,
+            "services:\n  M1QAF1:\n    image: x\n  M1QAF1-ip:\n    network_mode: \"service:M1QAF1\"\n  \
+             M1QAF2:\n    image: x\n    command: [\"M1QAF2-ip:\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            compose_ip_service(&f, "M1QAF1").as_deref(),
+            Some("M1QAF1-ip")
+        );
+        // A node without one, even where its name appears elsewhere in the file.
+        assert_eq!(compose_ip_service(&f, "M1QAF2"), None);
+        assert_eq!(compose_ip_service(&dir.join("absent.yml"), "M1QAF1"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -286,16 +286,23 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The state letter of `pid` in `/proc/PID/stat` (`R`, `S`, `T`, `Z`...), if it exists.
+fn proc_state(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses and may contain anything.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .map(str::to_string)
+}
+
 /// True when `pid` exists and is not a zombie.
 pub fn is_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may contain anything.
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next());
-    !matches!(state, Some("Z") | Some("X") | Some("x"))
+    proc_state(pid).is_some_and(|s| !matches!(s.as_str(), "Z" | "X" | "x"))
+}
+
+/// True when `pid` is stopped by a signal (`exactl node pause`'s SIGSTOP), not traced.
+pub fn is_stopped(pid: i32) -> bool {
+    proc_state(pid).is_some_and(|s| s == "T")
 }
 
 /// Sends `sig` to `pid`. A process that is already gone is not an error.

@@ -88,6 +88,8 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     if ip_off.is_none() {
         crate::ip_service::check_namespaces_free(&rack)?;
     }
+    // A supervisor left by a run whose daemons all died knows that run's rack, not this one.
+    crate::supervisor::stop(&layout, Duration::from_secs(5))?;
     let needs = Needs::of(shape, ip_off.is_none().then(|| rack.ip_mtu()));
     let host = Host::read();
     let short = needs::shortfalls(&needs, &host);
@@ -156,7 +158,13 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     drop(port_lock);
     // A second Ctrl-C while stopping what was started ends exactl at once.
     interrupt::restore();
+    // With IP, the supervisor restarts the services that die on their own from now on.
+    let started = started.and_then(|()| match ip_off {
+        None => crate::supervisor::start(&abs_dir).map(|_| ()),
+        Some(_) => crate::ip_service::forget_enabled(&layout),
+    });
     if let Err(e) = started {
+        let _ = crate::supervisor::stop(&layout, Duration::from_secs(5));
         return Err(roll_back(&rack, children, ip_off.is_none(), e));
     }
     if ip_off.is_none() {
@@ -821,6 +829,13 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
                 Err(_) => {}
             }
         }
+    }
+    // The supervisor before anything else: it would start again the IP services stopped
+    // below.
+    match crate::supervisor::stop(&layout, timeout) {
+        Ok(Some(pid)) => eprintln!("exactl: stopped the rack's supervisor (pid {pid})"),
+        Ok(None) => {}
+        Err(e) => eprintln!("exactl: warning: {e}"),
     }
     // The rack's Prometheus (`exactl rack prometheus`) and the IP services first: one
     // scrapes the daemons, the others are their workloads.

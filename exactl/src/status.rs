@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::error::{CliError, Result};
 use crate::fabric::{self, Answer, Health, LinkView};
-use crate::live::RackLiveness;
+use crate::live::{NodeServices, RackLiveness, RackServices, ServiceState};
 use crate::table::{Column, Table};
 
 /// How long one node may take to answer `status`.
@@ -45,19 +45,37 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         }
     };
     let views = fabric::link_views(&shape, &answers);
+    let answered: Vec<std::result::Result<(), String>> = answers
+        .iter()
+        .map(|a| a.as_ref().map(|_| ()).map_err(Clone::clone))
+        .collect();
+    let services = RackServices::of(&rack, &live, &answered);
     let out = if as_json {
-        let mut s = serde_json::to_string_pretty(&to_json(&rack, &answers, &views))
+        let mut s = serde_json::to_string_pretty(&to_json(&rack, &answers, &views, &services))
             .map_err(|e| CliError::Failed(format!("cannot encode the status as JSON: {e}")))?;
         s.push('\n');
         s
     } else {
-        render(&rack, &answers, &views)
+        render(&rack, &answers, &views, &services)
     };
     crate::stdout::out!("{out}");
     let silent = answers.iter().filter(|a| a.is_err()).count();
     let gone = live.gone_count();
     match silent {
-        0 => Ok(()),
+        // Every daemon answers, but a node is whole only with its other services.
+        0 => match down_services(&shape, &services) {
+            down if down.is_empty() => Ok(()),
+            down => Err(CliError::Failed(format!(
+                "{} of the rack's services {}: {}",
+                down.len(),
+                if down.len() == 1 {
+                    "is down"
+                } else {
+                    "are down"
+                },
+                down.join(", ")
+            ))),
+        },
         _ if live.all_gone() => Err(crate::live::not_running(&rack)),
         n if n == answers.len() => Err(CliError::Failed(format!(
             "no daemon of the rack at {} answers (is it up? `exactl rack up` starts it)",
@@ -84,25 +102,38 @@ fn state_label(s: LinkState) -> &'static str {
 /// The JSON form: `{"rack", "dir", "shape", "summary", "nodes": [...], "links": [...]}`.
 /// A node that answered is its `NodeStatus` plus `"reachable": true`; one that did not is
 /// `{"node", "id", "reachable": false, "error"}`. A link carries what each end reported.
-pub fn to_json(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> Value {
+pub fn to_json(
+    rack: &Rack,
+    answers: &[Answer],
+    views: &[LinkView<'_>],
+    services: &RackServices,
+) -> Value {
     let shape = rack.shape();
     let nodes: Vec<Value> = shape
         .node_ids()
         .zip(answers)
-        .map(|(id, a)| match a {
-            Ok(st) => {
-                let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
-                if let Value::Object(m) = &mut v {
-                    m.insert("reachable".into(), Value::Bool(true));
+        .zip(&services.nodes)
+        .map(|((id, a), sv)| {
+            let mut v = match a {
+                Ok(st) => {
+                    let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
+                    if let Value::Object(m) = &mut v {
+                        m.insert("reachable".into(), Value::Bool(true));
+                    }
+                    v
                 }
-                v
+                Err(e) => json!({
+                    "node": shape.display(id),
+                    "id": id.0,
+                    "reachable": false,
+                    "error": e,
+                }),
+            };
+            if let Value::Object(m) = &mut v {
+                m.insert("services".into(), services_json(sv));
+                m.insert("whole".into(), Value::Bool(sv.whole()));
             }
-            Err(e) => json!({
-                "node": shape.display(id),
-                "id": id.0,
-                "reachable": false,
-                "error": e,
-            }),
+            v
         })
         .collect();
     let links: Vec<Value> = views
@@ -135,28 +166,126 @@ pub fn to_json(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> Value
             "links": views.len(),
             "links_up": up,
             "links_half": views.iter().filter(|v| v.health() == Health::Half).count(),
+            "nodes_whole": services.nodes.iter().filter(|n| n.whole()).count(),
+            "services_down": services.down_count(),
+        },
+        "supervisor": match services.supervisor {
+            None => Value::Null,
+            Some(pid) => json!({ "running": pid.is_some(), "pid": pid }),
         },
         "nodes": nodes,
         "links": links,
     })
 }
 
+/// `{"state": "up", "pid": 123}` (and `"error"` when down), for one service.
+fn service_json(s: &ServiceState) -> Value {
+    let mut v = json!({ "state": s.label() });
+    if let Some(pid) = s.pid() {
+        v["pid"] = json!(pid);
+    }
+    if let ServiceState::Down(why) = s {
+        v["error"] = json!(why);
+    }
+    v
+}
+
+/// A node's `"services"`: its daemon, its IP service (with the supervisor's restarts) and
+/// its namespace.
+fn services_json(sv: &NodeServices) -> Value {
+    let mut ip = service_json(&sv.ip);
+    ip["restarts"] = json!(sv.ip_restarts.count);
+    if let Some(t) = sv.ip_restarts.last {
+        ip["last_restart_unix"] = json!(t);
+    }
+    let mut netns = service_json(&sv.netns);
+    if let Some(n) = &sv.netns_name {
+        netns["name"] = json!(n);
+    }
+    json!({
+        "daemon": service_json(&sv.daemon),
+        "ip": ip,
+        "netns": netns,
+    })
+}
+
+/// `M1QBF2 IP service (not running (pid 1234 exited); ...)` for each service down or
+/// paused, for the error that ends `exactl status`.
+fn down_services(shape: &Shape, services: &RackServices) -> Vec<String> {
+    shape
+        .node_ids()
+        .zip(&services.nodes)
+        .flat_map(|(id, sv)| {
+            sv.down()
+                .into_iter()
+                .map(move |(what, s)| format!("{} {what} {}", shape.display(id), s.label()))
+        })
+        .collect()
+}
+
+/// One line per service down or paused: `  M1QBF2 IP service: down: not running (...)`.
+fn service_lines(shape: &Shape, services: &RackServices) -> String {
+    let mut out = String::new();
+    for (id, sv) in shape.node_ids().zip(&services.nodes) {
+        for (what, s) in sv.down() {
+            let why = match s {
+                ServiceState::Down(why) => why.clone(),
+                ServiceState::Paused { pid } => format!(
+                    "pid {pid} stopped (SIGSTOP); `exactl node resume {}` lets it run",
+                    shape.display(id)
+                ),
+                _ => continue,
+            };
+            let _ = writeln!(out, "  {} {what}: {}: {why}", shape.display(id), s.label());
+        }
+    }
+    out
+}
+
 /// The human form: a summary line, a table of nodes and a table of links.
-pub fn render(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> String {
+pub fn render(
+    rack: &Rack,
+    answers: &[Answer],
+    views: &[LinkView<'_>],
+    services: &RackServices,
+) -> String {
     let shape = rack.shape();
     let reachable = answers.iter().filter(|a| a.is_ok()).count();
     let up = views.iter().filter(|v| v.health() == Health::Up).count();
+    let ip = services.supervisor.is_some();
+    let ip_up = if ip {
+        let n = services
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.ip, ServiceState::Up { .. }))
+            .count();
+        format!(", {n}/{} IP services up", services.nodes.len())
+    } else {
+        String::new()
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "rack {:?} ({shape}) at {}: {reachable}/{} nodes answering, {up}/{} links up",
+        "rack {:?} ({shape}) at {}: {reachable}/{} nodes answering, {up}/{} links up{ip_up}",
         rack.file.name,
         rack.dir.display(),
         answers.len(),
         views.len()
     );
+    if services.supervisor == Some(None) {
+        let _ = writeln!(
+            out,
+            "the rack's supervisor is not running: an IP service that dies stays down \
+             (`exactl node restart NODE` starts the node's again, and the supervisor with it)"
+        );
+    }
     out.push('\n');
-    out.push_str(&node_table(&shape, answers));
+    out.push_str(&node_table(&shape, answers, services));
+    let down = service_lines(&shape, services);
+    if !down.is_empty() {
+        out.push_str("\nservices down:\n");
+        out.push_str(&down);
+    }
     let workloads = workload_table(answers);
     if !workloads.is_empty() {
         out.push_str("\nworkloads:\n");
@@ -177,47 +306,66 @@ pub fn render(rack: &Rack, answers: &[Answer], views: &[LinkView<'_>]) -> String
     out
 }
 
-fn node_table(shape: &Shape, answers: &[Answer]) -> String {
-    let headers = [
-        "NODE",
-        "STATE",
+/// The node table. STATE is `up` for a whole node, `down` when its daemon does not
+/// answer, `degraded` when it does but another of its services is down; with IP over
+/// ExaNet, DAEMON, IP and NETNS show each service and RESTARTS the supervisor's restarts
+/// of the IP service.
+fn node_table(shape: &Shape, answers: &[Answer], services: &RackServices) -> String {
+    let ip = services.supervisor.is_some();
+    let mut headers = vec!["NODE", "STATE"];
+    if ip {
+        headers.extend(["DAEMON", "IP", "NETNS", "RESTARTS"]);
+    }
+    headers.extend([
         "LINKS",
         "FORWARDED",
         "INJECTED",
         "DELIVERED",
         "ERRORS",
         "UPTIME",
-    ];
+    ]);
     let rows = shape
         .node_ids()
         .zip(answers)
-        .map(|(id, a)| {
-            let name = shape.display(id);
+        .zip(&services.nodes)
+        .map(|((id, a), sv)| {
+            let state = match (a, sv.whole()) {
+                (Err(_), _) => "down",
+                (Ok(_), true) => "up",
+                (Ok(_), false) => "degraded",
+            };
+            let mut r = vec![shape.display(id), state.to_string()];
+            if ip {
+                r.extend([
+                    sv.daemon.label().to_string(),
+                    sv.ip.label().to_string(),
+                    sv.netns.label().to_string(),
+                    sv.ip_restarts.count.to_string(),
+                ]);
+            }
             match a {
-                Ok(st) => vec![
-                    name,
-                    "up".into(),
+                Ok(st) => r.extend([
                     format!("{}/{}", st.links_up(), expected_links(shape, id)),
                     st.forwarded_cells.to_string(),
                     st.injected_cells.to_string(),
                     st.delivered_cells.to_string(),
                     st.errors.values().sum::<u64>().to_string(),
                     duration(st.uptime_seconds),
-                ],
+                ]),
                 Err(e) => {
-                    let mut r = vec![name, "down".into()];
                     r.extend(vec!["-".to_string(); 5]);
                     r.push(e.clone());
-                    r
                 }
             }
+            r
         })
         .collect();
-    table(
-        &headers,
-        &[false, false, true, true, true, true, true, false],
-        rows,
-    )
+    let mut right = vec![false, false];
+    if ip {
+        right.extend([false, false, false, true]);
+    }
+    right.extend([true, true, true, true, true, false]);
+    table(&headers, &right, rows)
 }
 
 /// What the nodes keep for their owners: the same on every node, so told once, from the
@@ -422,6 +570,26 @@ mod tests {
     use crate::fabric::tests::healthy_rack;
     use exanet_control::rack::RackFile;
 
+    /// The services of a rack without IP over ExaNet, as its daemons answered.
+    fn no_ip(answers: &[Answer]) -> RackServices {
+        RackServices {
+            nodes: answers
+                .iter()
+                .map(|a| NodeServices {
+                    daemon: match a {
+                        Ok(_) => ServiceState::Up { pid: Some(1234) },
+                        Err(e) => ServiceState::Down(e.clone()),
+                    },
+                    ip: ServiceState::Off,
+                    netns: ServiceState::Off,
+                    netns_name: None,
+                    ip_restarts: Default::default(),
+                })
+                .collect(),
+            supervisor: None,
+        }
+    }
+
     fn rack(shape: &str) -> Rack {
         let shape: Shape = shape.parse().unwrap();
         let mut file =
@@ -437,7 +605,7 @@ mod tests {
         let mut answers = healthy_rack(&r.shape());
         answers[2] = Err("no control socket".into());
         let views = fabric::link_views(&r.shape(), &answers);
-        let v = to_json(&r, &answers, &views);
+        let v = to_json(&r, &answers, &views, &no_ip(&answers));
         assert_eq!(v["shape"], "1x1x1");
         let nodes = v["nodes"].as_array().unwrap();
         assert_eq!(nodes.len(), 4);
@@ -468,7 +636,7 @@ mod tests {
             st.errors.insert("crc".into(), 3);
         }
         let views = fabric::link_views(&r.shape(), &answers);
-        let text = render(&r, &answers, &views);
+        let text = render(&r, &answers, &views, &no_ip(&answers));
         assert!(text.contains("7/8 nodes answering"), "{text}");
         assert!(text.contains("M1QAF1: crc=3"), "{text}");
         let f1 = text.lines().find(|l| l.starts_with("M1QAF1 ")).unwrap();
@@ -512,7 +680,7 @@ mod tests {
             l.admin_down = l.faults.unwrap().down;
         }
         let views = fabric::link_views(&r.shape(), &answers);
-        let text = render(&r, &answers, &views);
+        let text = render(&r, &answers, &views, &no_ip(&answers));
         let torus = text
             .lines()
             .find(|l| l.starts_with("M1QAF1 <-> M1QBF1"))
@@ -525,7 +693,12 @@ mod tests {
     fn attached_workloads_are_listed_with_what_they_hold() {
         let r = rack("1x1x1");
         let mut answers = healthy_rack(&r.shape());
-        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        let text = render(
+            &r,
+            &answers,
+            &fabric::link_views(&r.shape(), &answers),
+            &no_ip(&answers),
+        );
         assert!(!text.contains("workloads:"), "{text}");
         if let Ok(st) = &mut answers[1] {
             st.ni
@@ -542,7 +715,12 @@ mod tests {
                     registered_bytes: 64 << 20,
                 });
         }
-        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        let text = render(
+            &r,
+            &answers,
+            &fabric::link_views(&r.shape(), &answers),
+            &no_ip(&answers),
+        );
         let row = text
             .lines()
             .skip_while(|l| *l != "workloads:")
@@ -564,7 +742,12 @@ mod tests {
         for st in answers.iter_mut().flatten() {
             st.ni.reserved = kept.list();
         }
-        let text = render(&r, &answers, &fabric::link_views(&r.shape(), &answers));
+        let text = render(
+            &r,
+            &answers,
+            &fabric::link_views(&r.shape(), &answers),
+            &no_ip(&answers),
+        );
         let section: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("reserved on every node"))
@@ -578,6 +761,93 @@ mod tests {
                 "  mailbox 63: the IP service (PDID 65535)",
                 "  mailboxes 48..55: rank r, mailbox 48 + r (its collective mailbox)",
             ],
+            "{text}"
+        );
+    }
+
+    /// Issue 48: a node whose IP service died showed as up.
+    #[test]
+    fn a_node_without_its_ip_service_is_not_whole_and_says_why() {
+        let r = rack("2x1x1");
+        let answers = healthy_rack(&r.shape());
+        let mut services = no_ip(&answers);
+        services.supervisor = Some(Some(4321));
+        for (i, n) in services.nodes.iter_mut().enumerate() {
+            n.ip = ServiceState::Up {
+                pid: Some(2000 + i as i32),
+            };
+            n.netns = ServiceState::Up { pid: None };
+            n.netns_name = Some(format!("exanet-t-{i}"));
+        }
+        services.nodes[5].ip = ServiceState::Down(
+            "not running (pid 2005 exited); the rack's supervisor starts it again".into(),
+        );
+        services.nodes[5].ip_restarts = crate::ip_service::Restarts {
+            count: 2,
+            last: Some(1_796_615_655),
+        };
+        services.nodes[6].ip = ServiceState::Paused { pid: 2006 };
+        let views = fabric::link_views(&r.shape(), &answers);
+        let text = render(&r, &answers, &views, &services);
+        assert!(
+            text.contains("8/8 nodes answering, 13/13 links up, 6/8 IP services up"),
+            "{text}"
+        );
+        let row = text.lines().find(|l| l.starts_with("M1QBF2 ")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cols[..6],
+            ["M1QBF2", "degraded", "up", "down", "up", "2"],
+            "{row}"
+        );
+        let whole = text.lines().find(|l| l.starts_with("M1QAF1 ")).unwrap();
+        let cols: Vec<&str> = whole.split_whitespace().collect();
+        assert_eq!(
+            cols[..6],
+            ["M1QAF1", "up", "up", "up", "up", "0"],
+            "{whole}"
+        );
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| *l != "services down:")
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert_eq!(
+            section,
+            [
+                "  M1QBF2 IP service: down: not running (pid 2005 exited); the rack's \
+                 supervisor starts it again",
+                "  M1QBF3 IP service: paused: pid 2006 stopped (SIGSTOP); `exactl node resume \
+                 M1QBF3` lets it run",
+            ],
+            "{text}"
+        );
+        assert!(!text.contains("supervisor is not running"), "{text}");
+        assert_eq!(
+            down_services(&r.shape(), &services),
+            ["M1QBF2 IP service down", "M1QBF3 IP service paused"]
+        );
+        let v = to_json(&r, &answers, &views, &services);
+        let n = &v["nodes"][5];
+        assert_eq!(n["whole"], false);
+        assert_eq!(n["services"]["ip"]["state"], "down");
+        assert_eq!(n["services"]["ip"]["restarts"], 2);
+        assert_eq!(n["services"]["ip"]["last_restart_unix"], 1_796_615_655u64);
+        assert_eq!(n["services"]["netns"]["name"], "exanet-t-5");
+        assert_eq!(v["nodes"][0]["services"]["ip"]["pid"], 2000);
+        assert_eq!(v["summary"]["services_down"], 2);
+        assert_eq!(v["summary"]["nodes_whole"], 6);
+        assert_eq!(v["supervisor"]["pid"], 4321);
+
+        // Nothing supervising: said once, at the top.
+        services.supervisor = Some(None);
+        let text = render(&r, &answers, &views, &services);
+        assert!(
+            text.lines()
+                .nth(1)
+                .unwrap()
+                .contains("supervisor is not running"),
             "{text}"
         );
     }

@@ -74,6 +74,10 @@ struct Args {
     #[arg(long, default_value_t = 0, env = "EXANET_IP_SPIN_US",
           value_parser = clap::value_parser!(u64).range(0..=exanet::config::MAX_SPIN_US))]
     spin_us: u64,
+    /// How many times this node's service was started again after it died on its own
+    /// (exactl's supervisor passes its count), exported as `exanet_ip_restarts_total`.
+    #[arg(long, default_value_t = 0)]
+    restarts: u64,
 }
 
 fn main() -> ExitCode {
@@ -181,7 +185,7 @@ fn run(args: Args) -> Result<(), String> {
             tiny_http::Server::http(m.as_str()).map_err(|e| format!("metrics on {m}: {e}"))?;
         // With port 0 the kernel picks one: the ready file says which.
         metrics_addr = server.server_addr().to_ip();
-        let metrics = Arc::new(metrics::Metrics::new(&name));
+        let metrics = Arc::new(metrics::Metrics::new(&name, args.restarts));
         let s = Arc::clone(&shell);
         std::thread::Builder::new()
             .name("metrics".into())

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use exanet_ip_proto::{Drop, IpStats};
-use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use tracing::warn;
 
 /// What a scrape reads: the service's counters and gauges as of now.
@@ -37,7 +37,8 @@ fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounte
 }
 
 impl Metrics {
-    pub fn new(node: &str) -> Metrics {
+    /// `restarts`: how many times the node's service was restarted before this one.
+    pub fn new(node: &str, restarts: u64) -> Metrics {
         let registry = Registry::new();
         let dir = &["node", "direction"];
         let occupancy = IntGauge::with_opts(
@@ -72,6 +73,19 @@ impl Metrics {
         registry
             .register(Box::new(registered.clone()))
             .expect("once");
+        // Counted by whoever restarts the service (a process's own counters start at 0
+        // with it), and carried into each new process, so the series keeps rising.
+        let restarts_total = IntCounter::with_opts(
+            Opts::new(
+                "exanet_ip_restarts_total",
+                "Times this node's IP service was started again after it died on its own \
+                 (by the rack's supervisor), since the rack came up",
+            )
+            .const_label("node", node),
+        )
+        .expect("valid metric");
+        restarts_total.inc_by(restarts);
+        registry.register(Box::new(restarts_total)).expect("once");
         Metrics {
             packets: counter(
                 &registry,
