@@ -358,7 +358,18 @@ fn compose(rack: &Rack, op: NodeOp, node: &str, project: &str, file: &str) -> Re
     // Killed or paused before the node, it is still running when told, rather than in
     // docker's restart loop, which refuses both; killed, docker (which does not restart
     // what it was told to kill) leaves it down with the node until the restart.
-    let ip = compose_ip_service(&path, node);
+    // Only a service that has a container: compose creates `NODE-ip` only when it is
+    // brought up (`docker-compose up -d NODE-ip`), and a rack may run without it.
+    let ip = compose_ip_service(&path, node).filter(|ip| {
+        compose_command()
+            .arg("-p")
+            .arg(project)
+            .arg("-f")
+            .arg(&path)
+            .args(["ps", "-a", "-q", ip])
+            .output()
+            .is_ok_and(|o| o.status.success() && !o.stdout.trim_ascii().is_empty())
+    });
     // What became of the IP service, for the message: `" and of M1QAF2-ip"`, or why it
     // did not follow. Only a restart fails with it: the node's own container is what the
     // other operations are about, and they are done.
