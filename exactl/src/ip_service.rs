@@ -273,9 +273,13 @@ pub fn node_tmp_dir(rack: &Rack, node: &str) -> Result<PathBuf> {
 }
 
 /// Removes the node directories the rack's records name (a rack that was not taken down
-/// left them, or this one's at `rack down`); a record goes with its directory only.
-/// Whatever cannot be removed, or is no longer a directory of this user's, is left and
-/// reported, naming the path and its owner: it is never used again, and never silently.
+/// left them, or this one's at `rack down`). Whatever cannot be removed, or is no longer a
+/// directory of this user's, is left and reported (on standard error), naming the path and
+/// its owner: it is never used again (a node's directory is made afresh under a name no
+/// one can take first), and never silently. A directory of ours that cannot be emptied
+/// is reported and left; it does not keep the rack from coming up or going down: anyone may write into a node's directory (mode 1777),
+/// and a chain too deep to remove would otherwise have kept root's racks down for good.
+/// Only what keeps the records themselves from being read or removed is an error.
 fn remove_node_tmp_dirs(layout: &Layout) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let run = layout.ip_run_dir();
@@ -311,26 +315,30 @@ fn remove_node_tmp_dirs(layout: &Layout) -> Result<()> {
                     .map(|m| format!(", owned by {}", owner(m.uid())))
                     .unwrap_or_default();
                 format!(
-                    "cannot remove {} (the temporary directory of {node}{whose}): {e}; \
-                     remove it yourself (`exactl rack up` makes a new one, and refuses \
-                     while this one is there)",
+                    "cannot remove {} (the former temporary directory of {node}{whose}): \
+                     {e}; left as it is and never used again (each rack up makes a new \
+                     one): remove it yourself",
                     dir.display()
                 )
             }),
-            Ok(Found::Not(what)) => Err(format!(
-                "{}, recorded as the temporary directory of {node}, is {what}: left as it \
-                 is; see to it and remove {}",
-                dir.display(),
-                record.display()
-            )),
+            Ok(Found::Not(what)) => {
+                // Not ours any more: nothing to remove, and the record is done with.
+                eprintln!(
+                    "exactl: warning: {}, recorded as the former temporary directory of \
+                     {node}, is {what}: left as it is, never used again",
+                    dir.display()
+                );
+                Ok(())
+            }
             Err(e) => Err(e.to_string()),
         };
-        let forgotten = removed.and_then(|()| {
-            process::remove_if_present(&record)
-                .map_err(|e| CliError::io("remove", &record, e).to_string())
-        });
-        if let Err(p) = forgotten {
-            problems.push(p);
+        match removed {
+            Ok(()) => {
+                if let Err(e) = process::remove_if_present(&record) {
+                    problems.push(CliError::io("remove", &record, e).to_string());
+                }
+            }
+            Err(w) => eprintln!("exactl: warning: {w}"),
         }
     }
     if problems.is_empty() {
@@ -367,8 +375,8 @@ pub fn unavailable() -> Option<String> {
 /// namespace, and one of that name in use belongs to another rack of the same name (every
 /// rack in a directory called `exanet-rack` is named so) or holds what a rack that was not
 /// taken down left running. Replacing it would cut those processes off from every network.
-/// Then removes the node directories this rack's last run left, refusing (before anything
-/// is started) if one cannot be removed.
+/// Then removes the node directories this rack's last run left (what cannot be removed is
+/// reported and left, never used again).
 pub fn check_namespaces_free(rack: &Rack) -> Result<()> {
     check_namespaces_unused(rack)?;
     remove_node_tmp_dirs(&rack.layout())
