@@ -81,7 +81,7 @@ pub fn run(
                     )));
                 }
             }
-            let container = container_of(&rack, &project, &file, &name)?;
+            let container = crate::nodes::container_of(&rack, &project, &file, &name)?;
             let status = beside(&rack, &container, &name, mounts, program, args)?
                 .status()
                 .map_err(|e| CliError::Failed(format!("cannot run docker: {e}")))?;
@@ -113,27 +113,6 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
-}
-
-/// The id of `node`'s running container in the compose project.
-pub fn container_of(rack: &Rack, project: &str, file: &str, node: &str) -> Result<String> {
-    let out = crate::nodes::compose_command()
-        .arg("-p")
-        .arg(project)
-        .arg("-f")
-        .arg(rack.dir.join(file))
-        .args(["ps", "-q"])
-        .arg(node)
-        .output()
-        .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || id.is_empty() || id.contains(char::is_whitespace) {
-        return Err(CliError::Failed(format!(
-            "{node} has no running container in compose project {project}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(id)
 }
 
 /// Variables of this process that a command run beside a node does not take: they name

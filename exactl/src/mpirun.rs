@@ -647,7 +647,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         // mpirun runs on this host, which the containers reach on the compose network:
         // the runtime's own connections go there, the messages through the NI.
         Some((project, file)) => {
-            let first = crate::exec::container_of(&rack, project, file, &names[0])?;
+            let first = crate::nodes::container_of(&rack, project, file, &names[0])?;
             let net = compose_network(&first)?;
             if let Some(prefix) = mpi_prefix(&launcher) {
                 // Hydra's proxies and the ranks run from it in the containers.

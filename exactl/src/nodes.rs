@@ -426,6 +426,27 @@ pub fn wait_rejoined(rack: &Rack, id: NodeId, timeout: Duration) -> Result<Durat
     )))
 }
 
+/// The id of `node`'s running container in the compose project.
+pub fn container_of(rack: &Rack, project: &str, file: &str, node: &str) -> Result<String> {
+    let out = crate::nodes::compose_command()
+        .arg("-p")
+        .arg(project)
+        .arg("-f")
+        .arg(rack.dir.join(file))
+        .args(["ps", "-q"])
+        .arg(node)
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot run the compose tool: {e}")))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || id.is_empty() || id.contains(char::is_whitespace) {
+        return Err(CliError::Failed(format!(
+            "{node} has no running container in compose project {project}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
