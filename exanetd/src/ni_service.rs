@@ -554,7 +554,7 @@ impl Drop for Teardown {
         let (node, rank) = (&self.node, self.rank);
         self.stop.set();
         let _ = self.ring_done.recv();
-        {
+        let given_back = {
             let now = node.now();
             let mut core = node.lock();
             core.sessions[rank as usize] = None;
@@ -563,7 +563,14 @@ impl Drop for Teardown {
             core.pump(now);
             // Under the core lock, so that a workload attaching to this rank right after
             // cannot have its fresh registrations erased.
-            self.mem.clear(rank);
+            self.mem.clear(rank)
+        };
+        let deadline = std::time::Instant::now() + crate::shm_memory::SETTLE;
+        if !given_back.iter().all(|g| g.wait_until(deadline)) {
+            warn!(
+                rank,
+                "a detached workload's memory is not given back yet (held by it?)"
+            );
         }
         info!(rank, len = self.region.len(), "workload detached");
     }
@@ -680,19 +687,29 @@ fn handle_request(
     req: Request,
 ) -> Result<(Reply, Option<OwnedFd>), (&'static str, String)> {
     let refused = |e: ServiceError| (e.kind(), e.to_string());
-    let control = {
+    let (control, given_back) = {
         let mut core = node.lock();
         let (svc, ni, _) = core.workloads();
         let control = svc.control(ni, rank, req).map_err(refused)?;
         // Under the same lock: the NI never sees a region the service has forgotten.
+        let mut given_back = None;
         if let Control::ForgetRegion(placed) = &control {
-            mem.remove(rank, placed.va);
+            given_back = mem.remove(rank, placed.va).map(|(_, g)| g);
         }
-        control
+        (control, given_back)
     };
     match control {
         Control::Answer(r) => Ok((r, None)),
-        Control::ForgetRegion(_) => Ok((Reply::Ok, None)),
+        Control::ForgetRegion(_) => {
+            // Answered once the region's share is back in the host's budget (or after a
+            // bounded wait, if the workload holds its memory): a registration right after,
+            // on any node of the host, finds it there.
+            let deadline = std::time::Instant::now() + crate::shm_memory::SETTLE;
+            if given_back.is_some_and(|g| !g.wait_until(deadline)) {
+                debug!(rank, "an unregistered region is not given back yet");
+            }
+            Ok((Reply::Ok, None))
+        }
         Control::MakeRegion(pending) => {
             // Made and allocated outside the core lock: it may take a while for a large
             // region, and every other rank's traffic needs that lock.

@@ -14,8 +14,8 @@ use tracing::debug;
 use crate::host_budget::{Budget, BudgetError, HostBudget, Reservation};
 
 /// How long a registration refused by the host's budget waits for regions forgotten just
-/// before to give their share back.
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+/// before to give their share back, and an unregistration or a detach for its own.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A shared memory region as the NI's backing store, with what it holds of the host's
 /// budget: dropping it (forgotten, its rank detached, or never placed) gives that back.
@@ -154,18 +154,17 @@ impl ShmMemory {
         self.write_guard().insert(rank, va, region.into());
     }
 
-    /// Unmaps the region at `va` of `rank`; its length, if there was one.
-    pub fn remove(&self, rank: u8, va: u64) -> Option<u64> {
+    /// Unmaps the region at `va` of `rank`: its length, if there was one, and the end of
+    /// its give-back (see [`GivenBack`]).
+    pub fn remove(&self, rank: u8, va: u64) -> Option<(u64, GivenBack)> {
         let gone = self.write_guard().remove(rank, va)?;
         Some(release(gone))
     }
 
-    /// Unmaps every region of `rank`.
-    pub fn clear(&self, rank: u8) {
+    /// Unmaps every region of `rank`; the ends of their give-backs.
+    pub fn clear(&self, rank: u8) -> Vec<GivenBack> {
         let gone = self.write_guard().clear(rank);
-        for r in gone {
-            release(r);
-        }
+        gone.into_iter().map(|r| release(r).1).collect()
     }
 }
 
@@ -179,15 +178,36 @@ impl ShmMemory {
 /// takes the memfd's inode lock, which the workload can hold for as long as it likes (a
 /// `write(2)` into the memfd from a buffer whose fault never ends), and the reservation's
 /// give-back writes the host's ledger under a file lock.
-fn release(r: ShmRegion) -> u64 {
+fn release(r: ShmRegion) -> (u64, GivenBack) {
     let len = r.region.len() as u64;
+    let (done, given) = std::sync::mpsc::sync_channel(1);
     crate::closer::later(move || {
         if let Err(e) = r.region.discard() {
             debug!(error = %e, "cannot give a region's pages back");
         }
         drop(r);
+        let _ = done.send(());
     });
-    len
+    (len, GivenBack(given))
+}
+
+/// The end of a region's give-back on a closer thread: its pages returned and its share of
+/// the host's budget written back. Whoever answers the workload waits for it, outside every
+/// lock and for a bounded time, so that a program that unregisters and then registers on
+/// another node finds the share there (another daemon cannot know it is on its way).
+#[derive(Debug)]
+pub struct GivenBack(std::sync::mpsc::Receiver<()>);
+
+impl GivenBack {
+    /// Waits for the give-back until `deadline`; whether it ended.
+    pub fn wait_until(&self, deadline: std::time::Instant) -> bool {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // A dropped sender is an ended job too (the job ran, or was dropped unrun).
+        !matches!(
+            self.0.recv_timeout(left),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        )
+    }
 }
 
 impl Memory for ShmMemory {
@@ -248,7 +268,10 @@ mod tests {
         let (r, _fd) = m.create_region(name, 3 * MIB, 0, "alice").unwrap();
         m.insert(0, 1 << 30, r);
         assert!(m.create_region(name, MIB, 1, "alice").is_err());
-        assert_eq!(m.remove(0, 1 << 30), Some(3 * MIB as u64));
+        let soon = || std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (len, given) = m.remove(0, 1 << 30).unwrap();
+        assert_eq!(len, 3 * MIB as u64);
+        assert!(given.wait_until(soon()), "not given back");
         let (r, _fd) = m.create_region(name, 3 * MIB, 0, "alice").unwrap();
         m.insert(0, 1 << 30, r);
         let (r, _fd) = m.create_region(name, MIB, 2, "bob").unwrap();
@@ -257,7 +280,7 @@ mod tests {
             m.create_region(name, MIB, 2, "bob"),
             Err(BudgetError::Host { .. })
         ));
-        m.clear(0);
+        assert!(m.clear(0).iter().all(|g| g.wait_until(soon())));
         let (r, _fd) = m.create_region(name, 2 * MIB, 2, "bob").unwrap();
         m.insert(2, 2 << 30, r);
         // A bare region (no budget) still maps, counted against nothing.
