@@ -1,0 +1,650 @@
+//! Link faults during a job heal (issue 48): Debian's LAMMPS (`lmp`, the `melt` example)
+//! runs on eight ranks of a 2x1x1 rack over the NI (the libfabric provider) while the
+//! link its cross-QFDB traffic takes (M1QAF1 <-> M1QBF1, the rack's only torus link) loses
+//! 1% of its cells, is delayed, is cut for 3 s and healed, or takes a short fault plan;
+//! each run prints the same thermodynamics, line for line, as the same input on the host.
+//! A cut longer than the link timeout ends the job with the NI's error instead.
+//!
+//! None of this was broken when these tests were written: they pin it (each healing test
+//! also checks that the links give back all their credit after the job, which a lost
+//! cell's credit never handed back would fail; docs/faults.md, "Tests"). Measured on the
+//! full `melt` (250 steps, release build, 2-core machine; docs/faults.md has the
+//! figures): 1% loss, 1 ms delay, cuts of 3 and 3.5 s and a fault plan each completed
+//! with the host's last thermo line; a cut of 5 s failed 3.84 s after it began (the
+//! NI's retry budget, shorter than the link timeout), and a job under a cut that outlasts
+//! the budget ends only once the cut heals (docs/faults.md, "A cut the NI cannot
+//! outlast": not yet bounded, so not tested).
+//!
+//! The input is `melt` with fewer steps ([`STEPS`]): a debug build's daemons and provider
+//! take ~0.35 s a step, and the full 250 would take each test past a minute and a half.
+//!
+//! Needs root, /dev/net/tun and `ip` (Open MPI's runtime rides IP over ExaNet), Open MPI
+//! and `lmp` (Debian: openmpi-bin, lammps); where one is missing each test prints a
+//! SKIPPED line, and fails instead with `EXANET_REQUIRE_IP` set (CI sets it). One test
+//! at a time: each brings up its own rack, and the cut's timing must not starve.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use exanet_tests::{run_with_timeout, skip_unless_required, TestRack};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// Debian's `examples/melt/in.melt` (its dump already commented out there) with the
+/// step count and thermo interval as variables (`-var steps N -var thermo M`).
+const MELT: &str = "\
+# 3d Lennard-Jones melt
+
+units\t\tlj
+atom_style\tatomic
+
+lattice\t\tfcc 0.8442
+region\t\tbox block 0 10 0 10 0 10
+create_box\t1 box
+create_atoms\t1 box
+mass\t\t1 1.0
+
+velocity\tall create 3.0 87287 loop geom
+
+pair_style\tlj/cut 2.5
+pair_coeff\t1 1 1.0 1.0 2.5
+
+neighbor\t0.3 bin
+neigh_modify\tevery 20 delay 0 check no
+
+fix\t\t1 all nve
+
+thermo\t\t${thermo}
+run\t\t${steps}
+";
+
+/// Past the neighbour list's rebuild at step 20, so atoms change ranks across the faults
+/// too: ~10 s of loop on a debug build. A release build runs it ~6 times as fast, too
+/// fast for a fault plan to land inside the loop, so it runs more steps.
+const STEPS: &str = if cfg!(debug_assertions) { "30" } else { "200" };
+const THERMO: &str = "10";
+
+/// The link every message between the QFDBs crosses.
+const NEAR: &str = "M1QAF1";
+const FAR: &str = "M1QBF1";
+
+/// The NI's retry budget with the default `[ni]` settings: 8 attempts from 20 ms,
+/// doubling up to 1.28 s (`NiConfig::retry_budget_ns`). A send with no answer this long
+/// after its first copy fails, so today a cut longer than this fails the job, not the
+/// link timeout below (docs/faults.md).
+const RETRY_BUDGET: Duration = Duration::from_millis(3820);
+/// The default link timeout: how long a silent peer takes to be noticed. The issue asks
+/// that a cut longer than this end the job with an error; the long-cut test cuts for
+/// longer, so it holds whether the NI gives up at its budget or, later, at this.
+const LINK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a run may take from launch to exit: ~15 s without faults on a debug build.
+const JOB_LIMIT: Duration = Duration::from_secs(75);
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn turn() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `test` can run here (else skipped, or failed under `EXANET_REQUIRE_IP`).
+fn runs_here(test: &str) -> bool {
+    if exanet_tests::skip_without_ip(test, &["ip"]) {
+        return false;
+    }
+    for (tool, package) in [("mpirun.openmpi", "openmpi-bin"), ("lmp", "lammps")] {
+        if !exanet_tests::on_path(tool) {
+            skip_unless_required(
+                "EXANET_REQUIRE_IP",
+                test,
+                &format!("no {tool} (Debian: {package})"),
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// The thermo table a LAMMPS run printed (each row's fields joined by one space), from
+/// its `Step` header to `Loop time`; empty if there is none.
+fn thermo(out: &str) -> Vec<String> {
+    out.lines()
+        .map(str::trim)
+        .skip_while(|l| !l.starts_with("Step "))
+        .take_while(|l| !l.starts_with("Loop time"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The host's thermo table for the input: eight ranks of Open MPI on this machine, the
+/// same rank count as on the rack (melt's thermodynamics depend on it, not on the
+/// fabric).
+fn host_thermo() -> &'static Vec<String> {
+    static HOST: OnceLock<Vec<String>> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("melt.in");
+        std::fs::write(&input, MELT).unwrap();
+        let mut c = Command::new("mpirun.openmpi");
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np", "8", "lmp"])
+            .args(lmp_args(&input))
+            .current_dir(dir.path());
+        let run = run_with_timeout(c, Duration::from_secs(120)).unwrap();
+        assert!(run.success(), "LAMMPS on the host: {}", run.describe());
+        let t = thermo(&run.stdout);
+        assert_eq!(
+            t.len(),
+            2 + STEPS.parse::<usize>().unwrap() / THERMO.parse::<usize>().unwrap(),
+            "LAMMPS on the host printed no full thermo table: {}",
+            run.describe()
+        );
+        t
+    })
+}
+
+fn lmp_args(input: &Path) -> Vec<String> {
+    [
+        "-log",
+        "none",
+        "-in",
+        &input.to_string_lossy(),
+        "-var",
+        "steps",
+        STEPS,
+        "-var",
+        "thermo",
+        THERMO,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A 2x1x1 rack with IP over ExaNet (Open MPI's runtime needs it) and the input in its
+/// directory.
+fn rack(tag: &str) -> (TestRack, PathBuf) {
+    let rack = TestRack::new(tag);
+    let up = rack.exactl_timeout(
+        &[
+            "rack",
+            "up",
+            "--shape",
+            "2x1x1",
+            "--ip",
+            "on",
+            "--timeout",
+            "120",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(up.success(), "rack up --ip on: {}", up.describe());
+    let input = rack.dir.join("melt.in");
+    std::fs::write(&input, MELT).unwrap();
+    (rack, input)
+}
+
+/// `exactl mpirun` of LAMMPS over the NI, running in a process group of its own with its
+/// output in files.
+struct Job {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+    started: Instant,
+}
+
+impl Job {
+    fn start(rack: &TestRack, input: &Path) -> Job {
+        let mut args: Vec<String> = ["mpirun", "--fabric", "ni", "-np", "8", "--", "lmp"]
+            .map(String::from)
+            .to_vec();
+        args.extend(lmp_args(input));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (out, err) = (rack.dir.join("job.out"), rack.dir.join("job.err"));
+        use std::os::unix::process::CommandExt;
+        let child = rack
+            .command(&args)
+            .current_dir(&rack.dir)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        Job {
+            child,
+            out,
+            err,
+            started: Instant::now(),
+        }
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Both outputs: the ranks' provider warnings and MPI's errors go to stderr.
+    fn output(&self) -> String {
+        format!(
+            "{}{}",
+            self.stdout(),
+            std::fs::read_to_string(&self.err).unwrap_or_default()
+        )
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "--- stdout:\n{}\n--- stderr:\n{}",
+            self.stdout().trim_end(),
+            std::fs::read_to_string(&self.err)
+                .unwrap_or_default()
+                .trim_end()
+        )
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// Waits until the time loop runs: LAMMPS prints step 0's thermo line, flushed, as
+    /// it enters the loop.
+    fn wait_for_the_loop(&mut self, test: &str) {
+        while thermo(&self.stdout()).len() < 2 {
+            if let Some(st) = self.exited() {
+                panic!(
+                    "{test}: the job ended ({st}) before its loop: {}",
+                    self.describe()
+                );
+            }
+            assert!(
+                self.started.elapsed() < JOB_LIMIT,
+                "{test}: no loop within {JOB_LIMIT:?}: {}",
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait(&mut self, test: &str, limit: Duration) -> ExitStatus {
+        let from = Instant::now();
+        loop {
+            if let Some(st) = self.exited() {
+                return st;
+            }
+            assert!(
+                from.elapsed() < limit,
+                "{test}: the job still runs after {limit:?}: {}",
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        // exactl hands a SIGTERM to the launcher and ends what outlives it (orted
+        // daemonizes out of this group); a SIGKILL of the group is the last resort.
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+/// The faults' counters of both directions of the torus link, summed.
+fn injected(rack: &TestRack) -> (u64, u64) {
+    let show = rack.exactl(&["link", "show", "--json"]);
+    assert!(show.success(), "link show: {}", show.describe());
+    let v: Value = show.json();
+    let mut dropped = 0;
+    let mut delayed = 0;
+    for l in v["links"].as_array().into_iter().flatten() {
+        let ends = (l["from"].as_str(), l["to"].as_str());
+        if ends == (Some(NEAR), Some(FAR)) || ends == (Some(FAR), Some(NEAR)) {
+            dropped += l["fault_stats"]["cells"]["drop"].as_u64().unwrap_or(0);
+            delayed += l["fault_stats"]["delayed_frames"].as_u64().unwrap_or(0);
+        }
+    }
+    (dropped, delayed)
+}
+
+fn set_link(rack: &TestRack, flags: &[&str]) {
+    let mut args = vec!["link", "set", NEAR, FAR];
+    args.extend(flags);
+    let r = rack.exactl(&args);
+    assert!(r.success(), "link set {flags:?}: {}", r.describe());
+}
+
+/// Once the faults are gone and the job is over, every link of the rack settles: no
+/// credit outstanding, nothing queued or held. What a fault or a cut took and never gave
+/// back (the credit of a lost cell, a frame of a dead session) would stay, and shrink
+/// the link's window for good, which one short job would not notice otherwise.
+fn assert_links_settle(test: &str, rack: &TestRack) {
+    let r = rack.exactl(&["link", "clear", "--all"]);
+    assert!(r.success(), "{test}: link clear --all: {}", r.describe());
+    // The IP services keep talking; what they have in flight comes back within a round
+    // trip, so each figure must reach zero, not all at one instant.
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut unsettled: Vec<String>;
+    loop {
+        let st = rack.exactl(&["status", "--json"]);
+        let v: Value = st.json();
+        unsettled = Vec::new();
+        for n in v["nodes"].as_array().into_iter().flatten() {
+            for l in n["links"].as_array().into_iter().flatten() {
+                for key in ["in_flight_bytes", "queue_bytes", "held_bytes"] {
+                    let x = l[key].as_u64().unwrap_or(0);
+                    if x > 0 {
+                        unsettled.push(format!(
+                            "{} -> {}: {key} {x}",
+                            n["node"].as_str().unwrap_or("?"),
+                            l["peer"].as_str().unwrap_or("?")
+                        ));
+                    }
+                }
+            }
+        }
+        if unsettled.is_empty() {
+            return;
+        }
+        if Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{test}: links did not settle after the job: {unsettled:?}");
+}
+
+/// The job completed and printed the host's thermo table.
+fn assert_host_thermo(test: &str, job: &Job, status: ExitStatus) {
+    assert!(status.success(), "{test}: {status}: {}", job.describe());
+    assert_eq!(
+        &thermo(&job.stdout()),
+        host_thermo(),
+        "{test}: the thermodynamics differ from the host's: {}",
+        job.describe()
+    );
+}
+
+/// LAMMPS processes of this rack's input still running.
+fn ranks_left(input: &Path) -> Vec<String> {
+    exanet_tests::processes_mentioning(&[input.to_string_lossy().into_owned()])
+        .into_iter()
+        .map(|p| format!("{} {}", p.pid, p.cmdline))
+        .collect()
+}
+
+#[test]
+fn lammps_under_one_percent_loss_prints_the_hosts_thermodynamics() {
+    const TEST: &str = "faults_under_jobs::lammps_under_one_percent_loss";
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    host_thermo();
+    let (rack, input) = rack("loss");
+    set_link(&rack, &["--loss", "1%"]);
+    let mut job = Job::start(&rack, &input);
+    let st = job.wait(TEST, JOB_LIMIT);
+    assert_host_thermo(TEST, &job, st);
+    let (dropped, _) = injected(&rack);
+    // ~2000 on the full melt; this shorter run crosses the link some thousands of
+    // cells' worth each way.
+    assert!(dropped >= 10, "{TEST}: only {dropped} cells were lost");
+    assert_links_settle(TEST, &rack);
+    eprintln!(
+        "{TEST}: completed in {:.1} s, {dropped} cells lost on {NEAR} <-> {FAR}",
+        job.started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn lammps_under_added_delay_prints_the_hosts_thermodynamics() {
+    const TEST: &str = "faults_under_jobs::lammps_under_added_delay";
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    host_thermo();
+    let (rack, input) = rack("delay");
+    // Beyond the NI's 20 ms retransmission floor once jitter and queueing add up on a
+    // busy link: copies of what was merely late must be recognised as such.
+    set_link(&rack, &["--delay", "1ms", "--jitter", "200us"]);
+    let mut job = Job::start(&rack, &input);
+    let st = job.wait(TEST, JOB_LIMIT);
+    assert_host_thermo(TEST, &job, st);
+    let (_, delayed) = injected(&rack);
+    assert!(delayed >= 100, "{TEST}: only {delayed} frames were delayed");
+    assert_links_settle(TEST, &rack);
+    eprintln!(
+        "{TEST}: completed in {:.1} s, {delayed} frames delayed on {NEAR} <-> {FAR}",
+        job.started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn lammps_through_a_three_second_cut_prints_the_hosts_thermodynamics() {
+    const TEST: &str = "faults_under_jobs::lammps_through_a_three_second_cut";
+    const CUT: Duration = Duration::from_secs(3);
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    host_thermo();
+    let (rack, input) = rack("cut");
+    let mut job = Job::start(&rack, &input);
+    job.wait_for_the_loop(TEST);
+    set_link(&rack, &["--down"]);
+    let cut = Instant::now();
+    std::thread::sleep(CUT);
+    // The cut must have caught the loop: with no way between the QFDBs it cannot end.
+    assert!(
+        job.exited().is_none() && !job.stdout().contains("Loop time"),
+        "{TEST}: the loop ended during the cut, so the cut proved nothing: {}",
+        job.describe()
+    );
+    set_link(&rack, &["--up"]);
+    let healed = Instant::now();
+    eprintln!(
+        "{TEST}: {NEAR} <-> {FAR} cut for {:.2} s",
+        (healed - cut).as_secs_f64()
+    );
+    let st = job.wait(TEST, JOB_LIMIT);
+    assert_host_thermo(TEST, &job, st);
+    eprintln!(
+        "{TEST}: completed {:.1} s after the heal",
+        healed.elapsed().as_secs_f64()
+    );
+    assert_links_settle(TEST, &rack);
+}
+
+/// A plan of the kinds of fault an operator would throw at a running job: delay and
+/// jitter on the torus link throughout, bit errors, duplicates and reordering on it, a
+/// 2 s partition between the QFDBs, and 0.5 s of loss on a random link every second.
+const PLAN: &str = r#"
+name = "faults under a job"
+duration = "10s"
+
+[[step]]
+at = "0s"
+link = ["M1QAF1", "M1QBF1"]
+set = { delay = "1ms", jitter = "200us" }
+for = "10s"
+
+[[step]]
+at = "1s"
+link = ["M1QAF1", "M1QBF1"]
+set = { corrupt = "1%", duplicate = "1%", reorder = "2%", reorder-window = "100us" }
+for = "4s"
+
+[[step]]
+at = "6s"
+partition = [["M1QAF1"], ["M1QBF1"]]
+for = "2s"
+
+[[random]]
+from = "0s"
+until = "10s"
+every = "1s"
+links = "any"
+set = { loss = "1%..5%" }
+for = "500ms"
+"#;
+
+#[test]
+fn lammps_under_a_fault_plan_prints_the_hosts_thermodynamics() {
+    const TEST: &str = "faults_under_jobs::lammps_under_a_fault_plan";
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    host_thermo();
+    let (rack, input) = rack("chaos");
+    let plan = rack.dir.join("plan.toml");
+    std::fs::write(&plan, PLAN).unwrap();
+    let mut job = Job::start(&rack, &input);
+    job.wait_for_the_loop(TEST);
+    let chaos = run_with_timeout(
+        rack.command(&["chaos", "run", &plan.to_string_lossy(), "--seed", "7"]),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(chaos.success(), "{TEST}: chaos run: {}", chaos.describe());
+    assert!(
+        chaos.stdout.contains("(0 failed)") && chaos.stdout.contains("nothing it set is left"),
+        "{TEST}: the plan did not run whole: {}",
+        chaos.describe()
+    );
+    // The whole plan fell inside the loop, its partition included.
+    assert!(
+        job.exited().is_none() && !job.stdout().contains("Loop time"),
+        "{TEST}: the loop ended before the plan did: {}",
+        job.describe()
+    );
+    let st = job.wait(TEST, JOB_LIMIT);
+    assert_host_thermo(TEST, &job, st);
+    let (dropped, delayed) = injected(&rack);
+    assert!(
+        delayed >= 100,
+        "{TEST}: only {delayed} frames delayed ({dropped} cells lost)"
+    );
+    assert_links_settle(TEST, &rack);
+    eprintln!(
+        "{TEST}: completed in {:.1} s; on {NEAR} <-> {FAR}: {delayed} frames delayed",
+        job.started.elapsed().as_secs_f64()
+    );
+}
+
+/// Seconds since the epoch of a tracing timestamp (`2026-12-07T04:22:29.385227Z`, UTC),
+/// as the provider's warnings start.
+fn utc_seconds(stamp: &str) -> Option<f64> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.splitn(3, ':');
+    let (h, min) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let sec = t.next()?.parse::<f64>().ok()?;
+    // Days from 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
+}
+
+#[test]
+fn utc_seconds_reads_tracing_timestamps() {
+    assert_eq!(utc_seconds("1970-01-01T00:00:00Z"), Some(0.0));
+    assert_eq!(utc_seconds("2000-03-01T00:00:01.5Z"), Some(951_868_801.5));
+    assert_eq!(utc_seconds("2026-12-07T04:22:29Z"), Some(1_796_617_349.0));
+    assert_eq!(utc_seconds("not a time"), None);
+}
+
+#[test]
+fn a_cut_past_the_link_timeout_ends_lammps_with_the_nis_error() {
+    const TEST: &str = "faults_under_jobs::a_cut_past_the_link_timeout";
+    /// The NI's error, as the provider says it to a rank whose send failed.
+    const ERROR: &str = "timed out in the network";
+    let long_cut = LINK_TIMEOUT + Duration::from_secs(2);
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    let (rack, input) = rack("longcut");
+    let mut job = Job::start(&rack, &input);
+    job.wait_for_the_loop(TEST);
+    set_link(&rack, &["--down"]);
+    let cut = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // Nothing is asserted while the link is down: the ranks' errors reach the launcher
+    // over IP over ExaNet, and with the cut's backpressure filling the QFDB's switches
+    // even a rank beside the launcher's node may not be heard until the heal.
+    std::thread::sleep(long_cut);
+    assert!(
+        !job.stdout().contains("Loop time"),
+        "{TEST}: the loop ended during the cut: {}",
+        job.describe()
+    );
+    set_link(&rack, &["--up"]);
+    let healed = Instant::now();
+    // exactl mpirun watches nodes, not links: the launcher ends once Open MPI's abort
+    // reaches the ranks behind the cut, after the heal (docs/faults.md).
+    let st = job.wait(TEST, Duration::from_secs(45));
+    let after_heal = healed.elapsed();
+    assert!(
+        !st.success(),
+        "{TEST}: the job succeeded through a {long_cut:?} cut: {}",
+        job.describe()
+    );
+    assert!(
+        !job.stdout().contains("Loop time"),
+        "{TEST}: the loop completed: {}",
+        job.describe()
+    );
+    let output = job.output();
+    let first = output
+        .lines()
+        .filter(|l| l.contains(ERROR))
+        .filter_map(|l| utc_seconds(l.split_whitespace().next()?))
+        .reduce(f64::min)
+        .unwrap_or_else(|| panic!("{TEST}: no rank said `{ERROR}`: {}", job.describe()));
+    let noticed = first - cut;
+    eprintln!(
+        "{TEST}: first `{ERROR}` {noticed:.2} s after the cut (retry budget {:.2} s); the \
+         job ended {:.1} s after the heal",
+        RETRY_BUDGET.as_secs_f64(),
+        after_heal.as_secs_f64()
+    );
+    // A send cut off just after its first copy fails a retry budget later; one sent a
+    // little before the cut, a little sooner. Well before the budget would mean the NI
+    // gave up on a path that was merely slow.
+    let lower = RETRY_BUDGET.as_secs_f64() - 1.0;
+    let upper = (LINK_TIMEOUT + Duration::from_secs(3)).as_secs_f64();
+    assert!(
+        (lower..=upper).contains(&noticed),
+        "{TEST}: the NI's error came {noticed:.2} s after the cut, not within \
+         {lower:.1}..={upper:.1} s: {}",
+        job.describe()
+    );
+    let left = ranks_left(&input);
+    assert!(left.is_empty(), "{TEST}: ranks left: {left:?}");
+}
