@@ -203,19 +203,8 @@ fn write_record(record: &Path, dir: &Path) -> Result<()> {
 /// Held while the records are read and changed: `exactl exec` on a node may make its
 /// directory again while another does, or while `rack down` removes them.
 fn lock_records(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = layout.ip_run_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
-    let path = dir.join("tmpdirs.lock");
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| CliError::io("open", &path, e))?;
+    let path = layout.ip_run_dir().join("tmpdirs.lock");
+    let file = process::open_private_lock(&path)?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| CliError::io("lock", &path, e.into()))
 }
@@ -618,19 +607,8 @@ pub fn lock_node(
     wait: Option<Duration>,
 ) -> Result<Option<nix::fcntl::Flock<std::fs::File>>> {
     use nix::fcntl::{Flock, FlockArg};
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = layout.ip_run_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
-    let path = dir.join(format!("{node}.lock"));
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| CliError::io("open", &path, e))?;
+    let path = layout.ip_run_dir().join(format!("{node}.lock"));
+    let mut file = process::open_private_lock(&path)?;
     let t0 = Instant::now();
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {

@@ -318,6 +318,25 @@ pub fn signal(pid: i32, sig: libc::c_int) -> std::io::Result<()> {
 }
 
 /// Removes a file that may not exist.
+/// Opens (making it, with its directory, if need be) a lock file of this user's alone:
+/// mode 0600, never through a link. `flock` needs only an open descriptor, so a lock
+/// others could open is a lock others could hold.
+pub fn open_private_lock(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| CliError::io("create", dir, e))?;
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| CliError::io("open", path, e))
+}
+
 pub fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),

@@ -61,19 +61,7 @@ fn log_path(layout: &Layout) -> PathBuf {
 }
 
 fn open_lock(layout: &Layout) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let d = dir(layout);
-    std::fs::create_dir_all(&d).map_err(|e| CliError::io("create", &d, e))?;
-    let path = lock_path(layout);
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| CliError::io("open", &path, e))
+    crate::process::open_private_lock(&lock_path(layout))
 }
 
 /// The pid of the rack's running supervisor, if one runs (its lock is held).
