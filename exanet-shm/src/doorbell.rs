@@ -42,8 +42,8 @@
 //! ## Event loops
 //!
 //! An async daemon does not block in [`Waiter::wait`]: it registers the doorbell's descriptor
-//! ([`Doorbell::as_fd`]; tokio's `io::unix::AsyncFd` takes the doorbell itself) with its
-//! reactor and runs the
+//! ([`Doorbell::as_fd`], or a duplicate of it: tokio's `net::UnixStream` takes one safely)
+//! with its reactor and runs the
 //! waiting half itself with [`Consumer::prepare_sleep`](crate::Consumer::prepare_sleep)
 //! (announce + fence + re-check), awaiting readability only if that returned `false`, then
 //! [`Doorbell::drain`] and [`Consumer::finish_sleep`](crate::Consumer::finish_sleep).
@@ -134,7 +134,6 @@ pub fn doorbell() -> io::Result<(Ringer, Doorbell)> {
     // doorbell carries bytes only where the kernel can refuse descriptors.
     sys::shutdown(tx.as_fd(), libc::SHUT_RD)?;
     sys::shutdown(rx.as_fd(), libc::SHUT_WR)?;
-    sys::refuse_rights(tx.as_fd())?;
     let refuses_fds = sys::refuse_rights(rx.as_fd())?;
     sys::set_oob_inline(rx.as_fd())?;
     Ok((Ringer { tx }, Doorbell { rx, refuses_fds }))
@@ -269,8 +268,6 @@ impl Ringer {
     /// ([`io::ErrorKind::InvalidInput`] otherwise). It is made non-blocking.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Ringer> {
         check_end(&fd, End::Ringer)?;
-        // Ours only sends: whatever arrives would only be queued.
-        let _ = sys::refuse_rights(fd.as_fd());
         Ok(Ringer { tx: fd })
     }
 

@@ -137,20 +137,6 @@ pub fn later(job: impl FnOnce() + Send + 'static) {
     }
 }
 
-/// Waits up to `within` for every job handed to [`later`] so far to be done (`true`) or
-/// the time to pass (`false`): what is given back later (a region's share of the host's
-/// budget) is there again for whoever waits for it outside every lock.
-pub fn settle(within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while pending() > 0 {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// Jobs (descriptors) handed to [`later`] ([`close_later`]) and not done yet.
 pub fn pending() -> usize {
     closers().pending.load(Ordering::Acquire)

@@ -466,7 +466,6 @@ fn serve_session(
         rank,
         stop: Arc::clone(&stop),
         ring_done,
-        region: Arc::clone(&region),
     };
     let ok = reply(
         conn,
@@ -546,7 +545,6 @@ struct Teardown {
     rank: u8,
     stop: Arc<Stop>,
     ring_done: std::sync::mpsc::Receiver<()>,
-    region: Arc<Region>,
 }
 
 impl Drop for Teardown {
@@ -572,7 +570,7 @@ impl Drop for Teardown {
                 "a detached workload's memory is not given back yet (held by it?)"
             );
         }
-        info!(rank, len = self.region.len(), "workload detached");
+        info!(rank, "workload detached");
     }
 }
 
@@ -832,37 +830,44 @@ enum RingEnd {
 fn drain_at_end(node: &NodeHandle, rank: u8, ring: &mut Consumer) {
     let mut buf = vec![0u8; ring.max_message_len()];
     let mut batch = Vec::new();
-    for _ in 0..COMMAND_SLOTS {
-        match ring.pop(&mut buf) {
-            Ok(Some(n)) => batch.push(Command::decode(&buf[..n])),
-            Ok(None) => break,
-            Err(e) => {
-                warn!(rank, error = %e, "workload corrupted its command ring at detach");
-                node.count_error("workload_ring");
-                break;
-            }
-        }
+    if let Err(e) = take_commands(ring, &mut buf, &mut batch, COMMAND_SLOTS as usize) {
+        // What came before the corruption is carried out.
+        warn!(rank, error = %e, "workload corrupted its command ring at detach");
+        node.count_error("workload_ring");
     }
     if batch.is_empty() {
         return;
     }
-    let left = batch.len();
+    let commands = batch.len();
     let refused = execute_batch(node, rank, &mut batch);
     info!(
         rank,
-        commands = left,
-        refused,
-        "carried out what the workload left in its command ring"
+        commands, refused, "carried out what the workload left in its command ring"
     );
+}
+
+/// A command as the ring gave it: decoded, or the slot's error to answer.
+type Taken = Result<Command, (u32, attach::SlotError)>;
+
+/// Takes commands off `ring` into `batch` until it is empty or `batch` holds `max`.
+fn take_commands(
+    ring: &mut Consumer,
+    buf: &mut [u8],
+    batch: &mut Vec<Taken>,
+    max: usize,
+) -> Result<(), exanet_shm::RingError> {
+    while batch.len() < max {
+        match ring.pop(buf)? {
+            Some(n) => batch.push(Command::decode(&buf[..n])),
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 /// Executes `batch` (emptying it) under one core lock, counting refusals; returns how many
 /// were refused.
-fn execute_batch(
-    node: &NodeHandle,
-    rank: u8,
-    batch: &mut Vec<Result<Command, (u32, attach::SlotError)>>,
-) -> usize {
+fn execute_batch(node: &NodeHandle, rank: u8, batch: &mut Vec<Taken>) -> usize {
     let now = node.now();
     let mut refused = 0;
     let mut core = node.lock();
@@ -890,7 +895,7 @@ async fn serve_ring_on(
     stop: &Stop,
 ) -> RingEnd {
     let mut buf = vec![0u8; ring.max_message_len()];
-    let mut batch: Vec<Result<Command, (u32, attach::SlotError)>> = Vec::new();
+    let mut batch: Vec<Taken> = Vec::new();
     // Commands tend to come in runs: for `node.spin` after the last one the ring is looked
     // at again between other tasks' turns, which spares the workload a ring and the
     // runtime a wake-up for each command of a run.
@@ -907,21 +912,12 @@ async fn serve_ring_on(
             }
             continue;
         }
-        loop {
-            match ring.pop(&mut buf) {
-                Ok(Some(n)) => batch.push(Command::decode(&buf[..n])),
-                Ok(None) => break,
-                Err(e) => {
-                    warn!(rank, error = %e, "workload corrupted its command ring");
-                    node.count_error("workload_ring");
-                    // The ring cannot be trusted any more; the session ends when the
-                    // workload's connection does. Stop reading it.
-                    return RingEnd::Corrupt;
-                }
-            }
-            if batch.len() >= 64 {
-                break;
-            }
+        if let Err(e) = take_commands(ring, &mut buf, &mut batch, 64) {
+            warn!(rank, error = %e, "workload corrupted its command ring");
+            node.count_error("workload_ring");
+            // The ring cannot be trusted any more; the session ends when the workload's
+            // connection does. Stop reading it.
+            return RingEnd::Corrupt;
         }
         if !batch.is_empty() {
             execute_batch(node, rank, &mut batch);

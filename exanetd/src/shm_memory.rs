@@ -13,8 +13,8 @@ use tracing::debug;
 
 use crate::host_budget::{Budget, BudgetError, HostBudget, Reservation};
 
-/// How long a registration refused by the host's budget waits for regions forgotten just
-/// before to give their share back, and an unregistration or a detach for its own.
+/// How long an unregistration or a detach waits for its regions to give their share of the
+/// host's budget back before it is answered.
 pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A shared memory region as the NI's backing store, with what it holds of the host's
@@ -23,10 +23,6 @@ pub struct ShmRegion {
     region: Region,
     _held: Option<Reservation>,
 }
-
-/// A region [`ShmMemory::create_region`] made, counted against the budget until it is
-/// dropped or [`ShmMemory::insert`]ed (then until it is forgotten).
-pub type BudgetedRegion = ShmRegion;
 
 impl From<Region> for ShmRegion {
     /// A region counted against no budget.
@@ -44,12 +40,6 @@ impl std::fmt::Debug for ShmRegion {
             .field("len", &self.region.len())
             .field("held", &self._held)
             .finish()
-    }
-}
-
-impl ShmRegion {
-    pub fn region(&self) -> &Region {
-        &self.region
     }
 }
 
@@ -111,19 +101,11 @@ impl ShmMemory {
         size: usize,
         rank: u8,
         job: &str,
-    ) -> Result<(BudgetedRegion, OwnedFd), BudgetError> {
+    ) -> Result<(ShmRegion, OwnedFd), BudgetError> {
         let budget = self.budget();
-        let held = match budget.reserve(rank, job, size as u64) {
-            // Regions forgotten just before give their share back on a closer thread
-            // (`release`): a program that unregisters and registers again at once would be
-            // refused what it just gave back. Not under any lock here: wait for them.
-            Err(BudgetError::Job { .. } | BudgetError::Host { .. })
-                if crate::closer::pending() > 0 && crate::closer::settle(SETTLE) =>
-            {
-                budget.reserve(rank, job, size as u64)?
-            }
-            other => other?,
-        };
+        // What this rank forgot before was given back before its forgetting was answered
+        // (`GivenBack`), so the budget is up to date here.
+        let held = budget.reserve(rank, job, size as u64)?;
         let create = |e: &dyn std::fmt::Display| BudgetError::Create {
             node: budget.node().to_string(),
             asked: size as u64,
@@ -149,7 +131,8 @@ impl ShmMemory {
     }
 
     /// Maps `region` at `va` of `rank`, where the service placed it: a
-    /// [`BudgetedRegion`], or a bare [`Region`] counted against no budget.
+    /// region [`ShmMemory::create_region`] made, or a bare [`Region`] counted against no
+    /// budget.
     pub fn insert(&self, rank: u8, va: u64, region: impl Into<ShmRegion>) {
         self.write_guard().insert(rank, va, region.into());
     }
