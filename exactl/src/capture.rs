@@ -205,7 +205,7 @@ fn create_private(path: &Path) -> Result<File> {
     if kind.is_symlink() {
         return Err(refuse(format!(
             "is a symbolic link (owned by {})",
-            owner(m.uid())
+            crate::process::owner(m.uid())
         )));
     }
     if kind.is_dir() {
@@ -217,20 +217,15 @@ fn create_private(path: &Path) -> Result<File> {
     // Devices are root's (/dev/null); a FIFO or file of another user's is theirs to read.
     let trusted = m.uid() == me || (m.uid() == 0 && !kind.is_file());
     if !trusted {
-        return Err(refuse(format!("exists and is owned by {}", owner(m.uid()))));
+        return Err(refuse(format!(
+            "exists and is owned by {}",
+            crate::process::owner(m.uid())
+        )));
     }
     if kind.is_file() {
         return replace_private(path).map_err(|e| CliError::io("replace", path, e));
     }
     open_special(path, &m).map_err(|e| CliError::io("open", path, e))
-}
-
-/// "uid 65534 (nobody)", for messages.
-fn owner(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
-        _ => format!("uid {uid}"),
-    }
 }
 
 /// A new file at `path`, 0600 whatever the umask; fails if anything is there, a link

@@ -18,8 +18,8 @@ use exanet_control::rack::{Layout, Rack};
 use crate::error::{CliError, Result};
 use crate::process;
 
-const SERVICE_NAME: &str = "exanet-ip";
-const SERVICE_ENV: &str = "EXANET_IP";
+pub const SERVICE_NAME: &str = "exanet-ip";
+pub const SERVICE_ENV: &str = "EXANET_IP";
 
 fn pid_file(layout: &Layout, node: &str) -> PathBuf {
     layout.ip_run_dir().join(format!("{node}.pid"))
@@ -77,14 +77,6 @@ fn tmp_base(rack: &Rack) -> PathBuf {
     base
 }
 
-/// "uid 65534 (nobody)", for messages.
-fn owner(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
-        _ => format!("uid {uid}"),
-    }
-}
-
 /// Refuses a base directory in which another user could move the node's directory away
 /// and put something of theirs at its name after it was checked (a TMPDIR handed out is a
 /// path, used long after): every directory on the way must be root's or this user's, and
@@ -105,9 +97,9 @@ fn check_base(base: &Path) -> Result<PathBuf> {
                  directory only root or you can write to, or a sticky one such as /tmp",
                 base.display(),
                 dir.display(),
-                owner(m.uid()),
+                crate::process::owner(m.uid()),
                 m.mode() & 0o7777,
-                owner(me)
+                crate::process::owner(me)
             )));
         }
     }
@@ -137,9 +129,15 @@ fn inspect(path: &Path) -> Result<Found> {
         Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
             let what = match std::fs::symlink_metadata(path) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    format!("a symbolic link owned by {}", owner(m.uid()))
+                    format!(
+                        "a symbolic link owned by {}",
+                        crate::process::owner(m.uid())
+                    )
                 }
-                Ok(m) => format!("not a directory (owned by {})", owner(m.uid())),
+                Ok(m) => format!(
+                    "not a directory (owned by {})",
+                    crate::process::owner(m.uid())
+                ),
                 Err(_) => "not a directory".to_string(),
             };
             return Ok(Found::Not(what));
@@ -151,12 +149,16 @@ fn inspect(path: &Path) -> Result<Found> {
         .map_err(|e| CliError::io("inspect", path, e))?;
     let me = nix::unistd::geteuid().as_raw();
     Ok(if m.uid() != me {
-        Found::Not(format!("owned by {}, not by {}", owner(m.uid()), owner(me)))
+        Found::Not(format!(
+            "owned by {}, not by {}",
+            crate::process::owner(m.uid()),
+            crate::process::owner(me)
+        ))
     } else if m.mode() & 0o7777 != 0o1777 {
         Found::Not(format!(
             "of mode {:o}, not the 1777 exactl made it with (owned by {})",
             m.mode() & 0o7777,
-            owner(m.uid())
+            crate::process::owner(m.uid())
         ))
     } else {
         Found::Ours
@@ -227,7 +229,7 @@ fn create_node_tmp_dir(layout: &Layout, rack: &Rack, node: &str, base: &Path) ->
         return Err(CliError::Failed(format!(
             "{} was replaced as it was made (now owned by {})",
             dir.display(),
-            owner(m.uid())
+            crate::process::owner(m.uid())
         )));
     }
     f.set_permissions(std::fs::Permissions::from_mode(0o1777))
@@ -301,7 +303,7 @@ fn remove_node_tmp_dirs(layout: &Layout) -> Result<()> {
             Ok(Found::Gone) => Ok(()),
             Ok(Found::Ours) => std::fs::remove_dir_all(&dir).map_err(|e| {
                 let whose = std::fs::symlink_metadata(&dir)
-                    .map(|m| format!(", owned by {}", owner(m.uid())))
+                    .map(|m| format!(", owned by {}", crate::process::owner(m.uid())))
                     .unwrap_or_default();
                 format!(
                     "cannot remove {} (the former temporary directory of {node}{whose}): \
@@ -364,14 +366,7 @@ pub fn unavailable() -> Option<String> {
 /// namespace, and one of that name in use belongs to another rack of the same name (every
 /// rack in a directory called `exanet-rack` is named so) or holds what a rack that was not
 /// taken down left running. Replacing it would cut those processes off from every network.
-/// Then removes the node directories this rack's last run left (what cannot be removed is
-/// reported and left, never used again).
 pub fn check_namespaces_free(rack: &Rack) -> Result<()> {
-    check_namespaces_unused(rack)?;
-    remove_node_tmp_dirs(&rack.layout())
-}
-
-fn check_namespaces_unused(rack: &Rack) -> Result<()> {
     let shape = rack.shape();
     let busy: Vec<String> = shape
         .node_ids()
@@ -458,9 +453,8 @@ fn start_all(
     let binary = process::helper_binary(SERVICE_ENV, SERVICE_NAME)?;
     let dir = layout.ip_run_dir();
     std::fs::create_dir_all(&dir).map_err(|e| CliError::io("create", &dir, e))?;
-    // What a rack that was not taken down left goes first (`check_namespaces_free` has
-    // done it already, before anything started); what cannot go stops this rack up,
-    // rather than stay unnoticed.
+    // What a rack that was not taken down left goes first (what cannot go is reported
+    // and left, never used again).
     remove_node_tmp_dirs(&layout)?;
     let tmp_base = check_base(&tmp_base(rack))?;
     crate::node_host::write_hosts_file(rack)?;
@@ -811,12 +805,11 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for e in entries.flatten() {
             let p = e.path();
-            if p.extension().is_some_and(|x| x == "pid") {
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let mut lines = text.lines();
-                let pid = lines.next().and_then(|t| t.trim().parse::<i32>().ok());
-                let binary = lines.next().map(Path::new);
-                if let Some(pid) = pid.filter(|&pid| is_service(pid, binary)) {
+            let node = p.file_stem().and_then(|n| n.to_str());
+            if let (true, Some(node)) = (p.extension().is_some_and(|x| x == "pid"), node) {
+                let found = read_service_pid_file(layout, node);
+                if let Some((pid, _)) = found.filter(|(pid, bin)| is_service(*pid, bin.as_deref()))
+                {
                     // A paused node's service cannot act on SIGTERM until it runs again.
                     let _ = process::signal(pid, libc::SIGCONT);
                     let _ = process::signal(pid, libc::SIGTERM);
@@ -879,8 +872,8 @@ pub fn stop(layout: &Layout, rack: Option<&Rack>, timeout: Duration) {
             }
         }
     }
-    // Once nothing runs on the nodes, which may have been writing there. The records of
-    // what could not be removed stay (in the run directory) for the next rack up.
+    // Once nothing runs on the nodes, which may have been writing there. What cannot be
+    // removed is reported here, once, and left: it is never used again.
     let tmp = remove_node_tmp_dirs(layout);
     if let Err(e) = &tmp {
         eprintln!("exactl: {e}");

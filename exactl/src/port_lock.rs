@@ -13,8 +13,7 @@
 //! no longer take turns: the rare port one of them takes first fails that daemon's start,
 //! which says so.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -38,32 +37,10 @@ impl PortLock {
     }
 
     fn acquire_at(path: &std::path::Path) -> PortLock {
-        let uid = nix::unistd::geteuid();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path);
-        let owned = |f: &File| {
-            use std::os::unix::fs::MetadataExt;
-            f.metadata().is_ok_and(|m| m.uid() == uid.as_raw())
-        };
-        let mut file = match file {
-            Ok(f) if owned(&f) => f,
-            other => {
-                let why = match other {
-                    Ok(_) => "another user's file".to_string(),
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => "a link".to_string(),
-                    Err(e) => e.to_string(),
-                };
-                eprintln!(
-                    "exactl: warning: cannot use {} as user {uid}'s port lock ({why}): \
-                     picking ports without it",
-                    path.display()
-                );
+        let mut file = match crate::process::open_private_lock(path) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("exactl: warning: no port lock ({e}): picking ports without it");
                 return PortLock { _held: None };
             }
         };

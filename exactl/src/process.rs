@@ -317,16 +317,16 @@ pub fn signal(pid: i32, sig: libc::c_int) -> std::io::Result<()> {
     }
 }
 
-/// Removes a file that may not exist.
 /// Opens (making it, with its directory, if need be) a lock file of this user's alone:
-/// mode 0600, never through a link. `flock` needs only an open descriptor, so a lock
-/// others could open is a lock others could hold.
+/// mode 0600, never through a link, refused when someone else owns it (root could open
+/// it). `flock` needs only an open descriptor, so a lock others could open is a lock
+/// others could hold.
 pub fn open_private_lock(path: &Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| CliError::io("create", dir, e))?;
     }
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -334,9 +334,30 @@ pub fn open_private_lock(path: &Path) -> Result<std::fs::File> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| CliError::io("open", path, e))
+        .map_err(|e| CliError::io("open", path, e))?;
+    let uid = file
+        .metadata()
+        .map_err(|e| CliError::io("inspect", path, e))?
+        .uid();
+    if uid != nix::unistd::geteuid().as_raw() {
+        return Err(CliError::Failed(format!(
+            "{} is not a lock of this user's: it belongs to {}",
+            path.display(),
+            owner(uid)
+        )));
+    }
+    Ok(file)
 }
 
+/// Who `uid` is, for messages: "uid 0 (root)".
+pub fn owner(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// Removes a file that may not exist.
 pub fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),

@@ -284,7 +284,10 @@ pub fn run(dir: &Path) -> Result<()> {
     let pid = pid_path(&layout);
     std::fs::write(&pid, format!("{}\n", std::process::id()))
         .map_err(|e| CliError::io("write", &pid, e))?;
-    let binary = process::helper_binary("EXANET_IP", "exanet-ip")?;
+    let binary = process::helper_binary(
+        crate::ip_service::SERVICE_ENV,
+        crate::ip_service::SERVICE_NAME,
+    )?;
     let shape = rack.shape();
     let nodes: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let mut slots: Vec<Slot> = nodes.iter().map(|_| Slot::default()).collect();
