@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use exanet_tests::{run_with_timeout, skip_unless_required, TestRack};
@@ -65,6 +65,13 @@ run\t\t${steps}
 /// too: ~10 s of loop on a debug build. A release build runs it ~6 times as fast, too
 /// fast for a fault plan to land inside the loop, so it runs more steps.
 const STEPS: &str = if cfg!(debug_assertions) { "30" } else { "200" };
+/// Steps of the fault plan's run: its loop must outlast the 10 s plan, partition included,
+/// on a machine several times faster than the one the other runs' loops took ~10 s on.
+const PLAN_STEPS: &str = if cfg!(debug_assertions) {
+    "150"
+} else {
+    "1000"
+};
 const THERMO: &str = "10";
 
 /// The link every message between the QFDBs crosses.
@@ -75,11 +82,13 @@ const FAR: &str = "M1QBF1";
 /// doubling up to 1.28 s (`NiConfig::retry_budget_ns`). A send with no answer this long
 /// after its first copy fails, so today a cut longer than this fails the job, not the
 /// link timeout below (docs/faults.md).
-const RETRY_BUDGET: Duration = Duration::from_millis(3820);
+fn retry_budget() -> Duration {
+    Duration::from_nanos(exanet_proto::ni::NiConfig::default().retry_budget_ns())
+}
 /// The default link timeout: how long a silent peer takes to be noticed. The issue asks
 /// that a cut longer than this end the job with an error; the long-cut test cuts for
 /// longer, so it holds whether the NI gives up at its budget or, later, at this.
-const LINK_TIMEOUT: Duration = Duration::from_secs(10);
+const LINK_TIMEOUT: Duration = exanet_control::rack::DEFAULT_LINK_TIMEOUT;
 
 /// How long a run may take from launch to exit: ~15 s without faults on a debug build.
 const JOB_LIMIT: Duration = Duration::from_secs(75);
@@ -122,30 +131,33 @@ fn thermo(out: &str) -> Vec<String> {
 /// The host's thermo table for the input: eight ranks of Open MPI on this machine, the
 /// same rank count as on the rack (melt's thermodynamics depend on it, not on the
 /// fabric).
-fn host_thermo() -> &'static Vec<String> {
-    static HOST: OnceLock<Vec<String>> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let input = dir.path().join("melt.in");
-        std::fs::write(&input, MELT).unwrap();
-        let mut c = Command::new("mpirun.openmpi");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np", "8", "lmp"])
-            .args(lmp_args(&input))
-            .current_dir(dir.path());
-        let run = run_with_timeout(c, Duration::from_secs(120)).unwrap();
-        assert!(run.success(), "LAMMPS on the host: {}", run.describe());
-        let t = thermo(&run.stdout);
-        assert_eq!(
-            t.len(),
-            2 + STEPS.parse::<usize>().unwrap() / THERMO.parse::<usize>().unwrap(),
-            "LAMMPS on the host printed no full thermo table: {}",
-            run.describe()
-        );
-        t
-    })
+fn host_thermo(steps: &str) -> Vec<String> {
+    static HOST: Mutex<Vec<(String, Vec<String>)>> = Mutex::new(Vec::new());
+    let mut known = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, t)) = known.iter().find(|(s, _)| s == steps) {
+        return t.clone();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("melt.in");
+    std::fs::write(&input, MELT).unwrap();
+    let mut c = Command::new("mpirun.openmpi");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np", "8", "lmp"])
+        .args(lmp_args(&input, steps))
+        .current_dir(dir.path());
+    let run = run_with_timeout(c, Duration::from_secs(120)).unwrap();
+    assert!(run.success(), "LAMMPS on the host: {}", run.describe());
+    let t = thermo(&run.stdout);
+    assert_eq!(
+        t.len(),
+        2 + steps.parse::<usize>().unwrap() / THERMO.parse::<usize>().unwrap(),
+        "LAMMPS on the host printed no full thermo table: {}",
+        run.describe()
+    );
+    known.push((steps.to_string(), t.clone()));
+    t
 }
 
-fn lmp_args(input: &Path) -> Vec<String> {
+fn lmp_args(input: &Path, steps: &str) -> Vec<String> {
     [
         "-log",
         "none",
@@ -153,7 +165,7 @@ fn lmp_args(input: &Path) -> Vec<String> {
         &input.to_string_lossy(),
         "-var",
         "steps",
-        STEPS,
+        steps,
         "-var",
         "thermo",
         THERMO,
@@ -188,6 +200,8 @@ fn rack(tag: &str) -> (TestRack, PathBuf) {
 /// `exactl mpirun` of LAMMPS over the NI, running in a process group of its own with its
 /// output in files.
 struct Job {
+    /// LAMMPS's step count for this run.
+    steps: &'static str,
     child: Child,
     out: PathBuf,
     err: PathBuf,
@@ -196,10 +210,14 @@ struct Job {
 
 impl Job {
     fn start(rack: &TestRack, input: &Path) -> Job {
+        Job::start_steps(rack, input, STEPS)
+    }
+
+    fn start_steps(rack: &TestRack, input: &Path, steps: &'static str) -> Job {
         let mut args: Vec<String> = ["mpirun", "--fabric", "ni", "-np", "8", "--", "lmp"]
             .map(String::from)
             .to_vec();
-        args.extend(lmp_args(input));
+        args.extend(lmp_args(input, steps));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (out, err) = (rack.dir.join("job.out"), rack.dir.join("job.err"));
         use std::os::unix::process::CommandExt;
@@ -213,6 +231,7 @@ impl Job {
             .spawn()
             .unwrap();
         Job {
+            steps,
             child,
             out,
             err,
@@ -371,8 +390,8 @@ fn assert_links_settle(test: &str, rack: &TestRack) {
 fn assert_host_thermo(test: &str, job: &Job, status: ExitStatus) {
     assert!(status.success(), "{test}: {status}: {}", job.describe());
     assert_eq!(
-        &thermo(&job.stdout()),
-        host_thermo(),
+        thermo(&job.stdout()),
+        host_thermo(job.steps),
         "{test}: the thermodynamics differ from the host's: {}",
         job.describe()
     );
@@ -393,7 +412,7 @@ fn lammps_under_one_percent_loss_prints_the_hosts_thermodynamics() {
         return;
     }
     let _turn = turn();
-    host_thermo();
+    host_thermo(STEPS);
     let (rack, input) = rack("loss");
     set_link(&rack, &["--loss", "1%"]);
     let mut job = Job::start(&rack, &input);
@@ -417,7 +436,7 @@ fn lammps_under_added_delay_prints_the_hosts_thermodynamics() {
         return;
     }
     let _turn = turn();
-    host_thermo();
+    host_thermo(STEPS);
     let (rack, input) = rack("delay");
     // Beyond the NI's 20 ms retransmission floor once jitter and queueing add up on a
     // busy link: copies of what was merely late must be recognised as such.
@@ -442,7 +461,7 @@ fn lammps_through_a_three_second_cut_prints_the_hosts_thermodynamics() {
         return;
     }
     let _turn = turn();
-    host_thermo();
+    host_thermo(STEPS);
     let (rack, input) = rack("cut");
     let mut job = Job::start(&rack, &input);
     job.wait_for_the_loop(TEST);
@@ -510,11 +529,11 @@ fn lammps_under_a_fault_plan_prints_the_hosts_thermodynamics() {
         return;
     }
     let _turn = turn();
-    host_thermo();
+    host_thermo(PLAN_STEPS);
     let (rack, input) = rack("chaos");
     let plan = rack.dir.join("plan.toml");
     std::fs::write(&plan, PLAN).unwrap();
-    let mut job = Job::start(&rack, &input);
+    let mut job = Job::start_steps(&rack, &input, PLAN_STEPS);
     job.wait_for_the_loop(TEST);
     let chaos = run_with_timeout(
         rack.command(&["chaos", "run", &plan.to_string_lossy(), "--seed", "7"]),
@@ -631,13 +650,13 @@ fn a_cut_past_the_link_timeout_ends_lammps_with_the_nis_error() {
     eprintln!(
         "{TEST}: first `{ERROR}` {noticed:.2} s after the cut (retry budget {:.2} s); the \
          job ended {:.1} s after the heal",
-        RETRY_BUDGET.as_secs_f64(),
+        retry_budget().as_secs_f64(),
         after_heal.as_secs_f64()
     );
     // A send cut off just after its first copy fails a retry budget later; one sent a
     // little before the cut, a little sooner. Well before the budget would mean the NI
     // gave up on a path that was merely slow.
-    let lower = RETRY_BUDGET.as_secs_f64() - 1.0;
+    let lower = retry_budget().as_secs_f64() - 1.0;
     let upper = (LINK_TIMEOUT + Duration::from_secs(3)).as_secs_f64();
     assert!(
         (lower..=upper).contains(&noticed),

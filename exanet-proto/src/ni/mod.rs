@@ -1047,3 +1047,41 @@ impl Ni {
         self.out.events.pop_front()
     }
 }
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    /// The retry budget and what receivers keep, as docs/faults.md, docs/operating.md
+    /// ("Faults during a job") and docs/emulated.md publish them: a cut shorter than the
+    /// budget heals, a longer one fails the job.
+    #[test]
+    fn the_published_retry_budgets_are_the_configs() {
+        let d = NiConfig::default();
+        assert_eq!(
+            d.retry_budget_ns(),
+            3_820_000_000,
+            "default budget (3.82 s)"
+        );
+        assert_eq!(d.keep_ns(), 7_640_000_000, "kept twice the budget (7.64 s)");
+        let with = |max_attempts| NiConfig {
+            max_attempts,
+            ..NiConfig::default()
+        };
+        assert_eq!(
+            with(12).retry_budget_ns(),
+            8_940_000_000,
+            "12 attempts (8.94 s)"
+        );
+        assert_eq!(
+            with(13).retry_budget_ns(),
+            10_220_000_000,
+            "13 attempts (10.2 s)"
+        );
+        assert_eq!(
+            with(13).keep_ns(),
+            20_440_000_000,
+            "kept at 13 attempts (20.4 s)"
+        );
+    }
+}
