@@ -579,6 +579,11 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         },
         Some(_) => Vec::new(),
     };
+    // Gone with the job, or with this function at whatever error comes first.
+    let mut staged = Staged {
+        hostfile: Some(hostfile.clone()),
+        dirs: job_tmp.clone(),
+    };
     let provider = match fabric {
         Fabric::Ip => None,
         Fabric::Ni if !ofi => {
@@ -783,8 +788,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         Err(e) => Err(e),
     };
     crate::interrupt::restore();
-    let _ = std::fs::remove_file(&hostfile);
-    let left_dirs = Job::remove_tmp_dirs(&job_tmp);
+    let left_dirs = staged.remove();
     let (status, death, swept) = ended.map_err(|e| {
         CliError::Failed(format!(
             "cannot run {} (Debian: apt-get install {}): {e}",
@@ -847,6 +851,31 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         (None, None) => Err(CliError::Failed(
             "the launcher ended without a status".into(),
         )),
+    }
+}
+
+/// What `run` wrote for a job (its host file, its directory on each node), removed when
+/// the job is over or, at an error before it starts, when `run` returns.
+struct Staged {
+    hostfile: Option<std::path::PathBuf>,
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl Staged {
+    /// Removes it all; what could not be removed, said.
+    fn remove(&mut self) -> Vec<String> {
+        if let Some(h) = self.hostfile.take() {
+            let _ = std::fs::remove_file(h);
+        }
+        Job::remove_tmp_dirs(&std::mem::take(&mut self.dirs))
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for left in self.remove() {
+            eprintln!("exactl: could not remove the job's directory {left}");
+        }
     }
 }
 

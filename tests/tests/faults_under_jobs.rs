@@ -361,10 +361,14 @@ fn assert_links_settle(test: &str, rack: &TestRack) {
         let st = rack.exactl(&["status", "--json"]);
         let v: Value = st.json();
         unsettled = Vec::new();
+        let mut ends = 0;
         for n in v["nodes"].as_array().into_iter().flatten() {
             for l in n["links"].as_array().into_iter().flatten() {
+                ends += 1;
                 for key in ["in_flight_bytes", "queue_bytes", "held_bytes"] {
-                    let x = l[key].as_u64().unwrap_or(0);
+                    let x = l[key]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("{test}: status has no {key}: {l}"));
                     if x > 0 {
                         unsettled.push(format!(
                             "{} -> {}: {key} {x}",
@@ -375,6 +379,8 @@ fn assert_links_settle(test: &str, rack: &TestRack) {
                 }
             }
         }
+        // Both ends of each of the 2x1x1 rack's 13 links, or nothing was looked at.
+        assert_eq!(ends, 26, "{test}: link ends in status: {}", st.describe());
         if unsettled.is_empty() {
             return;
         }

@@ -349,6 +349,7 @@ fn leftovers(rack_dir: &Path, prog: &Path) -> Vec<String> {
 fn staging_left(rack: &TestRack) -> Vec<PathBuf> {
     let records = rack.dir.join("run/ip");
     let mut left = Vec::new();
+    let mut read = 0;
     for e in std::fs::read_dir(&records).into_iter().flatten().flatten() {
         let path = e.path();
         if path.extension().is_none_or(|x| x != "tmpdir") {
@@ -360,6 +361,7 @@ fn staging_left(rack: &TestRack) -> Vec<PathBuf> {
         else {
             continue;
         };
+        read += 1;
         left.extend(
             std::fs::read_dir(&dir)
                 .into_iter()
@@ -368,5 +370,12 @@ fn staging_left(rack: &TestRack) -> Vec<PathBuf> {
                 .map(|e| e.path()),
         );
     }
+    // Every node's directory looked into: none missed is "nothing left" by accident.
+    assert_eq!(
+        read,
+        8,
+        "node directory records read in {}",
+        records.display()
+    );
     left
 }
