@@ -109,7 +109,8 @@ pub fn start(abs_dir: &Path) -> Result<i32> {
         })?;
     let t0 = Instant::now();
     loop {
-        if let Some(pid) = running(&layout) {
+        // Its pid once written: it holds its lock a moment before (`running` says 0).
+        if let Some(pid) = running(&layout).filter(|&p| p > 1) {
             return Ok(pid);
         }
         if let Ok(Some(st)) = child.try_wait() {
@@ -164,7 +165,15 @@ fn is_supervisor(pid: i32, rack_dir: &Path) -> bool {
 /// anything else of the rack is stopped: it would start the IP services `rack down` is
 /// stopping. Its pid, if one ran.
 pub fn stop(layout: &Layout, timeout: Duration) -> Result<Option<i32>> {
-    let Some(pid) = running(layout) else {
+    // A supervisor that holds its lock but has not written its pid yet is starting: its
+    // pid comes within moments.
+    let t0 = Instant::now();
+    let mut found = running(layout);
+    while found == Some(0) && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+        found = running(layout);
+    }
+    let Some(pid) = found else {
         let _ = std::fs::remove_dir_all(dir(layout));
         return Ok(None);
     };
