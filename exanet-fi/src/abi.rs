@@ -144,6 +144,7 @@ pub const FI_ECONNREFUSED: c_int = libc::ECONNREFUSED;
 pub const FI_ENOPROTOOPT: c_int = libc::ENOPROTOOPT;
 pub const FI_ENOENT: c_int = libc::ENOENT;
 pub const FI_EACCES: c_int = libc::EACCES;
+pub const FI_EADDRINUSE: c_int = libc::EADDRINUSE;
 pub const FI_ETIMEDOUT: c_int = libc::ETIMEDOUT;
 pub const FI_EOPBADSTATE: c_int = 258;
 pub const FI_EAVAIL: c_int = 259;

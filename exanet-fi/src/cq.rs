@@ -244,6 +244,8 @@ pub struct Cq {
     /// How the application has been polling.
     polling: Mutex<Polling>,
     idle: Idle,
+    /// `fi_cq_signal` came: the next blocking read, or the one under way, returns.
+    signalled: std::sync::atomic::AtomicBool,
 }
 
 /// A lock, taken even if a thread panicked while holding it: the provider's state stays
@@ -253,6 +255,19 @@ pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Cq {
+    /// `fi_cq_signal`: wakes a thread blocked in `fi_cq_sread`, or the next one to
+    /// block if none is (a signal sent just before the read must not be lost).
+    pub fn signal(&self) {
+        self.signalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes a pending signal.
+    pub fn take_signal(&self) -> bool {
+        self.signalled
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn new(format: i32, idle: Idle) -> Cq {
         Cq {
             format,
@@ -260,6 +275,7 @@ impl Cq {
             endpoints: Bound::default(),
             polling: Mutex::new(Polling::default()),
             idle,
+            signalled: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -349,15 +349,21 @@ impl Endpoint {
     /// `directed`: receives honour their source address (`FI_DIRECTED_RECV`); without
     /// it libfabric says the source of a receive is ignored.
     /// `eager_limit`: the longest message sent eager (the rack's `[ni] mpi_eager_limit`).
+    /// `vi`: the mailbox its address names (a service's), else any free one.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         ep: Arc<exanet::Endpoint>,
+        vi: Option<u8>,
         directed: bool,
         default_completion: (bool, bool),
         delivery_complete: bool,
         eager_limit: usize,
         regions: Arc<dyn Regions>,
     ) -> Result<Arc<Endpoint>, Error> {
-        let mailbox = ep.mailbox(MAILBOX_CAPACITY)?;
+        let mailbox = match vi {
+            Some(vi) => ep.mailbox_at(vi, MAILBOX_CAPACITY)?,
+            None => ep.mailbox(MAILBOX_CAPACITY)?,
+        };
         let tx = ep.packetizer()?;
         let rdma = ep.rdma_page()?;
         let me = Peer {

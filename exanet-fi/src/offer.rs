@@ -10,6 +10,7 @@
 //! (the client library is thread-safe).
 
 use crate::abi::*;
+use crate::av::{parse_service, Addr, Addressing};
 
 /// The fabric's name.
 pub const FABRIC_NAME: &str = "exanet";
@@ -52,7 +53,9 @@ pub const CQ_DATA_SIZE: usize = 8;
 /// completes once delivered, which is the strongest of the three.
 const TX_OP_FLAGS: u64 =
     FI_COMPLETION | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE;
-const RX_OP_FLAGS: u64 = FI_COMPLETION;
+/// `FI_MULTI_RECV` as a default receive flag: untagged receives post multi-receive
+/// buffers (libfabric's `fi_multi_recv` test asks for it so).
+const RX_OP_FLAGS: u64 = FI_COMPLETION | FI_MULTI_RECV;
 
 /// Operations a transmit or receive context keeps queued.
 pub const QUEUE_SIZE: usize = 1024;
@@ -84,6 +87,7 @@ pub struct Hints {
     pub resource_mgmt: i32,
     pub av_type: i32,
     pub mr_mode: i32,
+    pub domain_caps: u64,
 }
 
 /// Why the provider has nothing for the hints.
@@ -121,6 +125,76 @@ pub enum Mismatch {
     OpFlags(u64),
     #[error("{0} B of remote CQ data asked for; a message carries {CQ_DATA_SIZE}")]
     CqDataSize(usize),
+    #[error("domain capabilities {0:#x} are not offered")]
+    DomainCaps(u64),
+    #[error("memory registration mode {0:#x} is not offered")]
+    MrMode(i32),
+    #[error("{0:?} names no node of this rack")]
+    Node(String),
+    #[error("source {0:?} is not this process's node: an endpoint can only be opened here")]
+    NotHere(String),
+    #[error("service {0:?} is not a number from 0 to 65535")]
+    Service(String),
+    #[error("the hints' {0} address is not an exanet address")]
+    HintAddr(&'static str),
+}
+
+/// Where the endpoint is and whom it talks to: `fi_getinfo`'s `node`, `service` and
+/// `FI_SOURCE`, and the hints' addresses, as the man page reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addresses {
+    /// Always this process's node; rank and mailbox those of the service, or any.
+    pub src: Addr,
+    pub dest: Option<Addr>,
+}
+
+/// The addresses of one `fi_getinfo` call. With `FI_SOURCE`, `node` and `service` name
+/// the source (which must be this node); without it, `node` names the destination with
+/// `service` (a service alone names the source, as libfabric's own providers read it).
+/// The hints' source counts where `FI_SOURCE` does not give one.
+pub fn addresses(
+    addressing: &Addressing,
+    node: Option<&str>,
+    service: Option<&str>,
+    source: bool,
+    hints_src: Option<Addr>,
+    hints_dest: Option<Addr>,
+) -> Result<Addresses, Mismatch> {
+    let service = match service {
+        None => None,
+        Some(s) => Some(parse_service(s).ok_or_else(|| Mismatch::Service(s.to_string()))?),
+    };
+    let node_id = match node {
+        None => None,
+        Some(n) => Some(
+            addressing
+                .node(n)
+                .ok_or_else(|| Mismatch::Node(n.to_string()))?,
+        ),
+    };
+    let here = addressing.here;
+    let anywhere = Addr::at(here, 0);
+    let local = |id: Option<u32>, name: Option<&str>| match id {
+        Some(id) if id != here => Err(Mismatch::NotHere(name.unwrap_or("").to_string())),
+        _ => Ok(()),
+    };
+    if source || (node.is_none() && service.is_some()) {
+        local(node_id, node)?;
+        return Ok(Addresses {
+            src: Addr::at(here, service.unwrap_or(0)),
+            dest: hints_dest,
+        });
+    }
+    if let Some(s) = hints_src {
+        local(Some(s.node), Some(&addressing.node_name(s.node)))?;
+    }
+    Ok(Addresses {
+        src: hints_src.unwrap_or(anywhere),
+        dest: match node_id {
+            Some(id) => Some(Addr::at(id, service.unwrap_or(0))),
+            None => hints_dest,
+        },
+    })
 }
 
 /// The one answer the provider gives, in Rust terms (`provider.rs` lays it out as a
@@ -147,19 +221,52 @@ pub struct Offer {
     pub mr_mode: i32,
 }
 
-/// What the provider offers on `node` (the domain's name) for `hints`.
-pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
+/// Capabilities of the domain rather than of an endpoint's transmit or receive side.
+const DOMAIN_CAPS: u64 = FI_LOCAL_COMM | FI_REMOTE_COMM;
+
+/// Capabilities a transmit context has (of those offered).
+const TX_CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_READ | FI_WRITE;
+/// Capabilities a receive context has (of those offered).
+const RX_CAPS: u64 = FI_MSG
+    | FI_TAGGED
+    | FI_RMA
+    | FI_RECV
+    | FI_REMOTE_READ
+    | FI_REMOTE_WRITE
+    | FI_SOURCE
+    | FI_DIRECTED_RECV
+    | FI_MULTI_RECV;
+
+/// The memory registration mode answered for `asked` at API `version` (0: the
+/// current one): fi_domain(3) keeps the old modes for old applications. Before 1.5 a
+/// mode is `FI_MR_BASIC` or `FI_MR_SCALABLE` (unspecified: the provider's choice,
+/// scalable here); from 1.5 either old mode asked for is given as it is (the regions
+/// follow it: `mr.rs`, `Naming`), and of the mode bits none is required, so 0 is
+/// given whatever the application says it could handle.
+fn mr_mode(asked: i32, version: u32) -> Result<i32, Mismatch> {
+    let old = asked & (FI_MR_BASIC | FI_MR_SCALABLE);
+    if version != 0 && version < fi_version(1, 5) {
+        return match asked {
+            FI_MR_UNSPEC | FI_MR_SCALABLE => Ok(FI_MR_SCALABLE),
+            FI_MR_BASIC => Ok(FI_MR_BASIC),
+            m => Err(Mismatch::MrMode(m)),
+        };
+    }
+    match old {
+        0 => Ok(0),
+        FI_MR_BASIC | FI_MR_SCALABLE => Ok(old),
+        _ => Err(Mismatch::MrMode(asked)),
+    }
+}
+
+/// What the provider offers on `node` (the domain's name) for `hints`, to an
+/// application of API `version` (0: the current one).
+pub fn offer(node: &str, hints: Option<&Hints>, version: u32) -> Result<Offer, Mismatch> {
     let mut o = Offer {
         caps: CAPS,
         mode: 0,
-        tx_caps: CAPS
-            & !FI_RECV
-            & !FI_MULTI_RECV
-            & !FI_DIRECTED_RECV
-            & !FI_SOURCE
-            & !FI_REMOTE_READ
-            & !FI_REMOTE_WRITE,
-        rx_caps: CAPS & !FI_SEND & !FI_READ & !FI_WRITE,
+        tx_caps: CAPS & TX_CAPS,
+        rx_caps: CAPS & RX_CAPS,
         tx_op_flags: 0,
         rx_op_flags: 0,
         msg_order: FI_ORDER_SAS,
@@ -173,19 +280,31 @@ pub fn offer(node: &str, hints: Option<&Hints>) -> Result<Offer, Mismatch> {
         progress: FI_PROGRESS_MANUAL,
         resource_mgmt: FI_RM_ENABLED,
         av_type: FI_AV_TABLE,
-        mr_mode: 0,
+        mr_mode: mr_mode(FI_MR_UNSPEC, version)?,
     };
     let Some(h) = hints else { return Ok(o) };
     let asked = h.caps | h.tx_caps | h.rx_caps;
     if asked & !CAPS != 0 {
         return Err(Mismatch::Caps(asked & !CAPS));
     }
+    if h.domain_caps & !DOMAIN_CAPS != 0 {
+        return Err(Mismatch::DomainCaps(h.domain_caps & !DOMAIN_CAPS));
+    }
+    o.mr_mode = mr_mode(h.mr_mode, version)?;
     if h.caps != 0 {
         // What was asked for, and what comes anyway: an application that asks for
         // tagged messages only must not be told it has untagged ones too.
         o.caps = h.caps | (CAPS & SECONDARY);
-        if o.caps & (FI_SEND | FI_RECV) == 0 {
-            o.caps |= FI_SEND | FI_RECV;
+        // No direction asked for: every one of the asked operations (fi_getinfo(3)).
+        const MODIFIERS: u64 =
+            FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        if h.caps & MODIFIERS == 0 {
+            if h.caps & FI_RMA != 0 {
+                o.caps |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+            }
+            if h.caps & FI_RMA == 0 || h.caps & (FI_MSG | FI_TAGGED) != 0 {
+                o.caps |= FI_SEND | FI_RECV;
+            }
         }
         o.tx_caps &= o.caps;
         o.rx_caps &= o.caps;
@@ -262,7 +381,7 @@ mod tests {
 
     #[test]
     fn no_hints_get_everything_offered() {
-        let o = offer("M1QAF2", None).unwrap();
+        let o = offer("M1QAF2", None, 0).unwrap();
         assert_eq!(o.caps, CAPS);
         assert_eq!(o.domain_name, "M1QAF2");
         assert_eq!((o.av_type, o.progress), (FI_AV_TABLE, FI_PROGRESS_MANUAL));
@@ -274,7 +393,7 @@ mod tests {
             caps: FI_TAGGED,
             ..Hints::default()
         };
-        let o = offer("M1QAF2", Some(&h)).unwrap();
+        let o = offer("M1QAF2", Some(&h), 0).unwrap();
         assert_eq!(o.caps & FI_MSG, 0, "untagged messages were not asked for");
         assert_ne!(o.caps & FI_TAGGED, 0);
         assert_eq!(o.caps & (FI_SEND | FI_RECV), FI_SEND | FI_RECV);
@@ -352,7 +471,7 @@ mod tests {
             ),
         ];
         for (h, want) in cases {
-            assert_eq!(offer("M1QAF2", Some(&h)), Err(want), "{h:?}");
+            assert_eq!(offer("M1QAF2", Some(&h), 0), Err(want), "{h:?}");
         }
     }
 
@@ -364,7 +483,7 @@ mod tests {
             cq_data_size: 4,
             ..Hints::default()
         };
-        let o = offer("M1QAF2", Some(&h)).unwrap();
+        let o = offer("M1QAF2", Some(&h), 0).unwrap();
         assert_eq!(
             (o.tx_op_flags, o.rx_op_flags),
             (FI_COMPLETION, FI_COMPLETION)
@@ -373,12 +492,15 @@ mod tests {
             rx_op_flags: FI_PEEK,
             ..Hints::default()
         };
-        assert_eq!(offer("M1QAF2", Some(&h)), Err(Mismatch::OpFlags(FI_PEEK)));
+        assert_eq!(
+            offer("M1QAF2", Some(&h), 0),
+            Err(Mismatch::OpFlags(FI_PEEK))
+        );
         let h = Hints {
             cq_data_size: 16,
             ..Hints::default()
         };
-        assert_eq!(offer("M1QAF2", Some(&h)), Err(Mismatch::CqDataSize(16)));
+        assert_eq!(offer("M1QAF2", Some(&h), 0), Err(Mismatch::CqDataSize(16)));
     }
 
     #[test]
@@ -390,7 +512,7 @@ mod tests {
             domain_name: Some("m1qaf2".into()),
             ..Hints::default()
         };
-        let o = offer("M1QAF2", Some(&h)).unwrap();
+        let o = offer("M1QAF2", Some(&h), 0).unwrap();
         assert_eq!((o.threading, o.av_type), (FI_THREAD_ENDPOINT, FI_AV_MAP));
     }
 }

@@ -16,13 +16,13 @@ use std::ptr::{self, addr_of_mut};
 use std::sync::{Arc, OnceLock};
 
 use crate::abi::*;
-use crate::av::{self, Av};
+use crate::av::{self, Addr, Addressing, Av};
 use crate::cntr::{Cntr, WaitEnd};
 use crate::cq::{Completion, Cq, Empty, Idle};
 use crate::endpoint::{Completes, Endpoint, NoBuf, Probe, RecvBuf, Regions};
 use crate::mr::{MrTable, Naming, RegError};
 use crate::msg::{RmaRefusal, RmaTarget};
-use crate::offer::{self, Hints, Offer};
+use crate::offer::{self, Addresses, Hints, Offer};
 
 /// The provider's own version (`fi_info -p exanet -v` shows it).
 const PROVIDER_VERSION: u32 = fi_version(0, 1);
@@ -292,8 +292,34 @@ unsafe fn read_hints(h: &fi_info) -> Hints {
         out.av_type = a.av_type;
         out.mr_mode = a.mr_mode;
         out.cq_data_size = a.cq_data_size;
+        out.domain_caps = a.caps;
     }
     out
+}
+
+/// The hints' source and destination addresses, when in the provider's format: `Err`
+/// names the one that is not an exanet address.
+///
+/// # Safety
+/// `h` is a valid `fi_info` whose address pointers are null or valid for their lengths.
+unsafe fn hint_addrs(h: &fi_info) -> Result<(Option<Addr>, Option<Addr>), &'static str> {
+    // SAFETY: as the caller guarantees.
+    let one = |p: *mut c_void, len: usize, what| -> Result<Option<Addr>, &'static str> {
+        if p.is_null() || len == 0 {
+            return Ok(None);
+        }
+        if h.addr_format != FI_FORMAT_UNSPEC || len != av::ADDR_LEN {
+            return Err(what);
+        }
+        // SAFETY: `len` bytes at `p`, as the caller guarantees.
+        av::decode_addr(unsafe { bytes(p, len) })
+            .map(Some)
+            .ok_or(what)
+    };
+    Ok((
+        one(h.src_addr, h.src_addrlen, "source")?,
+        one(h.dest_addr, h.dest_addrlen, "destination")?,
+    ))
 }
 
 /// `calloc` of one `T`, or null.
@@ -319,6 +345,8 @@ unsafe fn free_info(info: *mut fi_info) {
     // SAFETY: every pointer below is null or a calloc/strdup allocation of `layout`.
     unsafe {
         let i = &mut *info;
+        libc::free(i.src_addr);
+        libc::free(i.dest_addr);
         libc::free(i.tx_attr.cast());
         libc::free(i.rx_attr.cast());
         libc::free(i.ep_attr.cast());
@@ -334,8 +362,21 @@ unsafe fn free_info(info: *mut fi_info) {
     }
 }
 
+/// `a` in the provider's format, in memory libfabric frees (`malloc`), or null.
+fn addr_copy(a: Addr) -> *mut c_void {
+    let b = av::encode_addr(a);
+    // SAFETY: a fresh allocation of b.len() bytes, checked, then filled.
+    unsafe {
+        let p = libc::malloc(b.len());
+        if !p.is_null() {
+            ptr::copy_nonoverlapping(b.as_ptr(), p.cast(), b.len());
+        }
+        p
+    }
+}
+
 /// `o` as a `struct fi_info` libfabric can free, or null when memory ran out.
-fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
+fn layout(o: &Offer, addrs: &Addresses, api_version: u32) -> *mut fi_info {
     let info: *mut fi_info = zeroed();
     if info.is_null() {
         return info;
@@ -346,7 +387,18 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
         let i = &mut *info;
         i.caps = o.caps;
         i.mode = o.mode;
+        // The provider's own format (libfabric's number for one is FI_FORMAT_UNSPEC).
         i.addr_format = FI_FORMAT_UNSPEC;
+        i.src_addr = addr_copy(addrs.src);
+        i.src_addrlen = av::ADDR_LEN;
+        if let Some(d) = addrs.dest {
+            i.dest_addr = addr_copy(d);
+            i.dest_addrlen = av::ADDR_LEN;
+        }
+        if i.src_addr.is_null() || (addrs.dest.is_some() && i.dest_addr.is_null()) {
+            free_info(info);
+            return ptr::null_mut();
+        }
         i.tx_attr = zeroed();
         i.rx_attr = zeroed();
         i.ep_attr = zeroed();
@@ -423,13 +475,23 @@ fn layout(o: &Offer, api_version: u32) -> *mut fi_info {
     info
 }
 
+/// The rack's addressing, seen from the node this process runs on (`None`: no node, or
+/// no rack file that names it).
+fn addressing(config: &exanet::Config, node: &str) -> Option<Addressing> {
+    let rack_dir = exanet::config::rack_dir(config.rack_dir.as_deref());
+    let shape = exanet::config::read_shape(&rack_dir).ok()?;
+    let here = shape.parse_node(node).ok()?.0;
+    Some(Addressing::load(&rack_dir, here))
+}
+
 /// `fi_getinfo` for this provider: one answer, for the node this process runs on, or
-/// `-FI_ENODATA` (no node configured, no daemon there, or hints it cannot meet).
+/// `-FI_ENODATA` (no node configured, no daemon there, a node or service that names no
+/// endpoint, or hints it cannot meet; the reason is logged at `FI_LOG_LEVEL=info`).
 unsafe extern "C" fn getinfo(
     version: u32,
-    _node: *const c_char,
-    _service: *const c_char,
-    _flags: u64,
+    node: *const c_char,
+    service: *const c_char,
+    flags: u64,
     hints: *const fi_info,
     info: *mut *mut fi_info,
 ) -> c_int {
@@ -439,18 +501,50 @@ unsafe extern "C" fn getinfo(
         }
         // SAFETY: non-null, writable as libfabric guarantees.
         unsafe { *info = ptr::null_mut() };
-        let Ok((node, socket)) = exanet::Config::from_env().node_socket() else {
+        let config = exanet::Config::from_env();
+        let Ok((here, socket)) = config.node_socket() else {
             return -FI_ENODATA;
         };
         if !socket.exists() {
             return -FI_ENODATA;
         }
-        // SAFETY: libfabric passes null or valid hints.
-        let hints = unsafe { hints.as_ref() }.map(|h| unsafe { read_hints(h) });
-        let Ok(o) = offer::offer(&node, hints.as_ref()) else {
+        let Some(addressing) = addressing(&config, &here) else {
+            tracing::info!("exanet-fi: fi_getinfo: no rack file names node {here}");
             return -FI_ENODATA;
         };
-        let out = layout(&o, version);
+        // SAFETY: libfabric passes null or valid hints.
+        let raw_hints = unsafe { hints.as_ref() };
+        let hints = raw_hints.map(|h| unsafe { read_hints(h) });
+        // SAFETY: as above, with addresses of the lengths they give.
+        let given = match raw_hints.map(|h| unsafe { hint_addrs(h) }) {
+            None => (None, None),
+            Some(Ok(a)) => a,
+            Some(Err(what)) => {
+                tracing::info!("exanet-fi: fi_getinfo: {}", offer::Mismatch::HintAddr(what));
+                return -FI_ENODATA;
+            }
+        };
+        // SAFETY: null or NUL-terminated, as libfabric passes them.
+        let (node, service) = unsafe { (text(node), text(service)) };
+        let answer = offer::offer(&here, hints.as_ref(), version).and_then(|o| {
+            let a = offer::addresses(
+                &addressing,
+                node.as_deref(),
+                service.as_deref(),
+                flags & FI_SOURCE != 0,
+                given.0,
+                given.1,
+            )?;
+            Ok((o, a))
+        });
+        let (o, addrs) = match answer {
+            Ok(x) => x,
+            Err(why) => {
+                tracing::info!("exanet-fi: fi_getinfo: {why}");
+                return -FI_ENODATA;
+            }
+        };
+        let out = layout(&o, &addrs, version);
         if out.is_null() {
             return -FI_ENOMEM;
         }
@@ -478,6 +572,29 @@ struct Domain {
     delivery_complete: bool,
     /// The regions the application registered, shared with its endpoints.
     regions: Arc<MrTable>,
+    /// Node names and addresses of the rack, for address vectors and `fi_av_straddr`.
+    addressing: Arc<Addressing>,
+}
+
+/// The source address an `fi_info` names, if in the provider's format.
+///
+/// # Safety
+/// `info` is null or a valid `fi_info` whose `src_addr` is null or valid for its length.
+unsafe fn info_src(info: *const fi_info) -> Result<Option<Addr>, c_int> {
+    // SAFETY: as the caller guarantees.
+    let Some(i) = (unsafe { info.as_ref() }) else {
+        return Ok(None);
+    };
+    if i.src_addr.is_null() || i.src_addrlen == 0 {
+        return Ok(None);
+    }
+    if i.addr_format != FI_FORMAT_UNSPEC || i.src_addrlen != av::ADDR_LEN {
+        return Err(-FI_EINVAL);
+    }
+    // SAFETY: `src_addrlen` bytes, as the caller guarantees.
+    av::decode_addr(unsafe { bytes(i.src_addr, i.src_addrlen) })
+        .map(Some)
+        .ok_or(-FI_EINVAL)
 }
 
 /// The rack's eager limit: `[ni] mpi_eager_limit`, else ExaNet-MPI's. A rack file that
@@ -628,9 +745,38 @@ unsafe extern "C" fn domain2(
         if asked.is_some_and(|a| !a.eq_ignore_ascii_case(&node)) {
             return -FI_EINVAL;
         }
+        let Some(addressing) = addressing(&config, &node) else {
+            return -FI_ENODEV;
+        };
+        // A source that names a service's rank: the domain is that rank of the node.
+        // SAFETY: as above.
+        let src = match unsafe { info_src(info) } {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        if let Some(a) = src {
+            if a.node != addressing.here {
+                tracing::info!(
+                    "exanet-fi: fi_domain: source {} is not this node ({node})",
+                    addressing.text(a)
+                );
+                return -FI_EINVAL;
+            }
+            if a.rank != av::ANY {
+                config.rank = Some(a.rank);
+            }
+        }
         let attachment = match exanet::Endpoint::attach_with(&config) {
             Ok(e) => Arc::new(e),
-            Err(_) => return -FI_ENODEV,
+            Err(e) => {
+                tracing::warn!("exanet-fi: fi_domain: attaching to {node}: {e}");
+                // The service's rank is another workload's.
+                return if config.rank.is_some() {
+                    -FI_EADDRINUSE
+                } else {
+                    -FI_ENODEV
+                };
+            }
         };
         remember_modeled(&attachment);
         // SAFETY: as above.
@@ -652,6 +798,7 @@ unsafe extern "C" fn domain2(
             eager_limit: eager_limit(),
             delivery_complete: delivery_by_default(),
             regions: Arc::new(MrTable::new(Naming::of(mr_mode), first_key)),
+            addressing: Arc::new(addressing),
         }));
         // SAFETY: non-null, writable; `Domain` starts with its `fid_domain`.
         unsafe { *out = addr_of_mut!((*d).head) };
@@ -1044,6 +1191,7 @@ impl Regions for AppRegions {
 struct AvObj {
     head: fid_av,
     av: Arc<Av>,
+    addressing: Arc<Addressing>,
 }
 
 static AV_FID_OPS: fi_ops = fid_ops(av_close);
@@ -1075,6 +1223,8 @@ unsafe extern "C" fn av_open(
             Some(FI_AV_MAP) => av::Kind::Map,
             Some(_) => return -FI_EINVAL,
         };
+        // SAFETY: the head of the `Domain` this provider opened.
+        let d = unsafe { &*domain.cast::<Domain>() };
         let obj = AvObj {
             head: fid_av {
                 fid: fid {
@@ -1085,6 +1235,7 @@ unsafe extern "C" fn av_open(
                 ops: ptr::addr_of!(AV_OPS).cast_mut(),
             },
             av: Arc::new(Av::new(kind)),
+            addressing: Arc::clone(&d.addressing),
         };
         // SAFETY: `out` checked; `AvObj` starts with its `fid_av`.
         unsafe { hand_out(obj, out) }
@@ -1136,29 +1287,110 @@ unsafe extern "C" fn av_insert(
     })
 }
 
-unsafe extern "C" fn av_insertsvc(
-    _: *mut fid_av,
-    _: *const c_char,
-    _: *const c_char,
-    _: *mut u64,
-    _: u64,
-    _: Opaque,
+/// Inserts the endpoints of `nodes` x `services` (node-major, as fi_av(3) orders
+/// `fi_av_insertsym`); `fi_addr`: null or room for all of them.
+///
+/// # Safety
+/// `av` is null or an open `AvObj`; `fi_addr` null or valid for `nodes.len() *
+/// services.len()` entries.
+unsafe fn insert_named(
+    av: *mut fid_av,
+    nodes: &[u32],
+    services: &[u32],
+    fi_addr: *mut u64,
 ) -> c_int {
-    -FI_ENOSYS
+    // SAFETY: as the caller guarantees.
+    let Some(o) = (unsafe { av.cast::<AvObj>().as_ref() }) else {
+        return -FI_EINVAL;
+    };
+    let peers: Vec<_> = nodes
+        .iter()
+        .flat_map(|&n| services.iter().map(move |&s| Addr::at(n, s).peer()))
+        .collect();
+    let ids = o.av.insert(&peers);
+    if !fi_addr.is_null() {
+        // SAFETY: room for every entry, as the caller guarantees.
+        unsafe { ptr::copy_nonoverlapping(ids.as_ptr(), fi_addr, ids.len()) };
+    }
+    peers.iter().filter(|p| p.is_some()).count() as c_int
 }
 
+/// `fi_av_insertsvc`: the endpoint `service` names on `node` (a node name, an IP over
+/// ExaNet address or a host name, as `fi_getinfo` takes them).
+unsafe extern "C" fn av_insertsvc(
+    av: *mut fid_av,
+    node: *const c_char,
+    service: *const c_char,
+    fi_addr: *mut u64,
+    _flags: u64,
+    _context: Opaque,
+) -> c_int {
+    guard(|| {
+        // SAFETY: as the application passes them.
+        let Some(o) = (unsafe { av.cast::<AvObj>().as_ref() }) else {
+            return -FI_EINVAL;
+        };
+        // SAFETY: NUL-terminated strings or null, as the application passes them.
+        let (Some(node), Some(service)) = (unsafe { text(node) }, unsafe { text(service) }) else {
+            return -FI_EINVAL;
+        };
+        let (Some(n), Some(s)) = (o.addressing.node(&node), av::parse_service(&service)) else {
+            // Not an address: not inserted, as fi_av_insert reports one.
+            if !fi_addr.is_null() {
+                // SAFETY: room for one entry.
+                unsafe { *fi_addr = FI_ADDR_UNSPEC };
+            }
+            return 0;
+        };
+        // SAFETY: forwarded; one entry.
+        unsafe { insert_named(av, &[n], &[s], fi_addr) }
+    })
+}
+
+/// `fi_av_insertsym`: `nodecnt` nodes from `node` on, in node id order (consecutive IP
+/// over ExaNet addresses are consecutive ids), each with `svccnt` services from
+/// `service` on.
 #[allow(clippy::too_many_arguments)] // libfabric's signature
 unsafe extern "C" fn av_insertsym(
-    _: *mut fid_av,
-    _: *const c_char,
-    _: usize,
-    _: *const c_char,
-    _: usize,
-    _: *mut u64,
-    _: u64,
-    _: Opaque,
+    av: *mut fid_av,
+    node: *const c_char,
+    nodecnt: usize,
+    service: *const c_char,
+    svccnt: usize,
+    fi_addr: *mut u64,
+    _flags: u64,
+    _context: Opaque,
 ) -> c_int {
-    -FI_ENOSYS
+    guard(|| {
+        // SAFETY: as the application passes them.
+        let Some(o) = (unsafe { av.cast::<AvObj>().as_ref() }) else {
+            return -FI_EINVAL;
+        };
+        // SAFETY: NUL-terminated strings or null, as the application passes them.
+        let (Some(node), Some(service)) = (unsafe { text(node) }, unsafe { text(service) }) else {
+            return -FI_EINVAL;
+        };
+        // One node has 336 distinct services, a rack at most 2^22 nodes: more than that
+        // is a caller's mistake, not an allocation to try.
+        if nodecnt == 0
+            || svccnt == 0
+            || svccnt > av::SERVICES as usize
+            || nodecnt > 1 << 22
+            || nodecnt.saturating_mul(svccnt) > 1 << 24
+        {
+            return -FI_EINVAL;
+        }
+        let (Some(n), Some(s)) = (o.addressing.node(&node), av::parse_service(&service)) else {
+            return -FI_EINVAL;
+        };
+        let nodes: Vec<u32> = (0..nodecnt as u32).map(|k| n.saturating_add(k)).collect();
+        let services: Vec<u32> = (0..svccnt as u32).map(|k| s + k).collect();
+        if services.last().is_some_and(|&l| l > 65535) {
+            return -FI_EINVAL;
+        }
+        // SAFETY: forwarded; `fi_addr` has room for nodecnt * svccnt, as fi_av(3) says.
+        unsafe { insert_named(av, &nodes, &services, fi_addr) }
+    })
 }
 
 unsafe extern "C" fn av_set(_: *mut fid_av, _: Opaque, _: *mut Opaque, _: Opaque) -> c_int {
@@ -1224,17 +1456,23 @@ unsafe extern "C" fn av_lookup(
 }
 
 unsafe extern "C" fn av_straddr(
-    _av: *mut fid_av,
+    av: *mut fid_av,
     addr: *const c_void,
     buf: *mut c_char,
     len: *mut usize,
 ) -> *const c_char {
     let text = catch_unwind(AssertUnwindSafe(|| {
+        if addr.is_null() {
+            return "exanet://invalid".to_string();
+        }
         // SAFETY: an address of ADDR_LEN bytes, as the application passes it.
         let raw = unsafe { bytes(addr, av::ADDR_LEN) };
-        match av::decode(raw) {
-            Some(p) => format!("exanet://{}/{}/{}", p.node, p.rank, p.vi),
-            None => "exanet://invalid".to_string(),
+        // SAFETY: null or the vector this provider opened.
+        let addressing = unsafe { av.cast::<AvObj>().as_ref() }.map(|o| &o.addressing);
+        match (av::decode_addr(raw), addressing) {
+            (Some(a), Some(x)) => x.text(a),
+            (Some(a), None) => format!("exanet://node#{}:{}", a.node, a.service()),
+            (None, _) => "exanet://invalid".to_string(),
         }
     }))
     .unwrap_or_default();
@@ -1580,6 +1818,10 @@ unsafe fn sread_into(
         if n != -(FI_EAGAIN as isize) {
             return n;
         }
+        // SAFETY: as above (`read_into` checked it is a queue of this provider).
+        if unsafe { cq_of(cq) }.is_some_and(|q| q.take_signal()) {
+            return -(FI_EAGAIN as isize);
+        }
         if timeout >= 0 && start.elapsed().as_millis() >= timeout as u128 {
             return -(FI_EAGAIN as isize);
         }
@@ -1645,8 +1887,15 @@ unsafe extern "C" fn cq_readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _fla
     .unwrap_or(-(FI_EIO as isize))
 }
 
-unsafe extern "C" fn cq_signal(_: *mut fid_cq) -> c_int {
-    0
+unsafe extern "C" fn cq_signal(cq: *mut fid_cq) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the queue it opened.
+        let Some(q) = (unsafe { cq_of(cq) }) else {
+            return -FI_EINVAL;
+        };
+        q.signal();
+        0
+    })
 }
 
 unsafe extern "C" fn cq_strerror(
@@ -1765,6 +2014,9 @@ unsafe extern "C" fn eq_strerror(
 struct EpObj {
     head: fid_ep,
     ep: Arc<Endpoint>,
+    /// Untagged receives post multi-receive buffers (`FI_MULTI_RECV` in the receive
+    /// attributes' default flags).
+    multi_by_default: bool,
 }
 
 static EP_FID_OPS: fi_ops = fi_ops {
@@ -1878,10 +2130,32 @@ unsafe extern "C" fn endpoint(
             rx.is_some_and(|a| a.op_flags & FI_COMPLETION != 0),
         );
         let asked_delivery = tx.is_some_and(|a| a.op_flags & FI_DELIVERY_COMPLETE != 0);
+        let multi_by_default = rx.is_some_and(|a| a.op_flags & FI_MULTI_RECV != 0);
         // SAFETY: the head of the `Domain` this provider opened.
         let d = unsafe { &*domain.cast::<Domain>() };
+        // The mailbox a service names (`fi_getinfo` with FI_SOURCE): the endpoint is
+        // where its peers were told it is, or it is not opened.
+        // SAFETY: null or a valid info, as above.
+        let vi = match unsafe { info_src(info.map_or(ptr::null(), |i| i as *const fi_info)) } {
+            Err(e) => return e,
+            Ok(None) => None,
+            Ok(Some(a)) => {
+                let me = (d.addressing.here, d.attachment.rank());
+                if a.node != me.0 || (a.rank != av::ANY && a.rank != me.1) {
+                    tracing::info!(
+                        "exanet-fi: fi_endpoint: source {} is not this domain's (rank {} of {})",
+                        d.addressing.text(a),
+                        me.1,
+                        d.addressing.node_name(me.0)
+                    );
+                    return -FI_EINVAL;
+                }
+                (a.vi != av::ANY).then_some(a.vi)
+            }
+        };
         let ep = match Endpoint::open(
             Arc::clone(&d.attachment),
+            vi,
             directed,
             default_completion,
             asked_delivery || d.delivery_complete,
@@ -1890,8 +2164,13 @@ unsafe extern "C" fn endpoint(
         ) {
             Ok(ep) => ep,
             Err(e) => {
-                tracing::debug!("exanet-fi: endpoint: {e}");
-                return -FI_ENOMEM;
+                tracing::info!("exanet-fi: fi_endpoint: {e}");
+                // The service's mailbox is another endpoint's.
+                return if vi.is_some() {
+                    -FI_EADDRINUSE
+                } else {
+                    -FI_ENOMEM
+                };
             }
         };
         let obj = EpObj {
@@ -1910,6 +2189,7 @@ unsafe extern "C" fn endpoint(
                 collective: ptr::addr_of!(EP_COLLECTIVE).cast_mut(),
             },
             ep,
+            multi_by_default,
         };
         // SAFETY: `out` checked; `EpObj` starts with its `fid_ep`.
         unsafe { hand_out(obj, out) }
@@ -2186,12 +2466,15 @@ unsafe fn do_recv(
 ) -> isize {
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as the caller guarantees.
-        let Some(e) = (unsafe { ep_of(ep) }) else {
+        let Some(o) = (unsafe { ep.cast::<EpObj>().as_ref() }) else {
             return -(FI_EINVAL as isize);
         };
         // SAFETY: as the caller guarantees.
         let ub = unsafe { UserBuf::new(buf, len) };
-        errno(e.recv(src, Box::new(ub), tag, context as usize, completes))
+        if tag.is_none() && o.multi_by_default && matches!(completes, Completes::ByDefault) {
+            return errno(o.ep.recv_multi(src, Box::new(ub), context as usize, completes));
+        }
+        errno(o.ep.recv(src, Box::new(ub), tag, context as usize, completes))
     }))
     .unwrap_or(-(FI_EIO as isize))
 }

@@ -194,6 +194,7 @@ fn constants() -> Vec<(&'static str, i128)> {
         ("FI_ENOPROTOOPT", c(FI_ENOPROTOOPT)),
         ("FI_ENOENT", c(FI_ENOENT)),
         ("FI_EACCES", c(FI_EACCES)),
+        ("FI_EADDRINUSE", c(FI_EADDRINUSE)),
         ("FI_ETIMEDOUT", c(FI_ETIMEDOUT)),
         ("FI_EOPBADSTATE", c(FI_EOPBADSTATE)),
         ("FI_EAVAIL", c(FI_EAVAIL)),
