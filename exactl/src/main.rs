@@ -35,6 +35,7 @@ mod faults;
 mod hosts;
 mod interrupt;
 mod ip_service;
+mod job_watch;
 mod live;
 mod mpirun;
 mod needs;

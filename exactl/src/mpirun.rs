@@ -557,12 +557,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
     // Before anything is written or started: a node whose daemon is already gone would
-    // only make the launcher wait for it.
-    let watch = match compose {
-        None => Some(Watch::of(&rack, &abs_dir, &names)?),
-        // The daemons run in containers whose processes exactl does not own.
-        Some(_) => None,
-    };
+    // only make the launcher wait for it. On compose racks the daemons run in containers
+    // whose processes exactl does not own: they are watched through the control API only.
+    let watch = crate::job_watch::Watch::start(&rack, &abs_dir, &names, compose.is_none())?;
     let job = Job::new();
     let mpi_dir = rack.layout().run_dir().join("mpi");
     let agent = write_agent(&rack, &abs_dir, compose.is_some())?;
@@ -748,7 +745,6 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     crate::interrupt::catch();
     let ended = command.spawn().and_then(|mut child| {
         let mut handed_on = false;
-        let mut next_look = Instant::now();
         loop {
             if let Some(st) = child.try_wait()? {
                 return Ok(Ended::Exited(st));
@@ -757,15 +753,12 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
                 handed_on = true;
                 let _ = crate::process::signal(child.id() as i32, libc::SIGTERM);
             }
-            if Instant::now() >= next_look {
-                next_look = Instant::now() + WATCH_EVERY;
-                if let Some(death) = watch.as_ref().and_then(Watch::dead) {
-                    eprintln!(
-                        "exactl: node {} died during the job (daemon pid {} gone): ending the job",
-                        death.node, death.pid
-                    );
-                    return Ok(Ended::NodeDied(death, child));
-                }
+            if let Some(verdict) = watch.verdict() {
+                eprintln!(
+                    "exactl: {} during the job: ending the job",
+                    verdict.describe()
+                );
+                return Ok(Ended::Watched(verdict, child));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -773,16 +766,16 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     // A node that dies now is no reason to leave the job's processes behind: the
     // clean-up's own waits run to their end.
     let ended = match ended {
-        Ok(Ended::NodeDied(death, mut child)) => {
+        Ok(Ended::Watched(verdict, mut child)) => {
             let swept = job.end(Some(&mut child), JOB_END_WAIT);
-            Ok((None, Some(death), swept))
+            Ok((None, Some(verdict), swept))
         }
         Ok(Ended::Exited(st)) => {
             // Whatever outlived the launcher (a daemon it could not reach, a rank of a
             // node it lost) goes with it; a moment first, for those on their way out.
             let swept = job.end_stragglers(STRAGGLER_GRACE);
             // The launcher may have ended on its own because of a node that died.
-            let death = watch.as_ref().and_then(Watch::dead);
+            let death = watch.verdict();
             Ok((Some(st), death, swept))
         }
         Err(e) => Err(e),
@@ -796,12 +789,10 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             mpi.package()
         ))
     })?;
+    drop(watch);
     if let Some(death) = &death {
         if status.is_some() {
-            eprintln!(
-                "exactl: node {} died during the job (daemon pid {} gone)",
-                death.node, death.pid
-            );
+            eprintln!("exactl: {} during the job", death.describe());
         }
     }
     if !swept.ended.is_empty() && death.is_none() {
@@ -823,11 +814,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     }
     match (death, status) {
         (Some(death), _) => Err(CliError::Failed(format!(
-            "the job ended because node {} died (daemon pid {} gone, noticed {:.1} s after \
-             the launcher started): {}",
-            death.node,
-            death.pid,
-            death.after.as_secs_f64(),
+            "the job ended because {} (noticed {:.1} s after the launcher started): {}",
+            death.describe(),
+            death.after().as_secs_f64(),
             if left.is_empty() {
                 format!(
                     "{} process(es) of it ended in {:.1} s, nothing of it left",
@@ -884,8 +873,6 @@ impl Drop for Staged {
 /// directory ([`job_tmp_dir`]).
 pub const JOB_ENV: &str = "EXANET_MPIRUN_JOB";
 
-/// How often the job's nodes are looked at: a node's death is noticed within this.
-const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// How long the job's processes have after SIGTERM before SIGKILL, and how long exactl
 /// tries in all. MPI runtimes that lost a node wait for it for minutes (Open MPI's mpirun
 /// printed "abort is already in progress" and waited), so the grace is short.
@@ -900,65 +887,8 @@ const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
 /// How the launcher's wait ended.
 enum Ended {
     Exited(std::process::ExitStatus),
-    NodeDied(Death, std::process::Child),
-}
-
-/// A job node whose daemon process is gone.
-#[derive(Clone, Debug)]
-struct Death {
-    node: String,
-    pid: i32,
-    /// Since the watch began.
-    after: Duration,
-}
-
-/// The daemons of the job's nodes, as they were when the job started. On a local rack a
-/// node is its daemon process: when that is gone, so is the node's NI and its IP
-/// service, and with them the MPI runtime's own connections, so the launcher would wait
-/// for ever.
-struct Watch {
-    rack_dir: std::path::PathBuf,
-    daemons: Vec<(String, i32)>,
-    since: Instant,
-}
-
-impl Watch {
-    /// The daemon of every node in `names`; a node without a live one is refused.
-    fn of(rack: &Rack, rack_dir: &Path, names: &[String]) -> Result<Watch> {
-        let layout = rack.layout();
-        let mut daemons = Vec::with_capacity(names.len());
-        for n in names {
-            let pid_file = layout.pid_file(n);
-            match crate::process::read_pid_file(&pid_file, n, rack_dir) {
-                crate::process::PidFile::Running(d) => daemons.push((n.clone(), d.pid)),
-                _ => {
-                    return Err(CliError::Failed(format!(
-                        "{n} is down: no live daemon behind {} (`exactl node restart {n}` \
-                         brings it back)",
-                        pid_file.display()
-                    )))
-                }
-            }
-        }
-        Ok(Watch {
-            rack_dir: rack_dir.to_path_buf(),
-            daemons,
-            since: Instant::now(),
-        })
-    }
-
-    /// The first node whose daemon is no longer the process it was (exited, killed,
-    /// or replaced by a restart, which the job's state did not survive either).
-    fn dead(&self) -> Option<Death> {
-        self.daemons
-            .iter()
-            .find(|(node, pid)| !crate::process::is_our_daemon(*pid, node, &self.rack_dir))
-            .map(|(node, pid)| Death {
-                node: node.clone(),
-                pid: *pid,
-                after: self.since.elapsed(),
-            })
-    }
+    /// The watch saw the job could not go on.
+    Watched(crate::job_watch::Verdict, std::process::Child),
 }
 
 /// How long [`Job::end`] waits.

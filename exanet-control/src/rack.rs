@@ -33,7 +33,8 @@
 //! window_blocks = 32            # RDMA blocks of a transfer in flight (16 KB each)
 //! rank_window_blocks = 256      # ... of all transfers reading one rank's memory
 //! retransmit_us = 5000          # wait for an ACK before sending again (doubles per try)
-//! max_attempts = 8              # tries per message or block before failing
+//! max_attempts = 14             # tries per message or block before failing (absent:
+//!                               #   the fewest outlasting link_timeout_s + 1 s: 14 at 10 s)
 //! rank_max_rdma_pages = 8       # what one attached process may hold (defaults shown)
 //! rank_max_packetizers = 32
 //! rank_max_mailboxes = 32
@@ -863,9 +864,6 @@ impl Rack {
                 c.retransmit_ns = t * 1000;
                 c.nack_retry_ns = (t * 1000 / 5).max(1000);
             }
-            if let Some(a) = ni.max_attempts {
-                c.max_attempts = a;
-            }
         }
         if self.order() == CellOrder::Modeled {
             // Blocks wait for cuts in real time; one sent again because it waited is not
@@ -873,6 +871,17 @@ impl Rack {
             // (Receivers remember finished blocks for twice the retry budget this
             // implies: `NiConfig::keep_ns`.)
             c.retransmit_ns = c.retransmit_ns.max(ORDERED_RETRANSMIT_NS);
+        }
+        match self.file.ni.as_ref().and_then(|ni| ni.max_attempts) {
+            Some(a) => c.max_attempts = a,
+            // A cut the rack does not call down yet (shorter than the link timeout) must
+            // not fail what waits across it: the sends outlast it, and a second more for
+            // the answer's way back once it heals. The price: a send to a node that is
+            // truly gone fails that late too (11.5 s with the defaults).
+            None => {
+                let outage = self.file.link_timeout() + std::time::Duration::from_secs(1);
+                c.max_attempts = c.attempts_outlasting(outage.as_nanos() as u64);
+            }
         }
         c
     }
@@ -1157,6 +1166,33 @@ mod tests {
         assert_eq!(modeled.retransmit_ns, ORDERED_RETRANSMIT_NS);
         assert!(host.retransmit_ns < ORDERED_RETRANSMIT_NS);
         assert!(modeled.keep_ns() > host.keep_ns());
+    }
+
+    /// A cut shorter than the link timeout heals: by default the NI's sends outlast the
+    /// link timeout (and a second), whatever the timeout; an explicit count is kept.
+    #[test]
+    fn the_retry_budget_outlasts_the_link_timeout_unless_told_otherwise() {
+        let d = with_jobs("").unwrap().ni_config();
+        assert_eq!(d.max_attempts, 14);
+        assert!(
+            d.retry_budget_ns() >= 11_000_000_000,
+            "{}",
+            d.retry_budget_ns()
+        );
+        let mut f = file("1x1x1");
+        f.link_timeout_s = Some(30);
+        let long = Rack::new(Path::new("."), f).unwrap().ni_config();
+        assert!(long.retry_budget_ns() >= 31_000_000_000);
+        assert!(long.max_attempts > d.max_attempts);
+        let told = with_jobs("[ni]\nmax_attempts = 8\n").unwrap().ni_config();
+        assert_eq!(told.max_attempts, 8);
+        // In modeled order copies go later, so fewer attempts outlast the same timeout,
+        // but never fewer than the NI's own default.
+        let modeled = with_jobs("[model]\norder = \"modeled\"\n")
+            .unwrap()
+            .ni_config();
+        assert!(modeled.retry_budget_ns() >= 11_000_000_000);
+        assert!(modeled.max_attempts >= exanet_proto::ni::NiConfig::default().max_attempts);
     }
 
     #[test]

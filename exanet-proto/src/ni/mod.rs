@@ -217,6 +217,18 @@ impl NiConfig {
             .fold(0, u64::saturating_add)
     }
 
+    /// The fewest attempts, and never fewer than these settings have, whose retry budget
+    /// lasts `ns`: what a sender needs to outlast an outage of that length (the owner
+    /// passes the time after which the rack calls a link down, so that a cut it would
+    /// not call down heals). At most 100.
+    pub fn attempts_outlasting(&self, ns: u64) -> u8 {
+        let mut c = *self;
+        while c.retry_budget_ns() < ns && c.max_attempts < 100 {
+            c.max_attempts += 1;
+        }
+        c.max_attempts
+    }
+
     /// How long a receiver remembers a finished block, message, served read or
     /// collective, to drop late copies: `remember_ns`, or twice the senders' retry budget
     /// when that is longer. A sender stops sending copies half this long after its first
@@ -1079,9 +1091,27 @@ mod config_tests {
             "13 attempts (10.2 s)"
         );
         assert_eq!(
-            with(13).keep_ns(),
-            20_440_000_000,
-            "kept at 13 attempts (20.4 s)"
+            with(14).retry_budget_ns(),
+            11_500_000_000,
+            "14 attempts (11.5 s)"
         );
+        assert_eq!(
+            with(14).keep_ns(),
+            23_000_000_000,
+            "kept at 14 attempts (23 s)"
+        );
+    }
+
+    /// A rack with the default 10 s link timeout asks for a budget of 11 s (the link
+    /// timeout and a second for the answer's way back after a heal): 14 attempts.
+    #[test]
+    fn the_attempts_that_outlast_an_outage_are_the_fewest_that_do() {
+        let d = NiConfig::default();
+        assert_eq!(d.attempts_outlasting(11_000_000_000), 14);
+        assert_eq!(d.attempts_outlasting(11_500_000_000), 14);
+        assert_eq!(d.attempts_outlasting(11_500_000_001), 15);
+        // Never fewer than configured, never past 100.
+        assert_eq!(d.attempts_outlasting(1), d.max_attempts);
+        assert_eq!(d.attempts_outlasting(u64::MAX), 100);
     }
 }
