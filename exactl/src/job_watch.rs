@@ -72,19 +72,28 @@ impl Verdict {
         }
     }
 
-    /// What happened, in one phrase ("node M1QAF2 died (daemon pid 42 gone)").
-    pub fn describe(&self) -> String {
+    /// What happened ("node M1QAF2 died").
+    pub fn what(&self) -> String {
         match self {
-            Verdict::NodeGone { node, how, .. } => format!("node {node} died ({how})"),
+            Verdict::NodeGone { node, .. } => format!("node {node} died"),
             Verdict::LinkLost {
                 ends: (a, b),
                 between: (x, y),
-                down_for,
                 ..
             } => format!(
                 "the link {a} <-> {b}, which carries the job's traffic between {x} and {y}, \
-                 has been down for {:.1} s (longer than the NI's retry budget: every send \
-                 across it has failed)",
+                 was lost"
+            ),
+        }
+    }
+
+    /// How it was seen ("daemon pid 42 gone").
+    pub fn how(&self) -> String {
+        match self {
+            Verdict::NodeGone { how, .. } => how.clone(),
+            Verdict::LinkLost { down_for, .. } => format!(
+                "it has been down for {:.1} s, longer than the NI's retry budget: every send \
+                 across it has failed",
                 down_for.as_secs_f64()
             ),
         }
@@ -403,12 +412,12 @@ mod tests {
             down_for: Duration::from_millis(12_500),
             after: Duration::from_secs(20),
         };
-        let d = v.describe();
+        let (what, how) = (v.what(), v.how());
         assert!(
-            d.contains("M1QAF1 <-> M1QBF1") && d.contains("M1QAF2 and M1QBF3"),
-            "{d}"
+            what.contains("M1QAF1 <-> M1QBF1") && what.contains("M1QAF2 and M1QBF3"),
+            "{what}"
         );
-        assert!(d.contains("12.5 s"), "{d}");
+        assert!(how.contains("down for 12.5 s"), "{how}");
         assert_eq!(v.after(), Duration::from_secs(20));
     }
 }

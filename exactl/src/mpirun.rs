@@ -755,8 +755,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             }
             if let Some(verdict) = watch.verdict() {
                 eprintln!(
-                    "exactl: {} during the job: ending the job",
-                    verdict.describe()
+                    "exactl: {} during the job ({}): ending the job",
+                    verdict.what(),
+                    verdict.how()
                 );
                 return Ok(Ended::Watched(verdict, child));
             }
@@ -792,7 +793,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     drop(watch);
     if let Some(death) = &death {
         if status.is_some() {
-            eprintln!("exactl: {} during the job", death.describe());
+            eprintln!("exactl: {} during the job ({})", death.what(), death.how());
         }
     }
     if !swept.ended.is_empty() && death.is_none() {
@@ -814,8 +815,9 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     }
     match (death, status) {
         (Some(death), _) => Err(CliError::Failed(format!(
-            "the job ended because {} (noticed {:.1} s after the launcher started): {}",
-            death.describe(),
+            "the job ended because {} ({}, noticed {:.1} s after the launcher started): {}",
+            death.what(),
+            death.how(),
             death.after().as_secs_f64(),
             if left.is_empty() {
                 format!(

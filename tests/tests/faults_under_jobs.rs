@@ -588,7 +588,7 @@ fn a_cut_that_never_heals_ends_lammps_naming_the_link() {
     );
     let err = std::fs::read_to_string(&job.err).unwrap_or_default();
     assert!(
-        err.contains(&format!("the link {NEAR} <-> {FAR}")) && err.contains("has been down"),
+        err.contains(&format!("the link {NEAR} <-> {FAR}")) && err.contains("it has been down for"),
         "{TEST}: exactl did not name the lost link: {}",
         job.describe()
     );
