@@ -571,7 +571,12 @@ pub struct Restarts {
 /// What `run/ip/NODE.restarts` says (nothing: no restart). A damaged file reads as none:
 /// it is a count for people, and nothing depends on it.
 pub fn restarts(layout: &Layout, node: &str) -> Restarts {
-    let text = std::fs::read_to_string(restarts_file(layout, node)).unwrap_or_default();
+    restarts_at(&restarts_file(layout, node))
+}
+
+/// A count of restarts kept in `path` (`COUNT UNIX_SECONDS`), or none.
+pub fn restarts_at(path: &Path) -> Restarts {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut words = text.split_whitespace().map(|w| w.parse::<u64>().ok());
     Restarts {
         count: words.next().flatten().unwrap_or(0),
@@ -581,14 +586,18 @@ pub fn restarts(layout: &Layout, node: &str) -> Restarts {
 
 /// Records one more restart of `node`'s service, whole or not at all.
 pub fn count_restart(layout: &Layout, node: &str, count: u64) -> Result<()> {
-    let path = restarts_file(layout, node);
+    count_restart_at(&restarts_file(layout, node), count)
+}
+
+/// Records `count` restarts in `path`, whole or not at all.
+pub fn count_restart_at(path: &Path, count: u64) -> Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let tmp = path.with_extension(format!("restarts.{}", std::process::id()));
     std::fs::write(&tmp, format!("{count} {now}\n")).map_err(|e| CliError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| CliError::io("rename into place", &path, e))
+    std::fs::rename(&tmp, path).map_err(|e| CliError::io("rename into place", path, e))
 }
 
 /// The lock whoever starts or stops a node's service holds meanwhile (`run/ip/NODE.lock`):

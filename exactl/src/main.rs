@@ -333,6 +333,12 @@ struct UpArgs {
     /// on; on: fail without it; off: none
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = rack_cmd::IpMode::Auto, env = "EXANET_RACK_IP")]
     ip: rack_cmd::IpMode,
+    /// What becomes of a daemon that dies on its own (not by exactl node kill/restart or
+    /// rack down): no: it stays down until `exactl node restart`; unless-stopped: the
+    /// rack's supervisor starts it again with its IP service, counted
+    /// (exanet_node_restarts_total), as compose and systemd racks do
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = rack_cmd::RestartPolicy::No, env = "EXANET_RACK_RESTART")]
+    restart: rack_cmd::RestartPolicy,
     /// Give up when the links are not all up after this many seconds
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
     timeout: u64,
@@ -403,6 +409,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 link_timeout: a.link_timeout,
                 base_port: a.base_port,
                 ip: a.ip,
+                restart: a.restart,
                 timeout: Duration::from_secs(a.timeout),
             },
         ),

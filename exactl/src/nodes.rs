@@ -184,7 +184,10 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
     let ip = crate::ip_service::enabled(&layout);
     // Held while the node's service is signalled, stopped or started, so that the
     // supervisor does not start one meanwhile (see `supervisor`).
-    let _held = if ip {
+    // The supervisor also restarts daemons that die on their own, on racks that ask it.
+    let _held = if ip || crate::supervisor::restarts_daemons(&layout) {
+        let locks = layout.ip_run_dir();
+        std::fs::create_dir_all(&locks).map_err(|e| CliError::io("create", &locks, e))?;
         crate::ip_service::lock_node(&layout, node, Some(NODE_LOCK_WAIT))?
     } else {
         None
@@ -259,7 +262,12 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
                 };
             }
             let binary = process::daemon_binary()?;
-            let child = process::spawn_daemon(&binary, &layout, &dir, node)?;
+            // An operator's restart is not the supervisor's: the count carries on.
+            let restarts = crate::ip_service::restarts_at(
+                &crate::supervisor::daemon_restarts_file(&layout, node),
+            )
+            .count;
+            let child = process::spawn_daemon(&binary, &layout, &dir, node, restarts)?;
             if !ip {
                 return Ok(format!(
                     "restarted ({stopped}; new daemon pid {})",

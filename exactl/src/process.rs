@@ -89,7 +89,15 @@ pub fn open_log(path: &Path, what: &str) -> Result<(std::fs::File, std::fs::File
     Ok((log, log2))
 }
 
-pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str) -> Result<Child> {
+/// `restarts`: how many times the node's daemon was restarted before (its
+/// `exanet_node_restarts_total`).
+pub fn spawn_daemon(
+    binary: &Path,
+    layout: &Layout,
+    rack_dir: &Path,
+    node: &str,
+    restarts: u64,
+) -> Result<Child> {
     let log_path = layout.log_file(&node);
     let (log, log2) = open_log(
         &log_path,
@@ -106,6 +114,8 @@ pub fn spawn_daemon(binary: &Path, layout: &Layout, rack_dir: &Path, node: &str)
         .arg(node)
         // A session of its own: the terminal's ^C and hang-up do not reach a daemon.
         .arg("--new-session")
+        .arg("--restarts")
+        .arg(restarts.to_string())
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(log)

@@ -45,7 +45,23 @@ pub struct UpOptions {
     pub link_timeout: Option<u32>,
     pub base_port: Option<u16>,
     pub ip: IpMode,
+    /// Whether the supervisor restarts daemons that die on their own.
+    pub restart: RestartPolicy,
     pub timeout: Duration,
+}
+
+/// What becomes of a local rack's daemon that dies on its own (a crash, a `kill -9` from
+/// outside exactl); one that `exactl node kill`, `node restart` or `rack down` stops is
+/// never restarted behind the operator's back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartPolicy {
+    /// It stays down, shown by `exactl status`, until `exactl node restart`: on a local
+    /// rack a dead daemon is usually a fault someone injected and wants to see.
+    #[default]
+    No,
+    /// The rack's supervisor starts it again (its IP service with it) and counts it, as
+    /// compose's `restart: unless-stopped` and systemd's `Restart=on-failure` do.
+    UnlessStopped,
 }
 
 /// Whether `rack up` runs IP over ExaNet.
@@ -139,7 +155,9 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
         .canonicalize()
         .map_err(|e| CliError::io("resolve the rack directory", dir, e))?;
     for n in &names {
-        for p in [layout.pid_file(n), layout.control_socket(n)] {
+        // A count left by an earlier run of the rack is not this one's.
+        let restarts = crate::supervisor::daemon_restarts_file(&layout, n);
+        for p in [layout.pid_file(n), layout.control_socket(n), restarts] {
             process::remove_if_present(&p).map_err(|e| CliError::io("remove stale", p, e))?;
         }
     }
@@ -158,11 +176,22 @@ pub fn up(dir: &Path, opts: &UpOptions) -> Result<()> {
     drop(port_lock);
     // A second Ctrl-C while stopping what was started ends exactl at once.
     interrupt::restore();
-    // With IP, the supervisor restarts the services that die on their own from now on.
-    let started = started.and_then(|()| match ip_off {
-        None => crate::supervisor::start(&abs_dir).map(|_| ()),
-        Some(_) => crate::ip_service::forget_enabled(&layout),
-    });
+    // With IP, the supervisor restarts the services that die on their own from now on,
+    // and the daemons too when asked.
+    let restart = opts.restart == RestartPolicy::UnlessStopped;
+    let started = started
+        .and_then(|()| crate::supervisor::set_daemon_policy(&layout, restart))
+        .and_then(|()| match ip_off {
+            None => Ok(()),
+            Some(_) => crate::ip_service::forget_enabled(&layout),
+        })
+        .and_then(|()| {
+            if ip_off.is_none() || restart {
+                crate::supervisor::start(&abs_dir).map(|_| ())
+            } else {
+                Ok(())
+            }
+        });
     if let Err(e) = started {
         let _ = crate::supervisor::stop(&layout, Duration::from_secs(5));
         return Err(roll_back(&rack, children, ip_off.is_none(), e));
@@ -257,7 +286,7 @@ fn start_rack(
         }
         children.push((
             n.clone(),
-            process::spawn_daemon(binary, &layout, abs_dir, n)?,
+            process::spawn_daemon(binary, &layout, abs_dir, n, 0)?,
         ));
     }
     wait_up(rack, children, start, timeout)?;

@@ -309,7 +309,7 @@ pub fn render(
 /// The node table. STATE is `up` for a whole node, `down` when its daemon does not
 /// answer, `degraded` when it does but another of its services is down; with IP over
 /// ExaNet, DAEMON, IP and NETNS show each service and RESTARTS the supervisor's restarts
-/// of the IP service.
+/// of the IP service and of the daemon (as the daemon reports them).
 fn node_table(shape: &Shape, answers: &[Answer], services: &RackServices) -> String {
     let ip = services.supervisor.is_some();
     let mut headers = vec!["NODE", "STATE"];
@@ -340,7 +340,7 @@ fn node_table(shape: &Shape, answers: &[Answer], services: &RackServices) -> Str
                     sv.daemon.label().to_string(),
                     sv.ip.label().to_string(),
                     sv.netns.label().to_string(),
-                    sv.ip_restarts.count.to_string(),
+                    (sv.ip_restarts.count + a.as_ref().map_or(0, |st| st.restarts)).to_string(),
                 ]);
             }
             match a {

@@ -11,10 +11,16 @@
 //! status` shows and the new service exports as `exanet_ip_restarts_total`). A start that
 //! fails is tried again after 0.4 s, doubling to at most [`BACKOFF_MAX`].
 //!
-//! It does not restart daemons: on a local rack a dead daemon is a fault someone injected
-//! (or wants to see), and `exactl status` shows it down until `exactl node restart`, which
-//! restarts the node with its service. Nor does it restart a service whose daemon is down
-//! or paused: the service cannot attach to it, and comes back with it.
+//! Daemons it restarts only on a rack brought up with `--restart unless-stopped` (the
+//! policy of the compose racks' node containers and, as `Restart=on-failure`, of the
+//! Ansible units): a daemon whose process is gone while its pid file stays died on its own
+//! (exactl removes the file when it stops or kills one, as `docker kill` marks a container
+//! stopped), and is started again, its IP service with it, counted in
+//! `run/NODE.daemon-restarts` (the daemon exports `exanet_node_restarts_total`, status
+//! shows it). By default (`--restart no`) a dead daemon is a fault someone injected (or
+//! wants to see): `exactl status` shows it down until `exactl node restart`. Nor does it
+//! restart a service whose daemon is down or paused: the service cannot attach to it, and
+//! comes back with it.
 //!
 //! One per rack: it holds `run/supervisor/lock` (flock) while it runs, so a second exits at
 //! once, and whether one runs is whether the lock is held. It leaves by itself when the
@@ -54,6 +60,33 @@ fn lock_path(layout: &Layout) -> PathBuf {
 
 fn pid_path(layout: &Layout) -> PathBuf {
     dir(layout).join("pid")
+}
+
+/// Present on a rack whose daemons are restarted when they die on their own.
+fn restart_marker(layout: &Layout) -> PathBuf {
+    layout.run_dir().join("restart-daemons")
+}
+
+/// Whether the rack's daemons are restarted when they die on their own
+/// (`exactl rack up --restart unless-stopped`).
+pub fn restarts_daemons(layout: &Layout) -> bool {
+    restart_marker(layout).exists()
+}
+
+/// Records the rack's restart policy for its daemons (at `rack up`).
+pub fn set_daemon_policy(layout: &Layout, restart: bool) -> Result<()> {
+    let m = restart_marker(layout);
+    if restart {
+        std::fs::write(&m, "unless-stopped\n").map_err(|e| CliError::io("write", &m, e))
+    } else {
+        process::remove_if_present(&m).map_err(|e| CliError::io("remove", &m, e))
+    }
+}
+
+/// `run/NODE.daemon-restarts`: the supervisor's restarts of a node's daemon, as
+/// [`ip_service::restarts_at`] reads them.
+pub fn daemon_restarts_file(layout: &Layout, node: &str) -> PathBuf {
+    layout.run_dir().join(format!("{node}.daemon-restarts"))
 }
 
 fn log_path(layout: &Layout) -> PathBuf {
@@ -138,7 +171,7 @@ pub fn start(abs_dir: &Path) -> Result<i32> {
 pub fn ensure_running(rack: &Rack) -> Result<()> {
     let dir = rack.dir.canonicalize().unwrap_or_else(|_| rack.dir.clone());
     let layout = Layout::new(&dir);
-    if !ip_service::enabled(&layout) || running(&layout).is_some() {
+    if !(ip_service::enabled(&layout) || restarts_daemons(&layout)) || running(&layout).is_some() {
         return Ok(());
     }
     let pid = start(&dir)?;
@@ -224,6 +257,13 @@ struct Slot {
     /// The service as last seen running: its pid, when its pid file and binary were
     /// last checked, and when its state was (see [`look_after`]).
     seen: Option<Seen>,
+    /// The daemon as last seen running, on a rack whose daemons are restarted.
+    daemon_seen: Option<Seen>,
+    /// When the daemon was last restarted, and how many restarts came within
+    /// [`QUICK_DEATH`] of the one before: a daemon that cannot stay up is backed off.
+    daemon_restarted: Option<Instant>,
+    daemon_failures: u32,
+    daemon_not_before: Option<Instant>,
 }
 
 #[derive(Clone, Copy)]
@@ -248,6 +288,9 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// parent has not reaped yet).
 const STATE_RECHECK: Duration = Duration::from_secs(1);
 
+/// A daemon that dies this soon after its restart counts as a failed restart.
+const QUICK_DEATH: Duration = Duration::from_secs(10);
+
 fn backoff(failures: u32) -> Duration {
     (Duration::from_millis(200) * 2u32.saturating_pow(failures.min(8))).min(BACKOFF_MAX)
 }
@@ -264,10 +307,12 @@ fn say(text: &str) {
 pub fn run(dir: &Path) -> Result<()> {
     let rack = Rack::load(dir)?;
     let layout = Layout::new(dir);
-    if !ip_service::enabled(&layout) {
+    let supervised = |l: &Layout| ip_service::enabled(l) || restarts_daemons(l);
+    if !supervised(&layout) {
         return Err(CliError::Failed(format!(
             "rack {:?} at {} runs no IP services (`exactl rack up` as root starts them, and \
-             their supervisor): nothing to supervise",
+             their supervisor) and does not restart its daemons (`--restart \
+             unless-stopped`): nothing to supervise",
             rack.file.name,
             dir.display()
         )));
@@ -296,23 +341,42 @@ pub fn run(dir: &Path) -> Result<()> {
     let binary = process::helper_binary(
         crate::ip_service::SERVICE_ENV,
         crate::ip_service::SERVICE_NAME,
-    )?;
+    );
+    let daemon_binary = process::daemon_binary();
     let shape = rack.shape();
     let nodes: Vec<String> = shape.node_ids().map(|id| shape.display(id)).collect();
     let mut slots: Vec<Slot> = nodes.iter().map(|_| Slot::default()).collect();
+    let (ip, daemons) = (ip_service::enabled(&layout), restarts_daemons(&layout));
     say(&format!(
-        "supervising the IP services of rack {:?} ({} nodes), every {} ms",
+        "supervising {} of rack {:?} ({} nodes), every {} ms",
+        match (ip, daemons) {
+            (true, true) => "the daemons and IP services",
+            (true, false) => "the IP services",
+            _ => "the daemons",
+        },
         rack.file.name,
         nodes.len(),
         TICK.as_millis()
     ));
+    // What it needs only for what it supervises: a rack without IP has no service binary.
+    let binary = if ip { Some(binary?) } else { None };
+    let daemon_binary = if daemons { Some(daemon_binary?) } else { None };
     loop {
-        if !layout.rack_file().exists() || !ip_service::enabled(&layout) {
+        if !layout.rack_file().exists() || !supervised(&layout) {
             say("the rack's IP services are gone; leaving");
             return Ok(());
         }
         for (node, slot) in nodes.iter().zip(slots.iter_mut()) {
-            if let Err(e) = look_after(&rack, &layout, &binary, node, slot) {
+            if let Some(d) = &daemon_binary {
+                match revive_daemon(&layout, d, ip, node, slot) {
+                    // The service follows at the next look, once the daemon is there.
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => say(&format!("{node}: {e}")),
+                }
+            }
+            let Some(binary) = &binary else { continue };
+            if let Err(e) = look_after(&rack, &layout, binary, node, slot) {
                 slot.failures += 1;
                 slot.not_before = Some(Instant::now() + backoff(slot.failures));
                 say(&format!("{node}: {e}"));
@@ -323,6 +387,116 @@ pub fn run(dir: &Path) -> Result<()> {
         let starting = slots.iter().any(|s| s.starting.is_some());
         std::thread::sleep(if starting { START_POLL } else { TICK });
     }
+}
+
+/// Whether process `seen.pid` is still there, cheaply: a signal 0 between full checks
+/// (one system call), its state once in [`STATE_RECHECK`] for a zombie (the daemons and
+/// services rack up started are orphans, reaped by init whenever it gets round to it),
+/// and none after [`RECHECK`] (a reused pid). Updates `seen`; false when a full check
+/// is due.
+fn still_there(seen: &mut Option<Seen>) -> bool {
+    let Some(s) = *seen else {
+        return false;
+    };
+    let there = !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    );
+    if there && s.checked.elapsed() < RECHECK {
+        if s.state_checked.elapsed() < STATE_RECHECK {
+            return true;
+        }
+        if process::is_alive(s.pid) {
+            *seen = Some(Seen {
+                state_checked: Instant::now(),
+                ..s
+            });
+            return true;
+        }
+    }
+    *seen = None;
+    false
+}
+
+/// One look at `node`'s daemon, on a rack whose daemons are restarted: a daemon whose
+/// process is gone while its pid file stays died on its own (exactl removes the file
+/// when it stops or kills one), and is started again, counted, its IP service (`ip`)
+/// stopped so that the next look starts one attached to the new daemon. True when it
+/// restarted it.
+fn revive_daemon(
+    layout: &Layout,
+    binary: &Path,
+    ip: bool,
+    node: &str,
+    slot: &mut Slot,
+) -> Result<bool> {
+    slot.started
+        .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    if still_there(&mut slot.daemon_seen)
+        || slot.daemon_not_before.is_some_and(|t| Instant::now() < t)
+    {
+        return Ok(false);
+    }
+    let pid_file = layout.pid_file(&node);
+    let gone = |seen: &mut Option<Seen>| match process::read_pid_file(&pid_file, node, &layout.dir)
+    {
+        PidFile::Running(d) => {
+            let now = Instant::now();
+            *seen = Some(Seen {
+                pid: d.pid,
+                checked: now,
+                state_checked: now,
+            });
+            false
+        }
+        _ => pid_file.exists(),
+    };
+    if !gone(&mut slot.daemon_seen) {
+        return Ok(false);
+    }
+    // The node lock, as for a service: `exactl node` restarting it must not race this.
+    let locks = layout.ip_run_dir();
+    std::fs::create_dir_all(&locks).map_err(|e| CliError::io("create", &locks, e))?;
+    let Some(_lock) = ip_service::lock_node(layout, node, None)? else {
+        return Ok(false);
+    };
+    if !gone(&mut slot.daemon_seen) {
+        return Ok(false);
+    }
+    let quick = slot
+        .daemon_restarted
+        .is_some_and(|t| t.elapsed() < QUICK_DEATH);
+    slot.daemon_failures = if quick { slot.daemon_failures + 1 } else { 0 };
+    if ip {
+        ip_service::stop_node(layout, node, Duration::from_secs(5));
+    }
+    let path = daemon_restarts_file(layout, node);
+    let count = ip_service::restarts_at(&path).count + 1;
+    let child = process::spawn_daemon(binary, layout, &layout.dir, node, count)?;
+    ip_service::count_restart_at(&path, count)?;
+    say(&format!(
+        "{node}: the daemon died on its own; started it again (pid {}, restart {count}){}",
+        child.id(),
+        if quick {
+            format!(
+                ", {} s after the last: the next waits {} ms",
+                slot.daemon_restarted.map_or(0, |t| t.elapsed().as_secs()),
+                backoff(slot.daemon_failures).as_millis()
+            )
+        } else {
+            String::new()
+        }
+    ));
+    let now = Instant::now();
+    slot.daemon_restarted = Some(now);
+    slot.daemon_not_before = quick.then(|| now + backoff(slot.daemon_failures));
+    slot.daemon_seen = Some(Seen {
+        pid: child.id() as i32,
+        checked: now,
+        state_checked: now,
+    });
+    slot.started.push(child);
+    Ok(true)
 }
 
 /// One look at `node`: finish a start under way, or start its service if it needs one.
@@ -379,24 +553,8 @@ fn look_after(
     // (one system call) says whether the pid is there. A zombie passes it, and the
     // services rack up started are orphans, reaped by init whenever it gets round to it
     // (over a second in some containers): their state is read once a second.
-    if let Some(seen) = slot.seen {
-        let there = !matches!(
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(seen.pid), None),
-            Err(nix::errno::Errno::ESRCH)
-        );
-        if there && seen.checked.elapsed() < RECHECK {
-            if seen.state_checked.elapsed() < STATE_RECHECK {
-                return Ok(());
-            }
-            if process::is_alive(seen.pid) {
-                slot.seen = Some(Seen {
-                    state_checked: Instant::now(),
-                    ..seen
-                });
-                return Ok(());
-            }
-        }
-        slot.seen = None;
+    if still_there(&mut slot.seen) {
+        return Ok(());
     }
     if let Some(pid) = ip_service::service_pid(layout, node) {
         let now = Instant::now();

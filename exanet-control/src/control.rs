@@ -189,6 +189,10 @@ pub struct NodeStatus {
     pub shape: String,
     pub pid: u32,
     pub uptime_seconds: f64,
+    /// Times this node's daemon was started again after it died on its own, as whoever
+    /// restarted it counted (exactl's supervisor); 0 for a daemon started by hand.
+    #[serde(default)]
+    pub restarts: u64,
     pub links: Vec<LinkStatus>,
     pub forwarded_cells: u64,
     pub injected_cells: u64,

@@ -196,6 +196,11 @@ families! {
     NodeUptime: Gauge Float "exanet_node_uptime_seconds"
         ["node"]
         "Seconds since the daemon started";
+    /// Counted by whoever restarts the daemon (a process's own counters start at 0):
+    /// exactl's supervisor on a local rack brought up with `--restart unless-stopped`.
+    NodeRestarts: Counter Int "exanet_node_restarts_total"
+        ["node"]
+        "Times the node's daemon was started again after it died on its own";
     /// [`crate::switch::Switch::modeled_now`]: the clock against which
     /// [`Family::LinkModeledBusy`] is a utilization.
     NodeModeledTime: Gauge Float "exanet_node_modeled_time_seconds"

@@ -50,6 +50,8 @@ pub struct Options<'a> {
     pub node: &'a str,
     /// Worker threads; 1 runs everything on the current thread.
     pub threads: usize,
+    /// Restarts of this node's daemon before this one (its supervisor's count).
+    pub restarts: u64,
 }
 
 pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
@@ -81,6 +83,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
         server_cfg,
         client_cfg,
         cuts_cfg,
+        opts.restarts,
     ))
 }
 
@@ -104,11 +107,14 @@ async fn serve(
     server_cfg: quinn::ServerConfig,
     client_cfg: quinn::ClientConfig,
     cuts_cfg: quinn::ClientConfig,
+    restarts: u64,
 ) -> Result<(), DaemonError> {
     let entry = rack.entry(id).clone();
     let layout = rack.layout();
     let node =
         NodeHandle::new(rack, id, spin_budget()).map_err(|e| DaemonError::Node(e.to_string()))?;
+    node.restarts
+        .store(restarts, std::sync::atomic::Ordering::Relaxed);
     let name = node.name.clone();
     // Before the attach socket exists: no region is made outside the host's budget.
     node.memory

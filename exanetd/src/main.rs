@@ -24,6 +24,10 @@ struct Cli {
     /// terminal's ^C and hang-up then never reach it.
     #[arg(long)]
     new_session: bool,
+    /// How many times this node's daemon was restarted before this one, by whoever
+    /// restarts it (exactl's supervisor): exported as `exanet_node_restarts_total`.
+    #[arg(long, default_value_t = 0)]
+    restarts: u64,
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         rack_dir: &dir,
         node: &cli.node,
         threads: cli.threads as usize,
+        restarts: cli.restarts,
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -279,6 +279,7 @@ impl Metrics {
             self.put(Family::NodeErrors, &[n, kind.as_str()], *v);
         }
         self.put(Family::NodeUptime, &[n], s.uptime_seconds);
+        self.put(Family::NodeRestarts, &[n], s.restarts);
         self.put(Family::NodeModeledTime, &[n], s.modeled_time_seconds);
         self.put(Family::NodeLateCells, &[n], s.late_cells);
         self.put(
@@ -390,6 +391,7 @@ mod tests {
             shape: "1x1x1".into(),
             pid: 42,
             uptime_seconds: 12.5,
+            restarts: 2,
             links: vec![link("f1", "M1QAF1", 100), link("f4", "M1QAF4", 200)],
             forwarded_cells: 31,
             injected_cells: 32,
@@ -497,6 +499,7 @@ mod tests {
             r#"exanet_link_fault_setting{kind="qfdb",node="M1QAF2",peer="M1QAF1",port="f1",setting="corrupt_ratio"} 0.0625"#,
             r#"exanet_node_errors_total{kind="tls_refused",node="M1QAF2"} 3"#,
             r#"exanet_node_uptime_seconds{node="M1QAF2"} 12.5"#,
+            r#"exanet_node_restarts_total{node="M1QAF2"} 2"#,
             r#"exanet_link_modeled_busy_seconds_total{kind="qfdb",node="M1QAF2",peer="M1QAF4",port="f4"} 0.000125"#,
             r#"exanet_node_modeled_time_seconds{node="M1QAF2"} 0.0005"#,
             r#"exanet_node_late_cells_total{node="M1QAF2"} 3"#,

@@ -275,6 +275,8 @@ fn ni_status(core: &Core) -> NiStatus {
 pub struct NodeHandle {
     core: Mutex<Core>,
     origin: std::time::Instant,
+    /// Restarts of this node's daemon before this one, as its supervisor counted them.
+    pub restarts: std::sync::atomic::AtomicU64,
     pub rack: Rack,
     pub id: NodeId,
     pub name: String,
@@ -358,6 +360,7 @@ impl NodeHandle {
                 cuts: None,
             }),
             origin: std::time::Instant::now(),
+            restarts: Default::default(),
             name: shape.display(id),
             rack,
             id,
@@ -487,6 +490,7 @@ impl NodeHandle {
             shape: shape.to_string(),
             pid: std::process::id(),
             uptime_seconds: self.origin.elapsed().as_secs_f64(),
+            restarts: self.restarts.load(std::sync::atomic::Ordering::Relaxed),
             links,
             forwarded_cells: sw.forwarded(),
             injected_cells: ns.injected_cells,

@@ -52,22 +52,26 @@ struct IpRack {
 
 impl IpRack {
     fn up() -> IpRack {
+        IpRack::up_with(&[])
+    }
+
+    /// A rack brought up with `more` `rack up` arguments.
+    fn up_with(more: &[&str]) -> IpRack {
         let turn = ONE_RACK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let rack = TestRack::new("whole");
         let name = rack.dir.file_name().unwrap().to_string_lossy().into_owned();
-        let r = rack.exactl_timeout(
-            &[
-                "rack",
-                "up",
-                "--shape",
-                SHAPE,
-                "--ip",
-                "on",
-                "--timeout",
-                "60",
-            ],
-            Duration::from_secs(90),
-        );
+        let mut args = vec![
+            "rack",
+            "up",
+            "--shape",
+            SHAPE,
+            "--ip",
+            "on",
+            "--timeout",
+            "60",
+        ];
+        args.extend(more);
+        let r = rack.exactl_timeout(&args, Duration::from_secs(90));
         let ip = IpRack {
             rack,
             name,
@@ -308,6 +312,69 @@ fn a_node_whose_daemon_was_killed_is_whole_again_after_node_restart() {
     all_whole(&v).unwrap();
     // The operator's restart is not one of the supervisor's.
     assert_eq!(IpRack::node(&v, VICTIM)["services"]["ip"]["restarts"], 0);
+    ip.down_and_check_clean();
+}
+
+/// With `--restart unless-stopped` a daemon that dies on its own comes back with its IP
+/// service, counted where compose and systemd racks count theirs (status, metrics); one
+/// that `exactl node kill` stopped stays down.
+#[test]
+fn a_daemon_that_dies_on_its_own_is_restarted_when_the_rack_asks() {
+    if skip("node_whole::a_daemon_that_dies_on_its_own_is_restarted_when_the_rack_asks") {
+        return;
+    }
+    let ip = IpRack::up_with(&["--restart", "unless-stopped"]);
+    let node = "M1QAF2";
+    let daemon = ip.daemon_pid(node);
+    sigkill(daemon);
+    let killed = Instant::now();
+    let mut back = None;
+    while killed.elapsed() < RESTART_BOUND * 2 {
+        let (_, v) = ip.status_json();
+        let n = IpRack::node(&v, node);
+        if n["restarts"] == 1 && all_whole(&v).is_ok() {
+            back = Some((killed.elapsed(), n.clone()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (took, n) = back.unwrap_or_else(|| {
+        panic!(
+            "{node} is not whole {:?} after its daemon was killed: {:#}",
+            RESTART_BOUND * 2,
+            ip.status_json().1
+        )
+    });
+    eprintln!(
+        "{node} whole again {:.2} s after its daemon's kill -9",
+        took.as_secs_f64()
+    );
+    assert_ne!(ip.daemon_pid(node), daemon, "{n:#}");
+    assert!(
+        ip.ping_until(PEER, node, PING_BOUND).is_some(),
+        "no ping to {node} after its daemon came back"
+    );
+    let metrics = std::fs::read_to_string(ip.rack.dir.join("rack.toml")).unwrap();
+    let rack: exanet_control::rack::RackFile = toml::from_str(&metrics).unwrap();
+    let addr = rack.nodes[node].metrics.clone();
+    let r = exanet_tests::http_get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
+    let restarts = metric_sum(
+        &parse_prometheus(&r.body),
+        "exanet_node_restarts_total",
+        &[],
+    );
+    assert_eq!(restarts, 1.0, "exanet_node_restarts_total of {node}");
+    // What the operator stops stays stopped.
+    let other = "M1QAF3";
+    let k = ip.exactl(&["node", "kill", other]);
+    assert!(k.success(), "{}", k.describe());
+    std::thread::sleep(RESTART_BOUND);
+    let (_, v) = ip.status_json();
+    assert_eq!(
+        IpRack::node(&v, other)["services"]["daemon"]["state"],
+        "down",
+        "{other} was killed by `exactl node kill` and came back: {v:#}"
+    );
     ip.down_and_check_clean();
 }
 
