@@ -287,8 +287,19 @@ impl Av {
                     a
                 }
                 (Some(p), Kind::Table) => {
-                    let i = t.by_index.len() as u64;
-                    t.by_index.push(Some(*p));
+                    // The lowest index a removal freed, as libfabric's own vectors do:
+                    // programs that remove an address and insert it again expect its
+                    // old index (fabtests' `fi_av_xfer` reads index 0 after it).
+                    let i = match t.by_index.iter().position(Option::is_none) {
+                        Some(free) => {
+                            t.by_index[free] = Some(*p);
+                            free as u64
+                        }
+                        None => {
+                            t.by_index.push(Some(*p));
+                            (t.by_index.len() - 1) as u64
+                        }
+                    };
                     t.by_peer.entry(*p).or_insert(i);
                     i
                 }
@@ -390,6 +401,10 @@ mod tests {
         assert!(t.remove(0));
         assert_eq!((t.lookup(0), t.reverse(a)), (None, FI_ADDR_UNSPEC));
         assert!(!t.remove(0));
+        // Inserted again, it takes the index its removal freed.
+        assert_eq!(t.insert(&[Some(a)]), vec![0]);
+        assert_eq!((t.lookup(0), t.reverse(a)), (Some(a), 0));
+        assert!(t.remove(0));
         let m = Av::new(Kind::Map);
         let ids = m.insert(&[Some(a), Some(b)]);
         assert_eq!(

@@ -43,6 +43,11 @@ pub trait RecvBuf: Send + std::fmt::Debug {
     fn write(&self, data: &[u8]) -> usize {
         self.write_at(0, data)
     }
+    /// It takes a message into nothing on purpose (`FI_DISCARD`): whatever its length,
+    /// that is no truncation.
+    fn discards(&self) -> bool {
+        false
+    }
 }
 
 /// A multi-receive buffer (`FI_MULTI_RECV`), shared by the receives that fill it.
@@ -107,6 +112,9 @@ impl RecvBuf for NoBuf {
     }
     fn write_at(&self, _: usize, _: &[u8]) -> usize {
         0
+    }
+    fn discards(&self) -> bool {
+        true
     }
 }
 
@@ -1608,7 +1616,7 @@ impl Inner {
                         n
                     }
                 };
-                let truncated = (written as u64) < len && !(op.silent && op.buf.len() == 0);
+                let truncated = (written as u64) < len && !op.buf.discards();
                 // A part of a multi-receive buffer: the rest takes the next message, or
                 // the buffer goes back to the application with this completion.
                 let released = op.multi.is_some_and(|m| self.part_done(m));

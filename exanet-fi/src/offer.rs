@@ -31,9 +31,12 @@ pub const CAPS: u64 = FI_MSG
     | FI_REMOTE_WRITE
     | FI_MULTI_RECV;
 
-/// Secondary capabilities: given whether or not the hints ask for them.
-const SECONDARY: u64 =
-    FI_SOURCE | FI_DIRECTED_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_MULTI_RECV;
+/// Secondary capabilities: given whether or not the hints ask for them. Not
+/// `FI_DIRECTED_RECV`: with it a receive honours its source address, without it the
+/// address is ignored (fi_getinfo(3)), so given unasked it would change what a
+/// program's receives match (fabtests post receives naming an address they removed
+/// from the vector, and expect them to take the next message).
+const SECONDARY: u64 = FI_SOURCE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_MULTI_RECV;
 
 /// Tags are 64 bits, every bit matched or ignored as the application says.
 pub const MEM_TAG_FORMAT: u64 = 0xAAAA_AAAA_AAAA_AAAA;
