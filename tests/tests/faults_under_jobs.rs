@@ -483,6 +483,58 @@ fn lammps_through_a_cut_shorter_than_the_link_timeout_prints_the_hosts_thermodyn
     assert_links_settle(TEST, &rack);
 }
 
+/// An IP service that dies during a job (Open MPI's runtime rides it) is started again by
+/// the rack's supervisor with the node's address, and the runtime's TCP connections
+/// carry on across the gap: the job completes as on the host.
+#[test]
+fn lammps_through_an_ip_service_killed_mid_job_prints_the_hosts_thermodynamics() {
+    const TEST: &str = "faults_under_jobs::lammps_through_an_ip_service_killed_mid_job";
+    /// Not the launcher's node: its orted's connection crosses the fabric.
+    const NODE: &str = "M1QBF2";
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    host_thermo(STEPS);
+    let (rack, input) = rack("ipkill");
+    let pid_file = rack.dir.join("run/ip").join(format!("{NODE}.pid"));
+    let pid = |f: &Path| -> i32 {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| t.lines().next()?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{TEST}: no pid in {}", f.display()))
+    };
+    let service = pid(&pid_file);
+    let mut job = Job::start(&rack, &input);
+    job.wait_for_the_loop(TEST);
+    kill(Pid::from_raw(service), Signal::SIGKILL).unwrap();
+    let st = job.wait(TEST, JOB_LIMIT);
+    assert_host_thermo(TEST, &job, st);
+    let now = pid(&pid_file);
+    assert_ne!(
+        now, service,
+        "{TEST}: {NODE}'s IP service was not restarted"
+    );
+    let status = rack.exactl(&["status", "--json"]);
+    let v: Value = status.json();
+    let restarts = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["node"] == NODE)
+        .map(|n| n["services"]["ip"]["restarts"].clone());
+    assert_eq!(
+        restarts,
+        Some(Value::from(1)),
+        "{TEST}: {}",
+        status.describe()
+    );
+    eprintln!(
+        "{TEST}: completed in {:.1} s with {NODE}'s IP service killed in its loop",
+        job.started.elapsed().as_secs_f64()
+    );
+}
+
 /// A plan of the kinds of fault an operator would throw at a running job: delay and
 /// jitter on the torus link throughout, bit errors, duplicates and reordering on it, a
 /// 2 s partition between the QFDBs, and 0.5 s of loss on a random link every second.
