@@ -916,6 +916,8 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     );
     let (again, _) = one_way(true, Some("0"));
     assert_eq!(again, network, "the modeled one-way repeats");
+    let skew = ip.compile(OPEN_MPI.cc, "skew", MPI_SKEW_PROGRAM);
+    skew_check(&ip, &["--fabric", "ni"], &skew);
     // With the rack's compute scale, the program's own compute between its MPI calls
     // counts too (the loop; in a debug build, the interposed calls' own work): more,
     // and still far from the host's time.
@@ -1062,6 +1064,8 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     assert!((0.5..3.0).contains(&first.0), "{first:?}");
     assert_eq!(first.1, 1e-12, "MPI_Wtick is the provider's");
     assert_eq!(one_way(), first, "the modeled one-way repeats");
+    let skew = ip.compile(&cc, "skew-mpich", MPI_SKEW_PROGRAM);
+    skew_check(&ip, &["--mpi", "mpich", "--mpirun", &launcher], &skew);
 }
 
 /// MPICH's one-sided operations go through the provider's `fi_read` / `fi_write` and its
@@ -1299,6 +1303,65 @@ fn wtime_one_way(
     let tick: f64 = w.next().unwrap().parse().unwrap();
     (us, tick)
 }
+
+/// Under `--modeled` a job's ranks start their modeled clocks together at the end of
+/// `MPI_Init`, so the host's launch skew never enters what they time: eight ranks timing
+/// 100 allreduces without a barrier first each measure what they measure with one (the
+/// issue's 16-rank program measured 3.3 us to 5.3 ms per operation, different every run;
+/// on this rack without the alignment, 650 us to 2 ms). Per-operation times of the
+/// ranks, without and with a barrier first.
+fn skew_check(ip: &IpRack, args: &[&str], prog: &str) {
+    let per_op = |barrier: &str| -> Vec<f64> {
+        let mut all = vec!["mpirun"];
+        all.extend_from_slice(args);
+        all.extend(["--modeled", "-np", "8", "--", prog, barrier]);
+        let mut cmd = ip.rack.command(&all);
+        cmd.env("EXANET_COMPUTE_SCALE", "0");
+        let r = run_with_timeout(cmd, Duration::from_secs(120)).unwrap();
+        output_line(&r, "per-op", "")
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let (free, fenced) = (per_op("0"), per_op("1"));
+    assert_eq!((free.len(), fenced.len()), (8, 8), "{free:?} {fenced:?}");
+    let reference = fenced.iter().sum::<f64>() / 8.0;
+    for (rank, t) in free.iter().chain(&fenced).enumerate() {
+        assert!(
+            (t / reference - 1.0).abs() < 0.05,
+            "rank {} timed {t} us per allreduce, {reference} us with a barrier first: \
+             without {free:?}, with {fenced:?}",
+            rank % 8
+        );
+    }
+}
+
+/// 100 allreduces of 8 B timed by each rank with MPI_Wtime, after a barrier if its
+/// argument is 1: "per-op US US ..." (rank 0 prints every rank's).
+const MPI_SKEW_PROGRAM: &str = r#"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (argc > 1 && atoi(argv[1])) MPI_Barrier(MPI_COMM_WORLD);
+    double x = rank, y, all[64];
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < 100; i++) MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double t = (MPI_Wtime() - t0) / 100 * 1e6;
+    MPI_Gather(&t, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        printf("per-op");
+        for (int i = 0; i < n && i < 64; i++) printf(" %.4f", all[i]);
+        printf("\n");
+    }
+    MPI_Finalize();
+    return 0;
+}
+"#;
 
 /// 8 B ping-pong between two ranks, timed with MPI_Wtime: "one-way US TICK".
 const MPI_WTIME_PROGRAM: &str = r#"
