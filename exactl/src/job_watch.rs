@@ -102,6 +102,9 @@ impl Verdict {
 
 /// A watch over one job's nodes and links, in a thread of its own until dropped.
 pub struct Watch {
+    rack: Rack,
+    ids: Vec<NodeId>,
+    since: Instant,
     verdict: Arc<Mutex<Option<Verdict>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -149,10 +152,31 @@ impl Watch {
                 .map_err(|e| CliError::Failed(format!("cannot start the job's watch: {e}")))?
         };
         Ok(Watch {
+            rack: rack.clone(),
+            ids,
+            since: Instant::now(),
             verdict,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// A job node that does not answer now (one status request each, [`STATUS_TIMEOUT`]):
+    /// after a failed job, whether a node's death explains it.
+    pub fn silent_now(&self) -> Option<Verdict> {
+        let client = crate::control::client(&self.rack).ok()?;
+        let reqs = self.ids.iter().map(|&id| (id, Request::Status)).collect();
+        let answers = crate::control::ask_all(&client, reqs, STATUS_TIMEOUT);
+        let shape = self.rack.shape();
+        self.ids
+            .iter()
+            .zip(answers)
+            .find(|(_, a)| !matches!(a, Ok(exanet_control::control::Response::Status(_))))
+            .map(|(&id, _)| Verdict::NodeGone {
+                node: shape.display(id),
+                how: "its daemon does not answer".into(),
+                after: self.since.elapsed(),
+            })
     }
 
     /// Why the job cannot go on, once the watch has seen it.

@@ -127,9 +127,15 @@ struct MpirunArgs {
     /// The nodes that get a rank, in rank order, e.g. M1QAF1,M1QBF2 [default: every node]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_node_name, conflicts_with = "np")]
     nodes: Vec<NodeName>,
-    /// One rank on each of the first N nodes (by node id: whole QFDBs in turn)
+    /// N ranks on the first nodes (by node id: whole QFDBs in turn), --ranks-per-node on
+    /// each
     #[arg(long = "np", short = 'n', value_name = "N")]
     np: Option<u32>,
+    /// Ranks on each node, consecutive ranks together, each attached to the node's NI as
+    /// ExaNet-MPI's ranks were (1 to 4: an MPSoC's four A53 cores; the report's LAMMPS
+    /// study ran 4)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+    ranks_per_node: u32,
     /// The MPI to launch with, Open MPI or MPICH (Debian's, or another named by --mpirun;
     /// each with the launcher and transport settings it needs on the rack)
     #[arg(long, value_enum, default_value = "openmpi", env = "EXANET_MPI")]
@@ -501,6 +507,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     fabric: a.fabric,
                     modeled: a.modeled,
                     ranks,
+                    ranks_per_node: a.ranks_per_node,
                     launcher: a.mpirun,
                     mpirun_args: a.mpi_args,
                     program: a.program,

@@ -66,15 +66,20 @@ use exanet_proto::NodeId;
 
 use crate::error::{CliError, Result};
 
-/// Which nodes get a rank.
+/// Which nodes get ranks.
 pub enum Ranks {
-    /// These nodes, in this order.
+    /// These nodes, in this order, each with the ranks per node.
     Nodes(Vec<NodeId>),
-    /// The first N nodes by id (whole QFDBs first).
+    /// N ranks, on the first nodes by id (whole QFDBs first), the ranks per node on each
+    /// but perhaps the last.
     Count(u32),
-    /// Every node.
+    /// Every node, each with the ranks per node.
     All,
 }
+
+/// The most ranks a node takes: an MPSoC's four A53 cores, one rank each, as the
+/// report's LAMMPS study ran them.
+pub const MAX_RANKS_PER_NODE: u32 = 4;
 
 /// What carries the program's messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -197,14 +202,18 @@ impl Mpi {
         }
     }
 
-    /// The launcher's arguments before the user's: `n` ranks, one per host of `hostfile`.
-    fn args(self, n: usize, hostfile: &Path, agent: &Path) -> Vec<OsString> {
+    /// The launcher's arguments before the user's: the ranks, on the hosts of `hostfile`
+    /// in order, consecutive ranks on one node (as the report's study placed them: ranks
+    /// 0-3 on the first MPSoC).
+    fn args(self, slots: Slots, hostfile: &Path, agent: &Path) -> Vec<OsString> {
+        let n = slots.ranks;
         let mut a: Vec<OsString> = Vec::new();
         match self {
             Mpi::Openmpi => {
                 a.extend(["-np".into(), n.to_string().into(), "--hostfile".into()]);
                 a.push(hostfile.into());
-                a.extend(["--map-by".into(), "node".into()]);
+                // One rank per node: `node` and `slot` place them alike.
+                a.extend(["--map-by".into(), "slot".into()]);
             }
             Mpi::Mpich => {
                 a.extend(["-launcher".into(), "ssh".into(), "-launcher-exec".into()]);
@@ -217,13 +226,18 @@ impl Mpi {
         a
     }
 
-    /// The host file: one slot on each node, in rank order.
-    fn hostfile(self, names: &[String]) -> String {
+    /// The host file: each node's slots (the last node's may be fewer), in rank order.
+    fn hostfile(self, names: &[String], slots: Slots) -> String {
+        let mut left = slots.ranks;
         names
             .iter()
-            .map(|n| match self {
-                Mpi::Openmpi => format!("{n} slots=1\n"),
-                Mpi::Mpich => format!("{n}:1\n"),
+            .map(|n| {
+                let k = left.min(slots.per_node);
+                left -= k;
+                match self {
+                    Mpi::Openmpi => format!("{n} slots={k}\n"),
+                    Mpi::Mpich => format!("{n}:{k}\n"),
+                }
             })
             .collect()
     }
@@ -281,6 +295,10 @@ impl Mpi {
             Mpi::Mpich => match provider {
                 Some(dir) => vec![
                     ("MPICH_CH4_NETMOD", "ofi".into()),
+                    // Ranks of one node talk through its NI, as ExaNet-MPI's did (the
+                    // report's two ranks of one MPSoC: 1.17 us, all but the link), not
+                    // through ch4's shared memory. (Open MPI's pml cm has no other path.)
+                    ("MPIR_CVAR_NOLOCAL", "1".into()),
                     ("FI_PROVIDER", "exanet".into()),
                     ("FI_PROVIDER_PATH", dir.display().to_string()),
                 ],
@@ -496,6 +514,8 @@ pub struct Launch {
     /// (needs `Fabric::Ni`).
     pub modeled: bool,
     pub ranks: Ranks,
+    /// Ranks on each node (1..=[`MAX_RANKS_PER_NODE`]), consecutive ranks together.
+    pub ranks_per_node: u32,
     pub launcher: Option<OsString>,
     pub mpirun_args: Vec<OsString>,
     pub program: Vec<OsString>,
@@ -508,10 +528,17 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         fabric,
         modeled,
         ranks,
+        ranks_per_node,
         launcher,
         mpirun_args,
         program,
     } = launch;
+    if !(1..=MAX_RANKS_PER_NODE).contains(&ranks_per_node) {
+        return Err(CliError::Usage(format!(
+            "--ranks-per-node {ranks_per_node}: 1 to {MAX_RANKS_PER_NODE} (an MPSoC has four \
+             cores, one rank each)"
+        )));
+    }
     let launcher = mpi.launcher(launcher.as_ref())?;
     let ofi = mpi.has_ofi(&launcher);
     let (fabric, why) = Fabric::choose(fabric, mpi, ofi, modeled);
@@ -533,18 +560,32 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             )))
         }
     };
-    let nodes: Vec<NodeId> = match ranks {
-        Ranks::Nodes(n) => n,
-        Ranks::Count(n) if n == 0 || n > shape.nodes() => {
+    let (nodes, rank_count): (Vec<NodeId>, u32) = match ranks {
+        Ranks::Nodes(n) => {
+            let count = n.len() as u32 * ranks_per_node;
+            (n, count)
+        }
+        Ranks::Count(n) if n == 0 || n > shape.nodes() * ranks_per_node => {
             return Err(CliError::Usage(format!(
-                "-np {n}: the rack has {} nodes, one rank each",
+                "-np {n}: the rack has {} nodes, {ranks_per_node} rank(s) each \
+                 (--ranks-per-node)",
                 shape.nodes()
             )))
         }
-        Ranks::Count(n) => shape.node_ids().take(n as usize).collect(),
-        Ranks::All => shape.node_ids().collect(),
+        Ranks::Count(n) => (
+            shape
+                .node_ids()
+                .take(n.div_ceil(ranks_per_node) as usize)
+                .collect(),
+            n,
+        ),
+        Ranks::All => (shape.node_ids().collect(), shape.nodes() * ranks_per_node),
     };
     let names: Vec<String> = nodes.iter().map(|&id| shape.display(id)).collect();
+    let slots = Slots {
+        per_node: ranks_per_node,
+        ranks: rank_count,
+    };
     for n in names.iter().filter(|_| compose.is_none()) {
         if !crate::ip_service::netns_path(&rack, n).exists() {
             return Err(CliError::Failed(format!(
@@ -564,7 +605,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
     let mpi_dir = rack.layout().run_dir().join("mpi");
     let agent = write_agent(&rack, &abs_dir, compose.is_some())?;
     let hostfile = mpi_dir.join(format!("hostfile.{}", std::process::id()));
-    std::fs::write(&hostfile, mpi.hostfile(&names))
+    std::fs::write(&hostfile, mpi.hostfile(&names, slots))
         .map_err(|e| CliError::io("write", &hostfile, e))?;
     let job_tmp = match compose {
         None => match job.make_tmp_dirs(&rack, &names) {
@@ -595,8 +636,13 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
         Fabric::Ni => Some(provider_dir(&rack, compose.is_some())?),
     };
     eprintln!(
-        "exactl: {} ranks, messages over {} ({why})",
-        names.len(),
+        "exactl: {} ranks{}, messages over {} ({why})",
+        slots.ranks,
+        if slots.per_node > 1 {
+            format!(" ({} per node on {} nodes)", slots.per_node, names.len())
+        } else {
+            String::new()
+        },
         match (fabric, mpi) {
             (Fabric::Ni, Mpi::Openmpi) =>
                 "the NI (libfabric provider exanet, Open MPI pml cm / mtl ofi)",
@@ -670,7 +716,7 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             net.subnet
         }
     };
-    command.args(mpi.args(names.len(), &hostfile, &agent));
+    command.args(mpi.args(slots, &hostfile, &agent));
     if let Some(dir) = &rank_provider {
         // Open MPI's orted hands on only OMPI_* and what -x names; Hydra hands on the
         // launcher's whole environment, and -genv sets one for the ranks only.
@@ -775,8 +821,12 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // Whatever outlived the launcher (a daemon it could not reach, a rank of a
             // node it lost) goes with it; a moment first, for those on their way out.
             let swept = job.end_stragglers(STRAGGLER_GRACE);
-            // The launcher may have ended on its own because of a node that died.
-            let death = watch.verdict();
+            // The launcher may have ended on its own because of a node that died (an MPI
+            // runtime notices a daemon of its own that died with the node, often before
+            // the watch's silence is long enough): a failed job's nodes are asked once.
+            let death = watch
+                .verdict()
+                .or_else(|| (!st.success()).then(|| watch.silent_now()).flatten());
             Ok((Some(st), death, swept))
         }
         Err(e) => Err(e),
@@ -885,6 +935,13 @@ const JOB_END_WAIT: EndWait = EndWait {
 /// How long the processes still there after the launcher exited have to go on their own
 /// (Open MPI's orted exits just after mpirun) before they are ended as above.
 const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+
+/// How many ranks, and how many on each node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slots {
+    per_node: u32,
+    ranks: u32,
+}
 
 /// How the launcher's wait ended.
 enum Ended {
@@ -1131,6 +1188,23 @@ mod tests {
         for bad in ["10.0.0.1/33", "fe80::1/64", "/16", "10.0.0.1", ""] {
             assert_eq!(network_of(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_host_file_gives_each_node_its_ranks_the_last_perhaps_fewer() {
+        let names = ["M1QAF1".to_string(), "M1QAF2".to_string()];
+        let slots = Slots {
+            per_node: 4,
+            ranks: 6,
+        };
+        assert_eq!(
+            Mpi::Openmpi.hostfile(&names, slots),
+            "M1QAF1 slots=4\nM1QAF2 slots=2\n"
+        );
+        assert_eq!(Mpi::Mpich.hostfile(&names, slots), "M1QAF1:4\nM1QAF2:2\n");
+        let a = Mpi::Openmpi.args(slots, Path::new("h"), Path::new("a"));
+        let a: Vec<_> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        assert_eq!(a, ["-np", "6", "--hostfile", "h", "--map-by", "slot"]);
     }
 
     #[test]

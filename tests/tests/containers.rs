@@ -396,6 +396,73 @@ fn mpi_on_the_rack(dir: &Path, rack_dir: &Path) {
     }
 }
 
+/// A job on the compose rack whose node's container is killed ends, the node named:
+/// exactl owns no process of a container, so its watch sees the node stop answering
+/// (issue 48). The node is restarted after, for what follows.
+fn a_job_ends_when_its_node_dies(dir: &Path, rack_dir: &Path) {
+    let test = "containers::compose_rack_runs_workloads_restarts_and_is_scraped (node death)";
+    if !runs("mpirun.openmpi", "--version") {
+        exanet_tests::skip_unless_required("EXANET_REQUIRE_IP", test, "no mpirun.openmpi");
+        return;
+    }
+    const VICTIM: &str = "M2QBF3";
+    let exactl = |args: &[&str]| {
+        let mut c = Command::new(bins().exactl);
+        c.current_dir(dir).arg("--rack").arg(rack_dir).args(args);
+        c
+    };
+    // Not an MPI program: the launcher and its daemons are what must end.
+    let mut job = exactl(&[
+        "mpirun",
+        "--fabric",
+        "ip",
+        "--nodes",
+        "M1QAF2,M2QBF3",
+        "--",
+        "sleep",
+        "300",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The ranks running: long enough for the launcher to have started them.
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        job.try_wait().unwrap().is_none(),
+        "{test}: the job ended before the kill"
+    );
+    must(exactl(&["node", "kill", VICTIM]), Duration::from_secs(60));
+    let killed = Instant::now();
+    let bound = Duration::from_secs(45);
+    let status = loop {
+        if let Some(st) = job.try_wait().unwrap() {
+            break st;
+        }
+        if killed.elapsed() > bound {
+            let _ = job.kill();
+            panic!("{test}: the job still runs {bound:?} after {VICTIM} was killed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = killed.elapsed();
+    let out = job.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "{test}: the job ended ({status}) {:.1} s after the kill",
+        took.as_secs_f64()
+    );
+    assert!(
+        !status.success() && err.contains(&format!("node {VICTIM} died")),
+        "{test}: {status}, the node not named: {err}"
+    );
+    let r = must(
+        exactl(&["node", "restart", VICTIM]),
+        Duration::from_secs(120),
+    );
+    assert!(r.stderr.contains("rejoined"), "{}", r.describe());
+}
+
 /// The same with an MPICH that reaches fabrics through libfabric (PyPI's, in a virtual
 /// environment outside `/usr`, found by `EXANET_MPICH_OFI` as in `ip_over_exanet`):
 /// Hydra's proxies call back to its address on the compose network, and the containers
@@ -623,6 +690,7 @@ fn compose_rack_runs_workloads_restarts_and_is_scraped() {
     // nodes, its messages through the NI, then over IP over ExaNet; and MPICH's.
     mpi_on_the_rack(dir, &dir.join("rack"));
     mpich_on_the_rack(dir, &dir.join("rack"));
+    a_job_ends_when_its_node_dies(dir, &dir.join("rack"));
 
     // NACKs for the dashboards: a client whose peer has no server is refused (no_context)
     // until it gives up.
