@@ -869,6 +869,7 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
         .unwrap()
     };
     checks_passed_over_the_ni(&run(), "Open MPI pml cm / mtl ofi");
+    ranks_share_nodes(&ip, &["--fabric", "ni"], &prog, "Open MPI pml cm / mtl ofi");
     // Again with 1% of the cells lost on the torus link between the QFDBs, both ways:
     // the NI's retransmissions and the provider's resends keep every byte right.
     let l = ip
@@ -1046,6 +1047,12 @@ fn mpich_runs_over_the_ni_through_the_libfabric_provider() {
     )
     .unwrap();
     checks_passed_over_the_ni(&r, "MPICH ch4:ofi");
+    ranks_share_nodes(
+        &ip,
+        &["--mpi", "mpich", "--mpirun", &launcher],
+        &prog,
+        "MPICH ch4:ofi",
+    );
     // The ranks' messages crossed the NI: the 256 KiB ring alone is 8192 cells.
     let crossed = cells() - before;
     assert!(crossed > 8192, "{crossed} cells injected");
@@ -1302,6 +1309,49 @@ fn wtime_one_way(
     let us: f64 = w.next().unwrap().parse().unwrap();
     let tick: f64 = w.next().unwrap().parse().unwrap();
     (us, tick)
+}
+
+/// `--ranks-per-node 4`: eight ranks on two nodes, four each as the report's study ran
+/// them, every byte checked; then four on one node alone, whose messages can only cross
+/// its own NI (MPICH's shared memory is off): its NI injects them all (the 256 KiB ring
+/// alone is 1024 cells of 256 B per rank).
+fn ranks_share_nodes(ip: &IpRack, args: &[&str], prog: &str, how: &str) {
+    let run = |np: &str| {
+        let mut all = vec!["mpirun"];
+        all.extend_from_slice(args);
+        all.extend(["--ranks-per-node", "4", "-np", np, "--", prog]);
+        run_with_timeout(ip.rack.command(&all), Duration::from_secs(150)).unwrap()
+    };
+    let r = run("8");
+    assert!(
+        r.stderr.contains("8 ranks (4 per node on 2 nodes)"),
+        "{how}: {}",
+        r.describe()
+    );
+    checks_passed_over_the_ni(&r, how);
+    let injected = || {
+        let st = ip.rack.exactl(&["status", "--json"]);
+        let v: serde_json::Value = st.json();
+        v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["node"] == "M1QAF1")
+            .and_then(|n| n["injected_cells"].as_u64())
+            .unwrap_or_else(|| panic!("no M1QAF1 in {}", st.describe()))
+    };
+    let before = injected();
+    let r = run("4");
+    assert!(
+        r.success() && r.stdout.contains("MPI checks: ok on 4 ranks"),
+        "{how}, four ranks on M1QAF1: {}",
+        r.describe()
+    );
+    let crossed = injected() - before;
+    assert!(
+        crossed > 4096,
+        "{how}: four ranks of M1QAF1 made its NI inject {crossed} cells"
+    );
 }
 
 /// Under `--modeled` a job's ranks start their modeled clocks together at the end of
