@@ -757,6 +757,17 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // time in the MPI library's own code after each wake-up, and that CPU time
             // is modeled compute (docs/mpi.md).
             rank_env(&mut command, "FI_EXANET_IDLE", "poll".as_ref());
+            // The MPI library's processing per call, the report's unless the rack file or
+            // the user's environment says otherwise: Table 2's MPI rows from a rack as
+            // `rack up` made it, while programs on the NI alone keep `software_ns`.
+            // (The client library's `exanet::config::ENV_SOFTWARE_NS`.)
+            if std::env::var_os("EXANET_SOFTWARE_NS").is_none() {
+                rank_env(
+                    &mut command,
+                    "EXANET_SOFTWARE_NS",
+                    rack.mpi_software_ns().to_string().as_ref(),
+                );
+            }
             eprintln!(
                 "exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock; \
                  compute is the program's between its MPI calls"

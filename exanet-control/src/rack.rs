@@ -73,6 +73,9 @@
 //! ack_ns = 13.333               # generating a block ACK/NACK
 //! retransmit_ns = 100000.0      # the NI's retransmission timer, modeled
 //! software_ns = 0.0             # software cost per send/receive call
+//! mpi_software_ns = 418.0       # ... of an MPI library's call: `exactl mpirun --modeled`
+//!                               #   gives its ranks this (default: software_ns if set,
+//!                               #   else 418, the report's intra-FPGA MPI row's)
 //! accel_setup_ns = 3000.0       # programming the allreduce accelerator, per operation
 //! compute_scale = 1.0           # share of host compute time counted as modeled time
 //! order = "host"                # "modeled": switches serve cells in modeled-time order,
@@ -153,6 +156,11 @@ impl NodeEntry {
 /// A link whose peer has been silent this long is down (a peer that exits cleanly closes
 /// its links at once; this is for peers that die or hang), unless the rack file says
 /// otherwise (`link_timeout_s`).
+/// The software cost of an MPI call that reproduces the report's 0 B MPI one-way between
+/// two ranks of one MPSoC (1.17 us, section 6.1.2) over the modeled NI: a calibration, on
+/// that one row only (docs/modeled-time.md, "Fidelity").
+pub const REPORT_MPI_SOFTWARE_NS: f64 = 418.0;
+
 pub const DEFAULT_LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The link timeouts a rack file may set, in seconds.
 pub const LINK_TIMEOUT_S: std::ops::RangeInclusive<u32> = 3..=600;
@@ -364,6 +372,11 @@ pub struct ModelSettings {
     pub retransmit_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub software_ns: Option<f64>,
+    /// The software cost of an MPI library's call, which `exactl mpirun --modeled` gives
+    /// its ranks (`EXANET_SOFTWARE_NS`): absent, `software_ns` if set, else
+    /// [`REPORT_MPI_SOFTWARE_NS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi_software_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accel_setup_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -585,6 +598,13 @@ impl Rack {
             return Err("name is empty".into());
         }
         let model = file.model_params().model().map_err(|e| e.to_string())?;
+        if let Some(ns) = file.model.as_ref().and_then(|m| m.mpi_software_ns) {
+            if !(ns.is_finite() && (0.0..=1e9).contains(&ns)) {
+                return Err(format!(
+                    "[model] mpi_software_ns = {ns}: a cost per call is 0 to 1e9 ns"
+                ));
+            }
+        }
         if let Some(t) = file.link_timeout_s {
             if !LINK_TIMEOUT_S.contains(&t) {
                 return Err(format!(
@@ -830,6 +850,15 @@ impl Rack {
     /// report's figures where absent).
     pub fn model_params(&self) -> ModelParams {
         self.file.model_params()
+    }
+
+    /// The modeled software cost of an MPI library's call, nanoseconds: `[model]
+    /// mpi_software_ns`, else `software_ns` if the file sets it, else the report's.
+    pub fn mpi_software_ns(&self) -> f64 {
+        let m = self.file.model.as_ref();
+        m.and_then(|m| m.mpi_software_ns)
+            .or_else(|| m.and_then(|m| m.software_ns))
+            .unwrap_or(REPORT_MPI_SOFTWARE_NS)
     }
 
     /// The modeled hardware in the units the core computes with, checked when the rack
@@ -1293,6 +1322,20 @@ mod tests {
         let back: RackFile = toml::from_str(&text).unwrap();
         assert_eq!(back, r.file);
         assert!(!text.contains("qfdb_link_gbps"), "{text}");
+    }
+
+    #[test]
+    fn an_mpi_call_costs_the_reports_software_unless_the_file_says_otherwise() {
+        let r = with_jobs("").unwrap();
+        assert_eq!(r.mpi_software_ns(), REPORT_MPI_SOFTWARE_NS);
+        // The NI-level cost stays what it was: programs that are not an MPI library.
+        assert_eq!(r.model_params().software_ns, 0.0);
+        let r = with_jobs("[model]\nsoftware_ns = 300.0\n").unwrap();
+        assert_eq!(r.mpi_software_ns(), 300.0);
+        let r = with_jobs("[model]\nsoftware_ns = 300.0\nmpi_software_ns = 0.0\n").unwrap();
+        assert_eq!(r.mpi_software_ns(), 0.0);
+        let e = with_jobs("[model]\nmpi_software_ns = -1.0\n").unwrap_err();
+        assert!(e.contains("mpi_software_ns = -1"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! | job key | [`Config::job_key`] | `EXANET_JOB_KEY` | none: the rack's default job |
 //! | spin budget | [`Config::spin`] | `EXANET_SPIN_US` (microseconds) | [`DEFAULT_SPIN`] (20 us) |
 //! | modeled compute scale | [`Config::compute_scale_ppm`] | `EXANET_COMPUTE_SCALE` (a factor, e.g. `0` or `1.5`) | the rack's `[model] compute_scale` |
+//! | modeled software cost per call | | `EXANET_SOFTWARE_NS` (nanoseconds, e.g. `418`; `exactl mpirun` sets the rack's MPI cost) | the rack's `[model] software_ns` |
 //!
 //! An empty environment variable counts as unset.
 
@@ -25,6 +26,9 @@ pub const ENV_NODE: &str = "EXANET_NODE";
 pub const ENV_JOB_KEY: &str = "EXANET_JOB_KEY";
 pub const ENV_SPIN_US: &str = "EXANET_SPIN_US";
 pub const ENV_COMPUTE_SCALE: &str = "EXANET_COMPUTE_SCALE";
+/// The modeled software cost of each call that posts or takes data, nanoseconds: what an
+/// MPI library's processing costs per call (`exactl mpirun` sets it for its ranks).
+pub const ENV_SOFTWARE_NS: &str = "EXANET_SOFTWARE_NS";
 /// The rack directory when neither an argument nor `EXANET_RACK` names one, and the rack
 /// file inside it: the daemon's, from exanet-rack.
 pub use exanet_control::rack::{DEFAULT_RACK_DIR, ENV_RACK, RACK_FILE};
@@ -60,6 +64,8 @@ pub(crate) struct Resolved {
     pub control_timeout: Duration,
     pub rank: Option<u8>,
     pub compute_scale_ppm: Option<u64>,
+    /// `EXANET_SOFTWARE_NS`, in picoseconds; `None`: the rack's.
+    pub software_ps: Option<u64>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -98,6 +104,23 @@ pub fn parse_compute_scale(text: &str) -> Result<u64> {
         return Err(bad("between 0 and 1000000"));
     }
     Ok((f * 1e6).round() as u64)
+}
+
+/// Parses `EXANET_SOFTWARE_NS`-style text: nanoseconds, 0 to one second; picoseconds.
+pub fn parse_software_ns(text: &str) -> Result<u64> {
+    let bad = |why| Error::BadSetting {
+        name: ENV_SOFTWARE_NS,
+        value: text.to_string(),
+        why,
+    };
+    let ns: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| bad("expected nanoseconds such as 0 or 418"))?;
+    if !(ns.is_finite() && (0.0..=1e9).contains(&ns)) {
+        return Err(bad("between 0 and 1000000000 (one second)"));
+    }
+    Ok((ns * 1000.0).round() as u64)
 }
 
 /// Whether `EXANET_SPIN_US` says anything (set and not empty), as [`spin_from_env`]
@@ -173,6 +196,9 @@ impl Config {
                     .map(|v| parse_compute_scale(&v))
                     .transpose()?,
             },
+            software_ps: env(ENV_SOFTWARE_NS)
+                .map(|v| parse_software_ns(&v))
+                .transpose()?,
         })
     }
 }
@@ -214,6 +240,15 @@ mod tests {
 
     /// On a node the host name is the node's name; elsewhere it names no node and the
     /// library asks for one instead of guessing.
+    #[test]
+    fn a_software_cost_is_nanoseconds_to_one_second() {
+        assert_eq!(parse_software_ns("418").unwrap(), 418_000);
+        assert_eq!(parse_software_ns(" 0.5 ").unwrap(), 500);
+        for bad in ["-1", "nan", "1e10", "fast"] {
+            assert!(parse_software_ns(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_host_name_counts_only_when_it_names_a_node() {
         assert_eq!(node_named("M1QBF3\n"), Some("M1QBF3".to_string()));

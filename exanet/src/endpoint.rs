@@ -182,7 +182,7 @@ impl Endpoint {
             shape,
             control_timeout: r.control_timeout,
             consumed_offset: consumed_offset as usize,
-            software_ps,
+            software_ps: r.software_ps.unwrap_or(software_ps),
             compute_scale_ppm: r.compute_scale_ppm.unwrap_or(compute_scale_ppm),
             clock_start: ModelTime(clock_ps),
         };

@@ -919,6 +919,25 @@ fn open_mpi_runs_over_the_ni_through_the_libfabric_provider() {
     assert_eq!(again, network, "the modeled one-way repeats");
     let skew = ip.compile(OPEN_MPI.cc, "skew", MPI_SKEW_PROGRAM);
     skew_check(&ip, &["--fabric", "ni"], &skew);
+    // Out of the box (no [model] in the rack file) `--modeled` gives the ranks the
+    // report's MPI software cost (418 ns per call, calibrated on this very row: two ranks
+    // of one MPSoC, 1.17 us in the report) and the figure is deterministic: pinned to
+    // what MPI_Wtime prints (docs/mpi.md).
+    let (one_mpsoc, _) = wtime_one_way(
+        &ip,
+        &[
+            "--fabric",
+            "ni",
+            "--modeled",
+            "--ranks-per-node",
+            "2",
+            "-np",
+            "2",
+        ],
+        &wtime,
+        Some("0"),
+    );
+    assert_eq!(one_mpsoc, 1.176, "8 B one-way between two ranks of M1QAF1");
     // With the rack's compute scale, the program's own compute between its MPI calls
     // counts too (the loop; in a debug build, the interposed calls' own work): more,
     // and still far from the host's time.
