@@ -760,6 +760,15 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // The MPI library's processing per call, the report's unless the rack file or
             // the user's environment says otherwise: Table 2's MPI rows from a rack as
             // `rack up` made it, while programs on the NI alone keep `software_ns`.
+            // Ranks of one node share its memory channel (`exanet::config::
+            // ENV_MEMORY_CONTENTION`; the provider counts the node's ranks).
+            if std::env::var_os("EXANET_MEMORY_CONTENTION").is_none() {
+                rank_env(
+                    &mut command,
+                    "EXANET_MEMORY_CONTENTION",
+                    rack.memory_contention().to_string().as_ref(),
+                );
+            }
             // (The client library's `exanet::config::ENV_SOFTWARE_NS`.)
             if std::env::var_os("EXANET_SOFTWARE_NS").is_none() {
                 rank_env(
@@ -837,7 +846,13 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // the watch's silence is long enough): a failed job's nodes are asked once.
             let death = watch
                 .verdict()
-                .or_else(|| (!st.success()).then(|| watch.silent_now()).flatten());
+                // Not when the job ended because it was told to (Ctrl-C, SIGTERM), which
+                // also cuts short the requests.
+                .or_else(|| {
+                    (!st.success() && !crate::interrupt::raised())
+                        .then(|| watch.silent_now())
+                        .flatten()
+                });
             Ok((Some(st), death, swept))
         }
         Err(e) => Err(e),
