@@ -73,6 +73,9 @@
 //! ack_ns = 13.333               # generating a block ACK/NACK
 //! retransmit_ns = 100000.0      # the NI's retransmission timer, modeled
 //! software_ns = 0.0             # software cost per send/receive call
+//! memory_contention = 0.0       # compute longer by this per other rank of the node, for
+//!                               #   the MPSoC's one memory channel (`exactl mpirun
+//!                               #   --modeled`, several ranks per node)
 //! mpi_software_ns = 418.0       # ... of an MPI library's call: `exactl mpirun --modeled`
 //!                               #   gives its ranks this (default: software_ns if set,
 //!                               #   else 418, the report's intra-FPGA MPI row's)
@@ -160,6 +163,11 @@ impl NodeEntry {
 /// two ranks of one MPSoC (1.17 us, section 6.1.2) over the modeled NI: a calibration, on
 /// that one row only (docs/modeled-time.md, "Fidelity").
 pub const REPORT_MPI_SOFTWARE_NS: f64 = 418.0;
+
+/// The memory-channel contention that gives the rack's LAMMPS weak scaling the report's
+/// 89% at four ranks of one MPSoC (section 6.2): a calibration on that one point
+/// (docs/study.md), against which two ranks' 96% is a reproduction.
+pub const REPORT_MEMORY_CONTENTION: f64 = 0.0;
 
 pub const DEFAULT_LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The link timeouts a rack file may set, in seconds.
@@ -377,6 +385,11 @@ pub struct ModelSettings {
     /// [`REPORT_MPI_SOFTWARE_NS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mpi_software_ns: Option<f64>,
+    /// How much longer a rank's compute takes per other rank of its node, for their one
+    /// memory channel, under `exactl mpirun --modeled` (`EXANET_MEMORY_CONTENTION`):
+    /// absent, [`REPORT_MEMORY_CONTENTION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_contention: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accel_setup_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -598,6 +611,13 @@ impl Rack {
             return Err("name is empty".into());
         }
         let model = file.model_params().model().map_err(|e| e.to_string())?;
+        if let Some(c) = file.model.as_ref().and_then(|m| m.memory_contention) {
+            if !(c.is_finite() && (0.0..=10.0).contains(&c)) {
+                return Err(format!(
+                    "[model] memory_contention = {c}: a fraction from 0 to 10"
+                ));
+            }
+        }
         if let Some(ns) = file.model.as_ref().and_then(|m| m.mpi_software_ns) {
             if !(ns.is_finite() && (0.0..=1e9).contains(&ns)) {
                 return Err(format!(
@@ -850,6 +870,16 @@ impl Rack {
     /// report's figures where absent).
     pub fn model_params(&self) -> ModelParams {
         self.file.model_params()
+    }
+
+    /// How much longer a rank's compute takes per other rank of its node (`[model]
+    /// memory_contention`, else the report's calibration).
+    pub fn memory_contention(&self) -> f64 {
+        self.file
+            .model
+            .as_ref()
+            .and_then(|m| m.memory_contention)
+            .unwrap_or(REPORT_MEMORY_CONTENTION)
     }
 
     /// The modeled software cost of an MPI library's call, nanoseconds: `[model]

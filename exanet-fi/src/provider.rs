@@ -99,6 +99,15 @@ pub(crate) fn modeled_attachment() -> Option<Arc<exanet::Endpoint>> {
     modeled().as_ref()?.attachment.upgrade()
 }
 
+/// How many ranks of the job run on this node, as the MPI launcher tells its ranks
+/// (Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, Hydra's `MPI_LOCALNRANKS`); 1 otherwise.
+fn ranks_on_this_node() -> u32 {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .unwrap_or(1)
+}
+
 /// The attachment's modeled clock, with the compute since the program's last call.
 fn modeled_now(ep: &exanet::Endpoint) -> exanet::ModelTime {
     ep.advance_clock(exanet::ModelTime::ZERO)
@@ -739,6 +748,12 @@ unsafe extern "C" fn domain2(
         let Ok((node, _)) = config.node_socket() else {
             return -FI_ENODEV;
         };
+        // Ranks of one node share its memory channel: their compute is charged longer
+        // (`exactl mpirun --modeled` says how much; the MPI launcher how many share it).
+        match exanet::config::memory_channel_factor_ppm(ranks_on_this_node()) {
+            Ok(f) => config.compute_factor_ppm = f,
+            Err(e) => tracing::warn!("exanet-fi: fi_domain: {e}; no memory contention modeled"),
+        }
         // SAFETY: libfabric passes null or a valid info with null or valid attributes.
         let asked = unsafe { info.as_ref().and_then(|i| i.domain_attr.as_ref()) }
             .and_then(|d| unsafe { text(d.name) });

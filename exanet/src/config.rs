@@ -52,6 +52,10 @@ pub struct Config {
     /// modeled compute, in millionths (0: none, for pure network benchmarks);
     /// `None`: `EXANET_COMPUTE_SCALE`, else the rack's setting.
     pub compute_scale_ppm: Option<u64>,
+    /// A factor on top of the compute scale, in millionths: what a library that knows the
+    /// program's placement charges for cores that compete for the node's one memory
+    /// channel (the libfabric provider: [`memory_channel_factor_ppm`]). `None`: 1.
+    pub compute_factor_ppm: Option<u64>,
 }
 
 /// A [`Config`] with every field decided.
@@ -66,6 +70,7 @@ pub(crate) struct Resolved {
     pub compute_scale_ppm: Option<u64>,
     /// `EXANET_SOFTWARE_NS`, in picoseconds; `None`: the rack's.
     pub software_ps: Option<u64>,
+    pub compute_factor_ppm: Option<u64>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -121,6 +126,46 @@ pub fn parse_software_ns(text: &str) -> Result<u64> {
         return Err(bad("between 0 and 1000000000 (one second)"));
     }
     Ok((ns * 1000.0).round() as u64)
+}
+
+/// How much longer a rank's compute takes, per other rank of its node computing beside
+/// it, for their share of the MPSoC's one memory channel (a fraction, e.g. `0.041`):
+/// `exactl mpirun --modeled` sets the rack's `[model] memory_contention`.
+pub const ENV_MEMORY_CONTENTION: &str = "EXANET_MEMORY_CONTENTION";
+
+/// The factor on a rank's compute when `sharers` ranks (itself included) share its
+/// node's memory channel, in millionths: 1 + `EXANET_MEMORY_CONTENTION` x (sharers - 1);
+/// `None` where the variable is unset (no contention modeled) or sharers is at most 1.
+/// A linear model: the report's one figure on it is the LAMMPS weak-scaling drop to 96%
+/// at two and 89% at four ranks of one MPSoC, "the memory channel becomes the
+/// bottleneck" (section 6.2).
+pub fn memory_channel_factor_ppm(sharers: u32) -> Result<Option<u64>> {
+    memory_channel_factor(env(ENV_MEMORY_CONTENTION), sharers)
+}
+
+/// [`memory_channel_factor_ppm`] for the contention `text`.
+fn memory_channel_factor(text: Option<String>, sharers: u32) -> Result<Option<u64>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let bad = |why| Error::BadSetting {
+        name: ENV_MEMORY_CONTENTION,
+        value: text.clone(),
+        why,
+    };
+    let c: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| bad("expected a fraction such as 0 or 0.04"))?;
+    if !(c.is_finite() && (0.0..=10.0).contains(&c)) {
+        return Err(bad("between 0 and 10"));
+    }
+    if sharers <= 1 {
+        return Ok(None);
+    }
+    Ok(Some(
+        ((1.0 + c * f64::from(sharers - 1)) * 1e6).round() as u64,
+    ))
 }
 
 /// Whether `EXANET_SPIN_US` says anything (set and not empty), as [`spin_from_env`]
@@ -199,6 +244,7 @@ impl Config {
             software_ps: env(ENV_SOFTWARE_NS)
                 .map(|v| parse_software_ns(&v))
                 .transpose()?,
+            compute_factor_ppm: self.compute_factor_ppm,
         })
     }
 }
@@ -240,6 +286,18 @@ mod tests {
 
     /// On a node the host name is the node's name; elsewhere it names no node and the
     /// library asks for one instead of guessing.
+    #[test]
+    fn ranks_sharing_a_memory_channel_compute_longer_by_the_contention_each() {
+        let f = |c: Option<&str>, k| memory_channel_factor(c.map(String::from), k).unwrap();
+        assert_eq!(f(Some("0.04"), 4), Some(1_120_000));
+        assert_eq!(f(Some("0.04"), 2), Some(1_040_000));
+        assert_eq!(f(Some("0.04"), 1), None, "a rank alone has the channel");
+        assert_eq!(f(None, 4), None, "unset: no contention modeled");
+        for bad in ["-0.1", "nan", "11", "lots"] {
+            assert!(memory_channel_factor(Some(bad.into()), 4).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_software_cost_is_nanoseconds_to_one_second() {
         assert_eq!(parse_software_ns("418").unwrap(), 418_000);

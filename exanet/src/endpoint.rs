@@ -183,7 +183,11 @@ impl Endpoint {
             control_timeout: r.control_timeout,
             consumed_offset: consumed_offset as usize,
             software_ps: r.software_ps.unwrap_or(software_ps),
-            compute_scale_ppm: r.compute_scale_ppm.unwrap_or(compute_scale_ppm),
+            compute_scale_ppm: {
+                let base = r.compute_scale_ppm.unwrap_or(compute_scale_ppm);
+                let f = r.compute_factor_ppm.unwrap_or(1_000_000);
+                (u128::from(base) * u128::from(f) / 1_000_000).min(u128::from(u64::MAX)) as u64
+            },
             clock_start: ModelTime(clock_ps),
         };
         Ok(Endpoint {
