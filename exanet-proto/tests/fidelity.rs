@@ -10,8 +10,9 @@
 //! - a **calibration**: a model parameter was fitted on this figure, so the modeled value
 //!   meets it by construction and comparing them proves nothing. What is checked is the
 //!   fitted parameter, pinned in a band, so that a change of the mechanism under it shows.
-//! - a **reproduction**: the mechanism alone (links, switches, routers, the NI) reaches
-//!   the figure, within 5%.
+//! - a **reproduction**: the mechanism alone (links, switches, routers, the NI), with no
+//!   parameter fitted on this figure, reaches it within 5%; today's modeled value is
+//!   also pinned in a band (about 1%), so that drift shows before the 5% is lost.
 //! - a **known miss**: the model does not reach the figure, for reasons docs/modeled-time.md
 //!   and docs/collectives.md give. Today's modeled value is pinned in a band that excludes
 //!   the report's figure, so that drift either way fails here and the docs are updated
@@ -36,8 +37,9 @@ enum Check {
     /// per call), or the modeled value where the parameter is a fixed default fitted by
     /// hand (the accelerator's setup), which the mechanism under it still moves.
     Calibration { band: (f64, f64) },
-    /// The mechanism reaches the figure within 5%.
-    Reproduced,
+    /// The mechanism reaches the figure within 5%, and today's modeled value lies in
+    /// `band`.
+    Reproduced { band: (f64, f64) },
     /// The model misses the figure; today's modeled value lies in `band`.
     Miss { band: (f64, f64) },
 }
@@ -60,7 +62,11 @@ const FIGURES: &[Figure] = &[
         row: "user-level packetizer->mailbox",
         report: 0.470,
         source: "report §6.1.1, ~470 ns",
-        check: Check::Reproduced,
+        // The NI's own costs (`cpu_ni_ns`, `mem_write_ns`) were chosen so that this row
+        // lands on 470 ns: a calibration of the NI part (docs/modeled-time.md).
+        check: Check::Calibration {
+            band: (0.462, 0.472),
+        },
     },
     Figure {
         row: "MPI 0 B one-way intra-FPGA",
@@ -76,13 +82,21 @@ const FIGURES: &[Figure] = &[
         row: "MPI 0 B one-way (a) intra-QFDB",
         report: 1.293,
         source: "report Table 2, (a)",
-        check: Check::Reproduced,
+        // The link latency (120 ns) is the report's own difference between (a) and the
+        // intra-FPGA row: fitted on this row.
+        check: Check::Calibration {
+            band: (1.294, 1.320),
+        },
     },
     Figure {
         row: "MPI 0 B one-way (b) intra-mezz-sh",
         report: 1.579,
         source: "report Table 2, (b)",
-        check: Check::Reproduced,
+        // The inter-QFDB router's extra latency (~280 ns) is the report's difference
+        // between (b) and (a): fitted on this row.
+        check: Check::Calibration {
+            band: (1.569, 1.601),
+        },
     },
     Figure {
         row: "MPI 0 B one-way (c) intra-mezz-mh(2)",
@@ -106,7 +120,10 @@ const FIGURES: &[Figure] = &[
         row: "MPI 0 B one-way (e) inter-mezz(3,1,2)",
         report: 2.555,
         source: "report Table 2, (e)(3,1,2)",
-        check: Check::Reproduced,
+        // The only latency row no parameter was fitted on.
+        check: Check::Reproduced {
+            band: (2.62, 2.674),
+        },
     },
     Figure {
         row: "RDMA 256 KB intra-QFDB",
@@ -172,8 +189,17 @@ impl Figure {
                     )
                 })
             }
-            Check::Reproduced => {
-                (err.abs() > 5.0).then(|| format!("reproduction lost (over 5%): {what}"))
+            Check::Reproduced { band: (lo, hi) } => {
+                if err.abs() > 5.0 {
+                    Some(format!("reproduction lost (over 5%): {what}"))
+                } else {
+                    (!(lo..=hi).contains(&modeled)).then(|| {
+                        format!(
+                            "reproduction drifted out of [{lo}, {hi}]: {what}; if that is \
+                             meant, say so in the docs and move the band"
+                        )
+                    })
+                }
             }
             Check::Miss { band: (lo, hi) } => {
                 assert!(
@@ -211,13 +237,26 @@ fn fitted_software_us(r: &Row) -> f64 {
 
 #[test]
 fn the_report_figures_reproduced_calibrated_or_missed_as_known() {
+    // The hand-fitted defaults the calibration rows stand for (the NI's costs on the
+    // user-level row, the link latency on (a), the router on (b)): a change of one is a
+    // new calibration, whose band must be fitted again.
+    let d = ModelParams::default();
+    assert_eq!(
+        (d.cpu_ni_ns, d.mem_write_ns, d.qfdb_link_ns, d.torus_link_ns, d.router_ns),
+        (125.0, 50.0, 120.0, 120.0, 145.0)
+    );
     let rows = run(Model::default(), true);
     println!("{}", table(&rows));
     let mut failures = Vec::new();
     for f in FIGURES {
         let r = row(&rows, f.row);
         assert_eq!(r.unit, f.unit(), "{}", f.row);
-        let fitted = matches!(f.check, Check::Calibration { .. }).then(|| fitted_software_us(r));
+        // Only the software cost is fitted by the benchmark itself; the other
+        // calibrations are defaults fitted by hand (pinned below), so their band holds
+        // the modeled value.
+        let fitted = (matches!(f.check, Check::Calibration { .. })
+            && r.what.contains("calibrates software"))
+        .then(|| fitted_software_us(r));
         failures.extend(f.verdict(r.modeled, fitted));
     }
     // Only the figures above stand for the report: a row the benchmark adds must be
@@ -366,7 +405,9 @@ const ALLREDUCE: &[(Figure, &str, u32, usize)] = &[
             row: "allreduce 256 B, 128 ranks, accelerator",
             report: 9.61,
             source: "report §6.1.5",
-            check: Check::Reproduced,
+            check: Check::Reproduced {
+                band: (9.10, 9.20),
+            },
         },
         "4x4x2",
         32,
@@ -377,7 +418,9 @@ const ALLREDUCE: &[(Figure, &str, u32, usize)] = &[
             row: "allreduce 512 B, 16 ranks, accelerator",
             report: 13.38,
             source: "report §6.1.5",
-            check: Check::Reproduced,
+            check: Check::Reproduced {
+                band: (12.70, 12.83),
+            },
         },
         "4x1x1",
         4,
@@ -388,7 +431,9 @@ const ALLREDUCE: &[(Figure, &str, u32, usize)] = &[
             row: "allreduce 1024 B, 16 ranks, accelerator",
             report: 26.11,
             source: "report §6.1.5",
-            check: Check::Reproduced,
+            check: Check::Reproduced {
+                band: (25.19, 25.45),
+            },
         },
         "4x1x1",
         4,
