@@ -28,8 +28,8 @@ ranks=${2:-"1 2 4 8 16 32"}
 runs=${3:-2}
 steps=${STUDY_STEPS:-100}
 bin=$here/target/release
-for b in exactl exanetd exanet-ip; do
-  [ -x "$bin/$b" ] || { echo "study-lammps: $bin/$b is not built (cargo build --release -p exactl -p exanetd -p exanet-ip -p exanet-fi)" >&2; exit 2; }
+for b in exactl exanetd exanet-ip libexanet_fi.so; do
+  [ -e "$bin/$b" ] || { echo "study-lammps: $bin/$b is not built (cargo build --release -p exactl -p exanetd -p exanet-ip -p exanet-fi)" >&2; exit 2; }
 done
 command -v lmp >/dev/null || { echo "study-lammps: no lmp (Debian: apt-get install lammps)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "study-lammps: no python3 (for the plot)" >&2; exit 2; }

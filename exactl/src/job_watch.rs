@@ -4,13 +4,16 @@
 //! over ExaNet, across the same fabric).
 //!
 //! - A node is gone when its daemon is: on a local rack, its process is no longer the one
-//!   the job started with (checked every [`PID_EVERY`]); on any rack, it has not answered
-//!   the control API for [`SILENT_LIMIT`], or its uptime went back (a container its
-//!   engine restarted: the job's state did not survive it).
+//!   the job started with (checked every [`PID_EVERY`], in a thread of its own); on a rack
+//!   whose processes exactl cannot see (compose), it has answered no status request for
+//!   the rack's link timeout (the rack's own measure of a silent peer), or its daemon's
+//!   uptime went back (a container its engine restarted: the job's state did not survive
+//!   it).
 //! - A link the job's traffic takes (on a route between two of its nodes, either way) is
 //!   lost when it has stayed down for longer than the NI's retry budget and a second: by
 //!   then every send waiting across it has failed, and nothing crosses it for the job.
 //!   A cut shorter than the link timeout heals (the budget outlasts it: `Rack::ni_config`).
+//!   Both ends of each link are asked, so a node that does not answer cannot hide one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,10 +37,6 @@ const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// How long one status request may take. A daemon busy carrying the job answers in
 /// milliseconds; this is for one that is stopped or gone.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
-/// A node that has answered no status request for this long is gone: stopped (`exactl
-/// node pause`), or its container gone. Long against a busy daemon's answer, short
-/// against the link timeout, after which its links would say the same.
-const SILENT_LIMIT: Duration = Duration::from_secs(6);
 /// Past the NI's retry budget, before a lost link ends the job: the ranks' own errors
 /// come first.
 const LINK_GRACE: Duration = Duration::from_secs(1);
@@ -107,7 +106,7 @@ pub struct Watch {
     since: Instant,
     verdict: Arc<Mutex<Option<Verdict>>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Watch {
@@ -134,8 +133,9 @@ impl Watch {
             names: names.to_vec(),
             ids: ids.clone(),
             links: job_links(&shape, &ids),
-            rack_dir: rack_dir.to_path_buf(),
-            daemons,
+            // Where the pids are watched, silence is no evidence: a busy daemon answers
+            // late, a paused one comes back, and its links say the rest.
+            silent_limit: (!local).then(|| rack.file.link_timeout()),
             link_limit: Duration::from_nanos(rack.ni_config().retry_budget_ns()) + LINK_GRACE,
             since: Instant::now(),
             silent_since: HashMap::new(),
@@ -144,20 +144,46 @@ impl Watch {
         };
         let verdict = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (verdict, stop) = (verdict.clone(), stop.clone());
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name("job-watch".into())
-                .spawn(move || state.run(&client, &verdict, &stop))
-                .map_err(|e| CliError::Failed(format!("cannot start the job's watch: {e}")))?
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| CliError::Failed(format!("cannot start the job's watch: {e}")))
         };
+        let mut threads = Vec::new();
+        {
+            let (verdict, stop) = (verdict.clone(), stop.clone());
+            threads.push(spawn(
+                "job-watch",
+                Box::new(move || state.run(&client, &verdict, &stop)),
+            )?);
+        }
+        if let Some(daemons) = daemons {
+            let pids = Pids {
+                daemons,
+                rack_dir: rack_dir.to_path_buf(),
+                since: Instant::now(),
+            };
+            let (v, halt) = (verdict.clone(), stop.clone());
+            match spawn("job-pids", Box::new(move || pids.run(&v, &halt))) {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    // The status thread goes too.
+                    stop.store(true, Ordering::Relaxed);
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
         Ok(Watch {
             rack: rack.clone(),
             ids,
             since: Instant::now(),
             verdict,
             stop,
-            thread: Some(thread),
+            threads,
         })
     }
 
@@ -191,7 +217,7 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -243,38 +269,19 @@ fn job_links(shape: &Shape, ids: &[NodeId]) -> BTreeMap<LinkKey, (NodeId, NodeId
     links
 }
 
-/// The watch's own state, in its thread.
-struct State {
-    shape: Shape,
-    names: Vec<String>,
-    ids: Vec<NodeId>,
-    links: BTreeMap<LinkKey, (NodeId, NodeId)>,
+/// The daemon processes of a local rack's job nodes, watched in a thread of their own so
+/// that a slow status round never delays them.
+struct Pids {
+    daemons: Vec<(String, i32)>,
     rack_dir: PathBuf,
-    daemons: Option<Vec<(String, i32)>>,
-    link_limit: Duration,
     since: Instant,
-    silent_since: HashMap<NodeId, Instant>,
-    uptime: HashMap<NodeId, (f64, Instant)>,
-    down_since: HashMap<LinkKey, Instant>,
 }
 
-impl State {
-    fn run(
-        mut self,
-        client: &exanet_control::control_client::ControlClient,
-        verdict: &Mutex<Option<Verdict>>,
-        stop: &AtomicBool,
-    ) {
-        let mut next_status = Instant::now() + STATUS_EVERY;
+impl Pids {
+    fn run(self, verdict: &Mutex<Option<Verdict>>, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
-            let seen = self.dead_daemon().or_else(|| {
-                (Instant::now() >= next_status).then(|| {
-                    next_status = Instant::now() + STATUS_EVERY;
-                    self.look(client)
-                })?
-            });
-            if let Some(v) = seen {
-                *verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+            if let Some(v) = self.dead_daemon() {
+                say(verdict, v);
                 return;
             }
             std::thread::sleep(PID_EVERY);
@@ -285,7 +292,6 @@ impl State {
     /// replaced by a restart, which the job's state did not survive either).
     fn dead_daemon(&self) -> Option<Verdict> {
         self.daemons
-            .as_ref()?
             .iter()
             .find(|(node, pid)| !crate::process::is_our_daemon(*pid, node, &self.rack_dir))
             .map(|(node, pid)| Verdict::NodeGone {
@@ -294,16 +300,69 @@ impl State {
                 after: self.since.elapsed(),
             })
     }
+}
 
-    /// Asks the job's nodes and one end of each of its links for their status.
+/// The first verdict stands.
+fn say(verdict: &Mutex<Option<Verdict>>, v: Verdict) {
+    verdict
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(v);
+}
+
+/// The status watch's own state, in its thread.
+struct State {
+    shape: Shape,
+    names: Vec<String>,
+    ids: Vec<NodeId>,
+    links: BTreeMap<LinkKey, (NodeId, NodeId)>,
+    /// How long a job node may answer nothing before it is gone; `None`: silence alone
+    /// ends nothing (a local rack, whose processes are watched).
+    silent_limit: Option<Duration>,
+    link_limit: Duration,
+    since: Instant,
+    silent_since: HashMap<NodeId, Instant>,
+    uptime: HashMap<NodeId, f64>,
+    down_since: HashMap<LinkKey, Instant>,
+}
+
+impl State {
+    fn run(
+        mut self,
+        client: &exanet_control::control_client::ControlClient,
+        verdict: &Mutex<Option<Verdict>>,
+        stop: &AtomicBool,
+    ) {
+        loop {
+            let round = Instant::now() + STATUS_EVERY;
+            if let Some(v) = self.look(client) {
+                say(verdict, v);
+                return;
+            }
+            // In small steps, so that the watch ends soon after the job.
+            while Instant::now() < round {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+
+    /// Asks the job's nodes and both ends of each of its links for their status.
     fn look(&mut self, client: &exanet_control::control_client::ControlClient) -> Option<Verdict> {
         let asked: BTreeSet<NodeId> = self
             .ids
             .iter()
             .copied()
-            .chain(self.links.keys().map(|&(a, _)| a))
+            .chain(self.links.keys().flat_map(|&(a, b)| [a, b]))
             .collect();
         let reqs = asked.iter().map(|&id| (id, Request::Status)).collect();
+        // Silence counts from when the round began: a node's silence is at least that.
+        let began = Instant::now();
         let answers = crate::control::ask_all(client, reqs, STATUS_TIMEOUT);
         let now = Instant::now();
         let mut down: BTreeSet<LinkKey> = BTreeSet::new();
@@ -311,13 +370,16 @@ impl State {
             let st = match answer {
                 Ok(exanet_control::control::Response::Status(st)) => st,
                 _ => {
-                    let silent = *self.silent_since.entry(id).or_insert(now);
-                    if self.ids.contains(&id) && now - silent >= SILENT_LIMIT {
+                    let silent = *self.silent_since.entry(id).or_insert(began);
+                    let limit = self.silent_limit.filter(|_| self.ids.contains(&id));
+                    if let Some(limit) = limit.filter(|&l| now - silent >= l) {
                         return Some(Verdict::NodeGone {
                             node: self.shape.display(id),
                             how: format!(
-                                "its daemon has not answered for {:.0} s",
-                                (now - silent).as_secs_f64()
+                                "its daemon has not answered for {:.0} s, the rack's link \
+                                 timeout {} s",
+                                (now - silent).as_secs_f64(),
+                                limit.as_secs()
                             ),
                             after: self.since.elapsed(),
                         });
@@ -326,7 +388,7 @@ impl State {
                 }
             };
             self.silent_since.remove(&id);
-            if let Some(v) = self.restarted(id, &st, now) {
+            if let Some(v) = self.restarted(id, &st) {
                 return Some(v);
             }
             down.extend(self.links_down(id, &st));
@@ -347,14 +409,12 @@ impl State {
         None
     }
 
-    /// A node whose daemon's uptime went back since it was last asked: a new daemon.
-    fn restarted(&mut self, id: NodeId, st: &NodeStatus, now: Instant) -> Option<Verdict> {
-        let before = self.uptime.insert(id, (st.uptime_seconds, now));
-        let (up, at) = before?;
-        // Uptime only grows, by the time between the answers; a second of slack for the
-        // answers' own delays.
-        let expected = up + (now - at).as_secs_f64();
-        (self.ids.contains(&id) && st.uptime_seconds + 1.0 < expected).then(|| Verdict::NodeGone {
+    /// A job node whose daemon's uptime went back since it last answered: a new daemon.
+    /// (Only back: how much it grew depends on when each answer came, which a slow
+    /// round shifts by seconds.)
+    fn restarted(&mut self, id: NodeId, st: &NodeStatus) -> Option<Verdict> {
+        let up = self.uptime.insert(id, st.uptime_seconds)?;
+        (self.ids.contains(&id) && st.uptime_seconds < up).then(|| Verdict::NodeGone {
             node: self.shape.display(id),
             how: format!(
                 "its daemon restarted: up {:.1} s, it was up {up:.1} s before",
@@ -426,6 +486,52 @@ mod tests {
         );
         // One node alone takes no link.
         assert!(job_links(&shape, &[n("M1QAF2")]).is_empty());
+    }
+
+    fn state(ids: &[NodeId]) -> State {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        State {
+            shape,
+            names: ids.iter().map(|&id| shape.display(id)).collect(),
+            ids: ids.to_vec(),
+            links: job_links(&shape, ids),
+            silent_limit: None,
+            link_limit: Duration::from_secs(12),
+            since: Instant::now(),
+            silent_since: HashMap::new(),
+            uptime: HashMap::new(),
+            down_since: HashMap::new(),
+        }
+    }
+
+    fn status(uptime: f64) -> NodeStatus {
+        serde_json::from_value(serde_json::json!({
+            "node": "M1QAF2", "id": 1, "shape": "2x1x1", "pid": 7, "uptime_seconds": uptime,
+            "links": [], "forwarded_cells": 0, "injected_cells": 0, "delivered_cells": 0,
+            "load_tx_cells": 0, "load_rx_cells": 0, "load_rx_bytes": 0, "errors": {},
+        }))
+        .unwrap()
+    }
+
+    /// A slow round shifts when each answer is taken by seconds: uptime that grew less
+    /// than the rounds' spacing is no restart; uptime that went back is.
+    #[test]
+    fn only_an_uptime_that_went_back_is_a_restart() {
+        let id = NodeId(1);
+        let mut s = state(&[id, NodeId(2)]);
+        assert_eq!(s.restarted(id, &status(10.0)), None);
+        assert_eq!(
+            s.restarted(id, &status(10.2)),
+            None,
+            "a late answer, then an early one"
+        );
+        assert_eq!(s.restarted(id, &status(13.0)), None);
+        let v = s.restarted(id, &status(0.4)).expect("a new daemon");
+        assert!(v.how().contains("restarted"), "{v:?}");
+        // A node outside the job is not the job's to lose.
+        let mut s = state(&[NodeId(2)]);
+        s.restarted(id, &status(10.0));
+        assert_eq!(s.restarted(id, &status(0.4)), None);
     }
 
     #[test]

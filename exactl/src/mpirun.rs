@@ -760,22 +760,19 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // The MPI library's processing per call, the report's unless the rack file or
             // the user's environment says otherwise: Table 2's MPI rows from a rack as
             // `rack up` made it, while programs on the NI alone keep `software_ns`.
-            // Ranks of one node share its memory channel (`exanet::config::
-            // ENV_MEMORY_CONTENTION`; the provider counts the node's ranks).
-            if std::env::var_os("EXANET_MEMORY_CONTENTION").is_none() {
-                rank_env(
-                    &mut command,
-                    "EXANET_MEMORY_CONTENTION",
-                    rack.memory_contention().to_string().as_ref(),
-                );
-            }
-            // (The client library's `exanet::config::ENV_SOFTWARE_NS`.)
-            if std::env::var_os("EXANET_SOFTWARE_NS").is_none() {
-                rank_env(
-                    &mut command,
-                    "EXANET_SOFTWARE_NS",
-                    rack.mpi_software_ns().to_string().as_ref(),
-                );
+            // The MPI library's processing per call and the ranks' share of their node's
+            // memory channel (`exanet::config::ENV_SOFTWARE_NS`, `ENV_MEMORY_CONTENTION`;
+            // the provider counts the node's ranks): the rack's, unless the user's
+            // environment says otherwise. Handed on either way: Open MPI's orted passes
+            // on only what `-x` names.
+            for (name, rack_value) in [
+                ("EXANET_SOFTWARE_NS", rack.mpi_software_ns()),
+                ("EXANET_MEMORY_CONTENTION", rack.memory_contention()),
+            ] {
+                let value = std::env::var_os(name)
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| rack_value.to_string().into());
+                rank_env(&mut command, name, &value);
             }
             eprintln!(
                 "exactl: MPI_Wtime and gettimeofday answer each rank's modeled clock; \
@@ -844,10 +841,12 @@ pub fn run(dir: &Path, launch: Launch) -> Result<i32> {
             // The launcher may have ended on its own because of a node that died (an MPI
             // runtime notices a daemon of its own that died with the node, often before
             // the watch's silence is long enough): a failed job's nodes are asked once.
-            let death = watch
-                .verdict()
-                // Not when the job ended because it was told to (Ctrl-C, SIGTERM), which
-                // also cuts short the requests.
+            // A job that succeeded is not failed after the fact by what the watch saw as
+            // it ended; nor is a failed one ended because it was told to (Ctrl-C,
+            // SIGTERM, which also cut short the requests) looked at for a silent node.
+            let death = (!st.success())
+                .then(|| watch.verdict())
+                .flatten()
                 .or_else(|| {
                     (!st.success() && !crate::interrupt::raised())
                         .then(|| watch.silent_now())

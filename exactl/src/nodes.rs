@@ -269,6 +269,10 @@ fn local(rack: &Rack, op: NodeOp, node: &str) -> Result<String> {
             .count;
             let child = process::spawn_daemon(&binary, &layout, &dir, node, restarts)?;
             if !ip {
+                // A rack whose daemons are restarted needs its supervisor for that.
+                if let Err(e) = crate::supervisor::ensure_running(rack) {
+                    eprintln!("exactl: warning: {e}");
+                }
                 return Ok(format!(
                     "restarted ({stopped}; new daemon pid {})",
                     child.id()

@@ -818,6 +818,14 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
         Err(e) => (None, Some(CliError::from(e))),
     };
 
+    // The supervisor before anything else, even before the daemons to stop are looked
+    // for: it would start again the IP services stopped below, and a daemon it revived
+    // meanwhile would be missed.
+    match crate::supervisor::stop(&layout, timeout) {
+        Ok(Some(pid)) => eprintln!("exactl: stopped the rack's supervisor (pid {pid})"),
+        Ok(None) => {}
+        Err(e) => eprintln!("exactl: warning: {e}"),
+    }
     // The daemons to stop: those with a pid file, and any other of the rack's nodes that
     // answers on its control socket.
     let mut targets: Vec<process::Daemon> = Vec::new();
@@ -858,13 +866,6 @@ pub fn down(dir: &Path, timeout: Duration) -> Result<()> {
                 Err(_) => {}
             }
         }
-    }
-    // The supervisor before anything else: it would start again the IP services stopped
-    // below.
-    match crate::supervisor::stop(&layout, timeout) {
-        Ok(Some(pid)) => eprintln!("exactl: stopped the rack's supervisor (pid {pid})"),
-        Ok(None) => {}
-        Err(e) => eprintln!("exactl: warning: {e}"),
     }
     // The rack's Prometheus (`exactl rack prometheus`) and the IP services first: one
     // scrapes the daemons, the others are their workloads.
