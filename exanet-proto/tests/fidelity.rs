@@ -242,7 +242,13 @@ fn the_report_figures_reproduced_calibrated_or_missed_as_known() {
     // new calibration, whose band must be fitted again.
     let d = ModelParams::default();
     assert_eq!(
-        (d.cpu_ni_ns, d.mem_write_ns, d.qfdb_link_ns, d.torus_link_ns, d.router_ns),
+        (
+            d.cpu_ni_ns,
+            d.mem_write_ns,
+            d.qfdb_link_ns,
+            d.torus_link_ns,
+            d.router_ns
+        ),
         (125.0, 50.0, 120.0, 120.0, 145.0)
     );
     let rows = run(Model::default(), true);
@@ -405,9 +411,7 @@ const ALLREDUCE: &[(Figure, &str, u32, usize)] = &[
             row: "allreduce 256 B, 128 ranks, accelerator",
             report: 9.61,
             source: "report §6.1.5",
-            check: Check::Reproduced {
-                band: (9.10, 9.20),
-            },
+            check: Check::Reproduced { band: (9.10, 9.20) },
         },
         "4x4x2",
         32,

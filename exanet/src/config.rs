@@ -164,7 +164,7 @@ fn memory_channel_factor(text: Option<String>, sharers: u32) -> Result<Option<u6
         return Ok(None);
     }
     Ok(Some(
-        ((1.0 + c * f64::from(sharers - 1)) * 1e6).round() as u64,
+        ((1.0 + c * f64::from(sharers - 1)) * 1e6).round() as u64
     ))
 }
 
