@@ -66,10 +66,12 @@
 //! torus_link_ns = 120.0
 //! router_ns = 145.0             # a QFDB router traversal (a torus port involved), ns
 //! switch_ns = 13.333            # any other switch traversal (2 cycles at 150 MHz), ns
+//! torus_control_bytes = 80      # control data the routing logic between QFDBs sends
+//!                               #   after each cell on a torus link (report §6.1.2)
 //! ni_gbps = 19.2                # the NI's datapath (128 bit x 150 MHz)
 //! input_buffer = 4096           # bytes per link input and VC
 //! cpu_ni_ns = 125.0             # a CPU <-> NI request
-//! mem_write_ns = 100.0          # the NI writing what arrived to memory
+//! mem_write_ns = 50.0           # the NI writing what arrived to memory
 //! ack_ns = 13.333               # generating a block ACK/NACK
 //! retransmit_ns = 100000.0      # the NI's retransmission timer, modeled
 //! software_ns = 0.0             # software cost per send/receive call
@@ -367,6 +369,8 @@ pub struct ModelSettings {
     pub router_ns: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switch_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torus_control_bytes: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ni_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -424,6 +428,7 @@ impl ModelSettings {
             torus_link_ns: self.torus_link_ns.unwrap_or(d.torus_link_ns),
             router_ns: self.router_ns.unwrap_or(d.router_ns),
             switch_ns: self.switch_ns.unwrap_or(d.switch_ns),
+            torus_control_bytes: self.torus_control_bytes.unwrap_or(d.torus_control_bytes),
             ni_gbps: self.ni_gbps.unwrap_or(d.ni_gbps),
             input_buffer: self.input_buffer.unwrap_or(d.input_buffer),
             cpu_ni_ns: self.cpu_ni_ns.unwrap_or(d.cpu_ni_ns),
@@ -1330,7 +1335,7 @@ mod tests {
     fn model_settings_reach_the_switch_and_keep_defaults_elsewhere() {
         let r = load_with(
             "[model]\ntorus_link_gbps = 40\nrouter_ns = 200.5\ninput_buffer = 8192\n\
-             software_ns = 350.0\ncompute_scale = 0.5\n",
+             software_ns = 350.0\ncompute_scale = 0.5\ntorus_control_bytes = 96\n",
         )
         .unwrap();
         let p = r.model_params();
@@ -1344,6 +1349,7 @@ mod tests {
         assert_eq!(m.input_buffer, 8192);
         assert_eq!(m.software, 350_000);
         assert_eq!(m.compute_scale_ppm, 500_000);
+        assert_eq!(m.torus_control, 96);
         // 288 B at 40 Gb/s is 57.6 ns; the QFDB links keep 16 Gb/s (144 ns).
         assert_eq!(m.torus_rate.ps(288), 57_600);
         assert_eq!(m.qfdb_rate.ps(288), 144_000);
@@ -1377,6 +1383,10 @@ mod tests {
             ("router_ns = nan", "[model] router_ns = NaN"),
             ("input_buffer = 100", "[model] input_buffer = 100"),
             ("compute_scale = -0.5", "[model] compute_scale = -0.5"),
+            (
+                "torus_control_bytes = 5000",
+                "[model] torus_control_bytes = 5000",
+            ),
         ] {
             let e = load_with(&format!("[model]\n{setting}\n")).unwrap_err();
             assert!(

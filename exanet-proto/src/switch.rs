@@ -889,7 +889,10 @@ impl Switch {
             }
         };
         let ser = m.rate(to).ps(len);
-        let start = self.busy[to.index()].reserve((head + t).max(credit), ser);
+        // The link carries the cell and then what travels with it (its trailer); the
+        // cell's last byte is in at `end` all the same.
+        let held = ser + m.trailer_ps(to);
+        let start = self.busy[to.index()].reserve((head + t).max(credit), held);
         let end = (start + ser).max(tail + t);
         input.modeled.record(head, end, charged, true);
         input.owed_freed = input.owed_freed.max(end);
@@ -903,10 +906,10 @@ impl Switch {
             o.modeled
                 .record(cell.stamp.head, cell.stamp.tail, len as u32, false);
         }
-        // What the link was busy with: the cell's wire time (a cut-through cell whose tail
-        // comes in slower takes longer to finish, but the link was idle meanwhile, and its
-        // timeline reserved only this).
-        ser
+        // What the link was busy with: the cell's wire time and its trailer (a cut-through
+        // cell whose tail comes in slower takes longer to finish, but the link was idle
+        // meanwhile, and its timeline reserved only this).
+        held
     }
 
     /// Credit to return to an upstream neighbour, all that is owed on one (port, VC),
@@ -1000,6 +1003,7 @@ mod tests {
 
     use super::*;
     use crate::gvas::Gvas;
+    use crate::model::ModelParams;
 
     fn cell(kind: CellType, dst: NodeId, len: usize) -> Cell {
         let g = Gvas::new(crate::gvas::Pdid(1), dst, 0, 0).unwrap();
@@ -1067,6 +1071,57 @@ mod tests {
         assert!(far > ModelTime::from_ns(1_000_000_000));
         let near = send(&mut sw, ModelTime::from_ns(10));
         assert!(near < ModelTime::from_ns(1_000), "{near}");
+    }
+
+    /// On a torus link the routing logic's control data follows each cell: a lone cell
+    /// arrives as fast as without it, the next one on the link starts only after it.
+    #[test]
+    fn torus_control_data_holds_the_link_after_each_cell_without_delaying_it() {
+        let shape: Shape = "2x1x1".parse().unwrap();
+        let here = shape.parse_node("M1QAF1").unwrap();
+        let far = shape.parse_node("M1QBF1").unwrap();
+        let stamps = |control: u32| {
+            let model = ModelParams {
+                torus_control_bytes: control,
+                ..ModelParams::default()
+            }
+            .model()
+            .unwrap();
+            let cfg = SwitchConfig {
+                model,
+                ..SwitchConfig::default()
+            };
+            let mut sw = Switch::new(shape, here, cfg).unwrap();
+            let now = Instant::ZERO;
+            let torus = sw
+                .link_ports()
+                .find(|p| matches!(p, Port::Torus(..)))
+                .unwrap();
+            let from = Port::Qfdb(2);
+            for p in [from, torus] {
+                sw.link_up(p).unwrap();
+            }
+            sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], now).unwrap();
+            sw.peer_grant(torus, [DEFAULT_WINDOW; NVCS], now).unwrap();
+            let mut out = Vec::new();
+            for _ in 0..2 {
+                let mut c = cell(CellType::Write, far, 256);
+                c.stamp = Stamp::at(ModelTime::ZERO);
+                sw.receive(from, Vc::ZERO, c, now).unwrap();
+                let t = sw.poll_transmit(now).expect("the cell goes");
+                assert_eq!(t.port, torus);
+                out.push(t.cell.stamp);
+            }
+            (out, sw.port_stats(torus).modeled_busy_ps)
+        };
+        let (bare, bare_busy) = stamps(0);
+        let (with, with_busy) = stamps(80);
+        let wire = with[0].tail.since(with[0].head);
+        assert_eq!(with[0], bare[0], "a lone cell is not delayed");
+        // 80 B at 10 Gb/s: 64 ns more between the two cells, and on the link's account.
+        assert_eq!(with[1].head.since(bare[1].head), 64_000);
+        assert_eq!(with[1].tail.since(with[1].head), wire);
+        assert_eq!(with_busy - bare_busy, 2 * 64_000);
     }
 
     /// A cell on a dateline VC of the answer class from a port that has no dateline is
