@@ -41,6 +41,31 @@ struct State {
     seq: u64,
 }
 
+impl State {
+    /// Registers `wake` for `at`; true when it is now the earliest deadline (the timer
+    /// thread must shorten its sleep).
+    fn push(&mut self, at: Instant, wake: Arc<Notify>) -> bool {
+        self.seq += 1;
+        let seq = self.seq;
+        let sooner = self.next().is_none_or(|next| at < next);
+        self.heap.push(Reverse(Entry { at, seq, wake }));
+        sooner
+    }
+
+    /// The earliest deadline registered.
+    fn next(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse(e)| e.at)
+    }
+
+    /// Takes the next entry whose deadline is at or before `now`, earliest first.
+    fn pop_due(&mut self, now: Instant) -> Option<Arc<Notify>> {
+        if self.next()? > now {
+            return None;
+        }
+        self.heap.pop().map(|Reverse(e)| e.wake)
+    }
+}
+
 /// How long before a deadline the timer stops sleeping and spins. Spinning costs CPU
 /// only while some shaped link holds frames.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(80);
@@ -76,10 +101,7 @@ impl PreciseTimer {
             return;
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.seq += 1;
-        let seq = st.seq;
-        let sooner = st.heap.peek().is_none_or(|Reverse(e)| at < e.at);
-        st.heap.push(Reverse(Entry { at, seq, wake }));
+        let sooner = st.push(at, wake);
         drop(st);
         if sooner {
             self.cv.notify_one();
@@ -90,12 +112,10 @@ impl PreciseTimer {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let now = Instant::now();
-            while st.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
-                if let Some(Reverse(e)) = st.heap.pop() {
-                    e.wake.notify_one();
-                }
+            while let Some(wake) = st.pop_due(now) {
+                wake.notify_one();
             }
-            st = match st.heap.peek().map(|Reverse(e)| e.at) {
+            st = match st.next() {
                 Some(at) => {
                     let left = at.saturating_duration_since(Instant::now());
                     if left <= SPIN {
@@ -142,5 +162,40 @@ mod tests {
         let c = Arc::new(Notify::new());
         t.wake_at(t0, c.clone());
         c.notified().await;
+    }
+
+    /// The order itself, without the clock: what is due goes earliest first and nothing
+    /// later goes with it (a heap kept the wrong way round woke the 10 ms entry only
+    /// behind the 30 ms one, which the timed test above cannot tell from a slow host).
+    #[test]
+    fn due_entries_come_out_earliest_first_and_only_when_due() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let (a, b, c) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        let mut st = State::default();
+        assert!(
+            st.push(ms(30), a.clone()),
+            "the first deadline is the earliest"
+        );
+        assert!(
+            st.push(ms(10), b.clone()),
+            "an earlier one shortens the sleep"
+        );
+        assert!(!st.push(ms(20), c.clone()), "a later one does not");
+        assert_eq!(st.next(), Some(ms(10)));
+        assert!(st.pop_due(ms(9)).is_none(), "nothing is due before 10 ms");
+        let got = st.pop_due(ms(25)).expect("10 ms is due at 25 ms");
+        assert!(Arc::ptr_eq(&got, &b));
+        let got = st.pop_due(ms(25)).expect("20 ms is due at 25 ms");
+        assert!(Arc::ptr_eq(&got, &c));
+        assert!(st.pop_due(ms(25)).is_none(), "30 ms is not due at 25 ms");
+        assert_eq!(st.next(), Some(ms(30)));
+        let got = st.pop_due(ms(30)).expect("due at its deadline");
+        assert!(Arc::ptr_eq(&got, &a));
+        assert_eq!(st.next(), None);
     }
 }
