@@ -2,9 +2,10 @@
 //! neighbours over QUIC, exposes metrics and a control socket, and feeds everything it
 //! hears into the sans-IO core, carrying out what the core returns.
 //!
-//! The rack file, TLS material, quotas and the control protocol live in exanet-rack,
-//! shared with `exactl` and the client library; they are re-exported under their old
-//! names so `crate::rack` and `exanetd::rack` keep meaning what they always did.
+//! The rack file, TLS material, quotas and the control protocol live in
+//! `exanet-control`, shared with `exactl` and the client library; they are re-exported
+//! under their old names so `crate::rack` and `exanetd::rack` keep meaning what they
+//! always did.
 
 #![forbid(unsafe_code)]
 
