@@ -943,10 +943,10 @@ mod tests {
     use crate::gvas::Pdid;
     use crate::shape::NodeId;
 
-    #[test]
-    fn commands_and_completions_round_trip() {
+    /// One command of each kind, with fields at their extremes.
+    fn sample_commands() -> Vec<Command> {
         let g = Gvas::new(Pdid(3), NodeId(9), 2, 0x1234).unwrap();
-        let cmds = [
+        let mut cmds = vec![
             Command::Send {
                 tag: 7,
                 op: SendMessage {
@@ -981,7 +981,7 @@ mod tests {
                 at: ModelTime(123_456_789),
             },
         ];
-        for c in cmds.into_iter().chain([Command::Allreduce {
+        cmds.push(Command::Allreduce {
             tag: 10,
             op: AllreducePost {
                 id: 0xABCD_0001,
@@ -994,10 +994,13 @@ mod tests {
                 table_va: 0x30,
             },
             at: ModelTime(77),
-        }]) {
-            assert_eq!(Command::decode(&c.encode()), Ok(c));
-        }
-        let evs = [
+        });
+        cmds
+    }
+
+    /// One completion of each kind.
+    fn sample_completions() -> Vec<Completion> {
+        let mut evs = vec![
             Completion::Sent {
                 tag: 1,
                 vi: 2,
@@ -1036,14 +1039,56 @@ mod tests {
                 at: ModelTime(u64::MAX),
             },
         ];
-        for e in evs.into_iter().chain([Completion::Collective {
+        evs.push(Completion::Collective {
             tag: 5,
             status: status::ABORTED,
             reason: 0x11,
             at: ModelTime(9),
-        }]) {
+        });
+        evs
+    }
+
+    #[test]
+    fn commands_and_completions_round_trip() {
+        for c in sample_commands() {
+            assert_eq!(Command::decode(&c.encode()), Ok(c));
+        }
+        for e in sample_completions() {
             assert_eq!(Completion::decode(&e.encode()), Ok(e));
         }
+    }
+
+    /// crc32 of the samples' slots, as encoded by attach protocol 6.
+    const GOLDEN: u32 = 300_919_853;
+
+    /// The slots' bytes are an interface between a workload's library and its daemon:
+    /// the fields sit where the layout tables say (the tag, the clock), and every byte of
+    /// the samples is pinned by a checksum, so that a change of layout shows here and
+    /// goes with a new attach protocol version.
+    #[test]
+    fn the_slot_layout_is_the_published_one() {
+        for c in sample_commands() {
+            let b = c.encode();
+            let (tag, at) = match &c {
+                Command::Send { tag, at, .. }
+                | Command::Write { tag, at, .. }
+                | Command::Read { tag, at, .. }
+                | Command::Allreduce { tag, at, .. } => (*tag, *at),
+            };
+            assert_eq!(b[4..8], tag.to_be_bytes(), "{c:?}");
+            assert_eq!(b[48..56], at.0.to_be_bytes(), "{c:?}");
+        }
+        for e in sample_completions() {
+            assert_eq!(e.encode()[40..48], e.at().0.to_be_bytes(), "{e:?}");
+        }
+        let mut all = Vec::new();
+        for c in sample_commands() {
+            all.extend_from_slice(&c.encode());
+        }
+        for e in sample_completions() {
+            all.extend_from_slice(&e.encode());
+        }
+        assert_eq!(crc32fast::hash(&all), GOLDEN, "the slot layout changed");
     }
 
     #[test]
