@@ -522,11 +522,25 @@ const EV_MESSAGE: u8 = 0x84;
 const EV_NOTIFIED: u8 = 0x85;
 const EV_COLLECTIVE: u8 = 0x86;
 
+fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
 }
 fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
+fn put_gvas(b: &mut [u8], at: usize, g: &Gvas) {
+    b[at..at + GVAS_LEN].copy_from_slice(&g.to_bytes());
+}
+fn put_inline(b: &mut [u8], len_at: usize, at: usize, payload: &[u8]) {
+    let n = payload.len().min(INLINE);
+    put_u16(b, len_at, n as u16);
+    b[at..at + n].copy_from_slice(&payload[..n]);
+}
+fn get_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
 }
 fn get_u32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
@@ -536,6 +550,66 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
 }
 fn get_gvas(b: &[u8], at: usize) -> Gvas {
     Gvas::from_bytes(b[at..at + GVAS_LEN].try_into().expect("10 bytes"))
+}
+/// An inline payload whose length is at `len_at`, or its length when over [`INLINE`].
+fn get_inline(b: &[u8], len_at: usize, at: usize) -> Result<Vec<u8>, usize> {
+    let n = usize::from(get_u16(b, len_at));
+    if n > INLINE {
+        return Err(n);
+    }
+    Ok(b[at..at + n].to_vec())
+}
+
+/// Where each field of a command slot starts (the table on [`Command::encode`]); one
+/// name per place, so that encoder and decoder cannot disagree.
+mod cmd {
+    pub const OPCODE: usize = 0;
+    /// The send's VI, the write's or read's page; the allreduce's operation.
+    pub const UNIT: usize = 1;
+    /// The channel; the allreduce's data type.
+    pub const CHANNEL: usize = 2;
+    pub const FLAGS: usize = 3;
+    /// Bit of [`FLAGS`]: a notify VA is present (write).
+    pub const NOTIFY_PRESENT: u8 = 1;
+    pub const TAG: usize = 4;
+    /// The destination (send, write) or source (read).
+    pub const GVAS: usize = 8;
+    pub const INLINE_LEN: usize = 18;
+    /// The write's source VA, the read's destination VA, the allreduce's source.
+    pub const VA: usize = 24;
+    /// The write's or read's length; the allreduce's result VA.
+    pub const LEN: usize = 32;
+    /// The write's notify VA; the allreduce's member table VA.
+    pub const NOTIFY_VA: usize = 40;
+    pub const CLOCK: usize = 48;
+    pub const PAYLOAD: usize = 64;
+    /// The allreduce's own fields.
+    pub const COLLECTIVE_ID: usize = 8;
+    pub const VECTOR_LEN: usize = 12;
+    pub const MEMBERS: usize = 14;
+}
+
+/// Where each field of a completion slot starts (the table on [`Completion::encode`]).
+mod ev {
+    pub const KIND: usize = 0;
+    /// The VI or page.
+    pub const UNIT: usize = 1;
+    pub const CHANNEL: usize = 2;
+    pub const STATUS: usize = 3;
+    /// The tag, or the mailbox generation (message).
+    pub const TAG: usize = 4;
+    /// The NACK reason (sent, rdma, collective) or refusal code (refused).
+    pub const REASON: usize = 8;
+    pub const RDMA_FLAGS: usize = 9;
+    /// Bit of [`RDMA_FLAGS`]: the operation was a read.
+    pub const READ: u8 = 1;
+    pub const SRC_NODE: usize = 12;
+    pub const SRC_RANK: usize = 16;
+    pub const INLINE_LEN: usize = 18;
+    pub const VA: usize = 24;
+    pub const LEN: usize = 32;
+    pub const TIME: usize = 40;
+    pub const PAYLOAD: usize = 64;
 }
 
 /// Command slot layout:
@@ -561,9 +635,16 @@ fn get_gvas(b: &[u8], at: usize) -> Gvas {
 impl Command {
     pub fn encode(&self) -> [u8; SLOT] {
         let mut b = [0u8; SLOT];
+        let (tag, at) = match self {
+            Command::Send { tag, at, .. }
+            | Command::Write { tag, at, .. }
+            | Command::Read { tag, at, .. }
+            | Command::Allreduce { tag, at, .. } => (*tag, *at),
+        };
+        put_u32(&mut b, cmd::TAG, tag);
+        put_u64(&mut b, cmd::CLOCK, at.0);
         match self {
             Command::Send {
-                tag,
                 op:
                     SendMessage {
                         vi,
@@ -571,20 +652,15 @@ impl Command {
                         dst,
                         payload,
                     },
-                at,
+                ..
             } => {
-                put_u64(&mut b, 48, at.0);
-                let n = payload.len().min(INLINE);
-                b[0] = OP_SEND;
-                b[1] = *vi;
-                b[2] = *ch;
-                put_u32(&mut b, 4, *tag);
-                b[8..18].copy_from_slice(&dst.to_bytes());
-                b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
-                b[64..64 + n].copy_from_slice(&payload[..n]);
+                b[cmd::OPCODE] = OP_SEND;
+                b[cmd::UNIT] = *vi;
+                b[cmd::CHANNEL] = *ch;
+                put_gvas(&mut b, cmd::GVAS, dst);
+                put_inline(&mut b, cmd::INLINE_LEN, cmd::PAYLOAD, payload);
             }
             Command::Write {
-                tag,
                 op:
                     RdmaWrite {
                         page,
@@ -594,21 +670,20 @@ impl Command {
                         len,
                         notify,
                     },
-                at,
+                ..
             } => {
-                put_u64(&mut b, 48, at.0);
-                b[0] = OP_WRITE;
-                b[1] = *page;
-                b[2] = *ch;
-                b[3] = u8::from(notify.is_some());
-                put_u32(&mut b, 4, *tag);
-                b[8..18].copy_from_slice(&dst.to_bytes());
-                put_u64(&mut b, 24, *src_va);
-                put_u64(&mut b, 32, *len);
-                put_u64(&mut b, 40, notify.unwrap_or(0));
+                b[cmd::OPCODE] = OP_WRITE;
+                b[cmd::UNIT] = *page;
+                b[cmd::CHANNEL] = *ch;
+                if notify.is_some() {
+                    b[cmd::FLAGS] |= cmd::NOTIFY_PRESENT;
+                }
+                put_gvas(&mut b, cmd::GVAS, dst);
+                put_u64(&mut b, cmd::VA, *src_va);
+                put_u64(&mut b, cmd::LEN, *len);
+                put_u64(&mut b, cmd::NOTIFY_VA, notify.unwrap_or(0));
             }
             Command::Read {
-                tag,
                 op:
                     RdmaRead {
                         page,
@@ -617,29 +692,25 @@ impl Command {
                         dst_va,
                         len,
                     },
-                at,
+                ..
             } => {
-                put_u64(&mut b, 48, at.0);
-                b[0] = OP_READ;
-                b[1] = *page;
-                b[2] = *ch;
-                put_u32(&mut b, 4, *tag);
-                b[8..18].copy_from_slice(&src.to_bytes());
-                put_u64(&mut b, 24, *dst_va);
-                put_u64(&mut b, 32, *len);
+                b[cmd::OPCODE] = OP_READ;
+                b[cmd::UNIT] = *page;
+                b[cmd::CHANNEL] = *ch;
+                put_gvas(&mut b, cmd::GVAS, src);
+                put_u64(&mut b, cmd::VA, *dst_va);
+                put_u64(&mut b, cmd::LEN, *len);
             }
-            Command::Allreduce { tag, op, at } => {
-                b[0] = OP_ALLREDUCE;
-                b[1] = op.op as u8;
-                b[2] = op.ty as u8;
-                put_u32(&mut b, 4, *tag);
-                put_u32(&mut b, 8, op.id);
-                b[12..14].copy_from_slice(&op.len.to_be_bytes());
-                b[14..16].copy_from_slice(&op.count.to_be_bytes());
-                put_u64(&mut b, 24, op.src_va);
-                put_u64(&mut b, 32, op.dst_va);
-                put_u64(&mut b, 40, op.table_va);
-                put_u64(&mut b, 48, at.0);
+            Command::Allreduce { op, .. } => {
+                b[cmd::OPCODE] = OP_ALLREDUCE;
+                b[cmd::UNIT] = op.op as u8;
+                b[cmd::CHANNEL] = op.ty as u8;
+                put_u32(&mut b, cmd::COLLECTIVE_ID, op.id);
+                put_u16(&mut b, cmd::VECTOR_LEN, op.len);
+                put_u16(&mut b, cmd::MEMBERS, op.count);
+                put_u64(&mut b, cmd::VA, op.src_va);
+                put_u64(&mut b, cmd::LEN, op.dst_va);
+                put_u64(&mut b, cmd::NOTIFY_VA, op.table_va);
             }
         }
         b
@@ -650,74 +721,71 @@ impl Command {
         if b.len() != SLOT {
             return Err((0, SlotError::Size(b.len())));
         }
-        let tag = get_u32(b, 4);
-        let at = ModelTime(get_u64(b, 48));
-        match b[0] {
-            OP_SEND => {
-                let n = u16::from_be_bytes([b[18], b[19]]) as usize;
-                if n > INLINE {
-                    return Err((tag, SlotError::Inline(n)));
-                }
-                Ok(Command::Send {
-                    tag,
-                    op: SendMessage {
-                        vi: b[1],
-                        ch: b[2],
-                        dst: get_gvas(b, 8),
-                        payload: b[64..64 + n].to_vec(),
-                    },
-                    at,
-                })
-            }
+        let tag = get_u32(b, cmd::TAG);
+        let at = ModelTime(get_u64(b, cmd::CLOCK));
+        let (unit, ch) = (b[cmd::UNIT], b[cmd::CHANNEL]);
+        match b[cmd::OPCODE] {
+            OP_SEND => Ok(Command::Send {
+                tag,
+                op: SendMessage {
+                    vi: unit,
+                    ch,
+                    dst: get_gvas(b, cmd::GVAS),
+                    payload: get_inline(b, cmd::INLINE_LEN, cmd::PAYLOAD)
+                        .map_err(|n| (tag, SlotError::Inline(n)))?,
+                },
+                at,
+            }),
             OP_WRITE => Ok(Command::Write {
                 tag,
                 op: RdmaWrite {
-                    page: b[1],
-                    ch: b[2],
-                    src_va: get_u64(b, 24),
-                    dst: get_gvas(b, 8),
-                    len: get_u64(b, 32),
-                    notify: (b[3] & 1 != 0).then(|| get_u64(b, 40)),
+                    page: unit,
+                    ch,
+                    src_va: get_u64(b, cmd::VA),
+                    dst: get_gvas(b, cmd::GVAS),
+                    len: get_u64(b, cmd::LEN),
+                    notify: (b[cmd::FLAGS] & cmd::NOTIFY_PRESENT != 0)
+                        .then(|| get_u64(b, cmd::NOTIFY_VA)),
                 },
                 at,
             }),
             OP_READ => Ok(Command::Read {
                 tag,
                 op: RdmaRead {
-                    page: b[1],
-                    ch: b[2],
-                    src: get_gvas(b, 8),
-                    dst_va: get_u64(b, 24),
-                    len: get_u64(b, 32),
+                    page: unit,
+                    ch,
+                    src: get_gvas(b, cmd::GVAS),
+                    dst_va: get_u64(b, cmd::VA),
+                    len: get_u64(b, cmd::LEN),
                 },
                 at,
             }),
             OP_ALLREDUCE => {
-                let op = ReduceOp::from_u8(b[1]).ok_or((
+                let op = ReduceOp::from_u8(unit).ok_or((
                     tag,
                     SlotError::Field {
                         what: "reduce operation",
-                        value: b[1],
+                        value: unit,
                     },
                 ))?;
-                let ty = DataType::from_u8(b[2]).ok_or((
+                let ty = DataType::from_u8(ch).ok_or((
                     tag,
                     SlotError::Field {
                         what: "data type",
-                        value: b[2],
+                        value: ch,
                     },
                 ))?;
                 Ok(Command::Allreduce {
                     tag,
                     op: AllreducePost {
-                        id: get_u32(b, 8),
+                        id: get_u32(b, cmd::COLLECTIVE_ID),
                         op,
                         ty,
-                        len: u16::from_be_bytes([b[12], b[13]]),
-                        count: u16::from_be_bytes([b[14], b[15]]),
-                        src_va: get_u64(b, 24),
-                        dst_va: get_u64(b, 32),
-                        table_va: get_u64(b, 40),
+                        len: get_u16(b, cmd::VECTOR_LEN),
+                        count: get_u16(b, cmd::MEMBERS),
+                        src_va: get_u64(b, cmd::VA),
+                        dst_va: get_u64(b, cmd::LEN),
+                        table_va: get_u64(b, cmd::NOTIFY_VA),
                     },
                     at,
                 })
@@ -731,12 +799,12 @@ impl Command {
 ///
 /// | bytes | field |
 /// |---|---|
-/// | 0 | kind: 0x81 sent, 0x82 rdma, 0x83 refused, 0x84 message, 0x85 notified |
+/// | 0 | kind: 0x81 sent, 0x82 rdma, 0x83 refused, 0x84 message, 0x85 notified, 0x86 collective |
 /// | 1 | vi / page |
 /// | 2 | channel |
 /// | 3 | status ([`status`]) |
-/// | 4..8 | tag (sent, rdma, refused) or mailbox generation (message) |
-/// | 8 | NACK reason (sent, rdma) or refusal code (refused) |
+/// | 4..8 | tag (sent, rdma, refused, collective) or mailbox generation (message) |
+/// | 8 | NACK reason (sent, rdma, collective) or refusal code (refused) |
 /// | 9 | bit 0: read (rdma) |
 /// | 12..16 | source node (message, notified) |
 /// | 16 | source rank (message) |
@@ -748,7 +816,7 @@ impl Command {
 impl Completion {
     pub fn encode(&self) -> [u8; SLOT] {
         let mut b = [0u8; SLOT];
-        put_u64(&mut b, 40, self.at().0);
+        put_u64(&mut b, ev::TIME, self.at().0);
         match self {
             Completion::Sent {
                 tag,
@@ -758,12 +826,12 @@ impl Completion {
                 reason,
                 ..
             } => {
-                b[0] = EV_SENT;
-                b[1] = *vi;
-                b[2] = *ch;
-                b[3] = *status;
-                put_u32(&mut b, 4, *tag);
-                b[8] = *reason;
+                b[ev::KIND] = EV_SENT;
+                b[ev::UNIT] = *vi;
+                b[ev::CHANNEL] = *ch;
+                b[ev::STATUS] = *status;
+                put_u32(&mut b, ev::TAG, *tag);
+                b[ev::REASON] = *reason;
             }
             Completion::Rdma {
                 tag,
@@ -774,21 +842,23 @@ impl Completion {
                 reason,
                 ..
             } => {
-                b[0] = EV_RDMA;
-                b[1] = *page;
-                b[2] = *ch;
-                b[3] = *status;
-                put_u32(&mut b, 4, *tag);
-                b[8] = *reason;
-                b[9] = u8::from(*read);
+                b[ev::KIND] = EV_RDMA;
+                b[ev::UNIT] = *page;
+                b[ev::CHANNEL] = *ch;
+                b[ev::STATUS] = *status;
+                put_u32(&mut b, ev::TAG, *tag);
+                b[ev::REASON] = *reason;
+                if *read {
+                    b[ev::RDMA_FLAGS] |= ev::READ;
+                }
             }
             Completion::Refused {
                 tag, status, code, ..
             } => {
-                b[0] = EV_REFUSED;
-                b[3] = *status;
-                put_u32(&mut b, 4, *tag);
-                b[8] = *code;
+                b[ev::KIND] = EV_REFUSED;
+                b[ev::STATUS] = *status;
+                put_u32(&mut b, ev::TAG, *tag);
+                b[ev::REASON] = *code;
             }
             Completion::Message {
                 vi,
@@ -798,14 +868,12 @@ impl Completion {
                 payload,
                 ..
             } => {
-                let n = payload.len().min(INLINE);
-                b[0] = EV_MESSAGE;
-                b[1] = *vi;
-                put_u32(&mut b, 4, *generation);
-                put_u32(&mut b, 12, *src_node);
-                b[16] = *src_rank;
-                b[18..20].copy_from_slice(&(n as u16).to_be_bytes());
-                b[64..64 + n].copy_from_slice(&payload[..n]);
+                b[ev::KIND] = EV_MESSAGE;
+                b[ev::UNIT] = *vi;
+                put_u32(&mut b, ev::TAG, *generation);
+                put_u32(&mut b, ev::SRC_NODE, *src_node);
+                b[ev::SRC_RANK] = *src_rank;
+                put_inline(&mut b, ev::INLINE_LEN, ev::PAYLOAD, payload);
             }
             Completion::Collective {
                 tag,
@@ -813,18 +881,18 @@ impl Completion {
                 reason,
                 ..
             } => {
-                b[0] = EV_COLLECTIVE;
-                b[3] = *status;
-                put_u32(&mut b, 4, *tag);
-                b[8] = *reason;
+                b[ev::KIND] = EV_COLLECTIVE;
+                b[ev::STATUS] = *status;
+                put_u32(&mut b, ev::TAG, *tag);
+                b[ev::REASON] = *reason;
             }
             Completion::Notified {
                 va, src_node, len, ..
             } => {
-                b[0] = EV_NOTIFIED;
-                put_u32(&mut b, 12, *src_node);
-                put_u64(&mut b, 24, *va);
-                put_u64(&mut b, 32, *len);
+                b[ev::KIND] = EV_NOTIFIED;
+                put_u32(&mut b, ev::SRC_NODE, *src_node);
+                put_u64(&mut b, ev::VA, *va);
+                put_u64(&mut b, ev::LEN, *len);
             }
         }
         b
@@ -834,55 +902,50 @@ impl Completion {
         if b.len() != SLOT {
             return Err(SlotError::Size(b.len()));
         }
-        let at = ModelTime(get_u64(b, 40));
-        Ok(match b[0] {
+        let at = ModelTime(get_u64(b, ev::TIME));
+        let tag = get_u32(b, ev::TAG);
+        Ok(match b[ev::KIND] {
             EV_SENT => Completion::Sent {
-                tag: get_u32(b, 4),
-                vi: b[1],
-                ch: b[2],
-                status: b[3],
-                reason: b[8],
+                tag,
+                vi: b[ev::UNIT],
+                ch: b[ev::CHANNEL],
+                status: b[ev::STATUS],
+                reason: b[ev::REASON],
                 at,
             },
             EV_RDMA => Completion::Rdma {
-                tag: get_u32(b, 4),
-                page: b[1],
-                ch: b[2],
-                read: b[9] & 1 != 0,
-                status: b[3],
-                reason: b[8],
+                tag,
+                page: b[ev::UNIT],
+                ch: b[ev::CHANNEL],
+                read: b[ev::RDMA_FLAGS] & ev::READ != 0,
+                status: b[ev::STATUS],
+                reason: b[ev::REASON],
                 at,
             },
             EV_REFUSED => Completion::Refused {
-                tag: get_u32(b, 4),
-                status: b[3],
-                code: b[8],
+                tag,
+                status: b[ev::STATUS],
+                code: b[ev::REASON],
                 at,
             },
-            EV_MESSAGE => {
-                let n = u16::from_be_bytes([b[18], b[19]]) as usize;
-                if n > INLINE {
-                    return Err(SlotError::Inline(n));
-                }
-                Completion::Message {
-                    vi: b[1],
-                    generation: get_u32(b, 4),
-                    src_node: get_u32(b, 12),
-                    src_rank: b[16],
-                    payload: b[64..64 + n].to_vec(),
-                    at,
-                }
-            }
+            EV_MESSAGE => Completion::Message {
+                vi: b[ev::UNIT],
+                generation: tag,
+                src_node: get_u32(b, ev::SRC_NODE),
+                src_rank: b[ev::SRC_RANK],
+                payload: get_inline(b, ev::INLINE_LEN, ev::PAYLOAD).map_err(SlotError::Inline)?,
+                at,
+            },
             EV_COLLECTIVE => Completion::Collective {
-                tag: get_u32(b, 4),
-                status: b[3],
-                reason: b[8],
+                tag,
+                status: b[ev::STATUS],
+                reason: b[ev::REASON],
                 at,
             },
             EV_NOTIFIED => Completion::Notified {
-                src_node: get_u32(b, 12),
-                va: get_u64(b, 24),
-                len: get_u64(b, 32),
+                src_node: get_u32(b, ev::SRC_NODE),
+                va: get_u64(b, ev::VA),
+                len: get_u64(b, ev::LEN),
                 at,
             },
             k => return Err(SlotError::Opcode(k)),
