@@ -45,7 +45,11 @@ pub const OUTLOOK_INTERVALS: usize = 64;
 /// the first gap of the output's timeline, and the link's latency.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outlook {
+    /// A traversal toward this port of a cell from the NI or a link inside the QFDB.
     pub traversal_ps: u64,
+    /// A traversal toward this port of a cell that came in on a torus port (through the
+    /// QFDB's router).
+    pub from_torus_ps: u64,
     /// The shortest cell's time on the output.
     pub shortest_ps: u64,
     pub latency_ps: u64,
@@ -53,12 +57,17 @@ pub struct Outlook {
 }
 
 impl Outlook {
-    /// The earliest a cell ready at `ready` or later reaches the far end.
-    pub fn arrival(&self, ready: ModelTime) -> ModelTime {
+    /// The earliest a cell ready at `ready` or later reaches the far end; `from` is the
+    /// port it came in on, when known (a cell from a torus port crosses the router).
+    pub fn arrival(&self, from: Option<Port>, ready: ModelTime) -> ModelTime {
+        let traversal = match from {
+            Some(Port::Torus(..)) => self.traversal_ps.max(self.from_torus_ps),
+            _ => self.traversal_ps,
+        };
         arrival(
             &self.busy,
             ready,
-            self.traversal_ps,
+            traversal,
             self.shortest_ps,
             self.latency_ps,
         )
@@ -128,8 +137,9 @@ pub(crate) trait CutView {
     fn relays(&self, node: NodeId) -> bool;
     /// The earliest key of a cell the node holds for `port`.
     fn toward(&self, node: NodeId, port: Port) -> ModelTime;
-    /// The earliest a cell ready at the node at `ready` reaches the far end of `port`.
-    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime;
+    /// The earliest a cell ready at the node at `ready` reaches the far end of `port`,
+    /// having come in on `from` when that is known (else the shortest traversal).
+    fn arrival(&self, node: NodeId, port: Port, from: Option<Port>, ready: ModelTime) -> ModelTime;
     /// The earliest head of the cells on the link coming in on `port`.
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime;
     /// The earliest key of a cell the node holds that came in on `port` and goes to its NI.
@@ -159,7 +169,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
             let held = view.toward(up, up_port).min(view.ni(up, up_port));
             h[at(node, port)] = view
                 .on_link(node, port)
-                .min(view.arrival(up, up_port, held));
+                .min(view.arrival(up, up_port, None, held));
         }
     }
     // The NI answers what reaches it toward where it came from (a relaying NI may send
@@ -186,7 +196,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
                 }
                 if let Some((peer, peer_port)) = neighbour(shape, node, q) {
                     let slot = &mut h[at(peer, peer_port)];
-                    *slot = (*slot).min(view.arrival(node, q, t));
+                    *slot = (*slot).min(view.arrival(node, q, Some(Port::Local), t));
                 }
             }
         }
@@ -213,7 +223,11 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
             let Some((peer, peer_port)) = neighbour(shape, node, q) else {
                 continue;
             };
-            let t = view.arrival(node, q, t);
+            // The exact traversal from the input the bound came in on: with the shortest
+            // one, a bound through a router fell 132 ns short at every torus hop, and a
+            // cell that had come that way waited for the next cut.
+            let from = Port::from_index(p).expect("a port index");
+            let t = view.arrival(node, q, Some(from), t);
             let slot = &mut h[at(peer, peer_port)];
             if t < *slot {
                 *slot = t;
@@ -435,10 +449,10 @@ impl CutView for Parts<'_> {
         self.port(node, port).map_or(ModelTime::NEVER, |p| p.toward)
     }
 
-    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime {
+    fn arrival(&self, node: NodeId, port: Port, from: Option<Port>, ready: ModelTime) -> ModelTime {
         // A port a node did not report sends nothing.
         self.port(node, port)
-            .map_or(ModelTime::NEVER, |p| p.outlook.arrival(ready))
+            .map_or(ModelTime::NEVER, |p| p.outlook.arrival(from, ready))
     }
 
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime {

@@ -238,15 +238,27 @@ impl Order {
     /// waiting at the head of its queue or still to come, is after it. Outputs are
     /// independent: what a cell finds on its way is its output's timeline and the
     /// downstream buffer, and cells of one input keep their order.
+    ///
+    /// `arrived` is the cell's head as it came in on a link, when its key is that head
+    /// (it did not wait for buffer room): then no cell still to come on the same link, on
+    /// any of its VCs, can share its key. Cells on one link direction take disjoint spans
+    /// of the upstream output's timeline, so their heads differ; what is still to come
+    /// has a head at or after the link's horizon, and so after this one's when this one's
+    /// is at or before it. Without this, a cell whose own arrival had set its link's
+    /// horizon (the cut saw it upstream) waited on its link's lower VCs for the next
+    /// cut: answers, on the higher VCs, crossed one hop per cut.
     pub(crate) fn is_safe(
         &self,
         slot: usize,
         head: ModelTime,
+        arrived: Option<ModelTime>,
         to: Port,
         heads: &Heads,
         model: &Model,
     ) -> bool {
         let key = (head, slot);
+        let port = slot / NVCS;
+        let own_link = port != Port::Local.index() && arrived == Some(head);
         // The NI's horizon: what it may inject by itself, and what it may answer to what
         // still reaches it.
         let to_ni = self.to_ni(to, heads, model);
@@ -254,6 +266,9 @@ impl Order {
         (0..NPORTS * NVCS)
             .filter(|&s| s != slot && feeding(s))
             .all(|s| {
+                if own_link && s / NVCS == port {
+                    return key < (earliest(heads, s), s) && head <= self.horizon[port];
+                }
                 let horizon = if s / NVCS == Port::Local.index() {
                     self.ni_own[s % NVCS][to.index()].min(to_ni)
                 } else {

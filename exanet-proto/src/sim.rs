@@ -1072,11 +1072,11 @@ impl CutView for Whole<'_> {
             .earliest_toward(port)
     }
 
-    fn arrival(&self, node: NodeId, port: Port, ready: ModelTime) -> ModelTime {
+    fn arrival(&self, node: NodeId, port: Port, from: Option<Port>, ready: ModelTime) -> ModelTime {
         self.stations[node.0 as usize]
             .node()
             .switch()
-            .earliest_arrival(port, ready)
+            .earliest_arrival(port, from, ready)
     }
 
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime {

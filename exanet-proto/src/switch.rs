@@ -626,9 +626,11 @@ impl Switch {
             return Some(key);
         }
         let heads = |s: usize| self.admitted(s);
-        let to = input.q.front()?.hop.port;
+        let front = input.q.front()?;
+        let to = front.hop.port;
+        let arrived = (i / NVCS != Port::Local.index()).then_some(front.cell.stamp.head);
         self.order
-            .is_safe(i, key, to, &heads, &self.cfg.model)
+            .is_safe(i, key, arrived, to, &heads, &self.cfg.model)
             .then_some(key)
     }
 
@@ -787,14 +789,15 @@ impl Switch {
     }
 
     /// The earliest a cell whose head is at this switch at `ready` (or later) can reach
-    /// the far end of `port`'s link: after a traversal, in the first gap of the output's
-    /// timeline (everything already booked on it goes first), and the link's latency.
-    pub fn earliest_arrival(&self, port: Port, ready: ModelTime) -> ModelTime {
+    /// the far end of `port`: after a traversal (from `from`, the port it came in on,
+    /// when known; else the shortest), in the first gap of the output's timeline
+    /// (everything already booked on it goes first), and the link's latency.
+    pub fn earliest_arrival(&self, port: Port, from: Option<Port>, ready: ModelTime) -> ModelTime {
         let m = &self.cfg.model;
         crate::horizon::arrival(
             &self.busy[port.index()],
             ready,
-            m.traversal(Port::Local, port),
+            m.traversal(from.unwrap_or(Port::Local), port),
             m.rate(port).ps(crate::cell::OVERHEAD),
             m.latency(port),
         )
@@ -807,6 +810,7 @@ impl Switch {
         let m = &self.cfg.model;
         Outlook {
             traversal_ps: m.traversal(Port::Local, port),
+            from_torus_ps: m.router,
             shortest_ps: m.rate(port).ps(crate::cell::OVERHEAD),
             latency_ps: m.latency(port),
             busy: self.busy[port.index()].since(from, limit),

@@ -234,3 +234,45 @@ fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
         );
     }
 }
+
+/// A lone small write and its answer cross several hops per cut: a cut's horizons bound
+/// what can still come in on each link exactly, router traversals included, so a cell a
+/// cut saw upstream can pass every switch on its way. Before, its bound fell a router's
+/// extra short at every torus hop, and an answer waited at each switch on its own link's
+/// lower VCs: ten cuts for the three hops out and back below, eighteen over the report's
+/// path (e). Same modeled completion either way, nothing out of order.
+#[test]
+fn a_small_write_and_its_answer_cross_several_hops_per_cut() {
+    for (shape, from, to, hops, cuts, done_ps) in [
+        ("2x1x1", "M1QAF2", "M1QBF3", 3, 5, 1_605_665),
+        ("4x4x2", "M1QAF2", "M3QCF2", 6, 9, 3_195_665),
+    ] {
+        let s: Shape = shape.parse().unwrap();
+        let flows = [Flow {
+            from: s.parse_node(from).unwrap(),
+            to: s.parse_node(to).unwrap(),
+            len: 8,
+            at: ModelTime::ZERO,
+        }];
+        let cfg = BenchConfig {
+            sim: SimConfig {
+                seed: 7,
+                switch: SwitchConfig {
+                    modeled_order: true,
+                    ..SwitchConfig::default()
+                },
+                coordinator_ns: Some(20_000),
+                ..SimConfig::default()
+            },
+            ni: NiConfig::default(),
+        };
+        let r = bench::flows(s, &flows, cfg).unwrap();
+        eprintln!(
+            "{shape} {from} -> {to}: {} cuts for {hops} hops out and back",
+            r.cuts
+        );
+        assert_eq!(r.done, [ModelTime(done_ps)], "{shape}");
+        assert_eq!(r.late, 0, "{shape}");
+        assert_eq!(r.cuts, cuts, "{shape}: cuts for {hops} hops out and back");
+    }
+}

@@ -2,7 +2,7 @@
 //! sees only itself, so the link horizons come from consistent cuts of the rack
 //! (`exanet_proto::horizon`): the daemon of the rack's first node runs the
 //! [`Coordinator`], and every daemon, that one included, keeps a QUIC connection to it
-//! (ALPN `exanet-cuts/2`, the rack's certificates). A daemon begins each cut it is told
+//! (ALPN `exanet-cuts/3`, the rack's certificates). A daemon begins each cut it is told
 //! to (its station sends the markers), sends its part once complete, and applies the
 //! horizons it gets back. The coordinator starts the next cut while anything was pending
 //! in the last one, and otherwise waits for a daemon to say it has work.
