@@ -90,6 +90,42 @@ pub fn provider_lib() -> Option<PathBuf> {
     .map(|(_, p)| p)
 }
 
+/// `EXANET_REQUIRE_*` of the tests that load the provider into libfabric.
+pub const REQUIRE_LIBFABRIC: &str = "EXANET_REQUIRE_LIBFABRIC";
+
+/// A directory under `tmp` holding this build's provider under the name libfabric loads
+/// from `FI_PROVIDER_PATH` (`lib<name>-fi.so`), or `None` (`test` skipped, unless
+/// [`REQUIRE_LIBFABRIC`] is set) without libfabric's `fi_info` and headers.
+pub fn provider_dir(tmp: &Path, test: &str) -> Option<PathBuf> {
+    if !runs("fi_info", "--version") || !Path::new("/usr/include/rdma/fabric.h").exists() {
+        skip_unless_required(
+            REQUIRE_LIBFABRIC,
+            test,
+            "no fi_info or libfabric headers (Debian: apt-get install libfabric-bin libfabric-dev)",
+        );
+        return None;
+    }
+    let lib = provider_lib().unwrap_or_else(|| {
+        panic!(
+            "libexanet_fi.so is not built in {} (nor in its deps/): run `cargo test --workspace`",
+            bin_dir().unwrap().display()
+        )
+    });
+    let dir = tmp.join("fi");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&lib, dir.join("libexanet-fi.so")).unwrap();
+    Some(dir)
+}
+
+/// [`compile_c`] for a libfabric program (`$CC`, else gcc; warnings are errors), with
+/// `libs` after libfabric.
+pub fn compile_fabric_c(dir: &Path, name: &str, src: &str, libs: &[&str]) -> PathBuf {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
+    let mut flags = vec!["-std=gnu11", "-O1", "-Wall", "-Werror", "-lfabric"];
+    flags.extend_from_slice(libs);
+    compile_c(&cc, dir, name, src, &flags)
+}
+
 /// Finds `exactl` and `exanetd`, or says how to build them.
 pub fn find_bins() -> Result<Bins, String> {
     let dir = bin_dir()?;

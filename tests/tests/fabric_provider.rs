@@ -15,34 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use exanet_tests::{
-    bin_dir, compile_c, provider_lib, run_with_timeout, runs, skip_unless_required, Run, TestRack,
-};
+use exanet_tests::{compile_fabric_c, run_with_timeout, Run, TestRack};
 
-const REQUIRE: &str = "EXANET_REQUIRE_LIBFABRIC";
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// A directory holding the provider under the name libfabric loads (`lib<name>-fi.so`),
-/// or `None` (skipped) without libfabric's tools.
 fn provider_dir(tmp: &Path) -> Option<PathBuf> {
-    if !runs("fi_info", "--version") || !Path::new("/usr/include/rdma/fabric.h").exists() {
-        skip_unless_required(
-            REQUIRE,
-            "the libfabric provider test",
-            "no fi_info or libfabric headers (Debian: apt-get install libfabric-bin libfabric-dev)",
-        );
-        return None;
-    }
-    let lib = provider_lib().unwrap_or_else(|| {
-        panic!(
-            "libexanet_fi.so is not built in {} (nor in its deps/): run `cargo test --workspace`",
-            bin_dir().unwrap().display()
-        )
-    });
-    let dir = tmp.join("fi");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::symlink(&lib, dir.join("libexanet-fi.so")).unwrap();
-    Some(dir)
+    exanet_tests::provider_dir(tmp, "the libfabric provider test")
 }
 
 fn with_env(mut c: Command, prov: &Path, rack: &Path, node: &str) -> Command {
@@ -302,14 +280,7 @@ int main(void) {
 
 /// Compiles a program written to libfabric, linked with Debian's libfabric.
 fn compile(tmp: &Path, name: &str, src: &str) -> PathBuf {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
-    compile_c(
-        &cc,
-        tmp,
-        name,
-        src,
-        &["-std=gnu11", "-O1", "-Wall", "-Werror", "-lfabric"],
-    )
+    compile_fabric_c(tmp, name, src, &[])
 }
 
 #[test]
