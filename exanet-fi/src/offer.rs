@@ -41,9 +41,8 @@ const SECONDARY: u64 = FI_SOURCE | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_MULTI_REC
 /// Tags are 64 bits, every bit matched or ignored as the application says.
 pub const MEM_TAG_FORMAT: u64 = 0xAAAA_AAAA_AAAA_AAAA;
 
-/// The largest message: what one rendezvous moves (the NI's largest RDMA transfer is far
-/// beyond what a message needs).
-pub const MAX_MSG_SIZE: usize = 1 << 30;
+/// The largest message the protocol moves ([`crate::msg::MAX_MSG_SIZE`]).
+pub use crate::msg::MAX_MSG_SIZE;
 
 /// What `fi_inject` takes: one packetizer message's payload less the provider's header.
 pub const INJECT_SIZE: usize = 48;

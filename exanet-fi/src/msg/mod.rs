@@ -65,8 +65,11 @@ pub const DEFAULT_MAX_UNEXPECTED: usize = 4096;
 const HELD_MAX: usize = 64;
 /// One-sided requests one endpoint serves at once, from all its peers.
 pub const RMA_SERVED_MAX: usize = 64;
+/// The largest message: what one rendezvous moves (the NI's largest RDMA transfer is far
+/// beyond what a message needs). The protocol's, which the provider's offer states.
+pub const MAX_MSG_SIZE: usize = 1 << 30;
 /// The longest one-sided operation: the largest message.
-pub const RMA_MAX: u64 = crate::offer::MAX_MSG_SIZE as u64;
+pub const RMA_MAX: u64 = MAX_MSG_SIZE as u64;
 /// How long a destination may have no endpoint at the address before a message for it
 /// fails: long enough for a peer to open its endpoint after learning ours (a job's ranks
 /// start seconds apart on a loaded host), short enough that nothing waits for ever on a
