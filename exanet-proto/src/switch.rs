@@ -1014,15 +1014,13 @@ mod tests {
         Cell::new(g, kind, NodeId(1), Bytes::from(vec![7u8; len])).unwrap()
     }
 
-    /// An ACK that comes in behind data on the same link, bound for the same output,
-    /// leaves first, and leaves even while the data has no credit to go on.
-    #[test]
-    fn answers_pass_data_queued_ahead_of_them() {
+    /// M1QAF1's switch in a 2x1x1 rack with its link from M1QAF2 (granted) and its torus
+    /// link up: the switch, that input, the torus port, and the node beyond it.
+    fn f1_of_2x1x1(cfg: SwitchConfig) -> (Switch, Port, Port, NodeId) {
         let shape: Shape = "2x1x1".parse().unwrap();
         let here = shape.parse_node("M1QAF1").unwrap();
         let far = shape.parse_node("M1QBF1").unwrap();
-        let mut sw = Switch::new(shape, here, SwitchConfig::default()).unwrap();
-        let now = Instant::ZERO;
+        let mut sw = Switch::new(shape, here, cfg).unwrap();
         let torus = sw
             .link_ports()
             .find(|p| matches!(p, Port::Torus(..)))
@@ -1031,7 +1029,17 @@ mod tests {
         for p in [from, torus] {
             sw.link_up(p).unwrap();
         }
-        sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], now).unwrap();
+        sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], Instant::ZERO)
+            .unwrap();
+        (sw, from, torus, far)
+    }
+
+    /// An ACK that comes in behind data on the same link, bound for the same output,
+    /// leaves first, and leaves even while the data has no credit to go on.
+    #[test]
+    fn answers_pass_data_queued_ahead_of_them() {
+        let (mut sw, from, torus, far) = f1_of_2x1x1(SwitchConfig::default());
+        let now = Instant::ZERO;
         // The far end has room for answers only: the data stalls.
         sw.peer_grant(torus, [0, 0, DEFAULT_WINDOW, DEFAULT_WINDOW], now)
             .unwrap();
@@ -1081,9 +1089,6 @@ mod tests {
     /// arrives as fast as without it, the next one on the link starts only after it.
     #[test]
     fn torus_control_data_holds_the_link_after_each_cell_without_delaying_it() {
-        let shape: Shape = "2x1x1".parse().unwrap();
-        let here = shape.parse_node("M1QAF1").unwrap();
-        let far = shape.parse_node("M1QBF1").unwrap();
         let stamps = |control: u32| {
             let model = ModelParams {
                 torus_control_bytes: control,
@@ -1091,21 +1096,11 @@ mod tests {
             }
             .model()
             .unwrap();
-            let cfg = SwitchConfig {
+            let (mut sw, from, torus, far) = f1_of_2x1x1(SwitchConfig {
                 model,
                 ..SwitchConfig::default()
-            };
-            let mut sw = Switch::new(shape, here, cfg).unwrap();
+            });
             let now = Instant::ZERO;
-            let torus = sw
-                .link_ports()
-                .find(|p| matches!(p, Port::Torus(..)))
-                .unwrap();
-            let from = Port::Qfdb(2);
-            for p in [from, torus] {
-                sw.link_up(p).unwrap();
-            }
-            sw.peer_grant(from, [DEFAULT_WINDOW; NVCS], now).unwrap();
             sw.peer_grant(torus, [DEFAULT_WINDOW; NVCS], now).unwrap();
             let mut out = Vec::new();
             for _ in 0..2 {
