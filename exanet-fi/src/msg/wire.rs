@@ -394,9 +394,9 @@ fn rma_head(b: &mut [u8], kind: u8, vi: u8, id: u32, key: u64, addr: u64) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_kind_round_trips_within_one_packetizer_message() {
-        let packets = [
+    /// One packet of each kind and variant, with fields at their extremes.
+    fn samples() -> Vec<Packet> {
+        vec![
             Packet::Eager {
                 src_vi: 3,
                 seq: 7,
@@ -463,13 +463,54 @@ mod tests {
                 status: RmaStatus::Denied,
             },
             Packet::Probe { src_vi: 63 },
-        ];
-        for p in packets {
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_within_one_packetizer_message() {
+        for p in samples() {
             let b = p.encode().unwrap();
             assert!(b.len() <= PACKET_MAX, "{p:?}: {} B", b.len());
             assert_eq!(Packet::decode(&b).unwrap(), p);
         }
     }
+
+    /// The bytes are what providers on two nodes speak: the sender's mailbox follows the
+    /// kind in every packet, and every byte of the samples is pinned by a checksum, so
+    /// that a change of layout shows here.
+    #[test]
+    fn the_layout_is_the_published_one() {
+        let mut sums = Vec::new();
+        for p in samples() {
+            let b = p.encode().unwrap();
+            let vi = match &p {
+                Packet::Eager { src_vi, .. }
+                | Packet::Rts { src_vi, .. }
+                | Packet::Fin { src_vi, .. }
+                | Packet::RmaWrite { src_vi, .. }
+                | Packet::RmaRead { src_vi, .. }
+                | Packet::RmaDone { src_vi, .. }
+                | Packet::Probe { src_vi } => *src_vi,
+            };
+            assert_eq!(b[1], vi, "{p:?}");
+            sums.push(crc32fast::hash(&b));
+        }
+        assert_eq!(sums, GOLDEN, "the packet layout changed");
+    }
+
+    /// crc32 of each sample's packet, as the provider of 2026-12-07 encodes it.
+    const GOLDEN: [u32; 10] = [
+        1_348_818_791,
+        585_412_359,
+        3_232_013_851,
+        157_696_554,
+        2_219_786_298,
+        2_652_353_545,
+        1_477_797_439,
+        3_958_128_956,
+        628_520_396,
+        835_453_899,
+    ];
 
     #[test]
     fn the_rack_file_bounds_the_eager_limit_by_this_format() {
