@@ -51,7 +51,27 @@ const PROBE: u8 = 7;
 const STAGED: u8 = 4;
 const TAGGED: u8 = 1;
 const HAS_DATA: u8 = 2;
-const HEADER: usize = 24;
+
+/// Where each header field starts (the tables above), named once for encoder and decoder.
+mod at {
+    pub const KIND: usize = 0;
+    /// The sender's mailbox.
+    pub const VI: usize = 1;
+    pub const FLAGS: usize = 2;
+    /// Eager and inline RMA write: the payload's length; FIN and RMA done: the status.
+    pub const SMALL: usize = 3;
+    /// Eager, RTS: the sequence number; FIN, RMA: the id.
+    pub const ID: usize = 4;
+    /// Eager, RTS: the tag; RMA: the region's key.
+    pub const TAG: usize = 8;
+    /// Eager, RTS: remote CQ data; RMA: the target address.
+    pub const DATA: usize = 16;
+    /// What FIN, RMA done and probe carry: the first two words.
+    pub const SHORT: usize = 8;
+    /// The full header, after which the payload or the operation's words follow.
+    pub const HEADER: usize = 24;
+}
+use at::HEADER;
 
 /// How a rendezvous ended, as the receiver tells the sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,17 +175,32 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
 
 impl Packet {
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let mut b = vec![0u8; HEADER];
         let head = |b: &mut Vec<u8>, kind, vi, tag: &Option<u64>, cq: &Option<u64>, seq: u32| {
-            b[0] = kind;
-            b[1] = vi;
-            b[2] = if tag.is_some() { TAGGED } else { 0 } | if cq.is_some() { HAS_DATA } else { 0 };
-            b[4..8].copy_from_slice(&seq.to_be_bytes());
-            b[8..16].copy_from_slice(&tag.unwrap_or(0).to_be_bytes());
-            b[16..24].copy_from_slice(&cq.unwrap_or(0).to_be_bytes());
+            b[at::KIND] = kind;
+            b[at::VI] = vi;
+            b[at::FLAGS] =
+                if tag.is_some() { TAGGED } else { 0 } | if cq.is_some() { HAS_DATA } else { 0 };
+            put_u32(b, at::ID, seq);
+            put_u64(b, at::TAG, tag.unwrap_or(0));
+            put_u64(b, at::DATA, cq.unwrap_or(0));
+        };
+        // FIN, RMA done and probe: kind, mailbox, status and id, no more.
+        let short = |b: &mut Vec<u8>, kind, vi, status: u8, id: u32| {
+            b.truncate(at::SHORT);
+            b[at::KIND] = kind;
+            b[at::VI] = vi;
+            b[at::SMALL] = status;
+            put_u32(b, at::ID, id);
         };
         match self {
             Packet::Eager {
@@ -179,7 +214,7 @@ impl Packet {
                     return Err(WireError::TooLong(payload.len()));
                 }
                 head(&mut b, EAGER, *src_vi, tag, cq_data, *seq);
-                b[3] = payload.len() as u8;
+                b[at::SMALL] = payload.len() as u8;
                 b.extend_from_slice(payload);
             }
             Packet::Rts {
@@ -196,25 +231,11 @@ impl Packet {
                 b.extend_from_slice(&len.to_be_bytes());
                 b.extend_from_slice(&va.to_be_bytes());
             }
-            Packet::Fin { src_vi, id, status } => {
-                b.truncate(8);
-                b[0] = FIN;
-                b[1] = *src_vi;
-                b[3] = *status as u8;
-                b[4..8].copy_from_slice(&id.to_be_bytes());
-            }
+            Packet::Fin { src_vi, id, status } => short(&mut b, FIN, *src_vi, *status as u8, *id),
             Packet::RmaDone { src_vi, id, status } => {
-                b.truncate(8);
-                b[0] = RMA_DONE;
-                b[1] = *src_vi;
-                b[3] = *status as u8;
-                b[4..8].copy_from_slice(&id.to_be_bytes());
+                short(&mut b, RMA_DONE, *src_vi, *status as u8, *id)
             }
-            Packet::Probe { src_vi } => {
-                b.truncate(8);
-                b[0] = PROBE;
-                b[1] = *src_vi;
-            }
+            Packet::Probe { src_vi } => short(&mut b, PROBE, *src_vi, 0, 0),
             Packet::RmaWrite {
                 src_vi,
                 id,
@@ -228,11 +249,11 @@ impl Packet {
                         if payload.len() > EAGER_MAX {
                             return Err(WireError::TooLong(payload.len()));
                         }
-                        b[3] = payload.len() as u8;
+                        b[at::SMALL] = payload.len() as u8;
                         b.extend_from_slice(payload);
                     }
                     RmaData::Staged { len, va } => {
-                        b[2] = STAGED;
+                        b[at::FLAGS] = STAGED;
                         b.extend_from_slice(&len.to_be_bytes());
                         b.extend_from_slice(&va.to_be_bytes());
                     }
@@ -256,12 +277,12 @@ impl Packet {
     }
 
     pub fn decode(b: &[u8]) -> Result<Packet, WireError> {
-        if b.len() < 8 {
+        if b.len() < at::SHORT {
             return Err(WireError::Short(b.len()));
         }
-        let (kind, src_vi, flags) = (b[0], b[1], b[2]);
+        let (kind, src_vi, flags, small) = (b[at::KIND], b[at::VI], b[at::FLAGS], b[at::SMALL]);
         if kind == FIN {
-            let status = match b[3] {
+            let status = match small {
                 0 => FinStatus::Done,
                 1 => FinStatus::Truncated,
                 2 => FinStatus::Refused,
@@ -269,12 +290,12 @@ impl Packet {
             };
             return Ok(Packet::Fin {
                 src_vi,
-                id: u32_at(b, 4),
+                id: u32_at(b, at::ID),
                 status,
             });
         }
         if kind == RMA_DONE {
-            let status = match b[3] {
+            let status = match small {
                 0 => RmaStatus::Done,
                 1 => RmaStatus::Denied,
                 2 => RmaStatus::Failed,
@@ -282,7 +303,7 @@ impl Packet {
             };
             return Ok(Packet::RmaDone {
                 src_vi,
-                id: u32_at(b, 4),
+                id: u32_at(b, at::ID),
                 status,
             });
         }
@@ -292,7 +313,7 @@ impl Packet {
         if b.len() < HEADER {
             return Err(WireError::Short(b.len()));
         }
-        let (id, key, addr) = (u32_at(b, 4), u64_at(b, 8), u64_at(b, 16));
+        let (id, key, addr) = (u32_at(b, at::ID), u64_at(b, at::TAG), u64_at(b, at::DATA));
         // A staged write and a read end with a length and a VA.
         let len_va = || {
             if b.len() != HEADER + 16 {
@@ -312,7 +333,7 @@ impl Packet {
                 });
             }
             RMA_WRITE => {
-                let n = usize::from(b[3]);
+                let n = usize::from(small);
                 if n > EAGER_MAX || b.len() != HEADER + n {
                     return Err(WireError::Length {
                         len: b.len(),
@@ -341,12 +362,12 @@ impl Packet {
             }
             _ => {}
         }
-        let seq = u32_at(b, 4);
-        let tag = (flags & TAGGED != 0).then(|| u64_at(b, 8));
-        let cq_data = (flags & HAS_DATA != 0).then(|| u64_at(b, 16));
+        let seq = u32_at(b, at::ID);
+        let tag = (flags & TAGGED != 0).then(|| u64_at(b, at::TAG));
+        let cq_data = (flags & HAS_DATA != 0).then(|| u64_at(b, at::DATA));
         match kind {
             EAGER => {
-                let n = usize::from(b[3]);
+                let n = usize::from(small);
                 if n > EAGER_MAX || b.len() != HEADER + n {
                     return Err(WireError::Length {
                         len: b.len(),
@@ -383,11 +404,11 @@ impl Packet {
 
 /// The header of a one-sided operation's request.
 fn rma_head(b: &mut [u8], kind: u8, vi: u8, id: u32, key: u64, addr: u64) {
-    b[0] = kind;
-    b[1] = vi;
-    b[4..8].copy_from_slice(&id.to_be_bytes());
-    b[8..16].copy_from_slice(&key.to_be_bytes());
-    b[16..24].copy_from_slice(&addr.to_be_bytes());
+    b[at::KIND] = kind;
+    b[at::VI] = vi;
+    put_u32(b, at::ID, id);
+    put_u64(b, at::TAG, key);
+    put_u64(b, at::DATA, addr);
 }
 
 #[cfg(test)]
