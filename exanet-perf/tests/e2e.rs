@@ -198,9 +198,10 @@ fn pingpong_and_rdma_pairs_report_json() {
             assert_eq!(num(r, "window"), 4.0);
             assert!(num(r, "gbps") > 0.0, "{r}");
             assert!(num(r, "p99_us") >= num(r, "p50_us"));
-            // One torus link on the path: never above its cell-overhead ceiling.
+            // One torus link on the path: never above its ceiling, 256 B of payload per
+            // 288 B cell and the routing logic's 80 B of control data after it.
             let g = num(r, "modeled_gbps");
-            assert!(g > 0.5 && g <= 10.0 * 256.0 / 288.0, "{r}");
+            assert!(g > 0.5 && g <= 10.0 * 256.0 / 368.0, "{r}");
             eprintln!("{r}");
         }
     }

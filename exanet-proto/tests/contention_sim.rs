@@ -219,11 +219,13 @@ fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
         retransmit_ns: 10_000_000_000,
         ..NiConfig::default()
     };
-    for (shape, pairs) in [("2x1x1", shared_link()), ("3x1x1", incast)] {
+    // The cuts each takes, as docs/modeled-time.md publishes them.
+    for (shape, pairs, cuts) in [("2x1x1", shared_link(), 8263), ("3x1x1", incast, 12449)] {
         let whole = run(shape, &pairs, 0);
         let cut = run_with(shape, &pairs, 3000, patient, Some(20_000));
         assert_eq!(cut.done, whole.done, "{shape}");
         assert_eq!(cut.late, 0, "{shape}: cells forwarded out of modeled order");
+        assert_eq!(cut.cuts, cuts, "{shape}: cuts taken");
         let modeled = cut.done.iter().max().unwrap().ps() as f64 / 1e6;
         eprintln!(
             "{shape}: {} cuts for {modeled:.3} us of modeled time ({:.0} ns per cut), \
