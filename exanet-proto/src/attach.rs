@@ -1009,7 +1009,7 @@ mod tests {
     /// One command of each kind, with fields at their extremes.
     fn sample_commands() -> Vec<Command> {
         let g = Gvas::new(Pdid(3), NodeId(9), 2, 0x1234).unwrap();
-        let mut cmds = vec![
+        vec![
             Command::Send {
                 tag: 7,
                 op: SendMessage {
@@ -1043,27 +1043,26 @@ mod tests {
                 },
                 at: ModelTime(123_456_789),
             },
-        ];
-        cmds.push(Command::Allreduce {
-            tag: 10,
-            op: AllreducePost {
-                id: 0xABCD_0001,
-                op: ReduceOp::Max,
-                ty: DataType::F64,
-                len: 256,
-                count: 1024,
-                src_va: 0x10,
-                dst_va: 0x20,
-                table_va: 0x30,
+            Command::Allreduce {
+                tag: 10,
+                op: AllreducePost {
+                    id: 0xABCD_0001,
+                    op: ReduceOp::Max,
+                    ty: DataType::F64,
+                    len: 256,
+                    count: 1024,
+                    src_va: 0x10,
+                    dst_va: 0x20,
+                    table_va: 0x30,
+                },
+                at: ModelTime(77),
             },
-            at: ModelTime(77),
-        });
-        cmds
+        ]
     }
 
     /// One completion of each kind.
     fn sample_completions() -> Vec<Completion> {
-        let mut evs = vec![
+        vec![
             Completion::Sent {
                 tag: 1,
                 vi: 2,
@@ -1101,14 +1100,13 @@ mod tests {
                 len: 4096,
                 at: ModelTime(u64::MAX),
             },
-        ];
-        evs.push(Completion::Collective {
-            tag: 5,
-            status: status::ABORTED,
-            reason: 0x11,
-            at: ModelTime(9),
-        });
-        evs
+            Completion::Collective {
+                tag: 5,
+                status: status::ABORTED,
+                reason: 0x11,
+                at: ModelTime(9),
+            },
+        ]
     }
 
     #[test]
