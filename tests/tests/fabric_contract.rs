@@ -24,11 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use exanet_tests::{compile_fabric_c, run_with_timeout, Run, TestRack};
-
-fn describe(r: &Run) -> String {
-    r.describe()
-}
+use exanet_tests::{compile_fabric_c, run_with_timeout, TestRack};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -341,11 +337,11 @@ fn getinfo_answers_hints_and_addresses_as_the_man_pages_say() {
         LIMIT,
     )
     .unwrap();
-    assert!(r.success(), "{}", describe(&r));
+    assert!(r.success(), "{}", r.describe());
     // Node 6, service 9228: rank 3, mailbox 11 (see exanet-fi/src/av.rs).
     assert!(r.stdout.contains("dest 00000006/3/11"), "{}", r.stdout);
     for line in ["addresses ok", "mr modes ok", "caps ok", "signal ok"] {
-        assert!(r.stdout.contains(line), "{line}: {}", describe(&r));
+        assert!(r.stdout.contains(line), "{line}: {}", r.describe());
     }
     rack.down().unwrap();
 }
@@ -379,13 +375,13 @@ fn a_client_finds_its_server_by_node_and_service() {
         assert!(
             client.success() && client.stdout.ends_with("ok\n"),
             "client of {target}: {}\nserver: {}",
-            describe(&client),
-            describe(&server)
+            client.describe(),
+            server.describe()
         );
         assert!(
             server.success() && server.stdout.ends_with("ok\n"),
             "server: {}",
-            describe(&server)
+            server.describe()
         );
         let svc: u32 = service.parse().unwrap();
         let (rank, vi) = (((svc - 1) % 336) / 48, (svc - 1) % 48);
