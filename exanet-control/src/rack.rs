@@ -347,8 +347,20 @@ pub const DEFAULT_MPI_EAGER_LIMIT: u32 = 32;
 /// its 24-byte header (`exanet-fi`'s wire format; a test there checks the two agree).
 pub const MPI_EAGER_MAX: u32 = 40;
 
-/// The NI's retransmission floor (real time) when cells are served in modeled order.
-pub const ORDERED_RETRANSMIT_NS: u64 = 2_000_000_000;
+/// The NI's retransmission floor (real time) when cells are served in modeled order: when
+/// it first looks whether a copy is due. Whether one goes is the model's to say (a copy
+/// waits until its answer can no longer come first in modeled time), so looking sooner
+/// sends no more copies; a cell truly lost costs this much wall clock. It was 2 s, and a
+/// ping-pong over a link losing 5% of its cells gave up (two losses of one exchange took
+/// its 10 s reply timeout).
+pub const ORDERED_RETRANSMIT_NS: u64 = 100_000_000;
+
+/// How long, in real time, an NI in modeled order goes on sending copies (its retry
+/// budget, unless `[ni] max_attempts` says otherwise): blocks wait for the rack's cuts in
+/// real time, seconds each on a loaded 128-node rack, and a send must not fail for that.
+/// What a 2 s floor gave with the NI's default attempts; receivers remember what finished
+/// for twice as long (`NiConfig::keep_ns`).
+pub const ORDERED_RETRY_NS: u64 = 300_000_000_000;
 
 /// `[model]` in the rack file: the parameters of the modeled hardware
 /// ([`ModelParams`], whose documentation gives each one's source), in its units (rates in
@@ -945,7 +957,11 @@ impl Rack {
             // truly gone fails that late too (11.5 s with the defaults).
             None => {
                 let outage = self.file.link_timeout() + std::time::Duration::from_secs(1);
-                c.max_attempts = c.attempts_outlasting(outage.as_nanos() as u64);
+                let mut budget = outage.as_nanos() as u64;
+                if self.order() == CellOrder::Modeled {
+                    budget = budget.max(ORDERED_RETRY_NS);
+                }
+                c.max_attempts = c.attempts_outlasting(budget);
             }
         }
         c
@@ -1231,6 +1247,10 @@ mod tests {
         assert_eq!(modeled.retransmit_ns, ORDERED_RETRANSMIT_NS);
         assert!(host.retransmit_ns < ORDERED_RETRANSMIT_NS);
         assert!(modeled.keep_ns() > host.keep_ns());
+        // Copies go on for as long as blocks may wait for cuts, and no copy outlives
+        // the receivers' memory of what it duplicates.
+        assert!(modeled.retry_budget_ns() >= ORDERED_RETRY_NS);
+        assert!(modeled.copy_limit_ns() >= ORDERED_RETRY_NS);
     }
 
     /// A cut shorter than the link timeout heals: by default the NI's sends outlast the

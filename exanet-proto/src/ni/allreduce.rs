@@ -252,6 +252,8 @@ struct Pending {
     cell: Cell,
     deadline: Instant,
     attempts: u8,
+    /// In modeled order: its timer fired, its copy is not due by the model yet.
+    held: bool,
 }
 
 /// A step's vector from a peer, and what its cell said (checked again at the post for
@@ -318,6 +320,14 @@ impl Accelerator {
     /// member.
     pub(crate) fn busy(&self) -> bool {
         !self.contexts.is_empty()
+    }
+
+    /// Whether a step's copy waits for the rack's horizons to show its answer cannot come
+    /// first (see `Packetizer::awaits_horizons`).
+    pub(crate) fn awaits_horizons(&self) -> bool {
+        self.contexts
+            .values()
+            .any(|c| c.sends.values().any(|p| p.held))
     }
 
     /// Checks `op` against the rack (`nodes` nodes) and the posting rank `me` (node and
@@ -488,6 +498,7 @@ impl Accelerator {
                 cell,
                 deadline: cx.now + cx.cfg.retransmit_ns,
                 attempts: 1,
+                held: false,
             },
         );
     }
@@ -821,7 +832,8 @@ impl Accelerator {
             }
             let mut exhausted = false;
             for p in ctx.sends.values_mut().filter(|p| p.deadline <= now) {
-                if !cx.copy_due(p.cell.stamp.head + cx.cfg.model.retransmit) {
+                p.held = !cx.copy_due(p.cell.stamp.head + cx.cfg.model.retransmit);
+                if p.held {
                     p.deadline = now + backoff(cx.cfg.retransmit_ns, p.attempts);
                     continue;
                 }

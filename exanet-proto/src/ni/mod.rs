@@ -998,12 +998,16 @@ impl Ni {
         (data, answers)
     }
 
-    /// Whether the NI has cells to inject or transfers under way (not what its programs
-    /// may still post).
+    /// Whether the NI has cells to inject, transfers under way, or a copy that waits for
+    /// the rack's horizons to move on (not what its programs may still post): in modeled
+    /// order this is what keeps the rack taking cuts.
     pub fn has_work(&self) -> bool {
         let mut transfers = false;
         self.rdma.horizon(&self.cfg, &mut |_, _| transfers = true);
-        transfers || self.has_output()
+        transfers
+            || self.has_output()
+            || self.packetizer.awaits_horizons()
+            || self.accelerator.awaits_horizons()
     }
 
     /// What `rank`'s program is doing, as the driver sees it (see [`Program`]).

@@ -37,6 +37,9 @@ struct Channel {
     /// In modeled order: when the attempt in flight left the node's switch, in modeled
     /// time (`None` while it has not). Its copy is due a timer's length after.
     left: Option<ModelTime>,
+    /// In modeled order: its real-time timer fired but its copy is not due by the model
+    /// yet; it needs the rack's horizons to move on (see [`Packetizer::awaits_horizons`]).
+    held: bool,
 }
 
 impl Channel {
@@ -44,6 +47,7 @@ impl Channel {
     /// receiver recognises a duplicate of a delivered message), and counts it.
     /// Sends the message again at modeled time `at`.
     fn resend(&mut self, cx: &mut Ctx, at: ModelTime) {
+        self.held = false;
         self.attempts += 1;
         self.left = None;
         self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
@@ -90,6 +94,7 @@ impl Packetizer {
                     attempts: 0,
                     first_sent: Instant::ZERO,
                     left: None,
+                    held: false,
                     counter: epoch & 0x7F_FFFF,
                 })
                 .collect(),
@@ -217,6 +222,7 @@ impl Packetizer {
     fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out, at: ModelTime) {
         let c = &mut self.channels[i];
         c.state = state;
+        c.held = false;
         if c.deadline.take().is_some() {
             self.timed -= 1;
         }
@@ -289,6 +295,14 @@ impl Packetizer {
         self.channels.iter().filter_map(|c| c.deadline).min()
     }
 
+    /// Whether a message's copy waits for the rack's horizons to show its answer cannot
+    /// come first: work for the rack (see `Ni::has_work`). An idle rack takes no cut, so
+    /// the horizons of the last one, taken while the lost cell was still on its way,
+    /// held the copy back for ever, and the program waiting for its channel with it.
+    pub(crate) fn awaits_horizons(&self) -> bool {
+        self.timed > 0 && self.channels.iter().any(|c| c.held)
+    }
+
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx) {
         if self.timed == 0 {
             return;
@@ -311,6 +325,7 @@ impl Packetizer {
                 .max(due);
             if !cx.copy_due(copy_at) && cx.now.since(c.first_sent) < cx.cfg.copy_limit_ns() {
                 c.deadline = Some(cx.now + cx.cfg.retransmit_ns);
+                c.held = true;
                 continue;
             }
             if c.attempts >= cx.cfg.max_attempts
