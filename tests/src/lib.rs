@@ -5,6 +5,8 @@
 //! ([`require`]) how a test that needs root or a tool skips, or fails when its
 //! `EXANET_REQUIRE_*` variable says it must run.
 
+#![forbid(unsafe_code)]
+
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::io::{Read, Write};
