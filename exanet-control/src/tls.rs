@@ -22,7 +22,7 @@ pub const ALPN: &[u8] = b"exanet-link/1";
 /// ALPN of the control API on the same endpoint (served by exanetd's `control_server`).
 pub const ALPN_CONTROL: &[u8] = b"exanet-control/1";
 /// ALPN of a daemon's connection to the rack's cut coordinator (exanetd's `cuts`).
-pub const ALPN_CUTS: &[u8] = b"exanet-cuts/3";
+pub const ALPN_CUTS: &[u8] = b"exanet-cuts/4";
 /// The identity the control API accepts: the operator certificate `tls/exactl.pem`,
 /// signed by the rack CA like the nodes' but for this name, which no node has. A node's
 /// certificate proves it is a node, not that its holder may operate the rack.

@@ -52,6 +52,8 @@ pub struct FlowsRun {
     pub late: u64,
     /// Cuts a coordinator took, when horizons came from cuts.
     pub cuts: u64,
+    /// Nodes' parts of those cuts (a node left out of a cut costs nothing).
+    pub parts: u64,
     /// Blocks sent again, over the rack.
     pub retransmissions: u64,
     /// When the last node event happened, in simulated real time.
@@ -202,6 +204,7 @@ pub fn flows(shape: Shape, flows: &[Flow], cfg: BenchConfig) -> Result<FlowsRun,
         done,
         late: late_cells(&sim),
         cuts: sim.cuts(),
+        parts: sim.cut_parts(),
         retransmissions: sim.nodes().map(|n| n.ni().stats().retransmissions).sum(),
         wall,
     })

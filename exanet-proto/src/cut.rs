@@ -21,6 +21,12 @@ pub(crate) struct Cut {
     epoch: u64,
     /// Links whose marker is still to come in.
     waiting: [bool; NPORTS],
+    /// The ports whose marker the cut under way waits for (the coordinator's `waits`).
+    waits: u16,
+    /// The latest epoch whose marker came in on each port: a node begins a cut only when
+    /// the coordinator tells it (it must know which neighbours are in it), so a marker may
+    /// come first, and what came before it on that link is then in the node's part.
+    seen: [u64; NPORTS],
     /// The part being recorded; taken once complete.
     part: Option<NodeCut>,
     /// The part complete and not yet taken.
@@ -33,6 +39,10 @@ pub(crate) struct Holdings {
     pub relays: bool,
     /// Each link port as the part reports it (nothing on its link yet).
     pub ports: Vec<PortCut>,
+    /// Nothing held and its programs promise nothing before the attach floor.
+    pub quiet: bool,
+    /// Ports it sent cells on since its previous part.
+    pub sent: u16,
 }
 
 impl Cut {
@@ -44,14 +54,16 @@ impl Cut {
     /// Begins `epoch` with what the node holds, waiting for a marker on each port of
     /// `up`. False when `epoch` is not newer than the latest begun (a repeated order or a
     /// marker of a cut already begun).
-    pub(crate) fn begin(&mut self, epoch: u64, held: Holdings, up: &[Port]) -> bool {
+    pub(crate) fn begin(&mut self, epoch: u64, held: Holdings, up: &[Port], waits: u16) -> bool {
         if epoch <= self.epoch {
             return false;
         }
         self.epoch = epoch;
+        self.waits = waits;
         self.waiting = [false; NPORTS];
         for p in up {
-            self.waiting[p.index()] = true;
+            let i = p.index();
+            self.waiting[i] = waits & (1 << i) != 0 && self.seen[i] < epoch;
         }
         let ports = held.ports;
         // A part of an older cut not taken is of no use any more.
@@ -61,6 +73,8 @@ impl Cut {
             busy: held.busy,
             relays: held.relays,
             ports,
+            quiet: held.quiet,
+            sent: held.sent,
         });
         self.settle();
         true
@@ -83,6 +97,8 @@ impl Cut {
     /// The marker of `epoch` came in on `port` (the caller has begun `epoch` if it is
     /// new). A marker of an older cut is ignored.
     pub(crate) fn marker(&mut self, port: Port, epoch: u64) {
+        let seen = &mut self.seen[port.index()];
+        *seen = (*seen).max(epoch);
         if epoch == self.epoch {
             self.waiting[port.index()] = false;
             self.settle();
@@ -98,7 +114,7 @@ impl Cut {
         if self.epoch == 0 {
             return None;
         }
-        if self.part.is_some() {
+        if self.part.is_some() && self.waits & (1 << port.index()) != 0 {
             self.waiting[port.index()] = true;
         }
         Some(self.epoch)
@@ -112,7 +128,10 @@ impl Cut {
 
     fn settle(&mut self) {
         if self.waiting.iter().all(|w| !w) {
-            if let Some(p) = self.part.take() {
+            if let Some(mut p) = self.part.take() {
+                // A cell that was on a link at the cut is the node's by now: not quiet
+                // (its sender's next part would not say it sent it).
+                p.quiet &= p.ports.iter().all(|c| c.on_link == ModelTime::NEVER);
                 self.done = Some(p);
             }
         }
@@ -126,11 +145,14 @@ impl Cut {
 
 /// The outlook of each of a switch's link outputs, from the earliest key it may still
 /// forward (see [`crate::horizon`]).
-pub(crate) fn holdings(node: &crate::node::Node, ports: &[Port]) -> Holdings {
+pub(crate) fn holdings(node: &crate::node::Node, ports: &[Port], sent: u16) -> Holdings {
     let sw = node.switch();
     let from = sw.earliest_key();
+    let busy = node.busy();
     Holdings {
-        busy: node.busy(),
+        busy,
+        quiet: !busy && node.ni().promises_nothing_before_floor(),
+        sent,
         relays: sw.ni_relays(),
         ports: ports
             .iter()
@@ -155,6 +177,8 @@ mod tests {
         Holdings {
             busy: true,
             relays: false,
+            quiet: false,
+            sent: 0,
             ports: vec![
                 PortCut {
                     port: Port::Qfdb(1),
@@ -176,10 +200,36 @@ mod tests {
         }
     }
 
+    /// Every port waited for.
+    const ALL: u16 = u16::MAX;
+
+    /// A cut waits only for the neighbours in it, and not for a marker that came before
+    /// the node began the cut (what came before it on that link is in the node's part).
+    #[test]
+    fn a_part_waits_for_the_markers_of_the_cut_it_was_told_of() {
+        let mut c = Cut::default();
+        c.marker(Port::Qfdb(2), 5);
+        let only_1 = 1 << Port::Qfdb(1).index();
+        assert!(c.begin(
+            5,
+            held(),
+            &[Port::Qfdb(1), Port::Qfdb(2)],
+            only_1 | 1 << Port::Qfdb(2).index()
+        ));
+        assert!(c.take().is_none(), "port 1's marker is still to come");
+        c.marker(Port::Qfdb(1), 5);
+        assert_eq!(c.take().map(|p| p.epoch), Some(5));
+        // A neighbour not in the cut is not waited for, on a new session either.
+        assert!(c.begin(6, held(), &[Port::Qfdb(1), Port::Qfdb(2)], only_1));
+        assert_eq!(c.session_up(Port::Qfdb(2)), Some(6));
+        c.marker(Port::Qfdb(1), 6);
+        assert_eq!(c.take().map(|p| p.epoch), Some(6));
+    }
+
     #[test]
     fn a_part_records_what_came_in_on_each_link_until_its_marker() {
         let mut c = Cut::default();
-        assert!(c.begin(1, held(), &[Port::Qfdb(1), Port::Qfdb(2)]));
+        assert!(c.begin(1, held(), &[Port::Qfdb(1), Port::Qfdb(2)], ALL));
         c.cell(Port::Qfdb(1), ModelTime(40));
         c.cell(Port::Qfdb(1), ModelTime(30));
         c.marker(Port::Qfdb(1), 1);
@@ -203,9 +253,9 @@ mod tests {
     #[test]
     fn old_epochs_and_links_that_go_down_do_not_hold_a_cut() {
         let mut c = Cut::default();
-        assert!(c.begin(2, held(), &[Port::Qfdb(1), Port::Qfdb(2)]));
-        assert!(!c.begin(2, held(), &[]), "an epoch is begun once");
-        assert!(!c.begin(1, held(), &[]), "an older epoch is not begun");
+        assert!(c.begin(2, held(), &[Port::Qfdb(1), Port::Qfdb(2)], ALL));
+        assert!(!c.begin(2, held(), &[], ALL), "an epoch is begun once");
+        assert!(!c.begin(1, held(), &[], ALL), "an older epoch is not begun");
         c.marker(Port::Qfdb(1), 1);
         c.link_down(Port::Qfdb(2));
         assert!(c.take().is_none(), "an older marker does not answer");
@@ -213,7 +263,7 @@ mod tests {
         assert_eq!(c.take().map(|p| p.epoch), Some(2));
         // A session that comes up while a part is under way is waited for, and gets the
         // marker of the latest epoch either way.
-        assert!(c.begin(3, held(), &[Port::Qfdb(1)]));
+        assert!(c.begin(3, held(), &[Port::Qfdb(1)], ALL));
         assert_eq!(c.session_up(Port::Qfdb(2)), Some(3));
         c.marker(Port::Qfdb(1), 3);
         assert!(
@@ -228,7 +278,7 @@ mod tests {
             "complete: marker, no wait"
         );
         // A node with no link up has its part at once.
-        assert!(c.begin(4, held(), &[]));
+        assert!(c.begin(4, held(), &[], ALL));
         assert_eq!(c.take().map(|p| p.epoch), Some(4));
     }
 }

@@ -22,7 +22,7 @@ use crate::capture::{self, CaptureFilter, Direction, Record, Seen};
 use crate::cell::{Cell, CellError};
 use crate::fault::{FaultError, FaultStats, LinkFaults};
 use crate::frame::{Frame, FrameError, Hello};
-use crate::horizon::{self, Coordinator, CutView, NodeCut};
+use crate::horizon::{self, Begin, Coordinator, CutView, NodeCut};
 use crate::link::Departure;
 use crate::model::ModelTime;
 use crate::ni::{Memory, Ni};
@@ -131,7 +131,11 @@ enum Ev {
         epoch: u64,
     },
     /// The coordinator's order to begin a cut reaches a node.
-    BeginCut { node: NodeId, epoch: u64 },
+    BeginCut {
+        node: NodeId,
+        epoch: u64,
+        waits: u16,
+    },
     /// A node's part of a cut reaches the coordinator.
     Part { node: NodeId, cut: Box<NodeCut> },
     /// The coordinator's horizons reach a node.
@@ -795,6 +799,14 @@ impl Sim {
         self.coordinator.as_ref().map_or(0, Coordinator::cuts)
     }
 
+    /// Parts of cuts the coordinator took (with horizons from cuts): what the cuts cost
+    /// the nodes, where a node left out of a cut costs nothing.
+    pub fn cut_parts(&self) -> u64 {
+        self.coordinator
+            .as_ref()
+            .map_or(0, Coordinator::parts_taken)
+    }
+
     /// With horizons from cuts: sends `node`'s part of a cut, once complete, to the
     /// coordinator, and wakes the coordinator when `node` has work and no cut is coming.
     fn after_cut_step(&mut self, node: NodeId) {
@@ -807,19 +819,30 @@ impl Sim {
             self.schedule(now + delay, Ev::Part { node, cut });
         }
         if self.stations[node.0 as usize].take_wake() {
-            let epoch = self.coordinator.as_mut().and_then(Coordinator::wake);
-            self.begin_cut(epoch);
+            let begins = self
+                .coordinator
+                .as_mut()
+                .map(|c| c.wake(node))
+                .unwrap_or_default();
+            self.begin_cut(begins);
         }
     }
 
-    /// Every node hears of the cut the coordinator started, if it started one.
-    fn begin_cut(&mut self, epoch: Option<u64>) {
-        let (Some(delay), Some(epoch)) = (self.cfg.coordinator_ns, epoch) else {
+    /// Each node the coordinator told to begin a cut hears of it.
+    fn begin_cut(&mut self, begins: Vec<Begin>) {
+        let Some(delay) = self.cfg.coordinator_ns else {
             return;
         };
         let at = self.now + delay;
-        for node in self.shape.node_ids() {
-            self.schedule(at, Ev::BeginCut { node, epoch });
+        for b in begins {
+            self.schedule(
+                at,
+                Ev::BeginCut {
+                    node: b.node,
+                    epoch: b.epoch,
+                    waits: b.waits,
+                },
+            );
         }
     }
 
@@ -829,25 +852,25 @@ impl Sim {
         let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
             return;
         };
-        let horizons = match c.report(node, cut) {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
+        let reported = match c.report(node, cut) {
+            Ok(r) => r,
             Err(e) => panic!("the simulator's coordinator refused a part: {e}"),
         };
         let at = self.now + delay;
-        let pending = horizons.pending;
-        for (i, h) in horizons.by_node.into_iter().enumerate() {
-            let node = NodeId(i as u32);
-            self.schedule(
-                at,
-                Ev::Horizons {
-                    node,
-                    horizons: h,
-                    pending,
-                },
-            );
+        if let Some(horizons) = reported.horizons {
+            let pending = horizons.pending;
+            for (node, h) in horizons.by_node {
+                self.schedule(
+                    at,
+                    Ev::Horizons {
+                        node,
+                        horizons: h,
+                        pending,
+                    },
+                );
+            }
         }
-        self.begin_cut(horizons.next);
+        self.begin_cut(reported.begins);
     }
 
     fn schedule(&mut self, at: Instant, ev: Ev) {
@@ -985,8 +1008,8 @@ impl Sim {
                 }
                 node
             }
-            Ev::BeginCut { node, epoch } => {
-                self.stations[node.0 as usize].begin_cut(epoch, now);
+            Ev::BeginCut { node, epoch, waits } => {
+                self.stations[node.0 as usize].begin_cut(epoch, waits, now);
                 node
             }
             Ev::Part { node, cut } => {

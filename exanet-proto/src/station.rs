@@ -234,6 +234,16 @@ pub struct Station {
     /// that appears here must wake the rack's cut coordinator, which takes no cut of an
     /// idle rack.
     rack_idle: bool,
+    /// Its part of the latest cut it began said it was quiet: the coordinator leaves it
+    /// out of the next cuts, so it sends no cell until it begins one again (what it sent
+    /// would be in no cut's view).
+    quiet: bool,
+    /// Quiet, it has woken the coordinator (once per quiet spell).
+    quiet_woke: bool,
+    /// A cell came in since it began its latest cut.
+    got_cell: bool,
+    /// Ports it sent cells on since it began its latest cut (bit per port index).
+    sent: u16,
 }
 
 impl Station {
@@ -271,6 +281,10 @@ impl Station {
             errors: Vec::new(),
             cut: Cut::default(),
             rack_idle: true,
+            quiet: false,
+            quiet_woke: false,
+            got_cell: false,
+            sent: 0,
         }
     }
 
@@ -426,13 +440,15 @@ impl Station {
         for f in frames {
             let r = match f {
                 Frame::Cell(vc, cell) => {
+                    self.got_cell = true;
                     self.cut.cell(port, cell.stamp.head);
                     self.node.receive(port, vc, cell, now)
                 }
                 Frame::Credit(vc, n, freed) => self.node.credit(port, vc, n, freed, now),
                 Frame::Marker(epoch) => {
-                    // The first marker of a cut begins it here, before anything after it.
-                    self.begin_cut(epoch, now);
+                    // A node begins a cut only when the coordinator tells it which of its
+                    // neighbours are in it; what came in before the marker is then in its
+                    // part.
                     self.cut.marker(port, epoch);
                     Ok(())
                 }
@@ -533,8 +549,11 @@ impl Station {
     }
 
     /// Begins this node's part of cut `epoch` (see [`crate::cut`]), unless it has begun it
-    /// or a later one: records what it holds and sends a marker on every link that is up.
-    pub fn begin_cut(&mut self, epoch: u64, now: Instant) {
+    /// or a later one: records what it holds and sends a marker on every link that is up
+    /// to a neighbour in the cut (`waits`, bit per port index, whose markers it waits for
+    /// in turn) or that it sent cells on since its previous part (that neighbour must join
+    /// the cut and waits for it).
+    pub fn begin_cut(&mut self, epoch: u64, waits: u16, now: Instant) {
         if epoch <= self.cut.epoch() {
             return;
         }
@@ -548,9 +567,28 @@ impl Station {
             .filter(|(_, e)| e.session.is_some())
             .map(|(p, _)| p)
             .collect();
-        let held = cut::holdings(&self.node, &ports);
-        self.cut.begin(epoch, held, &up);
+        if self.quiet {
+            // Left out of the cuts since it was quiet, it kept the horizons of the last cut
+            // it was in: bounds while every promise held, but a process that attached or
+            // posted behind them since (they are taken, and counted late) makes them too
+            // high. It forwards nothing in modeled order until this cut's come.
+            for &p in &ports {
+                self.node.set_horizon(p, ModelTime::ZERO);
+            }
+        }
+        let sent = std::mem::take(&mut self.sent);
+        let held = cut::holdings(&self.node, &ports, sent);
+        // Quiet at its cut point, it stops sending there: a cell it forwarded after it
+        // would be in no later cut it is left out of.
+        self.quiet = held.quiet;
+        self.quiet_woke = false;
+        self.got_cell = false;
+        self.cut.begin(epoch, held, &up, waits);
+        let markers = waits | sent;
         for p in up {
+            if markers & (1 << p.index()) == 0 {
+                continue;
+            }
             if let Some(end) = self.ends[p.index()].as_mut() {
                 end.sender.send_marker(now, epoch);
                 self.ready[p.index()] = true;
@@ -582,10 +620,16 @@ impl Station {
     /// Whether this node must wake the cut coordinator now: the rack was idle and this
     /// node has work. True once per idle spell; the driver then asks the coordinator
     /// for a cut ([`crate::horizon::Coordinator::wake`]).
+    ///
+    /// A quiet node (left out of the cuts) wakes it once when it has work or a cell came in
+    /// (delivered to its NI, it may make a program post): the next cut has it.
     pub fn take_wake(&mut self) -> bool {
-        let wake = self.rack_idle && self.node.busy();
+        let busy = self.node.busy();
+        let quiet = self.quiet && !self.quiet_woke && (busy || self.got_cell);
+        let wake = quiet || (self.rack_idle && busy);
         if wake {
             self.rack_idle = false;
+            self.quiet_woke |= self.quiet;
         }
         wake
     }
@@ -636,8 +680,12 @@ impl Station {
     /// Moves what the node wants sent onto its links' senders and its events to the
     /// driver.
     pub fn pump(&mut self, now: Instant) {
-        while let Some(t) = self.node.poll_transmit(now) {
+        while let Some(t) = (!self.quiet)
+            .then(|| self.node.poll_transmit(now))
+            .flatten()
+        {
             let i = t.port.index();
+            self.sent |= 1 << i;
             match self.ends[i].as_mut().filter(|e| e.session.is_some()) {
                 Some(end) => {
                     self.ready[i] = true;

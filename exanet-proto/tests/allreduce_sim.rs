@@ -758,10 +758,11 @@ fn ordered_rack(s: Shape, coordinator_ns: Option<u64>) -> Sim {
 /// from the whole rack and from cuts gathered by a coordinator 20 us from every node (as
 /// daemons would have them): the same modeled completion on every rank, to the
 /// picosecond, nothing out of order; and what the cuts cost, as docs/modeled-time.md
-/// publishes it (22 and 36 cuts before bounds took the router's traversal).
+/// publishes it (22 and 36 cuts before bounds took the router's traversal; 18 and 28
+/// cuts of every node before quiet nodes were left out, 288 and 3584 parts).
 #[test]
 fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() {
-    for (shape, qfdbs, cuts) in [("4x1x1", 4, 18), ("4x4x2", 32, 28)] {
+    for (shape, qfdbs, cuts, parts) in [("4x1x1", 4, 18, 148), ("4x4x2", 32, 31, 1600)] {
         let mut times = Vec::new();
         for coordinator_ns in [None, Some(20_000)] {
             let s: Shape = shape.parse().unwrap();
@@ -779,7 +780,7 @@ fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() 
             assert_eq!(late, 0, "{shape}: cells forwarded out of modeled order");
             let worst = out.at.iter().max().unwrap().ps() - ModelTime::from_ns(1_000).ps();
             eprintln!(
-                "{} ranks, 256 B, {}: {:.3} us modeled, {} cuts",
+                "{} ranks, 256 B, {}: {:.3} us modeled, {} cuts, {} parts",
                 m.len(),
                 if coordinator_ns.is_some() {
                     "cuts"
@@ -787,10 +788,12 @@ fn an_allreduce_in_modeled_order_is_the_same_from_cuts_as_from_the_whole_rack() 
                     "whole rack"
                 },
                 worst as f64 / 1e6,
-                sim.cuts()
+                sim.cuts(),
+                sim.cut_parts()
             );
             if coordinator_ns.is_some() {
                 assert_eq!(sim.cuts(), cuts, "{shape}: cuts taken");
+                assert_eq!(sim.cut_parts(), parts, "{shape}: parts taken");
             }
             times.push(out.at);
         }

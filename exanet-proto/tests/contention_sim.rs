@@ -219,18 +219,23 @@ fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
         retransmit_ns: 10_000_000_000,
         ..NiConfig::default()
     };
-    // The cuts each takes, as docs/modeled-time.md publishes them.
-    for (shape, pairs, cuts) in [("2x1x1", shared_link(), 8263), ("3x1x1", incast, 12449)] {
+    // The cuts and parts each takes, as docs/modeled-time.md publishes them (with every
+    // node in every cut: 8263 and 12449 cuts, 66104 and 149388 parts).
+    for (shape, pairs, cuts) in [
+        ("2x1x1", shared_link(), (8264, 36886)),
+        ("3x1x1", incast, (16349, 76549)),
+    ] {
         let whole = run(shape, &pairs, 0);
         let cut = run_with(shape, &pairs, 3000, patient, Some(20_000));
         assert_eq!(cut.done, whole.done, "{shape}");
         assert_eq!(cut.late, 0, "{shape}: cells forwarded out of modeled order");
-        assert_eq!(cut.cuts, cuts, "{shape}: cuts taken");
+        assert_eq!((cut.cuts, cut.parts), cuts, "{shape}: cuts and parts taken");
         let modeled = cut.done.iter().max().unwrap().ps() as f64 / 1e6;
         eprintln!(
-            "{shape}: {} cuts for {modeled:.3} us of modeled time ({:.0} ns per cut), \
+            "{shape}: {} cuts, {} parts for {modeled:.3} us of modeled time ({:.0} ns per cut), \
              {:.1} ms simulated",
             cut.cuts,
+            cut.parts,
             modeled * 1000.0 / cut.cuts as f64,
             cut.wall.nanos() as f64 / 1e6,
         );
@@ -242,12 +247,15 @@ fn horizons_from_cuts_give_the_same_figures_as_the_whole_rack() {
 /// cut saw upstream can pass every switch on its way. Before, its bound fell a router's
 /// extra short at every torus hop, and an answer waited at each switch on its own link's
 /// lower VCs: ten cuts for the three hops out and back below, eighteen over the report's
-/// path (e). Same modeled completion either way, nothing out of order.
+/// path (e). Same modeled completion either way, nothing out of order. The cuts are of
+/// the nodes that may matter: 5 and 9 cuts of every node before quiet nodes were left
+/// out (40 and 1152 parts), 8 and 14 cuts after, of 21 and 153 parts (the first cut of
+/// the 128-node rack is of every node, 128 of the 153).
 #[test]
 fn a_small_write_and_its_answer_cross_several_hops_per_cut() {
     for (shape, from, to, hops, cuts, done_ps) in [
-        ("2x1x1", "M1QAF2", "M1QBF3", 3, 5, 1_605_665),
-        ("4x4x2", "M1QAF2", "M3QCF2", 6, 9, 3_195_665),
+        ("2x1x1", "M1QAF2", "M1QBF3", 3, (8, 21), 1_605_665),
+        ("4x4x2", "M1QAF2", "M3QCF2", 6, (14, 153), 3_195_665),
     ] {
         let s: Shape = shape.parse().unwrap();
         let flows = [Flow {
@@ -270,11 +278,15 @@ fn a_small_write_and_its_answer_cross_several_hops_per_cut() {
         };
         let r = bench::flows(s, &flows, cfg).unwrap();
         eprintln!(
-            "{shape} {from} -> {to}: {} cuts for {hops} hops out and back",
-            r.cuts
+            "{shape} {from} -> {to}: {} cuts, {} parts for {hops} hops out and back",
+            r.cuts, r.parts
         );
         assert_eq!(r.done, [ModelTime(done_ps)], "{shape}");
         assert_eq!(r.late, 0, "{shape}");
-        assert_eq!(r.cuts, cuts, "{shape}: cuts for {hops} hops out and back");
+        assert_eq!(
+            (r.cuts, r.parts),
+            cuts,
+            "{shape}: cuts and parts for {hops} hops out and back"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! sees only itself, so the link horizons come from consistent cuts of the rack
 //! (`exanet_proto::horizon`): the daemon of the rack's first node runs the
 //! [`Coordinator`], and every daemon, that one included, keeps a QUIC connection to it
-//! (ALPN `exanet-cuts/3`, the rack's certificates). A daemon begins each cut it is told
+//! (ALPN `exanet-cuts/4`, the rack's certificates). A daemon begins each cut it is told
 //! to (its station sends the markers), sends its part once complete, and applies the
 //! horizons it gets back. The coordinator starts the next cut while anything was pending
 //! in the last one, and otherwise waits for a daemon to say it has work.
@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::horizon::{Coordinator, NodeCut};
+use exanet_proto::horizon::{Begin, Coordinator, CutError, NodeCut, Reported};
 use exanet_proto::{ModelTime, NodeId, Port};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use rustls::pki_types::CertificateDer;
@@ -40,7 +40,9 @@ enum ToCoordinator {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum FromCoordinator {
-    Begin(u64),
+    /// Begin cut `epoch`, waiting for the markers of the ports in `waits` (bit per port
+    /// index): the neighbours in the cut.
+    Begin { epoch: u64, waits: u16 },
     Horizons {
         horizons: Vec<(Port, ModelTime)>,
         pending: bool,
@@ -173,12 +175,12 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
         let now = node.now();
         let mut core = node.lock();
         match m {
-            FromCoordinator::Begin(epoch) => {
+            FromCoordinator::Begin { epoch, waits } => {
                 // A process that attaches from now on starts its clock no earlier: what
                 // it posts cannot go before this cut.
                 let floor = Some(crate::ni_service::attach_clock());
                 core.station.node_mut().ni_mut().0.set_attach_floor(floor);
-                core.station.begin_cut(epoch, now);
+                core.station.begin_cut(epoch, waits, now);
             }
             FromCoordinator::Horizons { horizons, pending } => {
                 core.station.set_horizons(&horizons, pending);
@@ -210,9 +212,24 @@ impl State {
         self.joins += 1;
         let n = self.joins;
         self.nodes[id.0 as usize] = Some((n, tx));
-        let epoch = self.coordinator.join(id);
-        self.begin(epoch);
+        self.set_floor();
+        let begins = self.coordinator.join(id);
+        self.begin(begins);
         n
+    }
+
+    /// Hands the coordinator `id`'s part.
+    fn report(&mut self, id: NodeId, part: NodeCut) -> Result<Reported, CutError> {
+        self.set_floor();
+        self.coordinator.report(id, part)
+    }
+
+    /// What a node left out of a cut promises: no process attaches there with an earlier
+    /// start than the wall clock now (the daemons' clocks are the host's; on hosts whose
+    /// clocks differ, a process's first posts may come late, and are counted).
+    fn set_floor(&mut self) {
+        self.coordinator
+            .set_floor(Some(crate::ni_service::attach_clock()));
     }
 
     /// The connection node `id` joined under as `n` ended. The node is gone only if no
@@ -231,12 +248,17 @@ impl State {
         true
     }
 
-    /// Tells every node to begin the cut the coordinator started, if it started one.
-    fn begin(&self, epoch: Option<u64>) {
-        if let Some(epoch) = epoch {
-            debug!(epoch, "cut started");
-            for (_, tx) in self.nodes.iter().flatten() {
-                let _ = tx.send(FromCoordinator::Begin(epoch));
+    /// Tells each node the coordinator named to begin its cut.
+    fn begin(&self, begins: Vec<Begin>) {
+        if let Some(b) = begins.first() {
+            debug!(epoch = b.epoch, nodes = begins.len(), "cut begun");
+        }
+        for b in begins {
+            if let Some((_, tx)) = &self.nodes[b.node.0 as usize] {
+                let _ = tx.send(FromCoordinator::Begin {
+                    epoch: b.epoch,
+                    waits: b.waits,
+                });
             }
         }
     }
@@ -307,20 +329,28 @@ impl CoordinatorHandle {
             match m {
                 ToCoordinator::Hello { .. } => break Err("a second hello".into()),
                 ToCoordinator::Wake => {
-                    let epoch = st.coordinator.wake();
-                    st.begin(epoch);
+                    st.set_floor();
+                    let begins = st.coordinator.wake(id);
+                    st.begin(begins);
                 }
-                ToCoordinator::Part(part) => match st.coordinator.report(id, part) {
-                    Ok(None) => {}
-                    Ok(Some(h)) => {
-                        debug!(epoch = h.epoch, pending = h.pending, "cut complete");
-                        for (slot, horizons) in st.nodes.iter().zip(h.by_node) {
-                            if let Some((_, tx)) = slot {
-                                let pending = h.pending;
-                                let _ = tx.send(FromCoordinator::Horizons { horizons, pending });
+                ToCoordinator::Part(part) => match st.report(id, part) {
+                    Ok(r) => {
+                        if let Some(h) = r.horizons {
+                            debug!(
+                                epoch = h.epoch,
+                                pending = h.pending,
+                                nodes = h.by_node.len(),
+                                "cut complete"
+                            );
+                            let pending = h.pending;
+                            for (node, horizons) in h.by_node {
+                                if let Some((_, tx)) = &st.nodes[node.0 as usize] {
+                                    let _ =
+                                        tx.send(FromCoordinator::Horizons { horizons, pending });
+                                }
                             }
                         }
-                        st.begin(h.next);
+                        st.begin(r.begins);
                     }
                     // A part of a cut given up (a node reconnected): the next one counts.
                     Err(e) => debug!(node = %claimed, error = %e, "part not taken"),
@@ -346,6 +376,8 @@ mod tests {
             busy: false,
             relays: false,
             ports: Vec::new(),
+            quiet: false,
+            sent: 0,
         }
     }
 
@@ -367,15 +399,16 @@ mod tests {
             _receivers.push(r);
         }
         // A node has work: a cut begins.
-        let first = st.coordinator.wake();
-        assert!(first.is_some(), "no cut began");
+        let first = st.coordinator.wake(NodeId(0));
+        assert!(!first.is_empty(), "no cut began");
+        let first_epoch = first[0].epoch;
         st.begin(first);
         // Node 0 comes back on a new connection with the cut under way; its old
         // connection ends only then. Its return gives the cut up and starts a newer one.
         let (tx, mut back) = mpsc::unbounded_channel();
         let again = st.connect(NodeId(0), tx);
         let epoch = match back.try_recv() {
-            Ok(FromCoordinator::Begin(e)) if Some(e) > first => e,
+            Ok(FromCoordinator::Begin { epoch, .. }) if epoch > first_epoch => epoch,
             other => panic!("the node's return started no newer cut: {other:?}"),
         };
         assert!(
@@ -384,7 +417,11 @@ mod tests {
         );
         let mut done = None;
         for id in 0..nodes {
-            done = st.coordinator.report(NodeId(id), part(epoch)).unwrap();
+            done = st
+                .coordinator
+                .report(NodeId(id), part(epoch))
+                .unwrap()
+                .horizons;
         }
         assert!(done.is_some(), "the cut did not complete with every part");
         // The node's new connection ending does take it out.

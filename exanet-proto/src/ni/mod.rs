@@ -998,6 +998,12 @@ impl Ni {
         (data, answers)
     }
 
+    /// Whether its programs promise nothing before the attach floor (see
+    /// [`crate::horizon::Coordinator`]: such a node, idle, is left out of cuts).
+    pub fn promises_nothing_before_floor(&self) -> bool {
+        self.programs.quiet()
+    }
+
     /// Whether the NI has cells to inject, transfers under way, or a copy that waits for
     /// the rack's horizons to move on (not what its programs may still post): in modeled
     /// order this is what keeps the rack taking cuts.

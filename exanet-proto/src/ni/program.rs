@@ -174,6 +174,16 @@ impl Programs {
         self.promised.set((given, relayed, taken));
     }
 
+    /// Whether no program of the NI may post before the attach floor (with none set:
+    /// none may post at all): nothing of its own to promise.
+    pub(crate) fn quiet(&self) -> bool {
+        let floor = self.attach_floor.unwrap_or(ModelTime::NEVER);
+        self.ranks
+            .iter()
+            .filter(|r| r.attached)
+            .all(|r| r.promise() >= floor)
+    }
+
     /// Whether a program may post anywhere in reaction to what reaches the NI for it.
     pub(crate) fn relay(&self) -> bool {
         self.ranks
