@@ -41,6 +41,9 @@ use crate::topology::{neighbour, Port, NPORTS};
 /// Busy intervals of an output a node's part of a cut carries.
 pub const OUTLOOK_INTERVALS: usize = 64;
 
+/// The timeline of an output taken to be free (a node left out of a cut).
+static FREE: std::sync::LazyLock<Timeline> = std::sync::LazyLock::new(Timeline::default);
+
 /// When a cell ready at an output reaches the far end of its link: after a traversal, in
 /// the first gap of the output's timeline, and the link's latency.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -60,17 +63,16 @@ impl Outlook {
     /// The earliest a cell ready at `ready` or later reaches the far end; `from` is the
     /// port it came in on, when known (a cell from a torus port crosses the router).
     pub fn arrival(&self, from: Option<Port>, ready: ModelTime) -> ModelTime {
+        self.arrival_on(&self.busy, from, ready)
+    }
+
+    /// [`Outlook::arrival`] on the timeline `busy` in place of the output's own.
+    fn arrival_on(&self, busy: &Timeline, from: Option<Port>, ready: ModelTime) -> ModelTime {
         let traversal = match from {
             Some(Port::Torus(..)) => self.traversal_ps.max(self.from_torus_ps),
             _ => self.traversal_ps,
         };
-        arrival(
-            &self.busy,
-            ready,
-            traversal,
-            self.shortest_ps,
-            self.latency_ps,
-        )
+        arrival(busy, ready, traversal, self.shortest_ps, self.latency_ps)
     }
 }
 
@@ -153,6 +155,11 @@ pub(crate) trait CutView {
     fn to_ni(&self, node: NodeId, port: Port) -> ModelTime;
     /// Where the cells that come in on each of the node's ports can leave.
     fn feeds(&self, node: NodeId) -> Feeds;
+    /// What nodes the view leaves out promise (they hold nothing, their NIs inject
+    /// nothing before it): bounds every link at one hop after it. `None`: nothing.
+    fn floor(&self) -> Option<ModelTime> {
+        None
+    }
 }
 
 /// Every link port's horizon, from a view of the whole rack: the earliest head a cell can
@@ -167,10 +174,24 @@ pub(crate) trait CutView {
 pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port, ModelTime)> {
     let at = |n: NodeId, p: Port| n.0 as usize * NPORTS + p.index();
     let local = 1u16 << Port::Local.index();
-    let mut h = vec![ModelTime::NEVER; shape.nodes() as usize * NPORTS];
+    let nodes = shape.nodes() as usize;
+    // The view's ports and their far ends, looked up once: the search below visits every
+    // port of every node it reaches (on 128 nodes, the coordinator's time went there).
+    let ports: Vec<Vec<(Port, Option<(NodeId, Port)>)>> = shape
+        .node_ids()
+        .map(|n| {
+            view.ports(n)
+                .into_iter()
+                .map(|p| (p, neighbour(shape, n, p)))
+                .collect()
+        })
+        .collect();
+    let feeds: Vec<Feeds> = shape.node_ids().map(|n| view.feeds(n)).collect();
+    let relays: Vec<bool> = shape.node_ids().map(|n| view.relays(n)).collect();
+    let mut h = vec![ModelTime::NEVER; nodes * NPORTS];
     for node in shape.node_ids() {
-        for port in view.ports(node) {
-            let Some((up, up_port)) = neighbour(shape, node, port) else {
+        for &(port, far) in &ports[node.0 as usize] {
+            let Some((up, up_port)) = far else {
                 continue;
             };
             let held = view.toward(up, up_port).min(view.ni(up, up_port));
@@ -183,60 +204,64 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
     // anywhere): what a node holds for its NI bounds what it sends back. Not a bound on
     // the input it came in on, which would make a cell wait on itself.
     let reacts = |node: NodeId, p: usize| {
-        let feeds = view.feeds(node);
-        let mut goes = feeds.replies[p];
-        if view.relays(node) {
-            goes |= feeds.through[Port::Local.index()];
+        let f = &feeds[node.0 as usize];
+        let mut goes = f.replies[p];
+        if relays[node.0 as usize] {
+            goes |= f.through[Port::Local.index()];
         }
         goes
     };
     for node in shape.node_ids() {
-        for port in view.ports(node) {
+        for &(port, _) in &ports[node.0 as usize] {
             let t = view.to_ni(node, port);
             if t == ModelTime::NEVER {
                 continue;
             }
             let goes = reacts(node, port.index());
-            for q in view.ports(node) {
+            for &(q, far) in &ports[node.0 as usize] {
                 if goes & (1 << q.index()) == 0 {
                     continue;
                 }
-                if let Some((peer, peer_port)) = neighbour(shape, node, q) {
+                if let Some((peer, peer_port)) = far {
                     let slot = &mut h[at(peer, peer_port)];
                     *slot = (*slot).min(view.arrival(node, q, Some(Port::Local), t));
                 }
             }
         }
     }
+    // Bounds from the floor on need no search: every link is bounded a hop after the
+    // floor anyway (below), and a bound that starts there only grows along a path. On a
+    // rack whose nodes mostly promise the floor, searching from it visited every port.
+    let floor = view.floor().unwrap_or(ModelTime::NEVER);
     let mut heap: BinaryHeap<Reverse<(ModelTime, u32, usize)>> = shape
         .node_ids()
-        .flat_map(|n| view.ports(n).into_iter().map(move |p| (n, p)))
-        .filter(|&(n, p)| h[at(n, p)] < ModelTime::NEVER)
+        .flat_map(|n| ports[n.0 as usize].iter().map(move |&(p, _)| (n, p)))
+        .filter(|&(n, p)| h[at(n, p)] < floor)
         .map(|(n, p)| Reverse((h[at(n, p)], n.0, p.index())))
         .collect();
     while let Some(Reverse((t, n, p))) = heap.pop() {
         let node = NodeId(n);
-        if t > h[at(node, Port::from_index(p).expect("a port index"))] {
+        if t > h[n as usize * NPORTS + p] {
             continue;
         }
-        let mut goes = view.feeds(node).through[p];
+        let mut goes = feeds[n as usize].through[p];
         if goes & local != 0 {
             goes |= reacts(node, p);
         }
-        for q in view.ports(node) {
+        // The exact traversal from the input the bound came in on: with the shortest
+        // one, a bound through a router fell 132 ns short at every torus hop, and a
+        // cell that had come that way waited for the next cut.
+        let from = Port::from_index(p).expect("a port index");
+        for &(q, far) in &ports[n as usize] {
             if goes & (1 << q.index()) == 0 {
                 continue;
             }
-            let Some((peer, peer_port)) = neighbour(shape, node, q) else {
+            let Some((peer, peer_port)) = far else {
                 continue;
             };
-            // The exact traversal from the input the bound came in on: with the shortest
-            // one, a bound through a router fell 132 ns short at every torus hop, and a
-            // cell that had come that way waited for the next cut.
-            let from = Port::from_index(p).expect("a port index");
             let t = view.arrival(node, q, Some(from), t);
             let slot = &mut h[at(peer, peer_port)];
-            if t < *slot {
+            if t < *slot && t < floor {
                 *slot = t;
                 heap.push(Reverse((t, peer.0, peer_port.index())));
             }
@@ -244,10 +269,19 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
     }
     let mut out = Vec::new();
     for node in shape.node_ids() {
-        for port in view.ports(node) {
-            if neighbour(shape, node, port).is_some() {
-                out.push((node, port, h[at(node, port)]));
+        for &(port, far) in &ports[node.0 as usize] {
+            let Some((up, up_port)) = far else {
+                continue;
+            };
+            let mut t = h[at(node, port)];
+            if let Some(f) = view.floor() {
+                // (This also stands for the bounds at or after the floor the search
+                // left alone.)
+                // What the nodes left out may inject comes from the floor on, so no
+                // sooner than a hop after it, whichever node it starts from.
+                t = t.min(view.arrival(up, up_port, None, f));
             }
+            out.push((node, port, t));
         }
     }
     out
@@ -339,6 +373,10 @@ pub struct Coordinator {
     last: Vec<Option<NodeCut>>,
     /// What a node left out promises: no process attaches there with an earlier start.
     floor: Option<ModelTime>,
+    /// The floor when the cut under way started: what its view takes the nodes left out
+    /// to promise (a process that attached at one of them before that has woken the
+    /// coordinator, unless its wake was still on its way).
+    cut_floor: Option<ModelTime>,
     /// A cut is wanted: something was pending, or a node woke the coordinator.
     wanted: bool,
 }
@@ -361,6 +399,7 @@ impl Coordinator {
             woke: vec![false; n],
             last: vec![None; n],
             floor: None,
+            cut_floor: None,
             wanted: false,
         })
     }
@@ -394,6 +433,7 @@ impl Coordinator {
         self.epoch += 1;
         self.parts.iter_mut().for_each(|p| *p = None);
         self.member.clone_from(&self.active);
+        self.cut_floor = self.floor;
         self.woke.iter_mut().for_each(|w| *w = false);
         self.joined_late = false;
         let epoch = self.epoch;
@@ -550,7 +590,7 @@ impl Coordinator {
         let view = Parts {
             parts: &self.parts,
             last: &self.last,
-            floor: self.floor,
+            floor: self.cut_floor,
             feeds: &self.feeds,
         };
         let mut all = vec![Vec::new(); nodes as usize];
@@ -613,10 +653,15 @@ impl CutView for Parts<'_> {
     }
 
     fn ni(&self, node: NodeId, port: Port) -> ModelTime {
+        // A quiet node's NI promises the floor: `floor` below bounds what it injects.
         if self.quiet(node) {
-            return self.floor.unwrap_or(ModelTime::NEVER);
+            return ModelTime::NEVER;
         }
         self.port(node, port).map_or(ModelTime::NEVER, |p| p.ni)
+    }
+
+    fn floor(&self) -> Option<ModelTime> {
+        self.floor
     }
 
     fn relays(&self, node: NodeId) -> bool {
@@ -637,11 +682,7 @@ impl CutView for Parts<'_> {
         let quiet = self.quiet(node);
         self.port(node, port).map_or(ModelTime::NEVER, |p| {
             if quiet {
-                let free = Outlook {
-                    busy: Timeline::default(),
-                    ..p.outlook.clone()
-                };
-                free.arrival(from, ready)
+                p.outlook.arrival_on(&FREE, from, ready)
             } else {
                 p.outlook.arrival(from, ready)
             }
