@@ -244,6 +244,13 @@ pub struct Station {
     got_cell: bool,
     /// Ports it sent cells on since it began its latest cut (bit per port index).
     sent: u16,
+    /// Ports its parts said it sent cells on, of cuts whose horizons have not come: a cut
+    /// given up (a node reconnected) drops its parts, and the next one must say them
+    /// again, or a quiet neighbour holding such a cell is left out of it.
+    sent_unsettled: u16,
+    /// The ranks attached when it began its latest cut: a process that attaches while it
+    /// is quiet wakes the coordinator (its program's first posts must be in a cut).
+    attached_at_begin: usize,
 }
 
 impl Station {
@@ -285,6 +292,8 @@ impl Station {
             quiet_woke: false,
             got_cell: false,
             sent: 0,
+            sent_unsettled: 0,
+            attached_at_begin: 0,
         }
     }
 
@@ -576,7 +585,9 @@ impl Station {
                 self.node.set_horizon(p, ModelTime::ZERO);
             }
         }
-        let sent = std::mem::take(&mut self.sent);
+        let sent = std::mem::take(&mut self.sent) | self.sent_unsettled;
+        self.sent_unsettled = sent;
+        self.attached_at_begin = self.workloads.attached();
         let held = cut::holdings(&self.node, &ports, sent);
         // Quiet at its cut point, it stops sending there: a cell it forwarded after it
         // would be in no later cut it is left out of.
@@ -611,6 +622,9 @@ impl Station {
     /// whether anything was pending in the cut they come from (if not, the rack is idle
     /// and takes no cut until some node wakes it).
     pub fn set_horizons(&mut self, horizons: &[(Port, ModelTime)], pending: bool) {
+        // The cut its last part was of is complete (the coordinator starts the next only
+        // then, and sends in order): what that part said it sent is settled.
+        self.sent_unsettled = 0;
         for &(port, h) in horizons {
             self.node.set_horizon(port, h);
         }
@@ -625,7 +639,8 @@ impl Station {
     /// (delivered to its NI, it may make a program post): the next cut has it.
     pub fn take_wake(&mut self) -> bool {
         let busy = self.node.busy();
-        let quiet = self.quiet && !self.quiet_woke && (busy || self.got_cell);
+        let attached = self.workloads.attached() != self.attached_at_begin;
+        let quiet = self.quiet && !self.quiet_woke && (busy || self.got_cell || attached);
         let wake = quiet || (self.rack_idle && busy);
         if wake {
             self.rack_idle = false;
@@ -827,6 +842,26 @@ mod tests {
         assert_eq!(a.node().switch().horizon(pa), wall);
         a.set_horizons(&[(pa, modeled)], true);
         assert_eq!(a.node().switch().horizon(pa), modeled, "the later cut's");
+    }
+
+    /// A part says which ports the node sent cells on until a cut it was of completes:
+    /// a cut given up (a node reconnected) drops its parts, and the cut taken again must
+    /// say them again, or a quiet neighbour holding such a cell is left out of it and the
+    /// horizons past that cell are too high (found in review).
+    #[test]
+    fn what_a_part_said_it_sent_is_said_again_until_its_cut_completes() {
+        let (mut a, _, pa, _) = pair();
+        let bit = 1 << pa.index();
+        // As `pump` records a cell sent on `pa`.
+        a.sent = bit;
+        a.begin_cut(1, 0, Instant::ZERO);
+        assert_eq!(a.take_cut().map(|p| p.sent), Some(bit));
+        // Cut 1 given up: cut 2 begins with no horizons in between.
+        a.begin_cut(2, 0, Instant::ZERO);
+        assert_eq!(a.take_cut().map(|p| p.sent), Some(bit), "said again");
+        a.set_horizons(&[], false);
+        a.begin_cut(3, 0, Instant::ZERO);
+        assert_eq!(a.take_cut().map(|p| p.sent), Some(0), "settled");
     }
 
     #[test]
