@@ -162,6 +162,9 @@ pub(crate) trait CutView {
     }
 }
 
+/// A node's port and the far end of its link (none for the NI's port).
+type LinkEnd = (Port, Option<(NodeId, Port)>);
+
 /// Every link port's horizon, from a view of the whole rack: the earliest head a cell can
 /// still come in with on it. That is the cells on the link, and what the upstream sends on
 /// it from now on: from what it holds for that link and what its NI may inject, and what
@@ -177,7 +180,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
     let nodes = shape.nodes() as usize;
     // The view's ports and their far ends, looked up once: the search below visits every
     // port of every node it reaches (on 128 nodes, the coordinator's time went there).
-    let ports: Vec<Vec<(Port, Option<(NodeId, Port)>)>> = shape
+    let ports: Vec<Vec<LinkEnd>> = shape
         .node_ids()
         .map(|n| {
             view.ports(n)
