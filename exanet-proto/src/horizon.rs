@@ -160,6 +160,16 @@ pub(crate) trait CutView {
     fn floor(&self) -> Option<ModelTime> {
         None
     }
+    /// Whether the node holds nothing, has nothing on its links and its NI injects
+    /// nothing by itself before the floor (it only passes on and reacts to what reaches
+    /// it): the search need not start anything there.
+    fn silent(&self, _node: NodeId) -> bool {
+        false
+    }
+    /// Whether the node's horizons are wanted (the others are not computed to the end).
+    fn wanted(&self, _node: NodeId) -> bool {
+        true
+    }
 }
 
 /// A node's port and the far end of its link (none for the NI's port).
@@ -192,15 +202,18 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
     let feeds: Vec<Feeds> = shape.node_ids().map(|n| view.feeds(n)).collect();
     let relays: Vec<bool> = shape.node_ids().map(|n| view.relays(n)).collect();
     let mut h = vec![ModelTime::NEVER; nodes * NPORTS];
-    for node in shape.node_ids() {
-        for &(port, far) in &ports[node.0 as usize] {
-            let Some((up, up_port)) = far else {
+    // What each node holds for, or injects onto, each output, and what was on its input
+    // links; a silent node has none of it (most of a large rack's nodes, most cuts).
+    for up in shape.node_ids().filter(|&n| !view.silent(n)) {
+        for &(up_port, far) in &ports[up.0 as usize] {
+            let Some((node, port)) = far else {
                 continue;
             };
             let held = view.toward(up, up_port).min(view.ni(up, up_port));
-            h[at(node, port)] = view
-                .on_link(node, port)
-                .min(view.arrival(up, up_port, None, held));
+            let slot = &mut h[at(node, port)];
+            *slot = (*slot).min(view.arrival(up, up_port, None, held));
+            let slot = &mut h[at(up, up_port)];
+            *slot = (*slot).min(view.on_link(up, up_port));
         }
     }
     // The NI answers what reaches it toward where it came from (a relaying NI may send
@@ -214,7 +227,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
         }
         goes
     };
-    for node in shape.node_ids() {
+    for node in shape.node_ids().filter(|&n| !view.silent(n)) {
         for &(port, _) in &ports[node.0 as usize] {
             let t = view.to_ni(node, port);
             if t == ModelTime::NEVER {
@@ -271,7 +284,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
         }
     }
     let mut out = Vec::new();
-    for node in shape.node_ids() {
+    for node in shape.node_ids().filter(|&n| view.wanted(n)) {
         for &(port, far) in &ports[node.0 as usize] {
             let Some((up, up_port)) = far else {
                 continue;
@@ -665,6 +678,14 @@ impl CutView for Parts<'_> {
 
     fn floor(&self) -> Option<ModelTime> {
         self.floor
+    }
+
+    fn silent(&self, node: NodeId) -> bool {
+        self.quiet(node)
+    }
+
+    fn wanted(&self, node: NodeId) -> bool {
+        self.parts[node.0 as usize].is_some()
     }
 
     fn relays(&self, node: NodeId) -> bool {
