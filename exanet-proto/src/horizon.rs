@@ -420,6 +420,16 @@ impl Coordinator {
         })
     }
 
+    /// Numbers its cuts from `after` + 1. A node ignores an order to begin a cut no later
+    /// than the latest it began, so a coordinator that starts again (its daemon restarted)
+    /// must number past every cut of its earlier run: from 1 again, no node took its cuts,
+    /// and the rack took none for ever. A daemon passes the wall clock in microseconds: a
+    /// run takes fewer cuts than that in the time between.
+    pub fn numbering_after(mut self, after: u64) -> Coordinator {
+        self.epoch = after;
+        self
+    }
+
     /// What a node left out of a cut promises (a daemon's attach floor: the wall clock;
     /// `None`, the simulator's: nothing).
     pub fn set_floor(&mut self, floor: Option<ModelTime>) {

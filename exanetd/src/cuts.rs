@@ -268,7 +268,10 @@ impl CoordinatorHandle {
     pub fn new(
         shape: exanet_proto::Shape,
     ) -> Result<CoordinatorHandle, exanet_proto::routing::RouteError> {
-        let coordinator = Coordinator::new(shape)?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let coordinator = Coordinator::new(shape)?.numbering_after(now_us);
         Ok(CoordinatorHandle {
             state: Mutex::new(State {
                 coordinator,
