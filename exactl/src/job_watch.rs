@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use exanet_control::control::{LinkState, NodeStatus, Request};
+use exanet_control::control_client::ControlClient;
 use exanet_control::rack::Rack;
 use exanet_proto::routing::{self, Hop};
 use exanet_proto::topology::{self, Port};
@@ -102,6 +103,10 @@ impl Verdict {
 /// A watch over one job's nodes and links, in a thread of its own until dropped.
 pub struct Watch {
     rack: Rack,
+    /// Made before `exactl mpirun` enters the first node's network namespace (on a local
+    /// rack with IP): a client made afterwards reaches no daemon from in there, and every
+    /// failed job was blamed on its first node, "its daemon does not answer".
+    client: Arc<ControlClient>,
     ids: Vec<NodeId>,
     since: Instant,
     verdict: Arc<Mutex<Option<Verdict>>>,
@@ -127,7 +132,7 @@ impl Watch {
         } else {
             None
         };
-        let client = crate::control::client(rack)?;
+        let client = Arc::new(crate::control::client(rack)?);
         let state = State {
             shape,
             names: names.to_vec(),
@@ -152,7 +157,7 @@ impl Watch {
         };
         let mut threads = Vec::new();
         {
-            let (verdict, stop) = (verdict.clone(), stop.clone());
+            let (verdict, stop, client) = (verdict.clone(), stop.clone(), client.clone());
             threads.push(spawn(
                 "job-watch",
                 Box::new(move || state.run(&client, &verdict, &stop)),
@@ -179,6 +184,7 @@ impl Watch {
         }
         Ok(Watch {
             rack: rack.clone(),
+            client,
             ids,
             since: Instant::now(),
             verdict,
@@ -190,17 +196,19 @@ impl Watch {
     /// A job node that does not answer now (one status request each, [`STATUS_TIMEOUT`]):
     /// after a failed job, whether a node's death explains it.
     pub fn silent_now(&self) -> Option<Verdict> {
-        let client = crate::control::client(&self.rack).ok()?;
         let reqs = self.ids.iter().map(|&id| (id, Request::Status)).collect();
-        let answers = crate::control::ask_all(&client, reqs, STATUS_TIMEOUT);
+        let answers = crate::control::ask_all(&self.client, reqs, STATUS_TIMEOUT);
         let shape = self.rack.shape();
         self.ids
             .iter()
             .zip(answers)
             .find(|(_, a)| !matches!(a, Ok(exanet_control::control::Response::Status(_))))
-            .map(|(&id, _)| Verdict::NodeGone {
+            .map(|(&id, a)| Verdict::NodeGone {
                 node: shape.display(id),
-                how: "its daemon does not answer".into(),
+                how: match a {
+                    Err(e) => format!("its daemon does not answer: {e}"),
+                    Ok(r) => format!("its daemon answered {r:?} to a status request"),
+                },
                 after: self.since.elapsed(),
             })
     }

@@ -660,3 +660,45 @@ fn a_cut_that_never_heals_ends_lammps_naming_the_link() {
     assert!(left.is_empty(), "{TEST}: ranks left: {left:?}");
     set_link(&rack, &["--up"]);
 }
+
+/// A job whose program cannot start fails with the launcher's words and status, on a
+/// rack with IP: no node is blamed. `exactl mpirun` enters the first node's network
+/// namespace to launch, and the look at the job's nodes after a failure made a control
+/// client from in there, which reaches no daemon: every failed job was reported as its
+/// first node's death ("its daemon does not answer").
+#[test]
+fn a_program_that_cannot_start_blames_no_node() {
+    const TEST: &str = "faults_under_jobs::a_program_that_cannot_start_blames_no_node";
+    if !runs_here(TEST) {
+        return;
+    }
+    let _turn = turn();
+    let (rack, _) = rack("nostart");
+    let r = rack.exactl_timeout(
+        &[
+            "mpirun",
+            "--nodes",
+            "M1QAF2,M1QBF3",
+            "--",
+            "no-such-program-here",
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(!r.success(), "{TEST}: the job succeeded: {}", r.describe());
+    assert!(
+        !r.stderr.contains("died"),
+        "{TEST}: a node was blamed for a program that cannot start: {}",
+        r.describe()
+    );
+    assert!(
+        r.stderr.contains("no-such-program-here"),
+        "{TEST}: the launcher's words are not shown: {}",
+        r.describe()
+    );
+    let status = rack.exactl(&["status"]);
+    assert!(
+        status.success(),
+        "{TEST}: the rack after: {}",
+        status.describe()
+    );
+}
