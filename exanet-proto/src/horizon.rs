@@ -41,9 +41,6 @@ use crate::topology::{neighbour, Port, NPORTS};
 /// Busy intervals of an output a node's part of a cut carries.
 pub const OUTLOOK_INTERVALS: usize = 64;
 
-/// The timeline of an output taken to be free (a node left out of a cut).
-static FREE: std::sync::LazyLock<Timeline> = std::sync::LazyLock::new(Timeline::default);
-
 /// When a cell ready at an output reaches the far end of its link: after a traversal, in
 /// the first gap of the output's timeline, and the link's latency.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -289,14 +286,10 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
             let Some((up, up_port)) = far else {
                 continue;
             };
-            let mut t = h[at(node, port)];
-            if let Some(f) = view.floor() {
-                // (This also stands for the bounds at or after the floor the search
-                // left alone.)
-                // What the nodes left out may inject comes from the floor on, so no
-                // sooner than a hop after it, whichever node it starts from.
-                t = t.min(view.arrival(up, up_port, None, f));
-            }
+            // What the nodes left out may inject comes from the floor on, so no sooner
+            // than a hop after it, whichever node it starts from (this also stands for
+            // the bounds at or after the floor the search left alone).
+            let t = h[at(node, port)].min(view.arrival(up, up_port, None, floor));
             out.push((node, port, t));
         }
     }
@@ -356,7 +349,7 @@ pub struct Reported {
 /// **A cut is of the nodes that may matter.** A node whose part said it was quiet (it held
 /// nothing, nothing was on its links, its programs promised nothing before the attach
 /// floor) is left out of the next cuts; its part is taken to be the same with an empty
-/// timeline, its NI promising the floor the driver gives ([`Coordinator::set_floor`]),
+/// timeline, its NI promising the floor the driver gives ([`Coordinator::wake`]),
 /// and relaying. It sends nothing until it begins a cut again, so it can hold only what it
 /// was sent: it wakes the coordinator when a cell comes (the next cut has it), and a node
 /// of the cut that sent it cells since its previous part says so (`NodeCut::sent`), so
@@ -368,7 +361,11 @@ pub struct Coordinator {
     shape: Shape,
     feeds: Vec<Feeds>,
     epoch: u64,
+    /// Each node's latest part: of the cut under way for those that gave it, else of the
+    /// last cut it was of (what a node left out stands in with).
     parts: Vec<Option<NodeCut>>,
+    /// Whether each node gave its part of the cut under way.
+    got: Vec<bool>,
     /// Nodes of the cut under way (every node of it, joined late or not).
     member: Vec<bool>,
     /// Nodes of the cut under way whose part is still to come.
@@ -385,14 +382,10 @@ pub struct Coordinator {
     /// Nodes that woke the coordinator since the last cut started: in the next one
     /// whatever their part of the cut under way said (they had nothing then).
     woke: Vec<bool>,
-    /// Each node's last part: what a node left out is taken to hold (emptied).
-    last: Vec<Option<NodeCut>>,
-    /// What a node left out promises: no process attaches there with an earlier start.
+    /// The floor when the cut under way started (see [`Coordinator::wake`]): what its
+    /// view takes the nodes left out to promise (a process that attached at one of them
+    /// before that has woken the coordinator, unless its wake was still on its way).
     floor: Option<ModelTime>,
-    /// The floor when the cut under way started: what its view takes the nodes left out
-    /// to promise (a process that attached at one of them before that has woken the
-    /// coordinator, unless its wake was still on its way).
-    cut_floor: Option<ModelTime>,
     /// A cut is wanted: something was pending, or a node woke the coordinator.
     wanted: bool,
 }
@@ -405,6 +398,7 @@ impl Coordinator {
             shape,
             epoch: 0,
             parts: vec![None; n],
+            got: vec![false; n],
             member: vec![false; n],
             missing: 0,
             joined_late: false,
@@ -413,9 +407,7 @@ impl Coordinator {
             joined: vec![false; n],
             active: vec![true; n],
             woke: vec![false; n],
-            last: vec![None; n],
             floor: None,
-            cut_floor: None,
             wanted: false,
         })
     }
@@ -428,12 +420,6 @@ impl Coordinator {
     pub fn numbering_after(mut self, after: u64) -> Coordinator {
         self.epoch = after;
         self
-    }
-
-    /// What a node left out of a cut promises (a daemon's attach floor: the wall clock;
-    /// `None`, the simulator's: nothing).
-    pub fn set_floor(&mut self, floor: Option<ModelTime>) {
-        self.floor = floor;
     }
 
     /// The ports of `node` whose neighbour is in `set`, as a bit mask.
@@ -451,15 +437,15 @@ impl Coordinator {
 
     /// Starts the cut wanted, if none is under way and every node is connected: the
     /// orders to begin it.
-    fn start(&mut self) -> Vec<Begin> {
+    fn start(&mut self, floor: Option<ModelTime>) -> Vec<Begin> {
         if !self.wanted || self.missing > 0 || self.joined.iter().any(|j| !j) {
             return Vec::new();
         }
         self.wanted = false;
         self.epoch += 1;
-        self.parts.iter_mut().for_each(|p| *p = None);
+        self.got.iter_mut().for_each(|g| *g = false);
         self.member.clone_from(&self.active);
-        self.cut_floor = self.floor;
+        self.floor = floor;
         self.woke.iter_mut().for_each(|w| *w = false);
         self.joined_late = false;
         let epoch = self.epoch;
@@ -474,23 +460,20 @@ impl Coordinator {
             })
             .collect();
         self.missing = begins.len();
-        if begins.is_empty() {
-            // Nothing to cut: every node is quiet and none woke.
-            self.missing = 0;
-        }
         begins
     }
 
     /// `node` is connected (again). A cut under way may wait for a part it lost, so it is
     /// given up and taken again, with the node in it (it knows nothing of the cuts).
-    pub fn join(&mut self, node: NodeId) -> Vec<Begin> {
+    /// `floor` as for [`Coordinator::wake`].
+    pub fn join(&mut self, node: NodeId, floor: Option<ModelTime>) -> Vec<Begin> {
         let Some(j) = self.joined.get_mut(node.0 as usize) else {
             return Vec::new();
         };
         *j = true;
         self.active[node.0 as usize] = true;
         self.abort();
-        self.start()
+        self.start(floor)
     }
 
     /// `node` is gone: no cut completes without it until it is back.
@@ -502,13 +485,16 @@ impl Coordinator {
     }
 
     /// `node` has work: it is in the next cut, which this starts if none is under way.
-    pub fn wake(&mut self, node: NodeId) -> Vec<Begin> {
+    /// `floor` is what a node left out of a cut started now promises: no process attaches
+    /// there with an earlier start (a daemon's attach floor, the wall clock; `None`, the
+    /// simulator's: nothing).
+    pub fn wake(&mut self, node: NodeId, floor: Option<ModelTime>) -> Vec<Begin> {
         if let Some(a) = self.active.get_mut(node.0 as usize) {
             *a = true;
             self.woke[node.0 as usize] = true;
         }
         self.wanted = true;
-        self.start()
+        self.start(floor)
     }
 
     /// Gives up the cut under way: its parts are dropped and reports of it refused, and
@@ -517,8 +503,9 @@ impl Coordinator {
         if self.missing > 0 {
             self.missing = 0;
             self.wanted = true;
-            self.parts.iter_mut().for_each(|p| *p = None);
-            // Its nodes are in the next one, whatever they said before.
+            // Its nodes are in the next one, whatever they said before (the parts some
+            // gave stay their latest, as a node left out stands in with; a node left out
+            // of the next cut said it was quiet in one that completed).
             for (a, m) in self.active.iter_mut().zip(&self.member) {
                 *a |= *m;
             }
@@ -537,8 +524,13 @@ impl Coordinator {
 
     /// Takes `node`'s part of the cut under way: the orders to begin it that the part
     /// brings about (nodes it sent cells to must join), and once every part is in, the
-    /// horizons and the next cut.
-    pub fn report(&mut self, node: NodeId, cut: NodeCut) -> Result<Reported, CutError> {
+    /// horizons and the next cut (`floor` as for [`Coordinator::wake`]).
+    pub fn report(
+        &mut self,
+        node: NodeId,
+        cut: NodeCut,
+        floor: Option<ModelTime>,
+    ) -> Result<Reported, CutError> {
         let nodes = self.shape.nodes();
         let i = node.0 as usize;
         if i >= self.parts.len() {
@@ -551,7 +543,7 @@ impl Coordinator {
                 want: self.epoch,
             });
         }
-        if self.parts[i].is_some() {
+        if self.got[i] {
             return Err(CutError::Twice {
                 node,
                 epoch: cut.epoch,
@@ -565,6 +557,7 @@ impl Coordinator {
             return Err(CutError::NoSuchPort { node, port: p.port });
         }
         self.parts[i] = Some(cut);
+        self.got[i] = true;
         self.parts_taken += 1;
         self.missing -= 1;
         let mut out = Reported::default();
@@ -578,7 +571,9 @@ impl Coordinator {
             let epoch = self.epoch;
             let mut waits = vec![0u16; self.parts.len()];
             for (n, part) in self.parts.iter().enumerate() {
-                let Some(part) = part else { continue };
+                let Some(part) = part.as_ref().filter(|_| self.got[n]) else {
+                    continue;
+                };
                 for port in (0..NPORTS).filter_map(Port::from_index) {
                     if part.sent & (1 << port.index()) == 0 {
                         continue;
@@ -608,15 +603,14 @@ impl Coordinator {
         }
         self.cuts += 1;
         for (n, part) in self.parts.iter().enumerate() {
-            if let Some(part) = part {
+            if let Some(part) = part.as_ref().filter(|_| self.member[n]) {
                 self.active[n] = !part.quiet || self.woke[n];
-                self.last[n] = Some(part.clone());
             }
         }
         let view = Parts {
             parts: &self.parts,
-            last: &self.last,
-            floor: self.cut_floor,
+            member: &self.member,
+            floor: self.floor,
             feeds: &self.feeds,
         };
         let mut all = vec![Vec::new(); nodes as usize];
@@ -629,7 +623,11 @@ impl Coordinator {
             .filter(|(n, _)| self.member[*n])
             .map(|(n, h)| (NodeId(n as u32), h))
             .collect();
-        let pending = self.parts.iter().flatten().any(NodeCut::pending);
+        let pending = self
+            .parts
+            .iter()
+            .zip(&self.member)
+            .any(|(p, &m)| m && p.as_ref().is_some_and(NodeCut::pending));
         // A node that woke the coordinator during the cut may have had nothing yet when
         // it recorded its part.
         self.wanted |= pending;
@@ -638,44 +636,41 @@ impl Coordinator {
             by_node,
             pending,
         });
-        self.missing = 0;
-        out.begins.extend(self.start());
+        out.begins.extend(self.start(floor));
         Ok(out)
     }
 }
 
-/// The view of a cut: the parts its nodes reported, and for a node left out (quiet) its
-/// last part emptied, its NI promising the floor and relaying.
+/// The view of a cut: each node's latest part, the cut's own for its nodes; a node left
+/// out is quiet (its part held nothing, nothing was on its links), and stands in with its
+/// outputs free, its NI promising the floor and relaying. The parts of a quiet node hold
+/// nothing, so only what it promises and how its outputs run need standing in for.
 struct Parts<'a> {
     parts: &'a [Option<NodeCut>],
-    last: &'a [Option<NodeCut>],
+    member: &'a [bool],
     floor: Option<ModelTime>,
     feeds: &'a [Feeds],
 }
 
 impl Parts<'_> {
     fn port(&self, node: NodeId, port: Port) -> Option<&PortCut> {
-        self.node(node)?.0.ports.iter().find(|p| p.port == port)
-    }
-
-    /// The node's part, and whether it is in the cut (else: its last part, quiet).
-    fn node(&self, node: NodeId) -> Option<(&NodeCut, bool)> {
-        let i = node.0 as usize;
-        match &self.parts[i] {
-            Some(p) => Some((p, true)),
-            None => self.last[i].as_ref().map(|p| (p, false)),
-        }
+        self.parts[node.0 as usize]
+            .as_ref()?
+            .ports
+            .iter()
+            .find(|p| p.port == port)
     }
 
     fn quiet(&self, node: NodeId) -> bool {
-        self.node(node).is_some_and(|(_, member)| !member)
+        !self.member[node.0 as usize]
     }
 }
 
 impl CutView for Parts<'_> {
     fn ports(&self, node: NodeId) -> Vec<Port> {
-        self.node(node)
-            .map_or_else(Vec::new, |(c, _)| c.ports.iter().map(|p| p.port).collect())
+        self.parts[node.0 as usize]
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.ports.iter().map(|p| p.port).collect())
     }
 
     fn ni(&self, node: NodeId, port: Port) -> ModelTime {
@@ -695,18 +690,17 @@ impl CutView for Parts<'_> {
     }
 
     fn wanted(&self, node: NodeId) -> bool {
-        self.parts[node.0 as usize].is_some()
+        self.member[node.0 as usize]
     }
 
     fn relays(&self, node: NodeId) -> bool {
-        self.node(node)
-            .is_none_or(|(c, member)| c.relays || !member)
+        self.quiet(node)
+            || self.parts[node.0 as usize]
+                .as_ref()
+                .is_none_or(|c| c.relays)
     }
 
     fn toward(&self, node: NodeId, port: Port) -> ModelTime {
-        if self.quiet(node) {
-            return ModelTime::NEVER;
-        }
         self.port(node, port).map_or(ModelTime::NEVER, |p| p.toward)
     }
 
@@ -716,7 +710,7 @@ impl CutView for Parts<'_> {
         let quiet = self.quiet(node);
         self.port(node, port).map_or(ModelTime::NEVER, |p| {
             if quiet {
-                p.outlook.arrival_on(&FREE, from, ready)
+                p.outlook.arrival_on(&Timeline::default(), from, ready)
             } else {
                 p.outlook.arrival(from, ready)
             }
@@ -724,17 +718,11 @@ impl CutView for Parts<'_> {
     }
 
     fn on_link(&self, node: NodeId, port: Port) -> ModelTime {
-        if self.quiet(node) {
-            return ModelTime::NEVER;
-        }
         self.port(node, port)
             .map_or(ModelTime::NEVER, |p| p.on_link)
     }
 
     fn to_ni(&self, node: NodeId, port: Port) -> ModelTime {
-        if self.quiet(node) {
-            return ModelTime::NEVER;
-        }
         self.port(node, port).map_or(ModelTime::NEVER, |p| p.to_ni)
     }
 
@@ -766,25 +754,25 @@ mod tests {
     fn all_report(c: &mut Coordinator, begins: &[Begin], busy: bool) -> Reported {
         let (last, rest) = begins.split_last().expect("a cut");
         for b in rest {
-            let r = c.report(b.node, part(b.epoch, busy)).unwrap();
+            let r = c.report(b.node, part(b.epoch, busy), None).unwrap();
             assert_eq!(r, Reported::default());
         }
-        c.report(last.node, part(last.epoch, busy)).unwrap()
+        c.report(last.node, part(last.epoch, busy), None).unwrap()
     }
 
     #[test]
     fn cuts_need_every_node_and_stop_when_nothing_is_pending() {
         let mut c = Coordinator::new("1x1x1".parse().unwrap()).unwrap();
-        assert!(c.wake(NodeId(0)).is_empty(), "no node joined");
+        assert!(c.wake(NodeId(0), None).is_empty(), "no node joined");
         for i in 0..3 {
-            assert!(c.join(NodeId(i)).is_empty());
+            assert!(c.join(NodeId(i), None).is_empty());
         }
         // The wake before was remembered: the last node to join starts the cut, of every
         // node (none has said it is quiet).
-        let begins = c.join(NodeId(3));
+        let begins = c.join(NodeId(3), None);
         assert_eq!(begins.len(), 4);
         assert_eq!(epoch_of(&begins), Some(1));
-        assert!(c.wake(NodeId(0)).is_empty(), "one cut at a time");
+        assert!(c.wake(NodeId(0), None).is_empty(), "one cut at a time");
         let r = all_report(&mut c, &begins, true);
         let h = r.horizons.expect("complete");
         assert_eq!((h.epoch, h.pending), (1, true));
@@ -798,7 +786,7 @@ mod tests {
         assert!(!h.pending);
         assert!(r.begins.is_empty(), "an idle rack takes no cut");
         // Every node said it was quiet: a cut now is of the node that woke it alone.
-        let begins = c.wake(NodeId(2));
+        let begins = c.wake(NodeId(2), None);
         assert_eq!(
             begins.iter().map(|b| b.node).collect::<Vec<_>>(),
             [NodeId(2)]
@@ -807,10 +795,10 @@ mod tests {
         // A node that goes away gives the cut up; its parts are refused from then on.
         c.leave(NodeId(1));
         assert!(matches!(
-            c.report(NodeId(2), part(3, true)),
+            c.report(NodeId(2), part(3, true), None),
             Err(CutError::WrongEpoch { .. })
         ));
-        let begins = c.join(NodeId(1));
+        let begins = c.join(NodeId(1), None);
         assert_eq!(epoch_of(&begins), Some(4), "back: the cut is taken again");
         let mut nodes: Vec<NodeId> = begins.iter().map(|b| b.node).collect();
         nodes.sort();
@@ -820,7 +808,7 @@ mod tests {
             "the node back and the one that woke"
         );
         assert_eq!(
-            c.report(NodeId(9), part(4, true)),
+            c.report(NodeId(9), part(4, true), None),
             Err(CutError::NoSuchNode {
                 node: NodeId(9),
                 nodes: 4
@@ -828,7 +816,7 @@ mod tests {
         );
         assert!(
             matches!(
-                c.report(NodeId(0), part(4, true)),
+                c.report(NodeId(0), part(4, true), None),
                 Err(CutError::WrongEpoch { .. })
             ),
             "a node left out of the cut has no part in it"
@@ -845,14 +833,14 @@ mod tests {
         let mut c = Coordinator::new(shape).unwrap();
         let mut begins = Vec::new();
         for i in 0..4 {
-            begins = c.join(NodeId(i));
+            begins = c.join(NodeId(i), None);
         }
         assert!(begins.is_empty(), "nothing woke it");
-        let begins = c.wake(NodeId(0));
+        let begins = c.wake(NodeId(0), None);
         let r = all_report(&mut c, &begins, false);
         assert!(r.horizons.is_some() && r.begins.is_empty());
         // Node 0 has work; it sends to node 1 (out of the cut) before its cut point.
-        let begins = c.wake(NodeId(0));
+        let begins = c.wake(NodeId(0), None);
         assert_eq!(begins.len(), 1);
         let to_1 = (0..NPORTS)
             .filter_map(Port::from_index)
@@ -860,7 +848,7 @@ mod tests {
             .unwrap();
         let mut p0 = part(begins[0].epoch, true);
         p0.sent = 1 << to_1.index();
-        let r = c.report(NodeId(0), p0).unwrap();
+        let r = c.report(NodeId(0), p0, None).unwrap();
         assert!(r.horizons.is_none(), "node 1 must join first");
         assert_eq!(r.begins.len(), 1);
         let join = r.begins[0];
@@ -871,7 +859,7 @@ mod tests {
             1 << back.index(),
             "it waits for node 0's marker"
         );
-        let r = c.report(NodeId(1), part(join.epoch, true)).unwrap();
+        let r = c.report(NodeId(1), part(join.epoch, true), None).unwrap();
         let h = r.horizons.expect("complete");
         let got: Vec<NodeId> = h.by_node.iter().map(|(n, _)| *n).collect();
         assert_eq!(got, [NodeId(0), NodeId(1)]);

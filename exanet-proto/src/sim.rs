@@ -265,7 +265,7 @@ impl Sim {
                 Some(_) => {
                     let mut c = Coordinator::new(shape).map_err(SwitchError::from)?;
                     for node in shape.node_ids() {
-                        c.join(node);
+                        c.join(node, None);
                     }
                     Some(c)
                 }
@@ -822,7 +822,7 @@ impl Sim {
             let begins = self
                 .coordinator
                 .as_mut()
-                .map(|c| c.wake(node))
+                .map(|c| c.wake(node, None))
                 .unwrap_or_default();
             self.begin_cut(begins);
         }
@@ -852,7 +852,7 @@ impl Sim {
         let (Some(delay), Some(c)) = (self.cfg.coordinator_ns, self.coordinator.as_mut()) else {
             return;
         };
-        let reported = match c.report(node, cut) {
+        let reported = match c.report(node, cut, None) {
             Ok(r) => r,
             Err(e) => panic!("the simulator's coordinator refused a part: {e}"),
         };

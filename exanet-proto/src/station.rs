@@ -639,8 +639,9 @@ impl Station {
     /// (delivered to its NI, it may make a program post): the next cut has it.
     pub fn take_wake(&mut self) -> bool {
         let busy = self.node.busy();
-        let attached = self.workloads.attached() != self.attached_at_begin;
-        let quiet = self.quiet && !self.quiet_woke && (busy || self.got_cell || attached);
+        let quiet = self.quiet
+            && !self.quiet_woke
+            && (busy || self.got_cell || self.workloads.attached() != self.attached_at_begin);
         let wake = quiet || (self.rack_idle && busy);
         if wake {
             self.rack_idle = false;
@@ -695,6 +696,8 @@ impl Station {
     /// Moves what the node wants sent onto its links' senders and its events to the
     /// driver.
     pub fn pump(&mut self, now: Instant) {
+        // Quiet, it sends no cell until it begins a cut (see `begin_cut`): the switch
+        // keeps them.
         while let Some(t) = (!self.quiet)
             .then(|| self.node.poll_transmit(now))
             .flatten()

@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exanet_proto::horizon::{Begin, Coordinator, CutError, NodeCut, Reported};
+use exanet_proto::horizon::{Begin, Coordinator, NodeCut};
 use exanet_proto::{ModelTime, NodeId, Port};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use rustls::pki_types::CertificateDer;
@@ -192,6 +192,13 @@ async fn run_node(node: &Arc<NodeHandle>, mut send: SendStream, mut recv: RecvSt
     why
 }
 
+/// What a node left out of a cut started now promises: no process attaches there with an
+/// earlier start than the wall clock (the daemons' clocks are the host's; on hosts whose
+/// clocks differ, a process's first posts may come late, and are counted).
+fn floor() -> Option<ModelTime> {
+    Some(crate::ni_service::attach_clock())
+}
+
 /// The coordinator, on the rack's first node.
 pub struct CoordinatorHandle {
     state: Mutex<State>,
@@ -212,24 +219,9 @@ impl State {
         self.joins += 1;
         let n = self.joins;
         self.nodes[id.0 as usize] = Some((n, tx));
-        self.set_floor();
-        let begins = self.coordinator.join(id);
+        let begins = self.coordinator.join(id, floor());
         self.begin(begins);
         n
-    }
-
-    /// Hands the coordinator `id`'s part.
-    fn report(&mut self, id: NodeId, part: NodeCut) -> Result<Reported, CutError> {
-        self.set_floor();
-        self.coordinator.report(id, part)
-    }
-
-    /// What a node left out of a cut promises: no process attaches there with an earlier
-    /// start than the wall clock now (the daemons' clocks are the host's; on hosts whose
-    /// clocks differ, a process's first posts may come late, and are counted).
-    fn set_floor(&mut self) {
-        self.coordinator
-            .set_floor(Some(crate::ni_service::attach_clock()));
     }
 
     /// The connection node `id` joined under as `n` ended. The node is gone only if no
@@ -332,11 +324,10 @@ impl CoordinatorHandle {
             match m {
                 ToCoordinator::Hello { .. } => break Err("a second hello".into()),
                 ToCoordinator::Wake => {
-                    st.set_floor();
-                    let begins = st.coordinator.wake(id);
+                    let begins = st.coordinator.wake(id, floor());
                     st.begin(begins);
                 }
-                ToCoordinator::Part(part) => match st.report(id, part) {
+                ToCoordinator::Part(part) => match st.coordinator.report(id, part, floor()) {
                     Ok(r) => {
                         if let Some(h) = r.horizons {
                             debug!(
@@ -402,7 +393,7 @@ mod tests {
             _receivers.push(r);
         }
         // A node has work: a cut begins.
-        let first = st.coordinator.wake(NodeId(0));
+        let first = st.coordinator.wake(NodeId(0), None);
         assert!(!first.is_empty(), "no cut began");
         let first_epoch = first[0].epoch;
         st.begin(first);
@@ -422,7 +413,7 @@ mod tests {
         for id in 0..nodes {
             done = st
                 .coordinator
-                .report(NodeId(id), part(epoch))
+                .report(NodeId(id), part(epoch), None)
                 .unwrap()
                 .horizons;
         }
