@@ -358,8 +358,8 @@ pub const ORDERED_RETRANSMIT_NS: u64 = 100_000_000;
 /// How long, in real time, an NI in modeled order goes on sending copies (its retry
 /// budget, unless `[ni] max_attempts` says otherwise): blocks wait for the rack's cuts in
 /// real time, seconds each on a loaded 128-node rack, and a send must not fail for that.
-/// What a 2 s floor gave with the NI's default attempts; receivers remember what finished
-/// for twice as long (`NiConfig::keep_ns`).
+/// About what a 2 s floor gave with the NI's default attempts (382 s); receivers remember
+/// what finished for twice as long (`NiConfig::keep_ns`).
 pub const ORDERED_RETRY_NS: u64 = 300_000_000_000;
 
 /// `[model]` in the rack file: the parameters of the modeled hardware

@@ -297,6 +297,17 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Run, Stri
     })
 }
 
+/// A child process killed (and reaped) when the test is done with it, also by a panic: a
+/// server the test started.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A scratch rack directory under the system temp directory, unique to this process and
 /// call. Dropping it runs `exactl rack down` (whatever state the rack is in) and removes
 /// the directory; when the test is failing, the tail of every daemon log is printed first

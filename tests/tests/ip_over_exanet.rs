@@ -209,16 +209,6 @@ fn helper_tcp_file() {
     }
 }
 
-/// A child process killed (and reaped) when the test is done with it, also by a panic.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The node whose dimension-order path from SRC is longest (three torus hops away).
 fn far_node(shape: &Shape) -> String {
     let src = shape.parse_node(SRC).unwrap();
@@ -358,7 +348,7 @@ fn ping_iperf3_faults_and_refusals_over_the_emulated_fabric() {
             .env(HELPER_FILE, file);
         c
     };
-    let mut server1 = KillOnDrop(
+    let mut server1 = exanet_tests::KillOnDrop(
         helper(b, "serve", "0.0.0.0:5202", &got)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -15,7 +15,7 @@ use exanet_proto::bench::AllreduceRun;
 use exanet_proto::bench::{self, BenchConfig, Flow};
 use exanet_proto::sim::SimConfig;
 use exanet_proto::{ModelTime, Shape};
-use exanet_tests::{metric_sum, pattern, TestRack};
+use exanet_tests::{metric_sum, pattern, KillOnDrop, TestRack};
 
 const LEN: u64 = 64 << 10;
 const WAIT: Option<Duration> = Some(Duration::from_secs(120));
@@ -298,22 +298,12 @@ fn an_accelerated_allreduce_models_what_the_simulator_does() {
     assert!(r.success(), "rack down: {}", r.describe());
 }
 
-/// Kills the child it holds when dropped (a server the test started).
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An `exanet-perf pingpong` server on `node`, its log in the rack's logs.
-fn pingpong_server(rack: &TestRack, node: &str) -> Child {
+fn pingpong_server(rack: &TestRack, node: &str) -> KillOnDrop {
     use std::process::{Command, Stdio};
     let perf = rack.bins.exactl.with_file_name("exanet-perf");
     let log = std::fs::File::create(rack.dir.join("logs/pingpong-server.log")).unwrap();
-    Child(
+    KillOnDrop(
         Command::new(&perf)
             .args(["pingpong", "serve", "--node", node])
             .env("EXANET_RACK", &rack.dir)

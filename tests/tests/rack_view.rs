@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use exanet_proto::topology::{self, LinkKind};
@@ -102,16 +102,6 @@ fn tools() -> Option<Tools> {
     );
     exanet_tests::skip_unless_required("EXANET_REQUIRE_BROWSER", "rack view browser test", &why);
     None
-}
-
-/// A process the test started, killed if the test ends before it does.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The tags of `html` that carry attribute `attr`: each tag's offset and attributes, values
@@ -329,7 +319,7 @@ fn rack_view_shows_the_busy_path() {
     // Traffic: RDMA writes from SRC into a server on DST.
     let server_log = rack.dir.join("logs/perf-server.log");
     let log = std::fs::File::create(&server_log).unwrap();
-    let server = Guard(
+    let server = exanet_tests::KillOnDrop(
         Command::new(&perf)
             .args(["rdma-bw", "serve", "--sessions", "1"])
             .env("EXANET_RACK", &rack.dir)
