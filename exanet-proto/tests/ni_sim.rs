@@ -1873,6 +1873,61 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
     }
 }
 
+/// A message whose copy its real-time timer found not yet due by the model (its answer can
+/// still come first) is work: in modeled order the rack's coordinator takes cuts only while
+/// some node has work, and an idle rack whose last cut's horizons were below the copy's
+/// due time never took another, so the copy never went (a ping-pong over a lossy link gave
+/// up). Once the bound passes, the copy goes and the work is done.
+#[test]
+fn in_modeled_order_a_copy_held_for_the_horizons_is_work() {
+    use exanet_proto::ni::mailbox_gvas;
+    let cfg = NiConfig::default();
+    let mut w = Wire::new(cfg, 1_000);
+    // The message's cell is lost: no answer comes.
+    w.answers = false;
+    w.depart = true;
+    w.a.set_arrival_bound(Some(exanet_proto::ModelTime::ZERO));
+    let vi = w.a.alloc_packetizer(0).unwrap();
+    let mb = w.b.alloc_mailbox(0, 16).unwrap();
+    let msg = SendMessage {
+        vi,
+        ch: 0,
+        dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
+        payload: b"lost".to_vec(),
+    };
+    w.a.send_message(0, &msg, w.now).unwrap();
+    while let Some(c) = w.a.poll_cell() {
+        w.a.injected(&c, w.now);
+        w.a.departed(&c);
+    }
+    assert!(
+        !w.a.has_work(),
+        "a message on its way is not work by itself"
+    );
+    // Its timer fires; by the model nothing may be sent again yet.
+    let t = w.a.poll_timeout().expect("the message's timer");
+    w.a.handle_timeout(t, &w.amem);
+    assert_eq!(
+        w.a.stats().retransmissions,
+        0,
+        "a copy went before it was due"
+    );
+    assert!(
+        w.a.has_work(),
+        "the held copy does not keep the rack's cuts going"
+    );
+    // The rack's horizons move past the copy's due time: it goes at the next look.
+    w.a.set_arrival_bound(Some(exanet_proto::ModelTime::NEVER));
+    let t = w.a.poll_timeout().expect("the timer looks again");
+    w.a.handle_timeout(t, &w.amem);
+    assert_eq!(w.a.stats().retransmissions, 1, "the due copy did not go");
+    while let Some(c) = w.a.poll_cell() {
+        w.a.injected(&c, t);
+        w.a.departed(&c);
+    }
+    assert!(!w.a.has_work(), "a sent copy is no longer held");
+}
+
 /// A block's cells can come seconds apart in real time when they wait for the rack's cuts
 /// (a loaded host, modeled order). In the host's order the receiver forgets a block whose
 /// cells stopped coming for `remember_ns` and answers its last cell `Incomplete`: a
