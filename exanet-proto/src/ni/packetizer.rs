@@ -47,7 +47,6 @@ impl Channel {
     /// receiver recognises a duplicate of a delivered message), and counts it.
     /// Sends the message again at modeled time `at`.
     fn resend(&mut self, cx: &mut Ctx, at: ModelTime) {
-        self.held = false;
         self.attempts += 1;
         self.left = None;
         self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
@@ -65,6 +64,9 @@ pub struct Packetizer {
     channels: Vec<Channel>,
     /// Channels with a deadline, so that an idle packetizer costs nothing per poll.
     timed: usize,
+    /// Channels whose copy is held (`Channel::held`): asked after every pump of a daemon
+    /// in modeled order, so counted rather than looked for among them all.
+    held: usize,
 }
 
 fn idx(vi: u8, ch: u8) -> usize {
@@ -99,6 +101,7 @@ impl Packetizer {
                 })
                 .collect(),
             timed: 0,
+            held: 0,
         }
     }
 
@@ -130,6 +133,7 @@ impl Packetizer {
     fn release(&mut self, vi: u8) {
         self.owner[vi as usize] = None;
         for ch in 0..CHANNELS as u8 {
+            self.hold(idx(vi, ch), false);
             let c = &mut self.channels[idx(vi, ch)];
             c.state = ChannelState::Idle;
             c.cell = None;
@@ -219,10 +223,23 @@ impl Packetizer {
         Ok(())
     }
 
+    /// Marks channel `i`'s copy held or not, keeping the count.
+    fn hold(&mut self, i: usize, on: bool) {
+        let c = &mut self.channels[i];
+        if c.held != on {
+            c.held = on;
+            if on {
+                self.held += 1;
+            } else {
+                self.held -= 1;
+            }
+        }
+    }
+
     fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out, at: ModelTime) {
+        self.hold(i, false);
         let c = &mut self.channels[i];
         c.state = state;
-        c.held = false;
         if c.deadline.take().is_some() {
             self.timed -= 1;
         }
@@ -300,7 +317,7 @@ impl Packetizer {
     /// the horizons of the last one, taken while the lost cell was still on its way,
     /// held the copy back for ever, and the program waiting for its channel with it.
     pub(crate) fn awaits_horizons(&self) -> bool {
-        self.timed > 0 && self.channels.iter().any(|c| c.held)
+        self.held > 0
     }
 
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx) {
@@ -325,7 +342,7 @@ impl Packetizer {
                 .max(due);
             if !cx.copy_due(copy_at) && cx.now.since(c.first_sent) < cx.cfg.copy_limit_ns() {
                 c.deadline = Some(cx.now + cx.cfg.retransmit_ns);
-                c.held = true;
+                self.hold(i, true);
                 continue;
             }
             if c.attempts >= cx.cfg.max_attempts
@@ -335,7 +352,8 @@ impl Packetizer {
                 self.finish(i, ChannelState::TimedOut, cx.out, due);
                 continue;
             }
-            c.resend(cx, due);
+            self.hold(i, false);
+            self.channels[i].resend(cx, due);
         }
     }
 }
