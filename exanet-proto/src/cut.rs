@@ -2,13 +2,16 @@
 //! which the [`Coordinator`](crate::horizon::Coordinator) computes link horizons for
 //! daemons that each see only themselves (see [`crate::horizon`]).
 //!
-//! A node begins cut `epoch` when told to, or when the first marker of that epoch comes in
-//! on a link, whichever is first. It then records what it holds (the earliest key it has
-//! for each output, what its NI may inject, its outputs' timelines) and sends a marker on
-//! every link that is up, behind every cell it sent before. On each link it then records
+//! A node begins cut `epoch` when the coordinator tells it to, with the ports whose
+//! neighbours are in the cut (a cut is of the nodes that may matter: see
+//! [`crate::horizon::Coordinator`]). It then records what it holds (the earliest key it
+//! has for each output, what its NI may inject, its outputs' timelines) and sends a marker,
+//! behind every cell it sent before, to each of those neighbours and on each link it sent
+//! cells on since its last part. On each link to a neighbour in the cut it then records
 //! the heads of the cells that come in until that link's marker does: those were on the
-//! link at the cut. Its part is complete when every link it sent a marker on has
-//! answered with one, or went down (what was on a link that went down is lost with it).
+//! link at the cut (a marker that came before the node began means what came before it is
+//! in the node's part). Its part is complete when each of those links has answered with a
+//! marker, or went down (what was on a link that went down is lost with it).
 
 use crate::horizon::{NodeCut, PortCut, OUTLOOK_INTERVALS};
 use crate::time::ModelTime;
@@ -51,9 +54,9 @@ impl Cut {
         self.epoch
     }
 
-    /// Begins `epoch` with what the node holds, waiting for a marker on each port of
-    /// `up`. False when `epoch` is not newer than the latest begun (a repeated order or a
-    /// marker of a cut already begun).
+    /// Begins `epoch` with what the node holds, waiting for a marker on each port of `up`
+    /// that `waits` names (bit per port index) and whose marker of `epoch` has not come
+    /// yet. False when `epoch` is not newer than the latest begun (a repeated order).
     pub(crate) fn begin(&mut self, epoch: u64, held: Holdings, up: &[Port], waits: u16) -> bool {
         if epoch <= self.epoch {
             return false;
@@ -94,8 +97,8 @@ impl Cut {
         }
     }
 
-    /// The marker of `epoch` came in on `port` (the caller has begun `epoch` if it is
-    /// new). A marker of an older cut is ignored.
+    /// The marker of `epoch` came in on `port`, before or after the node began `epoch`.
+    /// A marker of an older cut answers nothing.
     pub(crate) fn marker(&mut self, port: Port, epoch: u64) {
         let seen = &mut self.seen[port.index()];
         *seen = (*seen).max(epoch);

@@ -12,15 +12,17 @@
 //!
 //! The simulator sees the whole rack at once and computes horizons after every event.
 //! Daemons see only themselves, so the view is assembled from a **consistent cut**
-//! ([`crate::cut`]): each node records its part when it begins the cut and sends a marker
-//! on every link, and records the cells that come in on each link until that link's
-//! marker arrives: those were on the link at the cut. Links are FIFO, so every cell is
-//! in exactly one node's part or on exactly one link, at a position no further along than
-//! it really is. Horizons computed from it are lower bounds on what arrives after the
-//! cut: a cell that moved on since only arrives later, with a later key, because every
-//! hop adds its lookahead. A node applies a horizon no earlier than the one it has (both
-//! are bounds), so the [`Coordinator`] can start the next cut while nodes still act on the
-//! last.
+//! ([`crate::cut`]) of the nodes that may matter: each node of the cut records its part
+//! when it begins the cut and sends a marker to its neighbours in the cut, and records the
+//! cells that come in on those links until their markers arrive: those were on the link
+//! at the cut. A node left out is quiet (it holds nothing and sends nothing until it is in
+//! a cut again), and one that was sent cells joins the cut under way ([`Coordinator`]).
+//! Links are FIFO, so every cell is in one node's part or on one link, at a position no
+//! further along than it really is. Horizons computed from it are lower bounds on what
+//! arrives after the cut: a cell that moved on since only arrives later, with a later key,
+//! because every hop adds its lookahead. Older horizons remain bounds while every promise
+//! holds, so nodes act on the last cut's while the next is taken; each cut's replace the
+//! last's (a later cut knows more).
 //!
 //! A node's part carries its outputs' timelines only from its own earliest key on, and at
 //! most [`OUTLOOK_INTERVALS`] of them: an output's timeline cut short finds gaps no later
