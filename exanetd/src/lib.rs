@@ -16,6 +16,7 @@ pub mod closer;
 pub mod control_server;
 pub mod cuts;
 pub mod daemon;
+pub mod held_credit;
 pub mod host_budget;
 pub mod http;
 pub mod link;

@@ -20,6 +20,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+use crate::held_credit::{HeldCredit, Offered};
 use crate::node::NodeHandle;
 use crate::rack::dns_name;
 
@@ -273,6 +274,7 @@ async fn run_session(
             .into_iter()
             .find(|(p, ..)| *p == port)
             .map_or(node.id, |(_, peer, ..)| peer);
+        let mut held = HeldCredit::default();
         loop {
             wake.notified().await;
             let now = node.now();
@@ -302,12 +304,23 @@ async fn run_session(
                     node.taps.offer(seen, cell)
                 });
             }
-            if out.bytes.is_empty() {
-                // Woken for nothing to send (the injector dropped it all): let the other
-                // tasks run, or a link losing every cell would spin here unopposed.
-                tokio::task::yield_now().await;
-            } else if send.write_chunk(out.bytes).await.is_err() {
-                return (SessionEnd::Shutdown, "write failed");
+            match held.offer(out.bytes, out.credit_only, out.credit_hold_limit, now) {
+                Offered::Held { arm } => {
+                    if let Some(at) = arm {
+                        timer.wake_at(node.deadline_std(at), wake.clone());
+                    }
+                }
+                Offered::Write(mut chunks) => {
+                    if send.write_all_chunks(&mut chunks).await.is_err() {
+                        return (SessionEnd::Shutdown, "write failed");
+                    }
+                }
+                Offered::Nothing => {
+                    // Woken for nothing to send (the injector dropped it all): let the
+                    // other tasks run, or a link losing every cell would spin here
+                    // unopposed.
+                    tokio::task::yield_now().await;
+                }
             }
         }
     };

@@ -15,7 +15,9 @@ use exanet_proto::fault::{FaultError, LinkFaults};
 use exanet_proto::frame::{Frame, FrameError, Hello};
 use exanet_proto::topology::NPORTS;
 use exanet_proto::NodeStats;
-use exanet_proto::{HelloError, SessionEnd, SessionId, SessionRefused, Station, StationEvent};
+use exanet_proto::{
+    Departure, HelloError, SessionEnd, SessionId, SessionRefused, Station, StationEvent, Wire,
+};
 use exanet_proto::{Instant, LinkKind, Node, NodeError, NodeEvent, NodeId, Port};
 use tokio::sync::{oneshot, Notify};
 use tracing::debug;
@@ -25,6 +27,7 @@ use exanet_proto::reserved::Reservations;
 use exanet_proto::workload::WorkloadService;
 
 use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
+use crate::held_credit::CREDIT_HOLD_SHARE;
 use crate::rack::Rack;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
@@ -191,16 +194,28 @@ impl Core {
         if self.station.settle_owed(port, now) {
             self.pump(now);
         }
+        let credit_hold_limit = u64::from(self.node().switch().config().window / CREDIT_HOLD_SHARE);
         let out = &mut self.conns[port.index()].out;
         // The writer takes the whole buffer each time; a fresh one starts at a writer's
         // batch, not at one frame grown by doubling (copying each time).
         if out.is_empty() && out.capacity() < OUT_BUFFER / 2 {
             out.reserve(OUT_BUFFER);
         }
-        let next_due = self.station.take_output(port, sid, now, out).ok()?;
+        let mut counted = Counted {
+            wire: out,
+            credit: 0,
+            others: false,
+        };
+        let next_due = self
+            .station
+            .take_output(port, sid, now, &mut counted)
+            .ok()?;
+        let credit_only = (!counted.others && counted.credit > 0).then_some(counted.credit);
         Some(Output {
             bytes: out.split().freeze(),
             next_due,
+            credit_only,
+            credit_hold_limit,
         })
     }
 
@@ -241,6 +256,34 @@ pub struct Output {
     pub bytes: Bytes,
     /// When the next frame held back by shaping falls due.
     pub next_due: Option<Instant>,
+    /// The bytes are credit frames only, returning this much buffer space: the writer may
+    /// hold them for the next frames to ride with (`crate::held_credit`).
+    pub credit_only: Option<u64>,
+    /// How much credit the writer may hold back at once.
+    pub credit_hold_limit: u64,
+}
+
+/// The daemon's [`Wire`]: frames encoded into the output buffer, noting whether they are
+/// all credit.
+struct Counted<'a> {
+    wire: &'a mut BytesMut,
+    credit: u64,
+    others: bool,
+}
+
+impl Wire for Counted<'_> {
+    fn hello(&mut self, hello: &Hello) {
+        self.others = true;
+        self.wire.hello(hello);
+    }
+
+    fn frame(&mut self, d: Departure) -> Result<(), exanet_proto::CellError> {
+        match &d {
+            Departure::Credit { bytes, .. } => self.credit += u64::from(*bytes),
+            _ => self.others = true,
+        }
+        self.wire.frame(d)
+    }
 }
 
 fn ni_status(core: &Core) -> NiStatus {
