@@ -267,8 +267,15 @@ fn transport_config(link_timeout: Duration) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
+    let mut ack = quinn::AckFrequencyConfig::default();
+    ack.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
+    t.ack_frequency_config(Some(ack));
     t
 }
+
+/// How many ack-eliciting packets a link's peer may take before it acknowledges them in a
+/// packet of its own (QUIC's ACK frequency extension; quinn's default is 1).
+pub const ACK_ELICITING_THRESHOLD: u32 = 8;
 
 pub use crate::rack::{DEFAULT_LINK_TIMEOUT, LINK_TIMEOUT_S};
 
