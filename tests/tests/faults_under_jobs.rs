@@ -85,8 +85,18 @@ fn retry_budget(rack: &TestRack) -> Duration {
 /// than this heals.
 const LINK_TIMEOUT: Duration = exanet_control::rack::DEFAULT_LINK_TIMEOUT;
 
-/// How long a run may take from launch to exit: ~15 s without faults on a debug build.
+/// How long a run may take from launch to its loop: ~15 s to its end without faults on a
+/// debug build.
 const JOB_LIMIT: Duration = Duration::from_secs(75);
+
+/// How long a running job may print no new thermo line before it is taken to hang. Not a
+/// limit on the whole run: on the 2-core test machine a debug rack's LAMMPS took 6-10 s
+/// per thermo line (10 steps), and the fault plan's 150 steps outlasted 75 s while
+/// every step went through.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// The whole run's bound, so that a job that crawls cannot hold the suite for ever.
+const RUN_LIMIT: Duration = Duration::from_secs(600);
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -271,6 +281,32 @@ impl Job {
         }
     }
 
+    /// Waits for the job to end while it makes progress: fails when it prints no new
+    /// thermo line for [`STALL_LIMIT`], or runs past [`RUN_LIMIT`].
+    fn wait_progressing(&mut self, test: &str) -> ExitStatus {
+        let (mut lines, mut last) = (thermo(&self.stdout()).len(), Instant::now());
+        loop {
+            if let Some(st) = self.exited() {
+                return st;
+            }
+            let now = thermo(&self.stdout()).len();
+            if now > lines {
+                (lines, last) = (now, Instant::now());
+            }
+            assert!(
+                last.elapsed() < STALL_LIMIT,
+                "{test}: no new thermo line for {STALL_LIMIT:?}: {}",
+                self.describe()
+            );
+            assert!(
+                self.started.elapsed() < RUN_LIMIT,
+                "{test}: the job still runs after {RUN_LIMIT:?}: {}",
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn wait(&mut self, test: &str, limit: Duration) -> ExitStatus {
         let from = Instant::now();
         loop {
@@ -408,7 +444,7 @@ fn lammps_under_one_percent_loss_prints_the_hosts_thermodynamics() {
     let (rack, input) = rack("loss");
     set_link(&rack, &["--loss", "1%"]);
     let mut job = Job::start(&rack, &input);
-    let st = job.wait(TEST, JOB_LIMIT);
+    let st = job.wait_progressing(TEST);
     assert_host_thermo(TEST, &job, st);
     let (dropped, _) = injected(&rack);
     // ~2000 on the full melt; this shorter run crosses the link some thousands of
@@ -434,7 +470,7 @@ fn lammps_under_added_delay_prints_the_hosts_thermodynamics() {
     // busy link: copies of what was merely late must be recognised as such.
     set_link(&rack, &["--delay", "1ms", "--jitter", "200us"]);
     let mut job = Job::start(&rack, &input);
-    let st = job.wait(TEST, JOB_LIMIT);
+    let st = job.wait_progressing(TEST);
     assert_host_thermo(TEST, &job, st);
     let (_, delayed) = injected(&rack);
     assert!(delayed >= 100, "{TEST}: only {delayed} frames were delayed");
@@ -474,7 +510,7 @@ fn lammps_through_a_cut_shorter_than_the_link_timeout_prints_the_hosts_thermodyn
         "{TEST}: {NEAR} <-> {FAR} cut for {:.2} s",
         (healed - cut).as_secs_f64()
     );
-    let st = job.wait(TEST, JOB_LIMIT);
+    let st = job.wait_progressing(TEST);
     assert_host_thermo(TEST, &job, st);
     eprintln!(
         "{TEST}: completed {:.1} s after the heal",
@@ -508,7 +544,7 @@ fn lammps_through_an_ip_service_killed_mid_job_prints_the_hosts_thermodynamics()
     let mut job = Job::start(&rack, &input);
     job.wait_for_the_loop(TEST);
     kill(Pid::from_raw(service), Signal::SIGKILL).unwrap();
-    let st = job.wait(TEST, JOB_LIMIT);
+    let st = job.wait_progressing(TEST);
     assert_host_thermo(TEST, &job, st);
     let now = pid(&pid_file);
     assert_ne!(
@@ -598,7 +634,7 @@ fn lammps_under_a_fault_plan_prints_the_hosts_thermodynamics() {
         "{TEST}: the loop ended before the plan did: {}",
         job.describe()
     );
-    let st = job.wait(TEST, JOB_LIMIT);
+    let st = job.wait_progressing(TEST);
     assert_host_thermo(TEST, &job, st);
     let (dropped, delayed) = injected(&rack);
     assert!(
