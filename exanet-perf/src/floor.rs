@@ -4,10 +4,10 @@
 //! kernel), each on its own single-threaded tokio runtime and OS thread, as two
 //! single-threaded daemons are. They are configured by the daemon's own code: the UDP
 //! sockets of [`exanetd::daemon::link_endpoint`] (4 MiB buffers), the endpoint, server and
-//! client settings of [`exanetd::tls::NodeTls`] (TLS 1.3 over ring, mutual TLS against a
+//! client settings of [`exanet_control::tls::NodeTls`] (TLS 1.3 over ring, mutual TLS against a
 //! rack CA, the link ALPN, the links' transport settings: windows, keep-alive, initial RTT,
 //! MTU discovery up to 4096 B). The PKI is a throwaway rack CA and two node certificates
-//! made by [`exanetd::tls::ensure_rack_pki`] in a temporary directory, which is removed as
+//! made by [`exanet_control::tls::ensure_rack_pki`] in a temporary directory, which is removed as
 //! soon as they are loaded. M1QAF1 dials M1QAF2, as the lower node id does in a rack.
 //!
 //! On that one connection, in this order:
@@ -37,8 +37,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use exanetd::rack::{dns_name, Layout};
-use exanetd::tls::{self, NodeTls};
+use exanet_control::rack::{dns_name, Layout};
+use exanet_control::tls::{self, NodeTls};
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use serde_json::json;
 

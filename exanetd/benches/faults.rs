@@ -11,9 +11,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use exanet_control::control::{request, LinkState, Request, Response};
+use exanet_control::control_client::ControlClient;
 use exanet_proto::fault::{FaultKind, LinkFaults};
-use exanetd::control::{request, LinkState, Request, Response};
-use exanetd::control_client::ControlClient;
 use support::TestRack;
 
 fn main() {

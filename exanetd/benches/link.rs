@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use exanetd::control::{request, Request, Response};
+use exanet_control::control::{request, Request, Response};
 use support::TestRack;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -27,7 +27,7 @@ fn main() {
     if let Ok(w) = std::env::var("WINDOW") {
         let mut f = r.rack().file.clone();
         f.window = w.parse().expect("WINDOW in bytes");
-        exanetd::rack::write_rack_file(&r.dir, &f).unwrap();
+        exanet_control::rack::write_rack_file(&r.dir, &f).unwrap();
     }
     let window = r.rack().file.window;
     r.start("M1QAF1");
@@ -38,7 +38,7 @@ fn main() {
         let up = r.status("M1QAF1").is_some_and(|s| {
             s.links
                 .iter()
-                .any(|l| l.peer == "M1QAF2" && l.state == exanetd::control::LinkState::Up)
+                .any(|l| l.peer == "M1QAF2" && l.state == exanet_control::control::LinkState::Up)
         });
         if up {
             break;

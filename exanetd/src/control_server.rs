@@ -10,8 +10,8 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::capture::TapSpec;
-use crate::control::{Request, Response, MAX_LINE};
 use crate::node::NodeHandle;
+use exanet_control::control::{Request, Response, MAX_LINE};
 use exanet_proto::capture::CaptureFilter;
 use exanet_proto::cell::CellType;
 use exanet_proto::gvas::Pdid;
@@ -124,7 +124,7 @@ fn encode(resp: &Response) -> Vec<u8> {
 pub const CLOSE_NOT_OPERATOR: u32 = 0x10;
 
 /// Serves the control API on a QUIC connection that negotiated
-/// [`crate::tls::ALPN_CONTROL`]: one request per bidirectional stream (the request, then
+/// [`exanet_control::tls::ALPN_CONTROL`]: one request per bidirectional stream (the request, then
 /// the stream's end; the response, then its end). The TLS handshake already proved the
 /// peer holds a certificate of the rack CA; only the operator's is accepted here.
 pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown: Arc<Notify>) {
@@ -133,7 +133,7 @@ pub async fn serve_quic(conn: quinn::Connection, node: Arc<NodeHandle>, shutdown
         a.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
             .ok()
     });
-    if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, crate::tls::OPERATOR)) {
+    if !certs.is_some_and(|c| exanet_control::tls::cert_is_for(&c, exanet_control::tls::OPERATOR)) {
         node.count_error("control_refused");
         warn!(%remote, "control connection refused: not the rack's operator certificate");
         conn.close(
@@ -350,8 +350,8 @@ async fn stream_capture<W: tokio::io::AsyncWrite + Unpin>(
         count,
         duration_ms,
     } = ask;
-    use crate::control::capture_stream::END;
-    use crate::control::CaptureSummary;
+    use exanet_control::control::capture_stream::END;
+    use exanet_control::control::CaptureSummary;
     let spec = match spec {
         Ok(s) => s,
         Err(message) => {

@@ -308,7 +308,7 @@ impl CoordinatorHandle {
         let certs = conn
             .peer_identity()
             .and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok());
-        if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, &claimed)) {
+        if !certs.is_some_and(|c| exanet_control::tls::cert_is_for(&c, &claimed)) {
             return Err(format!("certificate is not issued for {claimed}"));
         }
         let (tx, writer) = spawn_writer(send);

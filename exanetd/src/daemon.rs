@@ -13,9 +13,9 @@ use tracing::info;
 use crate::host_budget::HostBudget;
 use crate::metrics::Metrics;
 use crate::node::NodeHandle;
-use crate::rack::{Rack, RackError};
-use crate::tls::{NodeTls, TlsError};
 use crate::{control_server, http, link};
+use exanet_control::rack::{Rack, RackError};
+use exanet_control::tls::{NodeTls, TlsError};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -63,7 +63,7 @@ pub fn run(opts: Options<'_>) -> Result<(), DaemonError> {
     let name = shape.display(id);
     let tls = NodeTls::load(&rack.layout(), &name)?;
     let (server_cfg, client_cfg) = tls.quic_configs(rack.file.link_timeout())?;
-    let cuts_cfg = tls.client_config(crate::tls::ALPN_CUTS)?;
+    let cuts_cfg = tls.client_config(exanet_control::tls::ALPN_CUTS)?;
     let endpoint_cfg = tls.endpoint_config();
     let rt = if opts.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -157,7 +157,7 @@ async fn serve(
 
     let shutdown = Arc::new(Notify::new());
     let mut tasks = Vec::new();
-    let ordered = node.rack.order() == crate::rack::CellOrder::Modeled;
+    let ordered = node.rack.order() == exanet_control::rack::CellOrder::Modeled;
     let coordinator = if ordered && id == exanet_proto::NodeId(0) {
         let c = Arc::new(
             crate::cuts::CoordinatorHandle::new(node.rack.shape())

@@ -1,7 +1,7 @@
 //! The registered memory the daemons of one host may hold together.
 //!
 //! Registered memory is real memory each daemon allocates in full (`Region::create`), and a
-//! job's quota ([`crate::quota::JOB_DEFAULTS`], 8 GiB) is per node: one job on three nodes
+//! job's quota ([`exanet_control::quota::JOB_DEFAULTS`], 8 GiB) is per node: one job on three nodes
 //! of a 23 GiB host could take it all. So the daemons of a host share a budget, per job and
 //! in total, from what `exactl rack up` measured ([`MemoryBudget`],
 //! `run/memory-budget.toml`): the total is three quarters of what was available after the
@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
-use crate::rack::{MemoryBudget, Rack};
+use exanet_control::rack::{MemoryBudget, Rack};
 
 /// How long a registration tries for the ledger's lock before it is refused.
 pub const RESERVE_WAIT: Duration = Duration::from_millis(500);

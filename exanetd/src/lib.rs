@@ -3,13 +3,10 @@
 //! hears into the sans-IO core, carrying out what the core returns.
 //!
 //! The rack file, TLS material, quotas and the control protocol live in
-//! `exanet-control`, shared with `exactl` and the client library; they are re-exported
-//! under their old names so `crate::rack` and `exanetd::rack` keep meaning what they
-//! always did.
+//! `exanet-control`, shared with `exactl` and the client library, and are used from there
+//! by name (`exanet_control::rack`).
 
 #![forbid(unsafe_code)]
-
-pub use exanet_control::{control, control_client, ports, quota, rack, tls};
 
 pub mod capture;
 pub mod closer;

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::held_credit::{HeldCredit, Offered};
 use crate::node::NodeHandle;
-use crate::rack::dns_name;
+use exanet_control::rack::dns_name;
 
 /// How much a reader takes from QUIC at once before feeding the core.
 const READ_CHUNK: usize = 256 * 1024;
@@ -150,11 +150,11 @@ pub async fn accept_loop(
                     return;
                 }
             };
-            if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CONTROL) {
+            if alpn(&conn).as_deref() == Some(exanet_control::tls::ALPN_CONTROL) {
                 crate::control_server::serve_quic(conn, node, shutdown).await;
                 return;
             }
-            if alpn(&conn).as_deref() == Some(crate::tls::ALPN_CUTS) {
+            if alpn(&conn).as_deref() == Some(exanet_control::tls::ALPN_CUTS) {
                 match coordinator {
                     Some(serve) => serve(node, conn).await,
                     None => {
@@ -211,7 +211,7 @@ async fn accept_session(node: &Arc<NodeHandle>, conn: Connection) -> Result<(), 
     let certs = conn
         .peer_identity()
         .and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok());
-    if !certs.is_some_and(|c| crate::tls::cert_is_for(&c, &claimed)) {
+    if !certs.is_some_and(|c| exanet_control::tls::cert_is_for(&c, &claimed)) {
         node.count_error("cert_mismatch");
         return Err(format!("certificate is not issued for {claimed}"));
     }

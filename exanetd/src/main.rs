@@ -45,7 +45,7 @@ fn main() -> ExitCode {
             tracing::warn!(error = %e, "cannot start a session of its own; staying in the caller's");
         }
     }
-    let dir = exanetd::rack::rack_dir(cli.rack.as_deref());
+    let dir = exanet_control::rack::rack_dir(cli.rack.as_deref());
     match exanetd::daemon::run(exanetd::daemon::Options {
         rack_dir: &dir,
         node: &cli.node,

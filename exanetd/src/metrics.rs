@@ -19,7 +19,7 @@ use prometheus::{
 };
 use tracing::warn;
 
-use crate::control::{LinkState, NodeStatus};
+use exanet_control::control::{LinkState, NodeStatus};
 
 /// Completion latency histograms, kept by the core and observed as completions happen
 /// (a histogram cannot be rebuilt from a snapshot at scrape time like the counters).
@@ -320,8 +320,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::LinkStatus;
-    use crate::control::NiStatus;
+    use exanet_control::control::LinkStatus;
+    use exanet_control::control::NiStatus;
     use exanet_proto::fault::{FaultKind, FaultStats, LinkFaults};
     use exanet_proto::metric::{LinkStats, NiCount, NI_COUNTERS};
     use exanet_proto::ni::NackReason;
@@ -424,11 +424,11 @@ mod tests {
                 },
                 ..NiStatus::default()
             },
-            capture: crate::control::CaptureSummary {
+            capture: exanet_control::control::CaptureSummary {
                 captured: 61,
                 dropped: 62,
             },
-            collectives: vec![crate::control::JobCollectives {
+            collectives: vec![exanet_control::control::JobCollectives {
                 job: "alice".into(),
                 report: exanet_proto::attach::CollectiveReport {
                     kind: exanet_proto::attach::CollectiveKind::Allreduce,

@@ -46,9 +46,9 @@ use tracing::{debug, info, warn};
 
 use crate::closer::{close_later, CloseLater};
 use crate::node::NodeHandle;
-use crate::quota::Limits;
 use crate::session::{Ended, EndedGuard, Session, ShmRing};
 use crate::shm_memory::ShmMemory;
+use exanet_control::quota::Limits;
 
 /// Ring slot size: a 128-byte message plus the ring's length prefix, rounded up.
 const RING_SLOT: u32 = 256;

@@ -26,11 +26,11 @@ use exanet_proto::ni::{Memory, Ni};
 use exanet_proto::reserved::Reservations;
 use exanet_proto::workload::WorkloadService;
 
-use crate::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
 use crate::held_credit::CREDIT_HOLD_SHARE;
-use crate::rack::Rack;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
+use exanet_control::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
+use exanet_control::rack::Rack;
 
 /// What a link's output buffer is allocated with once frames are written into it.
 const OUT_BUFFER: usize = 64 * 1024;
@@ -298,7 +298,7 @@ fn ni_status(core: &Core) -> NiStatus {
             .filter_map(|(rank, s)| {
                 let s = s.as_ref()?;
                 let (joined, holding) = core.station.workload_service().member(rank as u8)?;
-                Some(crate::control::WorkloadStatus {
+                Some(exanet_control::control::WorkloadStatus {
                     rank: rank as u8,
                     job: joined.job.clone(),
                     pdid: joined.pdid.0,
@@ -548,12 +548,12 @@ impl NodeHandle {
                 .station
                 .workload_service()
                 .collective_counts()
-                .map(|(job, r)| crate::control::JobCollectives {
+                .map(|(job, r)| exanet_control::control::JobCollectives {
                     job: job.to_string(),
                     report: *r,
                 })
                 .collect(),
-            capture: crate::control::CaptureSummary {
+            capture: exanet_control::control::CaptureSummary {
                 captured: self.taps.captured_total.load(Ordering::Relaxed),
                 dropped: self.taps.dropped_total.load(Ordering::Relaxed),
             },

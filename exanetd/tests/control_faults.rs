@@ -10,11 +10,11 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use exanet_control::control::{request, LinkState, LinkStatus, NodeStatus, Request, Response};
+use exanet_control::control_client::ControlClient;
+use exanet_control::rack::{Layout, Rack};
+use exanet_control::tls::{NodeTls, ALPN_CONTROL};
 use exanet_proto::fault::{FaultKind, LinkFaults};
-use exanetd::control::{request, LinkState, LinkStatus, NodeStatus, Request, Response};
-use exanetd::control_client::ControlClient;
-use exanetd::rack::{Layout, Rack};
-use exanetd::tls::{NodeTls, ALPN_CONTROL};
 use support::TestRack;
 
 const ALL: [&str; 4] = ["M1QAF1", "M1QAF2", "M1QAF3", "M1QAF4"];
@@ -88,7 +88,7 @@ fn raw_control(rack: &Rack, node: &str, tls: &NodeTls) -> Result<(), String> {
     rt.block_on(async {
         let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         let conn = ep
-            .connect_with(cfg, addr, &exanetd::rack::dns_name(&node))
+            .connect_with(cfg, addr, &exanet_control::rack::dns_name(&node))
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| format!("handshake: {e}"))?;
@@ -130,7 +130,7 @@ fn control_api_admits_only_the_operator_certificate() {
     let other = std::env::temp_dir().join(format!("exanetd-test-stranger-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&other);
     std::fs::create_dir_all(&other).unwrap();
-    exanetd::tls::ensure_rack_pki(&Layout::new(&other), &[]).unwrap();
+    exanet_control::tls::ensure_rack_pki(&Layout::new(&other), &[]).unwrap();
     let stranger = NodeTls::load(&Layout::new(&other), "exactl").unwrap();
     let before = errors(&r.status("M1QAF1").unwrap(), "tls_refused");
     assert!(raw_control(&rack, "M1QAF1", &stranger).is_err());

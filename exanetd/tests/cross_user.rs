@@ -31,10 +31,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use exanet_control::rack::{write_rack_file, Job, Layout};
 use exanet_proto::attach::{status, Command as Cmd, Completion, Resource};
 use exanet_proto::ni::{mailbox_gvas, NackReason, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanetd::rack::{write_rack_file, Job, Layout};
 use nix::sys::stat::{umask, Mode};
 use support::raw::attach_at;
 use support::TestRack;

@@ -8,10 +8,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use exanet_control::control::{request, LinkState, Request, Response};
+use exanet_control::rack::write_rack_file;
 use exanet_proto::frame::{self, Frame, FrameDecoder, Hello};
 use exanet_proto::{Cell, CellType, Gvas, NodeId, Pdid, Port, Vc};
-use exanetd::control::{request, LinkState, Request, Response};
-use exanetd::rack::write_rack_file;
 use support::TestRack;
 
 fn rack(tag: &str, shape: &str) -> TestRack {
@@ -96,7 +96,7 @@ fn crashed_neighbour_is_rejoined_before_the_idle_timeout() {
     // M1QAF3 is dialed by M1QAF1 and M1QAF2, and dials M1QAF4.
     r.kill("M1QAF3");
     r.start("M1QAF3");
-    let limit = exanetd::tls::DEFAULT_LINK_TIMEOUT - Duration::from_secs(1);
+    let limit = exanet_control::tls::DEFAULT_LINK_TIMEOUT - Duration::from_secs(1);
     let t0 = Instant::now();
     // The survivors' stale sessions still look up; the new daemon's view, and the
     // survivors' session counts, say whether the links really came back.
@@ -168,9 +168,9 @@ fn malformed_cells_are_dropped_counted_and_the_link_survives() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let tls = exanetd::tls::NodeTls::load(&rack.layout(), "M1QAF1").unwrap();
+        let tls = exanet_control::tls::NodeTls::load(&rack.layout(), "M1QAF1").unwrap();
         let (_, client) = tls
-            .quic_configs(exanetd::tls::DEFAULT_LINK_TIMEOUT)
+            .quic_configs(exanet_control::tls::DEFAULT_LINK_TIMEOUT)
             .unwrap();
         let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = rack.entry(NodeId(1)).link.parse().unwrap();

@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
+use exanet_control::rack::{write_rack_file, Job, Layout, MemoryBudget};
 use exanet_proto::attach::{Reply, Request};
-use exanetd::rack::{write_rack_file, Job, Layout, MemoryBudget};
 use support::raw::{attach, try_request, Workload};
 use support::TestRack;
 

@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use exanet_control::rack::Layout;
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::{mailbox_gvas, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanetd::rack::Layout;
 use support::raw::{attach, attach_within, daemon_threads, make_blocking, try_request, Workload};
 use support::TestRack;
 
@@ -136,14 +136,14 @@ impl Watch {
                 let (mut n, mut worst, mut failures) = (0u64, Duration::ZERO, Vec::new());
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    let res = exanetd::control::request(
+                    let res = exanet_control::control::request(
                         &sock,
-                        &exanetd::control::Request::Status,
+                        &exanet_control::control::Request::Status,
                         Duration::from_secs(20),
                     );
                     worst = worst.max(t.elapsed());
                     match res {
-                        Ok(exanetd::control::Response::Status(_)) => n += 1,
+                        Ok(exanet_control::control::Response::Status(_)) => n += 1,
                         other => failures.push(format!("{other:?}")),
                     }
                     std::thread::sleep(Duration::from_millis(100));
@@ -1996,9 +1996,9 @@ mod hold {
 /// the runtime are free, and cells pass through the node).
 fn ping_ok(r: &TestRack, within: Duration, during: &str) {
     let t0 = Instant::now();
-    let res = exanetd::control::request(
+    let res = exanet_control::control::request(
         &r.sock(NODE),
-        &exanetd::control::Request::Ping {
+        &exanet_control::control::Request::Ping {
             dst: PEER.into(),
             count: 3,
             timeout_ms: 1000,
@@ -2006,7 +2006,7 @@ fn ping_ok(r: &TestRack, within: Duration, during: &str) {
         within,
     );
     match res {
-        Ok(exanetd::control::Response::Ping(p)) => {
+        Ok(exanet_control::control::Response::Ping(p)) => {
             assert_eq!(p.received, 3, "{during}: pings lost: {p:?}")
         }
         other => panic!(
@@ -2362,16 +2362,16 @@ fn a_held_memory_lock_holds_nothing_of_the_node() {
 
 /// Median round trip of 10 pings from the attacked node to its peer, microseconds.
 fn ping_rtt_us(r: &TestRack) -> f64 {
-    match exanetd::control::request(
+    match exanet_control::control::request(
         &r.sock(NODE),
-        &exanetd::control::Request::Ping {
+        &exanet_control::control::Request::Ping {
             dst: PEER.into(),
             count: 10,
             timeout_ms: 5000,
         },
         Duration::from_secs(60),
     ) {
-        Ok(exanetd::control::Response::Ping(p)) => p.rtt_us,
+        Ok(exanet_control::control::Response::Ping(p)) => p.rtt_us,
         other => panic!("ping: {other:?}"),
     }
 }

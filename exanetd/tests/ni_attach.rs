@@ -7,10 +7,10 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use exanet_control::rack::Layout;
 use exanet_proto::attach::{refusal, status, Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_proto::ni::{mailbox_gvas, RdmaRead, RdmaWrite, SendMessage};
 use exanet_proto::{Gvas, NodeId, Pdid};
-use exanetd::rack::Layout;
 use support::raw::{attach, daemon_fds, make_blocking, request};
 use support::TestRack;
 

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use exanet_control::control::{request, LinkState, NodeStatus, Request, Response};
+use exanet_control::rack::{write_rack_file, Job, Layout, Rack, RackFile};
 use exanet_proto::Shape;
-use exanetd::control::{request, LinkState, NodeStatus, Request, Response};
-use exanetd::rack::{write_rack_file, Job, Layout, Rack, RackFile};
 
 pub struct TestRack {
     pub dir: PathBuf,
@@ -31,7 +31,7 @@ impl TestRack {
         let shape: Shape = shape.parse().unwrap();
         // Below the ephemeral range: a port let go after a bind to port 0 is the next one
         // the kernel gives any socket of the tests running beside this one.
-        let mut ports = exanetd::ports::pick_free(shape.nodes() as usize)
+        let mut ports = exanet_control::ports::pick_free(shape.nodes() as usize)
             .expect("free ports")
             .into_iter();
         let mut file = RackFile::loopback(&format!("test-{tag}"), shape, |_| {
@@ -41,7 +41,7 @@ impl TestRack {
         file.local_window = 64 * 1024;
         let names: Vec<String> = file.nodes.keys().cloned().collect();
         write_rack_file(&dir, &file).unwrap();
-        exanetd::tls::ensure_rack_pki(&Layout::new(&dir), &names).unwrap();
+        exanet_control::tls::ensure_rack_pki(&Layout::new(&dir), &names).unwrap();
         TestRack {
             dir,
             shape,

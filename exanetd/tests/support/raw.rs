@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use exanet_control::rack::Layout;
 use exanet_proto::attach::{Command, Completion, Reply, Request, Resource, SLOT};
 use exanet_shm::{Consumer, Producer, Region, Ring, Ringer};
-use exanetd::rack::Layout;
 
 use super::TestRack;
 
