@@ -37,12 +37,14 @@
 #![forbid(unsafe_code)]
 
 pub mod attach;
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod capture;
 pub mod cell;
 mod code;
 mod cut;
 pub mod fault;
+#[cfg(feature = "harness")]
 pub mod fidelity;
 pub mod frame;
 pub mod gvas;
