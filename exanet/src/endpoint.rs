@@ -54,7 +54,7 @@ impl std::fmt::Display for Tag {
 /// daemon frees the rank and everything it allocated, and the interfaces handed out by
 /// this endpoint fail with [`Error::Broken`].
 ///
-/// `Endpoint` and its interfaces are `Send + Sync`; see [`crate::engine`] for how threads
+/// `Endpoint` and its interfaces are `Send + Sync`; see the `engine` module for how threads
 /// share the completion ring.
 #[derive(Debug)]
 pub struct Endpoint {

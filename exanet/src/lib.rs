@@ -48,7 +48,7 @@ pub mod collective;
 pub mod config;
 mod control;
 mod endpoint;
-pub mod engine;
+mod engine;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod ffi;
