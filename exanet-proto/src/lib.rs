@@ -20,8 +20,9 @@
 //! - the NI: [`ni`] (its engines), [`workload`] (its service to attached workloads),
 //!   within the quotas of [`quota`], around what [`reserved`] keeps for the rack's services;
 //! - time and measurement: [`model`] (what the ExaNeSt hardware would have taken),
-//!   [`fidelity`] (the report's measurements repeated in modeled time), [`metric`] (the
-//!   exporter's catalog);
+//!   [`metric`] (the exporter's catalog); behind the `harness` feature, for tests,
+//!   examples and benches only, `fidelity` (the report's measurements repeated in modeled
+//!   time) and `bench` (the rack the switch benchmark drives);
 //! - [`sim`]: a whole rack in simulated time.
 //!
 //! Private, behind the root: `shape` (rack shape, node names, ids and coordinates), `time`,
