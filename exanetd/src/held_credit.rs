@@ -33,28 +33,33 @@ pub enum Offered {
 }
 
 /// A writer's held credit frames.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HeldCredit {
+    /// The most credit held at once: a share of the window this end granted.
+    limit: u64,
     chunks: Vec<Bytes>,
     credit: u64,
     until: Option<Instant>,
 }
 
 impl HeldCredit {
+    /// For a link whose end granted `window` bytes per VC.
+    pub fn new(window: u32) -> HeldCredit {
+        HeldCredit {
+            limit: u64::from(window / CREDIT_HOLD_SHARE),
+            chunks: Vec::new(),
+            credit: 0,
+            until: None,
+        }
+    }
+
     /// The writer took `bytes` from the station at `now`; `credit_only` is the credit they
-    /// return when they are credit frames and nothing else, `limit` the most credit that
-    /// may be held.
-    pub fn offer(
-        &mut self,
-        bytes: Bytes,
-        credit_only: Option<u64>,
-        limit: u64,
-        now: Instant,
-    ) -> Offered {
+    /// return when they are credit frames and nothing else.
+    pub fn offer(&mut self, bytes: Bytes, credit_only: Option<u64>, now: Instant) -> Offered {
         // Past its time, what is held goes now, with whatever came: the writer's timer
         // fired once and is not armed again.
         let due = self.until.is_some_and(|t| t <= now);
-        if let Some(c) = credit_only.filter(|c| !due && self.credit + c <= limit) {
+        if let Some(c) = credit_only.filter(|c| !due && self.credit + c <= self.limit) {
             self.credit += c;
             self.chunks.push(bytes);
             if self.until.is_some() {
@@ -87,27 +92,27 @@ mod tests {
 
     #[test]
     fn credit_waits_for_the_next_cell_and_goes_before_it() {
-        let mut h = HeldCredit::default();
+        let mut h = HeldCredit::new(8000);
         let t0 = Instant(1_000);
         assert_eq!(
-            h.offer(b("c1"), Some(64), 1000, t0),
+            h.offer(b("c1"), Some(64), t0),
             Offered::Held {
                 arm: Some(t0 + CREDIT_HOLD)
             }
         );
         // A second credit joins it; the writer's timer is already armed.
         assert_eq!(
-            h.offer(b("c2"), Some(64), 1000, t0 + 10),
+            h.offer(b("c2"), Some(64), t0 + 10),
             Offered::Held { arm: None }
         );
-        assert_eq!(h.offer(Bytes::new(), None, 1000, t0 + 20), Offered::Nothing);
+        assert_eq!(h.offer(Bytes::new(), None, t0 + 20), Offered::Nothing);
         assert_eq!(
-            h.offer(b("cell"), None, 1000, t0 + 30),
+            h.offer(b("cell"), None, t0 + 30),
             Offered::Write(vec![b("c1"), b("c2"), b("cell")])
         );
         // Nothing is left held: the next credit arms the timer again.
         assert_eq!(
-            h.offer(b("c3"), Some(64), 1000, t0 + 40),
+            h.offer(b("c3"), Some(64), t0 + 40),
             Offered::Held {
                 arm: Some(t0 + 40 + CREDIT_HOLD)
             }
@@ -116,19 +121,19 @@ mod tests {
 
     #[test]
     fn credit_goes_alone_when_it_has_waited_long_enough() {
-        let mut h = HeldCredit::default();
+        let mut h = HeldCredit::new(8000);
         let t0 = Instant(0);
-        h.offer(b("c1"), Some(64), 1000, t0);
+        h.offer(b("c1"), Some(64), t0);
         assert_eq!(
-            h.offer(Bytes::new(), None, 1000, t0 + (CREDIT_HOLD - 1)),
+            h.offer(Bytes::new(), None, t0 + (CREDIT_HOLD - 1)),
             Offered::Nothing
         );
         assert_eq!(
-            h.offer(Bytes::new(), None, 1000, t0 + CREDIT_HOLD),
+            h.offer(Bytes::new(), None, t0 + CREDIT_HOLD),
             Offered::Write(vec![b("c1")])
         );
         assert_eq!(
-            h.offer(Bytes::new(), None, 1000, t0 + (CREDIT_HOLD + 1)),
+            h.offer(Bytes::new(), None, t0 + (CREDIT_HOLD + 1)),
             Offered::Nothing
         );
     }
@@ -137,27 +142,27 @@ mod tests {
     fn credit_that_comes_when_the_held_is_due_goes_with_it() {
         // Woken by its timer, the writer finds more credit: holding it too would leave
         // both with no timer armed.
-        let mut h = HeldCredit::default();
+        let mut h = HeldCredit::new(8000);
         let t0 = Instant(0);
-        h.offer(b("c1"), Some(64), 1000, t0);
+        h.offer(b("c1"), Some(64), t0);
         assert_eq!(
-            h.offer(b("c2"), Some(64), 1000, t0 + CREDIT_HOLD),
+            h.offer(b("c2"), Some(64), t0 + CREDIT_HOLD),
             Offered::Write(vec![b("c1"), b("c2")])
         );
     }
 
     #[test]
     fn credit_over_the_limit_goes_at_once_with_what_was_held() {
-        let mut h = HeldCredit::default();
+        let mut h = HeldCredit::new(8000);
         let t0 = Instant(0);
-        h.offer(b("c1"), Some(600), 1000, t0);
+        h.offer(b("c1"), Some(600), t0);
         assert_eq!(
-            h.offer(b("c2"), Some(600), 1000, t0 + 1),
+            h.offer(b("c2"), Some(600), t0 + 1),
             Offered::Write(vec![b("c1"), b("c2")])
         );
         // A credit that is over the limit by itself is never held.
         assert_eq!(
-            h.offer(b("big"), Some(2000), 1000, t0 + 2),
+            h.offer(b("big"), Some(2000), t0 + 2),
             Offered::Write(vec![b("big")])
         );
     }

@@ -274,7 +274,7 @@ async fn run_session(
             .into_iter()
             .find(|(p, ..)| *p == port)
             .map_or(node.id, |(_, peer, ..)| peer);
-        let mut held = HeldCredit::default();
+        let mut held = HeldCredit::new(node.lock().node().switch().config().window);
         loop {
             wake.notified().await;
             let now = node.now();
@@ -304,7 +304,7 @@ async fn run_session(
                     node.taps.offer(seen, cell)
                 });
             }
-            match held.offer(out.bytes, out.credit_only, out.credit_hold_limit, now) {
+            match held.offer(out.bytes, out.credit_only, now) {
                 Offered::Held { arm } => {
                     if let Some(at) = arm {
                         timer.wake_at(node.deadline_std(at), wake.clone());

@@ -26,7 +26,6 @@ use exanet_proto::ni::{Memory, Ni};
 use exanet_proto::reserved::Reservations;
 use exanet_proto::workload::WorkloadService;
 
-use crate::held_credit::CREDIT_HOLD_SHARE;
 use crate::session::Session;
 use crate::shm_memory::ShmMemory;
 use exanet_control::control::{LinkState, LinkStatus, NiStatus, NodeStatus, PingReport, QuicStats};
@@ -194,7 +193,6 @@ impl Core {
         if self.station.settle_owed(port, now) {
             self.pump(now);
         }
-        let credit_hold_limit = u64::from(self.node().switch().config().window / CREDIT_HOLD_SHARE);
         let out = &mut self.conns[port.index()].out;
         // The writer takes the whole buffer each time; a fresh one starts at a writer's
         // batch, not at one frame grown by doubling (copying each time).
@@ -215,7 +213,6 @@ impl Core {
             bytes: out.split().freeze(),
             next_due,
             credit_only,
-            credit_hold_limit,
         })
     }
 
@@ -259,8 +256,6 @@ pub struct Output {
     /// The bytes are credit frames only, returning this much buffer space: the writer may
     /// hold them for the next frames to ride with (`crate::held_credit`).
     pub credit_only: Option<u64>,
-    /// How much credit the writer may hold back at once.
-    pub credit_hold_limit: u64,
 }
 
 /// The daemon's [`Wire`]: frames encoded into the output buffer, noting whether they are
