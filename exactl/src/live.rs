@@ -293,11 +293,7 @@ fn node_liveness(
     let Some(addr) = link() else {
         return Liveness::Unknown;
     };
-    // The kernel prints its socket table a page at a time, and a socket can be missed
-    // when others come and go between two pages (seen: a test's bound socket absent from
-    // a read made after it bound, while other tests opened and closed sockets). So absence
-    // is confirmed by a second read; presence needs none.
-    if sockets.holds(addr) || UdpPorts::read().is_none_or(|again| again.holds(addr)) {
+    if sockets.holds(addr) {
         return Liveness::Unknown;
     }
     Liveness::Gone(match had_pid {
@@ -341,7 +337,20 @@ pub struct UdpPorts {
 
 impl UdpPorts {
     /// `None` when `/proc/net/udp` cannot be read (then nothing is known).
+    ///
+    /// The kernel prints its socket table a page at a time, and a socket can be missed
+    /// when others come and go between two pages (seen: a test's socket, bound before the
+    /// read, absent from it while other tests opened and closed sockets). A port is held
+    /// when either of two reads saw it, so a node is called gone only if both missed it.
     pub fn read() -> Option<UdpPorts> {
+        let mut ports = UdpPorts::read_once()?;
+        if let Some(again) = UdpPorts::read_once() {
+            ports.bound.extend(again.bound);
+        }
+        Some(ports)
+    }
+
+    fn read_once() -> Option<UdpPorts> {
         let v4 = std::fs::read_to_string("/proc/net/udp").ok()?;
         // A host without IPv6 has no udp6 table.
         let v6 = std::fs::read_to_string("/proc/net/udp6").unwrap_or_default();
