@@ -1711,15 +1711,20 @@ impl Wire {
     /// An RDMA write of 0xAA ([`Wire::write`], channel 0) and a packetizer message from a
     /// to a mailbox of b.
     fn write_and_message(&mut self) {
+        self.write(0xAA, 0);
+        self.message(b"hello");
+    }
+
+    /// Sends `payload` from a packetizer of a to a new mailbox of b, on channel 0.
+    fn message(&mut self, payload: &[u8]) {
         use exanet_proto::ni::mailbox_gvas;
         let vi = self.a.alloc_packetizer(0).unwrap();
         let mb = self.b.alloc_mailbox(0, 16).unwrap();
-        self.write(0xAA, 0);
         let msg = SendMessage {
             vi,
             ch: 0,
             dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-            payload: b"hello".to_vec(),
+            payload: payload.to_vec(),
         };
         self.a.send_message(0, &msg, self.now).unwrap();
     }
@@ -1880,26 +1885,31 @@ fn in_modeled_order_a_copy_waits_until_its_answer_cannot_come_first() {
 /// up). Once the bound passes, the copy goes and the work is done.
 #[test]
 fn in_modeled_order_a_copy_held_for_the_horizons_is_work() {
-    use exanet_proto::ni::mailbox_gvas;
-    let cfg = NiConfig::default();
-    let mut w = Wire::new(cfg, 1_000);
     // The message's cell is lost: no answer comes.
+    let (mut w, _) = held_copy();
+    // The rack's horizons move past the copy's due time: it goes at the next look.
+    w.a.set_arrival_bound(Some(exanet_proto::ModelTime::NEVER));
+    let t = w.a.poll_timeout().expect("the timer looks again");
+    w.a.handle_timeout(t, &w.amem);
+    assert_eq!(w.a.stats().retransmissions, 1, "the due copy did not go");
+    while let Some(c) = w.a.poll_cell() {
+        w.a.injected(&c, t);
+        w.a.departed(&c);
+    }
+    assert!(!w.a.has_work(), "a sent copy is no longer held");
+}
+
+/// A message from a (modeled order, horizons at zero) whose cell left and whose timer
+/// fired: its copy is held for the horizons. Returns the wire and the cell as it left.
+fn held_copy() -> (Wire, exanet_proto::Cell) {
+    let mut w = Wire::new(NiConfig::default(), 1_000);
     w.answers = false;
     w.depart = true;
     w.a.set_arrival_bound(Some(exanet_proto::ModelTime::ZERO));
-    let vi = w.a.alloc_packetizer(0).unwrap();
-    let mb = w.b.alloc_mailbox(0, 16).unwrap();
-    let msg = SendMessage {
-        vi,
-        ch: 0,
-        dst: mailbox_gvas(PDID, NodeId(1), 0, mb).unwrap(),
-        payload: b"lost".to_vec(),
-    };
-    w.a.send_message(0, &msg, w.now).unwrap();
-    while let Some(c) = w.a.poll_cell() {
-        w.a.injected(&c, w.now);
-        w.a.departed(&c);
-    }
+    w.message(b"held");
+    let sent = w.a.poll_cell().expect("the message's cell");
+    w.a.injected(&sent, w.now);
+    w.a.departed(&sent);
     assert!(
         !w.a.has_work(),
         "a message on its way is not work by itself"
@@ -1916,16 +1926,31 @@ fn in_modeled_order_a_copy_held_for_the_horizons_is_work() {
         w.a.has_work(),
         "the held copy does not keep the rack's cuts going"
     );
-    // The rack's horizons move past the copy's due time: it goes at the next look.
-    w.a.set_arrival_bound(Some(exanet_proto::ModelTime::NEVER));
-    let t = w.a.poll_timeout().expect("the timer looks again");
-    w.a.handle_timeout(t, &w.amem);
-    assert_eq!(w.a.stats().retransmissions, 1, "the due copy did not go");
-    while let Some(c) = w.a.poll_cell() {
-        w.a.injected(&c, t);
-        w.a.departed(&c);
-    }
-    assert!(!w.a.has_work(), "a sent copy is no longer held");
+    (w, sent)
+}
+
+/// The answer the held copy waited for comes after all, and says the cell came damaged:
+/// the NI sends it again at once, and the copy is no longer held (a resend that left the
+/// count behind kept the node in every cut until the message ended).
+#[test]
+fn in_modeled_order_a_crc_nack_for_a_held_copy_releases_it() {
+    let (mut w, mut sent) = held_copy();
+    sent.corrupt_crc = Some(0);
+    w.b.on_cell(sent, w.now, &mut w.bmem);
+    let nack = w.b.poll_cell().expect("b answers the damaged cell");
+    w.a.on_cell(nack, w.now, &mut w.amem);
+    assert_eq!(
+        w.a.stats().retransmissions,
+        1,
+        "the CRC NACK did not send the message again"
+    );
+    let again = w.a.poll_cell().expect("the message sent again");
+    w.a.injected(&again, w.now);
+    w.a.departed(&again);
+    assert!(
+        !w.a.has_work(),
+        "the copy sent on a CRC NACK is still counted held"
+    );
 }
 
 /// A block's cells can come seconds apart in real time when they wait for the rack's cuts

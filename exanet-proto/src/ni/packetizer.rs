@@ -42,23 +42,6 @@ struct Channel {
     held: bool,
 }
 
-impl Channel {
-    /// Sends the message in flight again, as a new attempt of the same txn (so that the
-    /// receiver recognises a duplicate of a delivered message), and counts it.
-    /// Sends the message again at modeled time `at`.
-    fn resend(&mut self, cx: &mut Ctx, at: ModelTime) {
-        self.attempts += 1;
-        self.left = None;
-        self.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, self.attempts));
-        if let Some(cell) = &mut self.cell {
-            cell.seq = cell.seq.wrapping_add(1);
-            cell.stamp = Stamp::at(at);
-            cx.out.cells.push_back(cell.clone());
-            cx.stats.retransmissions += 1;
-        }
-    }
-}
-
 pub struct Packetizer {
     owner: [Option<u8>; PACKETIZER_VIS],
     channels: Vec<Channel>,
@@ -236,6 +219,24 @@ impl Packetizer {
         }
     }
 
+    /// Sends channel `i`'s message again at modeled time `at`, as a new attempt of the
+    /// same txn (so that the receiver recognises a duplicate of a delivered message), and
+    /// counts it. A copy that was held for the horizons is held no longer: every resend
+    /// goes through here, so none can leave the held count behind.
+    fn resend(&mut self, i: usize, cx: &mut Ctx, at: ModelTime) {
+        self.hold(i, false);
+        let c = &mut self.channels[i];
+        c.attempts += 1;
+        c.left = None;
+        c.deadline = Some(cx.now + super::backoff(cx.cfg.retransmit_ns, c.attempts));
+        if let Some(cell) = &mut c.cell {
+            cell.seq = cell.seq.wrapping_add(1);
+            cell.stamp = Stamp::at(at);
+            cx.out.cells.push_back(cell.clone());
+            cx.stats.retransmissions += 1;
+        }
+    }
+
     fn finish(&mut self, i: usize, state: ChannelState, out: &mut Out, at: ModelTime) {
         self.hold(i, false);
         let c = &mut self.channels[i];
@@ -271,11 +272,10 @@ impl Packetizer {
         if !matches || self.channels[i].state != ChannelState::Ongoing {
             return;
         }
-        let c = &mut self.channels[i];
-        if nack == Some(NackReason::Crc) && c.attempts < cx.cfg.max_attempts {
+        if nack == Some(NackReason::Crc) && self.channels[i].attempts < cx.cfg.max_attempts {
             // Damaged on the way: the message itself is fine, send it again.
             let at = cx.at;
-            c.resend(cx, at);
+            self.resend(i, cx, at);
             return;
         }
         let state = match nack {
@@ -352,8 +352,7 @@ impl Packetizer {
                 self.finish(i, ChannelState::TimedOut, cx.out, due);
                 continue;
             }
-            self.hold(i, false);
-            self.channels[i].resend(cx, due);
+            self.resend(i, cx, due);
         }
     }
 }
