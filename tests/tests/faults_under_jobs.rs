@@ -285,39 +285,40 @@ impl Job {
     /// thermo line for [`STALL_LIMIT`], or runs past [`RUN_LIMIT`].
     fn wait_progressing(&mut self, test: &str) -> ExitStatus {
         let (mut lines, mut last) = (thermo(&self.stdout()).len(), Instant::now());
-        loop {
-            if let Some(st) = self.exited() {
-                return st;
-            }
-            let now = thermo(&self.stdout()).len();
+        self.wait_unless(test, |job| {
+            let now = thermo(&job.stdout()).len();
             if now > lines {
                 (lines, last) = (now, Instant::now());
             }
-            assert!(
-                last.elapsed() < STALL_LIMIT,
-                "{test}: no new thermo line for {STALL_LIMIT:?}: {}",
-                self.describe()
-            );
-            assert!(
-                self.started.elapsed() < RUN_LIMIT,
-                "{test}: the job still runs after {RUN_LIMIT:?}: {}",
-                self.describe()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            if last.elapsed() >= STALL_LIMIT {
+                return Some(format!("no new thermo line for {STALL_LIMIT:?}"));
+            }
+            (job.started.elapsed() >= RUN_LIMIT)
+                .then(|| format!("the job still runs after {RUN_LIMIT:?}"))
+        })
     }
 
+    /// Waits for the job to end within `limit`.
     fn wait(&mut self, test: &str, limit: Duration) -> ExitStatus {
         let from = Instant::now();
+        self.wait_unless(test, |_| {
+            (from.elapsed() >= limit).then(|| format!("the job still runs after {limit:?}"))
+        })
+    }
+
+    /// Waits for the job to end; fails with what `failed` says as soon as it says something.
+    fn wait_unless(
+        &mut self,
+        test: &str,
+        mut failed: impl FnMut(&Job) -> Option<String>,
+    ) -> ExitStatus {
         loop {
             if let Some(st) = self.exited() {
                 return st;
             }
-            assert!(
-                from.elapsed() < limit,
-                "{test}: the job still runs after {limit:?}: {}",
-                self.describe()
-            );
+            if let Some(why) = failed(self) {
+                panic!("{test}: {why}: {}", self.describe());
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
