@@ -638,9 +638,14 @@ impl Station {
     /// A quiet node (left out of the cuts) wakes it once when it has work or a cell came in
     /// (delivered to its NI, it may make a program post): the next cut has it.
     pub fn take_wake(&mut self) -> bool {
+        let quiet_asleep = self.quiet && !self.quiet_woke;
+        // Called after every pump: whether the node is busy (its NI's work, scanned) is
+        // asked only when the answer can wake anyone.
+        if !quiet_asleep && !self.rack_idle {
+            return false;
+        }
         let busy = self.node.busy();
-        let quiet = self.quiet
-            && !self.quiet_woke
+        let quiet = quiet_asleep
             && (busy || self.got_cell || self.workloads.attached() != self.attached_at_begin);
         let wake = quiet || (self.rack_idle && busy);
         if wake {
