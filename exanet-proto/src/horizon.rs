@@ -162,12 +162,10 @@ pub(crate) trait CutView {
     /// Whether the node holds nothing, has nothing on its links and its NI injects
     /// nothing by itself before the floor (it only passes on and reacts to what reaches
     /// it): the search need not start anything there.
+    /// A silent node's horizons are not computed either: nothing of the cut waits on
+    /// them.
     fn silent(&self, _node: NodeId) -> bool {
         false
-    }
-    /// Whether the node's horizons are wanted (the others are not computed to the end).
-    fn wanted(&self, _node: NodeId) -> bool {
-        true
     }
 }
 
@@ -283,7 +281,7 @@ pub(crate) fn horizons(shape: &Shape, view: &impl CutView) -> Vec<(NodeId, Port,
         }
     }
     let mut out = Vec::new();
-    for node in shape.node_ids().filter(|&n| view.wanted(n)) {
+    for node in shape.node_ids().filter(|&n| !view.silent(n)) {
         for &(port, far) in &ports[node.0 as usize] {
             let Some((up, up_port)) = far else {
                 continue;
@@ -427,7 +425,7 @@ impl Coordinator {
     /// The ports of `node` whose neighbour is in `set`, as a bit mask.
     fn ports_to(&self, node: NodeId, set: &[bool]) -> u16 {
         let mut mask = 0;
-        for p in (0..NPORTS).filter_map(Port::from_index) {
+        for p in Port::all() {
             if let Some((peer, _)) = neighbour(&self.shape, node, p) {
                 if set[peer.0 as usize] {
                     mask |= 1 << p.index();
@@ -576,7 +574,7 @@ impl Coordinator {
                 let Some(part) = part.as_ref().filter(|_| self.got[n]) else {
                     continue;
                 };
-                for port in (0..NPORTS).filter_map(Port::from_index) {
+                for port in Port::all() {
                     if part.sent & (1 << port.index()) == 0 {
                         continue;
                     }
@@ -676,10 +674,8 @@ impl CutView for Parts<'_> {
     }
 
     fn ni(&self, node: NodeId, port: Port) -> ModelTime {
-        // A quiet node's NI promises the floor: `floor` below bounds what it injects.
-        if self.quiet(node) {
-            return ModelTime::NEVER;
-        }
+        // Asked of members only: a quiet node is silent, and what its NI injects is bound
+        // by the floor.
         self.port(node, port).map_or(ModelTime::NEVER, |p| p.ni)
     }
 
@@ -689,10 +685,6 @@ impl CutView for Parts<'_> {
 
     fn silent(&self, node: NodeId) -> bool {
         self.quiet(node)
-    }
-
-    fn wanted(&self, node: NodeId) -> bool {
-        self.member[node.0 as usize]
     }
 
     fn relays(&self, node: NodeId) -> bool {
